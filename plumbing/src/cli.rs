@@ -1,0 +1,52 @@
+//! Flag parsing with errors an admin can act on: one line naming the flag and the bad value.
+
+use clap::{Parser, error::ErrorKind};
+
+/// Parses the process arguments; on a bad flag prints one line and exits 2, on `--help`
+/// or `--version` prints them and exits 0.
+pub fn parse<T: Parser>() -> T {
+    match T::try_parse() {
+        Ok(v) => v,
+        Err(e) => exit_on(e),
+    }
+}
+
+fn exit_on(e: clap::Error) -> ! {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            std::process::exit(0)
+        }
+        _ => {
+            eprintln!("{}", one_line(&e));
+            std::process::exit(2)
+        }
+    }
+}
+
+/// The first line of clap's rendering is the one that names the flag and the value; the rest
+/// is usage boilerplate.
+pub fn one_line(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    first.trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct Flags {
+        #[arg(long, value_parser = crate::client::parse_duration)]
+        period: std::time::Duration,
+    }
+
+    #[test]
+    fn bad_value_is_one_line_naming_flag_and_value() {
+        let e = Flags::try_parse_from(["x", "--period", "10x"]).unwrap_err();
+        let line = one_line(&e);
+        assert!(!line.contains('\n'));
+        assert!(line.contains("--period") && line.contains("10x"), "{line}");
+    }
+}

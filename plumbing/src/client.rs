@@ -1,0 +1,121 @@
+//! The Kubernetes client: in-cluster config or a kubeconfig, timeouts on every call, and the
+//! client-side QPS budget.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+use kube::{
+    Client, Config,
+    client::ClientBuilder,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+use crate::ratelimit::RateLimitLayer;
+
+#[derive(Args, Clone, Debug)]
+pub struct KubeArgs {
+    /// Path to a kubeconfig. Unset: in-cluster config, else the default kubeconfig.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Sustained API requests per second this process may make (<= 0: unlimited).
+    #[arg(long, env = "KUBE_API_QPS", default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+
+    /// Requests allowed in a burst above --kube-api-qps.
+    #[arg(long, env = "KUBE_API_BURST", default_value_t = 30)]
+    pub kube_api_burst: u32,
+
+    /// Timeout of one API request (watches excepted: they are closed by the server).
+    #[arg(long, env = "KUBE_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub kube_api_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("reading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no Kubernetes configuration found (in-cluster or kubeconfig): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("building the Kubernetes client: {0}")]
+    Build(#[from] kube::Error),
+}
+
+impl KubeArgs {
+    pub async fn config(&self) -> Result<Config, ClientError> {
+        let mut config = match &self.kubeconfig {
+            Some(path) => {
+                let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?;
+                Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|source| ClientError::Kubeconfig {
+                        path: path.clone(),
+                        source,
+                    })?
+            }
+            None => Config::infer().await?,
+        };
+        config.connect_timeout = Some(Duration::from_secs(10));
+        config.write_timeout = Some(self.kube_api_timeout);
+        // Watches hold the connection open for up to 290 s (kube-runtime's server-side
+        // timeout), so the read timeout must outlast that; plain requests finish long before.
+        config.read_timeout = Some(Duration::from_secs(295));
+        Ok(config)
+    }
+
+    pub async fn client(&self) -> Result<Client, ClientError> {
+        let config = self.config().await?;
+        let builder = ClientBuilder::try_from(config)?;
+        Ok(match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
+            Some(layer) => builder.with_layer(&layer).build(),
+            None => builder.build(),
+        })
+    }
+}
+
+/// Parses `30s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (examples: 500ms, 30s, 2m, 1h)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("{s:?} has unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} is not a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("40"), Ok(Duration::from_secs(40)));
+        let e = parse_duration("10x").unwrap_err();
+        assert!(e.contains("10x") && e.contains("unit"), "{e}");
+        assert!(parse_duration("abc").unwrap_err().contains("abc"));
+        assert!(parse_duration("").is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! What both groundskeeper binaries share, written once: logs, metrics, the admin HTTP server,
+//! readiness, the shutdown token and the Kubernetes client.
+
+pub mod admin;
+pub mod cli;
+pub mod client;
+pub mod metrics;
+pub mod ratelimit;
+pub mod readiness;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use readiness::{Readiness, ReadyFlag};
+pub use shutdown::Shutdown;

@@ -1,0 +1,42 @@
+//! The Prometheus registry both binaries expose on `/metrics`, with process metrics included.
+
+use prometheus::{Encoder, Registry, TextEncoder};
+
+/// A registry with the process collector (CPU, RSS, open fds) already in it.
+pub fn registry() -> Registry {
+    let registry = Registry::new();
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process collector registers once");
+    registry
+}
+
+/// Renders the registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding into a Vec can only fail on a malformed metric family, which the typed
+    // constructors rule out.
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding into memory");
+    String::from_utf8(buf).expect("prometheus text is utf-8")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_registered_and_process_metrics() {
+        let r = registry();
+        let c = prometheus::IntCounter::new("groundskeeper_test_total", "help text").unwrap();
+        r.register(Box::new(c.clone())).unwrap();
+        c.inc();
+        let text = render(&r);
+        assert!(text.contains("groundskeeper_test_total 1"), "{text}");
+        assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    }
+}
