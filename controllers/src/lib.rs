@@ -1,0 +1,4 @@
+//! controller-manager: groundskeeper's cluster-wide controllers, one active replica at a time.
+
+pub mod leader;
+pub mod manager;

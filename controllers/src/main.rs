@@ -1,1 +1,135 @@
-fn main(){}
+use std::process::ExitCode;
+
+use groundskeeper_controllers::{
+    leader::{self, ElectionConfig, Elector, Leadership},
+    manager::{Cli, Shared},
+};
+use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
+use prometheus::IntGauge;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli: Cli = cli::parse();
+    cli.log.init();
+    if let Err(e) = cli.election.validate() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "controller-manager failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let process = Process::start(&cli.kube, cli.admin.admin_addr).await?;
+    let shutdown = process.shutdown.clone();
+    let registry = process.registry.clone();
+    let client = process.client.clone();
+    tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.dry_run, "controller-manager starting");
+
+    let is_leader = IntGauge::new(
+        "groundskeeper_leader_election_is_leader",
+        "1 when this replica holds the controller-manager Lease, else 0.",
+    )?;
+    registry.register(Box::new(is_leader.clone()))?;
+
+    // Controllers stop on this child token, which leadership loss cancels as well as SIGTERM.
+    let controllers_token = shutdown.token().child_token();
+    // The elector has its own token, cancelled only after the controllers drained: the lease is
+    // released when nothing can act any more.
+    let elector_token = tokio_util::sync::CancellationToken::new();
+    let (elector_task, leadership) = if cli.election.leader_elect {
+        let e = &cli.election;
+        let cfg = ElectionConfig {
+            lease_name: e.leader_elect_lease_name.clone(),
+            namespace: e.leader_elect_namespace.clone(),
+            identity: leader::identity(e.leader_elect_identity.as_deref().unwrap_or(&hostname())),
+            lease_duration: e.leader_elect_lease_duration,
+            renew_deadline: e.leader_elect_renew_deadline,
+            retry_period: e.leader_elect_retry_period,
+        };
+        let (elector, leadership) = Elector::new(client.clone(), cfg, is_leader);
+        (
+            Some(tokio::spawn(elector.run(elector_token.clone()))),
+            leadership,
+        )
+    } else {
+        is_leader.set(1);
+        tracing::info!("leader election disabled: acting as the only replica");
+        (None, Leadership::always())
+    };
+
+    let shared = Shared {
+        client,
+        registry,
+        readiness: process.readiness.clone(),
+        leadership,
+        dry_run: cli.dry_run,
+        token: controllers_token.clone(),
+    };
+    let controllers = start_controllers(&cli, shared);
+
+    let lost = match elector_task {
+        Some(mut task) => tokio::select! {
+            res = &mut task => match res {
+                Ok(Err(lost)) => Some(lost.to_string()),
+                Ok(Ok(())) => None,
+                Err(join) => Some(format!("leader election task failed: {join}")),
+            },
+            _ = shutdown.cancelled() => {
+                // Controllers drain first, so nothing acts after the lease is released.
+                controllers_token.cancel();
+                shutdown.drain(cli.shutdown_grace, controllers.drain()).await;
+                elector_token.cancel();
+                let _ = shutdown.drain(cli.shutdown_grace, task).await;
+                process.finish().await;
+                tracing::info!("controller-manager stopped");
+                return Ok(ExitCode::SUCCESS);
+            }
+        },
+        None => {
+            shutdown.cancelled().await;
+            None
+        }
+    };
+
+    controllers_token.cancel();
+    shutdown
+        .drain(cli.shutdown_grace, controllers.drain())
+        .await;
+    if let Some(reason) = lost {
+        // As kube-controller-manager does: exit, let the pod restart clean as a standby.
+        tracing::error!(%reason, "stopping all controllers and exiting");
+        return Ok(ExitCode::FAILURE);
+    }
+    shutdown.trigger();
+    process.finish().await;
+    tracing::info!("controller-manager stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn start_controllers(_cli: &Cli, _shared: Shared) -> Tasks {
+    let set = Tasks::default();
+    if set.is_empty() {
+        tracing::warn!(
+            "no controllers are enabled in this build; the manager only holds the lease"
+        );
+    }
+    set
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "controller-manager".into())
+}

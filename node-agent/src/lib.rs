@@ -1,0 +1,3 @@
+//! node-agent: per-node housekeeping (stale UDP conntrack entries, sysctl admission).
+
+pub mod agent;

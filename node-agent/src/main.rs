@@ -1,1 +1,58 @@
-fn main(){}
+use std::process::ExitCode;
+
+use groundskeeper_node_agent::agent::{Cli, Shared};
+use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli: Cli = cli::parse();
+    cli.log.init();
+    if let Some(cmd) = cli.command {
+        match cmd {}
+    }
+    let node_name = match cli.require_node_name() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli, node_name).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "node-agent failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
+    let process = Process::start(&cli.kube, cli.admin.admin_addr).await?;
+    tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.dry_run, "node-agent starting");
+
+    let shared = Shared {
+        client: process.client.clone(),
+        registry: process.registry.clone(),
+        readiness: process.readiness.clone(),
+        node_name,
+        dry_run: cli.dry_run,
+        token: process.shutdown.token(),
+    };
+    let tasks = start_tasks(&cli, shared);
+    process.shutdown.cancelled().await;
+    process
+        .shutdown
+        .drain(cli.shutdown_grace, tasks.drain())
+        .await;
+    process.finish().await;
+    tracing::info!("node-agent stopped");
+    Ok(())
+}
+
+fn start_tasks(_cli: &Cli, _shared: Shared) -> Tasks {
+    let set = Tasks::default();
+    if set.is_empty() {
+        tracing::warn!("no node tasks are enabled in this build");
+    }
+    set
+}

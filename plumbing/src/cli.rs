@@ -28,7 +28,10 @@ fn exit_on(e: clap::Error) -> ! {
 /// is usage boilerplate.
 pub fn one_line(e: &clap::Error) -> String {
     let rendered = e.render().to_string();
-    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+    let first = rendered
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid arguments");
     first.trim().to_string()
 }
 

@@ -72,10 +72,12 @@ impl KubeArgs {
     pub async fn client(&self) -> Result<Client, ClientError> {
         let config = self.config().await?;
         let builder = ClientBuilder::try_from(config)?;
-        Ok(match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
-            Some(layer) => builder.with_layer(&layer).build(),
-            None => builder.build(),
-        })
+        Ok(
+            match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
+                Some(layer) => builder.with_layer(&layer).build(),
+                None => builder.build(),
+            },
+        )
     }
 }
 
@@ -94,7 +96,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("{s:?} has unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{s:?} has unknown unit {unit:?} (use ms, s, m or h)"
+            ));
+        }
     };
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{s:?} is not a non-negative duration"));

@@ -5,9 +5,11 @@ pub mod admin;
 pub mod cli;
 pub mod client;
 pub mod metrics;
+pub mod process;
 pub mod ratelimit;
 pub mod readiness;
 pub mod shutdown;
+pub mod tasks;
 pub mod telemetry;
 
 pub use readiness::{Readiness, ReadyFlag};

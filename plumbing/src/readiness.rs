@@ -6,9 +6,12 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
+/// A named watch and whether it has listed.
+type Entry = (String, Arc<AtomicBool>);
+
 #[derive(Clone, Default)]
 pub struct Readiness {
-    flags: Arc<Mutex<Vec<(String, Arc<AtomicBool>)>>>,
+    flags: Arc<Mutex<Vec<Entry>>>,
 }
 
 /// One watch's readiness; cheap to clone into the task that drives the watch.

@@ -42,7 +42,11 @@ impl Shutdown {
 
     /// Waits for `task` but gives up after `grace` once shutdown was requested, so that a stuck
     /// API call can not keep the pod in Terminating until the kubelet's SIGKILL.
-    pub async fn drain<F: std::future::Future>(&self, grace: Duration, task: F) -> Option<F::Output> {
+    pub async fn drain<F: std::future::Future>(
+        &self,
+        grace: Duration,
+        task: F,
+    ) -> Option<F::Output> {
         tokio::pin!(task);
         tokio::select! {
             out = &mut task => Some(out),

@@ -1,0 +1,290 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, with client-go's timings and rules:
+//! writes carry the resourceVersion read, expiry is judged by local time, a leader that can not
+//! renew within the renew deadline stops, and a leader that is shut down releases the lease.
+
+pub mod decision;
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+};
+use kube::{Api, api::PostParams};
+use prometheus::IntGauge;
+use tokio::{sync::watch, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use decision::{Observation, Record, Step, decide, observe, renewal_overdue};
+
+#[derive(Clone, Debug)]
+pub struct ElectionConfig {
+    pub lease_name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("leadership lost: lease {lease} not renewed within {deadline:?}")]
+    RenewDeadline { lease: String, deadline: Duration },
+    #[error("leadership lost: lease {lease} is now held by {holder}")]
+    TakenOver { lease: String, holder: String },
+}
+
+/// The gate reconcilers wait on: caches fill on every replica (so a standby is warm and ready),
+/// but only the leader acts.
+#[derive(Clone)]
+pub struct Leadership(watch::Receiver<bool>);
+
+impl Leadership {
+    /// A gate that is open from the start, for `--leader-elect=false`.
+    pub fn always() -> Self {
+        let (tx, rx) = watch::channel(true);
+        // Keep the sender alive for the life of the process so the gate stays open.
+        std::mem::forget(tx);
+        Self(rx)
+    }
+
+    pub fn is_leading(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once this replica leads; never resolves if it never does.
+    pub async fn acquired(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|leading| *leading).await.is_err() {
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+pub struct Elector {
+    api: Api<Lease>,
+    cfg: ElectionConfig,
+    is_leader: IntGauge,
+    tx: watch::Sender<bool>,
+}
+
+impl Elector {
+    pub fn new(
+        client: kube::Client,
+        cfg: ElectionConfig,
+        is_leader: IntGauge,
+    ) -> (Self, Leadership) {
+        let (tx, rx) = watch::channel(false);
+        let api = Api::namespaced(client, &cfg.namespace);
+        (
+            Self {
+                api,
+                cfg,
+                is_leader,
+                tx,
+            },
+            Leadership(rx),
+        )
+    }
+
+    /// Campaigns and renews until `token` is cancelled (then releases the lease if held and
+    /// returns Ok) or leadership is lost (Err: the caller stops every reconciler and exits).
+    pub async fn run(self, token: CancellationToken) -> Result<(), LeaderError> {
+        let c = &self.cfg;
+        let mut observed: Option<Observation> = None;
+        let mut current: Option<Lease> = None;
+        let mut last_renewed: Option<Instant> = None;
+        tracing::info!(lease = %c.lease_name, namespace = %c.namespace, identity = %c.identity, "campaigning for leadership");
+        loop {
+            if token.is_cancelled() {
+                if last_renewed.is_some() {
+                    self.release(current).await;
+                }
+                self.set_leading(false);
+                return Ok(());
+            }
+            let now = Instant::now();
+            match self.call(self.api.get_opt(&c.lease_name)).await {
+                Ok(Some(lease)) => {
+                    observed = Some(observe(observed, record_of(&lease), now));
+                    current = Some(lease);
+                }
+                Ok(None) => {
+                    observed = None;
+                    current = None;
+                }
+                Err(e) => {
+                    tracing::warn!(lease = %c.lease_name, error = %e, "reading the lease failed")
+                }
+            }
+            let step = decide(&c.identity, observed.as_ref(), now);
+            let write = match (&step, &current) {
+                (Step::Create, _) => Some(
+                    self.call(self.api.create(&PostParams::default(), &self.fresh_lease()))
+                        .await,
+                ),
+                (Step::Acquire, Some(l)) => Some(
+                    self.call(self.api.replace(
+                        &c.lease_name,
+                        &PostParams::default(),
+                        &self.taken(l),
+                    ))
+                    .await,
+                ),
+                (Step::Renew, Some(l)) => Some(
+                    self.call(self.api.replace(
+                        &c.lease_name,
+                        &PostParams::default(),
+                        &self.renewed(l),
+                    ))
+                    .await,
+                ),
+                (Step::Follow { holder, expires_in }, _) => {
+                    if last_renewed.is_some() {
+                        self.set_leading(false);
+                        return Err(LeaderError::TakenOver {
+                            lease: c.lease_name.clone(),
+                            holder: holder.clone(),
+                        });
+                    }
+                    tracing::debug!(%holder, expires_in_seconds = expires_in.as_secs_f64(), "following");
+                    None
+                }
+                // A read error left no object to write against; try again next round.
+                _ => None,
+            };
+            match write {
+                Some(Ok(lease)) => {
+                    if last_renewed.is_none() {
+                        tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
+                        self.set_leading(true);
+                    }
+                    last_renewed = Some(now);
+                    observed = Some(observe(observed, record_of(&lease), now));
+                    current = Some(lease);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(lease = %c.lease_name, ?step, error = %e, "writing the lease failed")
+                }
+                None => {}
+            }
+            if let Some(t) = last_renewed
+                && renewal_overdue(t, Instant::now(), c.renew_deadline)
+            {
+                self.set_leading(false);
+                return Err(LeaderError::RenewDeadline {
+                    lease: c.lease_name.clone(),
+                    deadline: c.renew_deadline,
+                });
+            }
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = tokio::time::sleep(c.retry_period) => {}
+            }
+        }
+    }
+
+    fn set_leading(&self, leading: bool) {
+        self.is_leader.set(i64::from(leading));
+        self.tx.send_replace(leading);
+    }
+
+    /// Every lease call is bounded by the renew deadline: a hung request must not keep a
+    /// replica believing it leads.
+    async fn call<T>(&self, fut: impl Future<Output = kube::Result<T>>) -> Result<T, String> {
+        match tokio::time::timeout(self.cfg.renew_deadline, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("timed out after {:?}", self.cfg.renew_deadline)),
+        }
+    }
+
+    fn spec(&self, acquire: MicroTime, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.cfg.identity.clone()),
+            lease_duration_seconds: Some(self.cfg.lease_duration.as_secs() as i32),
+            acquire_time: Some(acquire),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }
+    }
+
+    fn fresh_lease(&self) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.lease_name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(self.spec(MicroTime(Timestamp::now()), 0)),
+        }
+    }
+
+    fn taken(&self, current: &Lease) -> Lease {
+        let transitions = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .unwrap_or(0);
+        Lease {
+            metadata: current.metadata.clone(),
+            spec: Some(self.spec(MicroTime(Timestamp::now()), transitions + 1)),
+        }
+    }
+
+    fn renewed(&self, current: &Lease) -> Lease {
+        let spec = current.spec.clone().unwrap_or_default();
+        let acquire = spec
+            .acquire_time
+            .clone()
+            .unwrap_or(MicroTime(Timestamp::now()));
+        Lease {
+            metadata: current.metadata.clone(),
+            spec: Some(self.spec(acquire, spec.lease_transitions.unwrap_or(0))),
+        }
+    }
+
+    /// Gives the lease up so a standby takes over at its next retry instead of waiting out the
+    /// lease duration (client-go's ReleaseOnCancel).
+    async fn release(&self, current: Option<Lease>) {
+        let Some(current) = current else { return };
+        let mut lease = current;
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = Some(String::new());
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+        }
+        match self
+            .call(
+                self.api
+                    .replace(&self.cfg.lease_name, &PostParams::default(), &lease),
+            )
+            .await
+        {
+            Ok(_) => tracing::info!(lease = %self.cfg.lease_name, "released leadership"),
+            Err(e) => {
+                tracing::warn!(lease = %self.cfg.lease_name, error = %e, "releasing the lease failed; a standby takes over when it expires")
+            }
+        }
+    }
+}
+
+fn record_of(lease: &Lease) -> Record {
+    let spec = lease.spec.clone().unwrap_or_default();
+    Record {
+        holder: spec.holder_identity.unwrap_or_default(),
+        lease_duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64),
+        renew_time: spec.renew_time.map(|t| t.0.to_string()),
+        transitions: spec.lease_transitions.unwrap_or(0),
+    }
+}
+
+/// `<pod name>_<random suffix>`: unique even when a pod restarts under the same name.
+pub fn identity(pod_name: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let suffix = RandomState::new().hash_one((std::process::id(), Instant::now())) as u32;
+    format!("{pod_name}_{suffix:08x}")
+}

@@ -1,0 +1,157 @@
+//! What every controller is handed, and the flags of the manager itself.
+
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use groundskeeper_plumbing::{
+    Readiness, admin::AdminArgs, client::KubeArgs, client::parse_duration, telemetry::LogArgs,
+};
+use kube::Client;
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::leader::Leadership;
+
+/// Handed to each controller's `run`: the client, where to register metrics and watches, the
+/// leadership gate, and the one shutdown token.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: Client,
+    pub registry: Registry,
+    pub readiness: Readiness,
+    pub leadership: Leadership,
+    /// Log every finalizer removal, patch or delete that would be made; make none.
+    pub dry_run: bool,
+    pub token: CancellationToken,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "controller-manager",
+    version,
+    about = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub election: ElectionArgs,
+
+    /// Log every destructive action (finalizer removal, pod patch and delete) instead of making it.
+    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    pub dry_run: bool,
+
+    /// How long to wait for controllers to drain after SIGTERM before exiting anyway.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ElectionArgs {
+    /// Run only while holding the leader Lease (needed with more than one replica).
+    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the coordination.k8s.io/v1 Lease used for leader election.
+    #[arg(
+        long,
+        env = "LEADER_ELECT_LEASE_NAME",
+        default_value = "groundskeeper-controller-manager"
+    )]
+    pub leader_elect_lease_name: String,
+
+    /// Namespace of the Lease (defaults to the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_elect_namespace: String,
+
+    /// How long a standby waits after the lease last changed before taking it over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it gives up leadership.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often candidates try to acquire and the leader renews.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// This replica's name in the Lease (a random suffix is appended).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_elect_identity: Option<String>,
+}
+
+impl ElectionArgs {
+    /// client-go's rule: lease duration > renew deadline > retry period.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.leader_elect_lease_duration <= self.leader_elect_renew_deadline {
+            return Err(format!(
+                "--leader-elect-lease-duration {:?} must be greater than --leader-elect-renew-deadline {:?}",
+                self.leader_elect_lease_duration, self.leader_elect_renew_deadline
+            ));
+        }
+        if self.leader_elect_renew_deadline <= self.leader_elect_retry_period {
+            return Err(format!(
+                "--leader-elect-renew-deadline {:?} must be greater than --leader-elect-retry-period {:?}",
+                self.leader_elect_renew_deadline, self.leader_elect_retry_period
+            ));
+        }
+        if self.leader_elect_lease_name.is_empty() {
+            return Err("--leader-elect-lease-name must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("controller-manager").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_client_go() {
+        let cli = parse(&[]).unwrap();
+        assert!(cli.election.leader_elect);
+        assert_eq!(
+            cli.election.leader_elect_lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            cli.election.leader_elect_renew_deadline,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            cli.election.leader_elect_retry_period,
+            Duration::from_secs(2)
+        );
+        assert!(cli.election.validate().is_ok());
+        assert!(!cli.dry_run);
+    }
+
+    #[test]
+    fn inconsistent_timings_are_named() {
+        let cli = parse(&["--leader-elect-renew-deadline", "20s"]).unwrap();
+        let e = cli.election.validate().unwrap_err();
+        assert!(
+            e.contains("--leader-elect-lease-duration") && e.contains("20s"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn leader_elect_can_be_turned_off() {
+        assert!(
+            !parse(&["--leader-elect=false"])
+                .unwrap()
+                .election
+                .leader_elect
+        );
+    }
+}

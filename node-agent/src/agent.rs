@@ -1,0 +1,88 @@
+//! What every node-agent task is handed, and the agent's flags.
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use groundskeeper_plumbing::{
+    Readiness, admin::AdminArgs, client::KubeArgs, client::parse_duration, telemetry::LogArgs,
+};
+use kube::Client;
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// Handed to each task's `run`.
+#[derive(Clone)]
+pub struct Shared {
+    pub client: Client,
+    pub registry: Registry,
+    pub readiness: Readiness,
+    /// The Node this agent runs on (from the downward API).
+    pub node_name: String,
+    /// Log every deletion or pod rejection that would be made; make none.
+    pub dry_run: bool,
+    pub token: CancellationToken,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "node-agent",
+    version,
+    about = "groundskeeper node-agent: stale UDP conntrack cleanup and sysctl admission for one node"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    /// Name of the Node this agent runs on. Set it from the downward API
+    /// (env NODE_NAME valueFrom fieldRef spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Log every destructive action (conntrack deletes, pod rejections) instead of making it.
+    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    pub dry_run: bool,
+
+    /// How long to wait for tasks to drain after SIGTERM before exiting anyway.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {}
+
+impl Cli {
+    /// The node name, or the message that says how to set it.
+    pub fn require_node_name(&self) -> Result<String, String> {
+        match self.node_name.as_deref().map(str::trim) {
+            Some(n) if !n.is_empty() => Ok(n.to_string()),
+            _ => Err("NODE_NAME is not set: node-agent must know which Node it runs on. In a pod, set \
+                      env NODE_NAME from the downward API (valueFrom.fieldRef.fieldPath: spec.nodeName); \
+                      out of cluster, export NODE_NAME=<node> or pass --node-name <node>."
+                .into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_name_is_required_and_not_blank() {
+        let cli = Cli::try_parse_from(["node-agent", "--node-name", "  "]).unwrap();
+        let e = cli.require_node_name().unwrap_err();
+        assert!(
+            e.contains("NODE_NAME") && e.contains("spec.nodeName"),
+            "{e}"
+        );
+        let cli = Cli::try_parse_from(["node-agent", "--node-name", "worker-1"]).unwrap();
+        assert_eq!(cli.require_node_name().unwrap(), "worker-1");
+    }
+}
