@@ -1,1 +1,266 @@
+//! Test harness for cluster tests: a real kube-apiserver named by `KUBECONFIG`, the project's
+//! binaries as child processes, uniquely named objects, bounded waits, and cleanup that runs
+//! even when a test fails.
+//!
+//! Without `KUBECONFIG` every cluster test prints one `SKIPPED <test>: KUBECONFIG not set` line
+//! and passes: the skip is visible, never silent.
 
+mod binary;
+
+pub use binary::Binary;
+
+use std::{
+    future::Future,
+    path::PathBuf,
+    sync::{
+        Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client, Config, Resource, ResourceExt,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    discovery::ApiResource,
+};
+
+/// A connection to the test cluster; deletes every object it tracks when dropped.
+pub struct Cluster {
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    tracked: Mutex<Vec<Tracked>>,
+}
+
+struct Tracked {
+    resource: ApiResource,
+    namespace: Option<String>,
+    name: String,
+}
+
+/// Connects to the cluster named by `KUBECONFIG`, or prints the skip line and returns None.
+pub async fn cluster(test_name: &str) -> Option<Cluster> {
+    let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) else {
+        skipped(test_name, "KUBECONFIG not set");
+        return None;
+    };
+    let kubeconfig = PathBuf::from(path);
+    let client = client_for(&kubeconfig).await.unwrap_or_else(|e| {
+        panic!(
+            "KUBECONFIG={} is set but unusable: {e:#}",
+            kubeconfig.display()
+        )
+    });
+    // Fail fast and clearly if the apiserver is not there, rather than at the first wait.
+    client.apiserver_version().await.unwrap_or_else(|e| {
+        panic!(
+            "KUBECONFIG={} is set but the apiserver does not answer: {e}",
+            kubeconfig.display()
+        )
+    });
+    Some(Cluster {
+        client,
+        kubeconfig,
+        tracked: Mutex::new(Vec::new()),
+    })
+}
+
+async fn client_for(kubeconfig: &PathBuf) -> anyhow::Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+impl Cluster {
+    /// Deletes `obj` (finalizers stripped first) when the cluster handle is dropped.
+    pub fn track<K>(&self, obj: &K)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        self.tracked.lock().unwrap().push(Tracked {
+            resource: ApiResource::erase::<K>(&()),
+            namespace: obj.meta().namespace.clone(),
+            name: obj.meta().name.clone().expect("tracked objects have names"),
+        });
+    }
+
+    /// Creates `obj` and tracks it for cleanup.
+    pub async fn create<K>(&self, obj: &K) -> anyhow::Result<K>
+    where
+        K: Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let resource = ApiResource::erase::<K>(&());
+        let api: Api<DynamicObject> = match obj.meta().namespace.as_deref() {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
+        };
+        let mut value = serde_json::to_value(obj)?;
+        value["apiVersion"] = resource.api_version.clone().into();
+        value["kind"] = resource.kind.clone().into();
+        let dynamic: DynamicObject = serde_json::from_value(value)?;
+        let created = api.create(&PostParams::default(), &dynamic).await?;
+        let created: K = serde_json::from_value(serde_json::to_value(created)?)?;
+        self.track(&created);
+        Ok(created)
+    }
+
+    /// A fresh namespace, deleted at drop.
+    pub async fn namespace(&self, prefix: &str) -> anyhow::Result<String> {
+        let name = unique_name(prefix);
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("groundskeeper.dev/test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let created = api.create(&PostParams::default(), &ns).await?;
+        self.track(&created);
+        Ok(created.name_any())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let tracked = std::mem::take(&mut *self.tracked.lock().unwrap());
+        if tracked.is_empty() {
+            return;
+        }
+        let kubeconfig = self.kubeconfig.clone();
+        // The test's runtime is being torn down around us: clean up on a thread of our own,
+        // with a client of our own.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let Ok(client) = client_for(&kubeconfig).await else {
+                    return;
+                };
+                for t in tracked.iter().rev() {
+                    let api: Api<DynamicObject> = match &t.namespace {
+                        Some(ns) => Api::namespaced_with(client.clone(), ns, &t.resource),
+                        None => Api::all_with(client.clone(), &t.resource),
+                    };
+                    let strip = serde_json::json!({"metadata": {"finalizers": null}});
+                    let _ = api
+                        .patch(&t.name, &PatchParams::default(), &Patch::Merge(&strip))
+                        .await;
+                    let _ = api
+                        .delete(&t.name, &DeleteParams::default().grace_period(0))
+                        .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Prints `SKIPPED <test>: <why>` past the test harness's output capture, so a skipped test
+/// is visible in a plain `cargo test` run instead of passing silently.
+pub fn skipped(test_name: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test_name}: {why}");
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A DNS-1123 name unique across test processes and runs: `<prefix>-<pid>-<n>-<nanos>`.
+pub fn unique_name(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() % 100_000)
+        .unwrap_or(0);
+    format!("{prefix}-{:x}-{n}-{nanos}", std::process::id())
+}
+
+/// Polls `check` every 100 ms until it returns true; fails naming `what` after `timeout`.
+/// Errors from `check` are remembered and reported, not fatal (the object may not exist yet).
+pub async fn wait_for<F, Fut>(
+    timeout: Duration,
+    what: &str,
+    mut check: F,
+) -> anyhow::Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() >= timeout {
+            anyhow::bail!(
+                "timed out after {timeout:?} waiting for {what}{}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asserts that `check` stays true for the whole of `period` (for "must NOT happen" tests).
+pub async fn holds_for<F, Fut>(period: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<bool>>,
+{
+    let start = Instant::now();
+    while start.elapsed() < period {
+        if !check().await? {
+            anyhow::bail!("{what} stopped holding after {:?}", start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// A free loopback address for a child's `--admin-addr`.
+pub fn free_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local addr")
+}
+
+/// A plain HTTP/1.1 GET against a child's admin server: (status code, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+        .await??;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut out)).await??;
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("not an HTTP response from {addr}: {out:?}"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// The value of an unlabelled metric in a child's `/metrics`, if exported.
+pub async fn metric(addr: std::net::SocketAddr, name: &str) -> anyhow::Result<Option<f64>> {
+    let (_, body) = http_get(addr, "/metrics").await?;
+    Ok(body.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    }))
+}

@@ -1,0 +1,97 @@
+//! The project's binaries run as child processes against the test cluster, out of cluster,
+//! exactly as `make run` runs them.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use tokio::process::{Child, Command};
+
+pub struct Binary {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Binary {
+    /// Starts `path` (pass `env!("CARGO_BIN_EXE_<name>")`) with `args` and `env`, logging to a
+    /// file whose path is printed so a failing test can be debugged. `KUBECONFIG` is inherited.
+    /// The process is killed when the handle is dropped.
+    pub fn start(
+        path: &str,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join("groundskeeper-tests");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("{}.log", crate::unique_name(name)));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(path)
+            .args(args)
+            .envs(env.iter().copied())
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting {path}: {e}"))?;
+        println!("{name}: pid {:?}, log {}", child.id(), log.display());
+        Ok(Self { child, log })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        crate::wait_for(
+            timeout,
+            &format!("log line containing {needle:?} in {}", self.log.display()),
+            || async { Ok(self.logs().contains(needle)) },
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sends a signal (e.g. `libc::SIGTERM` = 15, `SIGKILL` = 9) through kill(1).
+    pub async fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow::anyhow!("process already exited"))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+        Ok(())
+    }
+
+    /// Waits for the process to exit and returns its exit code (None when killed by a signal).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let status = tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "process did not exit within {timeout:?}; log {}",
+                    self.log.display()
+                )
+            })??;
+        Ok(status.code())
+    }
+}
