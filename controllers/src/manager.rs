@@ -4,7 +4,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser};
 use groundskeeper_plumbing::{
-    Readiness, admin::AdminArgs, client::KubeArgs, client::parse_duration, telemetry::LogArgs,
+    Readiness,
+    admin::AdminArgs,
+    cli::{Selection, parse_selection},
+    client::KubeArgs,
+    client::parse_duration,
+    telemetry::LogArgs,
 };
 use kube::Client;
 use prometheus::Registry;
@@ -41,6 +46,10 @@ pub struct Cli {
     #[command(flatten)]
     pub election: ElectionArgs,
 
+    /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
+    #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
+    pub controllers: Selection,
+
     /// Log every destructive action (finalizer removal, pod patch and delete) instead of making it.
     #[arg(long, env = "DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
@@ -48,6 +57,12 @@ pub struct Cli {
     /// How long to wait for controllers to drain after SIGTERM before exiting anyway.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+}
+
+pub const CONTROLLERS: &[&str] = &["servicecidr", "podgc"];
+
+fn parse_controllers(s: &str) -> Result<Selection, String> {
+    parse_selection(s, CONTROLLERS).map(Selection)
 }
 
 #[derive(Args, Debug, Clone)]
@@ -133,6 +148,20 @@ mod tests {
         );
         assert!(cli.election.validate().is_ok());
         assert!(!cli.dry_run);
+        assert!(cli.controllers.has("servicecidr") && cli.controllers.has("podgc"));
+    }
+
+    #[test]
+    fn controllers_selection() {
+        assert_eq!(
+            parse(&["--controllers="]).unwrap().controllers,
+            Selection(vec![])
+        );
+        assert_eq!(
+            parse(&["--controllers", "podgc"]).unwrap().controllers,
+            Selection(vec!["podgc"])
+        );
+        assert!(parse(&["--controllers", "podgc,nope"]).is_err());
     }
 
     #[test]

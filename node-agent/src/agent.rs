@@ -4,7 +4,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use groundskeeper_plumbing::{
-    Readiness, admin::AdminArgs, client::KubeArgs, client::parse_duration, telemetry::LogArgs,
+    Readiness,
+    admin::AdminArgs,
+    cli::{Selection, parse_selection},
+    client::KubeArgs,
+    client::parse_duration,
+    telemetry::LogArgs,
 };
 use kube::Client;
 use prometheus::Registry;
@@ -45,6 +50,10 @@ pub struct Cli {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
+    /// Node tasks to run, comma-separated: conntrack, sysctl (empty: none).
+    #[arg(long, env = "TASKS", default_value = "conntrack,sysctl", value_parser = parse_tasks)]
+    pub tasks: Selection,
+
     /// Log every destructive action (conntrack deletes, pod rejections) instead of making it.
     #[arg(long, env = "DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
@@ -52,6 +61,12 @@ pub struct Cli {
     /// How long to wait for tasks to drain after SIGTERM before exiting anyway.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+}
+
+pub const TASKS: &[&str] = &["conntrack", "sysctl"];
+
+fn parse_tasks(s: &str) -> Result<Selection, String> {
+    parse_selection(s, TASKS).map(Selection)
 }
 
 #[derive(Subcommand, Debug)]

@@ -53,3 +53,50 @@ mod tests {
         assert!(line.contains("--period") && line.contains("10x"), "{line}");
     }
 }
+
+/// Which named parts (controllers, node tasks) a flag selected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection(pub Vec<&'static str>);
+
+impl Selection {
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains(&name)
+    }
+}
+
+/// Parses a comma-separated selection of named parts (controllers, node tasks) against the
+/// known names; an empty string selects none. Unknown names are refused by name.
+pub fn parse_selection(s: &str, known: &[&'static str]) -> Result<Vec<&'static str>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match known.iter().find(|k| **k == part) {
+            Some(k) if !out.contains(k) => out.push(*k),
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "unknown name {part:?} (known: {})",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use super::parse_selection;
+
+    #[test]
+    fn selection() {
+        let known = ["servicecidr", "podgc"];
+        assert_eq!(
+            parse_selection("servicecidr,podgc", &known),
+            Ok(vec!["servicecidr", "podgc"])
+        );
+        assert_eq!(parse_selection(" podgc ,podgc", &known), Ok(vec!["podgc"]));
+        assert_eq!(parse_selection("", &known), Ok(vec![]));
+        let e = parse_selection("servicecidr,podgcc", &known).unwrap_err();
+        assert!(e.contains("\"podgcc\""), "{e}");
+    }
+}

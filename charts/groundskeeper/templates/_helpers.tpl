@@ -1,0 +1,68 @@
+{{- define "groundskeeper.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "groundskeeper.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (dict "ctx" $ "component" "node-agent"). */}}
+{{- define "groundskeeper.selectorLabels" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "groundskeeper.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "groundskeeper.commonArgs" -}}
+- --log-format={{ .Values.logFormat }}
+- --log-level={{ .Values.logLevel }}
+- --kube-api-qps={{ .Values.kubeApi.qps }}
+- --kube-api-burst={{ .Values.kubeApi.burst }}
+- --admin-addr=0.0.0.0:{{ .Values.metrics.service.port }}
+{{- end -}}
+
+{{/* True when any conntrack sysctl is set: the node-agent then needs a writable /proc/sys. */}}
+{{- define "groundskeeper.conntrackSysctlsSet" -}}
+{{- $set := false -}}
+{{- range $k, $v := .Values.nodeAgent.conntrack.sysctls -}}
+{{- if not (kindIs "invalid" $v) -}}{{- $set = true -}}{{- end -}}
+{{- end -}}
+{{- if and .Values.nodeAgent.conntrack.enabled $set -}}true{{- end -}}
+{{- end -}}
+
+{{- define "groundskeeper.probes" -}}
+livenessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: metrics}
+  periodSeconds: 5
+  failureThreshold: 2
+{{- end -}}
+
+{{- define "groundskeeper.controllers" -}}
+{{- $c := list -}}
+{{- if .Values.controllerManager.serviceCIDR.enabled }}{{ $c = append $c "servicecidr" }}{{ end -}}
+{{- if .Values.controllerManager.podGC.enabled }}{{ $c = append $c "podgc" }}{{ end -}}
+{{- join "," $c -}}
+{{- end -}}
+
+{{- define "groundskeeper.nodeTasks" -}}
+{{- $t := list -}}
+{{- if .Values.nodeAgent.conntrack.enabled }}{{ $t = append $t "conntrack" }}{{ end -}}
+{{- if .Values.nodeAgent.sysctl.enabled }}{{ $t = append $t "sysctl" }}{{ end -}}
+{{- join "," $t -}}
+{{- end -}}
