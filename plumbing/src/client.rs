@@ -10,7 +10,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::ratelimit::RateLimitLayer;
+use crate::{ratelimit::RateLimitLayer, timeout::RequestTimeoutLayer};
 
 #[derive(Args, Clone, Debug)]
 pub struct KubeArgs {
@@ -26,7 +26,7 @@ pub struct KubeArgs {
     #[arg(long, env = "KUBE_API_BURST", default_value_t = 30)]
     pub kube_api_burst: u32,
 
-    /// Timeout of one API request (watches excepted: they are closed by the server).
+    /// Deadline of one API request; watches are exempt (the server closes them).
     #[arg(long, env = "KUBE_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub kube_api_timeout: Duration,
 }
@@ -71,7 +71,9 @@ impl KubeArgs {
 
     pub async fn client(&self) -> Result<Client, ClientError> {
         let config = self.config().await?;
-        let builder = ClientBuilder::try_from(config)?;
+        // The deadline sits inside the rate limiter: time spent waiting for a token is not a hang.
+        let builder = ClientBuilder::try_from(config)?
+            .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
         Ok(
             match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
                 Some(layer) => builder.with_layer(&layer).build(),

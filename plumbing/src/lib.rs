@@ -11,6 +11,7 @@ pub mod readiness;
 pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
+pub mod timeout;
 
 pub use readiness::{Readiness, ReadyFlag};
 pub use shutdown::Shutdown;
