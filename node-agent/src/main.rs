@@ -1,15 +1,23 @@
 use std::process::ExitCode;
 
-use groundskeeper_node_agent::agent::{Cli, Shared};
+use groundskeeper_node_agent::agent::{Cli, Command, Shared, SysctlCommand};
+use groundskeeper_node_agent::sysctl;
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = cli::parse();
-    cli.log.init();
+    // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(cmd) = cli.command {
-        match cmd {}
+        return match cmd {
+            Command::Crd => {
+                print!("{}", sysctl::crd::crd_yaml());
+                ExitCode::SUCCESS
+            }
+            Command::Sysctl(SysctlCommand::Check(args)) => ExitCode::from(sysctl::check::run(args)),
+        };
     }
+    cli.log.init();
     let node_name = match cli.require_node_name() {
         Ok(n) => n,
         Err(e) => {
@@ -49,8 +57,14 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn start_tasks(_cli: &Cli, _shared: Shared) -> Tasks {
-    let set = Tasks::default();
+fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
+    let mut set = Tasks::default();
+    if cli.sysctl.sysctl_admission {
+        set.spawn(
+            "sysctl-admission",
+            sysctl::admit::run(shared, cli.sysctl.clone()),
+        );
+    }
     if set.is_empty() {
         tracing::warn!("no node tasks are enabled in this build");
     }
