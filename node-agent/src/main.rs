@@ -59,9 +59,9 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 
 fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
-    if cli.sysctl.sysctl_admission {
+    if cli.tasks.has("sysctl") {
         set.spawn(
-            "sysctl-admission",
+            "sysctl",
             sysctl::admit::run(shared, cli.sysctl.clone()),
         );
     }

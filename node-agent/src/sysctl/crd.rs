@@ -12,7 +12,7 @@ pub const CRD_PATHS: [&str; 2] = [
 ];
 
 /// How to bring the committed copies up to date.
-pub const REGENERATE: &str = "UPDATE_CRDS=1 cargo test -p groundskeeper-node-agent --test crds";
+pub const REGENERATE: &str = "make crds";
 
 /// The condition type that says whether every pattern is usable.
 pub const CONDITION_VALID: &str = "Valid";

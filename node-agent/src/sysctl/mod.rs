@@ -17,11 +17,6 @@ use kernel::KernelVersion;
 /// The agent's sysctl admission flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SysctlArgs {
-    /// Run sysctl admission: fail (or, in Audit mode, report) pods on this node whose sysctls
-    /// the node does not allow. Needs the SysctlPolicy CRD installed.
-    #[arg(long, env = "SYSCTL_ADMISSION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub sysctl_admission: bool,
-
     /// Comma-separated unsafe sysctl patterns allowed on this node in addition to the safe
     /// list, like kubelet's flag of the same name (e.g. `kernel.msg*,net.core.somaxconn`).
     /// SysctlPolicy objects add to it.
