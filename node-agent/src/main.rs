@@ -60,10 +60,7 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
     if cli.tasks.has("sysctl") {
-        set.spawn(
-            "sysctl",
-            sysctl::admit::run(shared, cli.sysctl.clone()),
-        );
+        set.spawn("sysctl", sysctl::admit::run(shared, cli.sysctl.clone()));
     }
     if set.is_empty() {
         tracing::warn!("no node tasks are enabled in this build");

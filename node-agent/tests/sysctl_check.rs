@@ -93,9 +93,18 @@ fn kernel_version_gates_the_safe_list() {
 
 #[test]
 fn allowed_patterns_admit_with_exit_0() {
-    let pods = MANIFEST.split("---").take(2).collect::<Vec<_>>().join("---");
+    let pods = MANIFEST
+        .split("---")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("---");
     let o = check(
-        &["--kernel-version", "6.1.0-18-amd64", "--allow", "kernel.msg*"],
+        &[
+            "--kernel-version",
+            "6.1.0-18-amd64",
+            "--allow",
+            "kernel.msg*",
+        ],
         &pods,
     );
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
@@ -129,7 +138,11 @@ fn bad_input_is_named_with_exit_2() {
             "",
             r#"sysctl "a*b" must have at most 253 characters"#,
         ),
-        (&["--kernel-version", "5.4"], "kind: Pod\n---\n[unclosed\n", "document 2"),
+        (
+            &["--kernel-version", "5.4"],
+            "kind: Pod\n---\n[unclosed\n",
+            "document 2",
+        ),
         (
             &["--kernel-version", "5.4", "-f", "/nonexistent/pods.yaml"],
             "",
@@ -139,7 +152,7 @@ fn bad_input_is_named_with_exit_2() {
     for (args, input, needle) in cases {
         let o = check(args, input);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains(&needle), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
         assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
     }
 }

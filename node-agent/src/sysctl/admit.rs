@@ -25,6 +25,7 @@ use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
 use crate::agent::Shared;
+use groundskeeper_plumbing::ReadyFlag;
 
 /// Field manager and event reporter.
 pub const MANAGER: &str = "groundskeeper-node-agent";
@@ -88,6 +89,8 @@ struct Admitter {
     status_offset: Duration,
     recorder: Recorder,
     metrics: Metrics,
+    /// This task's own watches; other tasks' readiness must not hold admission back.
+    ready: [ReadyFlag; 3],
 }
 
 pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
@@ -156,6 +159,11 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         status_due: HashMap::new(),
         status_offset,
         metrics,
+        ready: [
+            ready_pods.clone(),
+            ready_policies.clone(),
+            ready_node.clone(),
+        ],
     };
 
     tokio::pin!(pod_events, policy_events, node_events);
@@ -165,7 +173,11 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = shared.token.cancelled() => break,
             Some(ev) = pod_events.next() => match ev {
-                Ok(watcher::Event::InitDone) => { ready_pods.mark_ready(); a.evaluate_all().await }
+                Ok(watcher::Event::InitDone) => {
+                    ready_pods.mark_ready();
+                    a.forget_gone();
+                    a.evaluate_all().await
+                }
                 Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => a.evaluate(&p).await,
                 Ok(watcher::Event::Delete(p)) => a.memory.forget(&p.uid().unwrap_or_default()),
                 Ok(watcher::Event::Init) => {}
@@ -199,7 +211,7 @@ impl Admitter {
     /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
     /// policy selecting this node could allow what would otherwise be rejected.
     async fn policies_changed(&mut self) {
-        if !self.shared.readiness.is_ready() {
+        if !self.ready.iter().all(ReadyFlag::is_ready) {
             return;
         }
         let Some(node) = self.node_store.state().into_iter().next() else {
@@ -216,6 +228,17 @@ impl Admitter {
             self.policy = Some(merged);
             self.evaluate_all().await;
         }
+    }
+
+    /// A relist drops pods deleted while the watch was down without a Delete event.
+    fn forget_gone(&mut self) {
+        let live: HashSet<String> = self
+            .pod_store
+            .state()
+            .iter()
+            .filter_map(|p| p.uid())
+            .collect();
+        self.memory.retain(|uid| live.contains(uid));
     }
 
     async fn evaluate_all(&mut self) {
@@ -261,10 +284,10 @@ impl Admitter {
             Mode::Audit => "warning about pod (audit mode)",
         };
         if self.shared.dry_run {
-            tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, message, mode = %mode, dry_run = true, "would be {verb}", verb = verb);
+            tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, dry_run = true, "would be {verb}");
             return Ok(());
         }
-        tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, message, mode = %mode, "{verb}", verb = verb);
+        tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, "{verb}");
         if mode == Mode::Enforce {
             // The resourceVersion makes the patch conditional: if the pod moved on (kubelet
             // admitted and ran it, or it finished) the patch fails and the pod is decided anew.
@@ -336,10 +359,10 @@ impl Admitter {
         };
         let condition = &status.conditions[0];
         if self.shared.dry_run {
-            tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, message = %condition.message, dry_run = true, "would write SysctlPolicy status");
+            tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, dry_run = true, "would write SysctlPolicy status");
             return Ok(());
         }
-        tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, message = %condition.message, "writing SysctlPolicy status");
+        tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, "writing SysctlPolicy status");
         let body = json!({
             "apiVersion": "groundskeeper.dev/v1alpha1",
             "kind": "SysctlPolicy",

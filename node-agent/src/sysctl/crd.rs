@@ -18,6 +18,8 @@ pub const REGENERATE: &str = "make crds";
 pub const CONDITION_VALID: &str = "Valid";
 
 /// Extra sysctls pods on the selected nodes may set, beyond the kernel-gated safe list.
+// Two printer columns share `type_ = "string"`, which clippy takes for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(
     CustomResource, schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default,
 )]

@@ -84,6 +84,10 @@ impl Memory {
         self.done.remove(uid);
     }
 
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.done.retain(|uid, _| keep(uid));
+    }
+
     pub fn len(&self) -> usize {
         self.done.len()
     }
