@@ -96,7 +96,7 @@ struct Admitter {
 pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let safe = safe_sysctls(kernel.as_ref());
-    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls, "sysctl admission starting");
+    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), "sysctl admission starting");
     let metrics = Metrics::register(&shared.registry)?;
     let client = shared.client.clone();
     let node = shared.node_name.clone();
@@ -152,7 +152,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         policy_store,
         node_store,
         safe,
-        flag: args.allowed_unsafe_sysctls,
+        flag: args.allowed_unsafe_sysctls(),
         policy: None,
         memory: Memory::default(),
         retry: HashSet::new(),
