@@ -14,6 +14,9 @@ fn missing_node_name_exits_nonzero_and_says_how_to_set_it() {
         let out = cmd.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "NODE_NAME={value:?}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("NODE_NAME") && err.contains("fieldPath: spec.nodeName"), "{err}");
+        assert!(
+            err.contains("NODE_NAME") && err.contains("fieldPath: spec.nodeName"),
+            "{err}"
+        );
     }
 }
