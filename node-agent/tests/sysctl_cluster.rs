@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSecurityContext, PodSp
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use testkit::{Binary, Cluster, free_addr, http_get, metric, unique_name, wait_for};
 
@@ -184,7 +184,12 @@ async fn forbidden_events(
             e.reason.as_deref() == Some("SysctlForbidden")
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
         })
-        .map(|e| (e.type_.unwrap_or_default(), e.note.unwrap_or_default()))
+        .flat_map(|e| {
+            // The recorder folds a repeated event into a series on the first object.
+            let times = e.series.as_ref().map_or(1, |s| s.count.max(1)) as usize;
+            let item = (e.type_.unwrap_or_default(), e.note.unwrap_or_default());
+            std::iter::repeat_n(item, times)
+        })
         .collect())
 }
 
@@ -314,6 +319,20 @@ async fn audit_mode_only_warns() -> anyhow::Result<()> {
 
     let first = pod(&c, &ns, &node, "audited", &["kernel.msgmax"]).await?;
     wait_event(&c, &ns, &first).await?;
+    // Give the agent reasons to look at the first pod again: a pod update and a policy change
+    // that does not change its outcome. Neither may produce a second event.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    pods.patch(
+        &first,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await?;
+    let widened = policy(&c, &node, &["net.ipv4.tcp_wmem"], Mode::Audit).await?;
+    wait_for(WAIT, "the agent to apply the second policy", || async {
+        Ok(agent.bin.logs().contains(&widened.name_any()))
+    })
+    .await?;
     let second = pod(&c, &ns, &node, "audited", &["net.core.somaxconn"]).await?;
     wait_event(&c, &ns, &second).await?;
 
