@@ -450,5 +450,81 @@ async fn invalid_policies_are_refused_or_reported() -> anyhow::Result<()> {
         },
     )
     .await?;
+
+    // Fixed: the condition flips for the new generation.
+    api.patch(
+        &p.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"allowedUnsafeSysctls": ["net.*"]}})),
+    )
+    .await?;
+    wait_for(
+        WAIT,
+        "policy status Valid=True for generation 2",
+        || async {
+            let s = api.get(&p.name_any()).await?.status.unwrap_or_default();
+            Ok(s.observed_generation == Some(2)
+                && s.conditions.iter().any(|c| {
+                    c.type_ == "Valid" && c.status == "True" && c.observed_generation == Some(2)
+                }))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("node_labels_decide_which_policies_apply").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-labels").await?;
+    let pool = unique_name("pool");
+    c.create(&SysctlPolicy::new(
+        &unique_name("gk-sysctl"),
+        SysctlPolicySpec {
+            allowed_unsafe_sysctls: vec!["kernel.msg*".into()],
+            node_selector: Some(LabelSelector {
+                match_labels: Some(
+                    [(
+                        "groundskeeper.dev/sysctl-test-pool".to_string(),
+                        pool.clone(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+            mode: Mode::Enforce,
+        },
+    ))
+    .await?;
+    let agent = agent(&node, &[]).await?;
+
+    // Not selected yet: forbidden.
+    let before = pod(&c, &ns, &node, "before", &["kernel.msgmax"]).await?;
+    wait_failed(&c, &ns, &before, &agent).await?;
+
+    // Labelled into the pool: the policy now applies.
+    Api::<Node>::all(c.client.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"groundskeeper.dev/sysctl-test-pool": pool}}
+            })),
+        )
+        .await?;
+    wait_for(
+        WAIT,
+        "the agent to pick up the node's new label",
+        || async { Ok(agent.bin.logs().contains("kernel.msg*")) },
+    )
+    .await?;
+    let after = pod(&c, &ns, &node, "after", &["kernel.msgmax"]).await?;
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.sem"]).await?;
+    wait_failed(&c, &ns, &barrier, &agent).await?;
+    assert_untouched(&c, &ns, &after).await?;
     Ok(())
 }
