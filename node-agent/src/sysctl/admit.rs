@@ -75,7 +75,7 @@ fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
 
 struct Admitter {
     shared: Shared,
-    pods: Api<Pod>,
+    client: kube::Client,
     policies_api: Api<SysctlPolicy>,
     pod_store: Store<Pod>,
     policy_store: Store<SysctlPolicy>,
@@ -145,7 +145,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
                 instance: Some(node.clone()),
             },
         ),
-        pods: Api::all(client.clone()),
+        client: client.clone(),
         policies_api: Api::all(client),
         shared: shared.clone(),
         pod_store,
@@ -299,7 +299,7 @@ impl Admitter {
                     "message": format!("{STATUS_MESSAGE_PREFIX}{message}"),
                 }
             });
-            Api::<Pod>::namespaced(self.pods.clone().into_client(), &ns)
+            Api::<Pod>::namespaced(self.client.clone(), &ns)
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }
