@@ -101,6 +101,10 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let client = shared.client.clone();
     let node = shared.node_name.clone();
 
+    // Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`):
+    // with a field selector, a paginated quorum list would page through every pod and node in
+    // the cluster from etcd, on every node, at start and after every watch desync.
+    let config = || watcher::Config::default().any_semantic();
     let (pod_store, pod_writer) = reflector::store();
     let (policy_store, policy_writer) = reflector::store();
     let (node_store, node_writer) = reflector::store();
@@ -108,23 +112,20 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         pod_writer,
         watcher(
             Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            config().fields(&format!("spec.nodeName={node}")),
         ),
     )
     .default_backoff();
     let policy_events = reflector::reflector(
         policy_writer,
-        watcher(
-            Api::<SysctlPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        ),
+        watcher(Api::<SysctlPolicy>::all(client.clone()), config()),
     )
     .default_backoff();
     let node_events = reflector::reflector(
         node_writer,
         watcher(
             Api::<Node>::all(client.clone()),
-            watcher::Config::default().fields(&format!("metadata.name={node}")),
+            config().fields(&format!("metadata.name={node}")),
         ),
     )
     .default_backoff();
