@@ -2,3 +2,4 @@
 
 pub mod leader;
 pub mod manager;
+pub mod podgc;

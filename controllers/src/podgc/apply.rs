@@ -1,0 +1,229 @@
+//! Applies a pass's deletions: mark Failed (when not already final), then force-delete with a
+//! UID precondition, many pods at once within `--gc-concurrency` and the client's QPS budget.
+
+use futures::{StreamExt, stream};
+use jiff::Timestamp;
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
+};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    facts::{DISRUPTION_TARGET, PodFacts},
+    metrics::Metrics,
+    passes::Deletion,
+    wire::WirePod,
+};
+
+pub const DISRUPTION_REASON: &str = "DeletionByPodGC";
+pub const DISRUPTION_MESSAGE: &str = "PodGC: node no longer exists";
+
+/// How one pod's force-delete ended.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    Deleted,
+    /// `--dry-run`: logged, nothing written.
+    WouldDelete,
+    /// The pod is gone, or a new pod took its name (UID precondition): nothing to do.
+    Skipped(Skip),
+    /// The status patch failed: the pod was not deleted.
+    PatchFailed(String),
+    DeleteFailed(String),
+}
+
+#[derive(Debug, PartialEq, Clone, Copy)]
+pub enum Skip {
+    Gone,
+    Recreated,
+}
+
+impl Skip {
+    fn as_str(self) -> &'static str {
+        match self {
+            Skip::Gone => "pod already gone",
+            Skip::Recreated => "pod was recreated under the same name (UID precondition)",
+        }
+    }
+}
+
+/// The `pods/<name>/status` strategic merge patch upstream's `markFailedAndDeletePod` sends:
+/// phase Failed, observedGeneration, the orphan condition, and `metadata.uid` as precondition.
+/// `None` for Succeeded/Failed pods, which are deleted without a patch.
+pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Option<Value> {
+    if pod.phase.is_final() {
+        return None;
+    }
+    let mut status = json!({ "phase": "Failed" });
+    if let Some(g) = pod.generation {
+        status["observedGeneration"] = json!(g);
+    }
+    if with_condition {
+        // UpdatePodCondition keeps lastTransitionTime when the status does not change.
+        let since = match pod.disruption_target_true {
+            Some(Some(t)) => t,
+            _ => now,
+        };
+        let mut cond = json!({
+            "type": DISRUPTION_TARGET,
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": DISRUPTION_MESSAGE,
+            "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        });
+        if let Some(g) = pod.generation {
+            cond["observedGeneration"] = json!(g);
+        }
+        status["conditions"] = json!([cond]);
+    }
+    Some(json!({ "metadata": { "uid": &*pod.uid }, "status": status }))
+}
+
+/// Grace period 0 (force) and, beyond upstream, the UID read from the cache as precondition.
+pub fn delete_params(pod: &PodFacts) -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+fn skip_of(e: &kube::Error) -> Option<Skip> {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Some(Skip::Gone),
+        kube::Error::Api(s) if s.code == 409 => Some(Skip::Recreated),
+        _ => None,
+    }
+}
+
+/// Patch-then-delete for one pod. A failed patch means no delete.
+pub async fn force_delete(client: &Client, d: &Deletion, now: Timestamp) -> Outcome {
+    let api: Api<WirePod> = Api::namespaced(client.clone(), &d.pod.namespace);
+    if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
+        let res = api
+            .patch_status(
+                &d.pod.name,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await;
+        if let Err(e) = res {
+            return match skip_of(&e) {
+                Some(s) => Outcome::Skipped(s),
+                None => Outcome::PatchFailed(e.to_string()),
+            };
+        }
+    }
+    match api.delete(&d.pod.name, &delete_params(&d.pod)).await {
+        Ok(_) => Outcome::Deleted,
+        Err(e) => match skip_of(&e) {
+            Some(s) => Outcome::Skipped(s),
+            None => Outcome::DeleteFailed(e.to_string()),
+        },
+    }
+}
+
+/// What one pass did, for the cycle summary.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub deleted: usize,
+    pub would_delete: usize,
+    pub skipped: usize,
+    pub failed: usize,
+}
+
+impl Tally {
+    pub fn add(&mut self, o: &Outcome) {
+        match o {
+            Outcome::Deleted => self.deleted += 1,
+            Outcome::WouldDelete => self.would_delete += 1,
+            Outcome::Skipped(_) => self.skipped += 1,
+            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) => self.failed += 1,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Tally::default()
+    }
+}
+
+#[derive(Clone)]
+pub struct Applier {
+    pub client: Client,
+    pub metrics: Metrics,
+    pub concurrency: usize,
+    pub dry_run: bool,
+    /// On shutdown no new deletion starts; those in flight finish.
+    pub token: CancellationToken,
+}
+
+impl Applier {
+    /// Runs one pass's deletions, at most `concurrency` at a time.
+    pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
+        let mut tally = Tally::default();
+        let outcomes = stream::iter(deletions)
+            .take_until(self.token.clone().cancelled_owned())
+            .map(|d| async move {
+                let o = self.one(&d).await;
+                (d, o)
+            })
+            .buffer_unordered(self.concurrency.max(1));
+        let mut outcomes = std::pin::pin!(outcomes);
+        while let Some((d, o)) = outcomes.next().await {
+            log(&d, &o);
+            tally.add(&o);
+        }
+        tally
+    }
+
+    async fn one(&self, d: &Deletion) -> Outcome {
+        if self.dry_run {
+            return Outcome::WouldDelete;
+        }
+        let ns = &d.pod.namespace;
+        if d.pass.counts_before_attempt() {
+            self.metrics.deleted(ns, d.pass);
+        }
+        let o = force_delete(&self.client, d, Timestamp::now()).await;
+        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+            self.metrics.error(ns, d.pass);
+        }
+        if !d.pass.counts_before_attempt() {
+            self.metrics.deleted(ns, d.pass);
+        }
+        o
+    }
+}
+
+fn log(d: &Deletion, o: &Outcome) {
+    let pod = format!("{}/{}", d.pod.namespace, d.pod.name);
+    let node = d.pod.node_name.as_deref().unwrap_or("");
+    let pass = d.pass.label();
+    let reason = d.why.as_str();
+    match o {
+        Outcome::Deleted => {
+            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "force-deleted pod")
+        }
+        Outcome::WouldDelete => {
+            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "dry run: would force-delete pod")
+        }
+        Outcome::Skipped(s) => {
+            tracing::info!(%pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
+        }
+        Outcome::PatchFailed(e) => tracing::warn!(
+            %pod, node, pass, reason, error = %e,
+            "marking pod Failed failed; not deleting it"
+        ),
+        Outcome::DeleteFailed(e) => {
+            tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "apply_tests.rs"]
+mod tests;

@@ -1,0 +1,308 @@
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
+
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::json;
+
+use super::*;
+use crate::podgc::{facts::Phase, passes::Pass};
+
+fn pod(name: &str, phase: Phase) -> PodFacts {
+    PodFacts {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}").into(),
+        node_name: Some("n1".into()),
+        phase,
+        evicted: false,
+        terminating: false,
+        created: Timestamp::from_second(1_700_000_000).unwrap(),
+        generation: Some(4),
+        disruption_target_true: None,
+    }
+}
+
+fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
+    Deletion {
+        pod: pod(name, phase),
+        pass,
+        why: "test".into(),
+    }
+}
+
+fn now() -> Timestamp {
+    "2026-11-21T10:00:00.7Z".parse().unwrap()
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    uri: String,
+    content_type: String,
+    body: Value,
+}
+
+/// An apiserver stand-in: answers each request with the next scripted status code (200 when
+/// the script runs out) and records what it was asked.
+#[derive(Clone, Default)]
+struct Mock {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    script: Arc<Mutex<VecDeque<u16>>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+impl Mock {
+    fn answering(codes: &[u16]) -> Self {
+        let m = Mock::default();
+        m.script.lock().unwrap().extend(codes);
+        m
+    }
+
+    fn client(&self) -> Client {
+        let m = self.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let m = m.clone();
+            async move {
+                let now = m.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                m.max_in_flight.fetch_max(now, Ordering::SeqCst);
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await.unwrap();
+                // Let other requests start, so the in-flight peak reflects real overlap.
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+                m.seen.lock().unwrap().push(Seen {
+                    method: parts.method.to_string(),
+                    uri: parts.uri.to_string(),
+                    content_type: parts
+                        .headers
+                        .get("content-type")
+                        .map(|v| v.to_str().unwrap().to_string())
+                        .unwrap_or_default(),
+                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                });
+                let code = m.script.lock().unwrap().pop_front().unwrap_or(200);
+                let body = if code == 200 {
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "p", "namespace": "ns", "uid": "u"}})
+                } else {
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "scripted", "reason": "Scripted", "code": code})
+                };
+                m.in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                )
+            }
+        });
+        Client::new(svc, "default")
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.seen()
+            .iter()
+            .map(|s| format!("{} {}", s.method, s.uri.split('?').next().unwrap()))
+            .collect()
+    }
+}
+
+#[test]
+fn status_patch_for_an_orphan() {
+    let p = pod("p", Phase::Running);
+    assert_eq!(
+        status_patch(&p, true, now()).unwrap(),
+        json!({
+            "metadata": {"uid": "uid-p"},
+            "status": {
+                "phase": "Failed",
+                "observedGeneration": 4,
+                "conditions": [{
+                    "type": "DisruptionTarget", "status": "True",
+                    "reason": "DeletionByPodGC", "message": "PodGC: node no longer exists",
+                    "lastTransitionTime": "2026-11-21T10:00:00Z", "observedGeneration": 4
+                }]
+            }
+        })
+    );
+}
+
+#[test]
+fn status_patch_rules() {
+    // Final phases: no patch at all (so no condition either).
+    for phase in [Phase::Succeeded, Phase::Failed] {
+        assert_eq!(
+            status_patch(&pod("p", phase), true, now()),
+            None,
+            "{phase:?}"
+        );
+    }
+    // Every other phase, including empty and Unknown, is marked Failed.
+    for phase in [Phase::Pending, Phase::Running, Phase::Unknown, Phase::Other] {
+        let v = status_patch(&pod("p", phase), false, now()).unwrap();
+        assert_eq!(v["status"]["phase"], "Failed", "{phase:?}");
+        assert!(
+            v["status"].get("conditions").is_none(),
+            "only orphans get it"
+        );
+    }
+    // No generation known: no observedGeneration.
+    let mut p = pod("p", Phase::Running);
+    p.generation = None;
+    let v = status_patch(&p, true, now()).unwrap();
+    assert!(v["status"].get("observedGeneration").is_none());
+    assert!(
+        v["status"]["conditions"][0]
+            .get("observedGeneration")
+            .is_none()
+    );
+    // Already DisruptionTarget=True: its lastTransitionTime is kept.
+    let mut p = pod("p", Phase::Running);
+    p.disruption_target_true = Some(Some("2026-01-02T03:04:05Z".parse().unwrap()));
+    let v = status_patch(&p, true, now()).unwrap();
+    assert_eq!(
+        v["status"]["conditions"][0]["lastTransitionTime"],
+        "2026-01-02T03:04:05Z"
+    );
+}
+
+#[tokio::test]
+async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
+    let mock = Mock::answering(&[200, 200]);
+    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    let o = force_delete(&mock.client(), &d, now()).await;
+    assert_eq!(o, Outcome::Deleted);
+    assert_eq!(
+        mock.calls(),
+        [
+            "PATCH /api/v1/namespaces/ns/pods/p/status",
+            "DELETE /api/v1/namespaces/ns/pods/p"
+        ]
+    );
+    let seen = mock.seen();
+    assert_eq!(
+        seen[0].content_type,
+        "application/strategic-merge-patch+json"
+    );
+    assert_eq!(seen[0].body, status_patch(&d.pod, true, now()).unwrap());
+    assert_eq!(seen[1].body["gracePeriodSeconds"], 0);
+    assert_eq!(seen[1].body["preconditions"]["uid"], "uid-p");
+}
+
+#[tokio::test]
+async fn failed_patch_means_no_delete() {
+    let mock = Mock::answering(&[500]);
+    let d = deletion("p", Phase::Pending, Pass::Terminated);
+    let o = force_delete(&mock.client(), &d, now()).await;
+    assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
+    assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
+}
+
+#[tokio::test]
+async fn final_pods_are_deleted_without_a_patch() {
+    let mock = Mock::answering(&[200]);
+    let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
+    assert_eq!(
+        force_delete(&mock.client(), &d, now()).await,
+        Outcome::Deleted
+    );
+    assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
+}
+
+#[tokio::test]
+async fn gone_and_recreated_pods_are_skipped() {
+    let table = [
+        (Phase::Failed, vec![404], Skip::Gone, 1),
+        (Phase::Failed, vec![409], Skip::Recreated, 1),
+        (Phase::Running, vec![404], Skip::Gone, 1),
+        (Phase::Running, vec![409], Skip::Recreated, 1),
+        (Phase::Running, vec![200, 409], Skip::Recreated, 2),
+    ];
+    for (phase, codes, skip, calls) in table {
+        let mock = Mock::answering(&codes);
+        let d = deletion("p", phase, Pass::Orphaned);
+        let o = force_delete(&mock.client(), &d, now()).await;
+        assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
+        assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
+    }
+}
+
+fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
+    Applier {
+        client: mock.client(),
+        metrics: Metrics::new(),
+        concurrency,
+        dry_run,
+        token: CancellationToken::new(),
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_attempts_and_real_errors_only() {
+    // Pod a: deleted. Pod b: patch fails (error). Pod c: already gone (skipped, no error).
+    // Requests run one at a time so the script lines up with the pods.
+    let mock = Mock::answering(&[200, 200, 500, 404]);
+    let a = applier(&mock, false, 1);
+    let tally = a
+        .apply(vec![
+            deletion("a", Phase::Running, Pass::OutOfService),
+            deletion("b", Phase::Running, Pass::OutOfService),
+            deletion("c", Phase::Failed, Pass::OutOfService),
+        ])
+        .await;
+    assert_eq!(
+        tally,
+        Tally {
+            deleted: 1,
+            would_delete: 0,
+            skipped: 1,
+            failed: 1
+        }
+    );
+    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 1));
+    assert_eq!(a.metrics.counts("ns", Pass::Orphaned), (0, 0));
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing_and_counts_nothing() {
+    let mock = Mock::default();
+    let a = applier(&mock, true, 4);
+    let ds: Vec<_> = Pass::ALL
+        .iter()
+        .map(|p| deletion(p.label(), Phase::Running, *p))
+        .collect();
+    let tally = a.apply(ds).await;
+    assert_eq!(tally.would_delete, 4);
+    assert_eq!(tally.deleted + tally.failed + tally.skipped, 0);
+    assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+    for p in Pass::ALL {
+        assert_eq!(a.metrics.counts("ns", p), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn deletes_overlap_up_to_the_concurrency_bound() {
+    let mock = Mock::default();
+    let a = applier(&mock, false, 3);
+    let ds: Vec<_> = (0..12)
+        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Pass::Orphaned))
+        .collect();
+    let tally = a.apply(ds).await;
+    assert_eq!(tally.deleted, 12);
+    let peak = mock.max_in_flight.load(Ordering::SeqCst);
+    assert!(peak > 1 && peak <= 3, "peak in flight {peak}");
+}

@@ -1,0 +1,127 @@
+//! One PodGC cycle: snapshot the caches, run the four passes in upstream order, confirm
+//! quarantined nodes gone with a live GET, apply, and summarise.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use futures::{StreamExt, stream};
+use kube::{Api, Client};
+
+use super::{
+    apply::{Applier, Tally},
+    cache::Caches,
+    passes::{self, Pass},
+    quarantine::Quarantine,
+    wire::WireNode,
+};
+
+pub struct Cycle {
+    pub client: Client,
+    pub applier: Applier,
+    pub quarantine: Quarantine,
+    pub threshold: i64,
+}
+
+/// What a cycle did, per pass in upstream order.
+#[derive(Default, Debug)]
+pub struct Summary {
+    pub passes: [Tally; 4],
+    pub nodes_gone: usize,
+}
+
+impl Cycle {
+    pub async fn run(&mut self, caches: &Mutex<Caches>) -> Summary {
+        let snap = caches.lock().expect("podgc cache lock").snapshot();
+        let mut summary = Summary::default();
+
+        let chosen = passes::terminated(&snap.pods, self.threshold);
+        summary.passes[0] = self.applier.apply(chosen).await;
+
+        let chosen = passes::out_of_service(&snap);
+        summary.passes[1] = self.applier.apply(chosen).await;
+
+        let now = Instant::now();
+        for node in passes::missing_nodes(&snap) {
+            self.quarantine.observe(&node, now);
+        }
+        let in_cache: HashSet<&str> = snap.nodes.keys().map(|n| &**n).collect();
+        let due = self.quarantine.take_due(now, &in_cache);
+        let gone = self.confirm_gone(due).await;
+        summary.nodes_gone = gone.len();
+        let chosen = passes::orphaned(&snap.pods, &gone);
+        summary.passes[2] = self.applier.apply(chosen).await;
+
+        let chosen = passes::unscheduled(&snap.pods);
+        summary.passes[3] = self.applier.apply(chosen).await;
+        summary
+    }
+
+    /// Live GET of each quarantined node: only NotFound counts as gone. Other errors and nodes
+    /// that exist after all are left alone; still missing next cycle, they are quarantined again.
+    async fn confirm_gone(&self, due: Vec<Arc<str>>) -> HashSet<Arc<str>> {
+        let api: Api<WireNode> = Api::all(self.client.clone());
+        let api = &api;
+        stream::iter(due)
+            .map(|node| async move {
+                match api.get(&node).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        tracing::info!(node = %node, "node confirmed deleted after quarantine");
+                        Some(node)
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "checking quarantined node failed; not treating it as deleted");
+                        None
+                    }
+                    Ok(_) => {
+                        tracing::info!(node = %node, "quarantined node still exists; its pods are kept");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(self.applier.concurrency.max(1))
+            .filter_map(|n| async { n })
+            .collect()
+            .await
+    }
+}
+
+impl Summary {
+    pub fn is_empty(&self) -> bool {
+        self.nodes_gone == 0 && self.passes.iter().all(Tally::is_empty)
+    }
+
+    pub fn log(&self, quarantined: usize, seconds: f64) {
+        if self.is_empty() {
+            tracing::debug!(quarantined, seconds, "podgc cycle: nothing to do");
+            return;
+        }
+        let total = self.passes.iter().fold(Tally::default(), |mut acc, t| {
+            acc.deleted += t.deleted;
+            acc.would_delete += t.would_delete;
+            acc.skipped += t.skipped;
+            acc.failed += t.failed;
+            acc
+        });
+        let chosen = |p: Pass| {
+            let t = &self.passes[p as usize];
+            t.deleted + t.would_delete + t.skipped + t.failed
+        };
+        tracing::info!(
+            terminated = chosen(Pass::Terminated),
+            out_of_service = chosen(Pass::OutOfService),
+            orphaned = chosen(Pass::Orphaned),
+            unscheduled = chosen(Pass::Unscheduled),
+            deleted = total.deleted,
+            would_delete = total.would_delete,
+            skipped = total.skipped,
+            failed = total.failed,
+            nodes_gone = self.nodes_gone,
+            quarantined,
+            seconds,
+            "podgc cycle"
+        );
+    }
+}

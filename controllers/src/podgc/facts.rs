@@ -1,0 +1,308 @@
+//! The compact facts PodGC keeps per Pod and Node: exactly what the passes and the status
+//! patch read. Namespace and node names are interned, so 50k pods on 5k nodes share a few
+//! thousand strings.
+
+use std::{collections::HashSet, sync::Arc};
+
+use jiff::Timestamp;
+
+use super::wire::{WireCondition, WireNode, WirePod};
+
+/// `status.phase`. Anything unrecognised (including `""`) counts as terminated, as upstream's
+/// "not Pending, Running or Unknown" does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+    /// Empty or unrecognised.
+    Other,
+}
+
+impl Phase {
+    pub fn parse(s: Option<&str>) -> Self {
+        match s.unwrap_or("") {
+            "Pending" => Self::Pending,
+            "Running" => Self::Running,
+            "Succeeded" => Self::Succeeded,
+            "Failed" => Self::Failed,
+            "Unknown" => Self::Unknown,
+            _ => Self::Other,
+        }
+    }
+
+    /// Threshold GC counts these: phase not Pending, Running or Unknown.
+    pub fn is_terminated(self) -> bool {
+        !matches!(self, Self::Pending | Self::Running | Self::Unknown)
+    }
+
+    /// Pods in these phases are deleted without the status patch to Failed.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Running => "Running",
+            Self::Succeeded => "Succeeded",
+            Self::Failed => "Failed",
+            Self::Unknown => "Unknown",
+            Self::Other => "",
+        }
+    }
+}
+
+/// What PodGC knows about one pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodFacts {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub uid: Box<str>,
+    /// `spec.nodeName`; `None` when empty.
+    pub node_name: Option<Arc<str>>,
+    pub phase: Phase,
+    /// Failed with reason Evicted: sorted first by the threshold GC.
+    pub evicted: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// `metadata.creationTimestamp`; a missing one sorts first, like Go's zero time.
+    pub created: Timestamp,
+    pub generation: Option<i64>,
+    /// When the pod already has `DisruptionTarget=True`: its lastTransitionTime, which the
+    /// orphan patch keeps (upstream's UpdatePodCondition keeps it when the status is unchanged).
+    pub disruption_target_true: Option<Option<Timestamp>>,
+}
+
+/// What PodGC knows about one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeFacts {
+    /// The `Ready` condition is present with status `True`.
+    pub ready: bool,
+    /// Carries a taint with key `node.kubernetes.io/out-of-service` (any value or effect).
+    pub out_of_service: bool,
+}
+
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// Shares one allocation per distinct namespace or node name.
+#[derive(Default)]
+pub struct Interner {
+    set: HashSet<Arc<str>>,
+    prune_at: usize,
+}
+
+impl Interner {
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.set.get(s) {
+            return a.clone();
+        }
+        if self.set.len() >= self.prune_at.max(1024) {
+            // Names nothing holds any more (deleted namespaces and nodes) go; the threshold
+            // doubles so pruning stays amortised O(1).
+            self.set.retain(|a| Arc::strong_count(a) > 1);
+            self.prune_at = self.set.len() * 2;
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.set.insert(a.clone());
+        a
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
+/// Why a watched object could not be kept.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{kind} without metadata.{field}")]
+pub struct Incomplete {
+    pub kind: &'static str,
+    pub field: &'static str,
+}
+
+impl PodFacts {
+    pub fn from_wire(pod: WirePod, names: &mut Interner) -> Result<Self, Incomplete> {
+        let missing = |field| Incomplete { kind: "Pod", field };
+        let m = pod.metadata;
+        let namespace = names.intern(&m.namespace.ok_or(missing("namespace"))?);
+        let name: Arc<str> = m.name.ok_or(missing("name"))?.into();
+        let uid = m.uid.ok_or(missing("uid"))?.into_boxed_str();
+        let node_name = pod
+            .spec
+            .and_then(|s| s.node_name)
+            .filter(|n| !n.is_empty())
+            .map(|n| names.intern(&n));
+        let status = pod.status.unwrap_or_default();
+        let phase = Phase::parse(status.phase.as_deref());
+        let disruption_target_true = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == DISRUPTION_TARGET)
+            .filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.map(|t| t.0));
+        Ok(Self {
+            namespace,
+            name,
+            uid,
+            node_name,
+            phase,
+            evicted: phase == Phase::Failed && status.reason.as_deref() == Some("Evicted"),
+            terminating: m.deletion_timestamp.is_some(),
+            created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
+            generation: m.generation,
+            disruption_target_true,
+        })
+    }
+}
+
+impl NodeFacts {
+    pub fn from_wire(node: &WireNode) -> Self {
+        let ready = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .find(|c: &&WireCondition| c.type_ == "Ready")
+            .is_some_and(|c| c.status == "True");
+        let out_of_service = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == OUT_OF_SERVICE_TAINT);
+        Self {
+            ready,
+            out_of_service,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Result<PodFacts, Incomplete> {
+        PodFacts::from_wire(serde_json::from_value(v).unwrap(), &mut Interner::default())
+    }
+
+    #[test]
+    fn phases() {
+        let table = [
+            (None, Phase::Other, true, false),
+            (Some(""), Phase::Other, true, false),
+            (Some("Pending"), Phase::Pending, false, false),
+            (Some("Running"), Phase::Running, false, false),
+            (Some("Unknown"), Phase::Unknown, false, false),
+            (Some("Succeeded"), Phase::Succeeded, true, true),
+            (Some("Failed"), Phase::Failed, true, true),
+            (Some("Weird"), Phase::Other, true, false),
+        ];
+        for (s, phase, terminated, fin) in table {
+            let p = Phase::parse(s);
+            assert_eq!(p, phase, "{s:?}");
+            assert_eq!(p.is_terminated(), terminated, "{s:?}");
+            assert_eq!(p.is_final(), fin, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn pod_facts() {
+        let p = pod(json!({
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u", "generation": 2,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T00:01:00Z"},
+            "spec": {"nodeName": "n1"},
+            "status": {"phase": "Failed", "reason": "Evicted", "conditions": [
+                {"type": "Ready", "status": "False"},
+                {"type": "DisruptionTarget", "status": "True",
+                 "lastTransitionTime": "2026-01-01T00:00:30Z"}]}
+        }))
+        .unwrap();
+        assert_eq!(&*p.namespace, "ns");
+        assert_eq!(p.node_name.as_deref(), Some("n1"));
+        assert!(p.evicted && p.terminating);
+        assert_eq!(p.generation, Some(2));
+        assert_eq!(
+            p.disruption_target_true,
+            Some(Some("2026-01-01T00:00:30Z".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn empty_node_name_is_unscheduled_and_not_evicted_unless_failed() {
+        let p = pod(json!({
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+            "spec": {"nodeName": ""},
+            "status": {"phase": "Succeeded", "reason": "Evicted",
+                "conditions": [{"type": "DisruptionTarget", "status": "False"}]}
+        }))
+        .unwrap();
+        assert_eq!(p.node_name, None);
+        assert!(!p.evicted && !p.terminating);
+        assert_eq!(p.created, Timestamp::MIN);
+        assert_eq!(p.disruption_target_true, None);
+    }
+
+    #[test]
+    fn incomplete_pods_are_named() {
+        let e = pod(json!({"metadata": {"name": "a", "namespace": "ns"}})).unwrap_err();
+        assert_eq!(e.to_string(), "Pod without metadata.uid");
+    }
+
+    #[test]
+    fn node_facts() {
+        let node = |v| NodeFacts::from_wire(&serde_json::from_value(v).unwrap());
+        let table = [
+            (json!({"metadata": {"name": "n"}}), false, false),
+            (
+                json!({"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+                true,
+                false,
+            ),
+            (
+                json!({"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+                    "spec": {"taints": [{"key": "other", "effect": "NoSchedule"},
+                        {"key": OUT_OF_SERVICE_TAINT, "value": "x", "effect": "NoExecute"}]}}),
+                false,
+                true,
+            ),
+        ];
+        for (v, ready, oos) in table {
+            let f = node(v.clone());
+            assert_eq!((f.ready, f.out_of_service), (ready, oos), "{v}");
+        }
+    }
+
+    #[test]
+    fn interner_shares_and_prunes() {
+        let mut names = Interner::default();
+        let a = names.intern("node-a");
+        let b = names.intern("node-a");
+        assert!(Arc::ptr_eq(&a, &b));
+        for i in 0..2000 {
+            names.intern(&format!("gone-{i}"));
+        }
+        assert!(
+            names.len() < 2000,
+            "unreferenced names pruned: {}",
+            names.len()
+        );
+        assert!(
+            Arc::ptr_eq(&a, &names.intern("node-a")),
+            "held names survive"
+        );
+    }
+}

@@ -1,0 +1,79 @@
+//! PodGC's metrics: the two upstream counters, byte for byte, and a cycle histogram.
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+
+use super::passes::Pass;
+
+#[derive(Clone)]
+pub struct Metrics {
+    deleted: IntCounterVec,
+    errors: IntCounterVec,
+    pub cycle_seconds: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let labels = &["namespace", "reason"];
+        Self {
+            deleted: IntCounterVec::new(
+                Opts::new(
+                    "pod_gc_collector_force_delete_pods_total",
+                    "Number of pods that are being forcefully deleted since the Pod GC Controller started.",
+                ),
+                labels,
+            )
+            .expect("valid metric"),
+            errors: IntCounterVec::new(
+                Opts::new(
+                    "pod_gc_collector_force_delete_pod_errors_total",
+                    "Number of errors encountered when forcefully deleting the pods since the Pod GC Controller started.",
+                ),
+                labels,
+            )
+            .expect("valid metric"),
+            cycle_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "groundskeeper_podgc_cycle_duration_seconds",
+                    "Wall time of one PodGC cycle (all four passes, including API calls).",
+                )
+                .buckets(vec![
+                    0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                ]),
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.deleted.clone()))?;
+        registry.register(Box::new(self.errors.clone()))?;
+        registry.register(Box::new(self.cycle_seconds.clone()))
+    }
+
+    pub fn deleted(&self, namespace: &str, pass: Pass) {
+        self.deleted
+            .with_label_values(&[namespace, pass.label()])
+            .inc();
+    }
+
+    pub fn error(&self, namespace: &str, pass: Pass) {
+        self.errors
+            .with_label_values(&[namespace, pass.label()])
+            .inc();
+    }
+
+    #[cfg(test)]
+    pub fn counts(&self, namespace: &str, pass: Pass) -> (u64, u64) {
+        let l = [namespace, pass.label()];
+        (
+            self.deleted.with_label_values(&l).get(),
+            self.errors.with_label_values(&l).get(),
+        )
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,191 @@
+//! PodGC: force-deletes pods nobody else will clean up, as kube-controller-manager's PodGC
+//! does (v1.36): terminated pods above a threshold, terminating pods on out-of-service nodes,
+//! pods whose node is gone, and terminating pods that were never scheduled. Beyond upstream:
+//! compact caches, UID preconditions on every delete, and bounded parallel deletes.
+
+pub mod apply;
+pub mod cache;
+pub mod cycle;
+pub mod facts;
+pub mod metrics;
+pub mod passes;
+pub mod quarantine;
+pub mod wire;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+use groundskeeper_plumbing::client::parse_duration;
+use kube::runtime::watcher;
+
+use crate::manager::Shared;
+use apply::Applier;
+use cache::Caches;
+use cycle::Cycle;
+use metrics::Metrics;
+use quarantine::Quarantine;
+
+/// Pods per list page: a page is the most that is ever decoded at once.
+const LIST_PAGE_SIZE: u32 = 500;
+
+#[derive(Args, Debug, Clone)]
+pub struct PodGcArgs {
+    /// Pause between the end of one PodGC cycle and the start of the next.
+    #[arg(long, env = "GC_PERIOD", default_value = "20s", value_parser = positive_duration)]
+    pub gc_period: Duration,
+
+    /// Terminated pods (Succeeded, Failed, or no phase) kept before the oldest are deleted;
+    /// 0 or less turns terminated-pod GC off.
+    #[arg(
+        long,
+        env = "TERMINATED_POD_GC_THRESHOLD",
+        default_value_t = 12500,
+        allow_negative_numbers = true
+    )]
+    pub terminated_pod_gc_threshold: i64,
+
+    /// How long a node missing from the cache is left alone before a live GET decides whether
+    /// its pods are orphans.
+    #[arg(long, env = "ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
+    pub orphan_quarantine: Duration,
+
+    /// Pod force-deletes in flight at once (each is a status patch and a delete, within the
+    /// client's --kube-api-qps budget).
+    #[arg(long, env = "GC_CONCURRENCY", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub gc_concurrency: u32,
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?} must be longer than zero"));
+    }
+    Ok(d)
+}
+
+/// Runs PodGC until `shared.token` is cancelled. Caches fill on every replica; cycles run only
+/// on the leader.
+pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    metrics.register(&shared.registry)?;
+    let caches = Arc::new(Mutex::new(Caches::default()));
+    let ready = (
+        shared.readiness.register("podgc-pods"),
+        shared.readiness.register("podgc-nodes"),
+    );
+    let (mut synced, watches) = cache::start(
+        shared.client.clone(),
+        caches.clone(),
+        watcher::Config::default().page_size(LIST_PAGE_SIZE),
+        ready,
+        shared.token.clone(),
+    );
+
+    // Orphan detection must never run on a node cache that has not listed once.
+    let gate = async {
+        synced.wait().await;
+        shared.leadership.acquired().await;
+    };
+    tokio::select! {
+        _ = shared.token.cancelled() => {
+            let _ = watches.await;
+            return Ok(());
+        }
+        _ = gate => {}
+    }
+    tracing::info!(
+        gc_period = ?args.gc_period,
+        threshold = args.terminated_pod_gc_threshold,
+        orphan_quarantine = ?args.orphan_quarantine,
+        concurrency = args.gc_concurrency,
+        dry_run = shared.dry_run,
+        "podgc running"
+    );
+
+    let mut cycle = Cycle {
+        client: shared.client.clone(),
+        applier: Applier {
+            client: shared.client.clone(),
+            metrics: metrics.clone(),
+            concurrency: args.gc_concurrency as usize,
+            dry_run: shared.dry_run,
+            token: shared.token.clone(),
+        },
+        quarantine: Quarantine::new(args.orphan_quarantine),
+        threshold: args.terminated_pod_gc_threshold,
+    };
+    loop {
+        let started = Instant::now();
+        let summary = cycle.run(&caches).await;
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.cycle_seconds.observe(seconds);
+        summary.log(cycle.quarantine.len(), seconds);
+        // Sliding period: measured from the end of this cycle, as wait.UntilWithContext does.
+        tokio::select! {
+            _ = shared.token.cancelled() => break,
+            _ = tokio::time::sleep(args.gc_period) => {}
+        }
+    }
+    let _ = watches.await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        podgc: PodGcArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<PodGcArgs, String> {
+        Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map(|c| c.podgc)
+            .map_err(|e| groundskeeper_plumbing::cli::one_line(&e))
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.gc_period, Duration::from_secs(20));
+        assert_eq!(a.terminated_pod_gc_threshold, 12500);
+        assert_eq!(a.orphan_quarantine, Duration::from_secs(40));
+        assert_eq!(a.gc_concurrency, 16);
+    }
+
+    #[test]
+    fn values_parse() {
+        let a = parse(&[
+            "--gc-period=1s",
+            "--terminated-pod-gc-threshold=-1",
+            "--orphan-quarantine=0s",
+            "--gc-concurrency=64",
+        ])
+        .unwrap();
+        assert_eq!(a.gc_period, Duration::from_secs(1));
+        assert_eq!(a.terminated_pod_gc_threshold, -1);
+        assert_eq!(a.orphan_quarantine, Duration::ZERO);
+        assert_eq!(a.gc_concurrency, 64);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (args, needle) in [
+            (&["--gc-concurrency=0"][..], "0"),
+            (&["--gc-period=0s"][..], "0s"),
+            (&["--gc-period=5x"][..], "5x"),
+            (&["--orphan-quarantine=soon"][..], "soon"),
+            (&["--terminated-pod-gc-threshold=many"][..], "many"),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The four passes of one PodGC cycle, in upstream order, as pure functions of a snapshot.
+//! The only input that needs I/O — which quarantined nodes a live GET confirmed gone — is
+//! passed in by the cycle.
+
+use std::{
+    cmp::Ordering,
+    collections::{BTreeSet, HashMap, HashSet},
+    sync::Arc,
+};
+
+use super::facts::{NodeFacts, PodFacts};
+
+/// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub pods: Vec<PodFacts>,
+    pub nodes: HashMap<Arc<str>, NodeFacts>,
+}
+
+/// Which pass chose a pod; its label is the `reason` of the upstream metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pass {
+    Terminated,
+    OutOfService,
+    Orphaned,
+    Unscheduled,
+}
+
+impl Pass {
+    pub const ALL: [Pass; 4] = [
+        Pass::Terminated,
+        Pass::OutOfService,
+        Pass::Orphaned,
+        Pass::Unscheduled,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Pass::Terminated => "terminated",
+            Pass::OutOfService => "out-of-service",
+            Pass::Orphaned => "orphaned",
+            Pass::Unscheduled => "unscheduled",
+        }
+    }
+
+    /// Only orphans get the DisruptionTarget condition with their status patch.
+    pub fn sets_disruption_target(self) -> bool {
+        self == Pass::Orphaned
+    }
+
+    /// Upstream counts out-of-service deletions before the attempt, the others after.
+    pub fn counts_before_attempt(self) -> bool {
+        self == Pass::OutOfService
+    }
+}
+
+/// One pod to force-delete, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Deletion {
+    pub pod: PodFacts,
+    pub pass: Pass,
+    pub why: String,
+}
+
+/// Upstream's `byEvictionAndCreationTimestamp`: evicted first, then oldest, then by name.
+pub fn eviction_then_age(a: &PodFacts, b: &PodFacts) -> Ordering {
+    b.evicted
+        .cmp(&a.evicted)
+        .then(a.created.cmp(&b.created))
+        .then(a.name.cmp(&b.name))
+}
+
+/// How many terminated pods exceed the threshold; `threshold <= 0` disables the pass.
+pub fn over_threshold(terminated: usize, threshold: i64) -> usize {
+    if threshold <= 0 {
+        return 0;
+    }
+    let excess = terminated as i128 - threshold as i128;
+    excess.max(0) as usize
+}
+
+/// Pass 1: the oldest terminated pods above `threshold` (evicted ones first). Terminating pods
+/// still count and can be chosen again, as in v1.36.
+pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
+    if threshold <= 0 {
+        return Vec::new();
+    }
+    let mut done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
+    let count = over_threshold(done.len(), threshold);
+    if count == 0 {
+        return Vec::new();
+    }
+    let total = done.len();
+    done.sort_by(|a, b| eviction_then_age(a, b));
+    done.truncate(count);
+    done.into_iter()
+        .map(|p| Deletion {
+            why: format!(
+                "phase {:?}{}; {total} terminated pods exceed the threshold of {threshold}",
+                p.phase.as_str(),
+                if p.evicted { " (evicted)" } else { "" }
+            ),
+            pod: p.clone(),
+            pass: Pass::Terminated,
+        })
+        .collect()
+}
+
+/// Pass 2: terminating pods on a node that is not Ready and carries the out-of-service taint.
+/// Pods whose node is unknown (or empty) are skipped, like upstream's failed lister Get.
+pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
+    let mut chosen: Vec<&PodFacts> = snapshot
+        .pods
+        .iter()
+        .filter(|p| p.terminating)
+        .filter(|p| {
+            p.node_name
+                .as_ref()
+                .and_then(|n| snapshot.nodes.get(n))
+                .is_some_and(|n| !n.ready && n.out_of_service)
+        })
+        .collect();
+    chosen.sort_by(|a, b| eviction_then_age(a, b));
+    chosen
+        .into_iter()
+        .map(|p| Deletion {
+            why: format!(
+                "terminating on node {} which is not Ready and has the out-of-service taint",
+                p.node_name.as_deref().unwrap_or_default()
+            ),
+            pod: p.clone(),
+            pass: Pass::OutOfService,
+        })
+        .collect()
+}
+
+/// Node names pods are bound to that the node cache does not hold: quarantine candidates.
+pub fn missing_nodes(snapshot: &Snapshot) -> BTreeSet<Arc<str>> {
+    snapshot
+        .pods
+        .iter()
+        .filter_map(|p| p.node_name.as_ref())
+        .filter(|n| !snapshot.nodes.contains_key(*n))
+        .cloned()
+        .collect()
+}
+
+/// Pass 3: every pod (any phase) bound to a node a live GET confirmed gone.
+pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
+    if gone.is_empty() {
+        return Vec::new();
+    }
+    pods.iter()
+        .filter(|p| p.node_name.as_ref().is_some_and(|n| gone.contains(n)))
+        .map(|p| Deletion {
+            why: format!(
+                "node {} no longer exists",
+                p.node_name.as_deref().unwrap_or_default()
+            ),
+            pod: p.clone(),
+            pass: Pass::Orphaned,
+        })
+        .collect()
+}
+
+/// Pass 4: terminating pods that were never scheduled.
+pub fn unscheduled(pods: &[PodFacts]) -> Vec<Deletion> {
+    pods.iter()
+        .filter(|p| p.terminating && p.node_name.is_none())
+        .map(|p| Deletion {
+            why: "terminating and never scheduled to a node".into(),
+            pod: p.clone(),
+            pass: Pass::Unscheduled,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "passes_tests.rs"]
+mod tests;

@@ -1,0 +1,174 @@
+//! The Pod and Node shapes PodGC reads off the wire. serde skips every other field while
+//! parsing (containers, volumes, managedFields, annotations, node images...), so a full object
+//! is never built, not even briefly: that is most of the memory difference with upstream.
+
+use std::borrow::Cow;
+
+use k8s_openapi::{
+    ClusterResourceScope, NamespaceResourceScope,
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use kube::Resource;
+use serde::{Deserialize, Deserializer};
+
+/// A Pod as PodGC sees it.
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WirePod {
+    #[serde(deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<WirePodSpec>,
+    #[serde(default)]
+    pub status: Option<WirePodStatus>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WirePodSpec {
+    pub node_name: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WirePodStatus {
+    pub phase: Option<String>,
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub conditions: Option<Vec<WireCondition>>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WireCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    pub last_transition_time: Option<Time>,
+}
+
+/// A Node as PodGC sees it: readiness and taint keys.
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireNode {
+    #[serde(deserialize_with = "slim_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Option<WireNodeSpec>,
+    #[serde(default)]
+    pub status: Option<WireNodeStatus>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireNodeSpec {
+    #[serde(default)]
+    pub taints: Option<Vec<WireTaint>>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireTaint {
+    pub key: String,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireNodeStatus {
+    #[serde(default)]
+    pub conditions: Option<Vec<WireCondition>>,
+}
+
+/// The metadata fields PodGC and the watcher (resourceVersion) use.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    generation: Option<i64>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+}
+
+fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let m = SlimMeta::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        generation: m.generation,
+        creation_timestamp: m.creation_timestamp,
+        deletion_timestamp: m.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+macro_rules! core_v1 {
+    ($ty:ty, $kind:literal, $plural:literal, $scope:ty) => {
+        impl Resource for $ty {
+            type DynamicType = ();
+            type Scope = $scope;
+
+            fn kind(_: &()) -> Cow<'_, str> {
+                $kind.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                "".into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                "v1".into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                $plural.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+core_v1!(WirePod, "Pod", "pods", NamespaceResourceScope);
+core_v1!(WireNode, "Node", "nodes", ClusterResourceScope);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_read_fields_survive_parsing() {
+        let pod: WirePod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {"big": "x"}, "managedFields": [{"manager": "m"}],
+                "labels": {"a": "b"}
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Failed", "reason": "Evicted",
+                "conditions": [{"type": "DisruptionTarget", "status": "True",
+                    "lastTransitionTime": "2026-01-01T00:00:05Z"}],
+                "containerStatuses": [{"name": "c"}]}
+        }))
+        .unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("p"));
+        assert_eq!(pod.metadata.resource_version.as_deref(), Some("7"));
+        assert!(pod.metadata.annotations.is_none());
+        assert!(pod.metadata.managed_fields.is_none());
+        assert!(pod.metadata.labels.is_none());
+        assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some("n1"));
+        let status = pod.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Evicted"));
+        assert_eq!(status.conditions.unwrap()[0].type_, "DisruptionTarget");
+    }
+
+    #[test]
+    fn urls_are_core_v1() {
+        assert_eq!(
+            WirePod::url_path(&(), Some("ns")),
+            "/api/v1/namespaces/ns/pods"
+        );
+        assert_eq!(WireNode::url_path(&(), None), "/api/v1/nodes");
+    }
+}
