@@ -115,7 +115,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
-    set.spawn("podgc", podgc::run(shared, cli.podgc.clone()));
+    if cli.controllers.has("podgc") {
+        set.spawn("podgc", podgc::run(shared, cli.podgc.clone()));
+    }
     if set.is_empty() {
         tracing::warn!(
             "no controllers are enabled in this build; the manager only holds the lease"

@@ -92,10 +92,21 @@ pub fn delete_params(pod: &PodFacts) -> DeleteParams {
     }
 }
 
+/// NotFound: gone. A delete whose UID precondition fails answers 409; a status patch whose
+/// `metadata.uid` differs answers 422 "metadata.uid: field is immutable".
 fn skip_of(e: &kube::Error) -> Option<Skip> {
-    match e {
-        kube::Error::Api(s) if s.code == 404 => Some(Skip::Gone),
-        kube::Error::Api(s) if s.code == 409 => Some(Skip::Recreated),
+    let kube::Error::Api(s) = e else {
+        return None;
+    };
+    let uid_mismatch = || {
+        s.details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+    };
+    match s.code {
+        404 => Some(Skip::Gone),
+        409 => Some(Skip::Recreated),
+        422 if uid_mismatch() => Some(Skip::Recreated),
         _ => None,
     }
 }

@@ -89,13 +89,25 @@ impl Mock {
                     body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
                 });
                 let code = m.script.lock().unwrap().pop_front().unwrap_or(200);
-                let body = if code == 200 {
-                    json!({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": "p", "namespace": "ns", "uid": "u"}})
-                } else {
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "scripted", "reason": "Scripted", "code": code})
+                let body = match code {
+                    200 => json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}),
+                    // What a status patch with another pod's metadata.uid gets back.
+                    422 => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "Pod \"p\" is invalid: metadata.uid: Invalid value: \"u\": field is immutable",
+                        "reason": "Invalid", "code": 422,
+                        "details": {"name": "p", "kind": "Pod", "causes": [{
+                            "reason": "FieldValueInvalid", "field": "metadata.uid",
+                            "message": "Invalid value: \"u\": field is immutable"}]}}),
+                    // Any other invalid patch.
+                    421 => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "invalid", "reason": "Invalid", "code": 422,
+                        "details": {"name": "p", "kind": "Pod", "causes": [{
+                            "reason": "FieldValueInvalid", "field": "status.phase"}]}}),
+                    _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "scripted", "reason": "Scripted", "code": code}),
                 };
+                let code = if code == 421 { 422 } else { code };
                 m.in_flight.fetch_sub(1, Ordering::SeqCst);
                 Ok::<_, std::convert::Infallible>(
                     Response::builder()
@@ -213,6 +225,15 @@ async fn failed_patch_means_no_delete() {
 }
 
 #[tokio::test]
+async fn other_invalid_patches_are_failures_not_skips() {
+    let mock = Mock::answering(&[421]);
+    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    let o = force_delete(&mock.client(), &d, now()).await;
+    assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
+    assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
+}
+
+#[tokio::test]
 async fn final_pods_are_deleted_without_a_patch() {
     let mock = Mock::answering(&[200]);
     let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
@@ -231,6 +252,7 @@ async fn gone_and_recreated_pods_are_skipped() {
         (Phase::Running, vec![404], Skip::Gone, 1),
         (Phase::Running, vec![409], Skip::Recreated, 1),
         (Phase::Running, vec![200, 409], Skip::Recreated, 2),
+        (Phase::Running, vec![422], Skip::Recreated, 1),
     ];
     for (phase, codes, skip, calls) in table {
         let mock = Mock::answering(&codes);

@@ -45,7 +45,9 @@ impl Cycle {
 
         let now = Instant::now();
         for node in passes::missing_nodes(&snap) {
-            self.quarantine.observe(&node, now);
+            if self.quarantine.observe(&node, now) {
+                tracing::info!(node = %node, quarantine = ?self.quarantine.delay(), "pods are bound to a node missing from the cache; quarantined before a live check");
+            }
         }
         let in_cache: HashSet<&str> = snap.nodes.keys().map(|n| &**n).collect();
         let due = self.quarantine.take_due(now, &in_cache);

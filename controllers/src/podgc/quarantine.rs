@@ -21,13 +21,19 @@ impl Quarantine {
         }
     }
 
-    /// Queues a node name seen missing. A name already waiting keeps its earliest ready time.
-    pub fn observe(&mut self, node: &Arc<str>, now: Instant) {
+    /// Queues a node name seen missing; true when it was not waiting yet. A name already
+    /// waiting keeps its earliest ready time.
+    pub fn observe(&mut self, node: &Arc<str>, now: Instant) -> bool {
         let ready_at = now + self.delay;
+        let mut fresh = false;
         self.waiting
             .entry(node.clone())
             .and_modify(|t| *t = (*t).min(ready_at))
-            .or_insert(ready_at);
+            .or_insert_with(|| {
+                fresh = true;
+                ready_at
+            });
+        fresh
     }
 
     /// Takes the names whose quarantine is over. Those the cache knows again are dropped
@@ -45,6 +51,10 @@ impl Quarantine {
         });
         due.sort();
         due
+    }
+
+    pub fn delay(&self) -> Duration {
+        self.delay
     }
 
     pub fn len(&self) -> usize {
@@ -85,8 +95,8 @@ mod tests {
         let t0 = Instant::now();
         let mut q = Quarantine::new(Q);
         let none = HashSet::new();
-        q.observe(&name("gone"), t0);
-        q.observe(&name("gone"), t0 + Duration::from_secs(20));
+        assert!(q.observe(&name("gone"), t0));
+        assert!(!q.observe(&name("gone"), t0 + Duration::from_secs(20)));
         assert_eq!(q.len(), 1);
         assert_eq!(q.take_due(t0 + Q, &none), vec![name("gone")]);
     }

@@ -1,0 +1,558 @@
+//! PodGC against a real apiserver (no kubelet: pods stay where the test puts them). Each test
+//! runs its own controller-manager with short periods; PodGC is cluster-wide, so tests run one
+//! at a time and assert only about pods in their own namespace.
+
+use std::{net::SocketAddr, sync::LazyLock, time::Duration};
+
+use futures::StreamExt;
+use groundskeeper_controllers::podgc::{
+    apply::{Outcome, Skip, force_delete},
+    facts::{Interner, PodFacts},
+    passes::{Deletion, Pass},
+    wire::WirePod,
+};
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, WatchParams},
+    core::WatchEvent,
+};
+use serde_json::json;
+use testkit::{Binary, Cluster, free_addr, holds_for, http_get, unique_name, wait_for};
+use tokio::sync::Mutex;
+
+/// PodGC acts on the whole cluster: one manager at a time.
+static SERIAL: LazyLock<Mutex<()>> = LazyLock::new(|| Mutex::new(()));
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Manager {
+    bin: Binary,
+    admin: SocketAddr,
+}
+
+async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
+    let admin = free_addr();
+    let addr = admin.to_string();
+    let mut args = vec!["--leader-elect=false", "--controllers=podgc", "--admin-addr", &addr];
+    for default in ["--gc-period=500ms", "--orphan-quarantine=2s"] {
+        let flag = default.split('=').next().unwrap();
+        if !extra.iter().any(|a| a.starts_with(flag)) {
+            args.push(default);
+        }
+    }
+    args.extend_from_slice(extra);
+    // PODGC_TEST_BIN: a copy of the binary, for target directories shared between checkouts
+    // (another checkout's build can replace target/debug/controller-manager mid-run).
+    let path = std::env::var("PODGC_TEST_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_controller-manager").to_string());
+    let bin = Binary::start(
+        &path,
+        "controller-manager-podgc",
+        &args,
+        &[],
+    )?;
+    bin.wait_for_log("podgc running", WAIT).await?;
+    Ok(Manager { bin, admin })
+}
+
+impl Manager {
+    /// The manager's log without colour codes.
+    fn logs(&self) -> String {
+        let raw = self.bin.logs();
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(ch) = chars.next() {
+            if ch == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(ch);
+            }
+        }
+        out
+    }
+
+    async fn wait_for_log(&self, what: &str, line: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        wait_for(WAIT, what, || async { Ok(self.logs().lines().any(&line)) })
+            .await
+            .map(|_| ())
+    }
+
+    /// A labelled PodGC counter for one namespace and reason (0 when not exported yet).
+    async fn counter(&self, name: &str, ns: &str, reason: &str) -> anyhow::Result<f64> {
+        let (_, body) = http_get(self.admin, "/metrics").await?;
+        let series = format!("{name}{{namespace=\"{ns}\",reason=\"{reason}\"}} ");
+        Ok(body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+            .unwrap_or(0.0))
+    }
+}
+
+/// A namespace whose default ServiceAccount exists (pods are admitted only then).
+async fn namespace(c: &Cluster, prefix: &str) -> anyhow::Result<String> {
+    let ns = c.namespace(prefix).await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), &ns);
+    wait_for(WAIT, "the default ServiceAccount", || async {
+        Ok(sas.get_opt("default").await?.is_some())
+    })
+    .await?;
+    Ok(ns)
+}
+
+/// A Node object; `ready: None` leaves it without a Ready condition. The out-of-service taint
+/// has effect NoSchedule here: with NoExecute the cluster's taint-eviction controller would
+/// delete the test's pods itself (PodGC matches the key whatever the effect).
+async fn node(c: &Cluster, ready: Option<bool>, out_of_service: bool) -> anyhow::Result<String> {
+    let name = unique_name("gk-podgc-node");
+    let taints = if out_of_service {
+        json!([{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoSchedule"}])
+    } else {
+        json!([])
+    };
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"groundskeeper.dev/test": "true"}},
+        "spec": {"taints": taints}
+    }))?;
+    c.create(&n).await?;
+    if let Some(ready) = ready {
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let status = json!({"status": {"conditions": [{
+            "type": "Ready", "status": if ready { "True" } else { "False" },
+            "reason": "Test", "message": "set by the test",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+        Api::<Node>::all(c.client.clone())
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+    }
+    Ok(name)
+}
+
+async fn pod(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    finalizer: bool,
+) -> anyhow::Result<Pod> {
+    let mut spec = json!({
+        "containers": [{"name": "c", "image": "registry.invalid/pause:1"}],
+        "automountServiceAccountToken": false,
+        "terminationGracePeriodSeconds": 30
+    });
+    if let Some(n) = node {
+        spec["nodeName"] = json!(n);
+    }
+    let mut meta = json!({"name": name, "namespace": ns});
+    if finalizer {
+        meta["finalizers"] = json!(["groundskeeper.dev/test-hold"]);
+    }
+    let p: Pod = serde_json::from_value(json!({"metadata": meta, "spec": spec}))?;
+    c.create(&p).await
+}
+
+async fn set_phase(c: &Cluster, ns: &str, name: &str, phase: &str, reason: Option<&str>) {
+    let mut status = json!({"phase": phase});
+    if let Some(r) = reason {
+        status["reason"] = json!(r);
+    }
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting {ns}/{name} to {phase}: {e}"));
+}
+
+/// Graceful delete: a pod bound to a node (or held by a finalizer) stays, terminating.
+async fn start_terminating(c: &Cluster, ns: &str, name: &str) {
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting {ns}/{name}: {e}"));
+}
+
+async fn release_finalizer(c: &Cluster, ns: &str, name: &str) {
+    let _ = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+}
+
+async fn delete_node(c: &Cluster, name: &str) {
+    Api::<Node>::all(c.client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting node {name}: {e}"));
+}
+
+async fn exists(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<bool> {
+    Ok(Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get_opt(name)
+        .await?
+        .is_some())
+}
+
+async fn get(c: &Cluster, ns: &str, name: &str) -> Pod {
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("getting {ns}/{name}: {e}"))
+}
+
+fn phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn has_disruption_target(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.type_ == "DisruptionTarget"
+                    && c.status == "True"
+                    && c.reason.as_deref() == Some("DeletionByPodGC")
+                    && c.message.as_deref() == Some("PodGC: node no longer exists")
+            })
+        })
+}
+
+#[tokio::test]
+async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("orphaned_pod_is_marked_then_deleted_after_quarantine").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-orphan").await?;
+    let doomed_node = node(&c, Some(true), false).await?;
+    let live_node = node(&c, Some(true), false).await?;
+    pod(&c, &ns, "orphan", Some(&doomed_node), false).await?;
+    set_phase(&c, &ns, "orphan", "Running", None).await;
+    pod(&c, &ns, "on-live-node", Some(&live_node), false).await?;
+    set_phase(&c, &ns, "on-live-node", "Running", None).await;
+    let m = manager(&["--orphan-quarantine=3s"]).await?;
+
+    // Watch the orphan from now on: the condition must be seen before the pod goes.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let wp = WatchParams::default().fields("metadata.name=orphan");
+    let rv = pods.get("orphan").await?.resource_version().unwrap();
+    let mut events = pods.watch(&wp, &rv).await?.boxed();
+
+    delete_node(&c, &doomed_node).await;
+    m.wait_for_log("the node quarantined", |l| {
+        l.contains("quarantined") && l.contains(&doomed_node)
+    })
+    .await?;
+    let mut marked = None;
+    let deleted = tokio::time::timeout(WAIT, async {
+        while let Some(ev) = events.next().await {
+            match ev? {
+                WatchEvent::Modified(p) if has_disruption_target(&p) => marked = Some(p),
+                WatchEvent::Deleted(_) => return anyhow::Ok(true),
+                _ => {}
+            }
+        }
+        anyhow::Ok(false)
+    })
+    .await??;
+    assert!(deleted, "watch ended before the orphan was deleted");
+    let marked = marked.expect("DisruptionTarget=True was visible before the delete");
+    assert_eq!(phase(&marked), "Failed");
+    assert!(m.logs().contains(&format!("pod={ns}/orphan ")));
+    assert!(
+        exists(&c, &ns, "on-live-node").await?,
+        "a pod on a live node is untouched"
+    );
+    assert_eq!(phase(&get(&c, &ns, "on-live-node").await), "Running");
+    assert_eq!(
+        m.counter("pod_gc_collector_force_delete_pods_total", &ns, "orphaned")
+            .await?,
+        1.0
+    );
+    assert_eq!(
+        m.counter("pod_gc_collector_force_delete_pod_errors_total", &ns, "orphaned")
+            .await?,
+        0.0
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_back_during_quarantine_keeps_its_pods() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("node_back_during_quarantine_keeps_its_pods").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-back").await?;
+    let flaky = node(&c, Some(true), false).await?;
+    pod(&c, &ns, "stays", Some(&flaky), false).await?;
+    set_phase(&c, &ns, "stays", "Running", None).await;
+    let m = manager(&["--orphan-quarantine=6s"]).await?;
+
+    delete_node(&c, &flaky).await;
+    // The manager saw it missing and quarantined it...
+    m.wait_for_log("the node quarantined", |l| {
+        l.contains("quarantined") && l.contains(&flaky)
+    })
+    .await?;
+    // ...and it comes back before the quarantine ends.
+    let n: Node = serde_json::from_value(json!({"metadata": {"name": flaky}}))?;
+    c.create(&n).await?;
+    holds_for(Duration::from_secs(10), "pod on the returned node exists", || {
+        exists(&c, &ns, "stays")
+    })
+    .await?;
+    assert_eq!(phase(&get(&c, &ns, "stays").await), "Running");
+    Ok(())
+}
+
+#[tokio::test]
+async fn threshold_deletes_the_oldest_terminated_and_keeps_the_newest() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("threshold_deletes_the_oldest_terminated").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-threshold").await?;
+    let n = node(&c, Some(true), false).await?;
+    // Evicted pods sort first, so with the threshold set just below the cluster's count only
+    // this test's pods are chosen; another namespace's evicted pods would break that.
+    let all: Api<Pod> = Api::all(c.client.clone());
+    let elsewhere = all.list(&Default::default()).await?.items;
+    let terminated = |p: &&Pod| !matches!(phase(p).as_str(), "Pending" | "Running" | "Unknown");
+    let others: Vec<&Pod> = elsewhere.iter().filter(terminated).collect();
+    if others
+        .iter()
+        .any(|p| p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted"))
+    {
+        anyhow::bail!("another namespace holds evicted pods: this test could choose them");
+    }
+    let names = ["evicted-0", "evicted-1", "evicted-2", "evicted-3"];
+    for name in names {
+        pod(&c, &ns, name, Some(&n), false).await?;
+        set_phase(&c, &ns, name, "Failed", Some("Evicted")).await;
+        // Creation timestamps have 1 s resolution: space them so age decides, not the name.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    pod(&c, &ns, "running", Some(&n), false).await?;
+    set_phase(&c, &ns, "running", "Running", None).await;
+    let threshold = (others.len() + 2).to_string();
+    let m = manager(&["--terminated-pod-gc-threshold", &threshold]).await?;
+
+    for gone in &names[..2] {
+        wait_for(WAIT, &format!("{gone} deleted"), || async {
+            Ok(!exists(&c, &ns, gone).await?)
+        })
+        .await?;
+    }
+    drop(m);
+    for kept in ["evicted-2", "evicted-3", "running"] {
+        assert!(exists(&c, &ns, kept).await?, "{kept} must be kept");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("terminating_pods_on_out_of_service_nodes").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-oos").await?;
+    let oos = node(&c, Some(false), true).await?;
+    let no_ready_condition = node(&c, None, true).await?;
+    let ready_tainted = node(&c, Some(true), true).await?;
+    let down_untainted = node(&c, Some(false), false).await?;
+    let cases = [
+        ("on-oos", &oos, true, true),
+        ("on-oos-not-terminating", &oos, false, false),
+        ("on-no-ready-condition", &no_ready_condition, true, true),
+        ("on-ready-tainted", &ready_tainted, true, false),
+        ("on-down-untainted", &down_untainted, true, false),
+    ];
+    for (name, node, terminating, _) in cases {
+        pod(&c, &ns, name, Some(node), false).await?;
+        set_phase(&c, &ns, name, "Running", None).await;
+        if terminating {
+            start_terminating(&c, &ns, name).await;
+        }
+    }
+    let m = manager(&[]).await?;
+    for (name, _, _, deleted) in cases.iter().filter(|c| c.3) {
+        assert!(deleted);
+        wait_for(WAIT, &format!("{name} force-deleted"), || async {
+            Ok(!exists(&c, &ns, name).await?)
+        })
+        .await?;
+    }
+    // Several cycles later the others are still there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (name, ..) in cases.iter().filter(|c| !c.3) {
+        assert!(exists(&c, &ns, name).await?, "{name} must not be deleted");
+    }
+    assert_eq!(
+        m.counter("pod_gc_collector_force_delete_pods_total", &ns, "out-of-service")
+            .await?,
+        2.0
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("unscheduled_terminating_pod").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-unscheduled").await?;
+    // A finalizer holds the deleted pod, so PodGC's work stays visible.
+    pod(&c, &ns, "held", None, true).await?;
+    pod(&c, &ns, "pending", None, false).await?;
+    start_terminating(&c, &ns, "held").await;
+    let m = manager(&[]).await?;
+    wait_for(WAIT, "the held pod force-deleted", || async {
+        Ok(m.counter("pod_gc_collector_force_delete_pods_total", &ns, "unscheduled")
+            .await?
+            >= 1.0)
+    })
+    .await?;
+    let held = get(&c, &ns, "held").await;
+    assert_eq!(phase(&held), "Failed", "marked Failed before the delete");
+    assert!(!has_disruption_target(&held), "only orphans get the condition");
+    assert!(
+        m.logs().lines().any(|l| l.contains("force-deleted pod")
+            && l.contains(&format!("pod={ns}/held "))
+            && l.contains("pass=\"unscheduled\"")),
+        "one log line per deleted pod"
+    );
+    assert_eq!(
+        m.counter("pod_gc_collector_force_delete_pod_errors_total", &ns, "unscheduled")
+            .await?,
+        0.0
+    );
+    assert_eq!(
+        phase(&get(&c, &ns, "pending").await),
+        "Pending",
+        "not terminating: untouched"
+    );
+    drop(m);
+    release_finalizer(&c, &ns, "held").await;
+    wait_for(WAIT, "the held pod gone", || async {
+        Ok(!exists(&c, &ns, "held").await?)
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn dry_run_logs_every_pass_and_touches_nothing() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("dry_run_logs_every_pass_and_touches_nothing").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-dry").await?;
+    let gone = node(&c, Some(true), false).await?;
+    let oos = node(&c, Some(false), true).await?;
+    pod(&c, &ns, "orphan", Some(&gone), false).await?;
+    set_phase(&c, &ns, "orphan", "Running", None).await;
+    pod(&c, &ns, "terminated", Some(&oos), false).await?;
+    set_phase(&c, &ns, "terminated", "Succeeded", None).await;
+    // The threshold of 1 keeps the cluster's newest terminated pod: make sure it is not ours.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    pod(&c, &ns, "terminated-newer", Some(&oos), false).await?;
+    set_phase(&c, &ns, "terminated-newer", "Succeeded", None).await;
+    pod(&c, &ns, "out-of-service", Some(&oos), false).await?;
+    set_phase(&c, &ns, "out-of-service", "Running", None).await;
+    start_terminating(&c, &ns, "out-of-service").await;
+    pod(&c, &ns, "unscheduled", None, true).await?;
+    start_terminating(&c, &ns, "unscheduled").await;
+    delete_node(&c, &gone).await;
+
+    let m = manager(&["--dry-run", "--terminated-pod-gc-threshold=1"]).await?;
+    for (name, pass) in [
+        ("terminated", "terminated"),
+        ("out-of-service", "out-of-service"),
+        ("orphan", "orphaned"),
+        ("unscheduled", "unscheduled"),
+    ] {
+        let pod = format!("pod={ns}/{name} ");
+        let pass = format!("pass=\"{pass}\"");
+        m.wait_for_log(&format!("dry-run line for {name}"), |l| {
+            l.contains("would force-delete") && l.contains(&pod) && l.contains(&pass)
+        })
+        .await?;
+    }
+    for (name, want) in [
+        ("orphan", "Running"),
+        ("terminated", "Succeeded"),
+        ("out-of-service", "Running"),
+        ("unscheduled", "Pending"),
+    ] {
+        let p = get(&c, &ns, name).await;
+        assert_eq!(phase(&p), want, "{name} untouched");
+        assert!(!has_disruption_target(&p), "{name} has no condition");
+    }
+    assert!(!m.logs().contains("force-deleted pod"));
+    drop(m);
+    release_finalizer(&c, &ns, "unscheduled").await;
+    Ok(())
+}
+
+/// The UID precondition, on the real apiserver: facts about a pod that was since deleted and
+/// recreated under the same name must not touch the new pod, on either path (status patch
+/// first, or delete only).
+#[tokio::test]
+async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("recreated_pod_with_the_same_name_is_never_deleted").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-recreated").await?;
+    let wire: Api<WirePod> = Api::namespaced(c.client.clone(), &ns);
+    for (phase_before, pass) in [("Running", Pass::Orphaned), ("Succeeded", Pass::Terminated)] {
+        let name = format!("same-name-{}", phase_before.to_lowercase());
+        pod(&c, &ns, &name, None, false).await?;
+        set_phase(&c, &ns, &name, phase_before, None).await;
+        let stale = PodFacts::from_wire(wire.get(&name).await?, &mut Interner::default())?;
+
+        Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .delete(&name, &DeleteParams::default().grace_period(0))
+            .await?;
+        wait_for(WAIT, "the first pod gone", || async {
+            Ok(!exists(&c, &ns, &name).await?)
+        })
+        .await?;
+        let again = pod(&c, &ns, &name, None, false).await?;
+        set_phase(&c, &ns, &name, "Running", None).await;
+        assert_ne!(again.uid().as_deref(), Some(&*stale.uid));
+
+        let d = Deletion {
+            pod: stale,
+            pass,
+            why: "stale cache".into(),
+        };
+        let o = force_delete(&c.client, &d, jiff::Timestamp::now()).await;
+        assert_eq!(o, Outcome::Skipped(Skip::Recreated), "{phase_before}");
+        let now = get(&c, &ns, &name).await;
+        assert_eq!(now.uid(), again.uid(), "the new pod is still there");
+        assert_eq!(phase(&now), "Running", "and its status untouched");
+        assert!(!has_disruption_target(&now));
+    }
+    Ok(())
+}
