@@ -116,7 +116,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
     if cli.controllers.has("podgc") {
-        set.spawn("podgc", podgc::run(shared, cli.podgc.clone()));
+        set.spawn("podgc", podgc::run(shared.clone(), cli.podgc.clone()));
     }
     if set.is_empty() {
         tracing::warn!(

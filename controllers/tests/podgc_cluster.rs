@@ -34,7 +34,12 @@ struct Manager {
 async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
     let admin = free_addr();
     let addr = admin.to_string();
-    let mut args = vec!["--leader-elect=false", "--controllers=podgc", "--admin-addr", &addr];
+    let mut args = vec![
+        "--leader-elect=false",
+        "--controllers=podgc",
+        "--admin-addr",
+        &addr,
+    ];
     for default in ["--gc-period=500ms", "--orphan-quarantine=2s"] {
         let flag = default.split('=').next().unwrap();
         if !extra.iter().any(|a| a.starts_with(flag)) {
@@ -46,12 +51,7 @@ async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
     // (another checkout's build can replace target/debug/controller-manager mid-run).
     let path = std::env::var("PODGC_TEST_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_controller-manager").to_string());
-    let bin = Binary::start(
-        &path,
-        "controller-manager-podgc",
-        &args,
-        &[],
-    )?;
+    let bin = Binary::start(&path, "controller-manager-podgc", &args, &[])?;
     bin.wait_for_log("podgc running", WAIT).await?;
     Ok(Manager { bin, admin })
 }
@@ -286,8 +286,12 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
         1.0
     );
     assert_eq!(
-        m.counter("pod_gc_collector_force_delete_pod_errors_total", &ns, "orphaned")
-            .await?,
+        m.counter(
+            "pod_gc_collector_force_delete_pod_errors_total",
+            &ns,
+            "orphaned"
+        )
+        .await?,
         0.0
     );
     Ok(())
@@ -314,9 +318,11 @@ async fn node_back_during_quarantine_keeps_its_pods() -> anyhow::Result<()> {
     // ...and it comes back before the quarantine ends.
     let n: Node = serde_json::from_value(json!({"metadata": {"name": flaky}}))?;
     c.create(&n).await?;
-    holds_for(Duration::from_secs(10), "pod on the returned node exists", || {
-        exists(&c, &ns, "stays")
-    })
+    holds_for(
+        Duration::from_secs(10),
+        "pod on the returned node exists",
+        || exists(&c, &ns, "stays"),
+    )
     .await?;
     assert_eq!(phase(&get(&c, &ns, "stays").await), "Running");
     Ok(())
@@ -406,8 +412,12 @@ async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Resul
         assert!(exists(&c, &ns, name).await?, "{name} must not be deleted");
     }
     assert_eq!(
-        m.counter("pod_gc_collector_force_delete_pods_total", &ns, "out-of-service")
-            .await?,
+        m.counter(
+            "pod_gc_collector_force_delete_pods_total",
+            &ns,
+            "out-of-service"
+        )
+        .await?,
         2.0
     );
     Ok(())
@@ -426,14 +436,21 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> any
     start_terminating(&c, &ns, "held").await;
     let m = manager(&[]).await?;
     wait_for(WAIT, "the held pod force-deleted", || async {
-        Ok(m.counter("pod_gc_collector_force_delete_pods_total", &ns, "unscheduled")
-            .await?
+        Ok(m.counter(
+            "pod_gc_collector_force_delete_pods_total",
+            &ns,
+            "unscheduled",
+        )
+        .await?
             >= 1.0)
     })
     .await?;
     let held = get(&c, &ns, "held").await;
     assert_eq!(phase(&held), "Failed", "marked Failed before the delete");
-    assert!(!has_disruption_target(&held), "only orphans get the condition");
+    assert!(
+        !has_disruption_target(&held),
+        "only orphans get the condition"
+    );
     assert!(
         m.logs().lines().any(|l| l.contains("force-deleted pod")
             && l.contains(&format!("pod={ns}/held "))
@@ -441,8 +458,12 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> any
         "one log line per deleted pod"
     );
     assert_eq!(
-        m.counter("pod_gc_collector_force_delete_pod_errors_total", &ns, "unscheduled")
-            .await?,
+        m.counter(
+            "pod_gc_collector_force_delete_pod_errors_total",
+            &ns,
+            "unscheduled"
+        )
+        .await?,
         0.0
     );
     assert_eq!(
