@@ -297,6 +297,21 @@ mod tests {
         assert_eq!(after, [("c", 2)]);
     }
 
+    #[tokio::test]
+    async fn cycles_wait_for_both_first_lists() {
+        use futures::FutureExt;
+        let (pods_tx, pods) = watch::channel(false);
+        let (nodes_tx, nodes) = watch::channel(false);
+        let mut synced = Synced { pods, nodes };
+        pods_tx.send_replace(true);
+        assert!(
+            synced.wait().now_or_never().is_none(),
+            "pods listed, nodes not yet: orphan detection must not start"
+        );
+        nodes_tx.send_replace(true);
+        assert!(synced.wait().now_or_never().is_some());
+    }
+
     #[test]
     fn pods_fold_into_facts_keyed_by_namespace_and_name() {
         let mut c = Caches::default();
