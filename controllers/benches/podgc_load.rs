@@ -323,14 +323,27 @@ async fn main() -> anyhow::Result<()> {
     }
     .await;
 
-    eprintln!("cleaning up (pods with grace 0, then nodes)");
+    // Pods first, and until none is left: pods whose node is gone would stay, terminating, in
+    // a cluster without kubelets (and be orphans for every PodGC that runs next).
+    eprintln!("cleaning up (pods with grace 0 until none is left, then nodes)");
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let _ = pods
-        .delete_collection(
-            &DeleteParams::default().grace_period(0),
-            &ListParams::default(),
-        )
-        .await;
+    let cleaned = wait_for(Duration::from_secs(1800), "bench pods deleted", || async {
+        let _ = pods
+            .delete_collection(
+                &DeleteParams::default().grace_period(0),
+                &ListParams::default(),
+            )
+            .await;
+        Ok(pods
+            .list(&ListParams::default().limit(1))
+            .await?
+            .items
+            .is_empty())
+    })
+    .await;
+    if let Err(e) = cleaned {
+        eprintln!("WARNING: {e:#}; delete namespace {ns} by hand");
+    }
     let _ = nodes
         .delete_collection(
             &DeleteParams::default(),

@@ -34,11 +34,16 @@ struct Manager {
 async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
     let admin = free_addr();
     let addr = admin.to_string();
+    // A large budget: other namespaces' leftovers (pods stuck on deleted nodes) must not hold
+    // this test's pods back.
     let mut args = vec![
         "--leader-elect=false",
         "--controllers=podgc",
         "--admin-addr",
         &addr,
+        "--kube-api-qps=500",
+        "--kube-api-burst=1000",
+        "--gc-concurrency=64",
     ];
     for default in ["--gc-period=500ms", "--orphan-quarantine=2s"] {
         let flag = default.split('=').next().unwrap();
@@ -330,7 +335,9 @@ async fn node_back_during_quarantine_keeps_its_pods() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn threshold_deletes_the_oldest_terminated_and_keeps_the_newest() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("threshold_deletes_the_oldest_terminated").await else {
+    let Some(c) =
+        testkit::cluster("threshold_deletes_the_oldest_terminated_and_keeps_the_newest").await
+    else {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
@@ -375,7 +382,8 @@ async fn threshold_deletes_the_oldest_terminated_and_keeps_the_newest() -> anyho
 
 #[tokio::test]
 async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("terminating_pods_on_out_of_service_nodes").await else {
+    let Some(c) = testkit::cluster("terminating_pods_on_out_of_service_nodes_are_deleted").await
+    else {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
@@ -425,7 +433,9 @@ async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Resul
 
 #[tokio::test]
 async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("unscheduled_terminating_pod").await else {
+    let Some(c) =
+        testkit::cluster("unscheduled_terminating_pod_is_marked_failed_and_force_deleted").await
+    else {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
