@@ -1,17 +1,9 @@
-use std::{
-    collections::VecDeque,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
-    },
-};
+use std::sync::atomic::Ordering;
 
-use http::{Request, Response};
-use kube::client::Body;
 use serde_json::json;
 
 use super::*;
-use crate::podgc::{facts::Phase, passes::Pass};
+use crate::podgc::{facts::Phase, mock_api::Mock, passes::Pass};
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
     PodFacts {
@@ -38,99 +30,6 @@ fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
 
 fn now() -> Timestamp {
     "2026-11-21T10:00:00.7Z".parse().unwrap()
-}
-
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: String,
-    body: Value,
-}
-
-/// An apiserver stand-in: answers each request with the next scripted status code (200 when
-/// the script runs out) and records what it was asked.
-#[derive(Clone, Default)]
-struct Mock {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    script: Arc<Mutex<VecDeque<u16>>>,
-    in_flight: Arc<AtomicUsize>,
-    max_in_flight: Arc<AtomicUsize>,
-}
-
-impl Mock {
-    fn answering(codes: &[u16]) -> Self {
-        let m = Mock::default();
-        m.script.lock().unwrap().extend(codes);
-        m
-    }
-
-    fn client(&self) -> Client {
-        let m = self.clone();
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            let m = m.clone();
-            async move {
-                let now = m.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                m.max_in_flight.fetch_max(now, Ordering::SeqCst);
-                let (parts, body) = req.into_parts();
-                let bytes = body.collect_bytes().await.unwrap();
-                // Let other requests start, so the in-flight peak reflects real overlap.
-                for _ in 0..20 {
-                    tokio::task::yield_now().await;
-                }
-                m.seen.lock().unwrap().push(Seen {
-                    method: parts.method.to_string(),
-                    uri: parts.uri.to_string(),
-                    content_type: parts
-                        .headers
-                        .get("content-type")
-                        .map(|v| v.to_str().unwrap().to_string())
-                        .unwrap_or_default(),
-                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                });
-                let code = m.script.lock().unwrap().pop_front().unwrap_or(200);
-                let body = match code {
-                    200 => json!({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": "p", "namespace": "ns", "uid": "u"}}),
-                    // What a status patch with another pod's metadata.uid gets back.
-                    422 => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "Pod \"p\" is invalid: metadata.uid: Invalid value: \"u\": field is immutable",
-                        "reason": "Invalid", "code": 422,
-                        "details": {"name": "p", "kind": "Pod", "causes": [{
-                            "reason": "FieldValueInvalid", "field": "metadata.uid",
-                            "message": "Invalid value: \"u\": field is immutable"}]}}),
-                    // Any other invalid patch.
-                    421 => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "invalid", "reason": "Invalid", "code": 422,
-                        "details": {"name": "p", "kind": "Pod", "causes": [{
-                            "reason": "FieldValueInvalid", "field": "status.phase"}]}}),
-                    _ => json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "scripted", "reason": "Scripted", "code": code}),
-                };
-                let code = if code == 421 { 422 } else { code };
-                m.in_flight.fetch_sub(1, Ordering::SeqCst);
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .status(code)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                )
-            }
-        });
-        Client::new(svc, "default")
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    fn calls(&self) -> Vec<String> {
-        self.seen()
-            .iter()
-            .map(|s| format!("{} {}", s.method, s.uri.split('?').next().unwrap()))
-            .collect()
-    }
 }
 
 #[test]

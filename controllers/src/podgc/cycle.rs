@@ -127,3 +127,110 @@ impl Summary {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::podgc::{metrics::Metrics, mock_api::Mock, wire::WirePod};
+
+    fn caches(pods: &[(&str, &str)], nodes: &[&str]) -> Mutex<Caches> {
+        let mut c = Caches::default();
+        let mut fold_pod = |ev| {
+            let u = c.pod_update(ev).unwrap();
+            c.pods.update(u);
+        };
+        fold_pod(Event::Init);
+        for (name, node) in pods {
+            let p: WirePod = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                    "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"nodeName": node},
+                "status": {"phase": "Running"}
+            }))
+            .unwrap();
+            fold_pod(Event::InitApply(p));
+        }
+        fold_pod(Event::InitDone);
+        let mut fold_node = |ev| {
+            let u = c.node_update(ev).unwrap();
+            c.nodes.update(u);
+        };
+        fold_node(Event::Init);
+        for n in nodes {
+            let node = serde_json::from_value(json!({"metadata": {"name": n}})).unwrap();
+            fold_node(Event::InitApply(node));
+        }
+        fold_node(Event::InitDone);
+        Mutex::new(c)
+    }
+
+    fn cycle(mock: &Mock, quarantine: Duration) -> Cycle {
+        Cycle {
+            client: mock.client(),
+            applier: Applier {
+                client: mock.client(),
+                metrics: Metrics::new(),
+                concurrency: 4,
+                dry_run: false,
+                token: CancellationToken::new(),
+            },
+            quarantine: Quarantine::new(quarantine),
+            threshold: 12500,
+        }
+    }
+
+    #[tokio::test]
+    async fn only_a_not_found_node_orphans_its_pods() {
+        let caches = caches(
+            &[
+                ("on-gone", "gone"),
+                ("on-erroring", "erroring"),
+                ("on-still-there", "still-there"),
+                ("on-live", "live"),
+            ],
+            &["live"],
+        );
+        let mock = Mock::default()
+            .route("GET /api/v1/nodes/gone", 404)
+            .route("GET /api/v1/nodes/erroring", 500)
+            .route("GET /api/v1/nodes/still-there", 200);
+        let mut c = cycle(&mock, Duration::ZERO);
+        let summary = c.run(&caches).await;
+        let mut calls = mock.calls();
+        calls.sort();
+        assert_eq!(
+            calls,
+            [
+                "DELETE /api/v1/namespaces/ns/pods/on-gone",
+                "GET /api/v1/nodes/erroring",
+                "GET /api/v1/nodes/gone",
+                "GET /api/v1/nodes/still-there",
+                "PATCH /api/v1/namespaces/ns/pods/on-gone/status",
+            ]
+        );
+        assert_eq!(summary.nodes_gone, 1);
+        assert_eq!(summary.passes[Pass::Orphaned as usize].deleted, 1);
+        assert_eq!(
+            c.applier.metrics.counts("ns", Pass::Orphaned),
+            (1, 0),
+            "counted once, no error"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_checked_or_deleted_during_quarantine() {
+        let caches = caches(&[("on-gone", "gone")], &[]);
+        let mock = Mock::default().route("GET /api/v1/nodes/gone", 404);
+        let mut c = cycle(&mock, Duration::from_secs(3600));
+        let summary = c.run(&caches).await;
+        assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+        assert!(summary.is_empty());
+        assert_eq!(c.quarantine.len(), 1);
+    }
+}

@@ -8,6 +8,8 @@ pub mod cache;
 pub mod cycle;
 pub mod facts;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod passes;
 pub mod quarantine;
 pub mod wire;
