@@ -12,6 +12,8 @@ use groundskeeper_plumbing::{
     telemetry::LogArgs,
 };
 use kube::Client;
+
+use crate::conntrack::ConntrackArgs;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +46,8 @@ pub struct Cli {
     pub admin: AdminArgs,
     #[command(flatten)]
     pub kube: KubeArgs,
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
 
     /// Name of the Node this agent runs on. Set it from the downward API
     /// (env NODE_NAME valueFrom fieldRef spec.nodeName).

@@ -1,3 +1,4 @@
 //! node-agent: per-node housekeeping (stale UDP conntrack entries, sysctl admission).
 
 pub mod agent;
+pub mod conntrack;

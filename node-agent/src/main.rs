@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use groundskeeper_node_agent::agent::{Cli, Shared};
+use groundskeeper_node_agent::conntrack;
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 
 #[tokio::main]
@@ -17,6 +18,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = cli.conntrack.validate() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     match run(cli, node_name).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -49,8 +54,12 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn start_tasks(_cli: &Cli, _shared: Shared) -> Tasks {
-    let set = Tasks::default();
+fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
+    let mut set = Tasks::default();
+    set.spawn(
+        "conntrack-cleanup",
+        conntrack::run(shared.clone(), cli.conntrack.clone()),
+    );
     if set.is_empty() {
         tracing::warn!("no node tasks are enabled in this build");
     }
