@@ -470,7 +470,9 @@ impl Encoder {
         self.tuple(CTA_TUPLE_ORIG, &e.orig);
         self.tuple(CTA_TUPLE_REPLY, &e.reply);
         self.put(CTA_TIMEOUT, &timeout_secs.to_be_bytes());
-        self.put(CTA_STATUS, &status.to_be_bytes());
+        // The kernel marks a created entry CONFIRMED before applying CTA_STATUS and refuses
+        // (EBUSY) a status that would clear the bit.
+        self.put(CTA_STATUS, &(status | STATUS_CONFIRMED).to_be_bytes());
         if e.orig.proto == IPPROTO_TCP {
             self.nest(CTA_PROTOINFO);
             self.nest(CTA_PROTOINFO_TCP);
@@ -488,6 +490,7 @@ impl Encoder {
 /// Status bits of an answered flow, for entries created by tests and the benchmark.
 pub const STATUS_SEEN_REPLY: u32 = 1 << 1;
 pub const STATUS_ASSURED: u32 = 1 << 2;
+const STATUS_CONFIRMED: u32 = 1 << 3;
 
 pub fn family_of(t: &Tuple) -> u8 {
     if t.src.is_ipv4() { AF_INET } else { AF_INET6 }
