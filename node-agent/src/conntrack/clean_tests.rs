@@ -45,20 +45,86 @@ fn stale_decisions() {
     let m = model();
     let c = "10.0.0.1:40000";
     let cases = [
-        ("serving backend kept", flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:53"), None),
-        ("second backend kept", flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.2.7:53"), None),
-        ("removed backend", flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.9.9:53"), Some(Stale::Frontend)),
-        ("old endpoint port", flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:5353"), Some(Stale::Frontend)),
-        ("not DNATed", flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.96.0.10:53"), Some(Stale::Frontend)),
-        ("TCP never", flow(IPPROTO_TCP, c, "10.96.0.10:53", "10.244.9.9:53"), None),
-        ("SCTP never", flow(IPPROTO_SCTP, c, "10.96.0.10:53", "10.244.9.9:53"), None),
-        ("other port of the IP", flow(IPPROTO_UDP, c, "10.96.0.10:54", "10.244.9.9:54"), None),
-        ("unrelated IP", flow(IPPROTO_UDP, c, "8.8.8.8:53", "8.8.8.8:53"), None),
-        ("nodeport any IP, serving", flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.1.5:53"), None),
-        ("nodeport any IP, gone", flow(IPPROTO_UDP, c, "192.168.0.9:30053", "10.244.2.7:53"), Some(Stale::NodePort)),
-        ("nodeport TCP", flow(IPPROTO_TCP, c, "192.168.0.9:30053", "10.244.2.7:53"), None),
-        ("ipv6 serving", flow(IPPROTO_UDP, "[2001:db8::1]:4000", "[fd00::a]:53", "[fd00:1::5]:5353"), None),
-        ("ipv6 gone", flow(IPPROTO_UDP, "[2001:db8::1]:4000", "[fd00::a]:53", "[fd00:1::6]:5353"), Some(Stale::Frontend)),
+        (
+            "serving backend kept",
+            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "second backend kept",
+            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.2.7:53"),
+            None,
+        ),
+        (
+            "removed backend",
+            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.9.9:53"),
+            Some(Stale::Frontend),
+        ),
+        (
+            "old endpoint port",
+            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:5353"),
+            Some(Stale::Frontend),
+        ),
+        (
+            "not DNATed",
+            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.96.0.10:53"),
+            Some(Stale::Frontend),
+        ),
+        (
+            "TCP never",
+            flow(IPPROTO_TCP, c, "10.96.0.10:53", "10.244.9.9:53"),
+            None,
+        ),
+        (
+            "SCTP never",
+            flow(IPPROTO_SCTP, c, "10.96.0.10:53", "10.244.9.9:53"),
+            None,
+        ),
+        (
+            "other port of the IP",
+            flow(IPPROTO_UDP, c, "10.96.0.10:54", "10.244.9.9:54"),
+            None,
+        ),
+        (
+            "unrelated IP",
+            flow(IPPROTO_UDP, c, "8.8.8.8:53", "8.8.8.8:53"),
+            None,
+        ),
+        (
+            "nodeport any IP, serving",
+            flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "nodeport any IP, gone",
+            flow(IPPROTO_UDP, c, "192.168.0.9:30053", "10.244.2.7:53"),
+            Some(Stale::NodePort),
+        ),
+        (
+            "nodeport TCP",
+            flow(IPPROTO_TCP, c, "192.168.0.9:30053", "10.244.2.7:53"),
+            None,
+        ),
+        (
+            "ipv6 serving",
+            flow(
+                IPPROTO_UDP,
+                "[2001:db8::1]:4000",
+                "[fd00::a]:53",
+                "[fd00:1::5]:5353",
+            ),
+            None,
+        ),
+        (
+            "ipv6 gone",
+            flow(
+                IPPROTO_UDP,
+                "[2001:db8::1]:4000",
+                "[fd00::a]:53",
+                "[fd00:1::6]:5353",
+            ),
+            Some(Stale::Frontend),
+        ),
     ];
     for (name, e, want) in cases {
         assert_eq!(stale(&e, &m), want, "{name}: {e}");
@@ -73,7 +139,12 @@ fn a_matching_frontend_decides_before_the_node_port_rule() {
     let mut m = model();
     m.frontends
         .insert(sa("10.96.0.20:30053"), [sa("10.244.3.3:30053")].into());
-    let e = flow(IPPROTO_UDP, "10.0.0.1:1", "10.96.0.20:30053", "10.244.3.3:30053");
+    let e = flow(
+        IPPROTO_UDP,
+        "10.0.0.1:1",
+        "10.96.0.20:30053",
+        "10.244.3.3:30053",
+    );
     assert_eq!(stale(&e, &m), None);
 }
 
@@ -82,7 +153,12 @@ fn ipv4_mapped_addresses_compare_as_ipv4() {
     let mut m = FamilyModel::default();
     m.frontends
         .insert(sa("10.96.0.10:53"), [sa("10.244.1.5:53")].into());
-    let e = flow(IPPROTO_UDP, "[::ffff:10.0.0.1]:1", "[::ffff:10.96.0.10]:53", "[::ffff:10.244.1.5]:53");
+    let e = flow(
+        IPPROTO_UDP,
+        "[::ffff:10.0.0.1]:1",
+        "[::ffff:10.96.0.10]:53",
+        "[::ffff:10.244.1.5]:53",
+    );
     assert_eq!(stale(&e, &m), None);
 }
 

@@ -85,7 +85,9 @@ fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool
     ns.run(|| {
         let mut ct = Conntrack::open().unwrap();
         let all: Vec<Entry> = keep.iter().chain(gone).copied().collect();
-        let r = ct.create(&all, 300, STATUS_SEEN_REPLY | STATUS_ASSURED).unwrap();
+        let r = ct
+            .create(&all, 300, STATUS_SEEN_REPLY | STATUS_ASSURED)
+            .unwrap();
         assert_eq!(r.ok, all.len(), "creating entries: {r:?}");
         let mut state = [PassState::default(); 2];
         let mut reports = vec![];
@@ -93,9 +95,14 @@ fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool
             .into_iter()
             .enumerate()
         {
-            reports.push(run_pass(&mut ct, fam, fm, &mut state[i], dry_run, &mut |_, _| {}).unwrap());
+            reports
+                .push(run_pass(&mut ct, fam, fm, &mut state[i], dry_run, &mut |_, _| {}).unwrap());
         }
-        let want: BTreeSet<String> = if dry_run { all.iter().map(key).collect() } else { keep.iter().map(key).collect() };
+        let want: BTreeSet<String> = if dry_run {
+            all.iter().map(key).collect()
+        } else {
+            keep.iter().map(key).collect()
+        };
         assert_eq!(table(&mut ct), want, "{tag}: remaining entries");
         Outcome { reports, state }
     })
@@ -103,8 +110,10 @@ fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool
 }
 
 fn svc(name: &str, spec: Value, status: Value) -> Service {
-    serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": name}, "spec": spec, "status": status}))
-        .unwrap()
+    serde_json::from_value(
+        json!({"metadata": {"namespace": "ns", "name": name}, "spec": spec, "status": status}),
+    )
+    .unwrap()
 }
 
 fn slice(svc: &str, family: &str, port: u16, endpoints: Value) -> EndpointSlice {
@@ -130,11 +139,20 @@ fn dns() -> Service {
 }
 
 fn dns_model(v4: Value, v6: Value) -> Model {
-    model::build([&dns()], &[slice("dns", "IPv4", 5353, v4), slice("dns", "IPv6", 5353, v6)])
+    model::build(
+        [&dns()],
+        &[
+            slice("dns", "IPv4", 5353, v4),
+            slice("dns", "IPv6", 5353, v6),
+        ],
+    )
 }
 
 fn one_each() -> Model {
-    dns_model(json!([{"addresses": ["10.244.1.5"]}]), json!([{"addresses": ["fd00:1::5"]}]))
+    dns_model(
+        json!([{"addresses": ["10.244.1.5"]}]),
+        json!([{"addresses": ["fd00:1::5"]}]),
+    )
 }
 
 const C: &str = "10.0.0.1";
@@ -149,8 +167,18 @@ fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
         udp("10.0.0.1:1001", "203.0.113.5:53", "10.244.1.5:5353"),
         udp("10.0.0.1:1002", "192.0.2.1:53", "10.244.1.5:5353"),
         // TCP and SCTP to a removed endpoint: never touched.
-        dnat(IPPROTO_TCP, "10.0.0.1:1003", "10.96.0.10:53", "10.244.9.9:5353"),
-        dnat(IPPROTO_SCTP, "10.0.0.1:1004", "10.96.0.10:53", "10.244.9.9:5353"),
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1003",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
+        dnat(
+            IPPROTO_SCTP,
+            "10.0.0.1:1004",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
         // Unrelated IP, other port of the ClusterIP, Proxy-mode LB IP: not frontends.
         udp("10.0.0.1:1005", "8.8.8.8:53", "8.8.8.8:53"),
         udp("10.0.0.1:1006", "10.96.0.10:54", "10.244.9.9:54"),
@@ -165,8 +193,15 @@ fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
     ];
     let out = check("vip", &one_each(), &keep, &gone, false);
     assert_eq!(out.reports[0].deleted, gone.len());
-    assert_eq!(out.reports[0].scanned, keep.len() + gone.len() - 2, "kernel returned UDP only");
-    assert!(out.state[0].kernel_filter, "6.18 accepts the protocol filter");
+    assert_eq!(
+        out.reports[0].scanned,
+        keep.len() + gone.len() - 2,
+        "kernel returned UDP only"
+    );
+    assert!(
+        out.state[0].kernel_filter,
+        "6.18 accepts the protocol filter"
+    );
 }
 
 #[test]
@@ -177,7 +212,12 @@ fn node_port_on_any_node_ip() {
     let keep = [
         udp("10.0.0.1:1000", "192.168.1.10:30053", "10.244.1.5:5353"),
         udp("10.0.0.1:1001", "172.16.0.1:30053", "10.244.1.5:5353"),
-        dnat(IPPROTO_TCP, "10.0.0.1:1002", "192.168.1.10:30053", "10.244.9.9:5353"),
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1002",
+            "192.168.1.10:30053",
+            "10.244.9.9:5353",
+        ),
         udp("10.0.0.1:1003", "192.168.1.10:30054", "10.244.9.9:5353"),
     ];
     let gone = [
@@ -195,16 +235,37 @@ fn ipv6_and_dual_stack() {
     let c6 = "[2001:db8:c::1]";
     let keep = [
         udp(&format!("{c6}:1000"), "[fd00::a]:53", "[fd00:1::5]:5353"),
-        udp(&format!("{c6}:1001"), "[2001:db8::1b]:53", "[fd00:1::5]:5353"),
-        udp(&format!("{c6}:1002"), "[2001:db8::e]:53", "[fd00:1::5]:5353"),
-        udp(&format!("{c6}:1003"), "[2001:db8:99::1]:53", "[2001:db8:99::1]:53"),
+        udp(
+            &format!("{c6}:1001"),
+            "[2001:db8::1b]:53",
+            "[fd00:1::5]:5353",
+        ),
+        udp(
+            &format!("{c6}:1002"),
+            "[2001:db8::e]:53",
+            "[fd00:1::5]:5353",
+        ),
+        udp(
+            &format!("{c6}:1003"),
+            "[2001:db8:99::1]:53",
+            "[2001:db8:99::1]:53",
+        ),
         udp(&format!("{c6}:1004"), "[fd00::b]:30053", "[fd00:1::5]:5353"),
-        dnat(IPPROTO_TCP, &format!("{c6}:1005"), "[fd00::a]:53", "[fd00:1::9]:5353"),
+        dnat(
+            IPPROTO_TCP,
+            &format!("{c6}:1005"),
+            "[fd00::a]:53",
+            "[fd00:1::9]:5353",
+        ),
         udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
     ];
     let gone = [
         udp(&format!("{c6}:2000"), "[fd00::a]:53", "[fd00:1::9]:5353"),
-        udp(&format!("{c6}:2001"), "[2001:db8::1b]:53", "[fd00:1::9]:5353"),
+        udp(
+            &format!("{c6}:2001"),
+            "[2001:db8::1b]:53",
+            "[fd00:1::9]:5353",
+        ),
         udp(&format!("{c6}:2002"), "[2001:db8::e]:53", "[fd00:1::5]:53"),
         udp(&format!("{c6}:2003"), "[fd00::b]:30053", "[fd00:1::9]:5353"),
         udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
@@ -228,7 +289,10 @@ fn zero_serving_endpoints_delete_nothing() {
         udp("10.0.0.1:1002", "192.168.1.10:30053", "10.244.9.9:5353"),
     ];
     let out = check("zero", &m, &keep, &[], false);
-    assert!(out.reports.iter().all(|r| r.skipped), "empty model: table not even read");
+    assert!(
+        out.reports.iter().all(|r| r.skipped),
+        "empty model: table not even read"
+    );
 }
 
 #[test]
@@ -259,7 +323,12 @@ fn endpoint_port_change_deletes_the_old_flows() {
     }
     let m = model::build(
         [&dns()],
-        &[slice("dns", "IPv4", 5354, json!([{"addresses": ["10.244.1.5"]}]))],
+        &[slice(
+            "dns",
+            "IPv4",
+            5354,
+            json!([{"addresses": ["10.244.1.5"]}]),
+        )],
     );
     let keep = [udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5354")];
     let gone = [udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.1.5:5353")];
@@ -307,10 +376,21 @@ fn delete_by_id_spares_a_replacement_with_the_same_tuple() {
         let mut new = old;
         for round in 0..10u16 {
             let fillers: Vec<Entry> = (0..4)
-                .map(|i| udp(&format!("10.0.9.{}:{}", round + 1, 100 + i), "10.1.1.1:9", "10.1.1.1:9"))
+                .map(|i| {
+                    udp(
+                        &format!("10.0.9.{}:{}", round + 1, 100 + i),
+                        "10.1.1.1:9",
+                        "10.1.1.1:9",
+                    )
+                })
                 .collect();
             assert_eq!(ct.create(&fillers, 300, STATUS_SEEN_REPLY).unwrap().ok, 4);
-            assert_eq!(ct.create(&[replacement], 300, STATUS_SEEN_REPLY).unwrap().ok, 1);
+            assert_eq!(
+                ct.create(&[replacement], 300, STATUS_SEEN_REPLY)
+                    .unwrap()
+                    .ok,
+                1
+            );
             new = dump_one(&mut ct);
             if new.id != old.id {
                 break;
@@ -319,7 +399,11 @@ fn delete_by_id_spares_a_replacement_with_the_same_tuple() {
         }
         assert_ne!(old.id, new.id);
         let r = ct.delete(&[old]).unwrap();
-        assert_eq!((r.ok, r.not_found), (0, 1), "stale ID: ENOENT, not an error");
+        assert_eq!(
+            (r.ok, r.not_found),
+            (0, 1),
+            "stale ID: ENOENT, not an error"
+        );
         assert_eq!(dump_one(&mut ct).id, new.id, "the replacement survives");
         // Deleting what is already gone is not an error either.
         assert_eq!(ct.delete(&[new]).unwrap().ok, 1);
@@ -341,17 +425,44 @@ fn conntrack_cli_sees_what_netlink_created() {
     ns.exec(
         "conntrack",
         &[
-            "-I", "-p", "udp", "-s", C, "-d", "10.96.0.10", "--sport", "1000", "--dport", "53", "-r",
-            "10.244.9.9", "-q", C, "--reply-port-src", "5353", "--reply-port-dst", "1000", "-t", "120",
-            "-u", "SEEN_REPLY",
+            "-I",
+            "-p",
+            "udp",
+            "-s",
+            C,
+            "-d",
+            "10.96.0.10",
+            "--sport",
+            "1000",
+            "--dport",
+            "53",
+            "-r",
+            "10.244.9.9",
+            "-q",
+            C,
+            "--reply-port-src",
+            "5353",
+            "--reply-port-dst",
+            "1000",
+            "-t",
+            "120",
+            "-u",
+            "SEEN_REPLY",
         ],
     )
     .unwrap();
     let report = ns
         .run(|| {
             let mut ct = Conntrack::open().unwrap();
-            run_pass(&mut ct, AF_INET, &one_each().ipv4, &mut PassState::default(), false, &mut |_, _| {})
-                .unwrap()
+            run_pass(
+                &mut ct,
+                AF_INET,
+                &one_each().ipv4,
+                &mut PassState::default(),
+                false,
+                &mut |_, _| {},
+            )
+            .unwrap()
         })
         .unwrap();
     assert_eq!(report.deleted, 1);

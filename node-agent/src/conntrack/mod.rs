@@ -101,15 +101,30 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     let svc_ready = shared.readiness.register("conntrack: services");
     let eps_ready = shared.readiness.register("conntrack: endpointslices");
     // Same selection as kube-proxy's informers (without a proxy name).
-    let svc_cfg = watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
+    let svc_cfg =
+        watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
     let eps_cfg = watcher::Config::default().labels(&format!(
         "!{},!{}",
         model::LABEL_SERVICE_PROXY_NAME,
         model::LABEL_HEADLESS
     ));
     let watches = futures::future::join(
-        watch(Api::all(shared.client.clone()), svc_cfg, svc_writer, svc_ready.clone(), changed.clone(), "services"),
-        watch(Api::all(shared.client.clone()), eps_cfg, eps_writer, eps_ready.clone(), changed.clone(), "endpointslices"),
+        watch(
+            Api::all(shared.client.clone()),
+            svc_cfg,
+            svc_writer,
+            svc_ready.clone(),
+            changed.clone(),
+            "services",
+        ),
+        watch(
+            Api::all(shared.client.clone()),
+            eps_cfg,
+            eps_writer,
+            eps_ready.clone(),
+            changed.clone(),
+            "endpointslices",
+        ),
     );
     let lists = Lists {
         services,
@@ -151,7 +166,13 @@ async fn watch<K>(
     changed: Arc<Notify>,
     what: &'static str,
 ) where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + 'static,
 {
     let stream = watcher(api, cfg).default_backoff().reflect(writer);
     futures::pin_mut!(stream);
@@ -163,7 +184,9 @@ async fn watch<K>(
             }
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed.notify_one(),
             Ok(_) => {}
-            Err(e) => tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff"),
+            Err(e) => {
+                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
+            }
         }
     }
 }

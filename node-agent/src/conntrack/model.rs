@@ -60,9 +60,16 @@ fn valid_port(p: i32) -> Option<u16> {
 }
 
 /// The serving endpoints `IP:port` of one UDP service port in one family.
-fn serving_endpoints(slices: &[&EndpointSlice], port: &ServicePort, fam: Family) -> HashSet<SocketAddr> {
+fn serving_endpoints(
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    fam: Family,
+) -> HashSet<SocketAddr> {
     let mut out = HashSet::new();
-    for slice in slices.iter().filter(|s| s.address_type == fam.address_type()) {
+    for slice in slices
+        .iter()
+        .filter(|s| s.address_type == fam.address_type())
+    {
         let ep_port = slice.ports.iter().flatten().find(|p| {
             port_name(&p.name) == port_name(&port.name) && protocol(&p.protocol) == "UDP"
         });
@@ -70,7 +77,11 @@ fn serving_endpoints(slices: &[&EndpointSlice], port: &ServicePort, fam: Family)
             continue;
         };
         for ep in &slice.endpoints {
-            let serving = ep.conditions.as_ref().and_then(|c| c.serving).unwrap_or(true);
+            let serving = ep
+                .conditions
+                .as_ref()
+                .and_then(|c| c.serving)
+                .unwrap_or(true);
             // kube-proxy uses an endpoint's first address only.
             let ip = ep.addresses.first().and_then(|a| parse_ip(a));
             if let Some(ip) = ip.filter(|ip| serving && fam.holds(ip)) {
@@ -100,7 +111,11 @@ fn build_family(
         else {
             continue; // headless ("None"), unallocated, or no IP of this family
         };
-        let external_ips = spec.external_ips.iter().flatten().filter_map(|s| parse_ip(s));
+        let external_ips = spec
+            .external_ips
+            .iter()
+            .flatten()
+            .filter_map(|s| parse_ip(s));
         let lb_vips = svc
             .status
             .as_ref()
@@ -150,10 +165,17 @@ pub fn build<'a>(
 ) -> Model {
     let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for s in slices {
-        if has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME) || has_label(&s.metadata, LABEL_HEADLESS) {
+        if has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME)
+            || has_label(&s.metadata, LABEL_HEADLESS)
+        {
             continue;
         }
-        let Some(svc) = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
+        let Some(svc) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        else {
             continue;
         };
         let ns = s.metadata.namespace.as_deref().unwrap_or("");

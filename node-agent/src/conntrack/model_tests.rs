@@ -73,20 +73,33 @@ fn cluster_external_ips_node_port_per_family() {
     );
     let m = build([&s], &dns_slices());
     let v4: HashSet<SocketAddr> = [sa("10.244.1.5:5353"), sa("10.244.2.7:5353")].into();
-    let mut want4: Vec<SocketAddr> = ["10.96.0.10:53", "192.0.2.1:53", "203.0.113.5:53", "203.0.113.6:53"]
-        .map(sa)
-        .to_vec();
+    let mut want4: Vec<SocketAddr> = [
+        "10.96.0.10:53",
+        "192.0.2.1:53",
+        "203.0.113.5:53",
+        "203.0.113.6:53",
+    ]
+    .map(sa)
+    .to_vec();
     let mut got4: Vec<SocketAddr> = m.ipv4.frontends.keys().copied().collect();
     want4.sort();
     got4.sort();
-    assert_eq!(got4, want4, "Proxy-mode LB IPs and TCP ports are not frontends");
-    assert!(m.ipv4.frontends.values().all(|s| *s == v4), "serving = unset or true");
+    assert_eq!(
+        got4, want4,
+        "Proxy-mode LB IPs and TCP ports are not frontends"
+    );
+    assert!(
+        m.ipv4.frontends.values().all(|s| *s == v4),
+        "serving = unset or true"
+    );
     assert_eq!(m.ipv4.node_ports, HashMap::from([(30053, v4)]));
 
     let v6: HashSet<SocketAddr> = [sa("[fd00:1::5]:5353")].into();
     let mut got6: Vec<SocketAddr> = m.ipv6.frontends.keys().copied().collect();
     got6.sort();
-    let mut want6 = ["[fd00::a]:53", "[2001:db8::e]:53", "[2001:db8::1b]:53"].map(sa).to_vec();
+    let mut want6 = ["[fd00::a]:53", "[2001:db8::e]:53", "[2001:db8::1b]:53"]
+        .map(sa)
+        .to_vec();
     want6.sort();
     assert_eq!(got6, want6);
     assert_eq!(m.ipv6.node_ports, HashMap::from([(30053, v6)]));
@@ -100,14 +113,53 @@ fn services_left_out() {
         s
     };
     let cases: Vec<(&str, Service)> = vec![
-        ("headless", svc("dns", json!({"clusterIP": "None", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}))),
-        ("external name", svc("dns", json!({"type": "ExternalName", "externalName": "x.example", "clusterIP": "10.96.0.10",
-                                             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}))),
-        ("other proxy", with_label(dns_service(), LABEL_SERVICE_PROXY_NAME)),
-        ("tcp only", svc("dns", json!({"clusterIP": "10.96.0.10", "ports": [{"name": "dns-tcp", "port": 53}]}))),
-        ("no clusterIP yet", svc("dns", json!({"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}))),
-        ("port name mismatch", svc("dns", json!({"clusterIP": "10.96.0.10", "ports": [{"name": "other", "port": 53, "protocol": "UDP"}]}))),
-        ("no slices", svc("other", json!({"clusterIP": "10.96.0.11", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}))),
+        (
+            "headless",
+            svc(
+                "dns",
+                json!({"clusterIP": "None", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            ),
+        ),
+        (
+            "external name",
+            svc(
+                "dns",
+                json!({"type": "ExternalName", "externalName": "x.example", "clusterIP": "10.96.0.10",
+                                             "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            ),
+        ),
+        (
+            "other proxy",
+            with_label(dns_service(), LABEL_SERVICE_PROXY_NAME),
+        ),
+        (
+            "tcp only",
+            svc(
+                "dns",
+                json!({"clusterIP": "10.96.0.10", "ports": [{"name": "dns-tcp", "port": 53}]}),
+            ),
+        ),
+        (
+            "no clusterIP yet",
+            svc(
+                "dns",
+                json!({"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            ),
+        ),
+        (
+            "port name mismatch",
+            svc(
+                "dns",
+                json!({"clusterIP": "10.96.0.10", "ports": [{"name": "other", "port": 53, "protocol": "UDP"}]}),
+            ),
+        ),
+        (
+            "no slices",
+            svc(
+                "other",
+                json!({"clusterIP": "10.96.0.11", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            ),
+        ),
     ];
     for (name, s) in cases {
         let m = build([&s], &slices);
@@ -161,11 +213,17 @@ fn unnamed_ports_and_several_slices() {
         "u",
         json!({"clusterIP": "10.96.0.20", "ports": [{"port": 9000, "protocol": "UDP"}]}),
     );
-    let mut a = slice("u", "IPv4", json!([{"port": 9001, "protocol": "UDP"}]), json!([{"addresses": ["10.244.1.1"]}]));
+    let mut a = slice(
+        "u",
+        "IPv4",
+        json!([{"port": 9001, "protocol": "UDP"}]),
+        json!([{"addresses": ["10.244.1.1"]}]),
+    );
     let mut b = a.clone();
     a.metadata.name = Some("u-a".into());
     b.metadata.name = Some("u-b".into());
-    b.endpoints = serde_json::from_value(json!([{"addresses": ["10.244.1.2", "10.244.1.99"]}])).unwrap();
+    b.endpoints =
+        serde_json::from_value(json!([{"addresses": ["10.244.1.2", "10.244.1.99"]}])).unwrap();
     let m = build([&s], &[a, b]);
     assert_eq!(
         m.ipv4.frontends[&sa("10.96.0.20:9000")],
@@ -176,15 +234,31 @@ fn unnamed_ports_and_several_slices() {
 
 #[test]
 fn later_service_overwrites_the_same_frontend() {
-    let a = svc("a", json!({"clusterIP": "10.96.0.30", "externalIPs": ["192.0.2.9"],
-                             "ports": [{"port": 53, "protocol": "UDP"}]}));
-    let b = svc("b", json!({"clusterIP": "10.96.0.31", "externalIPs": ["192.0.2.9"],
-                             "ports": [{"port": 53, "protocol": "UDP"}]}));
-    let sl = |n: &str, ip: &str| slice(n, "IPv4", json!([{"port": 53, "protocol": "UDP"}]), json!([{"addresses": [ip]}]));
+    let a = svc(
+        "a",
+        json!({"clusterIP": "10.96.0.30", "externalIPs": ["192.0.2.9"],
+                             "ports": [{"port": 53, "protocol": "UDP"}]}),
+    );
+    let b = svc(
+        "b",
+        json!({"clusterIP": "10.96.0.31", "externalIPs": ["192.0.2.9"],
+                             "ports": [{"port": 53, "protocol": "UDP"}]}),
+    );
+    let sl = |n: &str, ip: &str| {
+        slice(
+            n,
+            "IPv4",
+            json!([{"port": 53, "protocol": "UDP"}]),
+            json!([{"addresses": [ip]}]),
+        )
+    };
     let slices = [sl("a", "10.244.0.1"), sl("b", "10.244.0.2")];
     // Input order does not matter: namespace/name order decides.
     for order in [[&b, &a], [&a, &b]] {
         let m = build(order, &slices);
-        assert_eq!(m.ipv4.frontends[&sa("192.0.2.9:53")], [sa("10.244.0.2:53")].into());
+        assert_eq!(
+            m.ipv4.frontends[&sa("192.0.2.9:53")],
+            [sa("10.244.0.2:53")].into()
+        );
     }
 }

@@ -390,7 +390,8 @@ impl Encoder {
     fn nest(&mut self, ty: u16) {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
     }
 
     fn unnest(&mut self) {
@@ -428,7 +429,10 @@ impl Encoder {
         self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
         if let Some(proto) = only_proto {
             self.nest(CTA_FILTER);
-            self.put(CTA_FILTER_ORIG_FLAGS, &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes());
+            self.put(
+                CTA_FILTER_ORIG_FLAGS,
+                &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
+            );
             self.unnest();
             self.nest(CTA_TUPLE_ORIG);
             self.nest(CTA_TUPLE_PROTO);

@@ -86,7 +86,11 @@ fn filtered_dump_names_only_the_protocol() {
     assert_eq!(top[0].0, CTA_FILTER);
     assert_eq!(top[1].0, CTA_TUPLE_ORIG);
     let inner: Vec<u16> = attrs(&top[1].1).map(|a| a.unwrap().0).collect();
-    assert_eq!(inner, vec![CTA_TUPLE_PROTO], "no CTA_TUPLE_IP in the filter");
+    assert_eq!(
+        inner,
+        vec![CTA_TUPLE_PROTO],
+        "no CTA_TUPLE_IP in the filter"
+    );
 
     enc.clear();
     enc.dump(2, AF_INET, None);

@@ -37,11 +37,13 @@ fn model() -> FamilyModel {
     m
 }
 
+/// Per dump attempt: how many entries to visit, then the result.
+type Script = Vec<(usize, Result<(), fn() -> DumpError>)>;
+
 /// Scripted dump results, one per attempt; records deletes.
 struct Fake {
     entries: Vec<Entry>,
-    /// For each attempt: how many entries to visit, then the result.
-    script: Vec<(usize, Result<(), fn() -> DumpError>)>,
+    script: Script,
     attempts: usize,
     filters: Vec<Option<u8>>,
     deleted: Vec<Entry>,
@@ -49,7 +51,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(entries: Vec<Entry>, script: Vec<(usize, Result<(), fn() -> DumpError>)>) -> Self {
+    fn new(entries: Vec<Entry>, script: Script) -> Self {
         Self {
             entries,
             script,
@@ -163,7 +165,11 @@ fn interrupted_then_complete_uses_the_complete_dump_once() {
     let mut t = Fake::new(table(), vec![(3, Err(interrupted)), (4, Ok(()))]);
     let r = run(&mut t, false).unwrap();
     assert_eq!((r.dump_attempts, r.partial, r.deleted), (2, false, 2));
-    assert_eq!(t.deleted.len(), 2, "no duplicate from the interrupted attempt");
+    assert_eq!(
+        t.deleted.len(),
+        2,
+        "no duplicate from the interrupted attempt"
+    );
 }
 
 #[test]
@@ -181,7 +187,10 @@ fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
     let mut state = PassState::default();
     let r = run_pass(&mut t, AF_INET, &model(), &mut state, false, &mut |_, _| {}).unwrap();
     assert_eq!(t.filters, vec![Some(IPPROTO_UDP), None]);
-    assert_eq!(r.deleted, 2, "TCP entry still untouched without the kernel filter");
+    assert_eq!(
+        r.deleted, 2,
+        "TCP entry still untouched without the kernel filter"
+    );
     assert!(!state.kernel_filter);
     assert_eq!(r.dump_attempts, 1);
 }

@@ -44,7 +44,9 @@ pub struct SysctlArgs {
 fn whole_seconds(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() || d.subsec_nanos() != 0 {
-        return Err(format!("{s:?}: conntrack timeouts are whole seconds above 0"));
+        return Err(format!(
+            "{s:?}: conntrack timeouts are whole seconds above 0"
+        ));
     }
     Ok(d)
 }

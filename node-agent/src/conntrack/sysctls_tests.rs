@@ -56,7 +56,11 @@ fn plan_writes_only_what_differs_and_grows_the_hash() {
         got,
         vec![
             (NF_CONNTRACK_MAX, 262144, false),
-            ("net/netfilter/nf_conntrack_tcp_timeout_established", 86400, false),
+            (
+                "net/netfilter/nf_conntrack_tcp_timeout_established",
+                86400,
+                false
+            ),
             ("net/netfilter/nf_conntrack_udp_timeout", 30, false),
             ("net/netfilter/nf_conntrack_udp_timeout_stream", 120, false),
             ("net/netfilter/nf_conntrack_tcp_be_liberal", 1, false),
@@ -107,9 +111,15 @@ fn apply_writes_under_the_roots_and_reports_read_only_paths() {
     let (done, errors) = apply(&a, 2, &roots);
     assert_eq!(done.len(), 2);
     assert_eq!(roots.read(NF_CONNTRACK_MAX, false), Some(200000));
-    assert_eq!(roots.read("net/netfilter/nf_conntrack_udp_timeout", false), Some(60));
+    assert_eq!(
+        roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
+        Some(60)
+    );
     assert_eq!(errors.len(), 1);
     let msg = errors[0].to_string();
-    assert!(msg.contains("missing-sys/module/nf_conntrack/parameters/hashsize"), "{msg}");
+    assert!(
+        msg.contains("missing-sys/module/nf_conntrack/parameters/hashsize"),
+        "{msg}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

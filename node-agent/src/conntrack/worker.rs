@@ -99,11 +99,11 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("conntrack".into())
             .spawn(move || {
-                if let Some(ns) = &netns {
-                    if let Err(e) = netns::enter(ns) {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
+                if let Some(ns) = &netns
+                    && let Err(e) = netns::enter(ns)
+                {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
                 let _ = ready_tx.send(Ok(()));
                 let mut round = Round {
