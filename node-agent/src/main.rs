@@ -56,10 +56,12 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 
 fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
-    set.spawn(
-        "conntrack-cleanup",
-        conntrack::run(shared.clone(), cli.conntrack.clone()),
-    );
+    if cli.tasks.has("conntrack") {
+        set.spawn(
+            "conntrack-cleanup",
+            conntrack::run(shared.clone(), cli.conntrack.clone()),
+        );
+    }
     if set.is_empty() {
         tracing::warn!("no node tasks are enabled in this build");
     }

@@ -17,7 +17,7 @@ mod kernel_tests;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{ArgAction, Args};
+use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
 use k8s_openapi::api::core::v1::Service;
@@ -34,11 +34,6 @@ pub use worker::Metrics;
 
 #[derive(Args, Debug, Clone)]
 pub struct ConntrackArgs {
-    /// Delete stale UDP conntrack entries (flows still pointing at a removed or changed
-    /// service endpoint). Set to false to turn the cleanup off.
-    #[arg(long = "conntrack-cleanup", env = "CONNTRACK_CLEANUP", default_value_t = true, action = ArgAction::Set)]
-    pub cleanup: bool,
-
     /// Least time between two cleanup passes triggered by endpoint changes (kube-proxy's
     /// --min-sync-period plays this role upstream).
     #[arg(long, env = "CONNTRACK_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
@@ -87,11 +82,6 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default())
     })
     .await?;
-    if !args.cleanup {
-        tracing::info!("conntrack cleanup is off (--conntrack-cleanup=false)");
-        shared.token.cancelled().await;
-        return Ok(());
-    }
     let metrics = Metrics::register(&shared.registry)?;
     let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.dry_run)?;
 
@@ -259,5 +249,47 @@ async fn schedule(
         }
         gc_at = Instant::now() + interval;
         tracing::debug!(next_periodic_in = ?interval, "conntrack round done");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::agent::Cli;
+
+    fn parse(flags: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("node-agent").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_as_the_chart_passes_them() {
+        let cli = parse(&[
+            "--conntrack-min-interval=2s",
+            "--conntrack-gc-min=10s",
+            "--conntrack-gc-max=5m",
+            "--conntrack-max-per-core=32768",
+            "--conntrack-tcp-be-liberal=true",
+            "--conntrack-udp-timeout-stream=2m",
+        ])
+        .unwrap();
+        let c = &cli.conntrack;
+        assert_eq!(c.conntrack_min_interval.as_secs(), 2);
+        assert_eq!(c.conntrack_gc_max.as_secs(), 300);
+        assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
+        assert!(c.sysctls.conntrack_tcp_be_liberal);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_intervals_are_rejected_naming_the_value() {
+        let e = parse(&["--conntrack-gc-min=soon"]).err().unwrap();
+        assert!(e.contains("soon"), "{e}");
+        let cli = parse(&["--conntrack-gc-min=10m", "--conntrack-gc-max=5m"]).unwrap();
+        let e = cli.conntrack.validate().unwrap_err();
+        assert!(e.contains("600s") && e.contains("300s"), "{e}");
+        let cli = parse(&["--conntrack-gc-min=0s"]).unwrap();
+        assert!(cli.conntrack.validate().is_err());
     }
 }

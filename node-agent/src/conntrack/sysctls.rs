@@ -27,8 +27,9 @@ pub struct SysctlArgs {
     pub conntrack_tcp_timeout_close_wait: Option<Duration>,
 
     /// Sets nf_conntrack_tcp_be_liberal=1 (accept out-of-window TCP packets instead of
-    /// marking them INVALID).
-    #[arg(long, env = "CONNTRACK_TCP_BE_LIBERAL", default_value_t = false)]
+    /// marking them INVALID). false: left alone.
+    #[arg(long, env = "CONNTRACK_TCP_BE_LIBERAL", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
     /// Sets nf_conntrack_udp_timeout (unanswered UDP flows, e.g. 30s). Unset: left alone.

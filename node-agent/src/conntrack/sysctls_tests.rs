@@ -73,6 +73,14 @@ fn plan_writes_only_what_differs_and_grows_the_hash() {
 }
 
 #[test]
+fn be_liberal_takes_an_optional_value() {
+    assert!(args(&["--conntrack-tcp-be-liberal"]).conntrack_tcp_be_liberal);
+    assert!(args(&["--conntrack-tcp-be-liberal=true"]).conntrack_tcp_be_liberal);
+    assert!(!args(&["--conntrack-tcp-be-liberal=false"]).conntrack_tcp_be_liberal);
+    assert!(plan(&args(&["--conntrack-tcp-be-liberal=false"]), 1, |_, _| None).is_empty());
+}
+
+#[test]
 fn invalid_values_are_rejected_naming_them() {
     let cases: [&[&str]; 4] = [
         &["--conntrack-max-per-core", "0"],
