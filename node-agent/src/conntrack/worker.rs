@@ -264,3 +264,36 @@ impl Round {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_use_upstream_names_help_and_buckets() {
+        let r = Registry::new();
+        let m = Metrics::register(&r).unwrap();
+        m.sync_duration.with_label_values(&["IPv4"]).observe(0.002);
+        m.deleted.with_label_values(&["IPv6"]).inc_by(3);
+        m.scanned.with_label_values(&["IPv4"]).inc_by(10);
+        let text = groundskeeper_plumbing::metrics::render(&r);
+        for want in [
+            "# HELP kubeproxy_conntrack_reconciler_sync_duration_seconds ReconcileConntrackFlowsLatency latency in seconds",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"} 0",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family=\"IPv4\",le=\"16.384\"} 1",
+            "# HELP kubeproxy_conntrack_reconciler_deleted_entries_total Cumulative conntrack flows deleted by conntrack reconciler",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv6\"} 3",
+            "groundskeeper_conntrack_entries_scanned_total{ip_family=\"IPv4\"} 10",
+            "groundskeeper_conntrack_table_fill_ratio 0",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        let buckets = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket")
+            })
+            .count();
+        assert_eq!(buckets, 16, "15 exponential buckets + Inf");
+    }
+}
