@@ -57,12 +57,17 @@ fn udp(client: &str, frontend: &str, endpoint: &str) -> Entry {
     dnat(IPPROTO_UDP, client, frontend, endpoint)
 }
 
+fn in_zone(mut e: Entry, zone: u16) -> Entry {
+    e.zone = zone;
+    e
+}
+
 /// The table as (orig tuple, reply tuple), both families.
 fn table(ct: &mut Conntrack) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for fam in [AF_INET, AF_INET6] {
         ct.dump(fam, None, &mut |e| {
-            out.insert(format!("orig[{}] reply[{}]", e.orig, e.reply));
+            out.insert(key(e));
         })
         .unwrap();
     }
@@ -70,7 +75,7 @@ fn table(ct: &mut Conntrack) -> BTreeSet<String> {
 }
 
 fn key(e: &Entry) -> String {
-    format!("orig[{}] reply[{}]", e.orig, e.reply)
+    format!("orig[{}] reply[{}] zone={}", e.orig, e.reply, e.zone)
 }
 
 struct Outcome {
@@ -183,6 +188,7 @@ fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
         udp("10.0.0.1:1005", "8.8.8.8:53", "8.8.8.8:53"),
         udp("10.0.0.1:1006", "10.96.0.10:54", "10.244.9.9:54"),
         udp("10.0.0.1:1007", "203.0.113.7:53", "10.244.9.9:5353"),
+        in_zone(udp("10.0.0.1:1008", "10.96.0.10:53", "10.244.1.5:5353"), 5),
     ];
     let gone = [
         udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
@@ -190,6 +196,8 @@ fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
         udp("10.0.0.1:2002", "192.0.2.1:53", "10.244.9.9:5353"),
         // Not DNATed (hit the VIP before the rules existed).
         udp("10.0.0.1:2003", "10.96.0.10:53", "10.96.0.10:53"),
+        // In a non-default zone: the delete must name the zone to find it.
+        in_zone(udp("10.0.0.1:2004", "10.96.0.10:53", "10.244.9.9:5353"), 5),
     ];
     let out = check("vip", &one_each(), &keep, &gone, false);
     assert_eq!(out.reports[0].deleted, gone.len());
