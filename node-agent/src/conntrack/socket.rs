@@ -200,6 +200,16 @@ impl Conntrack {
         self.enc.clear();
         self.enc.dump(seq, family, only_proto);
         self.send_encoded().map_err(DumpError::Io)?;
+        self.read_dump(seq, only_proto.is_some(), visit)
+    }
+
+    /// Reads the replies to dump request `seq` up to its end.
+    fn read_dump(
+        &mut self,
+        seq: u32,
+        filtered: bool,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
         let mut seen = 0usize;
         let mut interrupted = false;
         // A malformed message is remembered, the rest of the dump drained so the socket
@@ -240,7 +250,7 @@ impl Conntrack {
                         }
                         if errno != 0 {
                             let err = io::Error::from_raw_os_error(errno);
-                            if only_proto.is_some()
+                            if filtered
                                 && m.ty == msg::NLMSG_ERROR
                                 && (errno == libc::EINVAL || errno == libc::EOPNOTSUPP)
                             {
@@ -315,3 +325,7 @@ impl Conntrack {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+#[path = "socket_tests.rs"]
+mod tests;
