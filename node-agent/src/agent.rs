@@ -59,7 +59,9 @@ pub struct Cli {
     pub tasks: Selection,
 
     /// Log every destructive action (conntrack deletes, pod rejections) instead of making it.
-    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
+    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dry_run: bool,
 
     /// How long to wait for tasks to drain after SIGTERM before exiting anyway.
