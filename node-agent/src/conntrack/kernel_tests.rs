@@ -477,3 +477,60 @@ fn conntrack_cli_sees_what_netlink_created() {
     let listed = ns.exec("conntrack", &["-L"]).unwrap();
     assert!(!listed.contains("10.96.0.10"), "{listed}");
 }
+
+#[test]
+fn read_only_sysctl_is_a_clear_error_naming_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::sysctls::{Roots, SysctlArgs, apply};
+    const NAME: &str = "read_only_sysctl_is_a_clear_error_naming_the_file";
+    if skip(NAME) {
+        return;
+    }
+    let ns = NetNs::create("sysctl").unwrap();
+    ns.run(|| {
+        // Outside the initial namespace the kernel makes nf_conntrack_max read-only (it is
+        // global); only then is this safe to try.
+        let path = "/proc/sys/net/netfilter/nf_conntrack_max";
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        if mode != 0o444 {
+            println!("SKIPPED {NAME}: {path} is not read-only in a child namespace here");
+            return;
+        }
+        let current: u32 = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let args = SysctlArgs {
+            conntrack_max_per_core: Some(current + 1),
+            conntrack_udp_timeout: Some(std::time::Duration::from_secs(45)),
+            ..Default::default()
+        };
+        let roots = Roots {
+            proc_sys: "/proc/sys".into(),
+            // Never the real /sys: hashsize is global.
+            sys: std::env::temp_dir().join("gk-no-such-sys"),
+        };
+        let (done, errors) = apply(&args, 1, &roots);
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert!(
+            msgs.iter()
+                .any(|m| m.contains(path) && m.contains("read-only or not permitted")),
+            "{msgs:?}"
+        );
+        // The per-namespace sysctl was still written.
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(
+            roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
+            Some(45)
+        );
+        let after: u32 = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(after, current);
+    })
+    .unwrap();
+}
