@@ -46,6 +46,10 @@ chart-check: tools
 tools:
 	@bash .ci/tools.sh >/dev/null
 
+## crds: regenerate the committed CRD YAML (crds/ and the chart) from the Rust types.
+crds:
+	UPDATE_CRDS=1 $(CARGO) test -p groundskeeper-node-agent --test crds
+
 bench:
 	$(CARGO) bench --workspace
 

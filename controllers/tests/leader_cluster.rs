@@ -151,19 +151,3 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
     );
     Ok(())
 }
-
-#[tokio::test]
-async fn invalid_flag_exits_nonzero_with_one_line() {
-    // No cluster needed: flag validation happens before any connection.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_controller-manager"))
-        .args(["--leader-elect-retry-period", "2parsecs"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(
-        err.contains("--leader-elect-retry-period") && err.contains("2parsecs"),
-        "{err}"
-    );
-}

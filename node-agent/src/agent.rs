@@ -48,6 +48,8 @@ pub struct Cli {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
+    #[command(flatten)]
+    pub sysctl: crate::sysctl::SysctlArgs,
 
     /// Name of the Node this agent runs on. Set it from the downward API
     /// (env NODE_NAME valueFrom fieldRef spec.nodeName).
@@ -76,7 +78,20 @@ fn parse_tasks(s: &str) -> Result<Selection, String> {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum Command {}
+pub enum Command {
+    /// Print the CustomResourceDefinitions this agent reads (SysctlPolicy) as YAML.
+    Crd,
+    /// Sysctl admission tools.
+    #[command(subcommand)]
+    Sysctl(SysctlCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SysctlCommand {
+    /// Say, per pod in a manifest, whether this agent (and kubelet) would admit it; exit 0 when
+    /// all are admitted, 1 when any is rejected, 2 on unusable input. No cluster needed.
+    Check(crate::sysctl::check::CheckArgs),
+}
 
 impl Cli {
     /// The node name, or the message that says how to set it.

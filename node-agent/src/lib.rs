@@ -2,3 +2,4 @@
 
 pub mod agent;
 pub mod conntrack;
+pub mod sysctl;

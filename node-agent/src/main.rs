@@ -1,16 +1,23 @@
 use std::process::ExitCode;
 
-use groundskeeper_node_agent::agent::{Cli, Shared};
-use groundskeeper_node_agent::conntrack;
+use groundskeeper_node_agent::agent::{Cli, Command, Shared, SysctlCommand};
+use groundskeeper_node_agent::{conntrack, sysctl};
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = cli::parse();
-    cli.log.init();
+    // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(cmd) = cli.command {
-        match cmd {}
+        return match cmd {
+            Command::Crd => {
+                print!("{}", sysctl::crd::crd_yaml());
+                ExitCode::SUCCESS
+            }
+            Command::Sysctl(SysctlCommand::Check(args)) => ExitCode::from(sysctl::check::run(args)),
+        };
     }
+    cli.log.init();
     let node_name = match cli.require_node_name() {
         Ok(n) => n,
         Err(e) => {
@@ -60,6 +67,12 @@ fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
         set.spawn(
             "conntrack-cleanup",
             conntrack::run(shared.clone(), cli.conntrack.clone()),
+        );
+    }
+    if cli.tasks.has("sysctl") {
+        set.spawn(
+            "sysctl",
+            sysctl::admit::run(shared.clone(), cli.sysctl.clone()),
         );
     }
     if set.is_empty() {

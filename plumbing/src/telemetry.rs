@@ -42,7 +42,14 @@ impl LogArgs {
     pub fn init(&self) {
         let registry = tracing_subscriber::registry().with(self.filter());
         match self.log_format {
-            LogFormat::Plain => registry.with(fmt::layer().with_target(true)).init(),
+            // Colours only for a person at a terminal, never into a log file or collector.
+            LogFormat::Plain => registry
+                .with(
+                    fmt::layer()
+                        .with_target(true)
+                        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
+                )
+                .init(),
             LogFormat::Json => registry
                 .with(
                     fmt::layer()

@@ -482,7 +482,7 @@ fn conntrack_cli_sees_what_netlink_created() {
 fn read_only_sysctl_is_a_clear_error_naming_the_file() {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::sysctls::{Roots, SysctlArgs, apply};
+    use super::sysctls::{ConntrackSysctlArgs, Roots, apply};
     const NAME: &str = "read_only_sysctl_is_a_clear_error_naming_the_file";
     if skip(NAME) {
         return;
@@ -502,7 +502,7 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
             .trim()
             .parse()
             .unwrap();
-        let args = SysctlArgs {
+        let args = ConntrackSysctlArgs {
             conntrack_max_per_core: Some(current + 1),
             conntrack_udp_timeout: Some(std::time::Duration::from_secs(45)),
             ..Default::default()

@@ -53,7 +53,7 @@ pub struct ConntrackArgs {
     pub conntrack_netns: Option<String>,
 
     #[command(flatten)]
-    pub sysctls: sysctls::SysctlArgs,
+    pub sysctls: sysctls::ConntrackSysctlArgs,
 }
 
 impl ConntrackArgs {

@@ -8,7 +8,7 @@ use clap::Args;
 use groundskeeper_plumbing::client::parse_duration;
 
 #[derive(Args, Debug, Clone, Default)]
-pub struct SysctlArgs {
+pub struct ConntrackSysctlArgs {
     /// Conntrack entries to allow per CPU core: sets net.netfilter.nf_conntrack_max to
     /// max(this x cores, --conntrack-min). Unset: nf_conntrack_max is left alone.
     #[arg(long, env = "CONNTRACK_MAX_PER_CORE", value_parser = clap::value_parser!(u32).range(1..))]
@@ -73,7 +73,7 @@ pub fn conntrack_max(per_core: u32, min: u32, cores: usize) -> u64 {
 /// already in place is not rewritten, and the hash table is grown to max/4 buckets only when
 /// it has fewer (hashsize is writable only from the initial network namespace).
 pub fn plan(
-    args: &SysctlArgs,
+    args: &ConntrackSysctlArgs,
     cores: usize,
     current: impl Fn(&'static str, bool) -> Option<u64>,
 ) -> Vec<Write> {
@@ -176,7 +176,11 @@ impl Roots {
 
 /// Plans and writes; every write is tried, each failure returned (the caller logs them and
 /// keeps running the cleanup).
-pub fn apply(args: &SysctlArgs, cores: usize, roots: &Roots) -> (Vec<Write>, Vec<SysctlError>) {
+pub fn apply(
+    args: &ConntrackSysctlArgs,
+    cores: usize,
+    roots: &Roots,
+) -> (Vec<Write>, Vec<SysctlError>) {
     let writes = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
     let mut errors = Vec::new();
     let mut done = Vec::new();
@@ -205,7 +209,7 @@ pub fn apply(args: &SysctlArgs, cores: usize, roots: &Roots) -> (Vec<Write>, Vec
 }
 
 /// Logs the outcome of `apply`.
-pub fn apply_and_log(args: &SysctlArgs, roots: &Roots) {
+pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (done, errors) = apply(args, cores, roots);
     for w in done {

@@ -7,10 +7,10 @@ use super::*;
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    s: SysctlArgs,
+    s: ConntrackSysctlArgs,
 }
 
-fn args(flags: &[&str]) -> SysctlArgs {
+fn args(flags: &[&str]) -> ConntrackSysctlArgs {
     Cli::try_parse_from(std::iter::once("x").chain(flags.iter().copied()))
         .unwrap()
         .s

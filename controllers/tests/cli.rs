@@ -1,0 +1,62 @@
+//! The binary's contract with an admin, no cluster needed: bad flags are one line naming the
+//! flag and value, and JSON logs are one JSON object per line.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_controller-manager");
+
+#[test]
+fn invalid_flag_exits_nonzero_with_one_line() {
+    let out = Command::new(BIN)
+        .args(["--leader-elect-retry-period", "2parsecs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--leader-elect-retry-period") && err.contains("2parsecs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_controller_is_named() {
+    let out = Command::new(BIN)
+        .args(["--controllers", "podgc,servicecidrs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("servicecidrs") && err.contains("--controllers"),
+        "{err}"
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
+    let out = Command::new(BIN)
+        .args(["--log-format", "json", "--admin-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        !lines.is_empty(),
+        "no log lines; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(
+            v.get("level").is_some() && v.get("timestamp").is_some(),
+            "{l}"
+        );
+    }
+    assert!(stdout.contains("/nonexistent/kubeconfig"), "{stdout}");
+}

@@ -1,0 +1,382 @@
+//! The thin layer: watches this node's pods, the SysctlPolicies and this Node, and applies what
+//! `decide` says (fail the pod and warn in Enforce, warn in Audit), and keeps each policy's
+//! status current.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use prometheus::{IntCounter, IntCounterVec, Opts};
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::SysctlArgs;
+use super::allowlist::FORBIDDEN_REASON;
+use super::crd::{Mode, SysctlPolicy};
+use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::kernel::KernelVersion;
+use super::policy::{NodePolicy, desired_status, merge};
+use super::safe::safe_sysctls;
+use crate::agent::Shared;
+use groundskeeper_plumbing::ReadyFlag;
+
+/// Field manager and event reporter.
+pub const MANAGER: &str = "groundskeeper-node-agent";
+/// kubelet's `rejectPod` prefix on the pod status message (the event carries the bare message).
+pub const STATUS_MESSAGE_PREFIX: &str = "Pod was rejected: ";
+
+/// How often failed writes are retried and delayed status writes come due.
+const TICK: Duration = Duration::from_secs(1);
+/// Status writes are spread over this window by node name, so that of many agents seeing the
+/// same policy change, the first write is seen by most before their own turn comes.
+const STATUS_SPREAD_MS: u64 = 5_000;
+
+pub struct Metrics {
+    checked: IntCounter,
+    rejected: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn register(registry: &prometheus::Registry) -> anyhow::Result<Self> {
+        let checked = IntCounter::new(
+            "groundskeeper_sysctl_pods_checked_total",
+            "Pods bound to this node whose sysctls were checked (once per change of sysctls or outcome).",
+        )?;
+        let rejected = IntCounterVec::new(
+            Opts::new(
+                "groundskeeper_sysctl_pods_rejected_total",
+                "Pods found to use forbidden sysctls, by reason and mode (Enforce: failed; Audit: warned).",
+            ),
+            &["reason", "mode"],
+        )?;
+        registry.register(Box::new(checked.clone()))?;
+        registry.register(Box::new(rejected.clone()))?;
+        Ok(Self { checked, rejected })
+    }
+}
+
+/// The kernel to gate the safe list by: the flag, else the host's; unknown only drops the
+/// gated entries, as in kubelet.
+fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
+    match &args.kernel_version {
+        Some(k) => Some(k.clone()),
+        None => KernelVersion::from_host()
+            .inspect_err(|e| tracing::warn!(error = %e, "kernel version unknown; kernel-gated safe sysctls are not allowed"))
+            .ok(),
+    }
+}
+
+struct Admitter {
+    shared: Shared,
+    client: kube::Client,
+    policies_api: Api<SysctlPolicy>,
+    pod_store: Store<Pod>,
+    policy_store: Store<SysctlPolicy>,
+    node_store: Store<Node>,
+    safe: Vec<&'static str>,
+    flag: Vec<String>,
+    policy: Option<NodePolicy>,
+    memory: Memory,
+    retry: HashSet<ObjectRef<Pod>>,
+    status_due: HashMap<String, Instant>,
+    status_offset: Duration,
+    recorder: Recorder,
+    metrics: Metrics,
+    /// This task's own watches; other tasks' readiness must not hold admission back.
+    ready: [ReadyFlag; 3],
+}
+
+pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
+    let kernel = kernel(&args);
+    let safe = safe_sysctls(kernel.as_ref());
+    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), "sysctl admission starting");
+    let metrics = Metrics::register(&shared.registry)?;
+    let client = shared.client.clone();
+    let node = shared.node_name.clone();
+
+    // Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`):
+    // with a field selector, a paginated quorum list would page through every pod and node in
+    // the cluster from etcd, on every node, at start and after every watch desync.
+    let config = || watcher::Config::default().any_semantic();
+    let (pod_store, pod_writer) = reflector::store();
+    let (policy_store, policy_writer) = reflector::store();
+    let (node_store, node_writer) = reflector::store();
+    let pod_events = reflector::reflector(
+        pod_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            config().fields(&format!("spec.nodeName={node}")),
+        ),
+    )
+    .default_backoff();
+    let policy_events = reflector::reflector(
+        policy_writer,
+        watcher(Api::<SysctlPolicy>::all(client.clone()), config()),
+    )
+    .default_backoff();
+    let node_events = reflector::reflector(
+        node_writer,
+        watcher(
+            Api::<Node>::all(client.clone()),
+            config().fields(&format!("metadata.name={node}")),
+        ),
+    )
+    .default_backoff();
+    let ready_pods = shared.readiness.register("sysctl-pods");
+    let ready_policies = shared.readiness.register("sysctl-policies");
+    let ready_node = shared.readiness.register("sysctl-node");
+
+    let status_offset = Duration::from_millis(
+        node.bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
+            % STATUS_SPREAD_MS,
+    );
+    let mut a = Admitter {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance: Some(node.clone()),
+            },
+        ),
+        client: client.clone(),
+        policies_api: Api::all(client),
+        shared: shared.clone(),
+        pod_store,
+        policy_store,
+        node_store,
+        safe,
+        flag: args.allowed_unsafe_sysctls(),
+        policy: None,
+        memory: Memory::default(),
+        retry: HashSet::new(),
+        status_due: HashMap::new(),
+        status_offset,
+        metrics,
+        ready: [
+            ready_pods.clone(),
+            ready_policies.clone(),
+            ready_node.clone(),
+        ],
+    };
+
+    tokio::pin!(pod_events, policy_events, node_events);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shared.token.cancelled() => break,
+            Some(ev) = pod_events.next() => match ev {
+                Ok(watcher::Event::InitDone) => {
+                    ready_pods.mark_ready();
+                    a.forget_gone();
+                    a.evaluate_all().await
+                }
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => a.evaluate(&p).await,
+                Ok(watcher::Event::Delete(p)) => a.memory.forget(&p.uid().unwrap_or_default()),
+                Ok(watcher::Event::Init) => {}
+                Err(e) => tracing::warn!(error = %e, node = %node, "pod watch failed; retrying"),
+            },
+            Some(ev) = policy_events.next() => match ev {
+                Ok(watcher::Event::InitDone) => { ready_policies.mark_ready(); a.policies_changed().await }
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                    a.schedule_status(&p);
+                    if ready_policies.is_ready() { a.policies_changed().await }
+                }
+                Ok(watcher::Event::Delete(_)) => a.policies_changed().await,
+                Ok(watcher::Event::Init) => {}
+                Err(e) => tracing::warn!(error = %e, "SysctlPolicy watch failed (is the CRD installed?); retrying"),
+            },
+            Some(ev) = node_events.next() => match ev {
+                Ok(watcher::Event::InitDone) => { ready_node.mark_ready(); a.policies_changed().await }
+                Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => a.policies_changed().await,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, node = %node, "node watch failed; retrying"),
+            },
+            _ = tick.tick() => a.on_tick().await,
+        }
+    }
+    tracing::info!(decisions = a.memory.len(), "sysctl admission stopped");
+    Ok(())
+}
+
+impl Admitter {
+    /// Recomputes the node's policy once every watch has listed and the Node is known; pods are
+    /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
+    /// policy selecting this node could allow what would otherwise be rejected.
+    async fn policies_changed(&mut self) {
+        if !self.ready.iter().all(ReadyFlag::is_ready) {
+            return;
+        }
+        let Some(node) = self.node_store.state().into_iter().next() else {
+            tracing::warn!(node = %self.shared.node_name, "Node object not found; not admitting until it exists");
+            self.policy = None;
+            return;
+        };
+        let labels: BTreeMap<String, String> = node.labels().clone();
+        let policies = self.policy_store.state();
+        let refs: Vec<&SysctlPolicy> = policies.iter().map(|p| p.as_ref()).collect();
+        let merged = merge(&self.safe, &self.flag, &refs, &labels);
+        if self.policy.as_ref() != Some(&merged) {
+            tracing::info!(node = %self.shared.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
+            self.policy = Some(merged);
+            self.evaluate_all().await;
+        }
+    }
+
+    /// A relist drops pods deleted while the watch was down without a Delete event.
+    fn forget_gone(&mut self) {
+        let live: HashSet<String> = self
+            .pod_store
+            .state()
+            .iter()
+            .filter_map(|p| p.uid())
+            .collect();
+        self.memory.retain(|uid| live.contains(uid));
+    }
+
+    async fn evaluate_all(&mut self) {
+        for pod in self.pod_store.state() {
+            self.evaluate(&pod).await;
+        }
+    }
+
+    async fn evaluate(&mut self, pod: &Pod) {
+        let Some(policy) = self.policy.as_ref() else {
+            return;
+        };
+        let facts = PodFacts::of(pod);
+        let out = outcome(&policy.allowlist, policy.mode, pod);
+        let action = decide(&facts, out.clone(), &self.memory);
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        match action {
+            Action::Skip | Action::AlreadyDone => return,
+            Action::Admit => {
+                tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
+            }
+            Action::Reject { mode, message } => {
+                self.metrics
+                    .rejected
+                    .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
+                    .inc();
+                if let Err(e) = self.reject(pod, mode, &message).await {
+                    tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry");
+                    self.retry.insert(ObjectRef::from_obj(pod));
+                    return;
+                }
+            }
+        }
+        self.metrics.checked.inc();
+        self.retry.remove(&ObjectRef::from_obj(pod));
+        self.memory.remember(&facts, out);
+    }
+
+    async fn reject(&self, pod: &Pod, mode: Mode, message: &str) -> Result<(), kube::Error> {
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let verb = match mode {
+            Mode::Enforce => "failing pod",
+            Mode::Audit => "warning about pod (audit mode)",
+        };
+        if self.shared.dry_run {
+            tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, dry_run = true, "would be {verb}");
+            return Ok(());
+        }
+        tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, "{verb}");
+        if mode == Mode::Enforce {
+            // The resourceVersion makes the patch conditional: if the pod moved on (kubelet
+            // admitted and ran it, or it finished) the patch fails and the pod is decided anew.
+            let patch = json!({
+                "metadata": {"resourceVersion": pod.resource_version()},
+                "status": {
+                    "phase": "Failed",
+                    "reason": FORBIDDEN_REASON,
+                    "message": format!("{STATUS_MESSAGE_PREFIX}{message}"),
+                }
+            });
+            Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: FORBIDDEN_REASON.into(),
+            note: Some(message.to_string()),
+            action: match mode {
+                Mode::Enforce => "Reject".into(),
+                Mode::Audit => "Audit".into(),
+            },
+            secondary: None,
+        };
+        self.recorder.publish(&event, &pod.object_ref(&())).await
+    }
+
+    fn schedule_status(&mut self, policy: &SysctlPolicy) {
+        if desired_status(policy, Time(jiff::Timestamp::now())).is_some() {
+            self.status_due
+                .entry(policy.name_any())
+                .or_insert_with(|| Instant::now() + self.status_offset);
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let retry: Vec<ObjectRef<Pod>> = self.retry.drain().collect();
+        for r in retry {
+            if let Some(p) = self.pod_store.get(&r) {
+                self.evaluate(&p).await;
+            }
+        }
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .status_due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.status_due.remove(&name);
+            if let Err(e) = self.write_status(&name).await {
+                tracing::warn!(policy = %name, error = %e, "writing SysctlPolicy status failed; will retry");
+                self.status_due.insert(name, now + Duration::from_secs(5));
+            }
+        }
+    }
+
+    /// Server-side apply of the status under one field manager shared by all agents: they all
+    /// compute the same content from the spec, so whichever writes first settles it and the
+    /// rest find nothing to do (re-checked here, after the spread delay).
+    async fn write_status(&self, name: &str) -> Result<(), kube::Error> {
+        let Some(policy) = self.policy_store.get(&ObjectRef::new(name)) else {
+            return Ok(());
+        };
+        let Some(status) = desired_status(&policy, Time(jiff::Timestamp::now())) else {
+            return Ok(());
+        };
+        let condition = &status.conditions[0];
+        if self.shared.dry_run {
+            tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, dry_run = true, "would write SysctlPolicy status");
+            return Ok(());
+        }
+        tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, "writing SysctlPolicy status");
+        let body = json!({
+            "apiVersion": "groundskeeper.dev/v1alpha1",
+            "kind": "SysctlPolicy",
+            "metadata": {"name": name},
+            "status": status,
+        });
+        self.policies_api
+            .patch_status(
+                name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map(|_| ())
+    }
+}

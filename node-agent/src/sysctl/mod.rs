@@ -1,0 +1,98 @@
+//! Sysctl admission, kubelet-style: a pod bound to this node whose sysctls the node does not
+//! allow is failed (Enforce) or reported (Audit). The allowlist is kubelet's, the extra patterns
+//! come from the agent's flag and SysctlPolicy objects.
+
+pub mod admit;
+pub mod allowlist;
+pub mod check;
+pub mod crd;
+pub mod decide;
+pub mod kernel;
+pub mod names;
+pub mod policy;
+pub mod safe;
+
+use kernel::KernelVersion;
+
+/// The agent's sysctl admission flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SysctlArgs {
+    /// Comma-separated unsafe sysctl patterns allowed on this node in addition to the safe
+    /// list, like kubelet's flag of the same name (e.g. `kernel.msg*,net.core.somaxconn`).
+    /// SysctlPolicy objects add to it.
+    #[arg(long, env = "ALLOWED_UNSAFE_SYSCTLS", value_delimiter = ',', value_parser = parse_flag_pattern)]
+    pub allowed_unsafe_sysctls: Vec<String>,
+
+    /// Kernel release to gate the safe sysctls by, instead of /proc/sys/kernel/osrelease
+    /// (for tests and for agents that can not read the host's /proc).
+    #[arg(long, env = "KERNEL_VERSION", value_parser = check::parse_kernel_version)]
+    pub kernel_version: Option<KernelVersion>,
+}
+
+/// A flag pattern; an empty item (`--allowed-unsafe-sysctls=` or a trailing comma) is no
+/// pattern, as kubelet's string-slice flag has it.
+fn parse_flag_pattern(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Ok(String::new())
+    } else {
+        check::parse_pattern(s)
+    }
+}
+
+impl SysctlArgs {
+    /// The flag's patterns, empty items dropped.
+    pub fn allowed_unsafe_sysctls(&self) -> Vec<String> {
+        self.allowed_unsafe_sysctls
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::agent::Cli;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from([&["node-agent"], args].concat())
+            .map_err(|e| groundskeeper_plumbing::cli::one_line(&e))
+    }
+
+    #[test]
+    fn flags_parse_and_bad_values_are_named() {
+        let cli = parse(&[
+            "--allowed-unsafe-sysctls",
+            "kernel.msg*,net/core/somaxconn,",
+            "--kernel-version",
+            "5.14.0-427.el9.x86_64",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.sysctl.allowed_unsafe_sysctls(),
+            vec!["kernel.msg*", "net/core/somaxconn"]
+        );
+        assert_eq!(cli.sysctl.kernel_version.unwrap().to_string(), "5.14.0");
+        assert!(
+            parse(&["--allowed-unsafe-sysctls="])
+                .unwrap()
+                .sysctl
+                .allowed_unsafe_sysctls()
+                .is_empty()
+        );
+
+        let e = parse(&["--allowed-unsafe-sysctls", "net.*,vm.swappiness"]).unwrap_err();
+        assert!(
+            e.contains("vm.swappiness") && e.contains("not known to be namespaced"),
+            "{e}"
+        );
+        let e = parse(&["--allowed-unsafe-sysctls", "Net.*"]).unwrap_err();
+        assert!(
+            e.contains(r#"sysctl "Net.*" must have at most 253 characters"#),
+            "{e}"
+        );
+        let e = parse(&["--kernel-version", "linux"]).unwrap_err();
+        assert!(e.contains("--kernel-version") && e.contains("linux"), "{e}");
+    }
+}

@@ -1,0 +1,349 @@
+//! What this node allows: the kernel-gated safe list, the agent's `--allowed-unsafe-sysctls`
+//! flag and every SysctlPolicy that selects the node, merged; and what each policy's status
+//! should say.
+//!
+//! Mode when policies disagree: the strictest wins. Any selecting policy in Enforce makes the
+//! node Enforce; the node is Audit only when every selecting policy is Audit. With no selecting
+//! policy the node enforces, as kubelet always does.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::core::{Selector, SelectorExt};
+
+use super::allowlist::{Allowlist, PatternError, check_pattern};
+use super::crd::{CONDITION_VALID, Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
+
+/// The allowlist and mode in force on this node, and where they came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePolicy {
+    pub allowlist: Allowlist,
+    pub mode: Mode,
+    /// Names of the policies that select this node, sorted.
+    pub policies: Vec<String>,
+    /// Every accepted pattern, in merge order (safe list, flag, policies by name).
+    pub patterns: Vec<String>,
+}
+
+/// Whether a policy's selector picks a node with these labels. Absent or empty selects all; a
+/// selector that can not be parsed selects nothing (and the policy's status says why).
+pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    match selector {
+        None => true,
+        Some(s) => Selector::try_from(s.clone()).is_ok_and(|sel| sel.matches(labels)),
+    }
+}
+
+/// Merges the sources. Flag patterns were validated at start-up; a policy's bad patterns are
+/// skipped (a pattern that can not be parsed allows nothing, so skipping it never widens).
+pub fn merge(
+    safe: &[&str],
+    flag: &[String],
+    policies: &[&SysctlPolicy],
+    node_labels: &BTreeMap<String, String>,
+) -> NodePolicy {
+    let mut selected: Vec<&SysctlPolicy> = policies
+        .iter()
+        .copied()
+        .filter(|p| selects(p.spec.node_selector.as_ref(), node_labels))
+        .collect();
+    selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+
+    let mut allowlist = Allowlist::default();
+    let mut patterns = Vec::new();
+    let candidates = safe
+        .iter()
+        .map(|s| s.to_string())
+        .chain(flag.iter().cloned())
+        .chain(
+            selected
+                .iter()
+                .flat_map(|p| p.spec.allowed_unsafe_sysctls.iter().cloned()),
+        );
+    for pattern in candidates {
+        if let Ok(entry) = check_pattern(&pattern) {
+            allowlist.insert(entry);
+            if !patterns.contains(&pattern) {
+                patterns.push(pattern);
+            }
+        }
+    }
+    let mode = if selected.is_empty() || selected.iter().any(|p| p.spec.mode == Mode::Enforce) {
+        Mode::Enforce
+    } else {
+        Mode::Audit
+    };
+    NodePolicy {
+        allowlist,
+        mode,
+        policies: selected
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect(),
+        patterns,
+    }
+}
+
+/// The `Valid` condition a spec earns, without timestamps: (status, reason, message).
+pub fn validity(spec: &SysctlPolicySpec) -> (&'static str, &'static str, String) {
+    let errors: Vec<PatternError> = spec
+        .allowed_unsafe_sysctls
+        .iter()
+        .filter_map(|p| check_pattern(p).err())
+        .collect();
+    let selector_error = spec
+        .node_selector
+        .as_ref()
+        .and_then(|s| Selector::try_from(s.clone()).err())
+        .map(|e| format!("nodeSelector selects no node: {e}"));
+    match (errors.is_empty(), selector_error) {
+        (true, None) => (
+            "True",
+            "PatternsValid",
+            format!(
+                "all {} patterns are valid and namespaced",
+                spec.allowed_unsafe_sysctls.len()
+            ),
+        ),
+        (true, Some(sel)) => ("False", "InvalidNodeSelector", sel),
+        (false, sel) => {
+            let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            let mut message = format!("ignored invalid patterns: {}", list.join("; "));
+            if let Some(sel) = sel {
+                message.push_str("; ");
+                message.push_str(&sel);
+            }
+            ("False", "InvalidPatterns", message)
+        }
+    }
+}
+
+/// The status this policy should have, or None when the current one already says it. Every
+/// agent computes the same content from the spec alone, so concurrent writers agree; the
+/// transition time is kept while the condition's status is unchanged.
+pub fn desired_status(policy: &SysctlPolicy, now: Time) -> Option<SysctlPolicyStatus> {
+    let generation = policy.metadata.generation;
+    let (status, reason, message) = validity(&policy.spec);
+    let current = policy.status.as_ref();
+    let existing = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_VALID));
+    if let (Some(cur), Some(c)) = (current, existing)
+        && cur.observed_generation == generation
+        && c.status == status
+        && c.reason == reason
+        && c.message == message
+        && c.observed_generation == generation
+    {
+        return None;
+    }
+    let last_transition_time = match existing {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => now,
+    };
+    Some(SysctlPolicyStatus {
+        conditions: vec![Condition {
+            type_: CONDITION_VALID.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: generation,
+            last_transition_time,
+        }],
+        observed_generation: generation,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn policy(
+        name: &str,
+        patterns: &[&str],
+        selector: Option<LabelSelector>,
+        mode: Mode,
+    ) -> SysctlPolicy {
+        let mut p = SysctlPolicy::new(
+            name,
+            SysctlPolicySpec {
+                allowed_unsafe_sysctls: patterns.iter().map(|s| s.to_string()).collect(),
+                node_selector: selector,
+                mode,
+            },
+        );
+        p.metadata.generation = Some(3);
+        p
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn match_labels(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: Some(labels(pairs)),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn selectors_absent_empty_labels_and_expressions() {
+        let node = labels(&[("pool", "db"), ("zone", "a")]);
+        assert!(selects(None, &node));
+        assert!(selects(Some(&LabelSelector::default()), &node));
+        assert!(selects(match_labels(&[("pool", "db")]).as_ref(), &node));
+        assert!(!selects(match_labels(&[("pool", "web")]).as_ref(), &node));
+        let expr = |op: &str, values: Option<Vec<&str>>| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "zone".into(),
+                operator: op.into(),
+                values: values.map(|v| v.into_iter().map(String::from).collect()),
+            }]),
+            ..Default::default()
+        };
+        assert!(selects(Some(&expr("In", Some(vec!["a", "b"]))), &node));
+        assert!(!selects(Some(&expr("NotIn", Some(vec!["a"]))), &node));
+        assert!(selects(Some(&expr("Exists", None)), &node));
+        assert!(!selects(Some(&expr("DoesNotExist", None)), &node));
+        assert!(
+            !selects(Some(&expr("Sometimes", None)), &node),
+            "unparseable selects nothing"
+        );
+        assert!(!selects(Some(&expr("In", None)), &node));
+    }
+
+    #[test]
+    fn merge_unions_safe_flag_and_selecting_policies() {
+        let node = labels(&[("pool", "db")]);
+        let db = policy(
+            "b-db",
+            &["kernel.msg*", "vm.swappiness", "Bad*Pattern"],
+            match_labels(&[("pool", "db")]),
+            Mode::Enforce,
+        );
+        let web = policy(
+            "a-web",
+            &["kernel.sem"],
+            match_labels(&[("pool", "web")]),
+            Mode::Enforce,
+        );
+        let all = policy("a-all", &["net.core.somaxconn"], None, Mode::Enforce);
+        let merged = merge(
+            &["kernel.shm_rmid_forced"],
+            &["fs.mqueue.*".to_string()],
+            &[&db, &web, &all],
+            &node,
+        );
+        assert_eq!(merged.policies, vec!["a-all", "b-db"]);
+        assert_eq!(
+            merged.patterns,
+            vec![
+                "kernel.shm_rmid_forced",
+                "fs.mqueue.*",
+                "net.core.somaxconn",
+                "kernel.msg*"
+            ]
+        );
+        assert_eq!(merged.mode, Mode::Enforce);
+        for ok in [
+            "kernel.shm_rmid_forced",
+            "fs.mqueue.msg_max",
+            "net.core.somaxconn",
+            "kernel.msgmax",
+        ] {
+            assert_eq!(merged.allowlist.validate(ok, false, false), Ok(()), "{ok}");
+        }
+        for no in ["kernel.sem", "vm.swappiness", "net.core.rmem_max"] {
+            assert!(merged.allowlist.validate(no, false, false).is_err(), "{no}");
+        }
+    }
+
+    #[test]
+    fn strictest_mode_wins() {
+        let node = labels(&[]);
+        let audit = policy("audit", &[], None, Mode::Audit);
+        let audit2 = policy("audit2", &[], None, Mode::Audit);
+        let enforce = policy("enforce", &[], None, Mode::Enforce);
+        let elsewhere = policy("elsewhere", &[], match_labels(&[("x", "y")]), Mode::Enforce);
+        let mode = |ps: &[&SysctlPolicy]| merge(&[], &[], ps, &node).mode;
+        assert_eq!(
+            mode(&[]),
+            Mode::Enforce,
+            "kubelet's behaviour without policies"
+        );
+        assert_eq!(mode(&[&audit]), Mode::Audit);
+        assert_eq!(mode(&[&audit, &audit2]), Mode::Audit);
+        assert_eq!(mode(&[&audit, &enforce]), Mode::Enforce);
+        assert_eq!(mode(&[&enforce, &audit]), Mode::Enforce);
+        assert_eq!(
+            mode(&[&audit, &elsewhere]),
+            Mode::Audit,
+            "a policy for other nodes does not count"
+        );
+    }
+
+    #[test]
+    fn validity_names_bad_patterns() {
+        let ok = policy("p", &["net.*", "kernel/msg*"], None, Mode::Enforce);
+        assert_eq!(validity(&ok.spec).0, "True");
+        let bad = policy("p", &["net.*", "vm.swappiness", "a*b"], None, Mode::Enforce);
+        let (status, reason, message) = validity(&bad.spec);
+        assert_eq!((status, reason), ("False", "InvalidPatterns"));
+        assert!(
+            message.contains(r#"the sysctls "vm.swappiness" are not known to be namespaced"#),
+            "{message}"
+        );
+        assert!(
+            message.contains(r#"sysctl "a*b" must have at most 253 characters"#),
+            "{message}"
+        );
+        assert!(!message.contains("net.*"), "{message}");
+        let sel = policy(
+            "p",
+            &[],
+            Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "k".into(),
+                    operator: "Bogus".into(),
+                    values: None,
+                }]),
+                ..Default::default()
+            }),
+            Mode::Enforce,
+        );
+        assert_eq!(validity(&sel.spec).1, "InvalidNodeSelector");
+    }
+
+    #[test]
+    fn status_is_written_only_when_it_changes() {
+        let t0 = Time(jiff::Timestamp::from_second(1_000).unwrap());
+        let t1 = Time(jiff::Timestamp::from_second(2_000).unwrap());
+        let mut p = policy("p", &["vm.swappiness"], None, Mode::Enforce);
+        let first = desired_status(&p, t0.clone()).expect("no status yet");
+        assert_eq!(first.observed_generation, Some(3));
+        assert_eq!(first.conditions[0].status, "False");
+        p.status = Some(first.clone());
+        assert_eq!(
+            desired_status(&p, t1.clone()),
+            None,
+            "same content: no write"
+        );
+
+        // A new generation with the same verdict keeps the transition time.
+        p.metadata.generation = Some(4);
+        let second = desired_status(&p, t1.clone()).expect("generation moved");
+        assert_eq!(second.conditions[0].last_transition_time, t0);
+        assert_eq!(second.observed_generation, Some(4));
+
+        // Fixing the pattern flips the condition and its transition time.
+        p.status = Some(second);
+        p.spec.allowed_unsafe_sysctls = vec!["net.*".into()];
+        p.metadata.generation = Some(5);
+        let third = desired_status(&p, t1.clone()).unwrap();
+        assert_eq!(third.conditions[0].status, "True");
+        assert_eq!(third.conditions[0].last_transition_time, t1);
+    }
+}

@@ -1,0 +1,123 @@
+//! The safe sysctls (kubelet v1.36 `SafeSysctlAllowlist`), in upstream order, each with the
+//! first kernel that namespaces it. Order matters: it is the order of the merged allowlist
+//! and of what the agent logs.
+
+use super::kernel::KernelVersion;
+
+/// One safe sysctl and, when the kernel only namespaces it from some release on, that release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SafeSysctl {
+    pub name: &'static str,
+    pub min_kernel: Option<(u64, u64)>,
+}
+
+const fn always(name: &'static str) -> SafeSysctl {
+    SafeSysctl {
+        name,
+        min_kernel: None,
+    }
+}
+
+const fn from(name: &'static str, major: u64, minor: u64) -> SafeSysctl {
+    SafeSysctl {
+        name,
+        min_kernel: Some((major, minor)),
+    }
+}
+
+/// `pkg/util/kernel/constants.go` gates, v1.36.
+pub const SAFE_SYSCTLS: [SafeSysctl; 12] = [
+    always("kernel.shm_rmid_forced"),
+    always("net.ipv4.ip_local_port_range"),
+    always("net.ipv4.tcp_syncookies"),
+    always("net.ipv4.ping_group_range"),
+    always("net.ipv4.ip_unprivileged_port_start"),
+    from("net.ipv4.ip_local_reserved_ports", 3, 16),
+    from("net.ipv4.tcp_keepalive_time", 4, 5),
+    from("net.ipv4.tcp_fin_timeout", 4, 6),
+    from("net.ipv4.tcp_keepalive_intvl", 4, 5),
+    from("net.ipv4.tcp_keepalive_probes", 4, 5),
+    from("net.ipv4.tcp_rmem", 4, 15),
+    from("net.ipv4.tcp_wmem", 4, 15),
+];
+
+/// The safe sysctls this kernel namespaces. An unknown kernel (`None`: the version could not be
+/// read or parsed) keeps only the ungated ones, as kubelet does; it never fails start-up.
+pub fn safe_sysctls(kernel: Option<&KernelVersion>) -> Vec<&'static str> {
+    SAFE_SYSCTLS
+        .iter()
+        .filter(|s| match (s.min_kernel, kernel) {
+            (None, _) => true,
+            (Some((major, minor)), Some(k)) => {
+                let keep = k.at_least(&KernelVersion::new(&[major, minor]));
+                if !keep {
+                    tracing::info!(
+                        sysctl = s.name,
+                        kernel = %k,
+                        min_kernel = %format!("{major}.{minor}"),
+                        "kernel version is too old, dropping the sysctl from safe sysctl list"
+                    );
+                }
+                keep
+            }
+            (Some(_), None) => {
+                tracing::info!(
+                    sysctl = s.name,
+                    "kernel version is unknown, dropping the sysctl from safe sysctl list"
+                );
+                false
+            }
+        })
+        .map(|s| s.name)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(kernel: &str) -> Vec<&'static str> {
+        safe_sysctls(Some(&kernel.parse().unwrap()))
+    }
+
+    const UNGATED: [&str; 5] = [
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_unprivileged_port_start",
+    ];
+
+    #[test]
+    fn gates_follow_the_kernel_in_upstream_order() {
+        let all: Vec<&str> = SAFE_SYSCTLS.iter().map(|s| s.name).collect();
+        assert_eq!(on("6.1.0-18-amd64"), all);
+        assert_eq!(on("4.15"), all, "4.15 is the last gate, inclusive");
+        let mut want = UNGATED.to_vec();
+        want.extend([
+            "net.ipv4.ip_local_reserved_ports",
+            "net.ipv4.tcp_keepalive_time",
+            "net.ipv4.tcp_fin_timeout",
+            "net.ipv4.tcp_keepalive_intvl",
+            "net.ipv4.tcp_keepalive_probes",
+        ]);
+        assert_eq!(on("4.14.300"), want);
+        assert_eq!(on("4.6.0"), want);
+        want.retain(|s| *s != "net.ipv4.tcp_fin_timeout");
+        assert_eq!(on("4.5.7"), want);
+        assert_eq!(
+            on("3.18.0-957.27.2.el7.x86_64"),
+            [&UNGATED[..], &["net.ipv4.ip_local_reserved_ports"]].concat()
+        );
+        assert_eq!(
+            on("3.16"),
+            [&UNGATED[..], &["net.ipv4.ip_local_reserved_ports"]].concat()
+        );
+        assert_eq!(on("3.15.9"), UNGATED.to_vec());
+    }
+
+    #[test]
+    fn unknown_kernel_keeps_only_ungated() {
+        assert_eq!(safe_sysctls(None), UNGATED.to_vec());
+    }
+}

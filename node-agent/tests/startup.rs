@@ -1,0 +1,22 @@
+//! Start-up contract, no cluster needed: without NODE_NAME the agent refuses to start and
+//! says how to set it.
+
+use std::process::Command;
+
+#[test]
+fn missing_node_name_exits_nonzero_and_says_how_to_set_it() {
+    for value in [None, Some(""), Some("   ")] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_node-agent"));
+        cmd.env_remove("NODE_NAME");
+        if let Some(v) = value {
+            cmd.env("NODE_NAME", v);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "NODE_NAME={value:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("NODE_NAME") && err.contains("fieldPath: spec.nodeName"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! `node-agent sysctl check` as an admin runs it: the built binary, a manifest, stdout and the
+//! exit code.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn check(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_node-agent"))
+        .args(["sysctl", "check"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start node-agent");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+const MANIFEST: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: safe}
+spec:
+  securityContext:
+    sysctls:
+    - {name: net.ipv4.tcp_keepalive_time, value: "600"}
+  containers: [{name: c, image: busybox}]
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  template:
+    spec:
+      securityContext:
+        sysctls:
+        - {name: kernel/shm_rmid_forced, value: "1"}
+        - {name: kernel.msgmax, value: "65536"}
+      containers: [{name: c, image: postgres}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  template:
+    spec:
+      hostIPC: true
+      securityContext:
+        sysctls: [{name: kernel.shm_rmid_forced, value: "1"}]
+      containers: [{name: c, image: x}]
+"#;
+
+#[test]
+fn rejections_are_printed_per_pod_with_exit_1() {
+    let o = check(&["--kernel-version", "5.4.0", "-f", "-"], MANIFEST);
+    assert_eq!(o.status.code(), Some(1), "stderr: {}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        concat!(
+            "Pod/safe: admit\n",
+            "StatefulSet/db: reject: SysctlForbidden: forbidden sysctl: \"kernel.msgmax\" not allowlisted\n",
+            "DaemonSet/agent: reject: SysctlForbidden: forbidden sysctl: \"kernel.shm_rmid_forced\" not allowed with host IPC enabled\n",
+        )
+    );
+}
+
+#[test]
+fn kernel_version_gates_the_safe_list() {
+    let o = check(&["--kernel-version", "4.4.0-210-generic"], MANIFEST);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).starts_with(
+            "Pod/safe: reject: SysctlForbidden: forbidden sysctl: \"net.ipv4.tcp_keepalive_time\" not allowlisted\n"
+        ),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn allowed_patterns_admit_with_exit_0() {
+    let pods = MANIFEST
+        .split("---")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("---");
+    let o = check(
+        &[
+            "--kernel-version",
+            "6.1.0-18-amd64",
+            "--allow",
+            "kernel.msg*",
+        ],
+        &pods,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(stdout(&o), "Pod/safe: admit\nStatefulSet/db: admit\n");
+}
+
+#[test]
+fn manifest_from_a_file() {
+    let path = std::env::temp_dir().join(format!("sysctl-check-{}.yaml", std::process::id()));
+    std::fs::write(&path, MANIFEST).unwrap();
+    let o = check(
+        &["--kernel-version", "5.4.0", "-f", path.to_str().unwrap()],
+        "",
+    );
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stdout(&o).lines().count(), 3);
+}
+
+#[test]
+fn bad_input_is_named_with_exit_2() {
+    let cases: [(&[&str], &str, &str); 5] = [
+        (&["--kernel-version", "five"], "", r#""five""#),
+        (
+            &["--kernel-version", "5.4", "--allow", "kernel.foo*"],
+            "",
+            r#"the sysctls "kernel.foo" are not known to be namespaced"#,
+        ),
+        (
+            &["--kernel-version", "5.4", "--allow", "a*b"],
+            "",
+            r#"sysctl "a*b" must have at most 253 characters"#,
+        ),
+        (
+            &["--kernel-version", "5.4"],
+            "kind: Pod\n---\n[unclosed\n",
+            "document 2",
+        ),
+        (
+            &["--kernel-version", "5.4", "-f", "/nonexistent/pods.yaml"],
+            "",
+            "/nonexistent/pods.yaml",
+        ),
+    ];
+    for (args, input, needle) in cases {
+        let o = check(args, input);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
+    }
+}

@@ -1,0 +1,530 @@
+//! Sysctl admission against a real apiserver: the agent runs out of cluster as the node-agent
+//! of a Node the test creates (no kubelet, so pods stay Pending and the agent is the only one
+//! deciding). Pods are bound to that Node by spec.nodeName.
+//!
+//! No sleeps decide an outcome: the agent handles its node's pods in watch order, so once a
+//! later forbidden pod has been acted on, every earlier pod has been decided too.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSecurityContext, PodSpec, Sysctl};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use testkit::{Binary, Cluster, free_addr, http_get, metric, unique_name, wait_for};
+
+const WAIT: Duration = Duration::from_secs(30);
+const NODE_LABEL: &str = "groundskeeper.dev/sysctl-test-node";
+
+async fn ensure_crd(c: &Cluster) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
+    let generated: CustomResourceDefinition = serde_yaml::from_str(&crd_yaml())?;
+    if api.get_opt(&generated.name_any()).await?.is_none() {
+        match api.create(&PostParams::default(), &generated).await {
+            Ok(_) => {}
+            // Another test process installed it first.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    wait_for(WAIT, "the SysctlPolicy CRD to be established", || async {
+        let crd = api.get(&generated.name_any()).await?;
+        Ok(crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True"))
+    })
+    .await?;
+    Ok(())
+}
+
+/// A Node object of our own, labelled so that only this test's policies select it.
+async fn node(c: &Cluster) -> anyhow::Result<String> {
+    let name = unique_name("gk-sysctl-node");
+    c.create(&Node {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some([(NODE_LABEL.to_string(), name.clone())].into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await?;
+    Ok(name)
+}
+
+fn selecting(node: &str) -> Option<LabelSelector> {
+    Some(LabelSelector {
+        match_labels: Some([(NODE_LABEL.to_string(), node.to_string())].into()),
+        ..Default::default()
+    })
+}
+
+struct Agent {
+    admin: SocketAddr,
+    bin: Binary,
+}
+
+async fn agent(node: &str, extra: &[&str]) -> anyhow::Result<Agent> {
+    let admin = free_addr();
+    let addr = admin.to_string();
+    let mut args = vec![
+        "--admin-addr",
+        &addr,
+        "--tasks",
+        "sysctl",
+        "--kernel-version",
+        "6.1.0-18-amd64",
+    ];
+    args.extend_from_slice(extra);
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_node-agent"),
+        "node-agent-sysctl",
+        &args,
+        &[("NODE_NAME", node)],
+    )?;
+    wait_for(WAIT, "node-agent /readyz", || async {
+        Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", bin.logs()))?;
+    Ok(Agent { admin, bin })
+}
+
+async fn pod(
+    c: &Cluster,
+    ns: &str,
+    node: &str,
+    prefix: &str,
+    sysctls: &[&str],
+) -> anyhow::Result<String> {
+    let name = unique_name(prefix);
+    c.create(&Pod {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("registry.invalid/none".into()),
+                ..Default::default()
+            }],
+            security_context: Some(PodSecurityContext {
+                sysctls: Some(
+                    sysctls
+                        .iter()
+                        .map(|n| Sysctl {
+                            name: n.to_string(),
+                            value: "1".into(),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await?;
+    Ok(name)
+}
+
+async fn policy(
+    c: &Cluster,
+    node: &str,
+    patterns: &[&str],
+    mode: Mode,
+) -> anyhow::Result<SysctlPolicy> {
+    c.create(&SysctlPolicy::new(
+        &unique_name("gk-sysctl"),
+        SysctlPolicySpec {
+            allowed_unsafe_sysctls: patterns.iter().map(|s| s.to_string()).collect(),
+            node_selector: selecting(node),
+            mode,
+        },
+    ))
+    .await
+}
+
+/// (phase, reason, message) of a pod's status.
+async fn status(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<(String, String, String)> {
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get(name)
+        .await?;
+    let s = p.status.unwrap_or_default();
+    Ok((
+        s.phase.unwrap_or_default(),
+        s.reason.unwrap_or_default(),
+        s.message.unwrap_or_default(),
+    ))
+}
+
+/// The SysctlForbidden events about a pod: (type, note).
+async fn forbidden_events(
+    c: &Cluster,
+    ns: &str,
+    pod: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let events = Api::<Event>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("SysctlForbidden")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+        })
+        .flat_map(|e| {
+            // The recorder folds a repeated event into a series on the first object.
+            let times = e.series.as_ref().map_or(1, |s| s.count.max(1)) as usize;
+            let item = (e.type_.unwrap_or_default(), e.note.unwrap_or_default());
+            std::iter::repeat_n(item, times)
+        })
+        .collect())
+}
+
+async fn wait_failed(c: &Cluster, ns: &str, name: &str, agent: &Agent) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("pod {name} to be Failed"), || async {
+        Ok(status(c, ns, name).await?.0 == "Failed")
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
+    Ok(())
+}
+
+async fn wait_event(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<()> {
+    wait_for(
+        WAIT,
+        &format!("a SysctlForbidden event on {name}"),
+        || async { Ok(!forbidden_events(c, ns, name).await?.is_empty()) },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn assert_untouched(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<()> {
+    let (phase, reason, _) = status(c, ns, name).await?;
+    anyhow::ensure!(
+        phase == "Pending" && reason.is_empty(),
+        "pod {name} was touched: phase {phase}, reason {reason}"
+    );
+    let events = forbidden_events(c, ns, name).await?;
+    anyhow::ensure!(events.is_empty(), "pod {name} got events: {events:?}");
+    Ok(())
+}
+
+const ENFORCED: &str =
+    r#"groundskeeper_sysctl_pods_rejected_total{mode="Enforce",reason="SysctlForbidden"}"#;
+const AUDITED: &str =
+    r#"groundskeeper_sysctl_pods_rejected_total{mode="Audit",reason="SysctlForbidden"}"#;
+
+#[tokio::test]
+async fn forbidden_pod_fails_allowed_pod_untouched_policy_allows() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("forbidden_pod_fails_allowed_pod_untouched_policy_allows").await
+    else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl").await?;
+    let agent = agent(&node, &[]).await?;
+
+    let safe = pod(
+        &c,
+        &ns,
+        &node,
+        "safe",
+        &["kernel.shm_rmid_forced", "net/ipv4/tcp_rmem"],
+    )
+    .await?;
+    let forbidden = pod(
+        &c,
+        &ns,
+        &node,
+        "forbidden",
+        &["kernel.shm_rmid_forced", "kernel.msgmax"],
+    )
+    .await?;
+    wait_failed(&c, &ns, &forbidden, &agent).await?;
+    let message = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
+    assert_eq!(
+        status(&c, &ns, &forbidden).await?,
+        (
+            "Failed".into(),
+            "SysctlForbidden".into(),
+            format!("Pod was rejected: {message}")
+        )
+    );
+    wait_event(&c, &ns, &forbidden).await?;
+    assert_eq!(
+        forbidden_events(&c, &ns, &forbidden).await?,
+        vec![("Warning".to_string(), message.to_string())]
+    );
+    assert_untouched(&c, &ns, &safe).await?;
+
+    // A policy for this node allows kernel.msg*; kernel.sem stays forbidden.
+    let p = policy(&c, &node, &["kernel.msg*"], Mode::Enforce).await?;
+    wait_for(WAIT, "the agent to apply the policy", || async {
+        Ok(agent.bin.logs().contains(&p.name_any()))
+    })
+    .await?;
+    let allowed = pod(&c, &ns, &node, "allowed", &["kernel.msgmax"]).await?;
+    let still_forbidden = pod(&c, &ns, &node, "sem", &["kernel.sem"]).await?;
+    wait_failed(&c, &ns, &still_forbidden, &agent).await?;
+    assert_untouched(&c, &ns, &allowed).await?;
+    assert_untouched(&c, &ns, &safe).await?;
+
+    // Idempotent: the first rejected pod got exactly one event and was patched once.
+    assert_eq!(forbidden_events(&c, &ns, &forbidden).await?.len(), 1);
+    assert_eq!(metric(agent.admin, ENFORCED).await?, Some(2.0));
+    assert_eq!(
+        metric(agent.admin, "groundskeeper_sysctl_pods_checked_total").await?,
+        Some(4.0)
+    );
+
+    // The policy's status says it is valid.
+    let api: Api<SysctlPolicy> = Api::all(c.client.clone());
+    wait_for(WAIT, "policy status Valid=True", || async {
+        let p = api.get(&p.name_any()).await?;
+        let s = p.status.unwrap_or_default();
+        Ok(s.observed_generation == Some(1)
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Valid" && c.status == "True"))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn audit_mode_only_warns() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("audit_mode_only_warns").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-audit").await?;
+    policy(&c, &node, &[], Mode::Audit).await?;
+    let agent = agent(&node, &[]).await?;
+
+    let first = pod(&c, &ns, &node, "audited", &["kernel.msgmax"]).await?;
+    wait_event(&c, &ns, &first).await?;
+    // Give the agent reasons to look at the first pod again: a pod update and a policy change
+    // that does not change its outcome. Neither may produce a second event.
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    pods.patch(
+        &first,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await?;
+    let widened = policy(&c, &node, &["net.ipv4.tcp_wmem"], Mode::Audit).await?;
+    wait_for(WAIT, "the agent to apply the second policy", || async {
+        Ok(agent.bin.logs().contains(&widened.name_any()))
+    })
+    .await?;
+    let second = pod(&c, &ns, &node, "audited", &["net.core.somaxconn"]).await?;
+    wait_event(&c, &ns, &second).await?;
+
+    for (name, note) in [
+        (
+            &first,
+            r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#,
+        ),
+        (
+            &second,
+            r#"forbidden sysctl: "net.core.somaxconn" not allowlisted"#,
+        ),
+    ] {
+        let (phase, reason, _) = status(&c, &ns, name).await?;
+        assert_eq!((phase.as_str(), reason.as_str()), ("Pending", ""), "{name}");
+        assert_eq!(
+            forbidden_events(&c, &ns, name).await?,
+            vec![("Warning".to_string(), note.to_string())]
+        );
+    }
+    assert_eq!(metric(agent.admin, AUDITED).await?, Some(2.0));
+    assert_eq!(metric(agent.admin, ENFORCED).await?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("flag_patterns_allow_and_dry_run_touches_nothing").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-dry").await?;
+    let agent = agent(
+        &node,
+        &[
+            "--dry-run",
+            "--log-format",
+            "json",
+            "--allowed-unsafe-sysctls",
+            "net.core.*,kernel.sem",
+        ],
+    )
+    .await?;
+
+    let allowed = pod(
+        &c,
+        &ns,
+        &node,
+        "flag",
+        &["net.core.somaxconn", "kernel.sem"],
+    )
+    .await?;
+    let forbidden = pod(&c, &ns, &node, "dry", &["kernel.msgmax"]).await?;
+    agent.bin.wait_for_log("would be failing pod", WAIT).await?;
+    // The forbidden pod comes after the allowed one, so both are decided by now.
+    let would: Vec<serde_json::Value> = agent
+        .bin
+        .logs()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["message"] == "would be failing pod")
+        .collect();
+    assert_eq!(would.len(), 1, "{would:?}");
+    assert_eq!(would[0]["pod"], forbidden.as_str());
+    assert_eq!(would[0]["dry_run"], true);
+    assert_eq!(
+        would[0]["rejection"],
+        r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#
+    );
+    assert_untouched(&c, &ns, &forbidden).await?;
+    assert_untouched(&c, &ns, &allowed).await?;
+    assert_eq!(metric(agent.admin, ENFORCED).await?, Some(1.0));
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_policies_are_refused_or_reported() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("invalid_policies_are_refused_or_reported").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+
+    // Malformed: the apiserver's CEL rule refuses it, naming the item.
+    let err = policy(&c, &node, &["net.*", "Bad*Pattern"], Mode::Enforce)
+        .await
+        .expect_err("a malformed pattern must be refused");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("allowedUnsafeSysctls[1]")
+            && text.contains(r#"sysctl "Bad*Pattern" must have at most 253 characters"#),
+        "{text}"
+    );
+
+    // Well-formed but not namespaced: accepted, and the agent reports it in status.
+    let p = policy(&c, &node, &["net.*", "vm.swappiness"], Mode::Enforce).await?;
+    let _agent = agent(&node, &[]).await?;
+    let api: Api<SysctlPolicy> = Api::all(c.client.clone());
+    wait_for(
+        WAIT,
+        "policy status Valid=False naming vm.swappiness",
+        || async {
+            let got = api.get(&p.name_any()).await?;
+            let s = got.status.unwrap_or_default();
+            Ok(s.observed_generation == Some(1)
+                && s.conditions.iter().any(|c| {
+                    c.type_ == "Valid"
+                        && c.status == "False"
+                        && c.reason == "InvalidPatterns"
+                        && c.message
+                            .contains(r#""vm.swappiness" are not known to be namespaced"#)
+                        && !c.message.contains("net.*")
+                }))
+        },
+    )
+    .await?;
+
+    // Fixed: the condition flips for the new generation.
+    api.patch(
+        &p.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"allowedUnsafeSysctls": ["net.*"]}})),
+    )
+    .await?;
+    wait_for(
+        WAIT,
+        "policy status Valid=True for generation 2",
+        || async {
+            let s = api.get(&p.name_any()).await?.status.unwrap_or_default();
+            Ok(s.observed_generation == Some(2)
+                && s.conditions.iter().any(|c| {
+                    c.type_ == "Valid" && c.status == "True" && c.observed_generation == Some(2)
+                }))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("node_labels_decide_which_policies_apply").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-labels").await?;
+    let pool = unique_name("pool");
+    c.create(&SysctlPolicy::new(
+        &unique_name("gk-sysctl"),
+        SysctlPolicySpec {
+            allowed_unsafe_sysctls: vec!["kernel.msg*".into()],
+            node_selector: Some(LabelSelector {
+                match_labels: Some(
+                    [(
+                        "groundskeeper.dev/sysctl-test-pool".to_string(),
+                        pool.clone(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+            mode: Mode::Enforce,
+        },
+    ))
+    .await?;
+    let agent = agent(&node, &[]).await?;
+
+    // Not selected yet: forbidden.
+    let before = pod(&c, &ns, &node, "before", &["kernel.msgmax"]).await?;
+    wait_failed(&c, &ns, &before, &agent).await?;
+
+    // Labelled into the pool: the policy now applies.
+    Api::<Node>::all(c.client.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"groundskeeper.dev/sysctl-test-pool": pool}}
+            })),
+        )
+        .await?;
+    wait_for(
+        WAIT,
+        "the agent to pick up the node's new label",
+        || async { Ok(agent.bin.logs().contains("kernel.msg*")) },
+    )
+    .await?;
+    let after = pod(&c, &ns, &node, "after", &["kernel.msgmax"]).await?;
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.sem"]).await?;
+    wait_failed(&c, &ns, &barrier, &agent).await?;
+    assert_untouched(&c, &ns, &after).await?;
+    Ok(())
+}
