@@ -42,9 +42,28 @@ fn has_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, 
 }
 
 /// Parses an address as kube-proxy would use it; mapped IPv6 compares as IPv4 (like Go's
-/// `net.IP.String()`), so the family check uses the canonical form.
+/// `net.IP.String()`), so the family check uses the canonical form. Like `ParseIPSloppy`,
+/// IPv4 octets with leading zeros are read as decimal (objects validated by older apiservers
+/// may hold them): dropping such an endpoint would make its live flows look stale.
 fn parse_ip(s: &str) -> Option<IpAddr> {
-    s.trim().parse::<IpAddr>().ok().map(canonical)
+    let s = s.trim();
+    s.parse::<IpAddr>()
+        .ok()
+        .or_else(|| parse_ipv4_leading_zeros(s))
+        .map(canonical)
+}
+
+fn parse_ipv4_leading_zeros(s: &str) -> Option<IpAddr> {
+    let mut octets = [0u8; 4];
+    let mut parts = s.split('.');
+    for o in &mut octets {
+        let p = parts.next()?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *o = p.parse().ok()?;
+    }
+    parts.next().is_none().then(|| IpAddr::from(octets))
 }
 
 fn protocol(p: &Option<String>) -> &str {

@@ -262,3 +262,25 @@ fn later_service_overwrites_the_same_frontend() {
         );
     }
 }
+
+#[test]
+fn addresses_are_read_like_parse_ip_sloppy() {
+    let cases = [
+        ("10.244.1.5", Some("10.244.1.5")),
+        ("010.244.001.005", Some("10.244.1.5")),
+        (" 10.0.0.1 ", Some("10.0.0.1")),
+        ("::ffff:10.0.0.1", Some("10.0.0.1")),
+        ("2001:DB8::1", Some("2001:db8::1")),
+        ("10.0.0.256", None),
+        ("10.0.0", None),
+        ("10.0.0.1.2", None),
+        ("1.2.3.0004", Some("1.2.3.4")),
+        ("1.2.3.+4", None),
+        ("", None),
+        ("None", None),
+    ];
+    for (input, want) in cases {
+        let want: Option<IpAddr> = want.map(|w| w.parse().unwrap());
+        assert_eq!(parse_ip(input), want, "{input:?}");
+    }
+}
