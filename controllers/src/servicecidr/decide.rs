@@ -164,6 +164,9 @@ mod tests {
         }
     }
 
+    /// ServiceCIDRs by name with their CIDRs, and the managed IPs that exist.
+    type Case<'a> = (&'a [(&'a str, &'a [&'a str])], &'a [&'a str]);
+
     /// Well past the grace period.
     fn later() -> Timestamp {
         ts("2026-01-01T00:01:00Z")
@@ -274,7 +277,7 @@ mod tests {
     /// What must NOT happen: the finalizer is never removed while an IP would be orphaned.
     #[test]
     fn never_removes_finalizer_while_an_ip_would_be_orphaned() {
-        let cases: &[(&[(&str, &[&str])], &[&str])] = &[
+        let cases: &[Case] = &[
             (&[("x", &["10.0.1.0/24"])], &["10.0.1.1"]),
             (&[("x", &["10.0.1.0/24"])], &["10.0.1.254"]),
             (&[("x", &["10.0.1.0/24"])], &["::ffff:10.0.1.9"]),
@@ -317,7 +320,7 @@ mod tests {
 
     #[test]
     fn not_blocked_cases_remove_after_grace() {
-        let cases: &[(&[(&str, &[&str])], &[&str])] = &[
+        let cases: &[Case] = &[
             (&[("x", &["10.0.1.0/24"])], &[]),
             // Network and IPv4 broadcast never count.
             (&[("x", &["10.0.1.0/24"])], &["10.0.1.0", "10.0.1.255"]),
