@@ -115,7 +115,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
-    if cli.service_cidr.service_cidr_controller {
+    if cli.controllers.has("servicecidr") {
         set.spawn(
             "servicecidr",
             servicecidr::run(shared.clone(), cli.service_cidr.clone()),

@@ -37,11 +37,6 @@ pub const CONTROLLER_NAME: &str = "service-cidr-controller";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServiceCidrArgs {
-    /// Run the ServiceCIDR controller. Turn kube-controller-manager's own off first
-    /// (--controllers=*,-service-cidr-controller): two of them fight over the same objects.
-    #[arg(long, env = "SERVICE_CIDR_CONTROLLER", default_value_t = true, action = clap::ArgAction::Set)]
-    pub service_cidr_controller: bool,
-
     /// How many ServiceCIDRs are synced concurrently (1 to 64).
     #[arg(
         long,
