@@ -349,3 +349,76 @@ async fn dry_run_logs_the_removal_and_keeps_the_finalizer() -> anyhow::Result<()
     assert!(!logs.contains("removed finalizer"), "{logs}");
     Ok(())
 }
+
+/// kube-controller-manager's controller adds the finalizer with a plain patch, so the apiserver
+/// records it under the manager `kube-controller-manager`; creating the object with the
+/// finalizer under that manager name leaves the same trace.
+#[tokio::test]
+async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("finalizer_written_by_kube_controller_manager_is_reported").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (bin, admin) = controller(&[]);
+    wait_for(
+        Duration::from_secs(10),
+        "the controller's metrics",
+        || async {
+            Ok(metric(
+                admin,
+                "groundskeeper_servicecidr_conflicting_controller_detected",
+            )
+            .await?
+            .is_some())
+        },
+    )
+    .await?;
+    assert_eq!(
+        metric(
+            admin,
+            "groundskeeper_servicecidr_conflicting_controller_detected"
+        )
+        .await?,
+        Some(0.0),
+        "nothing foreign before: {}",
+        bin.logs()
+    );
+    let x = octet();
+    let name = unique_name("gk-scidr-kcm");
+    let obj = ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            finalizers: Some(vec![FINALIZER.into()]),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec![format!("10.204.{x}.0/24")]),
+        }),
+        status: None,
+    };
+    let created = Api::<ServiceCIDR>::all(c.client.clone())
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some("kube-controller-manager".into()),
+                ..Default::default()
+            },
+            &obj,
+        )
+        .await?;
+    c.track(&created);
+    wait_ready(&c, &name).await?;
+    wait_for(Duration::from_secs(10), "the conflict gauge", || async {
+        Ok(metric(
+            admin,
+            "groundskeeper_servicecidr_conflicting_controller_detected",
+        )
+        .await?
+            == Some(1.0))
+    })
+    .await?;
+    bin.wait_for_log("another ServiceCIDR controller", Duration::from_secs(5))
+        .await?;
+    Ok(())
+}

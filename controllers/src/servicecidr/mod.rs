@@ -177,3 +177,34 @@ async fn feed<K, S, F>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::manager::Cli;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("controller-manager").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn workers_default_to_five_and_bad_counts_are_named() {
+        assert_eq!(parse(&[]).unwrap().service_cidr.service_cidr_workers, 5);
+        assert_eq!(
+            parse(&["--service-cidr-workers", "12"])
+                .unwrap()
+                .service_cidr
+                .service_cidr_workers,
+            12
+        );
+        for bad in ["0", "65", "-1", "many"] {
+            let arg = format!("--service-cidr-workers={bad}");
+            let e = parse(&[&arg]).unwrap_err().to_string();
+            assert!(
+                e.contains(bad) && e.contains("--service-cidr-workers"),
+                "{e}"
+            );
+        }
+    }
+}

@@ -87,7 +87,10 @@ impl<W: Writes> Syncer<W> {
             writes,
             metrics,
             dry_run,
-            started: Timestamp::now(),
+            // managedFields times are whole seconds: an entry written in our first second
+            // must not look older than us.
+            started: Timestamp::from_second(Timestamp::now().as_second())
+                .expect("whole seconds of now are a valid timestamp"),
             own_applies: Mutex::default(),
             reported: Mutex::default(),
             blocked: Mutex::default(),
