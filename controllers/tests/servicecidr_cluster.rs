@@ -422,3 +422,63 @@ async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::R
         .await?;
     Ok(())
 }
+
+async fn ip_object(c: &Cluster, ip: &str, managed_by: Option<&str>) -> anyhow::Result<()> {
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(
+        "ipaddress.kubernetes.io/ip-family".to_string(),
+        "IPv4".to_string(),
+    );
+    if let Some(m) = managed_by {
+        labels.insert(
+            "ipaddress.kubernetes.io/managed-by".to_string(),
+            m.to_string(),
+        );
+    }
+    c.create(&IPAddress {
+        metadata: ObjectMeta {
+            name: Some(ip.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::networking::v1::IPAddressSpec {
+            parent_ref: k8s_openapi::api::networking::v1::ParentReference {
+                group: Some(String::new()),
+                resource: "services".into(),
+                namespace: Some("default".into()),
+                name: "not-there".into(),
+            },
+        }),
+    })
+    .await?;
+    Ok(())
+}
+
+/// Network and broadcast addresses and IPAddresses the allocator does not manage never block.
+#[tokio::test]
+async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("network_broadcast_and_unmanaged_ips_do_not_block").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let name = unique_name("gk-scidr");
+    create_cidr(&c, &name, &[format!("10.205.{x}.0/24")]).await?;
+    wait_ready(&c, &name).await?;
+    ip_object(&c, &format!("10.205.{x}.0"), Some("ipallocator.k8s.io")).await?;
+    ip_object(&c, &format!("10.205.{x}.255"), Some("ipallocator.k8s.io")).await?;
+    ip_object(&c, &format!("10.205.{x}.7"), None).await?;
+    ip_object(&c, &format!("10.205.{x}.8"), Some("someone-else")).await?;
+    let deleted_at = delete_cidr(&c, &name).await?;
+    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
+    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    assert!(blocked_event(&c, &name).await?.is_none());
+    // They were there all along (nothing else removed them first).
+    let ips = Api::<IPAddress>::all(c.client.clone());
+    for host in [0, 255] {
+        let ip = format!("10.205.{x}.{host}");
+        assert!(ips.get_opt(&ip).await?.is_some(), "{ip} still exists");
+    }
+    Ok(())
+}
