@@ -136,6 +136,10 @@ impl<W: Writes> Syncer<W> {
             let Some(obj) = cache.cidr(key) else {
                 drop(cache);
                 self.set_blocked(key, false);
+                self.own_applies
+                    .lock()
+                    .expect("own applies lock")
+                    .remove(key);
                 return Ok(());
             };
             let actions = decide(&cidr_state(&obj), &cache.cidrs, &cache.ips, now);
