@@ -45,11 +45,13 @@ fn controller(extra: &[&str]) -> (Binary, std::net::SocketAddr) {
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    // Worktrees sharing one target directory overwrite each other's binary: a copy can be named.
-    let path = std::env::var("GK_CONTROLLER_MANAGER_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_controller-manager").to_string());
-    let bin = Binary::start(&path, "controller-manager-servicecidr", &refs, &[])
-        .expect("start controller-manager");
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-servicecidr",
+        &refs,
+        &[],
+    )
+    .expect("start controller-manager");
     (bin, admin)
 }
 
