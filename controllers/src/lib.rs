@@ -2,3 +2,5 @@
 
 pub mod leader;
 pub mod manager;
+pub mod servicecidr;
+pub mod workqueue;

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use groundskeeper_controllers::{
     leader::{self, ElectionConfig, Elector, Leadership},
     manager::{Cli, Shared},
+    servicecidr,
 };
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 use prometheus::IntGauge;
@@ -112,8 +113,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn start_controllers(_cli: &Cli, _shared: Shared) -> Tasks {
-    let set = Tasks::default();
+fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
+    let mut set = Tasks::default();
+    if cli.controllers.has("servicecidr") {
+        set.spawn(
+            "servicecidr",
+            servicecidr::run(shared.clone(), cli.service_cidr.clone()),
+        );
+    }
     if set.is_empty() {
         tracing::warn!(
             "no controllers are enabled in this build; the manager only holds the lease"

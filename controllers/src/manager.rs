@@ -15,7 +15,7 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::leader::Leadership;
+use crate::{leader::Leadership, servicecidr::ServiceCidrArgs};
 
 /// Handed to each controller's `run`: the client, where to register metrics and watches, the
 /// leadership gate, and the one shutdown token.
@@ -45,6 +45,8 @@ pub struct Cli {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub election: ElectionArgs,
+    #[command(flatten)]
+    pub service_cidr: ServiceCidrArgs,
 
     /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
     #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
