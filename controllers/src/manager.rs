@@ -53,7 +53,9 @@ pub struct Cli {
     pub controllers: Selection,
 
     /// Log every destructive action (finalizer removal, pod patch and delete) instead of making it.
-    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
+    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dry_run: bool,
 
     /// How long to wait for controllers to drain after SIGTERM before exiting anyway.
@@ -174,6 +176,14 @@ mod tests {
             e.contains("--leader-elect-lease-duration") && e.contains("20s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn dry_run_alone_or_with_a_value() {
+        assert!(parse(&["--dry-run"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
+        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=maybe"]).is_err());
     }
 
     #[test]

@@ -179,9 +179,18 @@ impl Elector {
                     deadline: c.renew_deadline,
                 });
             }
+            // A follower wakes exactly when the lease it watches expires rather than at the
+            // next retry tick: takeover after a crash is then lease duration + at most one
+            // retry period of observation delay, as with client-go, not plus a second one.
+            let pause = match &step {
+                Step::Follow { expires_in, .. } if last_renewed.is_none() => {
+                    (*expires_in).min(c.retry_period)
+                }
+                _ => c.retry_period,
+            };
             tokio::select! {
                 _ = token.cancelled() => {}
-                _ = tokio::time::sleep(c.retry_period) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
