@@ -47,9 +47,10 @@ trap cleanup EXIT
 "$helm" template gk "$chart" -n "$ns" -f "$all" --set metrics.serviceMonitor.enabled=false \
   | "$kubectl" apply --dry-run=server -n "$ns" -f - >/dev/null
 echo "chart: server-side dry-run apply passed"
-"$helm" install gk "$chart" -n "$ns" --wait=false >/dev/null
-"$kubectl" -n "$ns" get deployment gk-groundskeeper-controller-manager daemonset/gk-groundskeeper-node-agent \
+"$helm" install gk "$chart" -n "$ns" >/dev/null
+"$kubectl" -n "$ns" get deployment/gk-groundskeeper-controller-manager daemonset/gk-groundskeeper-node-agent \
   serviceaccount/gk-groundskeeper-controller-manager serviceaccount/gk-groundskeeper-node-agent >/dev/null
-"$kubectl" get clusterrole gk-groundskeeper-controller-manager gk-groundskeeper-node-agent >/dev/null
-"$kubectl" get crd sysctlpolicies.groundskeeper.dev >/dev/null
+"$kubectl" get clusterrole/gk-groundskeeper-controller-manager clusterrole/gk-groundskeeper-node-agent >/dev/null
+"$kubectl" get crd/sysctlpolicies.groundskeeper.dev >/dev/null
+"$kubectl" -n "$ns" get poddisruptionbudget/gk-groundskeeper-controller-manager role/gk-groundskeeper-controller-manager-leader-election >/dev/null
 echo "chart: helm install created the workloads, RBAC and CRD"

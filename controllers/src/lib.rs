@@ -3,3 +3,5 @@
 pub mod leader;
 pub mod manager;
 pub mod podgc;
+pub mod servicecidr;
+pub mod workqueue;

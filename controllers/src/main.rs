@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use groundskeeper_controllers::{
     leader::{self, ElectionConfig, Elector, Leadership},
     manager::{Cli, Shared},
-    podgc,
+    podgc, servicecidr,
 };
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 use prometheus::IntGauge;
@@ -115,6 +115,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
+    if cli.controllers.has("servicecidr") {
+        set.spawn(
+            "servicecidr",
+            servicecidr::run(shared.clone(), cli.service_cidr.clone()),
+        );
+    }
     if cli.controllers.has("podgc") {
         set.spawn("podgc", podgc::run(shared.clone(), cli.podgc.clone()));
     }

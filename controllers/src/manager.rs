@@ -15,7 +15,7 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::{leader::Leadership, podgc::PodGcArgs};
+use crate::{leader::Leadership, podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
 
 /// Handed to each controller's `run`: the client, where to register metrics and watches, the
 /// leadership gate, and the one shutdown token.
@@ -45,7 +45,9 @@ pub struct Cli {
     pub kube: KubeArgs,
     #[command(flatten)]
     pub election: ElectionArgs,
-    #[command(flatten, next_help_heading = "PodGC")]
+    #[command(flatten)]
+    pub service_cidr: ServiceCidrArgs,
+    #[command(flatten)]
     pub podgc: PodGcArgs,
 
     /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
@@ -53,7 +55,9 @@ pub struct Cli {
     pub controllers: Selection,
 
     /// Log every destructive action (finalizer removal, pod patch and delete) instead of making it.
-    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
+    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dry_run: bool,
 
     /// How long to wait for controllers to drain after SIGTERM before exiting anyway.
@@ -174,6 +178,14 @@ mod tests {
             e.contains("--leader-elect-lease-duration") && e.contains("20s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn dry_run_alone_or_with_a_value() {
+        assert!(parse(&["--dry-run"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
+        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=maybe"]).is_err());
     }
 
     #[test]

@@ -12,6 +12,8 @@ use groundskeeper_plumbing::{
     telemetry::LogArgs,
 };
 use kube::Client;
+
+use crate::conntrack::ConntrackArgs;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +47,8 @@ pub struct Cli {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
+    pub conntrack: ConntrackArgs,
+    #[command(flatten)]
     pub sysctl: crate::sysctl::SysctlArgs,
 
     /// Name of the Node this agent runs on. Set it from the downward API
@@ -57,7 +61,9 @@ pub struct Cli {
     pub tasks: Selection,
 
     /// Log every destructive action (conntrack deletes, pod rejections) instead of making it.
-    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
+    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dry_run: bool,
 
     /// How long to wait for tasks to drain after SIGTERM before exiting anyway.

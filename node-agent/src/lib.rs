@@ -1,4 +1,5 @@
 //! node-agent: per-node housekeeping (stale UDP conntrack entries, sysctl admission).
 
 pub mod agent;
+pub mod conntrack;
 pub mod sysctl;

@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use groundskeeper_node_agent::agent::{Cli, Command, Shared, SysctlCommand};
-use groundskeeper_node_agent::sysctl;
+use groundskeeper_node_agent::{conntrack, sysctl};
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 
 #[tokio::main]
@@ -25,6 +25,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = cli.conntrack.validate() {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
     match run(cli, node_name).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -59,8 +63,17 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 
 fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
     let mut set = Tasks::default();
+    if cli.tasks.has("conntrack") {
+        set.spawn(
+            "conntrack-cleanup",
+            conntrack::run(shared.clone(), cli.conntrack.clone()),
+        );
+    }
     if cli.tasks.has("sysctl") {
-        set.spawn("sysctl", sysctl::admit::run(shared, cli.sysctl.clone()));
+        set.spawn(
+            "sysctl",
+            sysctl::admit::run(shared.clone(), cli.sysctl.clone()),
+        );
     }
     if set.is_empty() {
         tracing::warn!("no node tasks are enabled in this build");

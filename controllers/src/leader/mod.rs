@@ -179,9 +179,20 @@ impl Elector {
                     deadline: c.renew_deadline,
                 });
             }
+            // A follower judges expiry from when it first saw the holder's last renewal, so
+            // the longer it takes to notice a renewal, the later it takes over after a crash.
+            // It therefore reads the Lease every half retry period (a cheap GET) and wakes
+            // exactly at expiry: takeover is within lease duration + retry/2 (16 s with the
+            // defaults), where client-go's worst case is lease + 2 × retry.
+            let pause = match &step {
+                Step::Follow { expires_in, .. } if last_renewed.is_none() => {
+                    (*expires_in).min(c.retry_period / 2)
+                }
+                _ => c.retry_period,
+            };
             tokio::select! {
                 _ = token.cancelled() => {}
-                _ = tokio::time::sleep(c.retry_period) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }

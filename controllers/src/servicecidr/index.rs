@@ -1,0 +1,515 @@
+//! In-memory views the controller decides on: every ServiceCIDR's parsed prefixes, and the
+//! allocator-managed IPAddresses sorted by address per family, so that "which IPs would only
+//! this ServiceCIDR contain" is a few range queries instead of a list-and-scan.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::prefix::{Addr, Family, Prefix};
+
+/// Every ServiceCIDR by name with the CIDRs of its spec that parse (the upstream helpers skip
+/// the others).
+#[derive(Clone, Debug, Default)]
+pub struct CidrSet {
+    by_name: BTreeMap<String, Vec<Prefix>>,
+}
+
+impl CidrSet {
+    pub fn insert(&mut self, name: &str, cidrs: &[String]) {
+        let parsed = cidrs.iter().filter_map(|c| c.parse().ok()).collect();
+        self.by_name.insert(name.to_string(), parsed);
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.by_name.remove(name);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&[Prefix]> {
+        self.by_name.get(name).map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&str, usize, &Prefix)> {
+        self.by_name
+            .iter()
+            .flat_map(|(n, ps)| ps.iter().enumerate().map(move |(i, p)| (n.as_str(), i, p)))
+    }
+
+    /// `overlappingServiceCIDRs`: names of ServiceCIDRs with any CIDR overlapping any of
+    /// `prefixes`, once each.
+    pub fn overlapping(&self, prefixes: &[Prefix]) -> Vec<String> {
+        self.names_where(|p| prefixes.iter().any(|q| p.overlaps(q)))
+    }
+
+    /// `containingServiceCIDRs` after the label and name checks: names of ServiceCIDRs for
+    /// which `PrefixContainsIP` holds for any CIDR, once each.
+    pub fn containing(&self, addr: Addr) -> Vec<String> {
+        self.names_where(|p| p.contains_ip(addr))
+    }
+
+    fn names_where(&self, f: impl Fn(&Prefix) -> bool) -> Vec<String> {
+        self.by_name
+            .iter()
+            .filter(|(_, ps)| ps.iter().any(&f))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// `ContainsPrefix`: one entry per (ServiceCIDR, CIDR) that overlaps `prefix` and is equal
+    /// or larger, as upstream counts them.
+    pub fn parents_of(&self, prefix: &Prefix) -> Vec<&str> {
+        self.pairs()
+            .filter(|(_, _, p)| p.covers(prefix))
+            .map(|(n, _, _)| n)
+            .collect()
+    }
+
+    /// `canDeleteCIDR`'s first step: true when every parseable CIDR of `name` has a parent other
+    /// than itself (vacuously true with no parseable CIDR).
+    pub fn has_parent(&self, name: &str) -> bool {
+        self.get(name).unwrap_or_default().iter().all(|p| {
+            let parents = self.parents_of(p);
+            !(parents.is_empty() || (parents.len() == 1 && parents[0] == name))
+        })
+    }
+}
+
+/// The Service (or other object) an IPAddress is allocated to, from `spec.parentRef`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) if !ns.is_empty() => write!(f, "{} {}/{}", self.resource, ns, self.name),
+            _ => write!(f, "{} {}", self.resource, self.name),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpEntry {
+    /// The object's name as written (it is the IP).
+    pub name: String,
+    /// `ipaddress.kubernetes.io/ip-family`; canDelete only sees IPs whose label names the
+    /// family of one of the ServiceCIDR's CIDRs, as upstream's label selector does.
+    pub family_label: Option<Family>,
+    pub owner: Option<Owner>,
+}
+
+/// An IPAddress that keeps a ServiceCIDR from being deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocker {
+    pub addr: Addr,
+    pub entry: IpEntry,
+}
+
+/// Blockers found, at most the limit asked for, and whether there are more.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blockers {
+    pub found: Vec<Blocker>,
+    pub more: bool,
+}
+
+impl Blockers {
+    pub fn is_blocked(&self) -> bool {
+        !self.found.is_empty()
+    }
+}
+
+/// Allocator-managed IPAddresses (`ipaddress.kubernetes.io/managed-by=ipallocator.k8s.io`)
+/// whose names parse as IPs, sorted by address within each family.
+#[derive(Clone, Debug, Default)]
+pub struct IpIndex {
+    v4: BTreeMap<u128, Vec<IpEntry>>,
+    v6: BTreeMap<u128, Vec<IpEntry>>,
+    by_name: HashMap<String, Addr>,
+}
+
+impl IpIndex {
+    fn tree(&mut self, f: Family) -> &mut BTreeMap<u128, Vec<IpEntry>> {
+        match f {
+            Family::V4 => &mut self.v4,
+            Family::V6 => &mut self.v6,
+        }
+    }
+
+    fn tree_ref(&self, f: Family) -> &BTreeMap<u128, Vec<IpEntry>> {
+        match f {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Adds or replaces the entry for `entry.name`; names that are not IPs are not indexed.
+    /// Returns the address when the name is newly indexed.
+    pub fn upsert(&mut self, entry: IpEntry) -> Option<Addr> {
+        let addr = Addr::parse(&entry.name)?;
+        let existed = self.remove(&entry.name).is_some();
+        self.by_name.insert(entry.name.clone(), addr);
+        self.tree(addr.family)
+            .entry(addr.value)
+            .or_default()
+            .push(entry);
+        (!existed).then_some(addr)
+    }
+
+    /// Removes the entry by object name, returning its address if it was indexed.
+    pub fn remove(&mut self, name: &str) -> Option<Addr> {
+        let addr = self.by_name.remove(name)?;
+        let tree = self.tree(addr.family);
+        if let Some(v) = tree.get_mut(&addr.value) {
+            v.retain(|e| e.name != name);
+            if v.is_empty() {
+                tree.remove(&addr.value);
+            }
+        }
+        Some(addr)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// `canDeleteCIDR`'s orphan step: managed IPs that `PrefixContainsIP` places in exactly one
+    /// (ServiceCIDR, CIDR) pair, that pair being one of `name`'s. Per CIDR of `name`, the
+    /// ranges contained by every other pair are cut out of its usable range and only the rest
+    /// is read from the index, so the cost follows the number of overlapping CIDRs and of
+    /// blockers returned, not the number of IPs. At most `limit` blockers are returned.
+    pub fn orphans(&self, cidrs: &CidrSet, name: &str, limit: usize) -> Blockers {
+        let mut out = Blockers::default();
+        let own = cidrs.get(name).unwrap_or_default();
+        let families: Vec<Family> = own.iter().map(Prefix::family).collect();
+        for (i, p) in own.iter().enumerate() {
+            let Some((lo, hi)) = p.usable() else { continue };
+            let mut covered: Vec<(u128, u128)> = cidrs
+                .pairs()
+                .filter(|&(n, j, q)| !(n == name && j == i) && q.family() == p.family())
+                .filter_map(|(_, _, q)| q.usable())
+                .filter(|&(a, b)| a <= hi && b >= lo)
+                .collect();
+            for (a, b) in uncovered(lo, hi, &mut covered) {
+                for (value, entries) in self.tree_ref(p.family()).range(a..=b) {
+                    for e in entries {
+                        if !e.family_label.is_some_and(|f| families.contains(&f)) {
+                            continue;
+                        }
+                        if out.found.len() == limit {
+                            out.more = true;
+                            return out;
+                        }
+                        out.found.push(Blocker {
+                            addr: Addr {
+                                family: p.family(),
+                                value: *value,
+                            },
+                            entry: e.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The parts of `[lo, hi]` not inside any of `covered` (inclusive ranges), in order.
+fn uncovered(lo: u128, hi: u128, covered: &mut [(u128, u128)]) -> Vec<(u128, u128)> {
+    covered.sort_unstable();
+    let mut out = Vec::new();
+    let mut next = Some(lo);
+    for &(a, b) in covered.iter() {
+        let Some(start) = next else { break };
+        if b < start {
+            continue;
+        }
+        if a > start {
+            out.push((start, (a - 1).min(hi)));
+        }
+        next = b.checked_add(1).filter(|n| *n <= hi);
+        if a > hi {
+            next = None;
+        }
+    }
+    if let Some(start) = next {
+        out.push((start, hi));
+    }
+    out.retain(|(a, b)| a <= b);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(items: &[(&str, &[&str])]) -> CidrSet {
+        let mut s = CidrSet::default();
+        for (n, cs) in items {
+            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
+            s.insert(n, &cs);
+        }
+        s
+    }
+
+    fn managed(name: &str) -> IpEntry {
+        let family = Addr::parse(name).map(|a| a.family);
+        IpEntry {
+            name: name.into(),
+            family_label: family,
+            owner: Some(Owner {
+                resource: "services".into(),
+                namespace: Some("default".into()),
+                name: format!("svc-{name}"),
+            }),
+        }
+    }
+
+    fn index(names: &[&str]) -> IpIndex {
+        let mut ix = IpIndex::default();
+        for n in names {
+            ix.upsert(managed(n));
+        }
+        ix
+    }
+
+    fn orphan_names(ix: &IpIndex, s: &CidrSet, name: &str) -> Vec<String> {
+        ix.orphans(s, name, usize::MAX)
+            .found
+            .into_iter()
+            .map(|b| b.entry.name)
+            .collect()
+    }
+
+    #[test]
+    fn uncovered_ranges() {
+        let mut c = vec![(5, 7), (2, 3), (6, 9)];
+        assert_eq!(uncovered(1, 10, &mut c), vec![(1, 1), (4, 4), (10, 10)]);
+        assert_eq!(uncovered(1, 10, &mut []), vec![(1, 10)]);
+        assert_eq!(uncovered(1, 10, &mut [(0, 20)]), vec![]);
+        assert_eq!(uncovered(1, 10, &mut [(0, 4), (8, 20)]), vec![(5, 7)]);
+        assert_eq!(uncovered(0, u128::MAX, &mut [(1, u128::MAX)]), vec![(0, 0)]);
+        assert_eq!(uncovered(5, 10, &mut [(11, 20)]), vec![(5, 10)]);
+    }
+
+    #[test]
+    fn overlapping_and_containing_dedupe_names() {
+        let s = set(&[
+            ("a", &["10.0.0.0/16", "fd00::/64"]),
+            ("b", &["10.0.1.0/24"]),
+            ("c", &["10.1.0.0/16", "garbage"]),
+            ("d", &["fd00::/112"]),
+        ]);
+        let p: Prefix = "10.0.1.128/25".parse().unwrap();
+        assert_eq!(s.overlapping(&[p]), vec!["a", "b"]);
+        let v6: Prefix = "fd00::/120".parse().unwrap();
+        assert_eq!(s.overlapping(&[p, v6]), vec!["a", "b", "d"]);
+        assert_eq!(
+            s.containing(Addr::parse("10.0.1.5").unwrap()),
+            vec!["a", "b"]
+        );
+        assert_eq!(s.containing(Addr::parse("10.0.1.0").unwrap()), vec!["a"]);
+        assert_eq!(s.containing(Addr::parse("10.0.1.255").unwrap()), vec!["a"]);
+        assert_eq!(
+            s.containing(Addr::parse("::ffff:10.1.0.9").unwrap()),
+            vec!["c"]
+        );
+        assert_eq!(
+            s.containing(Addr::parse("fd00::").unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            s.containing(Addr::parse("fd00::ff").unwrap()),
+            vec!["a", "d"]
+        );
+    }
+
+    #[test]
+    fn parents_need_every_family_covered_by_another() {
+        for (cidrs, name, want) in [
+            (set(&[("x", &["10.0.1.0/24"])]), "x", false),
+            (
+                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])]),
+                "x",
+                true,
+            ),
+            (
+                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.1.0/24"])]),
+                "x",
+                true,
+            ),
+            (
+                set(&[("x", &["10.0.0.0/16"]), ("c", &["10.0.1.0/24"])]),
+                "x",
+                false,
+            ),
+            (
+                set(&[("x", &["10.0.1.0/24"]), ("o", &["10.0.1.128/25"])]),
+                "x",
+                false,
+            ),
+            (
+                set(&[
+                    ("x", &["10.0.1.0/24", "fd00::/112"]),
+                    ("p", &["10.0.0.0/16"]),
+                ]),
+                "x",
+                false,
+            ),
+            (
+                set(&[
+                    ("x", &["10.0.1.0/24", "fd00::/112"]),
+                    ("p", &["10.0.0.0/16"]),
+                    ("q", &["fd00::/64"]),
+                ]),
+                "x",
+                true,
+            ),
+            (set(&[("x", &["bad", "worse"])]), "x", true),
+            (set(&[("x", &[])]), "x", true),
+            (set(&[("x", &["bad", "10.0.1.0/24"])]), "x", false),
+        ] {
+            assert_eq!(cidrs.has_parent(name), want, "{cidrs:?}");
+        }
+    }
+
+    #[test]
+    fn orphans_exclude_network_broadcast_and_covered_ips() {
+        let ix = index(&[
+            "10.0.1.0",
+            "10.0.1.255",
+            "10.0.1.7",
+            "10.0.1.200",
+            "10.0.2.5",
+            "fd00::",
+            "fd00::ffff",
+            "fd00::1:0",
+        ]);
+        let s = set(&[("x", &["10.0.1.0/24", "fd00::/112"])]);
+        assert_eq!(
+            orphan_names(&ix, &s, "x"),
+            vec!["10.0.1.7", "10.0.1.200", "fd00::ffff"]
+        );
+        // An overlapping smaller CIDR takes the IPs it contains off the list.
+        let s = set(&[
+            ("x", &["10.0.1.0/24", "fd00::/112"]),
+            ("y", &["10.0.1.128/25"]),
+        ]);
+        assert_eq!(orphan_names(&ix, &s, "x"), vec!["10.0.1.7", "fd00::ffff"]);
+        // ...but not its own network address: 10.0.1.128 is not contained by y.
+        let ix2 = index(&["10.0.1.128", "10.0.1.255"]);
+        assert_eq!(orphan_names(&ix2, &s, "x"), vec!["10.0.1.128"]);
+        assert_eq!(orphan_names(&ix2, &s, "y"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn orphans_respect_family_label_and_management() {
+        let mut ix = IpIndex::default();
+        ix.upsert(IpEntry {
+            family_label: None,
+            ..managed("10.0.1.5")
+        });
+        ix.upsert(IpEntry {
+            family_label: Some(Family::V6),
+            ..managed("::ffff:10.0.1.6")
+        });
+        let s = set(&[("x", &["10.0.1.0/24"])]);
+        assert!(!ix.orphans(&s, "x", 10).is_blocked());
+        let s = set(&[("x", &["10.0.1.0/24", "fd00::/112"])]);
+        // The IPv6-labelled mapped address is listed by the IPv6 selector and owned by the v4 CIDR.
+        assert_eq!(orphan_names(&ix, &s, "x"), vec!["::ffff:10.0.1.6"]);
+        assert!(ix.upsert(managed("not-an-ip")).is_none());
+        assert_eq!(ix.len(), 2);
+    }
+
+    #[test]
+    fn upsert_and_remove_keep_the_index_consistent() {
+        let mut ix = IpIndex::default();
+        assert!(ix.upsert(managed("10.0.1.5")).is_some());
+        assert!(
+            ix.upsert(managed("10.0.1.5")).is_none(),
+            "replace is not an add"
+        );
+        assert!(
+            ix.upsert(managed("::ffff:10.0.1.5")).is_some(),
+            "same address, other name"
+        );
+        let s = set(&[("x", &["10.0.1.0/24"])]);
+        assert_eq!(ix.orphans(&s, "x", 10).found.len(), 2);
+        assert!(ix.remove("10.0.1.5").is_some());
+        assert!(ix.remove("10.0.1.5").is_none());
+        assert_eq!(orphan_names(&ix, &s, "x"), vec!["::ffff:10.0.1.5"]);
+        ix.remove("::ffff:10.0.1.5");
+        assert!(ix.is_empty());
+        assert!(!ix.orphans(&s, "x", 10).is_blocked());
+    }
+
+    #[test]
+    fn limit_reports_more() {
+        let ix = index(&["10.0.1.1", "10.0.1.2", "10.0.1.3"]);
+        let s = set(&[("x", &["10.0.1.0/24"])]);
+        let b = ix.orphans(&s, "x", 2);
+        assert_eq!(b.found.len(), 2);
+        assert!(b.more);
+        let b = ix.orphans(&s, "x", 3);
+        assert!(!b.more);
+    }
+
+    /// The range query must agree with upstream's literal list-and-scan on arbitrary layouts.
+    #[test]
+    fn agrees_with_literal_scan() {
+        let s = set(&[
+            ("x", &["10.0.0.0/22", "fd00::/120"]),
+            ("a", &["10.0.1.0/24"]),
+            ("b", &["10.0.2.64/26", "fd00::80/121"]),
+            ("c", &["10.0.3.255/32", "10.0.2.0/31"]),
+            ("d", &["10.0.0.0/23"]),
+        ]);
+        let mut names = Vec::new();
+        for i in 0..1024u32 {
+            names.push(std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string());
+        }
+        for i in 0..256u32 {
+            names.push(format!("fd00::{i:x}"));
+        }
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let ix = index(&refs);
+        for name in ["x", "a", "b", "c", "d"] {
+            let literal: Vec<String> = names
+                .iter()
+                .filter(|ip| {
+                    let addr = Addr::parse(ip).unwrap();
+                    let owners: Vec<&str> = s
+                        .pairs()
+                        .filter(|(_, _, p)| p.contains_ip(addr))
+                        .map(|(n, _, _)| n)
+                        .collect();
+                    owners.len() == 1 && owners[0] == name
+                })
+                .cloned()
+                .collect();
+            let mut got = orphan_names(&ix, &s, name);
+            let mut want = literal;
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "{name}");
+        }
+    }
+}

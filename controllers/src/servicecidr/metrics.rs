@@ -1,0 +1,80 @@
+//! The controller's metrics (upstream exports none of its own; ours carry the project prefix).
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+#[derive(Clone)]
+pub struct Metrics {
+    /// `result`: `success` or `error`.
+    pub reconciles: IntCounterVec,
+    pub reconcile_duration: HistogramVec,
+    pub blocked_deletions: IntGauge,
+    pub dropped_keys: IntCounter,
+    /// `kind`: `status_apply` or `finalizer`.
+    pub foreign_writes: IntCounterVec,
+    pub conflicting_controller: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self {
+            reconciles: IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_servicecidr_reconciles_total",
+                    "ServiceCIDR syncs by result (success or error).",
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
+            reconcile_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "groundskeeper_servicecidr_reconcile_duration_seconds",
+                    "Time one ServiceCIDR sync took, API calls included, by result.",
+                )
+                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 15).expect("valid buckets")),
+                &["result"],
+            )
+            .expect("valid metric"),
+            blocked_deletions: IntGauge::new(
+                "groundskeeper_servicecidr_blocked_deletions",
+                "ServiceCIDRs being deleted that wait because IPAddresses only they contain still exist.",
+            )
+            .expect("valid metric"),
+            dropped_keys: IntCounter::new(
+                "groundskeeper_servicecidr_dropped_keys_total",
+                "ServiceCIDRs given up on after 15 failed retries (re-synced on their next change).",
+            )
+            .expect("valid metric"),
+            foreign_writes: IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_servicecidr_foreign_writes_total",
+                    "Writes to ServiceCIDRs by another ServiceCIDR controller (kube-controller-manager's), by kind.",
+                ),
+                &["kind"],
+            )
+            .expect("valid metric"),
+            conflicting_controller: IntGauge::new(
+                "groundskeeper_servicecidr_conflicting_controller_detected",
+                "1 once another ServiceCIDR controller was seen writing since start: disable one of them.",
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.reconciles.clone()))?;
+        registry.register(Box::new(self.reconcile_duration.clone()))?;
+        registry.register(Box::new(self.blocked_deletions.clone()))?;
+        registry.register(Box::new(self.dropped_keys.clone()))?;
+        registry.register(Box::new(self.foreign_writes.clone()))?;
+        registry.register(Box::new(self.conflicting_controller.clone()))?;
+        Ok(())
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

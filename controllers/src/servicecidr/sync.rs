@@ -1,0 +1,309 @@
+//! The thin layer around `decide`: read the cache, decide, carry the actions out (or only log
+//! them under `--dry-run`), and turn the outcome into queue bookkeeping and metrics.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
+
+use jiff::Timestamp;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::Resource;
+use tokio::time::Instant;
+
+use super::{
+    cache::{Cache, cidr_state},
+    conflict::foreign_writes,
+    decide::{Action, ReadyCondition, decide},
+    index::Blockers,
+    metrics::Metrics,
+    writes::{Notice, Writes},
+};
+use crate::workqueue::WorkQueue;
+
+/// Requeues before a key is dropped (`maxRetries`).
+pub const MAX_RETRIES: u32 = 15;
+pub const EVENT_STATUS_ERROR: &str = "KubernetesServiceCIDRError";
+pub const EVENT_STATUS_ERROR_NOTE: &str = "The ServiceCIDR Status can not be set to Ready=True";
+pub const EVENT_DELETION_BLOCKED: &str = "ServiceCIDRDeletionBlocked";
+/// How many of our own apply times are remembered per ServiceCIDR for conflict detection.
+const OWN_APPLIES_KEPT: usize = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("adding finalizer to ServiceCIDR {name}: {source}")]
+    AddFinalizer { name: String, source: kube::Error },
+    #[error("removing finalizer from ServiceCIDR {name}: {source}")]
+    RemoveFinalizer { name: String, source: kube::Error },
+    #[error("applying Ready={status} to ServiceCIDR {name}: {source}")]
+    ApplyReady {
+        name: String,
+        status: String,
+        source: kube::Error,
+    },
+}
+
+pub struct Syncer<W> {
+    pub cache: Arc<Mutex<Cache>>,
+    pub queue: WorkQueue<String>,
+    pub writes: W,
+    pub metrics: Metrics,
+    pub dry_run: bool,
+    /// Our start, below which managedFields times are history.
+    pub started: Timestamp,
+    own_applies: Mutex<HashMap<String, Vec<Timestamp>>>,
+    reported: Mutex<HashSet<(String, Timestamp)>>,
+    blocked: Mutex<HashSet<String>>,
+}
+
+/// The event text naming what blocks a deletion.
+pub fn blocked_note(name: &str, b: &Blockers) -> String {
+    let list: Vec<String> = b
+        .found
+        .iter()
+        .map(|x| match &x.entry.owner {
+            Some(o) => format!("{} ({o})", x.entry.name),
+            None => x.entry.name.clone(),
+        })
+        .collect();
+    format!(
+        "ServiceCIDR {name} is not deleted while IPAddresses that no other ServiceCIDR contains exist: {}{}",
+        list.join(", "),
+        if b.more { " and more" } else { "" }
+    )
+}
+
+impl<W: Writes> Syncer<W> {
+    pub fn new(
+        cache: Arc<Mutex<Cache>>,
+        queue: WorkQueue<String>,
+        writes: W,
+        metrics: Metrics,
+        dry_run: bool,
+    ) -> Self {
+        Self {
+            cache,
+            queue,
+            writes,
+            metrics,
+            dry_run,
+            // managedFields times are whole seconds: an entry written in our first second
+            // must not look older than us.
+            started: Timestamp::from_second(Timestamp::now().as_second())
+                .expect("whole seconds of now are a valid timestamp"),
+            own_applies: Mutex::default(),
+            reported: Mutex::default(),
+            blocked: Mutex::default(),
+        }
+    }
+
+    /// One `processNextWorkItem`: false once the queue is shut down.
+    pub async fn process_next(&self) -> bool {
+        let Some(key) = self.queue.get().await else {
+            return false;
+        };
+        let start = Instant::now();
+        let result = self.sync(&key).await;
+        let label = if result.is_ok() { "success" } else { "error" };
+        self.metrics.reconciles.with_label_values(&[label]).inc();
+        self.metrics
+            .reconcile_duration
+            .with_label_values(&[label])
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => self.queue.forget(&key),
+            Err(e) => {
+                let n = self.queue.num_requeues(&key);
+                if n < MAX_RETRIES {
+                    tracing::warn!(servicecidr = %key, error = %e, retry = n + 1, "sync failed; retrying with backoff");
+                    self.queue.add_rate_limited(key.clone());
+                } else {
+                    tracing::error!(servicecidr = %key, error = %e, retries = n, "sync failed too often; dropping it until its next change");
+                    self.metrics.dropped_keys.inc();
+                    self.queue.forget(&key);
+                }
+            }
+        }
+        self.queue.done(&key);
+        true
+    }
+
+    /// `sync(key)`.
+    pub async fn sync(&self, key: &str) -> Result<(), SyncError> {
+        let now = Timestamp::now();
+        let (obj, actions) = {
+            let cache = self.cache.lock().expect("cache lock");
+            let Some(obj) = cache.cidr(key) else {
+                drop(cache);
+                self.set_blocked(key, false);
+                self.own_applies
+                    .lock()
+                    .expect("own applies lock")
+                    .remove(key);
+                return Ok(());
+            };
+            let actions = decide(&cidr_state(&obj), &cache.cidrs, &cache.ips, now);
+            (obj, actions)
+        };
+        self.check_foreign_writes(key, &obj);
+        self.set_blocked(
+            key,
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::ReportBlocked(_))),
+        );
+        for action in actions {
+            self.carry_out(key, &obj, action, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn carry_out(
+        &self,
+        key: &str,
+        obj: &ServiceCIDR,
+        action: Action,
+        now: Timestamp,
+    ) -> Result<(), SyncError> {
+        let dry = self.dry_run;
+        match action {
+            Action::AddFinalizer if dry => {
+                tracing::info!(servicecidr = %key, "dry-run: would add finalizer")
+            }
+            Action::AddFinalizer => {
+                self.writes
+                    .add_finalizer(key)
+                    .await
+                    .map_err(|source| SyncError::AddFinalizer {
+                        name: key.into(),
+                        source,
+                    })?;
+                tracing::info!(servicecidr = %key, "added finalizer: ServiceCIDR is protected until its IPs are gone");
+            }
+            Action::ApplyReady(c) if dry => {
+                tracing::info!(servicecidr = %key, status = %c.status, reason = %c.reason, "dry-run: would apply Ready condition")
+            }
+            Action::ApplyReady(c) => self.apply_ready(key, obj, &c, now).await?,
+            Action::ReportBlocked(b) => {
+                let ips: Vec<String> = b.found.iter().map(|x| x.entry.name.clone()).collect();
+                tracing::warn!(servicecidr = %key, blocking_ips = ?ips, more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
+                let notice = Notice {
+                    warning: true,
+                    reason: EVENT_DELETION_BLOCKED.into(),
+                    action: "Delete".into(),
+                    note: blocked_note(key, &b),
+                };
+                self.publish(obj, &notice).await;
+            }
+            Action::RequeueAfter(d) => {
+                tracing::debug!(servicecidr = %key, after_ms = d.as_millis() as u64, "deletion grace period not over; checking again then");
+                self.queue.add_after(key.to_string(), d);
+            }
+            Action::RemoveFinalizer if dry => {
+                tracing::info!(servicecidr = %key, finalizer = super::decide::FINALIZER, "dry-run: would remove finalizer (no IP would be orphaned, grace period over)")
+            }
+            Action::RemoveFinalizer => {
+                self.writes.remove_finalizer(key).await.map_err(|source| {
+                    SyncError::RemoveFinalizer {
+                        name: key.into(),
+                        source,
+                    }
+                })?;
+                tracing::info!(servicecidr = %key, "removed finalizer: no IP would be orphaned and the grace period is over");
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply_ready(
+        &self,
+        key: &str,
+        obj: &ServiceCIDR,
+        c: &ReadyCondition,
+        now: Timestamp,
+    ) -> Result<(), SyncError> {
+        match self.writes.apply_ready(key, c, now).await {
+            Ok(at) => {
+                if let Some(at) = at {
+                    let mut own = self.own_applies.lock().expect("own applies lock");
+                    let times = own.entry(key.to_string()).or_default();
+                    times.push(at);
+                    if times.len() > OWN_APPLIES_KEPT {
+                        times.remove(0);
+                    }
+                }
+                tracing::info!(servicecidr = %key, status = %c.status, reason = %c.reason, "applied Ready condition");
+                Ok(())
+            }
+            Err(source) => {
+                if c.status == "True" {
+                    tracing::error!(servicecidr = %key, error = %source, "can not set ServiceCIDR status to Ready=True");
+                    let notice = Notice {
+                        warning: true,
+                        reason: EVENT_STATUS_ERROR.into(),
+                        action: "UpdateStatus".into(),
+                        note: EVENT_STATUS_ERROR_NOTE.into(),
+                    };
+                    self.publish(obj, &notice).await;
+                }
+                Err(SyncError::ApplyReady {
+                    name: key.into(),
+                    status: c.status.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn publish(&self, obj: &ServiceCIDR, notice: &Notice) {
+        let regarding = obj.object_ref(&());
+        if let Err(e) = self.writes.publish(&regarding, notice).await {
+            tracing::warn!(servicecidr = ?regarding.name, reason = %notice.reason, error = %e, "could not record event");
+        }
+    }
+
+    fn set_blocked(&self, key: &str, blocked: bool) {
+        let mut set = self.blocked.lock().expect("blocked lock");
+        if blocked {
+            set.insert(key.to_string());
+        } else {
+            set.remove(key);
+        }
+        self.metrics.blocked_deletions.set(set.len() as i64);
+    }
+
+    fn check_foreign_writes(&self, key: &str, obj: &ServiceCIDR) {
+        let entries = obj.metadata.managed_fields.as_deref().unwrap_or_default();
+        if entries.is_empty() {
+            return;
+        }
+        let ours = self
+            .own_applies
+            .lock()
+            .expect("own applies lock")
+            .get(key)
+            .cloned()
+            .unwrap_or_default();
+        for w in foreign_writes(entries, &ours, self.started) {
+            let fresh = self
+                .reported
+                .lock()
+                .expect("reported lock")
+                .insert((key.to_string(), w.at()));
+            if !fresh {
+                continue;
+            }
+            self.metrics
+                .foreign_writes
+                .with_label_values(&[w.kind()])
+                .inc();
+            self.metrics.conflicting_controller.set(1);
+            tracing::warn!(servicecidr = %key, write = ?w, "another ServiceCIDR controller writes this object (kube-controller-manager's?): run it with --controllers=*,-service-cidr-controller or disable this one");
+        }
+    }
+}
+
+/// Keeps the worker loop going until the queue shuts down.
+pub async fn work<W: Writes>(syncer: Arc<Syncer<W>>) {
+    while syncer.process_next().await {}
+}

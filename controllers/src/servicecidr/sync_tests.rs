@@ -1,0 +1,286 @@
+//! The sync layer against recorded writes: dry-run, retries and drops, events, gauges.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::{
+        core::v1::ObjectReference,
+        networking::v1::{IPAddress, IPAddressSpec, ParentReference, ServiceCIDR, ServiceCIDRSpec},
+    },
+    apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time},
+};
+use kube::api::ObjectMeta;
+
+use super::{
+    cache::{Cache, LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR},
+    conflict::FIELD_MANAGER,
+    decide::{FINALIZER, ReadyCondition},
+    metrics::Metrics,
+    sync::{EVENT_DELETION_BLOCKED, EVENT_STATUS_ERROR, MAX_RETRIES, Syncer},
+    writes::{Notice, Writes},
+};
+use crate::workqueue::{RateLimit, WorkQueue};
+
+#[derive(Default)]
+struct Recorded {
+    calls: Mutex<Vec<String>>,
+    events: Mutex<Vec<Notice>>,
+    fail_apply: bool,
+}
+
+fn api_error() -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure("boom", "InternalError")
+            .with_code(500)
+            .boxed(),
+    )
+}
+
+impl Writes for Arc<Recorded> {
+    async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("add-finalizer {name}"));
+        Ok(())
+    }
+    async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("remove-finalizer {name}"));
+        Ok(())
+    }
+    async fn apply_ready(
+        &self,
+        name: &str,
+        c: &ReadyCondition,
+        _now: Timestamp,
+    ) -> Result<Option<Timestamp>, kube::Error> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("apply {name} {} {}", c.status, c.reason));
+        if self.fail_apply {
+            return Err(api_error());
+        }
+        Ok(None)
+    }
+    async fn publish(&self, _r: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {
+        self.events.lock().unwrap().push(n.clone());
+        Ok(())
+    }
+}
+
+fn cidr(name: &str, cidrs: &[&str], deleted_ago: Option<Duration>) -> ServiceCIDR {
+    ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            finalizers: Some(vec![FINALIZER.into()]),
+            deletion_timestamp: deleted_ago
+                .map(|d| Time(Timestamp::now() - jiff::SignedDuration::try_from(d).unwrap())),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
+        }),
+        status: None,
+    }
+}
+
+fn managed_ip(name: &str, service: &str) -> IPAddress {
+    IPAddress {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [
+                    (
+                        LABEL_MANAGED_BY.to_string(),
+                        MANAGED_BY_ALLOCATOR.to_string(),
+                    ),
+                    (LABEL_FAMILY.to_string(), "IPv4".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(IPAddressSpec {
+            parent_ref: ParentReference {
+                group: Some(String::new()),
+                resource: "services".into(),
+                namespace: Some("default".into()),
+                name: service.into(),
+            },
+        }),
+    }
+}
+
+fn syncer(
+    w: Arc<Recorded>,
+    dry_run: bool,
+) -> (Syncer<Arc<Recorded>>, Arc<Mutex<Cache>>, WorkQueue<String>) {
+    let cache = Arc::new(Mutex::new(Cache::default()));
+    let queue = WorkQueue::new(RateLimit::default());
+    let s = Syncer::new(cache.clone(), queue.clone(), w, Metrics::new(), dry_run);
+    (s, cache, queue)
+}
+
+const LONG_AGO: Option<Duration> = Some(Duration::from_secs(60));
+
+#[tokio::test(start_paused = true)]
+async fn removes_finalizer_when_nothing_is_orphaned() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), false);
+    cache
+        .lock()
+        .unwrap()
+        .cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+    s.sync("x").await.unwrap();
+    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_makes_no_writes() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), true);
+    {
+        let mut c = cache.lock().unwrap();
+        c.cidr_applied(cidr("gone", &["10.0.1.0/24"], LONG_AGO));
+        let mut fresh = cidr("new", &["10.0.2.0/24"], None);
+        fresh.metadata.finalizers = None;
+        c.cidr_applied(fresh);
+    }
+    s.sync("gone").await.unwrap();
+    s.sync("new").await.unwrap();
+    assert!(
+        w.calls.lock().unwrap().is_empty(),
+        "{:?}",
+        w.calls.lock().unwrap()
+    );
+}
+
+/// What must not happen: the finalizer removed while an IP would be orphaned, through the
+/// whole sync path; it goes only once the IP does.
+#[tokio::test(start_paused = true)]
+async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), false);
+    {
+        let mut c = cache.lock().unwrap();
+        c.cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+        c.ip_applied(&managed_ip("10.0.1.7", "web"));
+    }
+    s.sync("x").await.unwrap();
+    assert_eq!(*w.calls.lock().unwrap(), vec!["apply x False Terminating"]);
+    let events = w.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason, EVENT_DELETION_BLOCKED);
+    assert!(events[0].warning);
+    assert!(
+        events[0].note.contains("10.0.1.7 (services default/web)"),
+        "{}",
+        events[0].note
+    );
+    assert_eq!(s.metrics.blocked_deletions.get(), 1);
+
+    let keys = cache.lock().unwrap().ip_deleted("10.0.1.7");
+    assert_eq!(keys, vec!["x"]);
+    s.sync("x").await.unwrap();
+    assert_eq!(
+        w.calls.lock().unwrap().last().unwrap(),
+        "remove-finalizer x"
+    );
+    assert_eq!(s.metrics.blocked_deletions.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grace_period_requeues_without_api_calls() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, queue) = syncer(w.clone(), false);
+    cache
+        .lock()
+        .unwrap()
+        .cidr_applied(cidr("x", &["10.0.1.0/24"], Some(Duration::from_secs(4))));
+    s.sync("x").await.unwrap();
+    assert!(w.calls.lock().unwrap().is_empty());
+    assert!(queue.is_empty());
+    let start = tokio::time::Instant::now();
+    assert_eq!(queue.get().await.as_deref(), Some("x"));
+    let waited = start.elapsed();
+    assert!(
+        waited > Duration::from_secs(5) && waited <= Duration::from_secs(6),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_failure_records_event_retries_then_drops() {
+    let w = Arc::new(Recorded {
+        fail_apply: true,
+        ..Default::default()
+    });
+    let (s, cache, queue) = syncer(w.clone(), false);
+    cache
+        .lock()
+        .unwrap()
+        .cidr_applied(cidr("x", &["10.0.1.0/24"], None));
+    queue.add("x".into());
+    for _ in 0..=MAX_RETRIES {
+        assert!(s.process_next().await);
+    }
+    assert_eq!(s.metrics.dropped_keys.get(), 1);
+    assert_eq!(
+        queue.num_requeues(&"x".to_string()),
+        0,
+        "forgotten after the drop"
+    );
+    assert_eq!(
+        s.metrics.reconciles.with_label_values(&["error"]).get(),
+        u64::from(MAX_RETRIES) + 1
+    );
+    let events = w.events.lock().unwrap().clone();
+    assert_eq!(events.len(), MAX_RETRIES as usize + 1);
+    assert!(events.iter().all(|e| e.reason == EVENT_STATUS_ERROR
+        && e.note == "The ServiceCIDR Status can not be set to Ready=True"));
+    // Dropped: nothing comes back on its own.
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert!(queue.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn vanished_cidr_is_a_no_op() {
+    let w = Arc::new(Recorded::default());
+    let (s, _, _) = syncer(w.clone(), false);
+    s.sync("nope").await.unwrap();
+    assert!(w.calls.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn foreign_status_apply_is_counted_once() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), false);
+    let mut o = cidr("x", &["10.0.1.0/24"], None);
+    o.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some(FIELD_MANAGER.into()),
+        operation: Some("Apply".into()),
+        subresource: Some("status".into()),
+        time: Some(Time(Timestamp::now() + jiff::SignedDuration::from_secs(1))),
+        fields_v1: Some(FieldsV1(serde_json::json!({"f:status": {}}))),
+        ..Default::default()
+    }]);
+    cache.lock().unwrap().cidr_applied(o);
+    s.sync("x").await.unwrap();
+    s.sync("x").await.unwrap();
+    assert_eq!(
+        s.metrics
+            .foreign_writes
+            .with_label_values(&["status_apply"])
+            .get(),
+        1
+    );
+    assert_eq!(s.metrics.conflicting_controller.get(), 1);
+}

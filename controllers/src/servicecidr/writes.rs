@@ -1,0 +1,177 @@
+//! The controller's only writes to the API, behind a trait so the sync layer (dry-run, retries,
+//! error events) is tested without a cluster.
+
+use std::future::Future;
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, networking::v1::ServiceCIDR},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+use serde_json::json;
+
+use super::{
+    conflict::{FIELD_MANAGER, PATCH_FIELD_MANAGER, our_apply_time},
+    decide::{CONDITION_READY, FINALIZER, ReadyCondition},
+};
+
+/// An event to record on a ServiceCIDR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: String,
+    pub action: String,
+    pub note: String,
+}
+
+pub trait Writes: Send + Sync + 'static {
+    /// Merge-appends our finalizer; NotFound is success (the object is gone).
+    fn add_finalizer(&self, name: &str) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Deletes our finalizer from the list; NotFound is success.
+    fn remove_finalizer(&self, name: &str) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Server-side applies the Ready condition on the status subresource; returns the time the
+    /// apiserver recorded for our apply, if it reported one.
+    fn apply_ready(
+        &self,
+        name: &str,
+        condition: &ReadyCondition,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<Timestamp>, kube::Error>> + Send;
+    fn publish(
+        &self,
+        regarding: &ObjectReference,
+        notice: &Notice,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+}
+
+pub struct KubeWrites {
+    api: Api<ServiceCIDR>,
+    recorder: Recorder,
+}
+
+impl KubeWrites {
+    pub fn new(client: Client) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
+        };
+        Self {
+            api: Api::all(client.clone()),
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    fn patch_params() -> PatchParams {
+        PatchParams {
+            field_manager: Some(PATCH_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        }
+    }
+}
+
+fn not_found_is_ok<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The status apply body: only the Ready condition, as upstream's apply configuration.
+pub fn ready_apply_body(name: &str, c: &ReadyCondition, now: Timestamp) -> serde_json::Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": { "name": name },
+        "status": { "conditions": [{
+            "type": CONDITION_READY,
+            "status": c.status,
+            "reason": c.reason,
+            "message": c.message,
+            "lastTransitionTime": Time(now),
+        }]}
+    })
+}
+
+impl Writes for KubeWrites {
+    async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        let body = json!({"metadata": {"finalizers": [FINALIZER]}});
+        not_found_is_ok(
+            self.api
+                .patch(name, &Self::patch_params(), &Patch::Strategic(body))
+                .await,
+        )
+    }
+
+    async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
+        not_found_is_ok(
+            self.api
+                .patch(name, &Self::patch_params(), &Patch::Strategic(body))
+                .await,
+        )
+    }
+
+    async fn apply_ready(
+        &self,
+        name: &str,
+        c: &ReadyCondition,
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>, kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let body = ready_apply_body(name, c, now);
+        let obj = self
+            .api
+            .patch_status(name, &params, &Patch::Apply(body))
+            .await?;
+        Ok(our_apply_time(
+            obj.metadata.managed_fields.as_deref().unwrap_or_default(),
+        ))
+    }
+
+    async fn publish(&self, regarding: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {
+        let ev = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.clone(),
+            note: Some(n.note.clone()),
+            action: n.action.clone(),
+            secondary: None,
+        };
+        self.recorder.publish(&ev, regarding).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apply_body_carries_only_the_ready_condition_with_empty_reason() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let b = ready_apply_body("x", &ReadyCondition::ready(), now);
+        assert_eq!(
+            b,
+            json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "ServiceCIDR",
+                "metadata": {"name": "x"},
+                "status": {"conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "",
+                    "message": "Kubernetes Service CIDR is ready",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }]}
+            })
+        );
+    }
+}

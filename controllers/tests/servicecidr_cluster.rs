@@ -1,0 +1,486 @@
+//! The ServiceCIDR controller against a real apiserver (kube-controller-manager runs there
+//! without its own service-cidr-controller): finalizer and Ready, a deletion blocked by an
+//! allocated Service IP and the event naming it, the 10 s grace, a covering parent, dry-run.
+//!
+//! The tests share one cluster-wide resource kind, so they run one at a time (SERIAL).
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::{
+    core::v1::{Service, ServicePort, ServiceSpec},
+    events::v1::Event,
+    networking::v1::{IPAddress, ServiceCIDR, ServiceCIDRSpec},
+};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams},
+};
+use testkit::{Binary, Cluster, free_addr, holds_for, metric, unique_name, wait_for};
+
+const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
+const TERMINATING_MESSAGE: &str = "There are still IPAddresses referencing the ServiceCIDR, please remove them or create a new ServiceCIDR";
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A per-test octet so parallel runs and leftovers of failed runs do not overlap.
+fn octet() -> u8 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    ((std::process::id() + N.fetch_add(1, Ordering::Relaxed) * 7 + nanos / 1000) % 250) as u8 + 1
+}
+
+fn controller(extra: &[&str]) -> (Binary, std::net::SocketAddr) {
+    let admin = free_addr();
+    let mut args = vec![
+        "--admin-addr".to_string(),
+        admin.to_string(),
+        "--leader-elect=false".into(),
+        "--controllers".into(),
+        "servicecidr".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-servicecidr",
+        &refs,
+        &[],
+    )
+    .expect("start controller-manager");
+    (bin, admin)
+}
+
+async fn create_cidr(c: &Cluster, name: &str, cidrs: &[String]) -> anyhow::Result<ServiceCIDR> {
+    c.create(&ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(cidrs.to_vec()),
+        }),
+        status: None,
+    })
+    .await
+}
+
+async fn get_cidr(c: &Cluster, name: &str) -> anyhow::Result<Option<ServiceCIDR>> {
+    Ok(Api::<ServiceCIDR>::all(c.client.clone())
+        .get_opt(name)
+        .await?)
+}
+
+fn ready(o: &ServiceCIDR) -> Option<(String, String, String)> {
+    o.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn wait_ready(c: &Cluster, name: &str) -> anyhow::Result<()> {
+    wait_for(
+        Duration::from_secs(20),
+        &format!("finalizer and Ready=True on {name}"),
+        || async {
+            let Some(o) = get_cidr(c, name).await? else {
+                return Ok(false);
+            };
+            Ok(o.finalizers().iter().any(|f| f == FINALIZER)
+                && ready(&o)
+                    == Some((
+                        "True".into(),
+                        String::new(),
+                        "Kubernetes Service CIDR is ready".into(),
+                    )))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn delete_cidr(c: &Cluster, name: &str) -> anyhow::Result<Timestamp> {
+    let api = Api::<ServiceCIDR>::all(c.client.clone());
+    api.delete(name, &DeleteParams::default()).await?;
+    let o = api.get(name).await?;
+    Ok(o.metadata
+        .deletion_timestamp
+        .expect("held by the finalizer")
+        .0)
+}
+
+/// Waits for the ServiceCIDR to be gone; returns when that was seen.
+async fn wait_gone(c: &Cluster, name: &str, timeout: Duration) -> anyhow::Result<Timestamp> {
+    wait_for(
+        timeout,
+        &format!("ServiceCIDR {name} to be gone"),
+        || async { Ok(get_cidr(c, name).await?.is_none()) },
+    )
+    .await?;
+    Ok(Timestamp::now())
+}
+
+async fn service_with_ip(c: &Cluster, ns: &str, name: &str, ip: &str) -> anyhow::Result<Service> {
+    c.create(&Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some(ip.into()),
+            cluster_ips: Some(vec![ip.into()]),
+            ports: Some(vec![ServicePort {
+                port: 80,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+}
+
+async fn wait_ip(c: &Cluster, ip: &str) -> anyhow::Result<()> {
+    wait_for(
+        Duration::from_secs(10),
+        &format!("IPAddress {ip}"),
+        || async {
+            let o = Api::<IPAddress>::all(c.client.clone()).get_opt(ip).await?;
+            Ok(o.is_some_and(|o| {
+                o.labels()
+                    .get("ipaddress.kubernetes.io/managed-by")
+                    .map(String::as_str)
+                    == Some("ipallocator.k8s.io")
+            }))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn blocked_event(c: &Cluster, cidr: &str) -> anyhow::Result<Option<String>> {
+    let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ServiceCIDRDeletionBlocked")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(cidr)
+        })
+        .find_map(|e| e.note))
+}
+
+#[tokio::test]
+async fn blocked_by_service_ip_until_it_is_freed() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("blocked_by_service_ip_until_it_is_freed").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (bin, admin) = controller(&[]);
+    let x = octet();
+    let name = unique_name("gk-scidr");
+    let cidrs = vec![format!("10.200.{x}.0/24"), format!("fd00:{x:x}::/112")];
+    create_cidr(&c, &name, &cidrs).await?;
+    wait_ready(&c, &name).await?;
+
+    let ns = c.namespace("scidr").await?;
+    let ip = format!("10.200.{x}.10");
+    service_with_ip(&c, &ns, "web", &ip).await?;
+    wait_ip(&c, &ip).await?;
+
+    let deleted_at = delete_cidr(&c, &name).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "Ready=False/Terminating",
+        || async {
+            let o = get_cidr(&c, &name).await?;
+            Ok(o.and_then(|o| ready(&o))
+                == Some((
+                    "False".into(),
+                    "Terminating".into(),
+                    TERMINATING_MESSAGE.into(),
+                )))
+        },
+    )
+    .await?;
+    wait_for(Duration::from_secs(10), "the blocked event", || async {
+        Ok(blocked_event(&c, &name).await?.is_some())
+    })
+    .await?;
+    let note = blocked_event(&c, &name).await?.unwrap();
+    assert!(note.contains(&ip), "{note}");
+    assert!(note.contains(&format!("services {ns}/web")), "{note}");
+    assert!(
+        metric(admin, "groundskeeper_servicecidr_blocked_deletions")
+            .await?
+            .unwrap_or(0.0)
+            >= 1.0
+    );
+
+    // What must not happen: past the grace period the finalizer stays while the IP exists.
+    holds_for(
+        Duration::from_secs(12),
+        "finalizer kept while the IP exists",
+        || async {
+            Ok(get_cidr(&c, &name)
+                .await?
+                .is_some_and(|o| o.finalizers().iter().any(|f| f == FINALIZER)))
+        },
+    )
+    .await?;
+
+    Api::<Service>::namespaced(c.client.clone(), &ns)
+        .delete("web", &DeleteParams::default())
+        .await?;
+    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
+    assert!(
+        gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10),
+        "gone at {gone}, deleted at {deleted_at}"
+    );
+    bin.wait_for_log("removed finalizer", Duration::from_secs(5))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn unblocked_deletion_waits_the_grace_period() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("unblocked_deletion_waits_the_grace_period").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let name = unique_name("gk-scidr");
+    create_cidr(&c, &name, &[format!("fd00:{x:x}::/112")]).await?;
+    wait_ready(&c, &name).await?;
+    let deleted_at = delete_cidr(&c, &name).await?;
+    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
+    let after = gone.duration_since(deleted_at);
+    println!("gone {after:?} after deletionTimestamp");
+    assert!(after >= jiff::SignedDuration::from_secs(10), "{after:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn covering_parent_lets_deletion_proceed_despite_ips() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("covering_parent_lets_deletion_proceed_despite_ips").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let parent = unique_name("gk-scidr-parent");
+    let child = unique_name("gk-scidr-child");
+    create_cidr(&c, &parent, &[format!("10.201.{x}.0/24")]).await?;
+    create_cidr(&c, &child, &[format!("10.201.{x}.128/25")]).await?;
+    wait_ready(&c, &parent).await?;
+    wait_ready(&c, &child).await?;
+    let ns = c.namespace("scidr").await?;
+    let ip = format!("10.201.{x}.200");
+    service_with_ip(&c, &ns, "api", &ip).await?;
+    wait_ip(&c, &ip).await?;
+
+    let deleted_at = delete_cidr(&c, &child).await?;
+    let gone = wait_gone(&c, &child, Duration::from_secs(30)).await?;
+    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    assert!(
+        Api::<IPAddress>::all(c.client.clone())
+            .get_opt(&ip)
+            .await?
+            .is_some(),
+        "the IP stays, now only in the parent"
+    );
+    // The parent alone does hold the IP: its deletion is blocked.
+    delete_cidr(&c, &parent).await?;
+    wait_for(Duration::from_secs(10), "parent blocked", || async {
+        Ok(get_cidr(&c, &parent)
+            .await?
+            .and_then(|o| ready(&o))
+            .map(|r| r.1)
+            == Some("Terminating".into()))
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn dry_run_logs_the_removal_and_keeps_the_finalizer() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("dry_run_logs_the_removal_and_keeps_the_finalizer").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (bin, _) = controller(&["--dry-run"]);
+    let x = octet();
+    let name = unique_name("gk-scidr-dry");
+    create_cidr(&c, &name, &[format!("10.202.{x}.0/24")]).await?;
+    bin.wait_for_log(&name, Duration::from_secs(20)).await?;
+    // Dry-run adds nothing itself; put the finalizer on as the real controller would have.
+    Api::<ServiceCIDR>::all(c.client.clone())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Strategic(serde_json::json!({"metadata": {"finalizers": [FINALIZER]}})),
+        )
+        .await?;
+    delete_cidr(&c, &name).await?;
+    bin.wait_for_log("dry-run: would remove finalizer", Duration::from_secs(30))
+        .await?;
+    holds_for(
+        Duration::from_secs(3),
+        "finalizer kept under --dry-run",
+        || async {
+            Ok(get_cidr(&c, &name).await?.is_some_and(|o| {
+                o.finalizers().iter().any(|f| f == FINALIZER) && ready(&o).is_none()
+            }))
+        },
+    )
+    .await?;
+    let logs = bin.logs();
+    assert!(logs.contains("would apply Ready condition"), "{logs}");
+    assert!(!logs.contains("removed finalizer"), "{logs}");
+    Ok(())
+}
+
+/// kube-controller-manager's controller adds the finalizer with a plain patch, so the apiserver
+/// records it under the manager `kube-controller-manager`; creating the object with the
+/// finalizer under that manager name leaves the same trace.
+#[tokio::test]
+async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("finalizer_written_by_kube_controller_manager_is_reported").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (bin, admin) = controller(&[]);
+    wait_for(
+        Duration::from_secs(10),
+        "the controller's metrics",
+        || async {
+            Ok(metric(
+                admin,
+                "groundskeeper_servicecidr_conflicting_controller_detected",
+            )
+            .await?
+            .is_some())
+        },
+    )
+    .await?;
+    assert_eq!(
+        metric(
+            admin,
+            "groundskeeper_servicecidr_conflicting_controller_detected"
+        )
+        .await?,
+        Some(0.0),
+        "nothing foreign before: {}",
+        bin.logs()
+    );
+    let x = octet();
+    let name = unique_name("gk-scidr-kcm");
+    let obj = ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            finalizers: Some(vec![FINALIZER.into()]),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec![format!("10.204.{x}.0/24")]),
+        }),
+        status: None,
+    };
+    let created = Api::<ServiceCIDR>::all(c.client.clone())
+        .create(
+            &kube::api::PostParams {
+                field_manager: Some("kube-controller-manager".into()),
+                ..Default::default()
+            },
+            &obj,
+        )
+        .await?;
+    c.track(&created);
+    wait_ready(&c, &name).await?;
+    wait_for(Duration::from_secs(10), "the conflict gauge", || async {
+        Ok(metric(
+            admin,
+            "groundskeeper_servicecidr_conflicting_controller_detected",
+        )
+        .await?
+            == Some(1.0))
+    })
+    .await?;
+    bin.wait_for_log("another ServiceCIDR controller", Duration::from_secs(5))
+        .await?;
+    Ok(())
+}
+
+async fn ip_object(c: &Cluster, ip: &str, managed_by: Option<&str>) -> anyhow::Result<()> {
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(
+        "ipaddress.kubernetes.io/ip-family".to_string(),
+        "IPv4".to_string(),
+    );
+    if let Some(m) = managed_by {
+        labels.insert(
+            "ipaddress.kubernetes.io/managed-by".to_string(),
+            m.to_string(),
+        );
+    }
+    c.create(&IPAddress {
+        metadata: ObjectMeta {
+            name: Some(ip.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::networking::v1::IPAddressSpec {
+            parent_ref: k8s_openapi::api::networking::v1::ParentReference {
+                group: Some(String::new()),
+                resource: "services".into(),
+                namespace: Some("default".into()),
+                name: "not-there".into(),
+            },
+        }),
+    })
+    .await?;
+    Ok(())
+}
+
+/// Network and broadcast addresses and IPAddresses the allocator does not manage never block.
+#[tokio::test]
+async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("network_broadcast_and_unmanaged_ips_do_not_block").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let name = unique_name("gk-scidr");
+    create_cidr(&c, &name, &[format!("10.205.{x}.0/24")]).await?;
+    wait_ready(&c, &name).await?;
+    ip_object(&c, &format!("10.205.{x}.0"), Some("ipallocator.k8s.io")).await?;
+    ip_object(&c, &format!("10.205.{x}.255"), Some("ipallocator.k8s.io")).await?;
+    ip_object(&c, &format!("10.205.{x}.7"), None).await?;
+    ip_object(&c, &format!("10.205.{x}.8"), Some("someone-else")).await?;
+    let deleted_at = delete_cidr(&c, &name).await?;
+    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
+    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    assert!(blocked_event(&c, &name).await?.is_none());
+    // They were there all along (nothing else removed them first).
+    let ips = Api::<IPAddress>::all(c.client.clone());
+    for host in [0, 255] {
+        let ip = format!("10.205.{x}.{host}");
+        assert!(ips.get_opt(&ip).await?.is_some(), "{ip} still exists");
+    }
+    Ok(())
+}

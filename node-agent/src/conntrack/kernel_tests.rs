@@ -1,0 +1,536 @@
+//! Passes against the real kernel table, each test in a network namespace of its own (needs
+//! root and `ip netns`; skips with one line otherwise). The host's table is never touched.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::{Value, json};
+
+use super::clean::Model;
+use super::model::{self, LABEL_SERVICE_NAME};
+use super::msg::{
+    AF_INET, AF_INET6, Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED,
+    STATUS_SEEN_REPLY, Tuple,
+};
+use super::netns::{self, NetNs};
+use super::pass::{PassReport, PassState, run_pass};
+use super::socket::Conntrack;
+
+fn skip(name: &str) -> bool {
+    if let Some(why) = netns::unavailable() {
+        println!("SKIPPED {name}: needs root and ip netns ({why})");
+        return true;
+    }
+    false
+}
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// kube-proxy's DNAT shape: orig client -> frontend, reply endpoint -> client.
+fn dnat(proto: u8, client: &str, frontend: &str, endpoint: &str) -> Entry {
+    let (c, f, b) = (sa(client), sa(frontend), sa(endpoint));
+    Entry {
+        orig: Tuple {
+            src: c.ip(),
+            dst: f.ip(),
+            proto,
+            src_port: c.port(),
+            dst_port: f.port(),
+        },
+        reply: Tuple {
+            src: b.ip(),
+            dst: c.ip(),
+            proto,
+            src_port: b.port(),
+            dst_port: c.port(),
+        },
+        id: None,
+        zone: 0,
+    }
+}
+
+fn udp(client: &str, frontend: &str, endpoint: &str) -> Entry {
+    dnat(IPPROTO_UDP, client, frontend, endpoint)
+}
+
+fn in_zone(mut e: Entry, zone: u16) -> Entry {
+    e.zone = zone;
+    e
+}
+
+/// The table as (orig tuple, reply tuple), both families.
+fn table(ct: &mut Conntrack) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for fam in [AF_INET, AF_INET6] {
+        ct.dump(fam, None, &mut |e| {
+            out.insert(key(e));
+        })
+        .unwrap();
+    }
+    out
+}
+
+fn key(e: &Entry) -> String {
+    format!("orig[{}] reply[{}] zone={}", e.orig, e.reply, e.zone)
+}
+
+struct Outcome {
+    reports: Vec<PassReport>,
+    state: [PassState; 2],
+}
+
+/// Fills a fresh namespace with `keep` and `gone`, runs one pass per family, and asserts the
+/// table then holds exactly `keep`.
+fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool) -> Outcome {
+    let ns = NetNs::create(tag).unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let all: Vec<Entry> = keep.iter().chain(gone).copied().collect();
+        let r = ct
+            .create(&all, 300, STATUS_SEEN_REPLY | STATUS_ASSURED)
+            .unwrap();
+        assert_eq!(r.ok, all.len(), "creating entries: {r:?}");
+        let mut state = [PassState::default(); 2];
+        let mut reports = vec![];
+        for (i, (fam, fm)) in [(AF_INET, &model.ipv4), (AF_INET6, &model.ipv6)]
+            .into_iter()
+            .enumerate()
+        {
+            reports
+                .push(run_pass(&mut ct, fam, fm, &mut state[i], dry_run, &mut |_, _| {}).unwrap());
+        }
+        let want: BTreeSet<String> = if dry_run {
+            all.iter().map(key).collect()
+        } else {
+            keep.iter().map(key).collect()
+        };
+        assert_eq!(table(&mut ct), want, "{tag}: remaining entries");
+        Outcome { reports, state }
+    })
+    .unwrap()
+}
+
+fn svc(name: &str, spec: Value, status: Value) -> Service {
+    serde_json::from_value(
+        json!({"metadata": {"namespace": "ns", "name": name}, "spec": spec, "status": status}),
+    )
+    .unwrap()
+}
+
+fn slice(svc: &str, family: &str, port: u16, endpoints: Value) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "ns", "name": format!("{svc}-{family}-{port}"), "labels": {LABEL_SERVICE_NAME: svc}},
+        "addressType": family,
+        "ports": [{"name": "dns", "port": port, "protocol": "UDP"}],
+        "endpoints": endpoints,
+    }))
+    .unwrap()
+}
+
+/// A dual-stack LoadBalancer service on UDP 53 (NodePort 30053) with ExternalIPs and VIPs.
+fn dns() -> Service {
+    svc(
+        "dns",
+        json!({"type": "LoadBalancer", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00::a"],
+               "externalIPs": ["192.0.2.1", "2001:db8::e"],
+               "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]}),
+        json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.5"}, {"ip": "203.0.113.7", "ipMode": "Proxy"},
+                                             {"ip": "2001:db8::1b"}]}}),
+    )
+}
+
+fn dns_model(v4: Value, v6: Value) -> Model {
+    model::build(
+        [&dns()],
+        &[
+            slice("dns", "IPv4", 5353, v4),
+            slice("dns", "IPv6", 5353, v6),
+        ],
+    )
+}
+
+fn one_each() -> Model {
+    dns_model(
+        json!([{"addresses": ["10.244.1.5"]}]),
+        json!([{"addresses": ["fd00:1::5"]}]),
+    )
+}
+
+const C: &str = "10.0.0.1";
+
+#[test]
+fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
+    if skip("clusterip_lb_vip_external_ip_and_untouched_neighbours") {
+        return;
+    }
+    let keep = [
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1001", "203.0.113.5:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1002", "192.0.2.1:53", "10.244.1.5:5353"),
+        // TCP and SCTP to a removed endpoint: never touched.
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1003",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
+        dnat(
+            IPPROTO_SCTP,
+            "10.0.0.1:1004",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
+        // Unrelated IP, other port of the ClusterIP, Proxy-mode LB IP: not frontends.
+        udp("10.0.0.1:1005", "8.8.8.8:53", "8.8.8.8:53"),
+        udp("10.0.0.1:1006", "10.96.0.10:54", "10.244.9.9:54"),
+        udp("10.0.0.1:1007", "203.0.113.7:53", "10.244.9.9:5353"),
+        in_zone(udp("10.0.0.1:1008", "10.96.0.10:53", "10.244.1.5:5353"), 5),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
+        udp("10.0.0.1:2001", "203.0.113.5:53", "10.244.9.9:5353"),
+        udp("10.0.0.1:2002", "192.0.2.1:53", "10.244.9.9:5353"),
+        // Not DNATed (hit the VIP before the rules existed).
+        udp("10.0.0.1:2003", "10.96.0.10:53", "10.96.0.10:53"),
+        // In a non-default zone: the delete must name the zone to find it.
+        in_zone(udp("10.0.0.1:2004", "10.96.0.10:53", "10.244.9.9:5353"), 5),
+    ];
+    let out = check("vip", &one_each(), &keep, &gone, false);
+    assert_eq!(out.reports[0].deleted, gone.len());
+    assert_eq!(
+        out.reports[0].scanned,
+        keep.len() + gone.len() - 2,
+        "kernel returned UDP only"
+    );
+    assert!(
+        out.state[0].kernel_filter,
+        "6.18 accepts the protocol filter"
+    );
+}
+
+#[test]
+fn node_port_on_any_node_ip() {
+    if skip("node_port_on_any_node_ip") {
+        return;
+    }
+    let keep = [
+        udp("10.0.0.1:1000", "192.168.1.10:30053", "10.244.1.5:5353"),
+        udp("10.0.0.1:1001", "172.16.0.1:30053", "10.244.1.5:5353"),
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1002",
+            "192.168.1.10:30053",
+            "10.244.9.9:5353",
+        ),
+        udp("10.0.0.1:1003", "192.168.1.10:30054", "10.244.9.9:5353"),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "192.168.1.10:30053", "10.244.9.9:5353"),
+        udp("10.0.0.1:2001", "172.16.0.1:30053", "10.244.1.5:53"),
+    ];
+    check("nodeport", &one_each(), &keep, &gone, false);
+}
+
+#[test]
+fn ipv6_and_dual_stack() {
+    if skip("ipv6_and_dual_stack") {
+        return;
+    }
+    let c6 = "[2001:db8:c::1]";
+    let keep = [
+        udp(&format!("{c6}:1000"), "[fd00::a]:53", "[fd00:1::5]:5353"),
+        udp(
+            &format!("{c6}:1001"),
+            "[2001:db8::1b]:53",
+            "[fd00:1::5]:5353",
+        ),
+        udp(
+            &format!("{c6}:1002"),
+            "[2001:db8::e]:53",
+            "[fd00:1::5]:5353",
+        ),
+        udp(
+            &format!("{c6}:1003"),
+            "[2001:db8:99::1]:53",
+            "[2001:db8:99::1]:53",
+        ),
+        udp(&format!("{c6}:1004"), "[fd00::b]:30053", "[fd00:1::5]:5353"),
+        dnat(
+            IPPROTO_TCP,
+            &format!("{c6}:1005"),
+            "[fd00::a]:53",
+            "[fd00:1::9]:5353",
+        ),
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+    ];
+    let gone = [
+        udp(&format!("{c6}:2000"), "[fd00::a]:53", "[fd00:1::9]:5353"),
+        udp(
+            &format!("{c6}:2001"),
+            "[2001:db8::1b]:53",
+            "[fd00:1::9]:5353",
+        ),
+        udp(&format!("{c6}:2002"), "[2001:db8::e]:53", "[fd00:1::5]:53"),
+        udp(&format!("{c6}:2003"), "[fd00::b]:30053", "[fd00:1::9]:5353"),
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
+    ];
+    let out = check("v6", &one_each(), &keep, &gone, false);
+    assert_eq!((out.reports[0].deleted, out.reports[1].deleted), (1, 4));
+}
+
+#[test]
+fn zero_serving_endpoints_delete_nothing() {
+    if skip("zero_serving_endpoints_delete_nothing") {
+        return;
+    }
+    let m = dns_model(
+        json!([{"addresses": ["10.244.1.5"], "conditions": {"serving": false, "terminating": true}}]),
+        json!([]),
+    );
+    let keep = [
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.9.9:5353"),
+        udp("10.0.0.1:1002", "192.168.1.10:30053", "10.244.9.9:5353"),
+    ];
+    let out = check("zero", &m, &keep, &[], false);
+    assert!(
+        out.reports.iter().all(|r| r.skipped),
+        "empty model: table not even read"
+    );
+}
+
+#[test]
+fn terminating_but_serving_kept_not_serving_deleted() {
+    if skip("terminating_but_serving_kept_not_serving_deleted") {
+        return;
+    }
+    let m = dns_model(
+        json!([
+            {"addresses": ["10.244.1.5"], "conditions": {"ready": true}},
+            {"addresses": ["10.244.2.7"], "conditions": {"ready": false, "serving": true, "terminating": true}},
+            {"addresses": ["10.244.3.9"], "conditions": {"ready": false, "serving": false, "terminating": true}},
+        ]),
+        json!([]),
+    );
+    let keep = [
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.2.7:5353"),
+    ];
+    let gone = [udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.3.9:5353")];
+    check("terminating", &m, &keep, &gone, false);
+}
+
+#[test]
+fn endpoint_port_change_deletes_the_old_flows() {
+    if skip("endpoint_port_change_deletes_the_old_flows") {
+        return;
+    }
+    let m = model::build(
+        [&dns()],
+        &[slice(
+            "dns",
+            "IPv4",
+            5354,
+            json!([{"addresses": ["10.244.1.5"]}]),
+        )],
+    );
+    let keep = [udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5354")];
+    let gone = [udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.1.5:5353")];
+    check("portchange", &m, &keep, &gone, false);
+}
+
+#[test]
+fn dry_run_deletes_nothing() {
+    if skip("dry_run_deletes_nothing") {
+        return;
+    }
+    let gone = [udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353")];
+    let out = check("dryrun", &one_each(), &[], &gone, true);
+    assert_eq!((out.reports[0].stale, out.reports[0].deleted), (1, 0));
+}
+
+#[test]
+fn delete_by_id_spares_a_replacement_with_the_same_tuple() {
+    if skip("delete_by_id_spares_a_replacement_with_the_same_tuple") {
+        return;
+    }
+    let ns = NetNs::create("id").unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let e = udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.9.9:5353");
+        let dump_one = |ct: &mut Conntrack| {
+            let mut got = vec![];
+            ct.dump(AF_INET, Some(IPPROTO_UDP), &mut |x| {
+                if x.orig.dst_port == 53 {
+                    got.push(*x)
+                }
+            })
+            .unwrap();
+            assert_eq!(got.len(), 1);
+            got[0]
+        };
+        assert_eq!(ct.create(&[e], 300, STATUS_SEEN_REPLY).unwrap().ok, 1);
+        let old = dump_one(&mut ct);
+        assert!(old.id.is_some(), "kernel reports CTA_ID");
+        // Replace it: same original tuple, now DNATed to another endpoint, a new entry. The
+        // kernel's ID hashes the entry's address and original tuple, so fillers make sure the
+        // replacement does not reuse the freed slot (else the IDs are equal and indistinct).
+        assert_eq!(ct.delete(&[old]).unwrap().ok, 1);
+        let replacement = udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353");
+        let mut new = old;
+        for round in 0..10u16 {
+            let fillers: Vec<Entry> = (0..4)
+                .map(|i| {
+                    udp(
+                        &format!("10.0.9.{}:{}", round + 1, 100 + i),
+                        "10.1.1.1:9",
+                        "10.1.1.1:9",
+                    )
+                })
+                .collect();
+            assert_eq!(ct.create(&fillers, 300, STATUS_SEEN_REPLY).unwrap().ok, 4);
+            assert_eq!(
+                ct.create(&[replacement], 300, STATUS_SEEN_REPLY)
+                    .unwrap()
+                    .ok,
+                1
+            );
+            new = dump_one(&mut ct);
+            if new.id != old.id {
+                break;
+            }
+            assert_eq!(ct.delete(&[new]).unwrap().ok, 1);
+        }
+        assert_ne!(old.id, new.id);
+        let r = ct.delete(&[old]).unwrap();
+        assert_eq!(
+            (r.ok, r.not_found),
+            (0, 1),
+            "stale ID: ENOENT, not an error"
+        );
+        assert_eq!(dump_one(&mut ct).id, new.id, "the replacement survives");
+        // Deleting what is already gone is not an error either.
+        assert_eq!(ct.delete(&[new]).unwrap().ok, 1);
+        assert_eq!(ct.delete(&[new]).unwrap().not_found, 1);
+    })
+    .unwrap();
+}
+
+#[test]
+fn conntrack_cli_sees_what_netlink_created() {
+    if skip("conntrack_cli_sees_what_netlink_created") {
+        return;
+    }
+    if !netns::has_conntrack_cli() {
+        println!("SKIPPED conntrack_cli_sees_what_netlink_created: needs the conntrack CLI");
+        return;
+    }
+    let ns = NetNs::create("cli").unwrap();
+    ns.exec(
+        "conntrack",
+        &[
+            "-I",
+            "-p",
+            "udp",
+            "-s",
+            C,
+            "-d",
+            "10.96.0.10",
+            "--sport",
+            "1000",
+            "--dport",
+            "53",
+            "-r",
+            "10.244.9.9",
+            "-q",
+            C,
+            "--reply-port-src",
+            "5353",
+            "--reply-port-dst",
+            "1000",
+            "-t",
+            "120",
+            "-u",
+            "SEEN_REPLY",
+        ],
+    )
+    .unwrap();
+    let report = ns
+        .run(|| {
+            let mut ct = Conntrack::open().unwrap();
+            run_pass(
+                &mut ct,
+                AF_INET,
+                &one_each().ipv4,
+                &mut PassState::default(),
+                false,
+                &mut |_, _| {},
+            )
+            .unwrap()
+        })
+        .unwrap();
+    assert_eq!(report.deleted, 1);
+    let listed = ns.exec("conntrack", &["-L"]).unwrap();
+    assert!(!listed.contains("10.96.0.10"), "{listed}");
+}
+
+#[test]
+fn read_only_sysctl_is_a_clear_error_naming_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::sysctls::{ConntrackSysctlArgs, Roots, apply};
+    const NAME: &str = "read_only_sysctl_is_a_clear_error_naming_the_file";
+    if skip(NAME) {
+        return;
+    }
+    let ns = NetNs::create("sysctl").unwrap();
+    ns.run(|| {
+        // Outside the initial namespace the kernel makes nf_conntrack_max read-only (it is
+        // global); only then is this safe to try.
+        let path = "/proc/sys/net/netfilter/nf_conntrack_max";
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        if mode != 0o444 {
+            println!("SKIPPED {NAME}: {path} is not read-only in a child namespace here");
+            return;
+        }
+        let current: u32 = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let args = ConntrackSysctlArgs {
+            conntrack_max_per_core: Some(current + 1),
+            conntrack_udp_timeout: Some(std::time::Duration::from_secs(45)),
+            ..Default::default()
+        };
+        let roots = Roots {
+            proc_sys: "/proc/sys".into(),
+            // Never the real /sys: hashsize is global.
+            sys: std::env::temp_dir().join("gk-no-such-sys"),
+        };
+        let (done, errors) = apply(&args, 1, &roots);
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert!(
+            msgs.iter()
+                .any(|m| m.contains(path) && m.contains("read-only or not permitted")),
+            "{msgs:?}"
+        );
+        // The per-namespace sysctl was still written.
+        assert_eq!(done.len(), 1, "{done:?}");
+        assert_eq!(
+            roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
+            Some(45)
+        );
+        let after: u32 = std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(after, current);
+    })
+    .unwrap();
+}

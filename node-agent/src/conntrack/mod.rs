@@ -1,0 +1,303 @@
+//! Stale UDP conntrack cleanup (kube-proxy v1.36 CleanStaleEntries, spec section 3), driven
+//! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
+//! endpoints change (debounced) and periodically with Cilium's adaptive interval.
+
+pub mod clean;
+pub mod model;
+pub mod msg;
+pub mod netns;
+pub mod pass;
+pub mod socket;
+pub mod sysctls;
+mod worker;
+
+#[cfg(test)]
+mod kernel_tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt;
+use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::agent::Shared;
+
+pub use worker::Metrics;
+
+#[derive(Args, Debug, Clone)]
+pub struct ConntrackArgs {
+    /// Least time between two cleanup passes triggered by endpoint changes (kube-proxy's
+    /// --min-sync-period plays this role upstream).
+    #[arg(long, env = "CONNTRACK_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub conntrack_min_interval: Duration,
+
+    /// Shortest interval of the periodic pass (it shortens when passes find many stale entries).
+    #[arg(long, env = "CONNTRACK_GC_MIN", default_value = "10s", value_parser = parse_duration)]
+    pub conntrack_gc_min: Duration,
+
+    /// Longest interval of the periodic pass (it lengthens when passes find almost nothing).
+    #[arg(long, env = "CONNTRACK_GC_MAX", default_value = "5m", value_parser = parse_duration)]
+    pub conntrack_gc_max: Duration,
+
+    /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
+    /// of the agent's own. For tests and agents not running on the host network.
+    #[arg(long, env = "CONNTRACK_NETNS")]
+    pub conntrack_netns: Option<String>,
+
+    #[command(flatten)]
+    pub sysctls: sysctls::ConntrackSysctlArgs,
+}
+
+impl ConntrackArgs {
+    /// Checks what clap cannot check field by field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.conntrack_gc_min.is_zero() {
+            return Err("--conntrack-gc-min must be above 0".into());
+        }
+        if self.conntrack_gc_min > self.conntrack_gc_max {
+            return Err(format!(
+                "--conntrack-gc-min ({:?}) is above --conntrack-gc-max ({:?})",
+                self.conntrack_gc_min, self.conntrack_gc_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Debounce of watch events before the model is rebuilt and compared.
+const COALESCE: Duration = Duration::from_millis(100);
+
+pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    let sysctl_args = args.sysctls.clone();
+    tokio::task::spawn_blocking(move || {
+        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default())
+    })
+    .await?;
+    let metrics = Metrics::register(&shared.registry)?;
+    let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.dry_run)?;
+
+    let changed = Arc::new(Notify::new());
+    let (services, svc_writer) = reflector::store::<Service>();
+    let (slices, eps_writer) = reflector::store::<EndpointSlice>();
+    let svc_ready = shared.readiness.register("conntrack: services");
+    let eps_ready = shared.readiness.register("conntrack: endpointslices");
+    // Same selection as kube-proxy's informers (without a proxy name).
+    let svc_cfg =
+        watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
+    let eps_cfg = watcher::Config::default().labels(&format!(
+        "!{},!{}",
+        model::LABEL_SERVICE_PROXY_NAME,
+        model::LABEL_HEADLESS
+    ));
+    let watches = futures::future::join(
+        watch(
+            Api::all(shared.client.clone()),
+            svc_cfg,
+            svc_writer,
+            svc_ready.clone(),
+            changed.clone(),
+            "services",
+        ),
+        watch(
+            Api::all(shared.client.clone()),
+            eps_cfg,
+            eps_writer,
+            eps_ready.clone(),
+            changed.clone(),
+            "endpointslices",
+        ),
+    );
+    let lists = Lists {
+        services,
+        slices,
+        ready: [svc_ready, eps_ready],
+    };
+    tokio::select! {
+        _ = watches => anyhow::bail!("conntrack watches ended"),
+        r = schedule(&shared, &args, &worker, &lists, &changed) => r,
+    }
+}
+
+struct Lists {
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    ready: [ReadyFlag; 2],
+}
+
+impl Lists {
+    fn model(&self) -> Option<clean::Model> {
+        // A half-listed cache would make serving endpoints look removed.
+        if !self.ready.iter().all(ReadyFlag::is_ready) {
+            return None;
+        }
+        let services = self.services.state();
+        let slices = self.slices.state();
+        Some(model::build(
+            services.iter().map(|s| &**s),
+            slices.iter().map(|s| &**s),
+        ))
+    }
+}
+
+async fn watch<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    writer: Writer<K>,
+    ready: ReadyFlag,
+    changed: Arc<Notify>,
+    what: &'static str,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + 'static,
+{
+    let stream = watcher(api, cfg).default_backoff().reflect(writer);
+    futures::pin_mut!(stream);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(watcher::Event::InitDone) => {
+                ready.mark_ready();
+                changed.notify_one();
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed.notify_one(),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
+            }
+        }
+    }
+}
+
+/// Decides when rounds run: soon after the UDP model changes (at most one per
+/// --conntrack-min-interval), and on the adaptive periodic timer.
+async fn schedule(
+    shared: &Shared,
+    args: &ConntrackArgs,
+    worker: &worker::Worker,
+    lists: &Lists,
+    changed: &Notify,
+) -> anyhow::Result<()> {
+    let far = Duration::from_secs(365 * 24 * 3600);
+    let mut interval = Duration::from_secs(60).clamp(args.conntrack_gc_min, args.conntrack_gc_max);
+    let mut current: Option<Arc<clean::Model>> = None;
+    let mut rebuild_at: Option<Instant> = None;
+    let mut pass_at: Option<Instant> = None;
+    let mut last_pass: Option<Instant> = None;
+    let mut gc_at = Instant::now() + interval;
+    loop {
+        let wake = [rebuild_at, pass_at, Some(gc_at)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Instant::now() + far);
+        tokio::select! {
+            _ = shared.token.cancelled() => return Ok(()),
+            _ = changed.notified() => {
+                rebuild_at.get_or_insert(Instant::now() + COALESCE);
+                continue;
+            }
+            _ = tokio::time::sleep_until(wake) => {}
+        }
+        let now = Instant::now();
+        if rebuild_at.is_some_and(|t| t <= now) {
+            rebuild_at = None;
+            if let Some(m) = lists.model()
+                && current.as_deref() != Some(&m)
+            {
+                tracing::debug!(
+                    ipv4_frontends = m.ipv4.frontends.len(),
+                    ipv6_frontends = m.ipv6.frontends.len(),
+                    "UDP service model changed"
+                );
+                current = Some(Arc::new(m));
+                let earliest = last_pass.map_or(now, |t| t + args.conntrack_min_interval);
+                pass_at.get_or_insert(earliest.max(now));
+            }
+        }
+        let periodic = gc_at <= now;
+        if !(periodic || pass_at.is_some_and(|t| t <= now)) {
+            continue;
+        }
+        let Some(model) = current.clone() else {
+            gc_at = now + interval; // not listed yet
+            continue;
+        };
+        pass_at = None;
+        last_pass = Some(now);
+        let summary = worker.round(model).await;
+        if periodic {
+            interval = clean::next_interval(
+                interval,
+                summary.scanned,
+                summary.deleted,
+                args.conntrack_gc_min,
+                args.conntrack_gc_max,
+            );
+        }
+        gc_at = Instant::now() + interval;
+        tracing::debug!(next_periodic_in = ?interval, "conntrack round done");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::agent::Cli;
+
+    fn parse(flags: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("node-agent").chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_as_the_chart_passes_them() {
+        let cli = parse(&[
+            "--conntrack-min-interval=2s",
+            "--conntrack-gc-min=10s",
+            "--conntrack-gc-max=5m",
+            "--conntrack-max-per-core=32768",
+            "--conntrack-tcp-be-liberal=true",
+            "--conntrack-udp-timeout-stream=2m",
+        ])
+        .unwrap();
+        let c = &cli.conntrack;
+        assert_eq!(c.conntrack_min_interval.as_secs(), 2);
+        assert_eq!(c.conntrack_gc_max.as_secs(), 300);
+        assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
+        assert!(c.sysctls.conntrack_tcp_be_liberal);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn dry_run_takes_an_optional_value_as_the_chart_passes_it() {
+        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run"]).unwrap().dry_run);
+        assert!(!parse(&[]).unwrap().dry_run);
+    }
+
+    #[test]
+    fn bad_intervals_are_rejected_naming_the_value() {
+        let e = parse(&["--conntrack-gc-min=soon"]).err().unwrap();
+        assert!(e.contains("soon"), "{e}");
+        let cli = parse(&["--conntrack-gc-min=10m", "--conntrack-gc-max=5m"]).unwrap();
+        let e = cli.conntrack.validate().unwrap_err();
+        assert!(e.contains("600s") && e.contains("300s"), "{e}");
+        let cli = parse(&["--conntrack-gc-min=0s"]).unwrap();
+        assert!(cli.conntrack.validate().is_err());
+    }
+}

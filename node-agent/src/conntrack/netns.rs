@@ -1,0 +1,113 @@
+//! Network namespaces for tests and the benchmark: create one with `ip netns add`, run code
+//! inside it on a dedicated thread, delete it on drop. Nothing here touches the caller's own
+//! namespace.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Why root/netns tests cannot run here, or `None` when they can.
+pub fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    match Command::new("ip").arg("netns").arg("list").output() {
+        Ok(o) if o.status.success() => None,
+        Ok(o) => Some(format!(
+            "`ip netns list` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Some(format!("`ip` not runnable: {e}")),
+    }
+}
+
+/// Whether the `conntrack` CLI is installed.
+pub fn has_conntrack_cli() -> bool {
+    Command::new("conntrack")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Runs `f` on a new thread inside the named namespace (`/run/netns/NAME`, as `ip netns`
+/// creates them); the calling thread stays where it is.
+pub fn run_in<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter(name)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Moves the calling thread (only it) into the named namespace. Use on a thread of your own.
+pub fn enter(name: &str) -> io::Result<()> {
+    let path = format!("/run/netns/{name}");
+    let file = File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    // SAFETY: setns on a valid namespace fd affects only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("setns {path}: {e}")));
+    }
+    Ok(())
+}
+
+/// A named namespace, deleted on drop.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    /// Creates `gk-test-<tag>-<pid>-<n>`.
+    pub fn create(tag: &str) -> io::Result<Self> {
+        let name = format!(
+            "gk-test-{tag}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = Command::new("ip").args(["netns", "add", &name]).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "ip netns add {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(Self { name })
+    }
+
+    /// Runs `f` on a new thread that has joined this namespace; sockets it opens stay there.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+        run_in(&self.name, f)
+    }
+
+    /// Runs a command inside the namespace (`ip netns exec`), returning stdout.
+    pub fn exec(&self, program: &str, args: &[&str]) -> io::Result<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{program} {args:?} in {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}

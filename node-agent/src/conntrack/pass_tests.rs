@@ -1,0 +1,223 @@
+use std::net::SocketAddr;
+
+use super::*;
+use crate::conntrack::msg::{IPPROTO_TCP, Tuple};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn flow(proto: u8, client_port: u16, backend: &str) -> Entry {
+    let b = sa(backend);
+    let c: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+    Entry {
+        orig: Tuple {
+            src: c,
+            dst: "10.96.0.10".parse().unwrap(),
+            proto,
+            src_port: client_port,
+            dst_port: 53,
+        },
+        reply: Tuple {
+            src: b.ip(),
+            dst: c,
+            proto,
+            src_port: b.port(),
+            dst_port: client_port,
+        },
+        id: Some(client_port as u32),
+        zone: 0,
+    }
+}
+
+fn model() -> FamilyModel {
+    let mut m = FamilyModel::default();
+    m.frontends
+        .insert(sa("10.96.0.10:53"), [sa("10.244.1.5:53")].into());
+    m
+}
+
+/// Per dump attempt: how many entries to visit, then the result.
+type Script = Vec<(usize, Result<(), fn() -> DumpError>)>;
+
+/// Scripted dump results, one per attempt; records deletes.
+struct Fake {
+    entries: Vec<Entry>,
+    script: Script,
+    attempts: usize,
+    filters: Vec<Option<u8>>,
+    deleted: Vec<Entry>,
+    delete_result: Option<fn() -> io::Error>,
+}
+
+impl Fake {
+    fn new(entries: Vec<Entry>, script: Script) -> Self {
+        Self {
+            entries,
+            script,
+            attempts: 0,
+            filters: vec![],
+            deleted: vec![],
+            delete_result: None,
+        }
+    }
+}
+
+impl Table for Fake {
+    fn dump(
+        &mut self,
+        _family: u8,
+        only_proto: Option<u8>,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        self.filters.push(only_proto);
+        let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
+        self.attempts += 1;
+        for e in self.entries.iter().take(n) {
+            visit(e);
+        }
+        res.map(|()| n).map_err(|f| f())
+    }
+
+    fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
+        if let Some(f) = self.delete_result {
+            return Err(f());
+        }
+        self.deleted.extend_from_slice(entries);
+        Ok(BatchReport {
+            ok: entries.len(),
+            ..Default::default()
+        })
+    }
+}
+
+fn table() -> Vec<Entry> {
+    vec![
+        flow(IPPROTO_UDP, 1, "10.244.1.5:53"), // serving
+        flow(IPPROTO_UDP, 2, "10.244.9.9:53"), // stale
+        flow(IPPROTO_TCP, 3, "10.244.9.9:53"), // TCP: never
+        flow(IPPROTO_UDP, 4, "10.244.8.8:53"), // stale
+    ]
+}
+
+fn interrupted() -> DumpError {
+    DumpError::Interrupted
+}
+fn rejected() -> DumpError {
+    DumpError::FilterRejected(io::Error::from_raw_os_error(libc::EINVAL))
+}
+fn eperm() -> DumpError {
+    DumpError::Kernel(io::Error::from_raw_os_error(libc::EPERM))
+}
+
+fn run(t: &mut Fake, dry_run: bool) -> Result<PassReport, PassError> {
+    let mut state = PassState::default();
+    run_pass(t, AF_INET, &model(), &mut state, dry_run, &mut |_, _| {})
+}
+
+#[test]
+fn deletes_only_the_stale_udp_entries() {
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let r = run(&mut t, false).unwrap();
+    let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+    assert_eq!(ports, vec![2, 4]);
+    assert_eq!((r.scanned, r.stale, r.deleted, r.partial), (4, 2, 2, false));
+    assert_eq!(t.filters, vec![Some(IPPROTO_UDP)]);
+}
+
+#[test]
+fn dry_run_deletes_nothing_but_reports() {
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let mut seen = vec![];
+    let mut state = PassState::default();
+    let r = run_pass(&mut t, AF_INET, &model(), &mut state, true, &mut |e, _| {
+        seen.push(e.orig.src_port)
+    })
+    .unwrap();
+    assert!(t.deleted.is_empty());
+    assert_eq!(seen, vec![2, 4]);
+    assert_eq!((r.stale, r.deleted), (2, 0));
+}
+
+#[test]
+fn interrupted_dump_is_retried_then_the_last_partial_result_is_used() {
+    // Attempts 1-4 interrupted after 1 entry; 5th interrupted after 2: stale port 2 only.
+    let mut t = Fake::new(
+        table(),
+        vec![
+            (1, Err(interrupted)),
+            (1, Err(interrupted)),
+            (1, Err(interrupted)),
+            (1, Err(interrupted)),
+            (2, Err(interrupted)),
+        ],
+    );
+    let r = run(&mut t, false).unwrap();
+    assert_eq!(r.dump_attempts, MAX_DUMP_ATTEMPTS);
+    assert!(r.partial);
+    assert_eq!(r.scanned, 2);
+    let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+    assert_eq!(ports, vec![2], "only the last attempt's stale entries");
+}
+
+#[test]
+fn interrupted_then_complete_uses_the_complete_dump_once() {
+    let mut t = Fake::new(table(), vec![(3, Err(interrupted)), (4, Ok(()))]);
+    let r = run(&mut t, false).unwrap();
+    assert_eq!((r.dump_attempts, r.partial, r.deleted), (2, false, 2));
+    assert_eq!(
+        t.deleted.len(),
+        2,
+        "no duplicate from the interrupted attempt"
+    );
+}
+
+#[test]
+fn other_dump_errors_abort_without_deleting() {
+    let mut t = Fake::new(table(), vec![(3, Err(eperm))]);
+    let e = run(&mut t, false).unwrap_err();
+    assert!(matches!(e, PassError::Dump(DumpError::Kernel(_))), "{e}");
+    assert!(t.deleted.is_empty());
+    assert_eq!(t.attempts, 1);
+}
+
+#[test]
+fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
+    let mut t = Fake::new(table(), vec![(0, Err(rejected)), (4, Ok(()))]);
+    let mut state = PassState::default();
+    let r = run_pass(&mut t, AF_INET, &model(), &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!(t.filters, vec![Some(IPPROTO_UDP), None]);
+    assert_eq!(
+        r.deleted, 2,
+        "TCP entry still untouched without the kernel filter"
+    );
+    assert!(!state.kernel_filter);
+    assert_eq!(r.dump_attempts, 1);
+}
+
+#[test]
+fn empty_model_does_not_read_the_table() {
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let mut state = PassState::default();
+    let r = run_pass(
+        &mut t,
+        AF_INET,
+        &FamilyModel::default(),
+        &mut state,
+        false,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(r.skipped);
+    assert_eq!(t.attempts, 0);
+}
+
+#[test]
+fn delete_error_is_reported_with_the_counts() {
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    t.delete_result = Some(|| io::Error::from_raw_os_error(libc::EPERM));
+    match run(&mut t, false) {
+        Err(PassError::Delete { report, .. }) => assert_eq!(report.stale, 2),
+        other => panic!("{other:?}"),
+    }
+}

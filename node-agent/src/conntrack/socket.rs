@@ -1,0 +1,331 @@
+//! A blocking ctnetlink socket over raw `libc`: stream a dump through a reusable buffer, and
+//! send deletes/creates in batches, counting acknowledgements. A socket belongs to the network
+//! namespace of the thread that opened it.
+
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use super::msg::{self, Encoder, Entry, Message, ParseError};
+
+const NETLINK_NETFILTER: libc::c_int = 12;
+const NETLINK_CAP_ACK: libc::c_int = 10;
+const SOL_NETLINK: libc::c_int = 270;
+/// Dump replies come in skbs of at most ~32 KiB; twice that leaves room without MSG_TRUNC.
+const RECV_BUF: usize = 64 * 1024;
+/// Requests per `sendmsg`; small enough that the acknowledgements fit the receive buffer.
+const BATCH: usize = 128;
+const RECV_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// The kernel reported the dump inconsistent (NLM_F_DUMP_INTR) or EINTR: retry it.
+    #[error("conntrack dump interrupted (EINTR / NLM_F_DUMP_INTR)")]
+    Interrupted,
+    /// The kernel does not accept CTA_FILTER for this dump (EINVAL / EOPNOTSUPP).
+    #[error("kernel rejected the conntrack dump filter: {0}")]
+    FilterRejected(io::Error),
+    #[error("conntrack dump failed: {0}")]
+    Kernel(io::Error),
+    #[error("reading the conntrack dump: {0}")]
+    Io(io::Error),
+    #[error("malformed conntrack dump message: {0}")]
+    Parse(#[from] ParseError),
+}
+
+/// How a batch of requests ended, request by request.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BatchReport {
+    pub ok: usize,
+    /// ENOENT: for a delete, the entry is already gone (or was replaced: different ID).
+    pub not_found: usize,
+    /// Other per-request errors: (index in the batch, errno).
+    pub failed: Vec<(usize, i32)>,
+}
+
+pub struct Conntrack {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    enc: Encoder,
+    seq: u32,
+}
+
+fn check(ret: libc::c_int, what: &str) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(ret)
+}
+
+fn setsockopt<T>(fd: libc::c_int, level: libc::c_int, name: libc::c_int, v: &T) -> libc::c_int {
+    // SAFETY: `v` points to a live T of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast(),
+            mem::size_of::<T>() as libc::socklen_t,
+        )
+    }
+}
+
+impl Conntrack {
+    /// Opens a NETLINK_NETFILTER socket in the calling thread's network namespace.
+    /// Needs CAP_NET_ADMIN for anything but reading.
+    pub fn open() -> io::Result<Self> {
+        // SAFETY: plain syscall; the fd is owned right away.
+        let raw = check(
+            unsafe {
+                libc::socket(
+                    libc::AF_NETLINK,
+                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                    NETLINK_NETFILTER,
+                )
+            },
+            "socket(AF_NETLINK, NETLINK_NETFILTER)",
+        )?;
+        // SAFETY: `raw` is a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: zeroed sockaddr_nl is valid; pid 0 lets the kernel pick the port id.
+        let mut addr: libc::sockaddr_nl = unsafe { mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        check(
+            // SAFETY: addr is a valid sockaddr_nl of the size passed.
+            unsafe {
+                libc::bind(
+                    raw,
+                    (&addr as *const libc::sockaddr_nl).cast(),
+                    mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                )
+            },
+            "bind(netlink)",
+        )?;
+        let rcvbuf: libc::c_int = 4 << 20;
+        // Best effort: a smaller buffer only means more, smaller reads.
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &rcvbuf);
+        // Error acks then carry only the header, not a copy of each failed request.
+        let one: libc::c_int = 1;
+        setsockopt(raw, SOL_NETLINK, NETLINK_CAP_ACK, &one);
+        let tv = libc::timeval {
+            tv_sec: RECV_TIMEOUT.as_secs() as libc::time_t,
+            tv_usec: 0,
+        };
+        check(
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv),
+            "setsockopt(SO_RCVTIMEO)",
+        )?;
+        Ok(Self {
+            fd,
+            buf: vec![0; RECV_BUF],
+            enc: Encoder::default(),
+            seq: 0,
+        })
+    }
+
+    fn send_encoded(&mut self) -> io::Result<()> {
+        // SAFETY: zeroed sockaddr_nl addresses the kernel (pid 0).
+        let mut kernel: libc::sockaddr_nl = unsafe { mem::zeroed() };
+        kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        loop {
+            // SAFETY: buffer and address are valid for the lengths passed.
+            let n = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    self.enc.buf.as_ptr().cast(),
+                    self.enc.buf.len(),
+                    0,
+                    (&kernel as *const libc::sockaddr_nl).cast(),
+                    mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                )
+            };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io::Error::new(e.kind(), format!("netlink send: {e}")));
+            }
+        }
+    }
+
+    /// One datagram into the reusable buffer; a signal interrupting the syscall is retried,
+    /// it loses nothing.
+    fn recv(&mut self) -> io::Result<usize> {
+        loop {
+            // SAFETY: buf is valid for its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_TRUNC,
+                )
+            };
+            if n >= 0 {
+                let n = n as usize;
+                if n > self.buf.len() {
+                    return Err(io::Error::other(format!(
+                        "netlink datagram of {n} bytes exceeds the {} byte buffer",
+                        self.buf.len()
+                    )));
+                }
+                return Ok(n);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(io::Error::new(e.kind(), format!("netlink recv: {e}")));
+            }
+        }
+    }
+
+    fn next_seq(&mut self, n: usize) -> u32 {
+        let base = self.seq.wrapping_add(1);
+        self.seq = self.seq.wrapping_add(n as u32 + 1);
+        base
+    }
+
+    /// Streams one family's table, calling `visit` per entry while reading. With
+    /// `only_proto`, the kernel filters on the original L4 protocol (callers still check it:
+    /// the fallback dump is unfiltered). Returns the number of entries visited.
+    pub fn dump(
+        &mut self,
+        family: u8,
+        only_proto: Option<u8>,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        let seq = self.next_seq(1);
+        self.enc.clear();
+        self.enc.dump(seq, family, only_proto);
+        self.send_encoded().map_err(DumpError::Io)?;
+        self.read_dump(seq, only_proto.is_some(), visit)
+    }
+
+    /// Reads the replies to dump request `seq` up to its end.
+    fn read_dump(
+        &mut self,
+        seq: u32,
+        filtered: bool,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        let mut seen = 0usize;
+        let mut interrupted = false;
+        // A malformed message is remembered, the rest of the dump drained so the socket
+        // stays usable, then the error returned.
+        let mut parse_error = None;
+        loop {
+            let n = self.recv().map_err(DumpError::Io)?;
+            let buf = &self.buf[..n];
+            for m in msg::messages(buf) {
+                let m: Message<'_> = match m {
+                    Ok(m) => m,
+                    Err(e) => {
+                        parse_error.get_or_insert(e);
+                        break;
+                    }
+                };
+                if m.seq != seq {
+                    continue; // late acknowledgement of an earlier request
+                }
+                if m.flags & msg::NLM_F_DUMP_INTR != 0 {
+                    interrupted = true;
+                }
+                match m.ty {
+                    msg::CT_NEW_TYPE => match msg::parse_entry(m.payload) {
+                        Ok(e) if parse_error.is_none() => {
+                            seen += 1;
+                            visit(&e);
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            parse_error.get_or_insert(e);
+                        }
+                    },
+                    msg::NLMSG_DONE | msg::NLMSG_ERROR => {
+                        let errno = msg::error_code(m.payload)?;
+                        if errno == libc::EINTR {
+                            return Err(DumpError::Interrupted);
+                        }
+                        if errno != 0 {
+                            let err = io::Error::from_raw_os_error(errno);
+                            if filtered
+                                && m.ty == msg::NLMSG_ERROR
+                                && (errno == libc::EINVAL || errno == libc::EOPNOTSUPP)
+                            {
+                                return Err(DumpError::FilterRejected(err));
+                            }
+                            return Err(DumpError::Kernel(err));
+                        }
+                        if let Some(e) = parse_error {
+                            return Err(DumpError::Parse(e));
+                        }
+                        if interrupted {
+                            return Err(DumpError::Interrupted);
+                        }
+                        return Ok(seen);
+                    }
+                    msg::NLMSG_OVERRUN => interrupted = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Deletes each entry by original tuple (+ ID and zone), in batches.
+    pub fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
+        self.batch(entries.len(), |enc, seq, i| enc.delete(seq, &entries[i]))
+    }
+
+    /// Creates entries (tests, benchmark), in batches.
+    pub fn create(
+        &mut self,
+        entries: &[Entry],
+        timeout_secs: u32,
+        status: u32,
+    ) -> io::Result<BatchReport> {
+        self.batch(entries.len(), |enc, seq, i| {
+            enc.create(seq, &entries[i], timeout_secs, status)
+        })
+    }
+
+    fn batch(
+        &mut self,
+        n: usize,
+        encode: impl Fn(&mut Encoder, u32, usize),
+    ) -> io::Result<BatchReport> {
+        let mut report = BatchReport::default();
+        for start in (0..n).step_by(BATCH) {
+            let end = (start + BATCH).min(n);
+            let base = self.next_seq(end - start);
+            self.enc.clear();
+            for i in start..end {
+                encode(&mut self.enc, base.wrapping_add((i - start) as u32), i);
+            }
+            self.send_encoded()?;
+            let mut pending = end - start;
+            while pending > 0 {
+                let len = self.recv()?;
+                for m in msg::messages(&self.buf[..len]) {
+                    let m = m.map_err(io::Error::other)?;
+                    let off = m.seq.wrapping_sub(base) as usize;
+                    if m.ty != msg::NLMSG_ERROR || off >= end - start {
+                        continue;
+                    }
+                    pending = pending.saturating_sub(1);
+                    match msg::error_code(m.payload).map_err(io::Error::other)? {
+                        0 => report.ok += 1,
+                        libc::ENOENT => report.not_found += 1,
+                        errno => report.failed.push((start + off, errno)),
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+#[cfg(test)]
+#[path = "socket_tests.rs"]
+mod tests;

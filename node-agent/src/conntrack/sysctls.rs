@@ -1,0 +1,225 @@
+//! kube-proxy's conntrack sysctls, set only when their flag is given. The plan is pure; the
+//! writes go under configurable roots so tests use a temp dir.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use groundskeeper_plumbing::client::parse_duration;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct ConntrackSysctlArgs {
+    /// Conntrack entries to allow per CPU core: sets net.netfilter.nf_conntrack_max to
+    /// max(this x cores, --conntrack-min). Unset: nf_conntrack_max is left alone.
+    #[arg(long, env = "CONNTRACK_MAX_PER_CORE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub conntrack_max_per_core: Option<u32>,
+
+    /// Floor for nf_conntrack_max when --conntrack-max-per-core is set (kube-proxy: 131072).
+    #[arg(long, env = "CONNTRACK_MIN", default_value_t = 131072)]
+    pub conntrack_min: u32,
+
+    /// Sets nf_conntrack_tcp_timeout_established (e.g. 24h). Unset: left alone.
+    #[arg(long, env = "CONNTRACK_TCP_TIMEOUT_ESTABLISHED", value_parser = whole_seconds)]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+
+    /// Sets nf_conntrack_tcp_timeout_close_wait (e.g. 1h). Unset: left alone.
+    #[arg(long, env = "CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT", value_parser = whole_seconds)]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+
+    /// Sets nf_conntrack_tcp_be_liberal=1 (accept out-of-window TCP packets instead of
+    /// marking them INVALID). false: left alone.
+    #[arg(long, env = "CONNTRACK_TCP_BE_LIBERAL", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub conntrack_tcp_be_liberal: bool,
+
+    /// Sets nf_conntrack_udp_timeout (unanswered UDP flows, e.g. 30s). Unset: left alone.
+    #[arg(long, env = "CONNTRACK_UDP_TIMEOUT", value_parser = whole_seconds)]
+    pub conntrack_udp_timeout: Option<Duration>,
+
+    /// Sets nf_conntrack_udp_timeout_stream (answered UDP flows, e.g. 2m). Unset: left alone.
+    #[arg(long, env = "CONNTRACK_UDP_TIMEOUT_STREAM", value_parser = whole_seconds)]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+}
+
+/// A duration the kernel can take: whole seconds, above zero.
+fn whole_seconds(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() || d.subsec_nanos() != 0 {
+        return Err(format!(
+            "{s:?}: conntrack timeouts are whole seconds above 0"
+        ));
+    }
+    Ok(d)
+}
+
+/// One file to write, relative to its root (`/proc/sys` or `/sys`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub path: &'static str,
+    pub value: u64,
+    /// Under /sys rather than /proc/sys.
+    pub sysfs: bool,
+}
+
+pub const NF_CONNTRACK_MAX: &str = "net/netfilter/nf_conntrack_max";
+pub const HASHSIZE: &str = "module/nf_conntrack/parameters/hashsize";
+
+/// kube-proxy's `getConntrackMax`: per-core x cores, floored at the minimum.
+pub fn conntrack_max(per_core: u32, min: u32, cores: usize) -> u64 {
+    (u64::from(per_core) * cores as u64).max(u64::from(min))
+}
+
+/// What to write, given the current values (`None` = unreadable). Like kube-proxy, a value
+/// already in place is not rewritten, and the hash table is grown to max/4 buckets only when
+/// it has fewer (hashsize is writable only from the initial network namespace).
+pub fn plan(
+    args: &ConntrackSysctlArgs,
+    cores: usize,
+    current: impl Fn(&'static str, bool) -> Option<u64>,
+) -> Vec<Write> {
+    let mut out = Vec::new();
+    let mut set = |path: &'static str, value: u64| {
+        if current(path, false) != Some(value) {
+            out.push(Write {
+                path,
+                value,
+                sysfs: false,
+            });
+        }
+    };
+    let max = args
+        .conntrack_max_per_core
+        .map(|pc| conntrack_max(pc, args.conntrack_min, cores));
+    if let Some(max) = max {
+        set(NF_CONNTRACK_MAX, max);
+    }
+    let timeouts = [
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_established",
+            args.conntrack_tcp_timeout_established,
+        ),
+        (
+            "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+            args.conntrack_tcp_timeout_close_wait,
+        ),
+        (
+            "net/netfilter/nf_conntrack_udp_timeout",
+            args.conntrack_udp_timeout,
+        ),
+        (
+            "net/netfilter/nf_conntrack_udp_timeout_stream",
+            args.conntrack_udp_timeout_stream,
+        ),
+    ];
+    for (path, d) in timeouts {
+        if let Some(d) = d {
+            set(path, d.as_secs());
+        }
+    }
+    if args.conntrack_tcp_be_liberal {
+        set("net/netfilter/nf_conntrack_tcp_be_liberal", 1);
+    }
+    if let Some(max) = max
+        && current(HASHSIZE, true).is_none_or(|h| h < max / 4)
+    {
+        out.push(Write {
+            path: HASHSIZE,
+            value: max / 4,
+            sysfs: true,
+        });
+    }
+    out
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("writing {value} to {path}: {source}{hint}")]
+pub struct SysctlError {
+    pub path: PathBuf,
+    pub value: u64,
+    pub source: std::io::Error,
+    hint: &'static str,
+}
+
+/// Where the files live; tests point these at a temp dir.
+#[derive(Debug, Clone)]
+pub struct Roots {
+    pub proc_sys: PathBuf,
+    pub sys: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Self {
+            proc_sys: "/proc/sys".into(),
+            sys: "/sys".into(),
+        }
+    }
+}
+
+impl Roots {
+    fn path(&self, path: &str, sysfs: bool) -> PathBuf {
+        if sysfs {
+            self.sys.join(path)
+        } else {
+            self.proc_sys.join(path)
+        }
+    }
+
+    pub fn read(&self, path: &str, sysfs: bool) -> Option<u64> {
+        std::fs::read_to_string(self.path(path, sysfs))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+/// Plans and writes; every write is tried, each failure returned (the caller logs them and
+/// keeps running the cleanup).
+pub fn apply(
+    args: &ConntrackSysctlArgs,
+    cores: usize,
+    roots: &Roots,
+) -> (Vec<Write>, Vec<SysctlError>) {
+    let writes = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
+    let mut errors = Vec::new();
+    let mut done = Vec::new();
+    for w in writes {
+        let path = roots.path(w.path, w.sysfs);
+        match std::fs::write(&path, format!("{}\n", w.value)) {
+            Ok(()) => done.push(w),
+            Err(source) => {
+                let hint = match source.raw_os_error() {
+                    Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) => {
+                        " (read-only or not permitted: node-agent needs a privileged container \
+                         with /proc/sys and /sys writable to set conntrack sysctls)"
+                    }
+                    _ => "",
+                };
+                errors.push(SysctlError {
+                    path,
+                    value: w.value,
+                    source,
+                    hint,
+                });
+            }
+        }
+    }
+    (done, errors)
+}
+
+/// Logs the outcome of `apply`.
+pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (done, errors) = apply(args, cores, roots);
+    for w in done {
+        tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
+    }
+    for e in errors {
+        tracing::error!(error = %e, "could not set conntrack sysctl; stale-entry cleanup keeps running");
+    }
+}
+
+#[cfg(test)]
+#[path = "sysctls_tests.rs"]
+mod tests;
