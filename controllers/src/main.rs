@@ -72,43 +72,46 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         dry_run: cli.dry_run,
         token: controllers_token.clone(),
     };
-    let controllers = start_controllers(&cli, shared);
+    let mut controllers = start_controllers(&cli, shared);
 
-    let lost = match elector_task {
-        Some(mut task) => tokio::select! {
-            res = &mut task => match res {
-                Ok(Err(lost)) => Some(lost.to_string()),
-                Ok(Ok(())) => None,
-                Err(join) => Some(format!("leader election task failed: {join}")),
-            },
-            _ = shutdown.cancelled() => {
-                // Controllers drain first, so nothing acts after the lease is released.
-                controllers_token.cancel();
-                shutdown.drain(cli.shutdown_grace, controllers.drain()).await;
-                elector_token.cancel();
-                let _ = shutdown.drain(cli.shutdown_grace, task).await;
-                process.finish().await;
-                tracing::info!("controller-manager stopped");
-                return Ok(ExitCode::SUCCESS);
+    // Run until SIGTERM, a lost lease, or a controller that ends on its own.
+    let mut elector_task = elector_task;
+    let mut lost: Option<String> = None;
+    let failed = controllers
+        .until_stopped(async {
+            match elector_task.as_mut() {
+                Some(task) => tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    res = task => lost = Some(match res {
+                        Ok(Err(e)) => e.to_string(),
+                        Ok(Ok(())) => "leader election stopped".into(),
+                        Err(join) => format!("leader election task failed: {join}"),
+                    }),
+                },
+                None => shutdown.cancelled().await,
             }
-        },
-        None => {
-            shutdown.cancelled().await;
-            None
-        }
-    };
+        })
+        .await;
 
+    // Controllers drain first, so nothing acts once the lease is released.
     controllers_token.cancel();
     shutdown
         .drain(cli.shutdown_grace, controllers.drain())
         .await;
-    if let Some(reason) = lost {
-        // As kube-controller-manager does: exit, let the pod restart clean as a standby.
-        tracing::error!(%reason, "stopping all controllers and exiting");
-        return Ok(ExitCode::FAILURE);
+    if lost.is_none()
+        && let Some(task) = elector_task
+    {
+        elector_token.cancel();
+        let _ = shutdown.drain(cli.shutdown_grace, task).await;
     }
     shutdown.trigger();
     process.finish().await;
+    let reason = lost.or_else(|| failed.map(|e| format!("{e:#}")));
+    if let Some(reason) = reason {
+        // As kube-controller-manager does: exit, and let the pod restart clean as a standby.
+        tracing::error!(%reason, "stopped all controllers; exiting");
+        return Ok(ExitCode::FAILURE);
+    }
     tracing::info!("controller-manager stopped");
     Ok(ExitCode::SUCCESS)
 }

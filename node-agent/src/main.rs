@@ -50,15 +50,24 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
         dry_run: cli.dry_run,
         token: process.shutdown.token(),
     };
-    let tasks = start_tasks(&cli, shared);
-    process.shutdown.cancelled().await;
+    let mut tasks = start_tasks(&cli, shared);
+    let failed = tasks.until_stopped(process.shutdown.cancelled()).await;
+    // Whatever ended it, every task stops on the one token and gets the grace to drain.
+    process.shutdown.trigger();
     process
         .shutdown
         .drain(cli.shutdown_grace, tasks.drain())
         .await;
     process.finish().await;
-    tracing::info!("node-agent stopped");
-    Ok(())
+    match failed {
+        // Exit non-zero so the DaemonSet restarts the pod and the failure shows, rather than
+        // an agent that looks healthy while one of its jobs is dead.
+        Some(e) => Err(e),
+        None => {
+            tracing::info!("node-agent stopped");
+            Ok(())
+        }
+    }
 }
 
 fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {

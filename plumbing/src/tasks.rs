@@ -33,6 +33,26 @@ impl Tasks {
         }
     }
 
+    /// Waits for `stop`. A task that ends before it (with an error, or even Ok: tasks run until
+    /// shutdown) is a failure the process must not hide by running on without it: returns it.
+    pub async fn until_stopped<F: Future<Output = ()>>(
+        &mut self,
+        stop: F,
+    ) -> Option<anyhow::Error> {
+        tokio::pin!(stop);
+        if self.is_empty() {
+            stop.await;
+            return None;
+        }
+        tokio::select! {
+            _ = &mut stop => None,
+            Some((name, res)) = self.first_exit() => Some(match res {
+                Ok(()) => anyhow::anyhow!("{name} stopped on its own"),
+                Err(e) => e.context(format!("{name} failed")),
+            }),
+        }
+    }
+
     /// Waits for every task, logging how each ended.
     pub async fn drain(mut self) {
         while let Some((name, res)) = self.first_exit().await {
@@ -41,5 +61,32 @@ impl Tasks {
                 Err(e) => tracing::error!(task = name, error = %format!("{e:#}"), "failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failing_task_is_reported_before_stop() {
+        let mut t = Tasks::default();
+        t.spawn("ok-forever", std::future::pending());
+        t.spawn("broken", async { anyhow::bail!("no netlink socket") });
+        let e = t.until_stopped(std::future::pending()).await.unwrap();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("broken failed") && msg.contains("no netlink socket"),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test]
+    async fn stop_wins_when_tasks_run() {
+        let mut t = Tasks::default();
+        t.spawn("ok-forever", std::future::pending());
+        assert!(t.until_stopped(async {}).await.is_none());
+        let mut empty = Tasks::default();
+        assert!(empty.until_stopped(async {}).await.is_none());
     }
 }
