@@ -279,7 +279,12 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
     assert!(deleted, "watch ended before the orphan was deleted");
     let marked = marked.expect("DisruptionTarget=True was visible before the delete");
     assert_eq!(phase(&marked), "Failed");
-    assert!(m.logs().contains(&format!("pod={ns}/orphan ")));
+    // The watch can report the delete before the manager has logged it.
+    let line = format!("pod={ns}/orphan ");
+    m.wait_for_log("the orphan's log line", |l| {
+        l.contains("force-deleted pod") && l.contains(&line) && l.contains("pass=\"orphaned\"")
+    })
+    .await?;
     assert!(
         exists(&c, &ns, "on-live-node").await?,
         "a pod on a live node is untouched"

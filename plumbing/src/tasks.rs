@@ -45,6 +45,9 @@ impl Tasks {
             return None;
         }
         tokio::select! {
+            // A stop also ends tasks (their tokens are children of the same one): when both are
+            // ready, the stop is the reason, not a task that "stopped on its own".
+            biased;
             _ = &mut stop => None,
             Some((name, res)) = self.first_exit() => Some(match res {
                 Ok(()) => anyhow::anyhow!("{name} stopped on its own"),
@@ -79,6 +82,20 @@ mod tests {
             msg.contains("broken failed") && msg.contains("no netlink socket"),
             "{msg}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_task_ended_by_the_stop_is_not_a_failure() {
+        let token = tokio_util::sync::CancellationToken::new();
+        let mut t = Tasks::default();
+        let child = token.child_token();
+        t.spawn("drains-on-stop", async move {
+            child.cancelled().await;
+            Ok(())
+        });
+        token.cancel();
+        tokio::task::yield_now().await;
+        assert!(t.until_stopped(token.cancelled()).await.is_none());
     }
 
     #[tokio::test]
