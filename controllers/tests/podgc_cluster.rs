@@ -52,11 +52,12 @@ async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
         }
     }
     args.extend_from_slice(extra);
-    // PODGC_TEST_BIN: a copy of the binary, for target directories shared between checkouts
-    // (another checkout's build can replace target/debug/controller-manager mid-run).
-    let path = std::env::var("PODGC_TEST_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_controller-manager").to_string());
-    let bin = Binary::start(&path, "controller-manager-podgc", &args, &[])?;
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-podgc",
+        &args,
+        &[],
+    )?;
     bin.wait_for_log("podgc running", WAIT).await?;
     Ok(Manager { bin, admin })
 }
