@@ -11,7 +11,7 @@ use prometheus::IntGauge;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = cli::parse();
-    cli.log.init();
+    cli.common.log.init();
     if let Err(e) = cli.election.validate() {
         eprintln!("{e}");
         return ExitCode::from(2);
@@ -26,11 +26,11 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let process = Process::start(&cli.kube, cli.admin.admin_addr).await?;
+    let process = Process::start(&cli.common).await?;
     let shutdown = process.shutdown.clone();
     let registry = process.registry.clone();
     let client = process.client.clone();
-    tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.dry_run, "controller-manager starting");
+    tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.common.dry_run, "controller-manager starting");
 
     let is_leader = IntGauge::new(
         "groundskeeper_leader_election_is_leader",
@@ -69,7 +69,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         registry,
         readiness: process.readiness.clone(),
         leadership,
-        dry_run: cli.dry_run,
+        dry_run: cli.common.dry_run,
         token: controllers_token.clone(),
     };
     let mut controllers = start_controllers(&cli, shared);
@@ -96,13 +96,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // Controllers drain first, so nothing acts once the lease is released.
     controllers_token.cancel();
     shutdown
-        .drain(cli.shutdown_grace, controllers.drain())
+        .drain(cli.common.shutdown_grace, controllers.drain())
         .await;
     if lost.is_none()
         && let Some(task) = elector_task
     {
         elector_token.cancel();
-        let _ = shutdown.drain(cli.shutdown_grace, task).await;
+        let _ = shutdown.drain(cli.common.shutdown_grace, task).await;
     }
     shutdown.trigger();
     process.finish().await;

@@ -5,11 +5,9 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use groundskeeper_plumbing::{
     Readiness,
-    admin::AdminArgs,
     cli::{Selection, parse_selection},
-    client::KubeArgs,
     client::parse_duration,
-    telemetry::LogArgs,
+    process::CommonArgs,
 };
 use kube::Client;
 use prometheus::Registry;
@@ -38,11 +36,7 @@ pub struct Shared {
 )]
 pub struct Cli {
     #[command(flatten)]
-    pub log: LogArgs,
-    #[command(flatten)]
-    pub admin: AdminArgs,
-    #[command(flatten)]
-    pub kube: KubeArgs,
+    pub common: CommonArgs,
     #[command(flatten)]
     pub election: ElectionArgs,
     #[command(flatten)]
@@ -53,16 +47,6 @@ pub struct Cli {
     /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
     #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
     pub controllers: Selection,
-
-    /// Log every destructive action (finalizer removal, pod patch and delete) instead of making it.
-    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
-    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dry_run: bool,
-
-    /// How long to wait for controllers to drain after SIGTERM before exiting anyway.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "20s", value_parser = parse_duration)]
-    pub shutdown_grace: Duration,
 }
 
 pub const CONTROLLERS: &[&str] = &["servicecidr", "podgc"];
@@ -153,7 +137,7 @@ mod tests {
             Duration::from_secs(2)
         );
         assert!(cli.election.validate().is_ok());
-        assert!(!cli.dry_run);
+        assert!(!cli.common.dry_run);
         assert!(cli.controllers.has("servicecidr") && cli.controllers.has("podgc"));
     }
 
@@ -178,14 +162,6 @@ mod tests {
             e.contains("--leader-elect-lease-duration") && e.contains("20s"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn dry_run_alone_or_with_a_value() {
-        assert!(parse(&["--dry-run"]).unwrap().dry_run);
-        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
-        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
-        assert!(parse(&["--dry-run=maybe"]).is_err());
     }
 
     #[test]

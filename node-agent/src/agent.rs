@@ -1,15 +1,10 @@
 //! What every node-agent task is handed, and the agent's flags.
 
-use std::time::Duration;
-
 use clap::{Parser, Subcommand};
 use groundskeeper_plumbing::{
     Readiness,
-    admin::AdminArgs,
     cli::{Selection, parse_selection},
-    client::KubeArgs,
-    client::parse_duration,
-    telemetry::LogArgs,
+    process::CommonArgs,
 };
 use kube::Client;
 
@@ -41,11 +36,7 @@ pub struct Cli {
     pub command: Option<Command>,
 
     #[command(flatten)]
-    pub log: LogArgs,
-    #[command(flatten)]
-    pub admin: AdminArgs,
-    #[command(flatten)]
-    pub kube: KubeArgs,
+    pub common: CommonArgs,
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
     #[command(flatten)]
@@ -59,16 +50,6 @@ pub struct Cli {
     /// Node tasks to run, comma-separated: conntrack, sysctl (empty: none).
     #[arg(long, env = "TASKS", default_value = "conntrack,sysctl", value_parser = parse_tasks)]
     pub tasks: Selection,
-
-    /// Log every destructive action (conntrack deletes, pod rejections) instead of making it.
-    /// `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
-    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub dry_run: bool,
-
-    /// How long to wait for tasks to drain after SIGTERM before exiting anyway.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
-    pub shutdown_grace: Duration,
 }
 
 pub const TASKS: &[&str] = &["conntrack", "sysctl"];

@@ -17,7 +17,7 @@ async fn main() -> ExitCode {
             Command::Sysctl(SysctlCommand::Check(args)) => ExitCode::from(sysctl::check::run(args)),
         };
     }
-    cli.log.init();
+    cli.common.log.init();
     let node_name = match cli.require_node_name() {
         Ok(n) => n,
         Err(e) => {
@@ -39,15 +39,15 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
-    let process = Process::start(&cli.kube, cli.admin.admin_addr).await?;
-    tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.dry_run, "node-agent starting");
+    let process = Process::start(&cli.common).await?;
+    tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.common.dry_run, "node-agent starting");
 
     let shared = Shared {
         client: process.client.clone(),
         registry: process.registry.clone(),
         readiness: process.readiness.clone(),
         node_name,
-        dry_run: cli.dry_run,
+        dry_run: cli.common.dry_run,
         token: process.shutdown.token(),
     };
     let mut tasks = start_tasks(&cli, shared);
@@ -56,7 +56,7 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     process.shutdown.trigger();
     process
         .shutdown
-        .drain(cli.shutdown_grace, tasks.drain())
+        .drain(cli.common.shutdown_grace, tasks.drain())
         .await;
     process.finish().await;
     match failed {

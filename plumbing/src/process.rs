@@ -1,12 +1,42 @@
 //! The start-up both binaries share: signals, registry, readiness, client, admin server.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
+
+use clap::Args;
 
 use kube::Client;
 use prometheus::Registry;
 use tokio::task::JoinHandle;
 
-use crate::{Readiness, Shutdown, admin, client::KubeArgs, metrics};
+use crate::{
+    Readiness, Shutdown,
+    admin::{self, AdminArgs},
+    client::{KubeArgs, parse_duration},
+    metrics,
+    telemetry::LogArgs,
+};
+
+/// The flags every groundskeeper binary takes.
+#[derive(Args, Clone, Debug)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+
+    /// Log every destructive action (deletions, finalizer removals, pod rejections) instead of
+    /// making it. `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
+    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub dry_run: bool,
+
+    /// How long each stage of shutdown (draining tasks, releasing a lease) may take after
+    /// SIGTERM before the process exits anyway.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
 
 pub struct Process {
     pub shutdown: Shutdown,
@@ -18,7 +48,8 @@ pub struct Process {
 }
 
 impl Process {
-    pub async fn start(kube: &KubeArgs, admin_addr: SocketAddr) -> anyhow::Result<Self> {
+    pub async fn start(args: &CommonArgs) -> anyhow::Result<Self> {
+        let (kube, admin_addr) = (&args.kube, args.admin.admin_addr);
         let shutdown = Shutdown::new();
         shutdown.cancel_on_signals();
         let registry = metrics::registry();
@@ -49,5 +80,37 @@ impl Process {
             Ok(Err(e)) => tracing::warn!(error = %e, "admin server ended with an error"),
             Err(e) => tracing::warn!(error = %e, "admin server task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<CommonArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bin").chain(args.iter().copied())).map(|c| c.common)
+    }
+
+    #[test]
+    fn dry_run_alone_or_with_a_value() {
+        assert!(!parse(&[]).unwrap().dry_run);
+        assert!(parse(&["--dry-run"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
+        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
+        assert!(parse(&["--dry-run=maybe"]).is_err());
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.admin.admin_addr.to_string(), "0.0.0.0:8080");
     }
 }

@@ -283,14 +283,6 @@ mod tests {
     }
 
     #[test]
-    fn dry_run_takes_an_optional_value_as_the_chart_passes_it() {
-        assert!(!parse(&["--dry-run=false"]).unwrap().dry_run);
-        assert!(parse(&["--dry-run=true"]).unwrap().dry_run);
-        assert!(parse(&["--dry-run"]).unwrap().dry_run);
-        assert!(!parse(&[]).unwrap().dry_run);
-    }
-
-    #[test]
     fn bad_intervals_are_rejected_naming_the_value() {
         let e = parse(&["--conntrack-gc-min=soon"]).err().unwrap();
         assert!(e.contains("soon"), "{e}");
