@@ -6,6 +6,7 @@
 //! and passes: the skip is visible, never silent.
 
 mod binary;
+pub mod chart;
 
 pub use binary::Binary;
 

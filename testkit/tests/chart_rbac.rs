@@ -3,7 +3,7 @@
 //! `node-agent/rbac.yaml`). A missing verb breaks the component; an extra one is privilege
 //! nobody needs.
 
-use std::{collections::BTreeSet, path::PathBuf, process::Command};
+use std::{collections::BTreeSet, path::PathBuf};
 
 use serde::Deserialize;
 
@@ -43,19 +43,6 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn helm() -> Option<PathBuf> {
-    let local = repo().join(".tools/bin/helm");
-    if local.exists() {
-        return Some(local);
-    }
-    Command::new("helm")
-        .arg("version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|_| "helm".into())
-}
-
 /// The rules the rendered chart grants one component: (ClusterRole rules, Role rules).
 fn rendered(docs: &[serde_yaml::Value], component: &str) -> (Grants, Grants) {
     let mut cluster = BTreeSet::new();
@@ -80,28 +67,13 @@ fn rendered(docs: &[serde_yaml::Value], component: &str) -> (Grants, Grants) {
 
 #[test]
 fn chart_rbac_equals_what_the_code_calls() {
-    let Some(helm) = helm() else {
+    let Some(docs) = testkit::chart::render(&[]) else {
         testkit::skipped(
             "chart_rbac_equals_what_the_code_calls",
             "helm not installed (run .ci/tools.sh)",
         );
         return;
     };
-    let out = Command::new(helm)
-        .args(["template", "gk"])
-        .arg(repo().join("charts/groundskeeper"))
-        .output()
-        .expect("run helm");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
-        .filter(|d| !d.is_null())
-        .collect();
 
     for (component, file) in [
         ("controller-manager", "controllers/rbac.yaml"),

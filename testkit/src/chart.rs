@@ -1,0 +1,71 @@
+//! The Helm chart rendered by the real `helm`, for tests that check it against the code.
+
+use std::{path::PathBuf, process::Command};
+
+use serde::Deserialize;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The pinned helm from `.ci/tools.sh`, else one on PATH.
+pub fn helm() -> Option<PathBuf> {
+    let local = repo().join(".tools/bin/helm");
+    if local.exists() {
+        return Some(local);
+    }
+    Command::new("helm")
+        .arg("version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|_| "helm".into())
+}
+
+/// `helm template gk charts/groundskeeper <extra>` as YAML documents; None without helm.
+/// Panics (failing the test) when helm refuses the chart.
+pub fn render(extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
+    let helm = helm()?;
+    let out = Command::new(helm)
+        .args(["template", "gk"])
+        .arg(repo().join("charts/groundskeeper"))
+        .args(extra)
+        .output()
+        .expect("run helm");
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("helm prints UTF-8");
+    Some(
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde_yaml::Value::deserialize(d).expect("helm renders YAML"))
+            .filter(|d| !d.is_null())
+            .collect(),
+    )
+}
+
+/// The args of the first container of the workload of `kind` (Deployment, DaemonSet), with
+/// the program name in front, ready for `Cli::try_parse_from`.
+pub fn container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
+    let doc = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("the chart renders no {kind}"));
+    let container = &doc["spec"]["template"]["spec"]["containers"][0];
+    let mut args = vec![
+        container["command"][0]
+            .as_str()
+            .unwrap_or("bin")
+            .to_string(),
+    ];
+    args.extend(
+        container["args"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|a| a.as_str().expect("args are strings").to_string()),
+    );
+    args
+}
