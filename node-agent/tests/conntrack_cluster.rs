@@ -77,7 +77,7 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
         return Ok(());
     };
     if let Some(why) = netns::unavailable() {
-        println!("SKIPPED {name}: needs root and ip netns ({why})");
+        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
         return Ok(());
     }
     let ns_name = c.namespace("conntrack").await?;
@@ -92,7 +92,7 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("no clusterIP allocated"))?
         .parse()?;
     if !cluster_ip.is_ipv4() {
-        println!("SKIPPED {name}: cluster allocates IPv6 ClusterIPs");
+        testkit::skipped(name, "cluster allocates IPv6 ClusterIPs");
         return Ok(());
     }
     let endpoints = |ips: &[&str]| -> serde_json::Value {

@@ -7,6 +7,7 @@
 
 mod binary;
 pub mod chart;
+mod rbac;
 
 pub use binary::Binary;
 

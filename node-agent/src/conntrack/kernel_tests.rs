@@ -20,7 +20,7 @@ use super::socket::Conntrack;
 
 fn skip(name: &str) -> bool {
     if let Some(why) = netns::unavailable() {
-        println!("SKIPPED {name}: needs root and ip netns ({why})");
+        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
         return true;
     }
     false
@@ -426,7 +426,10 @@ fn conntrack_cli_sees_what_netlink_created() {
         return;
     }
     if !netns::has_conntrack_cli() {
-        println!("SKIPPED conntrack_cli_sees_what_netlink_created: needs the conntrack CLI");
+        testkit::skipped(
+            "conntrack_cli_sees_what_netlink_created",
+            "needs the conntrack CLI",
+        );
         return;
     }
     let ns = NetNs::create("cli").unwrap();
@@ -494,7 +497,10 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
         let path = "/proc/sys/net/netfilter/nf_conntrack_max";
         let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
         if mode != 0o444 {
-            println!("SKIPPED {NAME}: {path} is not read-only in a child namespace here");
+            testkit::skipped(
+                NAME,
+                &format!("{path} is not read-only in a child namespace here"),
+            );
             return;
         }
         let current: u32 = std::fs::read_to_string(path)
