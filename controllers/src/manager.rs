@@ -74,15 +74,15 @@ pub struct ElectionArgs {
     pub leader_elect_namespace: String,
 
     /// How long a standby waits after the lease last changed before taking it over.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up leadership.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates try to acquire and the leader renews.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
 
     /// This replica's name in the Lease (a random suffix is appended).
