@@ -30,7 +30,6 @@ app.kubernetes.io/component: {{ .component }}
 - --log-level={{ .Values.logLevel }}
 - --kube-api-qps={{ .Values.kubeApi.qps }}
 - --kube-api-burst={{ .Values.kubeApi.burst }}
-- --admin-addr=0.0.0.0:{{ .Values.metrics.service.port }}
 {{- end -}}
 
 {{/* True when any conntrack sysctl is set: the node-agent then needs a writable /proc/sys. */}}
