@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use groundskeeper_node_agent::conntrack::msg::{
-    AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
+    AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
@@ -17,27 +17,6 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use testkit::{Binary, free_addr, http_get, wait_for};
-
-fn dnat(proto: u8, client: SocketAddr, frontend: SocketAddr, endpoint: SocketAddr) -> Entry {
-    Entry {
-        orig: Tuple {
-            src: client.ip(),
-            dst: frontend.ip(),
-            proto,
-            src_port: client.port(),
-            dst_port: frontend.port(),
-        },
-        reply: Tuple {
-            src: endpoint.ip(),
-            dst: client.ip(),
-            proto,
-            src_port: endpoint.port(),
-            dst_port: client.port(),
-        },
-        id: None,
-        zone: 0,
-    }
-}
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
@@ -113,10 +92,10 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
         ("10.244.1.5:5353".parse()?, "10.244.1.6:5353".parse()?);
     let client = |port: u16| SocketAddr::new("10.0.0.1".parse().unwrap(), port);
     let entries = vec![
-        dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
-        dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
-        dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
-        dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
+        Entry::dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
+        Entry::dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
+        Entry::dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
+        Entry::dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
     ];
     netns.run(|| {
         let r = Conntrack::open()

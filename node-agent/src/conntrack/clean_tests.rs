@@ -1,5 +1,5 @@
 use super::*;
-use crate::conntrack::msg::{IPPROTO_SCTP, IPPROTO_TCP, Tuple};
+use crate::conntrack::msg::{IPPROTO_SCTP, IPPROTO_TCP};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -7,24 +7,9 @@ fn sa(s: &str) -> SocketAddr {
 
 /// A kube-proxy-shaped DNAT entry: client -> frontend, reply backend -> client.
 fn flow(proto: u8, client: &str, frontend: &str, backend: &str) -> Entry {
-    let (c, f, b) = (sa(client), sa(frontend), sa(backend));
     Entry {
-        orig: Tuple {
-            src: c.ip(),
-            dst: f.ip(),
-            proto,
-            src_port: c.port(),
-            dst_port: f.port(),
-        },
-        reply: Tuple {
-            src: b.ip(),
-            dst: c.ip(),
-            proto,
-            src_port: b.port(),
-            dst_port: c.port(),
-        },
         id: Some(1),
-        zone: 0,
+        ..Entry::dnat(proto, sa(client), sa(frontend), sa(backend))
     }
 }
 

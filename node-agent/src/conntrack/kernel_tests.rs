@@ -12,7 +12,7 @@ use super::clean::Model;
 use super::model::{self, LABEL_SERVICE_NAME};
 use super::msg::{
     AF_INET, AF_INET6, Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED,
-    STATUS_SEEN_REPLY, Tuple,
+    STATUS_SEEN_REPLY,
 };
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};
@@ -32,25 +32,7 @@ fn sa(s: &str) -> SocketAddr {
 
 /// kube-proxy's DNAT shape: orig client -> frontend, reply endpoint -> client.
 fn dnat(proto: u8, client: &str, frontend: &str, endpoint: &str) -> Entry {
-    let (c, f, b) = (sa(client), sa(frontend), sa(endpoint));
-    Entry {
-        orig: Tuple {
-            src: c.ip(),
-            dst: f.ip(),
-            proto,
-            src_port: c.port(),
-            dst_port: f.port(),
-        },
-        reply: Tuple {
-            src: b.ip(),
-            dst: c.ip(),
-            proto,
-            src_port: b.port(),
-            dst_port: c.port(),
-        },
-        id: None,
-        zone: 0,
-    }
+    Entry::dnat(proto, sa(client), sa(frontend), sa(endpoint))
 }
 
 fn udp(client: &str, frontend: &str, endpoint: &str) -> Entry {

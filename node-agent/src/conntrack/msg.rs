@@ -4,7 +4,7 @@
 //! returns an error, never panics, on malformed input.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 // netlink header
 pub const NLMSG_HDRLEN: usize = 16;
@@ -99,6 +99,31 @@ pub struct Entry {
     /// The kernel's per-entry ID: deleting by tuple + ID leaves a same-tuple successor alone.
     pub id: Option<u32>,
     pub zone: u16,
+}
+
+impl Entry {
+    /// An entry of the shape kube-proxy's DNAT creates: `client -> frontend` in the original
+    /// direction, `endpoint -> client` in the reply. No ID (the kernel assigns one), zone 0.
+    pub fn dnat(proto: u8, client: SocketAddr, frontend: SocketAddr, endpoint: SocketAddr) -> Self {
+        Entry {
+            orig: Tuple {
+                src: client.ip(),
+                dst: frontend.ip(),
+                proto,
+                src_port: client.port(),
+                dst_port: frontend.port(),
+            },
+            reply: Tuple {
+                src: endpoint.ip(),
+                dst: client.ip(),
+                proto,
+                src_port: endpoint.port(),
+                dst_port: client.port(),
+            },
+            id: None,
+            zone: 0,
+        }
+    }
 }
 
 impl fmt::Display for Tuple {
