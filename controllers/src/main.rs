@@ -65,12 +65,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
 
     let shared = Shared {
-        client,
-        registry,
-        readiness: process.readiness.clone(),
+        base: process.base(cli.common.dry_run, controllers_token.clone()),
         leadership,
-        dry_run: cli.common.dry_run,
-        token: controllers_token.clone(),
     };
     let mut controllers = start_controllers(&cli, shared);
 

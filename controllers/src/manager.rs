@@ -4,28 +4,18 @@ use std::time::Duration;
 
 use clap::{Args, Parser};
 use groundskeeper_plumbing::{
-    Readiness,
     cli::{Selection, parse_selection},
     client::parse_duration,
-    process::CommonArgs,
+    process::{Base, CommonArgs},
 };
-use kube::Client;
-use prometheus::Registry;
-use tokio_util::sync::CancellationToken;
 
 use crate::{leader::Leadership, podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
 
-/// Handed to each controller's `run`: the client, where to register metrics and watches, the
-/// leadership gate, and the one shutdown token.
+/// Handed to each controller's `run`: the common base and the leadership gate.
 #[derive(Clone)]
 pub struct Shared {
-    pub client: Client,
-    pub registry: Registry,
-    pub readiness: Readiness,
+    pub base: Base,
     pub leadership: Leadership,
-    /// Log every finalizer removal, patch or delete that would be made; make none.
-    pub dry_run: bool,
-    pub token: CancellationToken,
 }
 
 #[derive(Parser, Debug)]

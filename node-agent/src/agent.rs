@@ -2,27 +2,18 @@
 
 use clap::{Parser, Subcommand};
 use groundskeeper_plumbing::{
-    Readiness,
     cli::{Selection, parse_selection},
-    process::CommonArgs,
+    process::{Base, CommonArgs},
 };
-use kube::Client;
 
 use crate::conntrack::ConntrackArgs;
-use prometheus::Registry;
-use tokio_util::sync::CancellationToken;
 
-/// Handed to each task's `run`.
+/// Handed to each task's `run`: the common base and the Node this agent runs on.
 #[derive(Clone)]
 pub struct Shared {
-    pub client: Client,
-    pub registry: Registry,
-    pub readiness: Readiness,
+    pub base: Base,
     /// The Node this agent runs on (from the downward API).
     pub node_name: String,
-    /// Log every deletion or pod rejection that would be made; make none.
-    pub dry_run: bool,
-    pub token: CancellationToken,
 }
 
 #[derive(Parser, Debug)]

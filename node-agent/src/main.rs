@@ -43,12 +43,8 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.common.dry_run, "node-agent starting");
 
     let shared = Shared {
-        client: process.client.clone(),
-        registry: process.registry.clone(),
-        readiness: process.readiness.clone(),
+        base: process.base(cli.common.dry_run, process.shutdown.token()),
         node_name,
-        dry_run: cli.common.dry_run,
-        token: process.shutdown.token(),
     };
     let mut tasks = start_tasks(&cli, shared);
     let failed = tasks.until_stopped(process.shutdown.cancelled()).await;

@@ -47,7 +47,30 @@ pub struct Process {
     admin_task: JoinHandle<std::io::Result<()>>,
 }
 
+/// What every task of either binary is handed, whatever it does: the client, where to
+/// register metrics and watches, whether to act, and the one shutdown token.
+#[derive(Clone)]
+pub struct Base {
+    pub client: Client,
+    pub registry: Registry,
+    pub readiness: Readiness,
+    /// Log every destructive action that would be made; make none.
+    pub dry_run: bool,
+    pub token: tokio_util::sync::CancellationToken,
+}
+
 impl Process {
+    /// The base for tasks that stop on `token` (the process's own, or a child of it).
+    pub fn base(&self, dry_run: bool, token: tokio_util::sync::CancellationToken) -> Base {
+        Base {
+            client: self.client.clone(),
+            registry: self.registry.clone(),
+            readiness: self.readiness.clone(),
+            dry_run,
+            token,
+        }
+    }
+
     pub async fn start(args: &CommonArgs) -> anyhow::Result<Self> {
         let (kube, admin_addr) = (&args.kube, args.admin.admin_addr);
         let shutdown = Shutdown::new();

@@ -69,22 +69,22 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Runs PodGC until `shared.token` is cancelled. Caches fill on every replica; cycles run only
+/// Runs PodGC until `shared.base.token` is cancelled. Caches fill on every replica; cycles run only
 /// on the leader.
 pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    metrics.register(&shared.registry)?;
+    metrics.register(&shared.base.registry)?;
     let caches = Arc::new(Mutex::new(Caches::default()));
     let ready = (
-        shared.readiness.register("podgc-pods"),
-        shared.readiness.register("podgc-nodes"),
+        shared.base.readiness.register("podgc-pods"),
+        shared.base.readiness.register("podgc-nodes"),
     );
     let (mut synced, watches) = cache::start(
-        shared.client.clone(),
+        shared.base.client.clone(),
         caches.clone(),
         watcher::Config::default().page_size(LIST_PAGE_SIZE),
         ready,
-        shared.token.clone(),
+        shared.base.token.clone(),
     );
 
     // Orphan detection must never run on a node cache that has not listed once.
@@ -93,7 +93,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         shared.leadership.acquired().await;
     };
     tokio::select! {
-        _ = shared.token.cancelled() => {
+        _ = shared.base.token.cancelled() => {
             let _ = watches.await;
             return Ok(());
         }
@@ -104,18 +104,18 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         threshold = args.terminated_pod_gc_threshold,
         orphan_quarantine = ?args.orphan_quarantine,
         concurrency = args.gc_concurrency,
-        dry_run = shared.dry_run,
+        dry_run = shared.base.dry_run,
         "podgc running"
     );
 
     let mut cycle = Cycle {
-        client: shared.client.clone(),
+        client: shared.base.client.clone(),
         applier: Applier {
-            client: shared.client.clone(),
+            client: shared.base.client.clone(),
             metrics: metrics.clone(),
             concurrency: args.gc_concurrency as usize,
-            dry_run: shared.dry_run,
-            token: shared.token.clone(),
+            dry_run: shared.base.dry_run,
+            token: shared.base.token.clone(),
         },
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
@@ -128,7 +128,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         summary.log(cycle.quarantine.len(), seconds);
         // Sliding period: measured from the end of this cycle, as wait.UntilWithContext does.
         tokio::select! {
-            _ = shared.token.cancelled() => break,
+            _ = shared.base.token.cancelled() => break,
             _ = tokio::time::sleep(args.gc_period) => {}
         }
     }

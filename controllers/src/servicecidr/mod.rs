@@ -48,27 +48,27 @@ pub struct ServiceCidrArgs {
 }
 
 /// Watches ServiceCIDRs and allocator-managed IPAddresses on every replica; syncs only while
-/// leading; returns once `shared.token` is cancelled and in-flight syncs finished.
+/// leading; returns once `shared.base.token` is cancelled and in-flight syncs finished.
 pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    metrics.register(&shared.registry)?;
+    metrics.register(&shared.base.registry)?;
     let cache = Arc::new(Mutex::new(Cache::default()));
     let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
 
     let cidr_stream = watcher(
-        Api::<ServiceCIDR>::all(shared.client.clone()),
+        Api::<ServiceCIDR>::all(shared.base.client.clone()),
         watcher::Config::default(),
     );
     // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
     // loses the label leaves the selection and arrives as a delete.
     let ip_config =
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
-    let ip_stream = watcher(Api::<IPAddress>::all(shared.client.clone()), ip_config);
+    let ip_stream = watcher(Api::<IPAddress>::all(shared.base.client.clone()), ip_config);
 
     let (cidr_synced_tx, mut cidr_synced) = signal::channel(false);
     let (ip_synced_tx, mut ip_synced) = signal::channel(false);
-    let cidr_flag = shared.readiness.register("servicecidrs");
-    let ip_flag = shared.readiness.register("ipaddresses");
+    let cidr_flag = shared.base.readiness.register("servicecidrs");
+    let ip_flag = shared.base.readiness.register("ipaddresses");
     let feeders = [
         tokio::spawn(feed(
             "servicecidrs",
@@ -113,11 +113,11 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let syncer = Arc::new(Syncer::new(
         cache,
         queue.clone(),
-        KubeWrites::new(shared.client.clone()),
+        KubeWrites::new(shared.base.client.clone()),
         metrics,
-        shared.dry_run,
+        shared.base.dry_run,
     ));
-    let token = shared.token.clone();
+    let token = shared.base.token.clone();
     let started = tokio::select! {
         _ = token.cancelled() => false,
         _ = async {
@@ -132,7 +132,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         tracing::info!(
             controller = CONTROLLER_NAME,
             workers = args.service_cidr_workers,
-            dry_run = shared.dry_run,
+            dry_run = shared.base.dry_run,
             "syncing ServiceCIDRs"
         );
         for _ in 0..args.service_cidr_workers {

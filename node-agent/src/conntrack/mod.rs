@@ -82,14 +82,14 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default())
     })
     .await?;
-    let metrics = Metrics::register(&shared.registry)?;
-    let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.dry_run)?;
+    let metrics = Metrics::register(&shared.base.registry)?;
+    let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.base.dry_run)?;
 
     let changed = Arc::new(Notify::new());
     let (services, svc_writer) = reflector::store::<Service>();
     let (slices, eps_writer) = reflector::store::<EndpointSlice>();
-    let svc_ready = shared.readiness.register("conntrack: services");
-    let eps_ready = shared.readiness.register("conntrack: endpointslices");
+    let svc_ready = shared.base.readiness.register("conntrack: services");
+    let eps_ready = shared.base.readiness.register("conntrack: endpointslices");
     // Same selection as kube-proxy's informers (without a proxy name).
     let svc_cfg =
         watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
@@ -100,7 +100,7 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     ));
     let watches = futures::future::join(
         watch(
-            Api::all(shared.client.clone()),
+            Api::all(shared.base.client.clone()),
             svc_cfg,
             svc_writer,
             svc_ready.clone(),
@@ -108,7 +108,7 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
             "services",
         ),
         watch(
-            Api::all(shared.client.clone()),
+            Api::all(shared.base.client.clone()),
             eps_cfg,
             eps_writer,
             eps_ready.clone(),
@@ -204,7 +204,7 @@ async fn schedule(
             .min()
             .unwrap_or(Instant::now() + far);
         tokio::select! {
-            _ = shared.token.cancelled() => return Ok(()),
+            _ = shared.base.token.cancelled() => return Ok(()),
             _ = changed.notified() => {
                 rebuild_at.get_or_insert(Instant::now() + COALESCE);
                 continue;

@@ -97,8 +97,8 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let safe = safe_sysctls(kernel.as_ref());
     tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), "sysctl admission starting");
-    let metrics = Metrics::register(&shared.registry)?;
-    let client = shared.client.clone();
+    let metrics = Metrics::register(&shared.base.registry)?;
+    let client = shared.base.client.clone();
     let node = shared.node_name.clone();
 
     // Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`):
@@ -129,9 +129,9 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         ),
     )
     .default_backoff();
-    let ready_pods = shared.readiness.register("sysctl-pods");
-    let ready_policies = shared.readiness.register("sysctl-policies");
-    let ready_node = shared.readiness.register("sysctl-node");
+    let ready_pods = shared.base.readiness.register("sysctl-pods");
+    let ready_policies = shared.base.readiness.register("sysctl-policies");
+    let ready_node = shared.base.readiness.register("sysctl-node");
 
     let status_offset = Duration::from_millis(
         node.bytes()
@@ -172,7 +172,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shared.token.cancelled() => break,
+            _ = shared.base.token.cancelled() => break,
             Some(ev) = pod_events.next() => match ev {
                 Ok(watcher::Event::InitDone) => {
                     ready_pods.mark_ready();
@@ -284,7 +284,7 @@ impl Admitter {
             Mode::Enforce => "failing pod",
             Mode::Audit => "warning about pod (audit mode)",
         };
-        if self.shared.dry_run {
+        if self.shared.base.dry_run {
             tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, dry_run = true, "would be {verb}");
             return Ok(());
         }
@@ -359,7 +359,7 @@ impl Admitter {
             return Ok(());
         };
         let condition = &status.conditions[0];
-        if self.shared.dry_run {
+        if self.shared.base.dry_run {
             tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, dry_run = true, "would write SysctlPolicy status");
             return Ok(());
         }
