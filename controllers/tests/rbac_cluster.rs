@@ -6,7 +6,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use k8s_openapi::api::{
-    core::v1::{Container, Pod, PodSpec},
+    core::v1::Pod,
     networking::v1::{ServiceCIDR, ServiceCIDRSpec},
 };
 use kube::{
@@ -97,34 +97,13 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
     // PodGC: an orphan (node never existed) is marked Failed and force-deleted.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     let orphan = unique_name("orphan");
-    c.create(&Pod {
-        metadata: ObjectMeta {
-            name: Some(orphan.clone()),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(unique_name("gone-node")),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("registry.invalid/none".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .await?;
+    c.create(&testkit::bound_pod(&ns, &orphan, &unique_name("gone-node")))
+        .await?;
     wait_for(WAIT, "the orphaned pod deleted", || async {
         Ok(pods.get_opt(&orphan).await?.is_none())
     })
     .await?;
 
-    let logs = manager.logs();
-    assert!(
-        !logs.contains("is forbidden") && !logs.contains("Forbidden"),
-        "an API call was refused with the listed rules; log {}:\n{logs}",
-        manager.log_path().display()
-    );
+    manager.assert_no_api_refusals();
     Ok(())
 }

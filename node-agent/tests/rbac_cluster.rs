@@ -6,7 +6,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSecurityContext, PodSpec, Sysctl};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
 use kube::{Api, api::ObjectMeta};
 use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
 
@@ -66,31 +66,15 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
 
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     let name = unique_name("forbidden");
-    c.create(&Pod {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.clone()),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("registry.invalid/none".into()),
-                ..Default::default()
-            }],
-            security_context: Some(PodSecurityContext {
-                sysctls: Some(vec![Sysctl {
-                    name: "kernel.msgmax".into(),
-                    value: "1".into(),
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+    let mut pod = testkit::bound_pod(&ns, &name, &node);
+    pod.spec.as_mut().unwrap().security_context = Some(PodSecurityContext {
+        sysctls: Some(vec![Sysctl {
+            name: "kernel.msgmax".into(),
+            value: "1".into(),
+        }]),
         ..Default::default()
-    })
-    .await?;
+    });
+    c.create(&pod).await?;
     wait_for(
         WAIT,
         "the pod rejected (Failed/SysctlForbidden)",
@@ -104,13 +88,6 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
     // Events are written after the patch; give the recorder a moment before reading the log.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let logs = agent.logs();
-    assert!(
-        !logs.contains("is forbidden")
-            && !logs.contains("\"Forbidden\"")
-            && !logs.contains("reason: Forbidden"),
-        "an API call was refused with the listed rules; log {}:\n{logs}",
-        agent.log_path().display()
-    );
+    agent.assert_no_api_refusals();
     Ok(())
 }

@@ -95,3 +95,15 @@ impl Binary {
         Ok(status.code())
     }
 }
+
+impl Binary {
+    /// Fails when the apiserver refused any of the process's calls (RBAC 403s in its log).
+    pub fn assert_no_api_refusals(&self) {
+        let logs = self.logs();
+        assert!(
+            !logs.contains("is forbidden: User"),
+            "an API call was refused; log {}:\n{logs}",
+            self.log.display()
+        );
+    }
+}

@@ -266,3 +266,25 @@ pub async fn metric(addr: std::net::SocketAddr, name: &str) -> anyhow::Result<Op
         (n == name).then(|| v.trim().parse().ok()).flatten()
     }))
 }
+
+/// A minimal pod in `namespace` bound to `node` (no kubelet runs it: it stays Pending).
+pub fn bound_pod(namespace: &str, name: &str, node: &str) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("registry.invalid/none".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
