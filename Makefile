@@ -22,10 +22,10 @@ build:
 run: build
 	@if [ -z "$(NODE_NAME)" ]; then echo "NODE_NAME is empty: pass make run NODE_NAME=<node>"; exit 2; fi
 	@echo "controller-manager on 127.0.0.1:8080, node-agent (NODE_NAME=$(NODE_NAME)) on 127.0.0.1:8081, dry-run=$(DRY_RUN)"
-	@trap 'kill 0' INT TERM EXIT; \
-	  DRY_RUN=$(DRY_RUN) $(TARGET_DIR)/debug/controller-manager --admin-addr 127.0.0.1:8080 --leader-elect=false & \
-	  DRY_RUN=$(DRY_RUN) NODE_NAME=$(NODE_NAME) $(TARGET_DIR)/debug/node-agent --admin-addr 127.0.0.1:8081 & \
-	  wait
+	@DRY_RUN=$(DRY_RUN) $(TARGET_DIR)/debug/controller-manager --admin-addr 127.0.0.1:8080 --leader-elect=false & cm=$$!; \
+	  DRY_RUN=$(DRY_RUN) NODE_NAME=$(NODE_NAME) $(TARGET_DIR)/debug/node-agent --admin-addr 127.0.0.1:8081 & na=$$!; \
+	  trap 'kill -TERM $$cm $$na 2>/dev/null' INT TERM; \
+	  wait $$cm $$na; wait $$cm $$na 2>/dev/null; true
 
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG is set), chart checks.
 test: fmt lint unit chart-check
