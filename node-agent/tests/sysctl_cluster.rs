@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
-use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSecurityContext, PodSpec, Sysctl};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -105,36 +105,23 @@ async fn pod(
     sysctls: &[&str],
 ) -> anyhow::Result<String> {
     let name = unique_name(prefix);
-    c.create(&Pod {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("registry.invalid/none".into()),
-                ..Default::default()
-            }],
-            security_context: Some(PodSecurityContext {
-                sysctls: Some(
-                    sysctls
-                        .iter()
-                        .map(|n| Sysctl {
-                            name: n.to_string(),
-                            value: "1".into(),
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+    let mut pod = testkit::bound_pod(ns, &name, node);
+    pod.spec
+        .as_mut()
+        .expect("bound_pod has a spec")
+        .security_context = Some(PodSecurityContext {
+        sysctls: Some(
+            sysctls
+                .iter()
+                .map(|n| Sysctl {
+                    name: n.to_string(),
+                    value: "1".into(),
+                })
+                .collect(),
+        ),
         ..Default::default()
-    })
-    .await?;
+    });
+    c.create(&pod).await?;
     Ok(name)
 }
 
