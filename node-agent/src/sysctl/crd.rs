@@ -91,7 +91,17 @@ fn pattern_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 #[derive(
-    Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
 )]
 pub enum Mode {
     #[default]
