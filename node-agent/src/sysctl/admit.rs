@@ -260,13 +260,13 @@ impl Admitter {
         let Some(policy) = self.policy.as_ref() else {
             return;
         };
-        let revision = policy.revision;
+        let (revision, chosen) = (policy.revision, policy.chosen);
         let facts = PodFacts::of(pod);
         let out = outcome(&policy.allowlist, policy.mode, pod);
-        let action = decide(&facts, out.clone(), &self.memory);
+        let action = decide(&facts, out.clone(), &self.memory, chosen);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         match action {
-            Action::Skip | Action::AlreadyDone => return,
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
             }

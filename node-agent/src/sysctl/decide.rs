@@ -167,6 +167,11 @@ pub enum Action {
     /// Forbidden but already started: kubelet admitted it, so it is never failed; report it
     /// (event once per pod and policy revision, metric) and touch nothing.
     ReportStarted { mode: Mode, message: String },
+    /// Forbidden, started, and nobody chose a policy for this node (no SysctlPolicy selects
+    /// it, default mode Audit): touch nothing, say nothing, remember nothing, so that a policy
+    /// created later does report it. A default install must not fill the cluster with events
+    /// about workloads kubelet already admitted.
+    LeaveStarted,
 }
 
 /// What was done per pod UID: the fingerprint it was done for and the outcome.
@@ -213,8 +218,10 @@ pub fn outcome(allowlist: &Allowlist, mode: Mode, pod: &Pod) -> Outcome {
 /// Decides for one pod. A pod is acted on when its outcome differs from what was last done
 /// for the same sysctls: so a pod is warned about once, failed once, and a policy change that
 /// turns Audit into Enforce does fail a pod that was only warned about, if it has not started.
-/// A started pod is never failed, whatever the policy says now.
-pub fn decide(facts: &PodFacts, outcome: Outcome, memory: &Memory) -> Action {
+/// A started pod is never failed, whatever the policy says now; it is reported only when the
+/// node's policy was chosen (`chosen`: a SysctlPolicy selects the node, or the default mode
+/// was set to Enforce).
+pub fn decide(facts: &PodFacts, outcome: Outcome, memory: &Memory, chosen: bool) -> Action {
     if facts.terminal || facts.deleting || facts.uid.is_empty() {
         return Action::Skip;
     }
@@ -226,6 +233,7 @@ pub fn decide(facts: &PodFacts, outcome: Outcome, memory: &Memory) -> Action {
     }
     match outcome {
         Outcome::Admit => Action::Admit,
+        Outcome::Reject { .. } if facts.started && !chosen => Action::LeaveStarted,
         Outcome::Reject { mode, message } if facts.started => {
             Action::ReportStarted { mode, message }
         }
@@ -272,10 +280,18 @@ mod tests {
     }
 
     fn run(p: &Pod, mode: Mode, memory: &mut Memory) -> Action {
+        run_chosen(p, mode, memory, true)
+    }
+
+    /// As the thin layer does it: remember what was acted on.
+    fn run_chosen(p: &Pod, mode: Mode, memory: &mut Memory, chosen: bool) -> Action {
         let facts = PodFacts::of(p);
         let out = outcome(&list(), mode, p);
-        let action = decide(&facts, out.clone(), memory);
-        if !matches!(action, Action::Skip | Action::AlreadyDone) {
+        let action = decide(&facts, out.clone(), memory, chosen);
+        if !matches!(
+            action,
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted
+        ) {
             memory.remember(&facts, out);
         }
         action
@@ -621,6 +637,57 @@ mod tests {
                 &running("u3", &["kernel.shm_rmid_forced"]),
                 Mode::Enforce,
                 &mut m
+            ),
+            Action::Admit
+        );
+    }
+
+    #[test]
+    fn default_install_leaves_started_pods_silent_until_a_policy_is_chosen() {
+        let mut m = Memory::default();
+        let p = running("u1", &["kernel.msgmax"]);
+        // No policy, default Audit: nothing, and nothing remembered.
+        assert_eq!(
+            run_chosen(&p, Mode::Audit, &mut m, false),
+            Action::LeaveStarted
+        );
+        assert_eq!(
+            run_chosen(&p, Mode::Audit, &mut m, false),
+            Action::LeaveStarted
+        );
+        assert!(m.is_empty());
+        // An Audit policy is created for the node: now it is reported, once.
+        assert!(matches!(
+            run_chosen(&p, Mode::Audit, &mut m, true),
+            Action::ReportStarted {
+                mode: Mode::Audit,
+                ..
+            }
+        ));
+        assert_eq!(
+            run_chosen(&p, Mode::Audit, &mut m, true),
+            Action::AlreadyDone
+        );
+        // A pending pod is still audited in the default mode (what Enforce would do).
+        assert!(matches!(
+            run_chosen(
+                &pod("u2", &["kernel.msgmax"], "Pending"),
+                Mode::Audit,
+                &mut m,
+                false
+            ),
+            Action::Reject {
+                mode: Mode::Audit,
+                ..
+            }
+        ));
+        // Allowed or terminal pods are unaffected by the choice.
+        assert_eq!(
+            run_chosen(
+                &running("u3", &["kernel.shm_rmid_forced"]),
+                Mode::Audit,
+                &mut m,
+                false
             ),
             Action::Admit
         );

@@ -26,6 +26,9 @@ pub struct NodePolicy {
     pub policies: Vec<String>,
     /// Every accepted pattern, in merge order (safe list, flag, policies by name).
     pub patterns: Vec<String>,
+    /// Someone chose this node's policy: a SysctlPolicy selects it, or the default mode is
+    /// Enforce. Only then are started pods reported.
+    pub chosen: bool,
     /// Identifies this result across processes: a stable hash of the mode, the patterns and
     /// the selecting policies' names and generations. Reports are made once per revision.
     pub revision: u64,
@@ -105,6 +108,7 @@ pub fn merge(
             .iter()
             .map(|p| p.metadata.name.clone().unwrap_or_default())
             .collect(),
+        chosen: !selected.is_empty() || default_mode == Mode::Enforce,
         patterns,
         revision,
     }
@@ -342,6 +346,9 @@ mod tests {
         assert_ne!(r0, r1, "policy generation moved");
         p.spec.mode = Mode::Audit;
         assert_ne!(r1, rev(&p, &[]), "mode changed");
+        assert!(merge(&[], &[], Mode::Audit, &[&p], &node).chosen);
+        assert!(merge(&[], &[], Mode::Enforce, &[], &node).chosen);
+        assert!(!merge(&[], &[], Mode::Audit, &[], &node).chosen);
         let none = merge(&[], &[], Mode::Audit, &[], &node).revision;
         assert_ne!(none, merge(&[], &[], Mode::Enforce, &[], &node).revision);
     }
