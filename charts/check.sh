@@ -20,6 +20,11 @@ for f in default all; do
     grep -q "^kind: $kind$" "$out/$f.yaml" || { echo "FAIL: $f render has no $kind"; exit 1; }
   done
 done
+for kind in ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding; do
+  grep -q "^kind: $kind$" "$out/default.yaml" || { echo "FAIL: default render has no $kind (node-agent own-node guard)"; exit 1; }
+done
+grep -q -- "--sysctl-default-mode=audit$" "$out/default.yaml" || { echo "FAIL: default sysctl mode must be audit"; exit 1; }
+grep -q -- "--sysctl-default-mode=enforce$" "$out/all.yaml" || { echo "FAIL: sysctl.defaultMode=Enforce not passed to node-agent"; exit 1; }
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
 grep -q "privileged: true" "$out/all.yaml" || { echo "FAIL: conntrack sysctls set but node-agent not privileged"; exit 1; }
 # Bad values are refused by values.schema.json with a message naming them.
