@@ -176,8 +176,8 @@ async fn node_agent_token_writes_only_its_own_nodes_pods() -> anyhow::Result<()>
         "a token bound to a pod on {x} names the node: {extra:?}"
     );
 
-    // The policy takes effect asynchronously (the apiserver type-checks and loads it): poll the
-    // write that must be refused until it is, bounded.
+    // The policy takes effect asynchronously (the admission plugin loads it from its informer):
+    // poll the write that must be refused until it is, bounded.
     let last = std::sync::Mutex::new(String::new());
     wait_for(
         WAIT,
