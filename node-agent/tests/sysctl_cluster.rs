@@ -642,10 +642,11 @@ async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restart
     wait_event(&c, &ns, &pending).await?;
     assert_eq!(metric(agent1.admin, ENFORCED).await?, Some(1.0));
 
-    // The agent restarts under the same policy: it finds the started pod forbidden again
-    // (metric of the new process), but neither writes it nor reports it a second time.
+    // The agent restarts under the same policy, and with a flag changed (Enforce by default
+    // now): it finds the started pod forbidden again (metric of the new process), but neither
+    // writes it nor reports it a second time.
     drop(agent1);
-    let agent2 = agent(&node, &[]).await?;
+    let agent2 = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
     wait_metric(&agent2, STARTED_ENFORCE, 1.0).await?;
     assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
     assert_not_written(&c, &ns, &running, &rv).await?;
@@ -655,19 +656,73 @@ async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restart
         "the failed pod is terminal: left alone"
     );
 
-    // The policy goes away: the node is back to the default (Audit); still nothing written.
+    // The policy goes away (the node is Enforce by the flag now): still nothing written.
     Api::<SysctlPolicy>::all(c.client.clone())
         .delete(&enforce.name_any(), &Default::default())
         .await?;
-    wait_for(WAIT, "the agent back in the default mode", || async {
-        Ok(agent2
+    wait_policy_log(&agent2, "policies=[]").await?;
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
+    wait_failed(&c, &ns, &barrier, &agent2).await?;
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    Ok(())
+}
+
+/// Waits for the agent to log a node policy containing `needle`.
+async fn wait_policy_log(agent: &Agent, needle: &str) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("a node policy with {needle}"), || async {
+        Ok(agent
             .bin
             .logs()
             .lines()
-            .any(|l| l.contains("sysctl policy for this node") && l.contains(" mode=Audit")))
+            .any(|l| l.contains("sysctl policy for this node") && l.contains(needle)))
     })
     .await
-    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent2.bin.logs()))?;
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.bin.logs()))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("narrowed_policy_and_relabelled_node_leave_started_pods_alone").await
+    else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-narrow").await?;
+    // An Enforce policy allows kernel.msg* on this node; a pod using it was admitted and runs.
+    let p = policy(&c, &node, &["kernel.msg*"], Mode::Enforce).await?;
+    let running = pod(&c, &ns, &node, "running", &["kernel.msgmax"]).await?;
+    let rv = start_pod(&c, &ns, &running).await?;
+    let agent = agent(&node, &[]).await?;
+    wait_policy_log(&agent, "kernel.msg*").await?;
+
+    // Narrowed: kernel.msgmax is no longer allowed. The running pod is reported, not failed.
+    Api::<SysctlPolicy>::all(c.client.clone())
+        .patch(
+            &p.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"allowedUnsafeSysctls": []}})),
+        )
+        .await?;
+    wait_metric(&agent, STARTED_ENFORCE, 1.0).await?;
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+
+    // Relabelled out of the policy's reach: default Audit, nobody's choice; still untouched,
+    // and no further event.
+    Api::<Node>::all(c.client.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                NODE_LABEL.to_string(): serde_json::Value::Null
+            }}})),
+        )
+        .await?;
+    wait_policy_log(&agent, "policies=[]").await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
     wait_event(&c, &ns, &barrier).await?;
     assert_eq!(status(&c, &ns, &barrier).await?.0, "Pending");
