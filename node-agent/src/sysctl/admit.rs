@@ -270,11 +270,9 @@ impl Admitter {
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
             }
+            // Counted once the write is done: a refused fail patch (409: the pod moved on,
+            // perhaps started) is not a rejection.
             Action::Reject { mode, message } => {
-                self.metrics
-                    .rejected
-                    .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
-                    .inc();
                 if let Err(e) = self.reject(pod, mode, &message, revision).await {
                     match &e {
                         kube::Error::Api(s) if s.code == 409 => {
@@ -287,17 +285,21 @@ impl Admitter {
                     self.retry.insert(ObjectRef::from_obj(pod));
                     return;
                 }
+                self.metrics
+                    .rejected
+                    .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
+                    .inc();
             }
             Action::ReportStarted { mode, message } => {
-                self.metrics
-                    .started_forbidden
-                    .with_label_values(&[&mode.to_string()])
-                    .inc();
                 if let Err(e) = self.report_started(pod, mode, &message, revision).await {
                     tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry");
                     self.retry.insert(ObjectRef::from_obj(pod));
                     return;
                 }
+                self.metrics
+                    .started_forbidden
+                    .with_label_values(&[&mode.to_string()])
+                    .inc();
             }
         }
         self.metrics.checked.inc();
