@@ -693,6 +693,46 @@ mod tests {
         );
     }
 
+    /// Whatever the mode, the choice, the memory (fresh, or what any earlier outcome left) and
+    /// whichever started signal is present, a started pod never gets `Reject`.
+    #[test]
+    fn no_combination_rejects_a_started_pod() {
+        let signals: Vec<Pod> = vec![running("u", &["kernel.msgmax"]), {
+            let mut p = pod("u", &["kernel.msgmax"], "Pending");
+            p.status.as_mut().unwrap().conditions = condition("Initialized", "False");
+            p
+        }];
+        let earlier = [
+            None,
+            Some(Outcome::Admit),
+            Some(Outcome::Reject {
+                mode: Mode::Audit,
+                message: MSG.into(),
+            }),
+            Some(Outcome::Reject {
+                mode: Mode::Enforce,
+                message: "another verdict".into(),
+            }),
+        ];
+        for p in &signals {
+            for mode in [Mode::Audit, Mode::Enforce] {
+                for chosen in [false, true] {
+                    for before in &earlier {
+                        let mut m = Memory::default();
+                        if let Some(o) = before {
+                            m.remember(&PodFacts::of(p), o.clone());
+                        }
+                        let a = decide(&PodFacts::of(p), outcome(&list(), mode, p), &m, chosen);
+                        assert!(
+                            !matches!(a, Action::Reject { .. }),
+                            "{mode} chosen={chosen} before={before:?}: {a:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn report_event_names_are_stable_distinct_and_valid() {
         let a = report_event_name("web-0", "uid-1", 7, MSG);
