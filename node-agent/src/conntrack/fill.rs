@@ -83,9 +83,11 @@ impl Notifier {
         }
     }
 
-    pub async fn observe(&mut self, fill: Fill) {
+    /// Records the Event when this reading crosses the threshold; what happened is returned
+    /// for tests, and logged.
+    pub async fn observe(&mut self, fill: Fill) -> Outcome {
         if !self.alarm.observe(fill.ratio(), THRESHOLD, HYSTERESIS) {
-            return;
+            return Outcome::Quiet;
         }
         let note = format!(
             "conntrack table is {:.0}% full ({} of {} entries); new flows are dropped when it is full",
@@ -95,7 +97,7 @@ impl Notifier {
         );
         if self.dry_run {
             tracing::info!(reason = REASON, note, "dry-run: would record a Node Event");
-            return;
+            return Outcome::DryRun;
         }
         let event = Event {
             type_: EventType::Warning,
@@ -104,10 +106,23 @@ impl Notifier {
             action: "Observe".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &self.node).await {
-            tracing::warn!(error = %e, "could not record the conntrack fill Event on the Node");
+        match self.recorder.publish(&event, &self.node).await {
+            Ok(()) => Outcome::Recorded,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the conntrack fill Event on the Node");
+                Outcome::Failed(e.to_string())
+            }
         }
     }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// No crossing: nothing to record.
+    Quiet,
+    DryRun,
+    Recorded,
+    Failed(String),
 }
 
 #[cfg(test)]
