@@ -26,6 +26,10 @@ grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-age
 where=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s="init"} ds && /^      containers:/{s="agent"}
   /privileged: true/{print (ds ? s : "elsewhere")}' "$out/all.yaml" | tr '\n' ' ')
 [ "$where" = "init " ] || { echo "FAIL: with conntrack sysctls set, only the init container may be privileged (privileged in: ${where:-nothing})"; exit 1; }
+# ... as uid 0: the image's user (65532) would not keep the capabilities the writes need.
+awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s=1} ds && /^      containers:/{s=0}
+  ds && s && /runAsUser: 0$/{found=1} END{exit !found}' "$out/all.yaml" \
+  || { echo "FAIL: the conntrack-sysctls init container does not run as uid 0"; exit 1; }
 grep -q "^kind: PrometheusRule$" "$out/all.yaml" || { echo "FAIL: everything-on render has no PrometheusRule"; exit 1; }
 grep -q 'grafana_dashboard: "1"' "$out/all.yaml" || { echo "FAIL: everything-on render has no dashboard ConfigMap"; exit 1; }
 # The dashboard parses as JSON (the template also refuses to render a broken file).
