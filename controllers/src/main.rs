@@ -29,7 +29,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let process = Process::start(&cli.common).await?;
     let shutdown = process.shutdown.clone();
     let registry = process.registry.clone();
-    let client = process.client.clone();
     tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.common.dry_run, "controller-manager starting");
 
     let is_leader = IntGauge::new(
@@ -53,7 +52,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             renew_deadline: e.leader_elect_renew_deadline,
             retry_period: e.leader_elect_retry_period,
         };
-        let (elector, leadership) = Elector::new(client.clone(), cfg, is_leader);
+        // Its own client: renewals never wait behind the controllers' QPS budget.
+        let lease_client = cli.common.kube.lease_client().await?;
+        let (elector, leadership) = Elector::new(lease_client, cfg, is_leader);
         (
             Some(tokio::spawn(elector.run(elector_token.clone()))),
             leadership,
