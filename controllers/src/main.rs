@@ -53,7 +53,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             retry_period: e.leader_elect_retry_period,
         };
         // Its own client: renewals never wait behind the controllers' QPS budget.
-        let lease_client = cli.common.kube.lease_client().await?;
+        let mut kube = cli.common.kube.clone();
+        if let Some(path) = &e.leader_elect_kubeconfig {
+            kube.kubeconfig = Some(path.clone());
+        }
+        let lease_client = kube.lease_client().await?;
         let (elector, leadership) = Elector::new(lease_client, cfg, is_leader);
         (
             Some(tokio::spawn(elector.run(elector_token.clone()))),

@@ -225,6 +225,9 @@ fn runs() -> usize {
 enum Fault {
     /// A's connection to the apiserver goes through a proxy that is frozen.
     Partition,
+    /// Only A's lease connection goes through the proxy: A can not renew, but its
+    /// controllers' writes still reach the apiserver. Only the fence stops them.
+    LeasePartition,
     /// A is SIGSTOPped, and SIGCONTed after the standby took over.
     Stop,
 }
@@ -242,30 +245,32 @@ async fn scenario(
     let (a_name, b_name) = (unique_name("fence-a"), unique_name("fence-b"));
 
     let proxy = Proxy::start(apiserver).await?;
-    let a_kubeconfig: Option<PathBuf> = match fault {
-        Fault::Partition => Some(testkit::proxy::kubeconfig_with_server(
+    let via_proxy: Option<PathBuf> = match fault {
+        Fault::Partition | Fault::LeasePartition => Some(testkit::proxy::kubeconfig_with_server(
             &c.kubeconfig,
             &proxy.url(),
         )?),
         Fault::Stop => None,
     };
+    let (a_kubeconfig, lease_kubeconfig) = match fault {
+        Fault::LeasePartition => (None, via_proxy.map(|p| p.display().to_string())),
+        _ => (via_proxy, None),
+    };
+    let mut a_args = vec![
+        "--kube-api-qps",
+        "2",
+        "--kube-api-burst",
+        "1",
+        "--gc-concurrency",
+        "32",
+    ];
+    if let Some(k) = &lease_kubeconfig {
+        a_args.extend(["--leader-elect-kubeconfig", k.as_str()]);
+    }
     // A's API budget is far below the work it has (about one pod per second, with orphans
     // appearing ten times faster): its deletions always queue for tokens. Its renewals must not
     // (they have their own client), and the queued deletions must not go out once it is fenced.
-    let mut a = replica(
-        &a_name,
-        &lease,
-        &ns,
-        a_kubeconfig.as_deref(),
-        &[
-            "--kube-api-qps",
-            "2",
-            "--kube-api-burst",
-            "1",
-            "--gc-concurrency",
-            "32",
-        ],
-    );
+    let mut a = replica(&a_name, &lease, &ns, a_kubeconfig.as_deref(), &a_args);
     wait_for(Duration::from_secs(30), "A to take the lease", || async {
         Ok(holder(c, &ns, &lease)
             .await?
@@ -299,10 +304,16 @@ async fn scenario(
         "A kept its lease while its API budget was exhausted"
     );
 
+    // At a random point of A's 2 s renewal cycle, not always at the same phase.
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos()
+        % 2_000;
+    tokio::time::sleep(Duration::from_millis(jitter.into())).await;
     let fault_at = Timestamp::now();
     let fault_instant = Instant::now();
     match fault {
-        Fault::Partition => proxy.freeze(),
+        Fault::Partition | Fault::LeasePartition => proxy.freeze(),
         Fault::Stop => a.bin.signal("STOP").await?,
     }
     let took = wait_for(Duration::from_secs(40), "B to take the lease", || async {
@@ -364,7 +375,7 @@ async fn scenario(
         );
     }
     match fault {
-        Fault::Partition => {
+        Fault::Partition | Fault::LeasePartition => {
             // The elector gives up at its term: since_last_renewal ~ renew deadline (the start
             // of the round that succeeded), plus scheduling.
             let s = stopped.ok_or_else(|| anyhow::anyhow!("no 'stopped acting' line:\n{logs}"))?;
@@ -421,6 +432,15 @@ async fn partitioned_leader_stops_before_the_standby_takes_over() -> anyhow::Res
     repeat(
         "partitioned_leader_stops_before_the_standby_takes_over",
         Fault::Partition,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_cut_off_from_its_lease_is_fenced_before_the_takeover() -> anyhow::Result<()> {
+    repeat(
+        "leader_cut_off_from_its_lease_is_fenced_before_the_takeover",
+        Fault::LeasePartition,
     )
     .await
 }

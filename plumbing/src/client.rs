@@ -83,6 +83,7 @@ impl KubeArgs {
     pub async fn lease_client(&self) -> Result<Client, ClientError> {
         let mut config = self.config().await?;
         set_user_agent(&mut config, "leader-election");
+        tracing::info!(server = %config.cluster_url, "leader election client");
         self.build(config, Budget::Unlimited)
     }
 
