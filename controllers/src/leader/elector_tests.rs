@@ -225,3 +225,24 @@ async fn a_hung_candidate_never_leads() {
     assert!(!task.is_finished(), "a candidate keeps campaigning");
     task.abort();
 }
+
+/// SIGTERM during a hung round: the elector stops at once (the release it then tries is bounded
+/// by the renew deadline), and stops acting before it returns.
+#[tokio::test(start_paused = true)]
+async fn shutdown_does_not_wait_for_a_hung_round() {
+    let server = LeaseServer::default();
+    let g = gauge();
+    let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
+    let token = CancellationToken::new();
+    let task = tokio::spawn(elector.run(token.clone()));
+    leadership.acquired().await;
+    server.hang_reads.store(true, Ordering::SeqCst);
+    server.hang_writes.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = Instant::now();
+    token.cancel();
+    assert!(task.await.unwrap().is_ok());
+    assert!(t.elapsed() <= Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(leadership.fence().term(), Term::Standby);
+    assert_eq!(g.get(), 0);
+}

@@ -135,6 +135,8 @@ impl Elector {
             let round = tokio::select! {
                 biased;
                 _ = tokio::time::sleep_until(deadline) => None,
+                // SIGTERM does not wait for a hung round: released (or not) at the top.
+                _ = token.cancelled() => continue,
                 r = self.round(observed.clone(), current.clone(), now, deadline) => Some(r),
             };
             let Some((round, seen, lease)) = round else {
