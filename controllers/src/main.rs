@@ -96,9 +96,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     // Controllers drain first, so nothing acts once the lease is released.
     controllers_token.cancel();
-    shutdown
-        .drain(cli.common.shutdown_grace, controllers.drain())
-        .await;
+    if shutdown.is_triggered() {
+        shutdown
+            .drain(cli.common.shutdown_grace, controllers.drain())
+            .await;
+    } else {
+        // Leadership lost (or a controller ended): no signal starts the shutdown grace, so
+        // bound the drain from now. The fence already refused every write; this only stops a
+        // read hung on the same dead connection from keeping the process alive.
+        let grace = cli.common.shutdown_grace;
+        if tokio::time::timeout(grace, controllers.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_seconds = grace.as_secs_f64(),
+                "controllers did not drain in time; exiting anyway"
+            );
+        }
+    }
     if lost.is_none()
         && let Some(task) = elector_task
     {

@@ -214,6 +214,16 @@ fn stopped_after(logs: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
+/// The timestamp of the first log line containing `needle`.
+fn log_time(logs: &str, needle: &str) -> anyhow::Result<Timestamp> {
+    let line = logs
+        .lines()
+        .find(|l| l.contains(needle))
+        .ok_or_else(|| anyhow::anyhow!("no log line with {needle:?}:\n{logs}"))?;
+    let ts = line.split_whitespace().next().unwrap_or_default();
+    Ok(ts.parse()?)
+}
+
 fn runs() -> usize {
     std::env::var("GK_FENCING_RUNS")
         .ok()
@@ -342,13 +352,21 @@ async fn scenario(
     assert_eq!(code, Some(1), "A exits non-zero after losing; log:\n{logs}");
     // Deletions that were queued (or in flight) when A lost its term, and were refused.
     let fenced = logs.matches("not leading any more: pod left alone").count();
+    // From stopping to act to having stopped every controller: bounded (fenced work is dropped
+    // at once; the drain is capped by --shutdown-grace, 10 s).
+    let drained = log_time(&logs, "stopped all controllers")?
+        .duration_since(log_time(&logs, "stopped acting")?);
+    assert!(
+        drained < SignedDuration::from_secs(10),
+        "A drained for {drained:?}"
+    );
 
     let f = figures(audit_log, &a_name, &b_name, fault_at)?;
     let stopped = stopped_after(&logs);
     println!(
         "{fault:?}: takeover {took:?} after the fault (lease changed hands {:?} after A's last renewal); \
          A stopped acting {stopped:?} after its last renewal (its log); A's last pod write {:?} after \
-         its last renewal (audit); overlap {:?}; pod writes: A {} / B after acquiring {}; A's deletions fenced {fenced}; A's last \
+         its last renewal (audit); overlap {:?}; pod writes: A {} / B after acquiring {}; A's deletions fenced {fenced}, drained in {drained:?}; A's last \
          write {} vs B acquired {}; fault at {fault_at} ({:?} ago)",
         f.acquired.duration_since(f.last_renewal),
         f.acted_after_renewal(),

@@ -148,6 +148,7 @@ impl Elector {
             match (&round.step, round.write) {
                 (Some(Step::Follow { holder, .. }), _) if last_renewed.is_some() => {
                     self.set_term(Term::Standby);
+                    tracing::error!(lease = %c.lease_name, %holder, "stopped acting: the lease is held by another replica");
                     return Err(LeaderError::TakenOver {
                         lease: c.lease_name.clone(),
                         holder: holder.clone(),
