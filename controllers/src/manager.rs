@@ -96,6 +96,12 @@ pub struct ElectionArgs {
     /// This replica's name in the Lease (a random suffix is appended).
     #[arg(long, env = "POD_NAME")]
     pub leader_elect_identity: Option<String>,
+
+    /// A kubeconfig for the elector's client alone (default: the controllers' one). Hidden:
+    /// it exists so fault tests can cut the lease connection while the controllers' writes
+    /// still reach the apiserver, the case fencing is for.
+    #[arg(long, env = "LEADER_ELECT_KUBECONFIG", hide = true)]
+    pub leader_elect_kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl ElectionArgs {

@@ -616,7 +616,13 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
             pass,
             why: "stale cache".into(),
         };
-        let o = force_delete(&c.client, &d, jiff::Timestamp::now()).await;
+        let o = force_delete(
+            &c.client,
+            &groundskeeper_controllers::leader::Fence::unbounded(),
+            &d,
+            jiff::Timestamp::now(),
+        )
+        .await;
         assert_eq!(o, Outcome::Skipped(Skip::Recreated), "{phase_before}");
         let now = get(&c, &ns, &name).await;
         assert_eq!(now.uid(), again.uid(), "the new pod is still there");

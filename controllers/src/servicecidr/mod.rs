@@ -114,7 +114,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let syncer = Arc::new(Syncer::new(
         cache,
         queue.clone(),
-        KubeWrites::new(shared.base.client.clone()),
+        KubeWrites::new(shared.base.client.clone(), shared.leadership.fence()),
         metrics,
         shared.base.dry_run,
     ));
