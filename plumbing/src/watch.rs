@@ -1,0 +1,153 @@
+//! The one way every component watches: kube-runtime's `watcher`, with a short capped backoff,
+//! a full relist after every error, and the watch's health kept in its [`ReadyFlag`].
+//!
+//! Why not `default_backoff()`: it grows to 30 s (and only resets after 120 s without
+//! errors), so after a 30 s apiserver outage a watch could wait another half minute before
+//! its next attempt: the agents were blind for about 50 s. Here a failed watch is retried
+//! after at most `--watch-backoff-max` (2 s by default), jittered down to half of it so that
+//! the agents of a large cluster do not come back in step.
+//!
+//! Why relist after every error, where `watcher` would resume from the last resourceVersion:
+//! a resumed watch that stays quiet never proves it is current (kube-runtime emits nothing when
+//! a watch restarts), so the store could not be trusted again before the next event. A relist
+//! ends with `InitDone`, which does prove it. client-go's reflector also lists again after
+//! most watch errors; with the apiserver's watch cache a list is cheap, and after an apiserver
+//! restart the old resourceVersion is usually gone anyway (410).
+
+use std::{
+    fmt::Debug,
+    hash::{BuildHasher, RandomState},
+    time::Duration,
+};
+
+use futures::{Stream, StreamExt, stream::BoxStream};
+use kube::{
+    Api, Resource,
+    runtime::watcher::{self, Event, watcher},
+};
+use serde::de::DeserializeOwned;
+
+use crate::ReadyFlag;
+
+/// First retry delay; doubled per consecutive failure up to the cap.
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+
+/// Exponential backoff from [`BACKOFF_MIN`] to `max`, each delay drawn in [d/2, d].
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(max: Duration) -> Self {
+        Self {
+            next: BACKOFF_MIN.min(max),
+            max,
+        }
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        // std's RandomState is seeded per instance: enough randomness for jitter.
+        let r = RandomState::new().hash_one(0u8) as f64 / u64::MAX as f64;
+        d.mul_f64(0.5 + 0.5 * r)
+    }
+
+    /// After data from the server: the next failure starts from the shortest delay again.
+    pub fn reset(&mut self) {
+        self.next = BACKOFF_MIN.min(self.max);
+    }
+}
+
+struct Driver<K: Resource + Clone + 'static> {
+    api: Api<K>,
+    config: watcher::Config,
+    flag: ReadyFlag,
+    inner: Option<BoxStream<'static, watcher::Result<Event<K>>>>,
+    backoff: Backoff,
+    /// `InitDone` was handed out: the watch becomes healthy when the consumer asks for the
+    /// next event, i.e. once it has applied the list to its store.
+    listed: bool,
+}
+
+/// Watches `api` for ever: the events of kube-runtime's `watcher`, never an error (errors are
+/// logged, counted and retried here, and turn the flag unhealthy until the next full list).
+/// The item type stays a `Result` so the stream feeds `reflector` and `WatchStreamExt` as is.
+pub fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    flag: ReadyFlag,
+) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let backoff = Backoff::new(flag.settings().backoff_max);
+    let driver = Driver {
+        api,
+        config,
+        flag,
+        inner: None,
+        backoff,
+        listed: false,
+    };
+    futures::stream::unfold(driver, |mut d| async move {
+        if std::mem::take(&mut d.listed) {
+            d.flag.mark_ready();
+        }
+        loop {
+            let inner = d
+                .inner
+                .get_or_insert_with(|| watcher(d.api.clone(), d.config.clone()).boxed());
+            match inner.next().await {
+                Some(Ok(ev)) => {
+                    match &ev {
+                        // Emitted before the list request: no proof the server answers, so it
+                        // does not reset the backoff.
+                        Event::Init => d.flag.relist_started(),
+                        Event::InitDone => {
+                            d.backoff.reset();
+                            d.listed = true;
+                        }
+                        _ => d.backoff.reset(),
+                    }
+                    return Some((Ok(ev), d));
+                }
+                Some(Err(e)) => {
+                    d.inner = None;
+                    let delay = d.backoff.next_delay();
+                    d.flag.failed(&e, delay);
+                    tokio::time::sleep(delay).await;
+                }
+                // `watcher` does not end; if it did, start over like after an error.
+                None => d.inner = None,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped_jittered_and_reset() {
+        let mut b = Backoff::new(Duration::from_secs(2));
+        let first = b.next_delay();
+        assert!(
+            first >= Duration::from_millis(100) && first <= BACKOFF_MIN,
+            "{first:?}"
+        );
+        for _ in 0..20 {
+            let d = b.next_delay();
+            assert!(d <= Duration::from_secs(2), "{d:?}");
+        }
+        let late = b.next_delay();
+        assert!(late >= Duration::from_secs(1), "at the cap, jitter halves at most: {late:?}");
+        b.reset();
+        assert!(b.next_delay() <= BACKOFF_MIN);
+        let tiny = Backoff::new(Duration::from_millis(50)).next_delay();
+        assert!(tiny <= Duration::from_millis(50), "a cap below the minimum wins");
+    }
+}
