@@ -120,7 +120,13 @@ impl ReadyFlag {
 
     fn change(&self, f: impl FnOnce(&mut State)) {
         let mut s = self.watch.state.lock().expect("watch state lock");
+        let before = (s.listed, s.failing, s.relisting);
         f(&mut s);
+        // Confirming what is already known (a list applied twice) does not make what was built
+        // from the store out of date.
+        if before != (s.listed, s.failing, s.relisting) {
+            self.watch.epoch.fetch_add(1, Ordering::AcqRel);
+        }
         let healthy = s.listed && !s.failing && !s.relisting;
         match (healthy, s.unhealthy_since) {
             (true, Some(since)) => {
@@ -134,7 +140,6 @@ impl ReadyFlag {
             _ => {}
         }
         self.watch.listed.store(s.listed, Ordering::Release);
-        self.watch.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A full list has completed and been applied: the store is current and the watch runs.
@@ -316,7 +321,11 @@ impl Collector for WatchCollector {
                 .with_label_values(&[f.name()])
                 .set(f.stale_for().as_secs_f64());
         }
-        i.stale.collect().into_iter().chain(i.errors.collect()).collect()
+        i.stale
+            .collect()
+            .into_iter()
+            .chain(i.errors.collect())
+            .collect()
     }
 }
 
@@ -358,9 +367,15 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
             r.not_ready(),
-            vec![NotReady::Stale("podgc/pods".into(), Duration::from_secs(31))]
+            vec![NotReady::Stale(
+                "podgc/pods".into(),
+                Duration::from_secs(31)
+            )]
         );
-        assert!(w.is_ready(), "first-list readiness is kept through the outage");
+        assert!(
+            w.is_ready(),
+            "first-list readiness is kept through the outage"
+        );
 
         w.relist_started();
         assert!(!r.is_ready(), "a relist alone does not end the staleness");
@@ -368,6 +383,12 @@ mod tests {
         assert!(r.is_ready());
         let e1 = w.health().expect("healthy again");
         assert_ne!(e0, e1, "what was built before the outage is not current");
+        w.mark_ready();
+        assert_eq!(
+            w.health(),
+            Some(e1),
+            "a list confirmed twice changes nothing"
+        );
         assert_eq!(w.stale_for(), Duration::ZERO);
     }
 

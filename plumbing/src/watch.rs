@@ -144,10 +144,16 @@ mod tests {
             assert!(d <= Duration::from_secs(2), "{d:?}");
         }
         let late = b.next_delay();
-        assert!(late >= Duration::from_secs(1), "at the cap, jitter halves at most: {late:?}");
+        assert!(
+            late >= Duration::from_secs(1),
+            "at the cap, jitter halves at most: {late:?}"
+        );
         b.reset();
         assert!(b.next_delay() <= BACKOFF_MIN);
         let tiny = Backoff::new(Duration::from_millis(50)).next_delay();
-        assert!(tiny <= Duration::from_millis(50), "a cap below the minimum wins");
+        assert!(
+            tiny <= Duration::from_millis(50),
+            "a cap below the minimum wins"
+        );
     }
 }

@@ -76,8 +76,8 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
     metrics.register(&shared.base.registry)?;
     let caches = Arc::new(Mutex::new(Caches::default()));
     let ready = (
-        shared.base.readiness.register("podgc-pods"),
-        shared.base.readiness.register("podgc-nodes"),
+        shared.base.readiness.register("podgc/pods"),
+        shared.base.readiness.register("podgc/nodes"),
     );
     let (mut synced, watches) = cache::start(
         shared.base.client.clone(),

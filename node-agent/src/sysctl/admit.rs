@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use prometheus::{IntCounter, IntCounterVec, Opts};
 use serde_json::json;
@@ -25,7 +25,7 @@ use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
 use crate::agent::Shared;
-use groundskeeper_plumbing::ReadyFlag;
+use groundskeeper_plumbing::{ReadyFlag, watch::watch};
 
 /// Field manager and event reporter.
 pub const MANAGER: &str = "groundskeeper-node-agent";
@@ -108,30 +108,34 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let (pod_store, pod_writer) = reflector::store();
     let (policy_store, policy_writer) = reflector::store();
     let (node_store, node_writer) = reflector::store();
+    let ready_pods = shared.base.readiness.register("sysctl/pods");
+    let ready_policies = shared.base.readiness.register("sysctl/sysctlpolicies");
+    let ready_node = shared.base.readiness.register("sysctl/nodes");
+    // plumbing's watch: short capped backoff, relist after errors, health in the flags.
     let pod_events = reflector::reflector(
         pod_writer,
-        watcher(
+        watch(
             Api::<Pod>::all(client.clone()),
             config().fields(&format!("spec.nodeName={node}")),
+            ready_pods.clone(),
         ),
-    )
-    .default_backoff();
+    );
     let policy_events = reflector::reflector(
         policy_writer,
-        watcher(Api::<SysctlPolicy>::all(client.clone()), config()),
-    )
-    .default_backoff();
+        watch(
+            Api::<SysctlPolicy>::all(client.clone()),
+            config(),
+            ready_policies.clone(),
+        ),
+    );
     let node_events = reflector::reflector(
         node_writer,
-        watcher(
+        watch(
             Api::<Node>::all(client.clone()),
             config().fields(&format!("metadata.name={node}")),
+            ready_node.clone(),
         ),
-    )
-    .default_backoff();
-    let ready_pods = shared.base.readiness.register("sysctl-pods");
-    let ready_policies = shared.base.readiness.register("sysctl-policies");
-    let ready_node = shared.base.readiness.register("sysctl-node");
+    );
 
     let status_offset = Duration::from_millis(
         node.bytes()
