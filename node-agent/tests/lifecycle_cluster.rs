@@ -12,6 +12,9 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
     let Some(c) = testkit::cluster("ready_after_first_lists_and_sigterm_exits_zero").await else {
         return Ok(());
     };
+    // The sysctl task is ready only once the SysctlPolicy watch listed.
+    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+        .await?;
     let node = c
         .create(&Node {
             metadata: ObjectMeta {

@@ -11,9 +11,8 @@ use std::time::Duration;
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use testkit::{Binary, Cluster, free_addr, http_get, metric, unique_name, wait_for};
 
@@ -21,27 +20,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const NODE_LABEL: &str = "groundskeeper.dev/sysctl-test-node";
 
 async fn ensure_crd(c: &Cluster) -> anyhow::Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(c.client.clone());
-    let generated: CustomResourceDefinition = serde_yaml::from_str(&crd_yaml())?;
-    if api.get_opt(&generated.name_any()).await?.is_none() {
-        match api.create(&PostParams::default(), &generated).await {
-            Ok(_) => {}
-            // Another test process installed it first.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    wait_for(WAIT, "the SysctlPolicy CRD to be established", || async {
-        let crd = api.get(&generated.name_any()).await?;
-        Ok(crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True"))
-    })
-    .await?;
-    Ok(())
+    c.ensure_crd(&crd_yaml()).await
 }
 
 /// A Node object of our own, labelled so that only this test's policies select it.

@@ -16,7 +16,8 @@ pub struct Binary {
 
 impl Binary {
     /// Starts `path` (pass `env!("CARGO_BIN_EXE_<name>")`) with `args` and `env`, logging to a
-    /// file whose path is printed so a failing test can be debugged. `KUBECONFIG` is inherited.
+    /// file whose path is printed so a failing test can be debugged. `KUBECONFIG` is the tests'
+    /// own (`KUBECONFIG`, or the shared control plane's) unless `env` names another.
     /// The process is killed when the handle is dropped.
     pub fn start(
         path: &str,
@@ -28,7 +29,11 @@ impl Binary {
         std::fs::create_dir_all(&dir)?;
         let log = dir.join(format!("{}.log", crate::unique_name(name)));
         let file = std::fs::File::create(&log)?;
-        let child = Command::new(path)
+        let mut cmd = Command::new(path);
+        if let Some(kubeconfig) = crate::default_kubeconfig() {
+            cmd.env("KUBECONFIG", kubeconfig);
+        }
+        let child = cmd
             .args(args)
             .envs(env.iter().copied())
             .env(

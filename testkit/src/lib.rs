@@ -1,15 +1,19 @@
-//! Test harness for cluster tests: a real kube-apiserver named by `KUBECONFIG`, the project's
-//! binaries as child processes, uniquely named objects, bounded waits, and cleanup that runs
-//! even when a test fails.
+//! Test harness for cluster tests: a real kube-apiserver (the cluster named by `KUBECONFIG`, or
+//! a throwaway control plane started from `KUBE_APISERVER`), the project's binaries as child
+//! processes, uniquely named objects, bounded waits, and cleanup that runs even when a test
+//! fails.
 //!
-//! Without `KUBECONFIG` every cluster test prints one `SKIPPED <test>: KUBECONFIG not set` line
-//! and passes: the skip is visible, never silent.
+//! With neither variable set every cluster test prints one `SKIPPED <test>: …` line and passes:
+//! the skip is visible, never silent. Tests never pick a cluster on their own (no
+//! `~/.kube/config`, no in-cluster config): only the one they were told to use.
 
 mod binary;
 pub mod chart;
+pub mod control_plane;
 mod rbac;
 
 pub use binary::Binary;
+pub use control_plane::ControlPlane;
 
 use std::{
     future::Future,
@@ -33,6 +37,8 @@ use kube::{
 pub struct Cluster {
     pub client: Client,
     pub kubeconfig: PathBuf,
+    /// The control plane the tests started, when they did (not with `KUBECONFIG`).
+    pub control_plane: Option<&'static ControlPlane>,
     tracked: Mutex<Vec<Tracked>>,
 }
 
@@ -42,34 +48,76 @@ struct Tracked {
     name: String,
 }
 
-/// Connects to the cluster named by `KUBECONFIG`, or prints the skip line and returns None.
+/// Connects to the cluster named by `KUBECONFIG`; without it, to this test binary's throwaway
+/// control plane when `KUBE_APISERVER` is set; otherwise prints the skip line and returns None.
 pub async fn cluster(test_name: &str) -> Option<Cluster> {
-    let Some(path) = std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) else {
-        skipped(test_name, "KUBECONFIG not set");
+    if let Some(path) = kubeconfig_from_env() {
+        return Some(Cluster::connect(path, None).await);
+    }
+    if ControlPlane::configured().is_none() {
+        skipped(
+            test_name,
+            "neither KUBECONFIG nor KUBE_APISERVER set (see README: Tests)",
+        );
         return None;
-    };
-    let kubeconfig = PathBuf::from(path);
-    let client = client_for(&kubeconfig).await.unwrap_or_else(|e| {
-        panic!(
-            "KUBECONFIG={} is set but unusable: {e:#}",
-            kubeconfig.display()
-        )
-    });
-    // Fail fast and clearly if the apiserver is not there, rather than at the first wait.
-    client.apiserver_version().await.unwrap_or_else(|e| {
-        panic!(
-            "KUBECONFIG={} is set but the apiserver does not answer: {e}",
-            kubeconfig.display()
-        )
-    });
-    Some(Cluster {
-        client,
-        kubeconfig,
-        tracked: Mutex::new(Vec::new()),
-    })
+    }
+    let cp = control_plane::shared().unwrap_or_else(|e| panic!("{e:#}"));
+    Some(Cluster::connect(cp.kubeconfig.clone(), Some(cp)).await)
 }
 
-async fn client_for(kubeconfig: &PathBuf) -> anyhow::Result<Client> {
+/// A control plane of the test's own, for tests that stop or restart the apiserver; only with
+/// `KUBE_APISERVER` (a cluster named by `KUBECONFIG` is not ours to restart). The returned
+/// `Cluster` must be dropped before the `ControlPlane`, so its cleanup still reaches it.
+pub async fn private_cluster(test_name: &str) -> Option<(Cluster, Box<ControlPlane>)> {
+    let Some((apiserver, etcd)) = ControlPlane::configured() else {
+        skipped(
+            test_name,
+            "KUBE_APISERVER not set (this test restarts the apiserver it starts)",
+        );
+        return None;
+    };
+    let cp = tokio::task::spawn_blocking(move || ControlPlane::start(&apiserver, &etcd))
+        .await
+        .expect("control plane start")
+        .unwrap_or_else(|e| panic!("starting a private control plane: {e:#}"));
+    let cp = Box::new(cp);
+    let cluster = Cluster::connect(cp.kubeconfig.clone(), None).await;
+    Some((cluster, cp))
+}
+
+fn kubeconfig_from_env() -> Option<PathBuf> {
+    std::env::var_os("KUBECONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The kubeconfig a child binary gets unless the test names another: the one the tests use.
+pub(crate) fn default_kubeconfig() -> Option<PathBuf> {
+    kubeconfig_from_env().or_else(|| control_plane::started().map(|cp| cp.kubeconfig.clone()))
+}
+
+impl Cluster {
+    async fn connect(kubeconfig: PathBuf, control_plane: Option<&'static ControlPlane>) -> Self {
+        let client = client_for(&kubeconfig)
+            .await
+            .unwrap_or_else(|e| panic!("kubeconfig {} is unusable: {e:#}", kubeconfig.display()));
+        // Fail fast and clearly if the apiserver is not there, rather than at the first wait.
+        client.apiserver_version().await.unwrap_or_else(|e| {
+            panic!(
+                "the apiserver of kubeconfig {} does not answer: {e}",
+                kubeconfig.display()
+            )
+        });
+        Cluster {
+            client,
+            kubeconfig,
+            control_plane,
+            tracked: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+pub(crate) async fn client_for(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
@@ -108,6 +156,38 @@ impl Cluster {
         Ok(created)
     }
 
+    /// Installs a CRD from its YAML unless it is there, and waits until it is established.
+    /// Never deleted: a CRD is cluster-wide and other tests of the same cluster may use it.
+    pub async fn ensure_crd(&self, yaml: &str) -> anyhow::Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let crd: CustomResourceDefinition = serde_yaml::from_str(yaml)?;
+        let name = crd.name_any();
+        if api.get_opt(&name).await?.is_none() {
+            match api.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                // Another test installed it first.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        wait_for(
+            Duration::from_secs(30),
+            &format!("the CRD {name} to be established"),
+            || async {
+                let crd = api.get(&name).await?;
+                Ok(crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True"))
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
     /// A fresh namespace, deleted at drop.
     pub async fn namespace(&self, prefix: &str) -> anyhow::Result<String> {
         let name = unique_name(prefix);
@@ -122,6 +202,21 @@ impl Cluster {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let created = api.create(&PostParams::default(), &ns).await?;
         self.track(&created);
+        // kube-controller-manager would create it; pods need it (ServiceAccount admission).
+        let sa = k8s_openapi::api::core::v1::ServiceAccount {
+            metadata: kube::api::ObjectMeta {
+                name: Some("default".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &name);
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(created.name_any())
     }
 }
