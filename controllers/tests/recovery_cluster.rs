@@ -54,9 +54,11 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
         ],
         &[("KUBECONFIG", &kubeconfig)],
     )?;
-    wait_for(Duration::from_secs(30), "controller-manager ready", || async {
-        Ok(status(admin, "/readyz").await == 200)
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "controller-manager ready",
+        || async { Ok(status(admin, "/readyz").await == 200) },
+    )
     .await?;
     manager
         .wait_for_log("podgc running", Duration::from_secs(30))
@@ -77,18 +79,29 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
         }
         let mut saw_503 = false;
         while down.elapsed() < OUTAGE {
-            assert_eq!(status(admin, "/healthz").await, 200, "liveness during outage");
+            assert_eq!(
+                status(admin, "/healthz").await,
+                200,
+                "liveness during outage"
+            );
             saw_503 |= status(admin, "/readyz").await == 503;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        assert!(saw_503, "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage");
+        assert!(
+            saw_503,
+            "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
+        );
 
         cp.start_apiserver()?;
         let up = Instant::now();
         // New work for each controller, made as soon as the apiserver answers.
         let pod_name = format!("orphan-{round}");
-        c.create(&testkit::bound_pod(&ns, &pod_name, &unique_name("gone-node")))
-            .await?;
+        c.create(&testkit::bound_pod(
+            &ns,
+            &pod_name,
+            &unique_name("gone-node"),
+        ))
+        .await?;
         let cidr_name = unique_name("recovery");
         let third = 100 + (std::process::id() % 50) as u8 + round as u8 * 50;
         c.create(&ServiceCIDR {

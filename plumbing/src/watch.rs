@@ -156,4 +156,89 @@ mod tests {
             "a cap below the minimum wins"
         );
     }
+
+    /// A fake apiserver: lists return one ConfigMap (a, then b), the first watch answers 410
+    /// Gone as the apiserver does when the resourceVersion was compacted away.
+    fn fake_apiserver(lists: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> kube::Client {
+        use kube::client::Body;
+        use std::sync::atomic::Ordering;
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let lists = lists.clone();
+            async move {
+                let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+                let body = if watch {
+                    serde_json::json!({"type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "reason": "Expired", "code": 410,
+                        "message": "too old resource version: 1 (20)"}})
+                    .to_string()
+                        + "\n"
+                } else {
+                    let n = lists.fetch_add(1, Ordering::SeqCst);
+                    let name = if n == 0 { "a" } else { "b" };
+                    serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": [{"metadata": {"name": name, "namespace": "default",
+                                                "resourceVersion": "1"}}]})
+                    .to_string()
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(200)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_410_gone_turns_the_watch_unhealthy_and_relists_after_a_short_backoff() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::ResourceExt;
+        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let readiness = crate::Readiness::default();
+        let registry = prometheus::Registry::new();
+        registry.register(readiness.collector()).unwrap();
+        let flag = readiness.register("test/configmaps");
+        let api: Api<ConfigMap> = Api::namespaced(fake_apiserver(lists.clone()), "default");
+        let mut stream = std::pin::pin!(watch(api, watcher::Config::default(), flag.clone()));
+        let mut next = async || match stream.next().await {
+            Some(Ok(Event::Init)) => "init".to_string(),
+            Some(Ok(Event::InitApply(o))) => format!("init-apply {}", o.name_any()),
+            Some(Ok(Event::InitDone)) => "init-done".to_string(),
+            other => format!("unexpected {other:?}"),
+        };
+        assert_eq!(next().await, "init");
+        assert_eq!(next().await, "init-apply a");
+        assert_eq!(next().await, "init-done");
+        assert!(
+            !flag.is_ready(),
+            "marked only once the consumer comes back, i.e. has applied the list"
+        );
+        let started = std::time::Instant::now();
+        // Asking for the next event marks the list applied; the watch then gets its 410.
+        assert_eq!(next().await, "init");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            flag.is_ready(),
+            "the first list counts for start-up readiness"
+        );
+        assert!(!flag.is_healthy(), "failed, relisting");
+        assert_eq!(next().await, "init-apply b");
+        assert_eq!(next().await, "init-done");
+        assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 2);
+        flag.mark_ready();
+        assert!(flag.is_healthy());
+        let text = crate::metrics::render(&registry);
+        assert!(
+            text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
+            "{text}"
+        );
+    }
 }
