@@ -26,8 +26,14 @@ async fn status(admin: SocketAddr, path: &str) -> u16 {
 
 #[derive(Clone, Copy, Debug)]
 enum Outage {
+    /// SIGKILL the apiserver, start it again on the same etcd data.
     Restart,
+    /// The same, with etcd compacted at its current revision while the apiserver is down.
     RestartAfterCompaction,
+    /// The manager is frozen (SIGSTOP) through a restart after compaction: when it resumes,
+    /// the apiserver already answers, so its watches resume from a compacted resourceVersion
+    /// and get a real 410 Gone.
+    FrozenThroughCompaction,
 }
 
 #[tokio::test]
@@ -67,33 +73,47 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     let cidrs: Api<ServiceCIDR> = Api::all(c.client.clone());
     let mut report = Vec::new();
-    for (round, outage) in [Outage::Restart, Outage::RestartAfterCompaction]
-        .into_iter()
-        .enumerate()
+    for (round, outage) in [
+        Outage::Restart,
+        Outage::RestartAfterCompaction,
+        Outage::FrozenThroughCompaction,
+    ]
+    .into_iter()
+    .enumerate()
     {
-        cp.stop_apiserver();
-        let down = Instant::now();
-        if matches!(outage, Outage::RestartAfterCompaction) {
+        let up = if let Outage::FrozenThroughCompaction = outage {
+            manager.signal("STOP").await?;
+            cp.stop_apiserver();
             let rev = cp.compact_etcd()?;
             println!("{outage:?}: etcd compacted at revision {rev}");
-        }
-        let mut saw_503 = false;
-        while down.elapsed() < OUTAGE {
-            assert_eq!(
-                status(admin, "/healthz").await,
-                200,
-                "liveness during outage"
+            cp.start_apiserver()?;
+            manager.signal("CONT").await?;
+            Instant::now()
+        } else {
+            cp.stop_apiserver();
+            let down = Instant::now();
+            if matches!(outage, Outage::RestartAfterCompaction) {
+                let rev = cp.compact_etcd()?;
+                println!("{outage:?}: etcd compacted at revision {rev}");
+            }
+            let mut saw_503 = false;
+            while down.elapsed() < OUTAGE {
+                assert_eq!(
+                    status(admin, "/healthz").await,
+                    200,
+                    "liveness during outage"
+                );
+                saw_503 |= status(admin, "/readyz").await == 503;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert!(
+                saw_503,
+                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
             );
-            saw_503 |= status(admin, "/readyz").await == 503;
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        assert!(
-            saw_503,
-            "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-        );
 
-        cp.start_apiserver()?;
-        let up = Instant::now();
+            cp.start_apiserver()?;
+            Instant::now()
+        };
         // New work for each controller, made as soon as the apiserver answers.
         let pod_name = format!("orphan-{round}");
         c.create(&testkit::bound_pod(
@@ -103,7 +123,7 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
         ))
         .await?;
         let cidr_name = unique_name("recovery");
-        let third = 100 + (std::process::id() % 50) as u8 + round as u8 * 50;
+        let third = 100 + (std::process::id() % 40) as u8 + round as u8 * 40;
         c.create(&ServiceCIDR {
             metadata: ObjectMeta {
                 name: Some(cidr_name.clone()),
@@ -157,6 +177,13 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
             finalizer.as_secs_f64(),
             ready.as_secs_f64()
         );
+        if let Outage::FrozenThroughCompaction = outage {
+            assert!(
+                manager.logs().contains("too old resource version"),
+                "{outage:?}: the resumed watches were expected to get 410 Gone; log:\n{}",
+                manager.logs()
+            );
+        }
         report.push((outage, orphan, finalizer));
     }
     println!("{report:?}");

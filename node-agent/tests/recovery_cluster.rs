@@ -74,6 +74,10 @@ enum Outage {
     Restart,
     /// The same, with etcd compacted at its current revision while the apiserver is down.
     RestartAfterCompaction,
+    /// The agent is frozen (SIGSTOP) through a restart after compaction: when it resumes, the
+    /// apiserver already answers, so its watch resumes from a compacted resourceVersion and
+    /// gets a real 410 Gone.
+    FrozenThroughCompaction,
 }
 
 #[tokio::test]
@@ -107,7 +111,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
                      "labels": {"kubernetes.io/service-name": "dns"}},
         "addressType": "IPv4",
         "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
-        "endpoints": endpoints(&[ep(5), ep(6), ep(7)]),
+        "endpoints": endpoints(&[ep(5), ep(6), ep(7), ep(8)]),
     }))?;
     c.create(&slice).await?;
 
@@ -122,6 +126,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             Entry::dnat(IPPROTO_UDP, client(1001), frontend, to(6)),
             Entry::dnat(IPPROTO_UDP, client(1002), frontend, to(7)),
             Entry::dnat(IPPROTO_TCP, client(1003), frontend, to(6)),
+            Entry::dnat(IPPROTO_UDP, client(1004), frontend, to(8)),
         ],
     );
 
@@ -157,86 +162,100 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         .await?;
     assert_eq!(
         flows(&netns).len(),
-        4,
+        5,
         "every endpoint serves: nothing deleted"
     );
 
-    // Round 1 removes endpoint 6, round 2 endpoint 7; their UDP flows must go within the bound.
-    let mut serving = vec![ep(5), ep(6), ep(7)];
+    // Each round removes one endpoint; its UDP flows must go within the bound.
+    let mut serving = vec![ep(5), ep(6), ep(7), ep(8)];
     let mut port = 2000;
     let mut report = Vec::new();
-    for (outage, removed) in [(Outage::Restart, 6u8), (Outage::RestartAfterCompaction, 7)] {
-        let skipped_before = sample(
-            admin,
-            "groundskeeper_conntrack_passes_skipped_total{reason=\"stale-model\"}",
-        )
-        .await;
-        let deleted_before = sample(
-            admin,
-            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}",
-        )
-        .await;
-        cp.stop_apiserver();
-        let down = Instant::now();
-        // Flows to an endpoint the agent's (now stale) model does not know: exactly what an
-        // agent acting on a stale model would delete at its next periodic pass.
-        port += 1;
-        let unknown: SocketAddr = "10.244.1.99:5353".parse()?;
-        add_flows(
-            &netns,
-            &[Entry::dnat(IPPROTO_UDP, client(port), frontend, unknown)],
-        );
-        let before = flows(&netns);
-        if matches!(outage, Outage::RestartAfterCompaction) {
+    for (outage, removed) in [
+        (Outage::Restart, 6u8),
+        (Outage::RestartAfterCompaction, 7),
+        (Outage::FrozenThroughCompaction, 8),
+    ] {
+        let up = if let Outage::FrozenThroughCompaction = outage {
+            agent.signal("STOP").await?;
+            cp.stop_apiserver();
             let rev = cp.compact_etcd()?;
             println!("{outage:?}: etcd compacted at revision {rev}");
-        }
-        let mut saw_503 = false;
-        while down.elapsed() < OUTAGE {
-            assert_eq!(
-                status(admin, "/healthz").await,
-                200,
-                "liveness during outage"
-            );
-            saw_503 |= status(admin, "/readyz").await == 503;
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        assert!(
-            saw_503,
-            "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-        );
-        assert_eq!(
-            flows(&netns),
-            before,
-            "{outage:?}: conntrack entries deleted during the outage; log:\n{}",
-            agent.logs()
-        );
-        assert_eq!(
-            sample(
+            cp.start_apiserver()?;
+            agent.signal("CONT").await?;
+            Instant::now()
+        } else {
+            let skipped_before = sample(
                 admin,
-                "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"
+                "groundskeeper_conntrack_passes_skipped_total{reason=\"stale-model\"}",
             )
-            .await,
-            deleted_before
-        );
-        let skipped = sample(
-            admin,
-            "groundskeeper_conntrack_passes_skipped_total{reason=\"stale-model\"}",
-        )
-        .await;
-        assert!(
-            skipped > skipped_before,
-            "{outage:?}: no pass was skipped (periodic passes run every 1-2 s)"
-        );
-        let stale = sample(
-            admin,
-            "groundskeeper_watch_stale_seconds{watch=\"conntrack/endpointslices\"}",
-        )
-        .await;
-        assert!(stale >= 5.0, "{outage:?}: stale gauge {stale}");
+            .await;
+            let deleted_before = sample(
+                admin,
+                "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}",
+            )
+            .await;
+            cp.stop_apiserver();
+            let down = Instant::now();
+            // Flows to an endpoint the agent's (now stale) model does not know: exactly what an
+            // agent acting on a stale model would delete at its next periodic pass.
+            port += 1;
+            let unknown: SocketAddr = "10.244.1.99:5353".parse()?;
+            add_flows(
+                &netns,
+                &[Entry::dnat(IPPROTO_UDP, client(port), frontend, unknown)],
+            );
+            let before = flows(&netns);
+            if matches!(outage, Outage::RestartAfterCompaction) {
+                let rev = cp.compact_etcd()?;
+                println!("{outage:?}: etcd compacted at revision {rev}");
+            }
+            let mut saw_503 = false;
+            while down.elapsed() < OUTAGE {
+                assert_eq!(
+                    status(admin, "/healthz").await,
+                    200,
+                    "liveness during outage"
+                );
+                saw_503 |= status(admin, "/readyz").await == 503;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert!(
+                saw_503,
+                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
+            );
+            assert_eq!(
+                flows(&netns),
+                before,
+                "{outage:?}: conntrack entries deleted during the outage; log:\n{}",
+                agent.logs()
+            );
+            assert_eq!(
+                sample(
+                    admin,
+                    "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"
+                )
+                .await,
+                deleted_before
+            );
+            let skipped = sample(
+                admin,
+                "groundskeeper_conntrack_passes_skipped_total{reason=\"stale-model\"}",
+            )
+            .await;
+            assert!(
+                skipped > skipped_before,
+                "{outage:?}: no pass was skipped (periodic passes run every 1-2 s)"
+            );
+            let stale = sample(
+                admin,
+                "groundskeeper_watch_stale_seconds{watch=\"conntrack/endpointslices\"}",
+            )
+            .await;
+            assert!(stale >= 5.0, "{outage:?}: stale gauge {stale}");
 
-        cp.start_apiserver()?;
-        let up = Instant::now();
+            cp.start_apiserver()?;
+            Instant::now()
+        };
         serving.retain(|e| *e != ep(removed));
         Api::<EndpointSlice>::namespaced(c.client.clone(), &ns_name)
             .patch(
@@ -284,6 +303,13 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             acted.as_secs_f64(),
             ready.as_secs_f64()
         );
+        if let Outage::FrozenThroughCompaction = outage {
+            assert!(
+                agent.logs().contains("too old resource version"),
+                "{outage:?}: the resumed watch was expected to get 410 Gone; log:\n{}",
+                agent.logs()
+            );
+        }
         report.push((outage, acted));
     }
     println!("{report:?}");
