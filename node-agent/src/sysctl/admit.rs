@@ -266,6 +266,13 @@ impl Admitter {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
             }
             Action::Reject { mode, message } => {
+                // Failing a pod is destructive: not on a policy, Node or pod list that may be
+                // stale (a watch failing or relisting). Retried each tick until they are current.
+                if mode == Mode::Enforce && !self.ready.iter().all(ReadyFlag::is_healthy) {
+                    tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
+                    self.retry.insert(ObjectRef::from_obj(pod));
+                    return;
+                }
                 self.metrics
                     .rejected
                     .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
