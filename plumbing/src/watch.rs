@@ -117,7 +117,7 @@ where
                 Some(Err(e)) => {
                     d.inner = None;
                     let delay = d.backoff.next_delay();
-                    d.flag.failed(&e, delay);
+                    d.flag.failed(&Explained(&e), delay);
                     tokio::time::sleep(delay).await;
                 }
                 // `watcher` does not end; if it did, start over like after an error.
@@ -127,9 +127,42 @@ where
     })
 }
 
+/// A watch error with a hint for the one cause an operator fixes by hand.
+struct Explained<'a>(&'a watcher::Error);
+
+impl std::fmt::Display for Explained<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = self.0
+            && s.code == 404
+        {
+            write!(f, " (the resource is not served: is its CRD installed?)")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_resource_is_explained() {
+        let err = |code| {
+            watcher::Error::InitialListFailed(kube::Error::Api(
+                kube::core::Status::failure(
+                    "the server could not find the requested resource",
+                    "NotFound",
+                )
+                .with_code(code)
+                .boxed(),
+            ))
+        };
+        let text = Explained(&err(404)).to_string();
+        assert!(text.contains("is its CRD installed?"), "{text}");
+        let text = Explained(&err(500)).to_string();
+        assert!(!text.contains("CRD"), "{text}");
+    }
 
     #[test]
     fn backoff_is_capped_jittered_and_reset() {

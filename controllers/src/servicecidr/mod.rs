@@ -55,6 +55,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
 
     let cidr_flag = shared.base.readiness.register("servicecidr/servicecidrs");
     let ip_flag = shared.base.readiness.register("servicecidr/ipaddresses");
+    let (cidr_health, ip_health) = (cidr_flag.clone(), ip_flag.clone());
     let cidr_stream = watch(
         Api::<ServiceCIDR>::all(shared.base.client.clone()),
         watcher::Config::default(),
@@ -111,13 +112,16 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         )),
     ];
 
-    let syncer = Arc::new(Syncer::new(
-        cache,
-        queue.clone(),
-        KubeWrites::new(shared.base.client.clone()),
-        metrics,
-        shared.base.dry_run,
-    ));
+    let syncer = Arc::new(
+        Syncer::new(
+            cache,
+            queue.clone(),
+            KubeWrites::new(shared.base.client.clone()),
+            metrics,
+            shared.base.dry_run,
+        )
+        .with_watches(vec![cidr_health, ip_health]),
+    );
     let token = shared.base.token.clone();
     let started = tokio::select! {
         _ = token.cancelled() => false,
