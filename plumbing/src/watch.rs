@@ -23,7 +23,10 @@ use std::{
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{
     Api, Resource,
-    runtime::watcher::{self, Event, watcher},
+    runtime::{
+        reflector::{self, Store},
+        watcher::{self, Event, watcher},
+    },
 };
 use serde::de::DeserializeOwned;
 
@@ -125,6 +128,29 @@ where
             }
         }
     })
+}
+
+/// [`watch`] into a kube-runtime reflector store: a relist is buffered and swapped in whole at
+/// `InitDone` (a reader never sees half a list), and each event reaches the returned stream
+/// after the store has applied it. The flag turns healthy only once the consumer has taken the
+/// `InitDone` and comes back for more.
+pub fn watch_store<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    flag: ReadyFlag,
+) -> (
+    Store<K>,
+    impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
+)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    let (reader, writer) = reflector::store();
+    (
+        reader,
+        reflector::reflector(writer, watch(api, config, flag)),
+    )
 }
 
 /// A watch error with a hint for the one cause an operator fixes by hand.

@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::StreamExt;
+use groundskeeper_plumbing::watch::watch_store;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::runtime::reflector::{self, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -86,8 +87,6 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.base.dry_run)?;
 
     let changed = Arc::new(Notify::new());
-    let (services, svc_writer) = reflector::store::<Service>();
-    let (slices, eps_writer) = reflector::store::<EndpointSlice>();
     let svc_ready = shared.base.readiness.register("conntrack/services");
     let eps_ready = shared.base.readiness.register("conntrack/endpointslices");
     // Same selection as kube-proxy's informers (without a proxy name).
@@ -98,21 +97,19 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         model::LABEL_SERVICE_PROXY_NAME,
         model::LABEL_HEADLESS
     ));
+    let (services, svc_events) = watch_store(
+        Api::<Service>::all(shared.base.client.clone()),
+        svc_cfg,
+        svc_ready.clone(),
+    );
+    let (slices, eps_events) = watch_store(
+        Api::<EndpointSlice>::all(shared.base.client.clone()),
+        eps_cfg,
+        eps_ready.clone(),
+    );
     let watches = futures::future::join(
-        watch(
-            Api::all(shared.base.client.clone()),
-            svc_cfg,
-            svc_writer,
-            svc_ready.clone(),
-            changed.clone(),
-        ),
-        watch(
-            Api::all(shared.base.client.clone()),
-            eps_cfg,
-            eps_writer,
-            eps_ready.clone(),
-            changed.clone(),
-        ),
+        follow(svc_events, svc_ready.clone(), changed.clone()),
+        follow(eps_events, eps_ready.clone(), changed.clone()),
     );
     let lists = Lists {
         services,
@@ -181,25 +178,15 @@ impl Lists {
     }
 }
 
-async fn watch<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    writer: Writer<K>,
+/// Asks for a model rebuild after each change the store has applied.
+async fn follow<K>(
+    events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>>,
     ready: ReadyFlag,
     changed: Arc<Notify>,
-) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + serde::de::DeserializeOwned
-        + 'static,
-{
-    let stream = groundskeeper_plumbing::watch::watch(api, cfg, ready.clone()).reflect(writer);
-    futures::pin_mut!(stream);
+) {
+    futures::pin_mut!(events);
     // plumbing::watch logs, counts and retries errors; it never yields one.
-    while let Some(Ok(ev)) = stream.next().await {
+    while let Some(Ok(ev)) = events.next().await {
         match ev {
             watcher::Event::InitDone => {
                 // The store has swapped in the list: healthy before the rebuild is asked for.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use prometheus::{IntCounter, IntCounterVec, Opts};
@@ -25,7 +25,7 @@ use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
 use crate::agent::Shared;
-use groundskeeper_plumbing::{ReadyFlag, watch::watch};
+use groundskeeper_plumbing::{ReadyFlag, watch::watch_store};
 
 /// Field manager and event reporter.
 pub const MANAGER: &str = "groundskeeper-node-agent";
@@ -105,36 +105,25 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     // with a field selector, a paginated quorum list would page through every pod and node in
     // the cluster from etcd, on every node, at start and after every watch desync.
     let config = || watcher::Config::default().any_semantic();
-    let (pod_store, pod_writer) = reflector::store();
-    let (policy_store, policy_writer) = reflector::store();
-    let (node_store, node_writer) = reflector::store();
     let ready_pods = shared.base.readiness.register("sysctl/pods");
     let ready_policies = shared.base.readiness.register("sysctl/sysctlpolicies");
     let ready_node = shared.base.readiness.register("sysctl/nodes");
-    // plumbing's watch: short capped backoff, relist after errors, health in the flags.
-    let pod_events = reflector::reflector(
-        pod_writer,
-        watch(
-            Api::<Pod>::all(client.clone()),
-            config().fields(&format!("spec.nodeName={node}")),
-            ready_pods.clone(),
-        ),
+    // plumbing's watch into a store: short capped backoff, relist after errors, health in the
+    // flags.
+    let (pod_store, pod_events) = watch_store(
+        Api::<Pod>::all(client.clone()),
+        config().fields(&format!("spec.nodeName={node}")),
+        ready_pods.clone(),
     );
-    let policy_events = reflector::reflector(
-        policy_writer,
-        watch(
-            Api::<SysctlPolicy>::all(client.clone()),
-            config(),
-            ready_policies.clone(),
-        ),
+    let (policy_store, policy_events) = watch_store(
+        Api::<SysctlPolicy>::all(client.clone()),
+        config(),
+        ready_policies.clone(),
     );
-    let node_events = reflector::reflector(
-        node_writer,
-        watch(
-            Api::<Node>::all(client.clone()),
-            config().fields(&format!("metadata.name={node}")),
-            ready_node.clone(),
-        ),
+    let (node_store, node_events) = watch_store(
+        Api::<Node>::all(client.clone()),
+        config().fields(&format!("metadata.name={node}")),
+        ready_node.clone(),
     );
 
     let status_offset = Duration::from_millis(
