@@ -110,7 +110,10 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
                 saw_503,
                 "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
             );
-
+            assert!(
+                manager.logs().contains("podgc cycle skipped"),
+                "{outage:?}: PodGC cycles (every 500 ms) ran on stale caches during the outage"
+            );
             cp.start_apiserver()?;
             Instant::now()
         };
