@@ -20,6 +20,11 @@ for f in default all; do
     grep -q "^kind: $kind$" "$out/$f.yaml" || { echo "FAIL: $f render has no $kind"; exit 1; }
   done
 done
+for kind in ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding; do
+  grep -q "^kind: $kind$" "$out/default.yaml" || { echo "FAIL: default render has no $kind (node-agent own-node guard)"; exit 1; }
+done
+grep -q -- "--sysctl-default-mode=audit$" "$out/default.yaml" || { echo "FAIL: default sysctl mode must be audit"; exit 1; }
+grep -q -- "--sysctl-default-mode=enforce$" "$out/all.yaml" || { echo "FAIL: sysctl.defaultMode=Enforce not passed to node-agent"; exit 1; }
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
 grep -q "privileged: true" "$out/all.yaml" || { echo "FAIL: conntrack sysctls set but node-agent not privileged"; exit 1; }
 # Bad values are refused by values.schema.json with a message naming them.
@@ -53,4 +58,22 @@ echo "chart: server-side dry-run apply passed"
 "$kubectl" get clusterrole/gk-groundskeeper-controller-manager clusterrole/gk-groundskeeper-node-agent >/dev/null
 "$kubectl" get crd/sysctlpolicies.groundskeeper.dev >/dev/null
 "$kubectl" -n "$ns" get poddisruptionbudget/gk-groundskeeper-controller-manager role/gk-groundskeeper-controller-manager-leader-election >/dev/null
-echo "chart: helm install created the workloads, RBAC and CRD"
+vap=gk-groundskeeper-node-agent-own-node-pods
+"$kubectl" get validatingadmissionpolicy/$vap validatingadmissionpolicybinding/$vap >/dev/null
+# kube-controller-manager's validatingadmissionpolicy-status-controller type-checks the policy's
+# CEL and writes the verdict to status; wait (bounded) for it. A test control plane has no
+# kube-controller-manager: say so rather than pass silently (own_node_cluster.rs proves the
+# policy's behaviour there).
+typed=
+for _ in $(seq 1 25); do
+  typed=$("$kubectl" get validatingadmissionpolicy/$vap -o jsonpath='{.status.observedGeneration}')
+  [ -n "$typed" ] && break
+  sleep 0.2
+done
+if [ -n "$typed" ]; then
+  warnings=$("$kubectl" get validatingadmissionpolicy/$vap -o jsonpath='{.status.typeChecking.expressionWarnings}')
+  [ -z "$warnings" ] || { echo "FAIL: own-node policy CEL type-check warnings: $warnings"; exit 1; }
+else
+  echo "chart: own-node policy has no type-check verdict (kube-controller-manager writes it and none runs here); own_node_cluster.rs runs its CEL on this apiserver"
+fi
+echo "chart: helm install created the workloads, RBAC, CRD and the own-node admission policy"

@@ -1,9 +1,10 @@
 //! The chart and the binary agree: the args the chart renders for node-agent, with defaults
-//! and with every option on (conntrack sysctls, unsafe sysctls), parse with the binary's own
-//! flag parser and pass its start-up validation.
+//! and with every option on (conntrack sysctls, unsafe sysctls, Enforce by default), parse with
+//! the binary's own flag parser and pass its start-up validation.
 
 use clap::Parser;
 use groundskeeper_node_agent::agent::Cli;
+use groundskeeper_node_agent::sysctl::crd::Mode;
 
 #[test]
 fn chart_args_parse() {
@@ -27,6 +28,13 @@ fn chart_args_parse() {
             cli.tasks.has("conntrack") && cli.tasks.has("sysctl"),
             "{case}"
         );
+        // A default install only audits; Enforce is an explicit choice.
+        let want = if case == "everything on" {
+            Mode::Enforce
+        } else {
+            Mode::Audit
+        };
+        assert_eq!(cli.sysctl.sysctl_default_mode, want, "{case}");
         if case == "everything on" {
             assert!(cli.common.dry_run);
             assert_eq!(cli.conntrack.sysctls.conntrack_max_per_core, Some(32768));

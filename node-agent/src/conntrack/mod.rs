@@ -79,8 +79,9 @@ const COALESCE: Duration = Duration::from_millis(100);
 pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let sysctl_args = args.sysctls.clone();
+    let dry_run = shared.base.dry_run;
     tokio::task::spawn_blocking(move || {
-        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default())
+        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default(), dry_run)
     })
     .await?;
     let metrics = Metrics::register(&shared.base.registry)?;
