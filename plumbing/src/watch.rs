@@ -73,7 +73,20 @@ struct Driver<K: Resource + Clone + 'static> {
     /// `InitDone` was handed out: the watch becomes healthy when the consumer asks for the
     /// next event, i.e. once it has applied the list to its store.
     listed: bool,
+    /// A new list was asked for and the server has not answered yet.
+    awaiting_answer: bool,
+    /// How long that first answer may take before the request is dropped and made again.
+    list_deadline: Duration,
 }
+
+/// How long a list may go unanswered before it is dropped and asked again. A kube-apiserver
+/// that is still starting holds requests that arrive early for seconds after it turns ready
+/// (measured: 4-7 s after an etcd restart, where a request made after ready is answered in
+/// 1 s); a connection that went dead silently would hold one for the 295 s read timeout.
+/// Doubled after each such timeout up to [`LIST_DEADLINE_MAX`], so a list that legitimately
+/// takes long still gets through.
+const LIST_DEADLINE: Duration = Duration::from_secs(3);
+const LIST_DEADLINE_MAX: Duration = Duration::from_secs(60);
 
 /// Watches `api` for ever: the events of kube-runtime's `watcher`, never an error (errors are
 /// logged, counted and retried here, and turn the flag unhealthy until the next full list).
@@ -94,26 +107,51 @@ where
         inner: None,
         backoff,
         listed: false,
+        awaiting_answer: false,
+        list_deadline: LIST_DEADLINE,
     };
     futures::stream::unfold(driver, |mut d| async move {
         if std::mem::take(&mut d.listed) {
             d.flag.mark_ready();
         }
         loop {
+            if d.inner.is_none() {
+                d.awaiting_answer = true;
+            }
             let inner = d
                 .inner
                 .get_or_insert_with(|| watcher(d.api.clone(), d.config.clone()).boxed());
-            match inner.next().await {
+            let next = if d.awaiting_answer {
+                match tokio::time::timeout(d.list_deadline, inner.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        d.inner = None;
+                        let waited = d.list_deadline;
+                        d.list_deadline = (d.list_deadline * 2).min(LIST_DEADLINE_MAX);
+                        let delay = d.backoff.next_delay();
+                        d.flag.failed(
+                            &format_args!("no answer to the list within {waited:?}; asking again"),
+                            delay,
+                        );
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                }
+            } else {
+                inner.next().await
+            };
+            match next {
                 Some(Ok(ev)) => {
                     match &ev {
                         // Emitted before the list request: no proof the server answers, so it
                         // does not reset the backoff.
                         Event::Init => d.flag.relist_started(),
-                        Event::InitDone => {
+                        _ => {
                             d.backoff.reset();
-                            d.listed = true;
+                            d.awaiting_answer = false;
+                            d.list_deadline = LIST_DEADLINE;
+                            d.listed |= matches!(ev, Event::InitDone);
                         }
-                        _ => d.backoff.reset(),
                     }
                     return Some((Ok(ev), d));
                 }
@@ -299,5 +337,48 @@ mod tests {
             text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
             "{text}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_left_unanswered_is_asked_again() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::client::Body;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let lists = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = lists.clone();
+        // The first list is held for ever, as a starting apiserver holds early requests.
+        let service = tower::service_fn(move |_req: http::Request<Body>| {
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {"resourceVersion": "1"}, "items": []})
+                .to_string();
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(200)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        let flag = crate::Readiness::default().register("test/configmaps");
+        let api: Api<ConfigMap> = Api::namespaced(kube::Client::new(service, "default"), "default");
+        let mut stream = std::pin::pin!(watch(api, watcher::Config::default(), flag.clone()));
+        let started = tokio::time::Instant::now();
+        assert!(matches!(stream.next().await, Some(Ok(Event::Init))));
+        assert!(
+            matches!(stream.next().await, Some(Ok(Event::Init))),
+            "asked again"
+        );
+        assert!(matches!(stream.next().await, Some(Ok(Event::InitDone))));
+        let took = started.elapsed();
+        assert!(
+            took >= LIST_DEADLINE && took <= LIST_DEADLINE + Duration::from_millis(300),
+            "{took:?}"
+        );
+        assert_eq!(lists.load(Ordering::SeqCst), 2);
     }
 }
