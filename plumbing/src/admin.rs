@@ -1,5 +1,6 @@
-//! The admin HTTP server: `/healthz` (the process serves), `/readyz` (every watch has listed),
-//! `/metrics` (Prometheus text).
+//! The admin HTTP server: `/healthz` (the process serves), `/readyz` (every watch has listed
+//! and none has been failing for longer than `--watch-stale-after`), `/metrics` (Prometheus
+//! text).
 
 use std::net::SocketAddr;
 
@@ -36,13 +37,14 @@ pub fn router(registry: Registry, readiness: Readiness) -> Router {
 }
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    let pending = s.readiness.pending();
-    if pending.is_empty() {
+    let not_ready = s.readiness.not_ready();
+    if not_ready.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
+        let why: Vec<String> = not_ready.iter().map(ToString::to_string).collect();
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("waiting for first list of: {}\n", pending.join(", ")),
+            format!("not ready: {}\n", why.join("; ")),
         )
     }
 }
@@ -103,9 +105,11 @@ mod tests {
         let readiness = Readiness::default();
         let flag = readiness.register("pods");
         let token = CancellationToken::new();
+        let registry = metrics::registry();
+        registry.register(readiness.collector()).unwrap();
         let (addr, serve) = bind(
             "127.0.0.1:0".parse().unwrap(),
-            metrics::registry(),
+            registry,
             readiness,
             token.clone(),
         )
@@ -119,8 +123,45 @@ mod tests {
         flag.mark_ready();
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
         let m = get(addr, "/metrics").await;
+        assert!(
+            m.contains("groundskeeper_watch_stale_seconds{watch=\"pods\"} 0"),
+            "{m}"
+        );
         assert!(m.contains("process_resident_memory_bytes"), "{m}");
 
+        token.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn readyz_fails_on_a_stale_watch_while_healthz_stays_up() {
+        let readiness = crate::Readiness::new(crate::WatchSettings {
+            stale_after: std::time::Duration::from_millis(50),
+            backoff_max: std::time::Duration::from_secs(1),
+        });
+        let flag = readiness.register("podgc/nodes");
+        flag.mark_ready();
+        let token = CancellationToken::new();
+        let (addr, serve) = bind(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics::registry(),
+            readiness,
+            token.clone(),
+        )
+        .await
+        .unwrap();
+        let server = tokio::spawn(serve);
+        flag.failed(&"connection refused", std::time::Duration::from_secs(1));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let r = get(addr, "/readyz").await;
+        assert!(
+            r.starts_with("HTTP/1.1 503") && r.contains("podgc/nodes: not healthy for"),
+            "{r}"
+        );
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        flag.mark_ready();
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
         token.cancel();
         server.await.unwrap().unwrap();
     }

@@ -1,5 +1,6 @@
 //! What both groundskeeper binaries share, written once: logs, metrics, the admin HTTP server,
-//! readiness, the shutdown token and the Kubernetes client.
+//! readiness and watch health, the one way to watch, the shutdown token and the Kubernetes
+//! client.
 
 pub mod admin;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
 pub mod timeout;
+pub mod watch;
 
-pub use readiness::{Readiness, ReadyFlag};
+pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;

@@ -36,6 +36,26 @@ pub struct CommonArgs {
     /// SIGTERM before the process exits anyway.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// /readyz answers 503 while a watch has been failing (or relisting after a failure) for
+    /// longer than this. Well above one retry (--watch-backoff-max plus a 10 s connect timeout)
+    /// so a blip does not flap readiness; /healthz is not affected.
+    #[arg(long, env = "WATCH_STALE_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub watch_stale_after: Duration,
+
+    /// Longest wait between two attempts to re-establish a failed watch (jittered down to half
+    /// of it). Bounds how long after the apiserver returns a watch is back.
+    #[arg(long, env = "WATCH_BACKOFF_MAX", default_value = "2s", value_parser = parse_duration)]
+    pub watch_backoff_max: Duration,
+}
+
+impl CommonArgs {
+    pub fn watch_settings(&self) -> crate::WatchSettings {
+        crate::WatchSettings {
+            stale_after: self.watch_stale_after,
+            backoff_max: self.watch_backoff_max,
+        }
+    }
 }
 
 pub struct Process {
@@ -76,7 +96,8 @@ impl Process {
         let shutdown = Shutdown::new();
         shutdown.cancel_on_signals();
         let registry = metrics::registry();
-        let readiness = Readiness::default();
+        let readiness = Readiness::new(args.watch_settings());
+        registry.register(readiness.collector())?;
         let client = kube.client().await?;
         let (admin_addr, serve) = admin::bind(
             admin_addr,
@@ -135,5 +156,11 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c.shutdown_grace, Duration::from_secs(10));
         assert_eq!(c.admin.admin_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.watch_stale_after, Duration::from_secs(30));
+        assert_eq!(c.watch_backoff_max, Duration::from_secs(2));
+        let c = parse(&["--watch-stale-after=1m", "--watch-backoff-max=500ms"]).unwrap();
+        assert_eq!(c.watch_settings().stale_after, Duration::from_secs(60));
+        assert_eq!(c.watch_settings().backoff_max, Duration::from_millis(500));
+        assert!(parse(&["--watch-stale-after=soon"]).is_err());
     }
 }

@@ -10,10 +10,7 @@ use std::{
 
 use futures::TryStreamExt;
 use groundskeeper_plumbing::ReadyFlag;
-use kube::{
-    Api, Resource,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Api, Resource, runtime::watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -237,11 +234,11 @@ async fn drive<W>(
     synced: watch::Sender<bool>,
     token: CancellationToken,
 ) where
-    W: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    W: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     W::DynamicType: Default,
 {
-    let stream = watcher(api, config).default_backoff();
-    let mut stream = std::pin::pin!(stream.into_stream());
+    let stream = groundskeeper_plumbing::watch::watch(api, config, ready.clone());
+    let mut stream = std::pin::pin!(stream);
     loop {
         let ev = tokio::select! {
             _ = token.cancelled() => return,
@@ -253,15 +250,18 @@ async fn drive<W>(
                     let mut c = caches.lock().expect("podgc cache lock");
                     fold(&mut c, ev)
                 };
-                if listed && !ready.is_ready() {
+                if listed {
+                    // Applied: the cache is current again (also after a relist).
                     ready.mark_ready();
-                    synced.send_replace(true);
-                    tracing::info!(watch = what, "podgc cache listed");
+                    if !*synced.borrow() {
+                        synced.send_replace(true);
+                        tracing::info!(watch = what, "podgc cache listed");
+                    }
                 }
             }
             Ok(None) => return,
-            // default_backoff retries; the error is only reported.
-            Err(e) => tracing::warn!(watch = what, error = %e, "podgc watch error; retrying"),
+            // plumbing::watch logs, counts and retries errors; it never yields one.
+            Err(_) => {}
         }
     }
 }

@@ -20,7 +20,7 @@ use std::{
 };
 
 use clap::Args;
-use groundskeeper_plumbing::client::parse_duration;
+use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
 use kube::runtime::watcher;
 
 use crate::manager::Shared;
@@ -29,6 +29,9 @@ use cache::Caches;
 use cycle::Cycle;
 use metrics::Metrics;
 use quarantine::Quarantine;
+
+/// How soon a cycle skipped on stale caches is tried again.
+const STALE_RECHECK: Duration = Duration::from_secs(1);
 
 /// Pods per list page: a page is the most that is ever decoded at once.
 const LIST_PAGE_SIZE: u32 = 500;
@@ -76,9 +79,10 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
     metrics.register(&shared.base.registry)?;
     let caches = Arc::new(Mutex::new(Caches::default()));
     let ready = (
-        shared.base.readiness.register("podgc-pods"),
-        shared.base.readiness.register("podgc-nodes"),
+        shared.base.readiness.register("podgc/pods"),
+        shared.base.readiness.register("podgc/nodes"),
     );
+    let health = [ready.0.clone(), ready.1.clone()];
     let (mut synced, watches) = cache::start(
         shared.base.client.clone(),
         caches.clone(),
@@ -122,15 +126,29 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         threshold: args.terminated_pod_gc_threshold,
     };
     loop {
-        let started = Instant::now();
-        let summary = cycle.run(&caches).await;
-        let seconds = started.elapsed().as_secs_f64();
-        metrics.cycle_seconds.observe(seconds);
-        summary.log(cycle.quarantine.len(), seconds);
+        // Every pass deletes on what the caches say (a pod count over the threshold, a node's
+        // out-of-service taint): not while a watch is failing or relisting and they may be stale.
+        let wait = if health.iter().all(ReadyFlag::is_healthy) {
+            let started = Instant::now();
+            let summary = cycle.run(&caches).await;
+            let seconds = started.elapsed().as_secs_f64();
+            metrics.cycle_seconds.observe(seconds);
+            summary.log(cycle.quarantine.len(), seconds);
+            args.gc_period
+        } else {
+            let stale: Vec<String> = health
+                .iter()
+                .filter(|f| !f.is_healthy())
+                .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
+                .collect();
+            tracing::warn!(unhealthy_watches = ?stale, "podgc cycle skipped: the pod or node cache may be stale; nothing deleted");
+            // The skipped cycle runs as soon as the caches are current, not a period later.
+            STALE_RECHECK.min(args.gc_period)
+        };
         // Sliding period: measured from the end of this cycle, as wait.UntilWithContext does.
         tokio::select! {
             _ = shared.base.token.cancelled() => break,
-            _ = tokio::time::sleep(args.gc_period) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
     let _ = watches.await;

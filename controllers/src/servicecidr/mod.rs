@@ -18,11 +18,9 @@ mod sync_tests;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::watch::watch;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
-use kube::{
-    Api,
-    runtime::{WatchStreamExt, watcher},
-};
+use kube::{Api, runtime::watcher};
 use tokio::sync::watch as signal;
 
 use crate::{
@@ -56,23 +54,28 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let cache = Arc::new(Mutex::new(Cache::default()));
     let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
 
-    let cidr_stream = watcher(
+    let cidr_flag = shared.base.readiness.register("servicecidr/servicecidrs");
+    let ip_flag = shared.base.readiness.register("servicecidr/ipaddresses");
+    let (cidr_health, ip_health) = (cidr_flag.clone(), ip_flag.clone());
+    let cidr_stream = watch(
         Api::<ServiceCIDR>::all(shared.base.client.clone()),
         watcher::Config::default(),
+        cidr_flag.clone(),
     );
     // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
     // loses the label leaves the selection and arrives as a delete.
     let ip_config =
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
-    let ip_stream = watcher(Api::<IPAddress>::all(shared.base.client.clone()), ip_config);
+    let ip_stream = watch(
+        Api::<IPAddress>::all(shared.base.client.clone()),
+        ip_config,
+        ip_flag.clone(),
+    );
 
     let (cidr_synced_tx, mut cidr_synced) = signal::channel(false);
     let (ip_synced_tx, mut ip_synced) = signal::channel(false);
-    let cidr_flag = shared.base.readiness.register("servicecidrs");
-    let ip_flag = shared.base.readiness.register("ipaddresses");
     let feeders = [
         tokio::spawn(feed(
-            "servicecidrs",
             cidr_stream,
             cache.clone(),
             queue.clone(),
@@ -91,7 +94,6 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
             },
         )),
         tokio::spawn(feed(
-            "ipaddresses",
             ip_stream,
             cache.clone(),
             queue.clone(),
@@ -111,13 +113,16 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         )),
     ];
 
-    let syncer = Arc::new(Syncer::new(
-        cache,
-        queue.clone(),
-        KubeWrites::new(shared.base.client.clone(), shared.leadership.fence()),
-        metrics,
-        shared.base.dry_run,
-    ));
+    let syncer = Arc::new(
+        Syncer::new(
+            cache,
+            queue.clone(),
+            KubeWrites::new(shared.base.client.clone(), shared.leadership.fence()),
+            metrics,
+            shared.base.dry_run,
+        )
+        .with_watches(vec![cidr_health, ip_health]),
+    );
     let token = shared.base.token.clone();
     let started = tokio::select! {
         _ = token.cancelled() => false,
@@ -152,29 +157,17 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
 }
 
 /// Applies each watch event to the cache and enqueues the keys it yields, until aborted.
-async fn feed<K, S, F>(
-    what: &'static str,
-    stream: S,
-    cache: Arc<Mutex<Cache>>,
-    queue: WorkQueue<String>,
-    mut apply: F,
-) where
+async fn feed<K, S, F>(stream: S, cache: Arc<Mutex<Cache>>, queue: WorkQueue<String>, mut apply: F)
+where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     F: FnMut(&mut Cache, watcher::Event<K>) -> Vec<String> + Send,
 {
-    let stream = stream.default_backoff();
     futures::pin_mut!(stream);
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(ev) => {
-                let keys = apply(&mut cache.lock().expect("cache lock"), ev);
-                for k in keys {
-                    queue.add(k);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
-            }
+    // plumbing::watch logs, counts and retries errors; it never yields one.
+    while let Some(Ok(ev)) = stream.next().await {
+        let keys = apply(&mut cache.lock().expect("cache lock"), ev);
+        for k in keys {
+            queue.add(k);
         }
     }
 }

@@ -6,6 +6,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use groundskeeper_plumbing::ReadyFlag;
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::Resource;
@@ -54,7 +55,12 @@ pub struct Syncer<W> {
     own_applies: Mutex<HashMap<String, Vec<Timestamp>>>,
     reported: Mutex<HashSet<(String, Timestamp)>>,
     blocked: Mutex<HashSet<String>>,
+    /// The watches feeding the cache; empty in tests that do not care.
+    watches: Vec<ReadyFlag>,
 }
+
+/// How soon a finalizer removal held back by a stale cache is checked again.
+const STALE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The event text naming what blocks a deletion.
 pub fn blocked_note(name: &str, b: &Blockers) -> String {
@@ -94,7 +100,19 @@ impl<W: Writes> Syncer<W> {
             own_applies: Mutex::default(),
             reported: Mutex::default(),
             blocked: Mutex::default(),
+            watches: Vec::new(),
         }
+    }
+
+    /// The watches whose health gates the finalizer removal.
+    pub fn with_watches(mut self, watches: Vec<ReadyFlag>) -> Self {
+        self.watches = watches;
+        self
+    }
+
+    /// Whether the cache reflects the server: no watch failing or relisting.
+    fn cache_current(&self) -> bool {
+        self.watches.iter().all(ReadyFlag::is_healthy)
     }
 
     /// One `processNextWorkItem`: false once the queue is shut down.
@@ -198,6 +216,12 @@ impl<W: Writes> Syncer<W> {
             Action::RequeueAfter(d) => {
                 tracing::debug!(servicecidr = %key, after_ms = d.as_millis() as u64, "deletion grace period not over; checking again then");
                 self.queue.add_after(key.to_string(), d);
+            }
+            // The removal is the one irreversible write: a stale cache could miss an IPAddress
+            // allocated, or hold a covering ServiceCIDR deleted, while a watch was down.
+            Action::RemoveFinalizer if !self.cache_current() => {
+                tracing::info!(servicecidr = %key, "not removing finalizer while a watch is failing or relisting; checking again");
+                self.queue.add_after(key.to_string(), STALE_RECHECK);
             }
             Action::RemoveFinalizer if dry => {
                 tracing::info!(servicecidr = %key, finalizer = super::decide::FINALIZER, "dry-run: would remove finalizer (no IP would be orphaned, grace period over)")

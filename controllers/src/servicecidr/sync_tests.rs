@@ -144,6 +144,36 @@ async fn removes_finalizer_when_nothing_is_orphaned() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn finalizer_stays_while_a_watch_is_failing_or_relisting() {
+    let w = Arc::new(Recorded::default());
+    let readiness = groundskeeper_plumbing::Readiness::default();
+    let (cidrs, ips) = (
+        readiness.register("servicecidr/servicecidrs"),
+        readiness.register("servicecidr/ipaddresses"),
+    );
+    cidrs.mark_ready();
+    ips.mark_ready();
+    let (s, cache, queue) = syncer(w.clone(), false);
+    let s = s.with_watches(vec![cidrs.clone(), ips.clone()]);
+    cache
+        .lock()
+        .unwrap()
+        .cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+    // The IPAddress watch fails (apiserver gone): an IP allocated meanwhile may be missing.
+    ips.failed(&"connection refused", Duration::from_secs(1));
+    s.sync("x").await.unwrap();
+    ips.relist_started();
+    s.sync("x").await.unwrap();
+    assert!(w.calls.lock().unwrap().is_empty(), "{:?}", w.calls.lock());
+    assert_eq!(queue.len(), 0, "rechecked after a delay, not at once");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(queue.len(), 1, "rechecked");
+    ips.mark_ready();
+    s.sync("x").await.unwrap();
+    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn dry_run_makes_no_writes() {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), true);

@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::StreamExt;
+use groundskeeper_plumbing::watch::watch_store;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::runtime::reflector::{self, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -88,10 +89,8 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.base.dry_run)?;
 
     let changed = Arc::new(Notify::new());
-    let (services, svc_writer) = reflector::store::<Service>();
-    let (slices, eps_writer) = reflector::store::<EndpointSlice>();
-    let svc_ready = shared.base.readiness.register("conntrack: services");
-    let eps_ready = shared.base.readiness.register("conntrack: endpointslices");
+    let svc_ready = shared.base.readiness.register("conntrack/services");
+    let eps_ready = shared.base.readiness.register("conntrack/endpointslices");
     // Same selection as kube-proxy's informers (without a proxy name).
     let svc_cfg =
         watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
@@ -100,23 +99,19 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         model::LABEL_SERVICE_PROXY_NAME,
         model::LABEL_HEADLESS
     ));
+    let (services, svc_events) = watch_store(
+        Api::<Service>::all(shared.base.client.clone()),
+        svc_cfg,
+        svc_ready.clone(),
+    );
+    let (slices, eps_events) = watch_store(
+        Api::<EndpointSlice>::all(shared.base.client.clone()),
+        eps_cfg,
+        eps_ready.clone(),
+    );
     let watches = futures::future::join(
-        watch(
-            Api::all(shared.base.client.clone()),
-            svc_cfg,
-            svc_writer,
-            svc_ready.clone(),
-            changed.clone(),
-            "services",
-        ),
-        watch(
-            Api::all(shared.base.client.clone()),
-            eps_cfg,
-            eps_writer,
-            eps_ready.clone(),
-            changed.clone(),
-            "endpointslices",
-        ),
+        follow(svc_events, svc_ready.clone(), changed.clone()),
+        follow(eps_events, eps_ready.clone(), changed.clone()),
     );
     let lists = Lists {
         services,
@@ -135,50 +130,73 @@ struct Lists {
     ready: [ReadyFlag; 2],
 }
 
+/// The watches' health epochs a model was built at (see [`ReadyFlag::health`]).
+type Stamp = [Option<u64>; 2];
+
+/// Why a pass did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// A watch failed, is relisting, or changed health since the model was built: the model
+    /// may say an endpoint is gone that came back meanwhile, and deleting its flows would cut
+    /// live traffic. Better to leave a stale entry a little longer.
+    StaleModel,
+}
+
+impl Skip {
+    fn label(self) -> &'static str {
+        match self {
+            Skip::StaleModel => "stale-model",
+        }
+    }
+}
+
+/// Whether a pass may act on a model built at `built` when the watches now are at `now`:
+/// only when every watch was healthy then, is healthy now, and nothing happened in between.
+fn may_clean(built: &Stamp, now: &Stamp) -> Result<(), Skip> {
+    if built.iter().all(Option::is_some) && built == now {
+        Ok(())
+    } else {
+        Err(Skip::StaleModel)
+    }
+}
+
 impl Lists {
-    fn model(&self) -> Option<clean::Model> {
-        // A half-listed cache would make serving endpoints look removed.
-        if !self.ready.iter().all(ReadyFlag::is_ready) {
+    fn health(&self) -> Stamp {
+        [self.ready[0].health(), self.ready[1].health()]
+    }
+
+    /// The model with the health it was built at; `None` while a watch is not healthy (a
+    /// half-listed or failing cache would make serving endpoints look removed).
+    fn model(&self) -> Option<(clean::Model, Stamp)> {
+        let before = self.health();
+        if !before.iter().all(Option::is_some) {
             return None;
         }
         let services = self.services.state();
         let slices = self.slices.state();
-        Some(model::build(
-            services.iter().map(|s| &**s),
-            slices.iter().map(|s| &**s),
-        ))
+        let m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s));
+        // Health changed while the stores were read: the model may mix old and new.
+        (self.health() == before).then_some((m, before))
     }
 }
 
-async fn watch<K>(
-    api: Api<K>,
-    cfg: watcher::Config,
-    writer: Writer<K>,
+/// Asks for a model rebuild after each change the store has applied.
+async fn follow<K>(
+    events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>>,
     ready: ReadyFlag,
     changed: Arc<Notify>,
-    what: &'static str,
-) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + serde::de::DeserializeOwned
-        + 'static,
-{
-    let stream = watcher(api, cfg).default_backoff().reflect(writer);
-    futures::pin_mut!(stream);
-    while let Some(ev) = stream.next().await {
+) {
+    futures::pin_mut!(events);
+    // plumbing::watch logs, counts and retries errors; it never yields one.
+    while let Some(Ok(ev)) = events.next().await {
         match ev {
-            Ok(watcher::Event::InitDone) => {
+            watcher::Event::InitDone => {
+                // The store has swapped in the list: healthy before the rebuild is asked for.
                 ready.mark_ready();
                 changed.notify_one();
             }
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => changed.notify_one(),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
-            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => changed.notify_one(),
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 }
@@ -194,7 +212,7 @@ async fn schedule(
 ) -> anyhow::Result<()> {
     let far = Duration::from_secs(365 * 24 * 3600);
     let mut interval = Duration::from_secs(60).clamp(args.conntrack_gc_min, args.conntrack_gc_max);
-    let mut current: Option<Arc<clean::Model>> = None;
+    let mut current: Option<(Arc<clean::Model>, Stamp)> = None;
     let mut rebuild_at: Option<Instant> = None;
     let mut pass_at: Option<Instant> = None;
     let mut last_pass: Option<Instant> = None;
@@ -204,6 +222,9 @@ async fn schedule(
         &shared.node_name,
         shared.base.dry_run,
     );
+    // A pass was skipped on a stale model: run one as soon as a current model exists, even if
+    // it equals the old one (what the skipped pass would have cleaned is still there).
+    let mut owed = false;
     loop {
         let wake = [rebuild_at, pass_at, Some(gc_at)]
             .into_iter()
@@ -221,28 +242,52 @@ async fn schedule(
         let now = Instant::now();
         if rebuild_at.is_some_and(|t| t <= now) {
             rebuild_at = None;
-            if let Some(m) = lists.model()
-                && current.as_deref() != Some(&m)
-            {
-                tracing::debug!(
-                    ipv4_frontends = m.ipv4.frontends.len(),
-                    ipv6_frontends = m.ipv6.frontends.len(),
-                    "UDP service model changed"
-                );
-                current = Some(Arc::new(m));
+            if let Some((m, stamp)) = lists.model() {
                 let earliest = last_pass.map_or(now, |t| t + args.conntrack_min_interval);
-                pass_at.get_or_insert(earliest.max(now));
+                if current.as_ref().map(|(c, _)| &**c) != Some(&m) {
+                    tracing::debug!(
+                        ipv4_frontends = m.ipv4.frontends.len(),
+                        ipv6_frontends = m.ipv6.frontends.len(),
+                        "UDP service model changed"
+                    );
+                    current = Some((Arc::new(m), stamp));
+                    pass_at.get_or_insert(earliest.max(now));
+                } else if let Some((_, s)) = current.as_mut() {
+                    // Same model, confirmed by a current list: it is current again.
+                    *s = stamp;
+                }
+                if std::mem::take(&mut owed) {
+                    pass_at.get_or_insert(earliest.max(now));
+                }
             }
         }
         let periodic = gc_at <= now;
         if !(periodic || pass_at.is_some_and(|t| t <= now)) {
             continue;
         }
-        let Some(model) = current.clone() else {
+        let Some((model, stamp)) = current.clone() else {
             gc_at = now + interval; // not listed yet
             continue;
         };
         pass_at = None;
+        if let Err(skip) = may_clean(&stamp, &lists.health()) {
+            worker
+                .metrics()
+                .skipped
+                .with_label_values(&[skip.label()])
+                .inc();
+            let stale: Vec<String> = lists
+                .ready
+                .iter()
+                .filter(|f| !f.is_healthy())
+                .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
+                .collect();
+            tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = ?stale, "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
+            owed = true;
+            gc_at = now + interval;
+            // A rebuild is due once the watches are back (their InitDone asks for one).
+            continue;
+        }
         last_pass = Some(now);
         let summary = worker.round(model).await;
         if let Some(f) = summary.fill {
@@ -265,6 +310,8 @@ async fn schedule(
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+
+    use super::{Skip, may_clean};
 
     use crate::agent::Cli;
 
@@ -301,5 +348,33 @@ mod tests {
         assert!(e.contains("600s") && e.contains("300s"), "{e}");
         let cli = parse(&["--conntrack-gc-min=0s"]).unwrap();
         assert!(cli.conntrack.validate().is_err());
+    }
+
+    #[test]
+    fn passes_act_only_on_a_model_built_from_healthy_unchanged_watches() {
+        // Built while both watches were healthy, nothing happened since: clean.
+        assert_eq!(may_clean(&[Some(3), Some(7)], &[Some(3), Some(7)]), Ok(()));
+        // The EndpointSlice watch is failing (apiserver down): skip.
+        assert_eq!(
+            may_clean(&[Some(3), Some(7)], &[Some(3), None]),
+            Err(Skip::StaleModel)
+        );
+        // Relisting after the outage: still skip until the list is in.
+        assert_eq!(
+            may_clean(&[Some(3), Some(7)], &[None, Some(7)]),
+            Err(Skip::StaleModel)
+        );
+        // Back and healthy, but the model predates the outage (epochs moved): skip until the
+        // model is rebuilt from the new lists.
+        assert_eq!(
+            may_clean(&[Some(3), Some(7)], &[Some(3), Some(10)]),
+            Err(Skip::StaleModel)
+        );
+        // A model built while a watch was not healthy is never acted on.
+        assert_eq!(
+            may_clean(&[Some(3), None], &[Some(3), None]),
+            Err(Skip::StaleModel)
+        );
+        assert_eq!(Skip::StaleModel.label(), "stale-model");
     }
 }

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub scanned: IntCounterVec,
     pub failures: IntCounterVec,
     pub fill_ratio: Gauge,
+    pub skipped: IntCounterVec,
 }
 
 impl Metrics {
@@ -65,12 +66,20 @@ impl Metrics {
                 "groundskeeper_conntrack_table_fill_ratio",
                 "nf_conntrack_count / nf_conntrack_max, read at each cleanup pass",
             )?,
+            skipped: IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_conntrack_passes_skipped_total",
+                    "Cleanup passes not run, by reason (stale-model: a Service/EndpointSlice watch was failing or relisting)",
+                ),
+                &["reason"],
+            )?,
         };
         registry.register(Box::new(m.sync_duration.clone()))?;
         registry.register(Box::new(m.deleted.clone()))?;
         registry.register(Box::new(m.scanned.clone()))?;
         registry.register(Box::new(m.failures.clone()))?;
         registry.register(Box::new(m.fill_ratio.clone()))?;
+        registry.register(Box::new(m.skipped.clone()))?;
         Ok(m)
     }
 }
@@ -90,6 +99,7 @@ struct Request {
 }
 
 pub struct Worker {
+    metrics: Metrics,
     tx: Option<mpsc::Sender<Request>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -98,6 +108,7 @@ impl Worker {
     pub fn start(netns: Option<String>, metrics: Metrics, dry_run: bool) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let (ready_tx, ready_rx) = mpsc::channel();
+        let kept = metrics.clone();
         let thread = std::thread::Builder::new()
             .name("conntrack".into())
             .spawn(move || {
@@ -123,9 +134,14 @@ impl Worker {
             .recv()
             .map_err(|_| std::io::Error::other("conntrack thread died while starting"))??;
         Ok(Self {
+            metrics: kept,
             tx: Some(tx),
             thread: Some(thread),
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Runs one round (IPv4 then IPv6) and waits for it.

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use prometheus::{IntCounter, IntCounterVec, Opts};
 use serde_json::json;
@@ -25,7 +25,7 @@ use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
 use crate::agent::Shared;
-use groundskeeper_plumbing::ReadyFlag;
+use groundskeeper_plumbing::{ReadyFlag, watch::watch_store};
 
 /// Field manager and event reporter.
 pub const MANAGER: &str = "groundskeeper-node-agent";
@@ -119,33 +119,26 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     // with a field selector, a paginated quorum list would page through every pod and node in
     // the cluster from etcd, on every node, at start and after every watch desync.
     let config = || watcher::Config::default().any_semantic();
-    let (pod_store, pod_writer) = reflector::store();
-    let (policy_store, policy_writer) = reflector::store();
-    let (node_store, node_writer) = reflector::store();
-    let pod_events = reflector::reflector(
-        pod_writer,
-        watcher(
-            Api::<Pod>::all(client.clone()),
-            config().fields(&format!("spec.nodeName={node}")),
-        ),
-    )
-    .default_backoff();
-    let policy_events = reflector::reflector(
-        policy_writer,
-        watcher(Api::<SysctlPolicy>::all(client.clone()), config()),
-    )
-    .default_backoff();
-    let node_events = reflector::reflector(
-        node_writer,
-        watcher(
-            Api::<Node>::all(client.clone()),
-            config().fields(&format!("metadata.name={node}")),
-        ),
-    )
-    .default_backoff();
-    let ready_pods = shared.base.readiness.register("sysctl-pods");
-    let ready_policies = shared.base.readiness.register("sysctl-policies");
-    let ready_node = shared.base.readiness.register("sysctl-node");
+    let ready_pods = shared.base.readiness.register("sysctl/pods");
+    let ready_policies = shared.base.readiness.register("sysctl/sysctlpolicies");
+    let ready_node = shared.base.readiness.register("sysctl/nodes");
+    // plumbing's watch into a store: short capped backoff, relist after errors, health in the
+    // flags.
+    let (pod_store, pod_events) = watch_store(
+        Api::<Pod>::all(client.clone()),
+        config().fields(&format!("spec.nodeName={node}")),
+        ready_pods.clone(),
+    );
+    let (policy_store, policy_events) = watch_store(
+        Api::<SysctlPolicy>::all(client.clone()),
+        config(),
+        ready_policies.clone(),
+    );
+    let (node_store, node_events) = watch_store(
+        Api::<Node>::all(client.clone()),
+        config().fields(&format!("metadata.name={node}")),
+        ready_node.clone(),
+    );
 
     let status_offset = Duration::from_millis(
         node.bytes()
@@ -273,6 +266,13 @@ impl Admitter {
             // Counted once the write is done: a refused fail patch (409: the pod moved on,
             // perhaps started) is not a rejection.
             Action::Reject { mode, message } => {
+                // Failing a pod is destructive: not on a policy, Node or pod list that may be
+                // stale (a watch failing or relisting). Retried each tick until they are current.
+                if mode == Mode::Enforce && !self.ready.iter().all(ReadyFlag::is_healthy) {
+                    tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
+                    self.retry.insert(ObjectRef::from_obj(pod));
+                    return;
+                }
                 if let Err(e) = self.reject(pod, mode, &message, revision).await {
                     match &e {
                         kube::Error::Api(s) if s.code == 409 => {

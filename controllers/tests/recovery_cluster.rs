@@ -1,0 +1,197 @@
+//! controller-manager through control-plane outages, against a private etcd + kube-apiserver:
+//! `/readyz` goes 503 past `--watch-stale-after` while `/healthz` stays 200, and once the
+//! apiserver is back both controllers act again within 5 s (PodGC deletes a new orphan pod,
+//! the ServiceCIDR controller puts its finalizer on a new ServiceCIDR). Twice: a plain
+//! apiserver crash and restart, then a restart after etcd was compacted (every resourceVersion
+//! the manager knew is gone).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{
+    core::v1::Pod,
+    networking::v1::{ServiceCIDR, ServiceCIDRSpec},
+};
+use kube::{Api, ResourceExt, api::ObjectMeta};
+use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
+
+const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
+const RECOVERY_BOUND: Duration = Duration::from_secs(5);
+/// Longer than --watch-stale-after below, and long enough for the backoff to reach its cap.
+const OUTAGE: Duration = Duration::from_secs(8);
+
+async fn status(admin: SocketAddr, path: &str) -> u16 {
+    http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// SIGKILL the apiserver, start it again on the same etcd data.
+    Restart,
+    /// The same, with etcd compacted at its current revision while the apiserver is down.
+    RestartAfterCompaction,
+    /// The manager is frozen (SIGSTOP) through a restart after compaction: when it resumes,
+    /// the apiserver already answers, so its watches resume from a compacted resourceVersion
+    /// and get a real 410 Gone.
+    FrozenThroughCompaction,
+}
+
+#[tokio::test]
+async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<()> {
+    let name = "controllers_act_within_5s_after_apiserver_outages";
+    let Some((c, cp)) = testkit::private_cluster(name).await else {
+        return Ok(());
+    };
+    let ns = c.namespace("recovery").await?;
+    let admin = free_addr();
+    let admin_s = admin.to_string();
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let manager = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-recovery",
+        &[
+            "--leader-elect=false",
+            "--controllers=servicecidr,podgc",
+            "--admin-addr",
+            &admin_s,
+            "--gc-period=500ms",
+            "--orphan-quarantine=0s",
+            "--watch-stale-after=5s",
+        ],
+        &[("KUBECONFIG", &kubeconfig)],
+    )?;
+    wait_for(
+        Duration::from_secs(30),
+        "controller-manager ready",
+        || async { Ok(status(admin, "/readyz").await == 200) },
+    )
+    .await?;
+    manager
+        .wait_for_log("podgc running", Duration::from_secs(30))
+        .await?;
+
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let cidrs: Api<ServiceCIDR> = Api::all(c.client.clone());
+    let mut report = Vec::new();
+    for (round, outage) in [
+        Outage::Restart,
+        Outage::RestartAfterCompaction,
+        Outage::FrozenThroughCompaction,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let up = if let Outage::FrozenThroughCompaction = outage {
+            manager.signal("STOP").await?;
+            cp.stop_apiserver();
+            let rev = cp.compact_etcd()?;
+            println!("{outage:?}: etcd compacted at revision {rev}");
+            cp.start_apiserver()?;
+            manager.signal("CONT").await?;
+            Instant::now()
+        } else {
+            cp.stop_apiserver();
+            let down = Instant::now();
+            if matches!(outage, Outage::RestartAfterCompaction) {
+                let rev = cp.compact_etcd()?;
+                println!("{outage:?}: etcd compacted at revision {rev}");
+            }
+            let mut saw_503 = false;
+            while down.elapsed() < OUTAGE {
+                assert_eq!(
+                    status(admin, "/healthz").await,
+                    200,
+                    "liveness during outage"
+                );
+                saw_503 |= status(admin, "/readyz").await == 503;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            assert!(
+                saw_503,
+                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
+            );
+            assert!(
+                manager.logs().contains("podgc cycle skipped"),
+                "{outage:?}: PodGC cycles (every 500 ms) ran on stale caches during the outage"
+            );
+            cp.start_apiserver()?;
+            Instant::now()
+        };
+        // New work for each controller, made as soon as the apiserver answers.
+        let pod_name = format!("orphan-{round}");
+        c.create(&testkit::bound_pod(
+            &ns,
+            &pod_name,
+            &unique_name("gone-node"),
+        ))
+        .await?;
+        let cidr_name = unique_name("recovery");
+        let third = 100 + (std::process::id() % 40) as u8 + round as u8 * 40;
+        c.create(&ServiceCIDR {
+            metadata: ObjectMeta {
+                name: Some(cidr_name.clone()),
+                ..Default::default()
+            },
+            spec: Some(ServiceCIDRSpec {
+                cidrs: Some(vec![format!("10.{third}.0.0/24")]),
+            }),
+            status: None,
+        })
+        .await?;
+
+        let (orphan, finalizer) = tokio::join!(
+            async {
+                wait_for(RECOVERY_BOUND, "PodGC deletes the orphan pod", || async {
+                    Ok(pods.get_opt(&pod_name).await?.is_none())
+                })
+                .await
+                .map(|_| up.elapsed())
+            },
+            async {
+                wait_for(
+                    RECOVERY_BOUND,
+                    "the ServiceCIDR controller adds its finalizer",
+                    || async {
+                        Ok(cidrs
+                            .get_opt(&cidr_name)
+                            .await?
+                            .is_some_and(|o| o.finalizers().iter().any(|f| f == FINALIZER)))
+                    },
+                )
+                .await
+                .map(|_| up.elapsed())
+            }
+        );
+        let (orphan, finalizer) = match (orphan, finalizer) {
+            (Ok(o), Ok(f)) => (o, f),
+            (o, f) => anyhow::bail!(
+                "{outage:?}: podgc {o:?}, servicecidr {f:?}; log:\n{}",
+                manager.logs()
+            ),
+        };
+        wait_for(RECOVERY_BOUND, "/readyz 200 after the outage", || async {
+            Ok(status(admin, "/readyz").await == 200)
+        })
+        .await?;
+        let ready = up.elapsed();
+        println!(
+            "RECOVERY controller-manager {outage:?}: apiserver ready -> orphan pod deleted in {:.2}s, ServiceCIDR finalizer in {:.2}s, /readyz 200 in {:.2}s",
+            orphan.as_secs_f64(),
+            finalizer.as_secs_f64(),
+            ready.as_secs_f64()
+        );
+        if let Outage::FrozenThroughCompaction = outage {
+            assert!(
+                manager.logs().contains("too old resource version"),
+                "{outage:?}: the resumed watches were expected to get 410 Gone; log:\n{}",
+                manager.logs()
+            );
+        }
+        report.push((outage, orphan, finalizer));
+    }
+    println!("{report:?}");
+    drop(manager);
+    drop(c);
+    drop(cp);
+    Ok(())
+}
