@@ -50,7 +50,7 @@ unit:
 # Against KUBECONFIG's cluster, or else a throwaway control plane when KUBE_APISERVER is set.
 chart-check: tools
 	@if [ -z "$$KUBECONFIG" ] && [ -n "$(KUBE_APISERVER)" ]; then \
-	  $(CARGO) run -q -p testkit --bin control-plane -- bash charts/check.sh "$(HELM)" "$(KUBECTL)"; \
+	  $(CARGO) run -q -p testkit --bin control-plane -- -- bash charts/check.sh "$(HELM)" "$(KUBECTL)"; \
 	else bash charts/check.sh "$(HELM)" "$(KUBECTL)"; fi
 
 tools:

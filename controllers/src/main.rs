@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use groundskeeper_controllers::{
     leader::{self, ElectionConfig, Elector, Leadership},
-    manager::{Cli, Shared},
+    manager::{Cli, Command, ServiceCidrCommand, Shared},
     podgc, servicecidr,
 };
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
@@ -11,6 +11,16 @@ use prometheus::IntGauge;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = cli::parse();
+    // Subcommands are tools with their own stdout: they run before logging starts.
+    if let Some(Command::Servicecidr(ServiceCidrCommand::Blockers(args))) = &cli.command {
+        return match cli.common.kube.client().await {
+            Ok(client) => ExitCode::from(servicecidr::blockers::run(client, args).await),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     cli.common.log.init();
     if let Err(e) = cli.election.validate() {
         eprintln!("{e}");

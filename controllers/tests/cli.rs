@@ -60,3 +60,45 @@ fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
     }
     assert!(stdout.contains("/nonexistent/kubeconfig"), "{stdout}");
 }
+
+/// Values that parse as numbers but would overflow a timer or make a budget meaningless are
+/// refused at start, naming the flag and the value, never a panic later.
+#[test]
+fn out_of_range_numbers_are_refused_not_panicked_on() {
+    let cases: [(&str, &str); 5] = [
+        ("--gc-period", "99999999999999999999999s"),
+        ("--orphan-quarantine", "10000000h"),
+        ("--kube-api-qps", "NaN"),
+        ("--kube-api-qps", "1e-30"),
+        ("--leader-elect-lease-duration", "1e20s"),
+    ];
+    for (flag, value) in cases {
+        let out = Command::new(BIN)
+            .arg(format!("{flag}={value}"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}={value}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{flag}={value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value) && !err.contains("panicked"),
+            "{flag}={value}: {err}"
+        );
+    }
+}
+
+#[test]
+fn blockers_help_states_the_exit_codes() {
+    let out = Command::new(BIN)
+        .args(["servicecidr", "blockers", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("Exit 0 when nothing blocks, 1 when something")
+            && help.contains("2 on errors"),
+        "{help}"
+    );
+}

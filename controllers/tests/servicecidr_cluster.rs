@@ -352,6 +352,40 @@ async fn dry_run_logs_the_removal_and_keeps_the_finalizer() -> anyhow::Result<()
     Ok(())
 }
 
+/// Dry-run writes nothing, Events included: a blocked deletion is logged, never recorded.
+#[tokio::test]
+async fn dry_run_records_no_event_for_a_blocked_deletion() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("dry_run_records_no_event_for_a_blocked_deletion").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (bin, _) = controller(&["--dry-run"]);
+    let x = octet();
+    let name = unique_name("gk-scidr-dry-ev");
+    create_cidr(&c, &name, &[format!("10.203.{x}.0/24")]).await?;
+    Api::<ServiceCIDR>::all(c.client.clone())
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Strategic(serde_json::json!({"metadata": {"finalizers": [FINALIZER]}})),
+        )
+        .await?;
+    let ns = c.namespace("scidr-dry").await?;
+    let ip = format!("10.203.{x}.10");
+    service_with_ip(&c, &ns, "web", &ip).await?;
+    wait_ip(&c, &ip).await?;
+    delete_cidr(&c, &name).await?;
+    bin.wait_for_log("dry-run: would record event", Duration::from_secs(20))
+        .await?;
+    holds_for(
+        Duration::from_secs(3),
+        "no ServiceCIDRDeletionBlocked event under --dry-run",
+        || async { Ok(blocked_event(&c, &name).await?.is_none()) },
+    )
+    .await?;
+    Ok(())
+}
+
 /// kube-controller-manager's controller adds the finalizer with a plain patch, so the apiserver
 /// records it under the manager `kube-controller-manager`; creating the object with the
 /// finalizer under that manager name leaves the same trace.

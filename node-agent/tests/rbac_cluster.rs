@@ -42,7 +42,12 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
         None
     };
     let admin = free_addr();
-    let mut args = vec!["--admin-addr".to_string(), admin.to_string()];
+    // Enforce without a policy, so that the pods/status write is exercised too.
+    let mut args = vec![
+        "--admin-addr".to_string(),
+        admin.to_string(),
+        "--sysctl-default-mode=enforce".to_string(),
+    ];
     match &table {
         Some(t) => args.extend([
             "--tasks=conntrack,sysctl".into(),

@@ -20,3 +20,29 @@ fn missing_node_name_exits_nonzero_and_says_how_to_set_it() {
         );
     }
 }
+
+/// Values that parse as numbers but would overflow a timer are refused at start, naming the
+/// flag and the value, never a panic later.
+#[test]
+fn out_of_range_numbers_are_refused_not_panicked_on() {
+    let cases: [(&str, &str); 4] = [
+        ("--conntrack-gc-max", "99999999h"),
+        ("--conntrack-min-interval", "99999999999999999999999s"),
+        ("--kube-api-qps", "NaN"),
+        ("--conntrack-udp-timeout", "1e20s"),
+    ];
+    for (flag, value) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_node-agent"))
+            .arg(format!("{flag}={value}"))
+            .env("NODE_NAME", "n1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}={value}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{flag}={value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value) && !err.contains("panicked"),
+            "{flag}={value}: {err}"
+        );
+    }
+}

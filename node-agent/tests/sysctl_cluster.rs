@@ -1,6 +1,11 @@
 //! Sysctl admission against a real apiserver: the agent runs out of cluster as the node-agent
 //! of a Node the test creates (no kubelet, so pods stay Pending and the agent is the only one
-//! deciding). Pods are bound to that Node by spec.nodeName.
+//! deciding). Pods are bound to that Node by spec.nodeName. Where a test needs a started pod,
+//! it plays kubelet and writes the pod's status (startTime, phase Running, a running container).
+//!
+//! Tests that expect pods to be failed without a SysctlPolicy run the agent with
+//! `--sysctl-default-mode=enforce`: the default is Audit, so that installing the agent changes
+//! nothing for workloads.
 //!
 //! No sleeps decide an outcome: the agent handles its node's pods in watch order, so once a
 //! later forbidden pod has been acted on, every earlier pod has been decided too.
@@ -189,6 +194,9 @@ async fn assert_untouched(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
+/// What the tests that fail pods without a policy pass: Enforce has to be chosen.
+const ENFORCE_BY_DEFAULT: &str = "--sysctl-default-mode=enforce";
+
 const ENFORCED: &str =
     r#"groundskeeper_sysctl_pods_rejected_total{mode="Enforce",reason="SysctlForbidden"}"#;
 const AUDITED: &str =
@@ -203,7 +211,7 @@ async fn forbidden_pod_fails_allowed_pod_untouched_policy_allows() -> anyhow::Re
     ensure_crd(&c).await?;
     let node = node(&c).await?;
     let ns = c.namespace("sysctl").await?;
-    let agent = agent(&node, &[]).await?;
+    let agent = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
 
     let safe = pod(
         &c,
@@ -340,6 +348,7 @@ async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()>
             "json",
             "--allowed-unsafe-sysctls",
             "net.core.*,kernel.sem",
+            ENFORCE_BY_DEFAULT,
         ],
     )
     .await?;
@@ -466,7 +475,7 @@ async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
         },
     ))
     .await?;
-    let agent = agent(&node, &[]).await?;
+    let agent = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
 
     // Not selected yet: forbidden.
     let before = pod(&c, &ns, &node, "before", &["kernel.msgmax"]).await?;
@@ -492,5 +501,271 @@ async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.sem"]).await?;
     wait_failed(&c, &ns, &barrier, &agent).await?;
     assert_untouched(&c, &ns, &after).await?;
+    Ok(())
+}
+
+const STARTED_ENFORCE: &str =
+    r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Enforce"}"#;
+const STARTED_AUDIT: &str = r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Audit"}"#;
+const MSGMAX: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
+
+/// Plays kubelet having admitted and started the pod: status with startTime, phase Running and
+/// a running container. Returns the pod's resourceVersion after that write.
+async fn start_pod(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<String> {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let patch = serde_json::json!({"status": {
+        "phase": "Running",
+        "startTime": now,
+        "containerStatuses": [{
+            "name": "c",
+            "image": "registry.invalid/none",
+            "imageID": "",
+            "ready": true,
+            "started": true,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        }],
+    }});
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(p.resource_version().unwrap_or_default())
+}
+
+/// The pod must be exactly as kubelet (the test) left it: no write since `rv`, so Running.
+async fn assert_not_written(c: &Cluster, ns: &str, name: &str, rv: &str) -> anyhow::Result<()> {
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get(name)
+        .await?;
+    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+    anyhow::ensure!(
+        p.resource_version().as_deref() == Some(rv) && phase.as_deref() == Some("Running"),
+        "started pod {name} was written: resourceVersion {:?} (was {rv}), phase {phase:?}",
+        p.resource_version()
+    );
+    Ok(())
+}
+
+/// Waits until the agent's metric has this value (the agent has got that far).
+async fn wait_metric(agent: &Agent, name: &str, want: f64) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("{name} = {want}"), || async {
+        Ok(metric(agent.admin, name).await? == Some(want))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn default_install_touches_no_pod_and_only_audits_pending_ones() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("default_install_touches_no_pod_and_only_audits_pending_ones").await
+    else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-default").await?;
+    // kubelet admitted and started this one before the agent was installed.
+    let running = pod(&c, &ns, &node, "running", &["kernel.msgmax"]).await?;
+    let rv = start_pod(&c, &ns, &running).await?;
+    // No SysctlPolicy, no flag: the chart's default.
+    let agent = agent(&node, &[]).await?;
+
+    // Created after the agent is ready, so handled after the running pod (watch order).
+    let pending = pod(&c, &ns, &node, "pending", &["kernel.msgmax"]).await?;
+    wait_event(&c, &ns, &pending).await?;
+    let (phase, reason, _) = status(&c, &ns, &pending).await?;
+    assert_eq!(
+        (phase.as_str(), reason.as_str()),
+        ("Pending", ""),
+        "Audit by default: a forbidden pending pod is not failed"
+    );
+    assert_eq!(
+        forbidden_events(&c, &ns, &pending).await?,
+        vec![("Warning".to_string(), MSGMAX.to_string())]
+    );
+    assert_eq!(metric(agent.admin, AUDITED).await?, Some(1.0));
+    assert_eq!(metric(agent.admin, ENFORCED).await?, None);
+
+    // The started pod: not written, and no event either (nobody chose a policy).
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?, vec![]);
+    assert_eq!(metric(agent.admin, STARTED_AUDIT).await?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restarts()
+-> anyhow::Result<()> {
+    let Some(c) = testkit::cluster(
+        "enforce_policy_never_fails_started_pods_and_reports_once_across_restarts",
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-started").await?;
+    let running = pod(&c, &ns, &node, "running", &["kernel.msgmax"]).await?;
+    let rv = start_pod(&c, &ns, &running).await?;
+    let agent1 = agent(&node, &[]).await?;
+
+    // An Enforce policy for this node appears while the pod runs.
+    let enforce = policy(&c, &node, &[], Mode::Enforce).await?;
+    wait_metric(&agent1, STARTED_ENFORCE, 1.0).await?;
+    wait_event(&c, &ns, &running).await?;
+    let events = forbidden_events(&c, &ns, &running).await?;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].0 == "Warning"
+            && events[0].1.starts_with(MSGMAX)
+            && events[0].1.contains("already started"),
+        "{events:?}"
+    );
+    assert_not_written(&c, &ns, &running, &rv).await?;
+
+    // A pod that has not started is failed under the explicit Enforce policy, as before.
+    let pending = pod(&c, &ns, &node, "pending", &["kernel.msgmax"]).await?;
+    wait_failed(&c, &ns, &pending, &agent1).await?;
+    assert_eq!(
+        status(&c, &ns, &pending).await?,
+        (
+            "Failed".into(),
+            "SysctlForbidden".into(),
+            format!("Pod was rejected: {MSGMAX}")
+        )
+    );
+    wait_event(&c, &ns, &pending).await?;
+    assert_eq!(metric(agent1.admin, ENFORCED).await?, Some(1.0));
+
+    // The agent restarts under the same policy, and with a flag changed (Enforce by default
+    // now): it finds the started pod forbidden again (metric of the new process), but neither
+    // writes it nor reports it a second time.
+    drop(agent1);
+    let agent2 = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
+    wait_metric(&agent2, STARTED_ENFORCE, 1.0).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(
+        forbidden_events(&c, &ns, &pending).await?.len(),
+        1,
+        "the failed pod is terminal: left alone"
+    );
+
+    // The policy goes away (the node is Enforce by the flag now): still nothing written.
+    Api::<SysctlPolicy>::all(c.client.clone())
+        .delete(&enforce.name_any(), &Default::default())
+        .await?;
+    wait_policy_log(&agent2, "policies=[]").await?;
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
+    wait_failed(&c, &ns, &barrier, &agent2).await?;
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    Ok(())
+}
+
+/// Waits for the agent to log a node policy containing `needle`.
+async fn wait_policy_log(agent: &Agent, needle: &str) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("a node policy with {needle}"), || async {
+        Ok(agent
+            .bin
+            .logs()
+            .lines()
+            .any(|l| l.contains("sysctl policy for this node") && l.contains(needle)))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.bin.logs()))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("narrowed_policy_and_relabelled_node_leave_started_pods_alone").await
+    else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-narrow").await?;
+    // An Enforce policy allows kernel.msg* on this node; a pod using it was admitted and runs.
+    let p = policy(&c, &node, &["kernel.msg*"], Mode::Enforce).await?;
+    let running = pod(&c, &ns, &node, "running", &["kernel.msgmax"]).await?;
+    let rv = start_pod(&c, &ns, &running).await?;
+    let agent = agent(&node, &[]).await?;
+    wait_policy_log(&agent, "kernel.msg*").await?;
+
+    // Narrowed: kernel.msgmax is no longer allowed. The running pod is reported, not failed.
+    Api::<SysctlPolicy>::all(c.client.clone())
+        .patch(
+            &p.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"allowedUnsafeSysctls": []}})),
+        )
+        .await?;
+    wait_metric(&agent, STARTED_ENFORCE, 1.0).await?;
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+
+    // Relabelled out of the policy's reach: default Audit, nobody's choice; still untouched,
+    // and no further event.
+    Api::<Node>::all(c.client.clone())
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                NODE_LABEL.to_string(): serde_json::Value::Null
+            }}})),
+        )
+        .await?;
+    wait_policy_log(&agent, "policies=[]").await?;
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
+    wait_event(&c, &ns, &barrier).await?;
+    assert_eq!(status(&c, &ns, &barrier).await?.0, "Pending");
+    assert_not_written(&c, &ns, &running, &rv).await?;
+    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    Ok(())
+}
+
+/// The agent's fail patch carries the resourceVersion it judged: built from a read taken before
+/// kubelet (the test) started the pod, the real apiserver refuses it with 409 and the started
+/// pod is not failed; built from a current read of a pod that has not started, it applies.
+#[tokio::test]
+async fn a_fail_patch_from_a_stale_read_is_refused_with_conflict() -> anyhow::Result<()> {
+    use groundskeeper_node_agent::sysctl::admit::fail_patch;
+    let Some(c) = testkit::cluster("a_fail_patch_from_a_stale_read_is_refused_with_conflict").await
+    else {
+        return Ok(());
+    };
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-race").await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+
+    let raced = pod(&c, &ns, &node, "raced", &["kernel.msgmax"]).await?;
+    let judged = pods.get(&raced).await?;
+    let rv = start_pod(&c, &ns, &raced).await?;
+    let patch = fail_patch(&judged, MSGMAX).expect("a pod read from the apiserver has an rv");
+    match pods
+        .patch_status(&raced, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        other => anyhow::bail!("a stale fail patch must get 409 Conflict, got {other:?}"),
+    }
+    assert_not_written(&c, &ns, &raced, &rv).await?;
+
+    let fresh = pod(&c, &ns, &node, "fresh", &["kernel.msgmax"]).await?;
+    let current = pods.get(&fresh).await?;
+    pods.patch_status(
+        &fresh,
+        &PatchParams::default(),
+        &Patch::Merge(&fail_patch(&current, MSGMAX).unwrap()),
+    )
+    .await?;
+    assert_eq!(status(&c, &ns, &fresh).await?.0, "Failed");
     Ok(())
 }

@@ -19,7 +19,7 @@ pub struct KubeArgs {
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained API requests per second this process may make (<= 0: unlimited).
-    #[arg(long, env = "KUBE_API_QPS", default_value_t = 20.0)]
+    #[arg(long, env = "KUBE_API_QPS", default_value_t = 20.0, value_parser = parse_qps)]
     pub kube_api_qps: f32,
 
     /// Requests allowed in a burst above --kube-api-qps.
@@ -137,7 +137,29 @@ fn set_user_agent(config: &mut Config, what: &str) {
     }
 }
 
-/// Parses `30s`, `500ms`, `2m`, `1h`, or a bare number of seconds.
+/// Parses a requests-per-second budget: a finite number; 0 or less means unlimited, and a
+/// positive budget below one request in 1000 s is refused (its waits would overflow timers).
+pub fn parse_qps(s: &str) -> Result<f32, String> {
+    let q: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of requests per second"))?;
+    if !q.is_finite() {
+        return Err(format!(
+            "{s:?} is not a finite number (use 0 for unlimited)"
+        ));
+    }
+    if q > 0.0 && q < 0.001 {
+        return Err(format!("{s:?} is below 0.001 (use 0 for unlimited)"));
+    }
+    Ok(q)
+}
+
+/// The longest duration a flag takes: no housekeeping interval needs more, and well below it
+/// no timer or deadline can overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Parses `30s`, `500ms`, `2m`, `1h`, or a bare number of seconds, up to `MAX_DURATION`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
@@ -161,6 +183,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("{s:?} is not a non-negative duration"));
     }
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "{s:?} is longer than the maximum, 8784h (366 days)"
+        ));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
 
@@ -179,6 +206,22 @@ mod tests {
         assert!(e.contains("10x") && e.contains("unit"), "{e}");
         assert!(parse_duration("abc").unwrap_err().contains("abc"));
         assert!(parse_duration("").is_err());
+        for huge in ["99999999999999999999999s", "1e20s", "10000000h", "8785h"] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains(huge), "{huge}: {e}");
+        }
+        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
+    }
+
+    #[test]
+    fn qps() {
+        assert_eq!(parse_qps("20"), Ok(20.0));
+        assert_eq!(parse_qps("0"), Ok(0.0));
+        assert_eq!(parse_qps("-1"), Ok(-1.0));
+        for bad in ["NaN", "inf", "-inf", "1e-30", "lots", "1e39"] {
+            let e = parse_qps(bad).unwrap_err();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
     }
 
     /// A local HTTP endpoint answering every request with a version document.

@@ -80,6 +80,22 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
             cond["observedGeneration"] = json!(g);
         }
         status["conditions"] = json!([cond]);
+        // Upstream's two-way patch lists every condition type in the new order: existing ones
+        // where they are (UpdatePodCondition replaces in place), a new DisruptionTarget last.
+        // Without it the apiserver's merge puts the patched condition first.
+        let mut order: Vec<Value> = pod
+            .condition_types
+            .iter()
+            .map(|t| json!({ "type": &**t }))
+            .collect();
+        if !pod
+            .condition_types
+            .iter()
+            .any(|t| &**t == DISRUPTION_TARGET)
+        {
+            order.push(json!({ "type": DISRUPTION_TARGET }));
+        }
+        status["$setElementOrder/conditions"] = Value::Array(order);
     }
     Some(json!({ "metadata": { "uid": &*pod.uid }, "status": status }))
 }
@@ -231,10 +247,20 @@ impl Applier {
             self.metrics.deleted(ns, d.pass);
         }
         let o = force_delete(&self.client, &self.fence, d, Timestamp::now()).await;
-        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+        // Refused or abandoned by us, not answered by the apiserver: neither an error nor a
+        // deletion.
+        if o == Outcome::Fenced {
+            return o;
+        }
+        // Upstream's counter keeps upstream's meaning: its calls return NotFound (and a UID
+        // mismatch) as errors. Ours counts only failures an operator must look at.
+        if !matches!(o, Outcome::Deleted) {
             self.metrics.error(ns, d.pass);
         }
-        if !d.pass.counts_before_attempt() && o != Outcome::Fenced {
+        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+            self.metrics.failure(ns, d.pass);
+        }
+        if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
         o

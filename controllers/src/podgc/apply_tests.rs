@@ -18,6 +18,7 @@ fn pod(name: &str, phase: Phase) -> PodFacts {
         created: Timestamp::from_second(1_700_000_000).unwrap(),
         generation: Some(4),
         disruption_target_true: None,
+        condition_types: Box::default(),
     }
 }
 
@@ -47,7 +48,8 @@ fn status_patch_for_an_orphan() {
                     "type": "DisruptionTarget", "status": "True",
                     "reason": "DeletionByPodGC", "message": "PodGC: node no longer exists",
                     "lastTransitionTime": "2026-11-21T10:00:00Z", "observedGeneration": 4
-                }]
+                }],
+                "$setElementOrder/conditions": [{"type": "DisruptionTarget"}]
             }
         })
     );
@@ -90,6 +92,37 @@ fn status_patch_rules() {
         v["status"]["conditions"][0]["lastTransitionTime"],
         "2026-01-02T03:04:05Z"
     );
+}
+
+#[test]
+fn status_patch_keeps_the_existing_conditions_order() {
+    // As kube-controller-manager's two-way patch: every type in order, a new DisruptionTarget
+    // last, an existing one where it was.
+    for (existing, order) in [
+        (vec![], vec!["DisruptionTarget"]),
+        (
+            vec!["PodScheduled", "Initialized", "Ready"],
+            vec!["PodScheduled", "Initialized", "Ready", "DisruptionTarget"],
+        ),
+        (
+            vec!["Ready", "DisruptionTarget", "PodScheduled"],
+            vec!["Ready", "DisruptionTarget", "PodScheduled"],
+        ),
+    ] {
+        let mut p = pod("p", Phase::Running);
+        p.condition_types = existing.iter().map(|t| (*t).into()).collect();
+        let v = status_patch(&p, true, now()).unwrap();
+        let want: Vec<_> = order.iter().map(|t| json!({ "type": t })).collect();
+        assert_eq!(
+            v["status"]["$setElementOrder/conditions"],
+            json!(want),
+            "{existing:?}"
+        );
+        assert_eq!(v["status"]["conditions"][0]["type"], "DisruptionTarget");
+    }
+    // No condition patched: no order either.
+    let v = status_patch(&pod("p", Phase::Running), false, now()).unwrap();
+    assert!(v["status"].get("$setElementOrder/conditions").is_none());
 }
 
 #[tokio::test]
@@ -175,8 +208,9 @@ fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
 }
 
 #[tokio::test]
-async fn metrics_count_attempts_and_real_errors_only() {
-    // Pod a: deleted. Pod b: patch fails (error). Pod c: already gone (skipped, no error).
+async fn metrics_count_attempts_and_errors() {
+    // Pod a: deleted. Pod b: patch fails (error). Pod c: already gone: an error for upstream's
+    // counter (its DELETE returns NotFound), not for groundskeeper's.
     // Requests run one at a time so the script lines up with the pods.
     let mock = Mock::answering(&[200, 200, 500, 404]);
     let a = applier(&mock, false, 1);
@@ -197,8 +231,10 @@ async fn metrics_count_attempts_and_real_errors_only() {
             fenced: 0,
         }
     );
-    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 1));
+    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 2));
+    assert_eq!(a.metrics.failures("ns", Pass::OutOfService), 1);
     assert_eq!(a.metrics.counts("ns", Pass::Orphaned), (0, 0));
+    assert_eq!(a.metrics.failures("ns", Pass::Orphaned), 0);
 }
 
 #[tokio::test]

@@ -257,6 +257,10 @@ impl<W: Writes> Syncer<W> {
 
     async fn publish(&self, obj: &ServiceCIDR, notice: &Notice) {
         let regarding = obj.object_ref(&());
+        if self.dry_run {
+            tracing::info!(servicecidr = ?regarding.name, reason = %notice.reason, note = %notice.note, "dry-run: would record event");
+            return;
+        }
         if let Err(e) = self.writes.publish(&regarding, notice).await {
             tracing::warn!(servicecidr = ?regarding.name, reason = %notice.reason, error = %e, "could not record event");
         }

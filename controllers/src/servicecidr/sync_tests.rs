@@ -163,6 +163,30 @@ async fn dry_run_makes_no_writes() {
     );
 }
 
+/// Dry-run writes nothing at all: a blocked deletion is logged, and records no Event either.
+#[tokio::test(start_paused = true)]
+async fn dry_run_records_no_event() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), true);
+    {
+        let mut c = cache.lock().unwrap();
+        c.cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+        c.ip_applied(&managed_ip("10.0.1.7", "web"));
+    }
+    s.sync("x").await.unwrap();
+    assert!(w.calls.lock().unwrap().is_empty());
+    assert!(
+        w.events.lock().unwrap().is_empty(),
+        "{:?}",
+        w.events.lock().unwrap()
+    );
+    assert_eq!(
+        s.metrics.blocked_deletions.get(),
+        1,
+        "the gauge still reports it"
+    );
+}
+
 /// What must not happen: the finalizer removed while an IP would be orphaned, through the
 /// whole sync path; it goes only once the IP does.
 #[tokio::test(start_paused = true)]

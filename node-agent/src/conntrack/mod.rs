@@ -3,6 +3,7 @@
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
 pub mod clean;
+pub mod fill;
 pub mod model;
 pub mod msg;
 pub mod netns;
@@ -78,8 +79,9 @@ const COALESCE: Duration = Duration::from_millis(100);
 pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let sysctl_args = args.sysctls.clone();
+    let dry_run = shared.base.dry_run;
     tokio::task::spawn_blocking(move || {
-        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default())
+        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default(), dry_run)
     })
     .await?;
     let metrics = Metrics::register(&shared.base.registry)?;
@@ -197,6 +199,11 @@ async fn schedule(
     let mut pass_at: Option<Instant> = None;
     let mut last_pass: Option<Instant> = None;
     let mut gc_at = Instant::now() + interval;
+    let mut fill_events = fill::Notifier::new(
+        shared.base.client.clone(),
+        &shared.node_name,
+        shared.base.dry_run,
+    );
     loop {
         let wake = [rebuild_at, pass_at, Some(gc_at)]
             .into_iter()
@@ -238,6 +245,9 @@ async fn schedule(
         pass_at = None;
         last_pass = Some(now);
         let summary = worker.round(model).await;
+        if let Some(f) = summary.fill {
+            fill_events.observe(f).await;
+        }
         if periodic {
             interval = clean::next_interval(
                 interval,

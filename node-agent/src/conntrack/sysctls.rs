@@ -208,16 +208,28 @@ pub fn apply(
     (done, errors)
 }
 
-/// Logs the outcome of `apply`.
-pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots) {
+/// Applies and logs the outcome; in dry-run only logs what it would write.
+pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -> Vec<Write> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if dry_run {
+        let planned = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
+        for w in &planned {
+            tracing::info!(
+                path = w.path,
+                value = w.value,
+                "dry-run: would set conntrack sysctl"
+            );
+        }
+        return planned;
+    }
     let (done, errors) = apply(args, cores, roots);
-    for w in done {
+    for w in &done {
         tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
     }
     for e in errors {
         tracing::error!(error = %e, "could not set conntrack sysctl; stale-entry cleanup keeps running");
     }
+    done
 }
 
 #[cfg(test)]

@@ -131,3 +131,35 @@ fn apply_writes_under_the_roots_and_reports_read_only_paths() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn dry_run_plans_but_writes_nothing() {
+    let dir = std::env::temp_dir().join(format!("gk-sysctl-dry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let nf = dir.join("proc/net/netfilter");
+    std::fs::create_dir_all(&nf).unwrap();
+    std::fs::write(nf.join("nf_conntrack_max"), "65536\n").unwrap();
+    std::fs::write(nf.join("nf_conntrack_udp_timeout"), "30\n").unwrap();
+    let roots = Roots {
+        proc_sys: dir.join("proc"),
+        sys: dir.join("sys"),
+    };
+    let a = args(&[
+        "--conntrack-max-per-core",
+        "100000",
+        "--conntrack-udp-timeout",
+        "60s",
+    ]);
+    let planned = apply_and_log(&a, &roots, true);
+    assert!(
+        planned.iter().any(|w| w.path == NF_CONNTRACK_MAX),
+        "{planned:?}"
+    );
+    assert_eq!(roots.read(NF_CONNTRACK_MAX, false), Some(65536));
+    assert_eq!(
+        roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
+        Some(30)
+    );
+    assert!(!dir.join("sys").exists(), "nothing created under /sys");
+    let _ = std::fs::remove_dir_all(&dir);
+}

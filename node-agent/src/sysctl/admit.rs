@@ -1,15 +1,15 @@
 //! The thin layer: watches this node's pods, the SysctlPolicies and this Node, and applies what
-//! `decide` says (fail the pod and warn in Enforce, warn in Audit), and keeps each policy's
-//! status current.
+//! `decide` says (fail a pod that has not started and warn in Enforce, warn in Audit, only
+//! report a started pod), and keeps each policy's status current.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::SysctlArgs;
 use super::allowlist::FORBIDDEN_REASON;
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::decide::{Action, Memory, PodFacts, decide, outcome, report_event_name};
 use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
@@ -41,6 +41,7 @@ const STATUS_SPREAD_MS: u64 = 5_000;
 pub struct Metrics {
     checked: IntCounter,
     rejected: IntCounterVec,
+    started_forbidden: IntCounterVec,
 }
 
 impl Metrics {
@@ -56,9 +57,22 @@ impl Metrics {
             ),
             &["reason", "mode"],
         )?;
+        let started_forbidden = IntCounterVec::new(
+            Opts::new(
+                "groundskeeper_sysctl_started_pods_forbidden_total",
+                "Started pods (kubelet admitted them) that the node's policy would forbid, by the mode \
+                 in force; they are never failed, only reported. Counted per agent process.",
+            ),
+            &["mode"],
+        )?;
         registry.register(Box::new(checked.clone()))?;
         registry.register(Box::new(rejected.clone()))?;
-        Ok(Self { checked, rejected })
+        registry.register(Box::new(started_forbidden.clone()))?;
+        Ok(Self {
+            checked,
+            rejected,
+            started_forbidden,
+        })
     }
 }
 
@@ -82,12 +96,12 @@ struct Admitter {
     node_store: Store<Node>,
     safe: Vec<&'static str>,
     flag: Vec<String>,
+    default_mode: Mode,
     policy: Option<NodePolicy>,
     memory: Memory,
     retry: HashSet<ObjectRef<Pod>>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
-    recorder: Recorder,
     metrics: Metrics,
     /// This task's own watches; other tasks' readiness must not hold admission back.
     ready: [ReadyFlag; 3],
@@ -96,7 +110,7 @@ struct Admitter {
 pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let safe = safe_sysctls(kernel.as_ref());
-    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), "sysctl admission starting");
+    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), default_mode = %args.sysctl_default_mode, "sysctl admission starting");
     let metrics = Metrics::register(&shared.base.registry)?;
     let client = shared.base.client.clone();
     let node = shared.node_name.clone();
@@ -139,13 +153,6 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
             % STATUS_SPREAD_MS,
     );
     let mut a = Admitter {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: MANAGER.into(),
-                instance: Some(node.clone()),
-            },
-        ),
         client: client.clone(),
         policies_api: Api::all(client),
         shared: shared.clone(),
@@ -154,6 +161,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
         node_store,
         safe,
         flag: args.allowed_unsafe_sysctls(),
+        default_mode: args.sysctl_default_mode,
         policy: None,
         memory: Memory::default(),
         retry: HashSet::new(),
@@ -223,7 +231,7 @@ impl Admitter {
         let labels: BTreeMap<String, String> = node.labels().clone();
         let policies = self.policy_store.state();
         let refs: Vec<&SysctlPolicy> = policies.iter().map(|p| p.as_ref()).collect();
-        let merged = merge(&self.safe, &self.flag, &refs, &labels);
+        let merged = merge(&self.safe, &self.flag, self.default_mode, &refs, &labels);
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = %self.shared.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
             self.policy = Some(merged);
@@ -252,25 +260,46 @@ impl Admitter {
         let Some(policy) = self.policy.as_ref() else {
             return;
         };
+        let (revision, chosen) = (policy.revision, policy.chosen);
         let facts = PodFacts::of(pod);
         let out = outcome(&policy.allowlist, policy.mode, pod);
-        let action = decide(&facts, out.clone(), &self.memory);
+        let action = decide(&facts, out.clone(), &self.memory, chosen);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         match action {
-            Action::Skip | Action::AlreadyDone => return,
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
             }
+            // Counted once the write is done: a refused fail patch (409: the pod moved on,
+            // perhaps started) is not a rejection.
             Action::Reject { mode, message } => {
+                if let Err(e) = self.reject(pod, mode, &message, revision).await {
+                    match &e {
+                        kube::Error::Api(s) if s.code == 409 => {
+                            tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again")
+                        }
+                        _ => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry")
+                        }
+                    }
+                    self.retry.insert(ObjectRef::from_obj(pod));
+                    return;
+                }
                 self.metrics
                     .rejected
                     .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
                     .inc();
-                if let Err(e) = self.reject(pod, mode, &message).await {
-                    tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry");
+            }
+            Action::ReportStarted { mode, message } => {
+                if let Err(e) = self.report_started(pod, mode, &message, revision).await {
+                    tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry");
                     self.retry.insert(ObjectRef::from_obj(pod));
                     return;
                 }
+                self.metrics
+                    .started_forbidden
+                    .with_label_values(&[&mode.to_string()])
+                    .inc();
             }
         }
         self.metrics.checked.inc();
@@ -278,7 +307,13 @@ impl Admitter {
         self.memory.remember(&facts, out);
     }
 
-    async fn reject(&self, pod: &Pod, mode: Mode, message: &str) -> Result<(), kube::Error> {
+    async fn reject(
+        &self,
+        pod: &Pod,
+        mode: Mode,
+        message: &str,
+        revision: u64,
+    ) -> Result<(), kube::Error> {
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let verb = match mode {
             Mode::Enforce => "failing pod",
@@ -290,31 +325,85 @@ impl Admitter {
         }
         tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, "{verb}");
         if mode == Mode::Enforce {
-            // The resourceVersion makes the patch conditional: if the pod moved on (kubelet
-            // admitted and ran it, or it finished) the patch fails and the pod is decided anew.
-            let patch = json!({
-                "metadata": {"resourceVersion": pod.resource_version()},
-                "status": {
-                    "phase": "Failed",
-                    "reason": FORBIDDEN_REASON,
-                    "message": format!("{STATUS_MESSAGE_PREFIX}{message}"),
-                }
-            });
+            // Conditional on the version judged not started (see `fail_patch`): if kubelet has
+            // written the pod's status since, the apiserver answers 409 and nothing is written;
+            // the pod is judged again from the newer version, where it has started.
+            let Some(patch) = fail_patch(pod, message) else {
+                // Never seen from the apiserver without one; without it the patch would be
+                // unconditional, so the pod is left alone.
+                tracing::warn!(pod = %name, namespace = %ns, "pod has no resourceVersion; not failing it");
+                return Ok(());
+            };
             Api::<Pod>::namespaced(self.client.clone(), &ns)
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: FORBIDDEN_REASON.into(),
-            note: Some(message.to_string()),
-            action: match mode {
-                Mode::Enforce => "Reject".into(),
-                Mode::Audit => "Audit".into(),
-            },
-            secondary: None,
+        let action = match mode {
+            Mode::Enforce => "Reject",
+            Mode::Audit => "Audit",
         };
-        self.recorder.publish(&event, &pod.object_ref(&())).await
+        self.publish_once(pod, action, message, revision).await
+    }
+
+    /// A started pod the policy forbids: never written to; one Warning event per pod UID and
+    /// policy revision, which an agent restart does not repeat.
+    async fn report_started(
+        &self,
+        pod: &Pod,
+        mode: Mode,
+        message: &str,
+        revision: u64,
+    ) -> Result<(), kube::Error> {
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let note = format!(
+            "{message} (pod already started: not failed; {mode} applies to pods not yet started)"
+        );
+        if self.shared.base.dry_run {
+            tracing::info!(pod = %name, namespace = %ns, rejection = message, mode = %mode, dry_run = true, "would be reporting started pod with forbidden sysctls");
+            return Ok(());
+        }
+        tracing::info!(pod = %name, namespace = %ns, rejection = message, mode = %mode, "started pod has forbidden sysctls; it is not failed, only reported");
+        self.publish_once(pod, "Audit", &note, revision).await
+    }
+
+    /// Creates the pod's report event under its derived name (`report_event_name`); an
+    /// existing one (409) means it was already reported, by this process or an earlier one.
+    async fn publish_once(
+        &self,
+        pod: &Pod,
+        action: &str,
+        note: &str,
+        revision: u64,
+    ) -> Result<(), kube::Error> {
+        let ns = pod.namespace().unwrap_or_default();
+        let uid = pod.uid().unwrap_or_default();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(report_event_name(&pod.name_any(), &uid, revision, note)),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(jiff::Timestamp::now())),
+            type_: Some("Warning".into()),
+            reason: Some(FORBIDDEN_REASON.into()),
+            action: Some(action.into()),
+            note: Some(note.to_string()),
+            regarding: Some(pod.object_ref(&())),
+            reporting_controller: Some(MANAGER.into()),
+            reporting_instance: Some(self.shared.node_name.clone()),
+            ..Default::default()
+        };
+        match Api::<Event>::namespaced(self.client.clone(), &ns)
+            .create(&PostParams::default(), &event)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(pod = %pod.name_any(), namespace = %ns, "already reported under this policy revision");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn schedule_status(&mut self, policy: &SysctlPolicy) {
@@ -378,5 +467,48 @@ impl Admitter {
             )
             .await
             .map(|_| ())
+    }
+}
+
+/// The status patch that fails a pod, kubelet's `rejectPod` content. It carries the
+/// resourceVersion of the pod it was judged on: a merge patch's `metadata.resourceVersion` is a
+/// precondition, so if anything (kubelet starting the pod) wrote the pod since, the apiserver
+/// refuses the patch with 409 Conflict instead of failing a pod that has started. None without
+/// a resourceVersion: an unconditional patch is never sent.
+pub fn fail_patch(pod: &Pod, message: &str) -> Option<serde_json::Value> {
+    let rv = pod.resource_version().filter(|rv| !rv.is_empty())?;
+    Some(json!({
+        "metadata": {"resourceVersion": rv},
+        "status": {
+            "phase": "Failed",
+            "reason": FORBIDDEN_REASON,
+            "message": format!("{STATUS_MESSAGE_PREFIX}{message}"),
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fail_patch_is_always_conditional() {
+        let mut pod = Pod::default();
+        assert_eq!(fail_patch(&pod, "m"), None, "no resourceVersion: no patch");
+        pod.metadata.resource_version = Some(String::new());
+        assert_eq!(
+            fail_patch(&pod, "m"),
+            None,
+            "empty resourceVersion: no patch"
+        );
+        pod.metadata.resource_version = Some("42".into());
+        let p = fail_patch(&pod, "forbidden sysctl: x").unwrap();
+        assert_eq!(p["metadata"]["resourceVersion"], "42");
+        assert_eq!(p["status"]["phase"], "Failed");
+        assert_eq!(p["status"]["reason"], "SysctlForbidden");
+        assert_eq!(
+            p["status"]["message"],
+            "Pod was rejected: forbidden sysctl: x"
+        );
     }
 }

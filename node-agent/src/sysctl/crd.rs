@@ -37,6 +37,18 @@ pub const CONDITION_VALID: &str = "Valid";
         type_ = "string",
         json_path = ".spec.allowedUnsafeSysctls"
     ),
+    // The Valid condition's status, and its reason when a pattern is refused.
+    printcolumn(
+        name = "Valid",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Valid")].status"#
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        priority = 1,
+        json_path = r#".status.conditions[?(@.type=="Valid")].reason"#
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -55,8 +67,9 @@ pub struct SysctlPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
 
-    /// Enforce: a forbidden pod is failed (phase Failed, reason SysctlForbidden) like kubelet
-    /// does. Audit: a Warning event and a metric only. Where several policies select a node,
+    /// Enforce: a forbidden pod that has not started yet is failed (phase Failed, reason
+    /// SysctlForbidden) like kubelet does. Audit: a Warning event and a metric only. A pod that
+    /// has started is never failed, in either mode. Where several policies select a node,
     /// Enforce wins.
     #[serde(default)]
     pub mode: Mode,
@@ -91,7 +104,17 @@ fn pattern_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 }
 
 #[derive(
-    Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
 )]
 pub enum Mode {
     #[default]

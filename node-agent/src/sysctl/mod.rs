@@ -23,6 +23,19 @@ pub struct SysctlArgs {
     #[arg(long, env = "ALLOWED_UNSAFE_SYSCTLS", value_delimiter = ',', value_parser = parse_flag_pattern)]
     pub allowed_unsafe_sysctls: Vec<String>,
 
+    /// What a node no SysctlPolicy selects does with a forbidden pod that has not started:
+    /// `audit` (default) only reports it (event, metric); `enforce` fails it as kubelet would.
+    /// Audit by default so that installing the agent changes nothing for workloads; a policy
+    /// selecting the node decides instead. A started pod is never failed, in either mode.
+    #[arg(
+        long,
+        env = "SYSCTL_DEFAULT_MODE",
+        value_enum,
+        ignore_case = true,
+        default_value = "audit"
+    )]
+    pub sysctl_default_mode: crd::Mode,
+
     /// Kernel release to gate the safe sysctls by, instead of /proc/sys/kernel/osrelease
     /// (for tests and for agents that can not read the host's /proc).
     #[arg(long, env = "KERNEL_VERSION", value_parser = check::parse_kernel_version)]
@@ -74,6 +87,24 @@ mod tests {
             vec!["kernel.msg*", "net/core/somaxconn"]
         );
         assert_eq!(cli.sysctl.kernel_version.unwrap().to_string(), "5.14.0");
+        assert_eq!(
+            cli.sysctl.sysctl_default_mode,
+            crate::sysctl::crd::Mode::Audit,
+            "a default install only audits"
+        );
+        for (value, want) in [
+            ("enforce", crate::sysctl::crd::Mode::Enforce),
+            ("Enforce", crate::sysctl::crd::Mode::Enforce),
+            ("audit", crate::sysctl::crd::Mode::Audit),
+        ] {
+            let cli = parse(&["--sysctl-default-mode", value]).unwrap();
+            assert_eq!(cli.sysctl.sysctl_default_mode, want, "{value}");
+        }
+        let e = parse(&["--sysctl-default-mode", "strict"]).unwrap_err();
+        assert!(
+            e.contains("--sysctl-default-mode") && e.contains("strict"),
+            "{e}"
+        );
         assert!(
             parse(&["--allowed-unsafe-sysctls="])
                 .unwrap()

@@ -4,7 +4,9 @@
 //!
 //! Mode when policies disagree: the strictest wins. Any selecting policy in Enforce makes the
 //! node Enforce; the node is Audit only when every selecting policy is Audit. With no selecting
-//! policy the node enforces, as kubelet always does.
+//! policy the node is in the agent's default mode (`--sysctl-default-mode`, Audit unless set):
+//! installing the agent alone must change nothing for workloads, so enforcing takes an
+//! explicit choice, a policy or the flag.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +15,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::allowlist::{Allowlist, PatternError, check_pattern};
 use super::crd::{CONDITION_VALID, Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
+use super::decide::stable_hash;
 
 /// The allowlist and mode in force on this node, and where they came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +26,12 @@ pub struct NodePolicy {
     pub policies: Vec<String>,
     /// Every accepted pattern, in merge order (safe list, flag, policies by name).
     pub patterns: Vec<String>,
+    /// Someone chose this node's policy: a SysctlPolicy selects it, or the default mode is
+    /// Enforce. Only then are started pods reported.
+    pub chosen: bool,
+    /// Identifies this result across processes: a stable hash of the mode, the patterns and
+    /// the selecting policies' names and generations. Reports are made once per revision.
+    pub revision: u64,
 }
 
 /// Whether a policy's selector picks a node with these labels. Absent or empty selects all; a
@@ -39,6 +48,7 @@ pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, Strin
 pub fn merge(
     safe: &[&str],
     flag: &[String],
+    default_mode: Mode,
     policies: &[&SysctlPolicy],
     node_labels: &BTreeMap<String, String>,
 ) -> NodePolicy {
@@ -68,11 +78,29 @@ pub fn merge(
             }
         }
     }
-    let mode = if selected.is_empty() || selected.iter().any(|p| p.spec.mode == Mode::Enforce) {
+    let mode = if selected.is_empty() {
+        default_mode
+    } else if selected.iter().any(|p| p.spec.mode == Mode::Enforce) {
         Mode::Enforce
     } else {
         Mode::Audit
     };
+    let generations: Vec<String> = selected
+        .iter()
+        .map(|p| {
+            format!(
+                "{}={}",
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.metadata.generation.unwrap_or_default()
+            )
+        })
+        .collect();
+    let mode_name = mode.to_string();
+    let mut parts: Vec<&str> = vec![&mode_name];
+    parts.extend(patterns.iter().map(String::as_str));
+    parts.push("");
+    parts.extend(generations.iter().map(String::as_str));
+    let revision = stable_hash(&parts);
     NodePolicy {
         allowlist,
         mode,
@@ -80,7 +108,9 @@ pub fn merge(
             .iter()
             .map(|p| p.metadata.name.clone().unwrap_or_default())
             .collect(),
+        chosen: !selected.is_empty() || default_mode == Mode::Enforce,
         patterns,
+        revision,
     }
 }
 
@@ -234,6 +264,7 @@ mod tests {
         let merged = merge(
             &["kernel.shm_rmid_forced"],
             &["fs.mqueue.*".to_string()],
+            Mode::Audit,
             &[&db, &web, &all],
             &node,
         );
@@ -268,11 +299,26 @@ mod tests {
         let audit2 = policy("audit2", &[], None, Mode::Audit);
         let enforce = policy("enforce", &[], None, Mode::Enforce);
         let elsewhere = policy("elsewhere", &[], match_labels(&[("x", "y")]), Mode::Enforce);
-        let mode = |ps: &[&SysctlPolicy]| merge(&[], &[], ps, &node).mode;
+        let mode = |ps: &[&SysctlPolicy]| merge(&[], &[], Mode::Audit, ps, &node).mode;
         assert_eq!(
             mode(&[]),
+            Mode::Audit,
+            "no policy: the default mode, Audit unless the flag says otherwise"
+        );
+        assert_eq!(
+            merge(&[], &[], Mode::Enforce, &[], &node).mode,
             Mode::Enforce,
-            "kubelet's behaviour without policies"
+            "--sysctl-default-mode=enforce"
+        );
+        assert_eq!(
+            merge(&[], &[], Mode::Enforce, &[&audit], &node).mode,
+            Mode::Audit,
+            "a selecting policy decides, not the default"
+        );
+        assert_eq!(
+            merge(&[], &[], Mode::Audit, &[&elsewhere], &node).mode,
+            Mode::Audit,
+            "an Enforce policy for other nodes does not make this one enforce"
         );
         assert_eq!(mode(&[&audit]), Mode::Audit);
         assert_eq!(mode(&[&audit, &audit2]), Mode::Audit);
@@ -283,6 +329,28 @@ mod tests {
             Mode::Audit,
             "a policy for other nodes does not count"
         );
+    }
+
+    #[test]
+    fn revision_moves_with_mode_patterns_and_generations_only() {
+        let node = labels(&[]);
+        let mut p = policy("p", &["kernel.msg*"], None, Mode::Enforce);
+        let rev = |p: &SysctlPolicy, flag: &[String]| {
+            merge(&["kernel.shm_rmid_forced"], flag, Mode::Audit, &[p], &node).revision
+        };
+        let r0 = rev(&p, &[]);
+        assert_eq!(r0, rev(&p, &[]), "same inputs, same revision");
+        assert_ne!(r0, rev(&p, &["net.*".to_string()]), "flag pattern added");
+        p.metadata.generation = Some(4);
+        let r1 = rev(&p, &[]);
+        assert_ne!(r0, r1, "policy generation moved");
+        p.spec.mode = Mode::Audit;
+        assert_ne!(r1, rev(&p, &[]), "mode changed");
+        assert!(merge(&[], &[], Mode::Audit, &[&p], &node).chosen);
+        assert!(merge(&[], &[], Mode::Enforce, &[], &node).chosen);
+        assert!(!merge(&[], &[], Mode::Audit, &[], &node).chosen);
+        let none = merge(&[], &[], Mode::Audit, &[], &node).revision;
+        assert_ne!(none, merge(&[], &[], Mode::Enforce, &[], &node).revision);
     }
 
     #[test]
