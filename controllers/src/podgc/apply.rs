@@ -247,16 +247,20 @@ impl Applier {
             self.metrics.deleted(ns, d.pass);
         }
         let o = force_delete(&self.client, &self.fence, d, Timestamp::now()).await;
+        // Refused or abandoned by us, not answered by the apiserver: neither an error nor a
+        // deletion.
+        if o == Outcome::Fenced {
+            return o;
+        }
         // Upstream's counter keeps upstream's meaning: its calls return NotFound (and a UID
-        // mismatch) as errors. Ours counts only failures an operator must look at. A fenced pod
-        // was never attempted, so it is neither.
-        if !matches!(o, Outcome::Deleted | Outcome::Fenced) {
+        // mismatch) as errors. Ours counts only failures an operator must look at.
+        if !matches!(o, Outcome::Deleted) {
             self.metrics.error(ns, d.pass);
         }
         if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
             self.metrics.failure(ns, d.pass);
         }
-        if !d.pass.counts_before_attempt() && o != Outcome::Fenced {
+        if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
         o
