@@ -76,7 +76,7 @@ fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool
             .create(&all, 300, STATUS_SEEN_REPLY | STATUS_ASSURED)
             .unwrap();
         assert_eq!(r.ok, all.len(), "creating entries: {r:?}");
-        let mut state = [PassState::default(); 2];
+        let mut state: [PassState; 2] = Default::default();
         let mut reports = vec![];
         for (i, (fam, fm)) in [(AF_INET, &model.ipv4), (AF_INET6, &model.ipv6)]
             .into_iter()

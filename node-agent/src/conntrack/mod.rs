@@ -20,8 +20,9 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -46,6 +47,11 @@ pub struct ConntrackArgs {
     /// Longest interval of the periodic pass (it lengthens when passes find almost nothing).
     #[arg(long, env = "CONNTRACK_GC_MAX", default_value = "5m", value_parser = parse_duration)]
     pub conntrack_gc_max: Duration,
+
+    /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
+    /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
+    #[arg(long, env = "CONNTRACK_ORPHAN_GRACE", default_value = "60s", value_parser = parse_duration)]
+    pub conntrack_orphan_grace: Duration,
 
     /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
     /// of the agent's own. For tests and agents not running on the host network.
@@ -84,16 +90,29 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     })
     .await?;
     let metrics = Metrics::register(&shared.base.registry)?;
-    let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.base.dry_run)?;
+    let worker = worker::Worker::start(
+        args.conntrack_netns.clone(),
+        metrics,
+        shared.base.dry_run,
+        args.conntrack_orphan_grace,
+    )?;
 
     let changed = Arc::new(Notify::new());
     let (services, svc_writer) = reflector::store::<Service>();
     let (slices, eps_writer) = reflector::store::<EndpointSlice>();
+    let (cidrs, cidr_writer) = reflector::store::<ServiceCIDR>();
+    let (addresses, addr_writer) = reflector::store::<IPAddress>();
+    let (nodes, node_writer) = reflector::store::<Node>();
     let svc_ready = shared.base.readiness.register("conntrack: services");
     let eps_ready = shared.base.readiness.register("conntrack: endpointslices");
-    // Same selection as kube-proxy's informers (without a proxy name).
-    let svc_cfg =
-        watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
+    let cidr_ready = shared.base.readiness.register("conntrack: servicecidrs");
+    let addr_ready = shared.base.readiness.register("conntrack: ipaddresses");
+    let node_ready = shared.base.readiness.register("conntrack: node");
+    // All services, also those another proxy handles (service-proxy-name): their frontends
+    // are recorded as foreign, so a label change is not mistaken for a deletion.
+    let svc_cfg = watcher::Config::default();
+    let node_cfg =
+        watcher::Config::default().fields(&format!("metadata.name={}", shared.node_name));
     let eps_cfg = watcher::Config::default().labels(&format!(
         "!{},!{}",
         model::LABEL_SERVICE_PROXY_NAME,
@@ -117,10 +136,42 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
             "endpointslices",
         ),
     );
+    let more_watches = futures::future::join3(
+        watch(
+            Api::all(shared.base.client.clone()),
+            watcher::Config::default(),
+            cidr_writer,
+            cidr_ready.clone(),
+            changed.clone(),
+            "servicecidrs",
+        ),
+        watch(
+            Api::all(shared.base.client.clone()),
+            watcher::Config::default(),
+            addr_writer,
+            addr_ready.clone(),
+            changed.clone(),
+            "ipaddresses",
+        ),
+        watch(
+            Api::all(shared.base.client.clone()),
+            node_cfg,
+            node_writer,
+            node_ready.clone(),
+            changed.clone(),
+            "node",
+        ),
+    );
+    let watches = futures::future::join(watches, more_watches);
     let lists = Lists {
         services,
         slices,
+        cidrs,
+        addresses,
+        nodes,
         ready: [svc_ready, eps_ready],
+        service_ips_ready: [cidr_ready, addr_ready],
+        tombstones: std::sync::Mutex::new(model::Tombstones::new(deleted_retention(&args))),
     };
     tokio::select! {
         _ = watches => anyhow::bail!("conntrack watches ended"),
@@ -128,10 +179,25 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     }
 }
 
+/// How long the frontends of a deleted service (or of a removed port, ExternalIP, VIP,
+/// nodePort) are remembered: 10 minutes, far beyond kube-proxy's rules lag (its sync period
+/// is 30 s) after which no new flow is DNATed through them, and at least two periodic
+/// intervals, so a periodic pass also sweeps the flows made while the rules lagged.
+fn deleted_retention(args: &ConntrackArgs) -> Duration {
+    Duration::from_secs(600).max(args.conntrack_gc_max.saturating_mul(2))
+}
+
 struct Lists {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
+    cidrs: Store<ServiceCIDR>,
+    addresses: Store<IPAddress>,
+    nodes: Store<Node>,
     ready: [ReadyFlag; 2],
+    /// The orphan rule only runs once both have listed: a half-listed IPAddress cache would
+    /// make allocated IPs look orphaned.
+    service_ips_ready: [ReadyFlag; 2],
+    tombstones: std::sync::Mutex<model::Tombstones>,
 }
 
 impl Lists {
@@ -142,10 +208,16 @@ impl Lists {
         }
         let services = self.services.state();
         let slices = self.slices.state();
-        Some(model::build(
-            services.iter().map(|s| &**s),
-            slices.iter().map(|s| &**s),
-        ))
+        let mut m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s));
+        if self.service_ips_ready.iter().all(ReadyFlag::is_ready) {
+            let cidrs = self.cidrs.state();
+            let addresses = self.addresses.state();
+            m = m.with_service_ips(cidrs.iter().map(|c| &**c), addresses.iter().map(|a| &**a));
+        }
+        let node = self.nodes.state().into_iter().next();
+        m = m.with_node(node.as_deref());
+        let mut t = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
+        Some(t.apply(m, std::time::Instant::now()))
     }
 }
 
@@ -213,6 +285,10 @@ async fn schedule(
             _ = tokio::time::sleep_until(wake) => {}
         }
         let now = Instant::now();
+        // A periodic pass also rebuilds: remembered deleted frontends expire with time alone.
+        if gc_at <= now {
+            rebuild_at = Some(now);
+        }
         if rebuild_at.is_some_and(|t| t <= now) {
             rebuild_at = None;
             if let Some(m) = lists.model()

@@ -2,7 +2,10 @@
 //! decide per entry, then delete the stale entries by tuple + ID. Works against the `Table`
 //! trait so the retry and abort rules are tested without a kernel.
 
+use std::collections::{HashMap, HashSet};
 use std::io;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use super::clean::{FamilyModel, Stale, stale};
 use super::msg::{AF_INET, Entry, IPPROTO_UDP};
@@ -20,6 +23,11 @@ pub trait Table {
         visit: &mut dyn FnMut(&Entry),
     ) -> Result<usize, DumpError>;
     fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport>;
+    /// The addresses the host (this table's network namespace) owns now, for the NodePort
+    /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
+    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
+        Ok(HashSet::new())
+    }
 }
 
 impl Table for Conntrack {
@@ -35,18 +43,36 @@ impl Table for Conntrack {
     fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
         Conntrack::delete(self, entries)
     }
+
+    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
+        super::socket::host_addresses()
+    }
 }
 
-/// Carried from pass to pass: whether the kernel accepts the protocol filter.
-#[derive(Debug, Clone, Copy)]
+/// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object in the
+/// watched list) before flows DNATed to it are deleted. The IPAddress exists before its
+/// Service, so kube-proxy cannot DNAT to an IP before the apiserver holds its IPAddress; only
+/// the lag of our own IPAddress watch can make a new service's IP look orphaned, and that lag
+/// must stay below this.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
+
+/// Carried from pass to pass: whether the kernel accepts the protocol filter, and since when
+/// each ServiceCIDR IP with DNATed flows has looked orphaned.
+#[derive(Debug, Clone)]
 pub struct PassState {
     pub kernel_filter: bool,
+    pub orphan_grace: Duration,
+    /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
+    /// soon as a pass no longer sees it orphaned.
+    pub orphans: HashMap<IpAddr, Instant>,
 }
 
 impl Default for PassState {
     fn default() -> Self {
         Self {
             kernel_filter: true,
+            orphan_grace: ORPHAN_GRACE,
+            orphans: HashMap::new(),
         }
     }
 }
@@ -65,6 +91,9 @@ pub struct PassReport {
     pub dump_attempts: usize,
     /// The model was empty: nothing could be stale, the table was not read.
     pub skipped: bool,
+    /// Flows to orphaned ServiceCIDR IPs kept this time: the IP has not looked orphaned for
+    /// the grace period yet.
+    pub orphans_pending: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +124,15 @@ pub fn run_pass(
         report.skipped = true;
         return Ok(report);
     }
+    let host_ips = match table.host_addresses() {
+        Ok(a) => a.into_iter().map(super::clean::canonical).collect(),
+        Err(e) => {
+            // Fewer known addresses only means fewer NodePort flows judged.
+            tracing::warn!(error = %e, "cannot read the host's addresses; the NodePort rule judges only DNATed flows to the Node's addresses");
+            HashSet::new()
+        }
+    };
+    let now = Instant::now();
     // Only the stale entries are kept, never the table.
     let mut marked: Vec<(Entry, Stale)> = Vec::new();
     loop {
@@ -103,7 +141,7 @@ pub fn run_pass(
         let mut visited = 0usize;
         let mut visit = |e: &Entry| {
             visited += 1;
-            if let Some(why) = stale(e, model) {
+            if let Some(why) = stale(e, model, &host_ips) {
                 marked.push((*e, why));
             }
         };
@@ -133,6 +171,7 @@ pub fn run_pass(
             Err(e) => return Err(PassError::Dump(e)),
         }
     }
+    apply_orphan_grace(&mut marked, state, now, &mut report);
     report.stale = marked.len();
     for (e, why) in &marked {
         on_stale(e, *why);
@@ -156,6 +195,35 @@ pub fn run_pass(
         }
         Err(source) => Err(PassError::Delete { report, source }),
     }
+}
+
+/// Keeps the flows to IPs that have not looked orphaned for the grace period yet (they are
+/// judged again by a later pass), and remembers since when each IP has.
+fn apply_orphan_grace(
+    marked: &mut Vec<(Entry, Stale)>,
+    state: &mut PassState,
+    now: Instant,
+    report: &mut PassReport,
+) {
+    let seen: HashSet<IpAddr> = marked
+        .iter()
+        .filter(|(_, why)| *why == Stale::OrphanedServiceIp)
+        .map(|(e, _)| super::clean::canonical(e.orig.dst))
+        .collect();
+    state.orphans.retain(|ip, _| seen.contains(ip));
+    for ip in &seen {
+        state.orphans.entry(*ip).or_insert(now);
+    }
+    let grace = state.orphan_grace;
+    let orphans = &state.orphans;
+    let before = marked.len();
+    marked.retain(|(e, why)| {
+        *why != Stale::OrphanedServiceIp
+            || orphans
+                .get(&super::clean::canonical(e.orig.dst))
+                .is_some_and(|since| now.saturating_duration_since(*since) >= grace)
+    });
+    report.orphans_pending = before - marked.len();
 }
 
 pub fn family_name(family: u8) -> &'static str {

@@ -93,7 +93,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn start(netns: Option<String>, metrics: Metrics, dry_run: bool) -> std::io::Result<Self> {
+    pub fn start(
+        netns: Option<String>,
+        metrics: Metrics,
+        dry_run: bool,
+        orphan_grace: std::time::Duration,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -110,7 +115,10 @@ impl Worker {
                     socket: None,
                     metrics,
                     dry_run,
-                    state: [PassState::default(); 2],
+                    state: [(); 2].map(|()| PassState {
+                        orphan_grace,
+                        ..PassState::default()
+                    }),
                 };
                 for req in rx {
                     let summary = round.run(&req.model);
@@ -228,6 +236,7 @@ impl Round {
                 already_gone = report.already_gone,
                 failed = report.failed_deletes,
                 partial = report.partial,
+                orphans_pending = report.orphans_pending,
                 dry_run,
                 kernel_filter = self.state[i].kernel_filter,
                 elapsed_ms = elapsed.as_millis() as u64,
