@@ -525,9 +525,11 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
             (0, 1),
             "orphaned for the whole grace"
         );
+        let r = pass(&mut state);
+        assert_eq!((r.orphans_pending, r.deleted), (0, 0));
         assert!(
             state.orphans.is_empty(),
-            "forgotten once no flow to it is left"
+            "forgotten by the first pass that no longer sees it orphaned"
         );
     })
     .unwrap();
