@@ -120,10 +120,7 @@ fn serving_endpoints(
 
 /// The UDP frontends (`IP:port`) and nodePorts of one service in one family, each with the
 /// service port it belongs to.
-fn udp_frontends<'s>(
-    svc: &'s Service,
-    fam: Family,
-) -> Vec<(&'s ServicePort, Vec<SocketAddr>, Option<u16>)> {
+fn udp_frontends(svc: &Service, fam: Family) -> Vec<(&ServicePort, Vec<SocketAddr>, Option<u16>)> {
     let mut out = Vec::new();
     let Some(spec) = &svc.spec else { return out };
     let cluster_ips: Vec<&str> = match &spec.cluster_ips {
