@@ -134,7 +134,8 @@ pub fn dnated(entry: &Entry) -> bool {
 /// 2. a live frontend (`dst IP:port`): stale when the reply source is not one of its serving
 ///    endpoints (none serving: every flow through it is stale, kubernetes#139629); another
 ///    proxy's frontend: never; a deleted frontend: stale when DNATed (kubernetes#141371; a
-///    flow that was not translated is someone's own traffic to that address now);
+///    flow that was not translated is someone's own traffic to that address now), unless it
+///    is a ClusterIP an IPAddress holds again;
 /// 3. a destination inside a ServiceCIDR is a ClusterIP, never a NodePort destination:
 ///    stale only when DNATed and no IPAddress holds the IP (the service is gone);
 /// 4. a NodePort (destination port): only for flows kube-proxy could have made through a
@@ -160,7 +161,11 @@ pub fn stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> 
         return None;
     }
     if model.deleted_frontends.contains(&frontend) {
-        return dnated.then_some(Stale::DeletedFrontend);
+        // A ClusterIP that an IPAddress holds again was handed to a new service whose Service
+        // event has not arrived here yet: kube-proxy may already DNAT through it. The deleted
+        // service's own IPAddress goes only after the Service, so this merely waits for it.
+        let reallocated = model.in_service_cidr(dst) && model.allocated.contains(&dst);
+        return (dnated && !reallocated).then_some(Stale::DeletedFrontend);
     }
     if model.in_service_cidr(dst) {
         return (dnated && !model.allocated.contains(&dst)).then_some(Stale::OrphanedServiceIp);

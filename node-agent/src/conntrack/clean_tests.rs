@@ -37,6 +37,7 @@ fn model() -> FamilyModel {
     m.deleted_frontends.insert(sa("10.96.0.13:53"));
     m.deleted_frontends.insert(sa("192.0.2.13:53"));
     m.deleted_frontends.insert(sa("10.96.0.10:53"));
+    m.deleted_frontends.insert(sa("10.96.0.21:53"));
     m.deleted_node_ports.insert(30013);
     m.deleted_node_ports.insert(30053);
     m.service_cidrs = vec![Cidr::parse("10.96.0.0/16").unwrap()];
@@ -45,6 +46,7 @@ fn model() -> FamilyModel {
         ip("10.96.0.11"),
         ip("10.96.0.12"),
         ip("10.96.0.20"),
+        ip("10.96.0.21"),
     ]
     .into();
     m.node_ips = [ip("192.168.0.7"), ip("198.51.100.7")].into();
@@ -154,6 +156,11 @@ fn stale_decisions() {
         (
             "deleted ExternalIP: not DNATed (real host now)",
             flow(u, c, "192.0.2.13:53", "192.0.2.13:53"),
+            None,
+        ),
+        (
+            "deleted ClusterIP allocated again (new service not seen yet)",
+            flow(u, c, "10.96.0.21:53", "10.244.1.5:53"),
             None,
         ),
         (

@@ -493,6 +493,26 @@ fn orphaned_service_ip_flows_go() {
 }
 
 #[test]
+fn a_deleted_clusterip_handed_to_a_new_service_is_left_alone() {
+    if skip("a_deleted_clusterip_handed_to_a_new_service_is_left_alone") {
+        return;
+    }
+    // dns (10.96.0.10) was deleted; an IPAddress holds 10.96.0.10 again: a new service got it
+    // and its Service event has not arrived yet.
+    let cidr: k8s_openapi::api::networking::v1::ServiceCIDR = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16"]},
+    }))
+    .unwrap();
+    let again: k8s_openapi::api::networking::v1::IPAddress =
+        serde_json::from_value(json!({"metadata": {"name": "10.96.0.10"}})).unwrap();
+    let m = deleted_dns_model().with_service_ips([&cidr], [&again]);
+    let keep = [udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.7.7:5353")];
+    let gone = [udp("10.0.0.1:2000", "192.0.2.1:53", "10.244.1.5:5353")];
+    check("realloc", &m, &keep, &gone, false);
+}
+
+#[test]
 fn orphaned_service_ip_waits_for_the_grace_period() {
     if skip("orphaned_service_ip_waits_for_the_grace_period") {
         return;
