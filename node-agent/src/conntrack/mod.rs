@@ -349,9 +349,11 @@ mod tests {
             "--conntrack-max-per-core=32768",
             "--conntrack-tcp-be-liberal=true",
             "--conntrack-udp-timeout-stream=2m",
+            "--conntrack-orphan-grace=30s",
         ])
         .unwrap();
         let c = &cli.conntrack;
+        assert_eq!(c.conntrack_orphan_grace.as_secs(), 30);
         assert_eq!(c.conntrack_min_interval.as_secs(), 2);
         assert_eq!(c.conntrack_gc_max.as_secs(), 300);
         assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
@@ -368,5 +370,27 @@ mod tests {
         assert!(e.contains("600s") && e.contains("300s"), "{e}");
         let cli = parse(&["--conntrack-gc-min=0s"]).unwrap();
         assert!(cli.conntrack.validate().is_err());
+    }
+
+    #[test]
+    fn deleted_frontends_are_remembered_ten_minutes_or_two_gc_max() {
+        for (gc_max, want) in [("5m", 600), ("1h", 7200), ("10s", 600)] {
+            let cli = parse(&[
+                "--conntrack-gc-min=1s",
+                &format!("--conntrack-gc-max={gc_max}"),
+            ])
+            .unwrap();
+            assert_eq!(
+                super::deleted_retention(&cli.conntrack).as_secs(),
+                want,
+                "gc-max {gc_max}"
+            );
+        }
+        let cli = parse(&[]).unwrap();
+        assert_eq!(
+            cli.conntrack.conntrack_orphan_grace.as_secs(),
+            60,
+            "default grace"
+        );
     }
 }

@@ -1,4 +1,5 @@
-use std::net::SocketAddr;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
 
 use super::*;
 use crate::conntrack::msg::{IPPROTO_TCP, Tuple};
@@ -48,6 +49,7 @@ struct Fake {
     filters: Vec<Option<u8>>,
     deleted: Vec<Entry>,
     delete_result: Option<fn() -> io::Error>,
+    host: Option<Vec<&'static str>>,
 }
 
 impl Fake {
@@ -59,6 +61,7 @@ impl Fake {
             filters: vec![],
             deleted: vec![],
             delete_result: None,
+            host: Some(vec![]),
         }
     }
 }
@@ -88,6 +91,13 @@ impl Table for Fake {
             ok: entries.len(),
             ..Default::default()
         })
+    }
+
+    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
+        match &self.host {
+            Some(a) => Ok(a.iter().map(|s| s.parse().unwrap()).collect()),
+            None => Err(io::Error::from_raw_os_error(libc::EMFILE)),
+        }
     }
 }
 
@@ -220,4 +230,77 @@ fn delete_error_is_reported_with_the_counts() {
         Err(PassError::Delete { report, .. }) => assert_eq!(report.stale, 2),
         other => panic!("{other:?}"),
     }
+}
+
+/// Flows to the nodePort 30053 on 192.168.0.7, DNATed (port 1) or not (port 2), none serving.
+fn node_port_table() -> (FamilyModel, Vec<Entry>) {
+    let mut m = FamilyModel::default();
+    m.node_ports.insert(30053, [sa("10.244.1.5:53")].into());
+    m.node_ips = ["192.168.0.7".parse().unwrap()].into();
+    let c = sa("10.0.0.1:1");
+    let dnated = Entry::dnat(IPPROTO_UDP, c, sa("192.168.0.7:30053"), sa("10.244.9.9:53"));
+    let local = Entry::dnat(
+        IPPROTO_UDP,
+        sa("10.0.0.1:2"),
+        sa("192.168.0.7:30053"),
+        sa("192.168.0.7:30053"),
+    );
+    (m, vec![dnated, local])
+}
+
+#[test]
+fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
+    let cases: [(&str, Option<Vec<&'static str>>, Vec<u16>); 3] = [
+        (
+            "host owns the address",
+            Some(vec!["192.168.0.7"]),
+            vec![1, 2],
+        ),
+        (
+            "host does not own it (Node status only)",
+            Some(vec![]),
+            vec![1],
+        ),
+        ("reading the host's addresses failed", None, vec![1]),
+    ];
+    for (name, host, want) in cases {
+        let (m, entries) = node_port_table();
+        let mut t = Fake::new(entries, vec![(2, Ok(()))]);
+        t.host = host;
+        let mut state = PassState::default();
+        run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+        let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+        assert_eq!(ports, want, "{name}");
+    }
+}
+
+#[test]
+fn orphaned_service_ips_wait_for_the_grace_then_go() {
+    let mut m = FamilyModel::default();
+    m.service_cidrs = vec![crate::conntrack::clean::Cidr::parse("10.96.0.0/16").unwrap()];
+    // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
+    let mut state = PassState {
+        orphan_grace: std::time::Duration::from_secs(3600),
+        ..PassState::default()
+    };
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!(
+        (r.stale, r.orphans_pending, r.deleted),
+        (0, 3, 0),
+        "first sight"
+    );
+    let since = state.orphans[&"10.96.0.10".parse::<IpAddr>().unwrap()];
+    // The grace has passed (as if the first sight were two hours ago).
+    let earlier = since - std::time::Duration::from_secs(7200);
+    state.orphans.insert("10.96.0.10".parse().unwrap(), earlier);
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!((r.stale, r.orphans_pending, r.deleted), (3, 0, 3));
+    let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+    assert_eq!(ports, vec![1, 2, 4], "UDP only");
+    // Allocated again: forgotten, nothing more deleted.
+    m.allocated.insert("10.96.0.10".parse().unwrap());
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!((r.stale, r.orphans_pending), (0, 0));
+    assert!(state.orphans.is_empty());
 }
