@@ -250,7 +250,9 @@ fn node_port_table() -> (FamilyModel, Vec<Entry>) {
 
 #[test]
 fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
-    let cases: [(&str, Option<Vec<&'static str>>, Vec<u16>); 3] = [
+    // (name, host addresses or a failed read, client ports of the deleted flows)
+    type Case = (&'static str, Option<Vec<&'static str>>, Vec<u16>);
+    let cases: [Case; 3] = [
         (
             "host owns the address",
             Some(vec!["192.168.0.7"]),
@@ -276,8 +278,10 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
 
 #[test]
 fn orphaned_service_ips_wait_for_the_grace_then_go() {
-    let mut m = FamilyModel::default();
-    m.service_cidrs = vec![crate::conntrack::clean::Cidr::parse("10.96.0.0/16").unwrap()];
+    let mut m = FamilyModel {
+        service_cidrs: vec![crate::conntrack::clean::Cidr::parse("10.96.0.0/16").unwrap()],
+        ..FamilyModel::default()
+    };
     // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
     let mut state = PassState {
         orphan_grace: std::time::Duration::from_secs(3600),
