@@ -792,3 +792,40 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
     })
     .unwrap();
 }
+
+#[test]
+fn kernel_filters_a_dump_by_reply_source() {
+    if skip("kernel_filters_a_dump_by_reply_source") {
+        return;
+    }
+    let ns = NetNs::create("replysrc").unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let all = [
+            udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.9.9:5353"),
+            udp("10.0.0.1:1001", "10.96.0.11:53", "10.244.9.9:53"),
+            udp("10.0.0.1:1002", "10.96.0.10:53", "10.244.1.5:5353"),
+            // The address as a client or an original destination is not a match.
+            udp("10.244.9.9:1003", "10.96.0.10:53", "10.244.1.5:5353"),
+            udp("10.0.0.1:1004", "10.244.9.9:53", "10.244.9.8:53"),
+            dnat(
+                IPPROTO_TCP,
+                "10.0.0.1:1005",
+                "10.96.0.10:53",
+                "10.244.9.9:5353",
+            ),
+            udp("[2001:db8::1]:1006", "[fd00::a]:53", "[fd00:1::9]:5353"),
+        ];
+        assert_eq!(
+            ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
+            all.len()
+        );
+        let mut got = BTreeSet::new();
+        ct.dump_reply_src(IPPROTO_UDP, "10.244.9.9".parse().unwrap(), &mut |e| {
+            got.insert(e.orig.src_port);
+        })
+        .unwrap();
+        assert_eq!(got, [1000, 1001].into());
+    })
+    .unwrap();
+}

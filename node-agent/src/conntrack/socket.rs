@@ -203,6 +203,22 @@ impl Conntrack {
         self.read_dump(seq, only_proto.is_some(), visit)
     }
 
+    /// Streams the IPv4 entries of `proto` whose reply source is `reply_src`, filtered by the
+    /// kernel (see [`Encoder::dump_reply_src`]). A kernel that rejects the filter reports
+    /// [`DumpError::FilterRejected`].
+    pub fn dump_reply_src(
+        &mut self,
+        proto: u8,
+        reply_src: std::net::Ipv4Addr,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        let seq = self.next_seq(1);
+        self.enc.clear();
+        self.enc.dump_reply_src(seq, proto, reply_src);
+        self.send_encoded().map_err(DumpError::Io)?;
+        self.read_dump(seq, true, visit)
+    }
+
     /// Reads the replies to dump request `seq` up to its end.
     fn read_dump(
         &mut self,
