@@ -468,7 +468,10 @@ impl Encoder {
             CTA_FILTER_ORIG_FLAGS,
             &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
         );
-        self.put(CTA_FILTER_REPLY_FLAGS, &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes());
+        self.put(
+            CTA_FILTER_REPLY_FLAGS,
+            &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
+        );
         self.unnest();
         self.nest(CTA_TUPLE_ORIG);
         self.nest(CTA_TUPLE_PROTO);
