@@ -188,6 +188,44 @@ pub fn is_stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) 
     stale(entry, model, host_ips).is_some()
 }
 
+/// The reply sources a model change may have made stale: backends that a frontend or nodePort
+/// of `old` served and the same key in `new` does not (all of them when the key is no longer
+/// live), and the frontend IPs whose last serving endpoint went (flows to them that were
+/// never DNATed). A triggered pass looks only at entries from these; the periodic pass looks
+/// at everything.
+pub fn removed_backends(old: &FamilyModel, new: &FamilyModel) -> HashSet<IpAddr> {
+    let mut out = HashSet::new();
+    let none = HashSet::new();
+    for (key, was) in &old.frontends {
+        let now = new.frontends.get(key).unwrap_or(&none);
+        out.extend(was.difference(now).map(|b| b.ip()));
+        if now.is_empty() && !was.is_empty() && new.frontends.contains_key(key) {
+            out.insert(key.ip());
+        }
+    }
+    for (port, was) in &old.node_ports {
+        let now = new.node_ports.get(port).unwrap_or(&none);
+        out.extend(was.difference(now).map(|b| b.ip()));
+    }
+    out
+}
+
+/// Per family, the reply sources a triggered pass looks at.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Focus {
+    pub ipv4: HashSet<IpAddr>,
+    pub ipv6: HashSet<IpAddr>,
+}
+
+impl Focus {
+    pub fn between(old: &Model, new: &Model) -> Self {
+        Self {
+            ipv4: removed_backends(&old.ipv4, &new.ipv4),
+            ipv6: removed_backends(&old.ipv6, &new.ipv6),
+        }
+    }
+}
+
 /// Cilium's CT GC interval rule (`calculateInterval`): a pass that deleted nothing leaves the
 /// interval as it was; one that deleted more than 25% comes back sooner by that ratio (at most
 /// 90% sooner); one that deleted under 5% comes back 1.5x later; rounded to whole seconds and

@@ -408,3 +408,66 @@ fn gc_interval_adapts_like_cilium() {
         );
     }
 }
+
+#[test]
+fn removed_backends_are_what_a_change_took_away() {
+    let set = |v: &[&str]| -> HashSet<SocketAddr> { v.iter().map(|s| sa(s)).collect() };
+    let with = |f: &[(&str, &[&str])], n: &[(u16, &[&str])]| {
+        let mut m = FamilyModel::default();
+        for (k, v) in f {
+            m.frontends.insert(sa(k), set(v));
+        }
+        for (k, v) in n {
+            m.node_ports.insert(*k, set(v));
+        }
+        m
+    };
+    let base = with(
+        &[("10.96.0.10:53", &["10.244.1.5:53", "10.244.2.7:53"])],
+        &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+    );
+    let cases: Vec<(&str, FamilyModel, Vec<&str>)> = vec![
+        ("nothing changed", base.clone(), vec![]),
+        (
+            "endpoint added",
+            with(
+                &[(
+                    "10.96.0.10:53",
+                    &["10.244.1.5:53", "10.244.2.7:53", "10.244.4.4:53"],
+                )],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec![],
+        ),
+        (
+            "one endpoint removed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.2.7"],
+        ),
+        (
+            "endpoint port changed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:5353", "10.244.2.7:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.1.5"],
+        ),
+        (
+            "no endpoint left: the frontend IP too (flows never DNATed)",
+            with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3", "10.96.0.10"],
+        ),
+        (
+            "service gone (or deleted, or foreign)",
+            FamilyModel::default(),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
+        ),
+    ];
+    for (name, new, want) in cases {
+        let want: HashSet<IpAddr> = want.iter().map(|s| ip(s)).collect();
+        assert_eq!(removed_backends(&base, &new), want, "{name}");
+    }
+}

@@ -269,6 +269,7 @@ async fn schedule(
     let mut rebuild_at: Option<Instant> = None;
     let mut pass_at: Option<Instant> = None;
     let mut last_pass: Option<Instant> = None;
+    let mut judged: Option<Arc<clean::Model>> = None;
     let mut gc_at = Instant::now() + interval;
     loop {
         let wake = [rebuild_at, pass_at, Some(gc_at)]
@@ -314,7 +315,13 @@ async fn schedule(
         };
         pass_at = None;
         last_pass = Some(now);
-        let summary = worker.round(model).await;
+        // A triggered pass looks only at the backends the change took away since the model
+        // the last round judged; a periodic pass (and the first) at everything.
+        let focus = (!periodic)
+            .then(|| judged.as_deref().map(|j| clean::Focus::between(j, &model)))
+            .flatten();
+        judged = Some(model.clone());
+        let summary = worker.round(model, focus).await;
         if periodic {
             interval = clean::next_interval(
                 interval,
