@@ -829,3 +829,84 @@ fn kernel_filters_a_dump_by_reply_source() {
     })
     .unwrap();
 }
+
+#[test]
+fn focused_pass_judges_only_the_given_reply_sources() {
+    if skip("focused_pass_judges_only_the_given_reply_sources") {
+        return;
+    }
+    let m = orphan_model();
+    let c6 = "[2001:db8:c::1]";
+    let keep = [
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+        // Stale, but not from a focused source: left to the periodic pass.
+        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.8.8:5353"),
+        udp(&format!("{c6}:1002"), "[fd00::a]:53", "[fd00:1::8]:5353"),
+        // From a focused source, but orphans are judged by full passes only.
+        udp("10.0.0.1:1003", "10.96.7.7:53", "10.244.9.9:5353"),
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1004",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
+        udp("10.0.0.1:2001", "203.0.113.5:53", "10.244.9.9:5353"),
+        udp(&format!("{c6}:2002"), "[fd00::a]:53", "[fd00:1::9]:5353"),
+    ];
+    let focused: Vec<&str> = vec!["10.244.9.9", "fd00:1::9"];
+    // Few sources: one kernel-filtered dump per IPv4 source. Many: one UDP dump filtered here.
+    let many: Vec<String> = (0..super::pass::MAX_FOCUSED_DUMPS as u8 + 1)
+        .map(|i| format!("10.244.200.{i}"))
+        .chain(focused.iter().map(|s| s.to_string()))
+        .collect();
+    for (tag, sources) in [
+        (
+            "few",
+            focused.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        ),
+        ("many", many),
+    ] {
+        let ns = NetNs::create(&format!("focus-{tag}")).unwrap();
+        ns.run(|| {
+            let mut ct = Conntrack::open().unwrap();
+            let all: Vec<Entry> = keep.iter().chain(&gone).copied().collect();
+            assert_eq!(
+                ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
+                all.len()
+            );
+            let focus: std::collections::HashSet<std::net::IpAddr> =
+                sources.iter().map(|s| s.parse().unwrap()).collect();
+            let mut reports = vec![];
+            for (fam, fm) in [(AF_INET, &m.ipv4), (AF_INET6, &m.ipv6)] {
+                let mut state = PassState {
+                    orphan_grace: Duration::ZERO,
+                    ..PassState::default()
+                };
+                reports.push(
+                    super::pass::run_focused_pass(
+                        &mut ct,
+                        fam,
+                        fm,
+                        &mut state,
+                        false,
+                        Some(&focus),
+                        &mut |_, _| {},
+                    )
+                    .unwrap(),
+                );
+            }
+            let want: BTreeSet<String> = keep.iter().map(key).collect();
+            assert_eq!(table(&mut ct), want, "{tag}: remaining entries");
+            if tag == "few" {
+                assert_eq!(
+                    reports[0].scanned, 3,
+                    "the kernel returned only the UDP entries from 10.244.9.9"
+                );
+            }
+        })
+        .unwrap();
+    }
+}
