@@ -313,6 +313,9 @@ fn apply_orphan_grace(
     report.orphans_pending = before - marked.len();
 }
 
+/// Runs one dump, handing each entry to the visitor.
+type DumpFn<'a> = dyn FnMut(&mut dyn FnMut(&Entry)) -> Result<usize, DumpError> + 'a;
+
 /// One dump, retried while interrupted (up to [`MAX_DUMP_ATTEMPTS`], then the last partial
 /// result is used, as upstream does). Its stale entries are appended to `marked`; an
 /// interrupted attempt's are dropped first. A rejected filter is returned for the caller.
@@ -321,7 +324,7 @@ fn dump_retrying(
     family: u8,
     marked: &mut Vec<(Entry, Stale)>,
     decide: &dyn Fn(&Entry) -> Option<Stale>,
-    dump: &mut dyn FnMut(&mut dyn FnMut(&Entry)) -> Result<usize, DumpError>,
+    dump: &mut DumpFn<'_>,
 ) -> Result<(), DumpError> {
     let keep = marked.len();
     let mut attempts = 0;
