@@ -218,11 +218,18 @@ pub struct Focus {
 }
 
 impl Focus {
-    pub fn between(old: &Model, new: &Model) -> Self {
-        Self {
+    /// What a triggered pass after `old` -> `new` must look at; `None` when it must look at
+    /// everything: an IP was released (its IPAddress went), which unblocks deleted ClusterIP
+    /// frontends whose backends the model no longer knows.
+    pub fn between(old: &Model, new: &Model) -> Option<Self> {
+        let released = |o: &FamilyModel, n: &FamilyModel| !o.allocated.is_subset(&n.allocated);
+        if released(&old.ipv4, &new.ipv4) || released(&old.ipv6, &new.ipv6) {
+            return None;
+        }
+        Some(Self {
             ipv4: removed_backends(&old.ipv4, &new.ipv4),
             ipv6: removed_backends(&old.ipv6, &new.ipv6),
-        }
+        })
     }
 }
 

@@ -471,3 +471,22 @@ fn removed_backends_are_what_a_change_took_away() {
         assert_eq!(removed_backends(&base, &new), want, "{name}");
     }
 }
+
+#[test]
+fn a_released_ip_makes_the_triggered_pass_a_full_one() {
+    let mut old = Model::default();
+    old.ipv4.allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
+    old.ipv4
+        .frontends
+        .insert(sa("10.96.0.11:53"), [sa("10.244.1.5:53")].into());
+    let mut new = old.clone();
+    new.ipv4.allocated.insert(ip("10.96.0.12"));
+    new.ipv4
+        .frontends
+        .insert(sa("10.96.0.11:53"), HashSet::new());
+    let f = Focus::between(&old, &new).expect("an IP allocated: focused");
+    assert_eq!(f.ipv4, [ip("10.244.1.5"), ip("10.96.0.11")].into());
+    assert!(f.ipv6.is_empty());
+    new.ipv4.allocated.remove(&ip("10.96.0.10"));
+    assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
+}

@@ -318,7 +318,11 @@ async fn schedule(
         // A triggered pass looks only at the backends the change took away since the model
         // the last round judged; a periodic pass (and the first) at everything.
         let focus = (!periodic)
-            .then(|| judged.as_deref().map(|j| clean::Focus::between(j, &model)))
+            .then(|| {
+                judged
+                    .as_deref()
+                    .and_then(|j| clean::Focus::between(j, &model))
+            })
             .flatten();
         judged = Some(model.clone());
         let summary = worker.round(model, focus).await;
