@@ -310,23 +310,16 @@ enum Key {
     NodePort(bool, u16),
 }
 
-fn live_keys(m: &Model) -> HashSet<Key> {
-    let mut out = HashSet::new();
+/// The keys kube-proxy's services hold (`ours`) and those another proxy's services hold.
+fn live_keys(m: &Model) -> (HashSet<Key>, HashSet<Key>) {
+    let (mut ours, mut foreign) = (HashSet::new(), HashSet::new());
     for (v6, fm) in [(false, &m.ipv4), (true, &m.ipv6)] {
-        out.extend(
-            fm.frontends
-                .keys()
-                .chain(&fm.foreign_frontends)
-                .map(|f| Key::Frontend(*f)),
-        );
-        out.extend(
-            fm.node_ports
-                .keys()
-                .chain(&fm.foreign_node_ports)
-                .map(|p| Key::NodePort(v6, *p)),
-        );
+        ours.extend(fm.frontends.keys().map(|f| Key::Frontend(*f)));
+        ours.extend(fm.node_ports.keys().map(|p| Key::NodePort(v6, *p)));
+        foreign.extend(fm.foreign_frontends.iter().map(|f| Key::Frontend(*f)));
+        foreign.extend(fm.foreign_node_ports.iter().map(|p| Key::NodePort(v6, *p)));
     }
-    out
+    (ours, foreign)
 }
 
 /// Remembers frontends and nodePorts that live services stopped holding (service deleted, UDP
@@ -353,7 +346,10 @@ impl Tombstones {
     /// Takes the model built from the live lists at `now`, records what went since the last
     /// call, and adds every unexpired tombstone that no live service holds again.
     pub fn apply(&mut self, mut m: Model, now: Instant) -> Model {
-        let live = live_keys(&m);
+        // Only what kube-proxy's services held is remembered: another proxy's flows are not
+        // ours to judge, and a service handed to another proxy is not a deletion.
+        let (ours, foreign) = live_keys(&m);
+        let live: HashSet<Key> = ours.union(&foreign).copied().collect();
         if let Some(prev) = &self.prev {
             for k in prev.difference(&live) {
                 self.gone.insert(*k, now + self.retention);
@@ -377,7 +373,7 @@ impl Tombstones {
                 }
             }
         }
-        self.prev = Some(live);
+        self.prev = Some(ours);
         m
     }
 }

@@ -430,4 +430,7 @@ fn tombstones_remember_what_live_services_stopped_holding() {
         Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
     let m = t.apply(build([&labelled], &dns_slices()), at(5));
     assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    // ... and another proxy's service deleted is not remembered either: not ours to judge.
+    let m = t.apply(build([], &dns_slices()), at(6));
+    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
 }
