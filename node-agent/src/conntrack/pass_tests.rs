@@ -50,6 +50,9 @@ struct Fake {
     deleted: Vec<Entry>,
     delete_result: Option<fn() -> io::Error>,
     host: Option<Vec<&'static str>>,
+    /// The kernel rejects the filter on the reply source.
+    reply_filter_rejected: bool,
+    reply_dumps: usize,
 }
 
 impl Fake {
@@ -62,6 +65,8 @@ impl Fake {
             deleted: vec![],
             delete_result: None,
             host: Some(vec![]),
+            reply_filter_rejected: false,
+            reply_dumps: 0,
         }
     }
 }
@@ -91,6 +96,26 @@ impl Table for Fake {
             ok: entries.len(),
             ..Default::default()
         })
+    }
+
+    fn dump_reply_src(
+        &mut self,
+        proto: u8,
+        src: std::net::Ipv4Addr,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        self.reply_dumps += 1;
+        if self.reply_filter_rejected {
+            return Err(rejected());
+        }
+        let mut n = 0;
+        for e in &self.entries {
+            if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                n += 1;
+                visit(e);
+            }
+        }
+        Ok(n)
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -307,4 +332,64 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
     let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
     assert_eq!((r.stale, r.orphans_pending), (0, 0));
     assert!(state.orphans.is_empty());
+}
+
+#[test]
+fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
+    let focus: HashSet<IpAddr> = ["10.244.9.9".parse().unwrap()].into();
+    for rejected in [false, true] {
+        let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+        t.reply_filter_rejected = rejected;
+        let mut state = PassState::default();
+        let r = run_focused_pass(
+            &mut t,
+            AF_INET,
+            &model(),
+            &mut state,
+            false,
+            Some(&focus),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+        assert_eq!(
+            ports,
+            vec![2],
+            "rejected={rejected}: only the focused stale entry"
+        );
+        assert_eq!(state.reply_filter, !rejected, "rejected={rejected}");
+        assert_eq!(
+            t.attempts,
+            usize::from(rejected),
+            "one plain dump after a rejection"
+        );
+        assert_eq!(r.deleted, 1);
+        // Later focused passes no longer try the rejected filter.
+        let before = t.reply_dumps;
+        run_focused_pass(
+            &mut t,
+            AF_INET,
+            &model(),
+            &mut state,
+            true,
+            Some(&focus),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(t.reply_dumps - before, usize::from(!rejected));
+    }
+    // An empty focus reads nothing.
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let r = run_focused_pass(
+        &mut t,
+        AF_INET,
+        &model(),
+        &mut PassState::default(),
+        false,
+        Some(&HashSet::new()),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(r.skipped);
+    assert_eq!((t.attempts, t.reply_dumps), (0, 0));
 }
