@@ -6,7 +6,10 @@
 //! Fills N entries (default 250k): 80% TCP established, 20% UDP DNATed to 100 UDP services
 //! with 3 endpoints each, 10% of the UDP flows pointing at a removed endpoint. Reports the
 //! pass's wall time, entries scanned and deleted, and peak RSS during the pass, next to
-//! `conntrack -L` on the same table and a raw baseline (filtered dump + deletes).
+//! `conntrack -L` on the same table and a raw baseline (filtered dump + deletes), and the
+//! triggered (focused) pass after 1, 2 and 16 endpoints were removed: up to
+//! `MAX_FOCUSED_DUMPS` sources the kernel filters its IPv4 dumps on the reply source, beyond
+//! that one UDP dump is filtered here.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
@@ -17,7 +20,9 @@ use groundskeeper_node_agent::conntrack::msg::{
     AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
-use groundskeeper_node_agent::conntrack::pass::{PassState, run_pass};
+use groundskeeper_node_agent::conntrack::pass::{
+    PassReport, PassState, run_focused_pass, run_pass,
+};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
 
 const SERVICES: u32 = 100;
@@ -158,7 +163,7 @@ fn main() {
     });
 
     let m = model();
-    let (raw_dump, raw_udp, pass, report, hwm, rss_before, raw_delete) = ns
+    let (raw_dump, raw_udp, pass, report, hwm, rss_before, raw_delete, focused) = ns
         .run(|| {
             let mut ct = Conntrack::open().expect("netlink socket");
             let t = Instant::now();
@@ -194,7 +199,31 @@ fn main() {
             let t = Instant::now();
             let r = ct.delete(&stale).expect("raw delete");
             assert_eq!(r.ok, stale.len());
-            (raw_dump, udp, pass, report, hwm, rss_before, t.elapsed())
+            let raw_delete = t.elapsed();
+
+            // Triggered passes: the stale flows are back; the removed endpoints of 1, then of
+            // 16 more services are the focus.
+            ct.create(&stale, 3600, STATUS_SEEN_REPLY | STATUS_ASSURED)
+                .expect("recreate");
+            let mut focused = vec![];
+            for range in [0..1u8, 10..12, 20..36] {
+                let sources = range.clone().map(|s| ip(10, 244, 99, s)).collect();
+                let t = Instant::now();
+                let r = run_focused_pass(
+                    &mut ct,
+                    AF_INET,
+                    &m,
+                    &mut PassState::default(),
+                    false,
+                    Some(&sources),
+                    &mut |_, _| {},
+                )
+                .expect("focused pass");
+                focused.push((range.len(), t.elapsed(), r));
+            }
+            (
+                raw_dump, udp, pass, report, hwm, rss_before, raw_delete, focused,
+            )
         })
         .unwrap();
 
@@ -223,6 +252,15 @@ fn main() {
         report.already_gone,
         report.failed_deletes
     );
+    for (sources, t, r) in &focused {
+        let r: &PassReport = r;
+        println!(
+            "  triggered pass, {sources:>2} removed endpoint(s): {}  scanned={} deleted={}",
+            ms(*t),
+            r.scanned,
+            r.deleted
+        );
+    }
     println!(
         "  pass / (raw dump + raw delete):     {:.2}x (target <= 1.3x)",
         pass.as_secs_f64() / baseline.as_secs_f64()

@@ -13,6 +13,10 @@ fn flow(proto: u8, client: &str, frontend: &str, backend: &str) -> Entry {
     }
 }
 
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
 fn model() -> FamilyModel {
     let mut m = FamilyModel::default();
     m.frontends.insert(
@@ -22,37 +26,67 @@ fn model() -> FamilyModel {
     m.frontends
         .insert(sa("[fd00::a]:53"), [sa("[fd00:1::5]:5353")].into());
     m.node_ports.insert(30053, [sa("10.244.1.5:53")].into());
+    // A live service with no serving endpoint.
+    m.frontends.insert(sa("10.96.0.11:53"), HashSet::new());
+    m.frontends.insert(sa("192.0.2.11:53"), HashSet::new());
+    m.node_ports.insert(30011, HashSet::new());
+    // Another proxy's service.
+    m.foreign_frontends.insert(sa("10.96.0.12:53"));
+    m.foreign_node_ports.insert(30012);
+    // A deleted service, and one whose frontend a live service took over.
+    m.deleted_frontends.insert(sa("10.96.0.13:53"));
+    m.deleted_frontends.insert(sa("192.0.2.13:53"));
+    m.deleted_frontends.insert(sa("10.96.0.10:53"));
+    m.deleted_frontends.insert(sa("10.96.0.21:53"));
+    m.deleted_node_ports.insert(30013);
+    m.deleted_node_ports.insert(30053);
+    m.service_cidrs = vec![Cidr::parse("10.96.0.0/16").unwrap()];
+    m.allocated = [
+        ip("10.96.0.10"),
+        ip("10.96.0.11"),
+        ip("10.96.0.12"),
+        ip("10.96.0.20"),
+        ip("10.96.0.21"),
+    ]
+    .into();
+    m.node_ips = [ip("192.168.0.7"), ip("198.51.100.7")].into();
     m
+}
+
+/// The host owns 192.168.0.7 and 192.168.0.9; 198.51.100.7 is only in the Node's status.
+fn host() -> HashSet<IpAddr> {
+    [ip("192.168.0.7"), ip("192.168.0.9")].into()
 }
 
 #[test]
 fn stale_decisions() {
     let m = model();
     let c = "10.0.0.1:40000";
+    let u = IPPROTO_UDP;
     let cases = [
         (
             "serving backend kept",
-            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:53"),
+            flow(u, c, "10.96.0.10:53", "10.244.1.5:53"),
             None,
         ),
         (
             "second backend kept",
-            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.2.7:53"),
+            flow(u, c, "10.96.0.10:53", "10.244.2.7:53"),
             None,
         ),
         (
             "removed backend",
-            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.9.9:53"),
+            flow(u, c, "10.96.0.10:53", "10.244.9.9:53"),
             Some(Stale::Frontend),
         ),
         (
             "old endpoint port",
-            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.1.5:5353"),
+            flow(u, c, "10.96.0.10:53", "10.244.1.5:5353"),
             Some(Stale::Frontend),
         ),
         (
             "not DNATed",
-            flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.96.0.10:53"),
+            flow(u, c, "10.96.0.10:53", "10.96.0.10:53"),
             Some(Stale::Frontend),
         ),
         (
@@ -66,24 +100,170 @@ fn stale_decisions() {
             None,
         ),
         (
-            "other port of the IP",
-            flow(IPPROTO_UDP, c, "10.96.0.10:54", "10.244.9.9:54"),
+            "other port of an allocated IP",
+            flow(u, c, "10.96.0.10:54", "10.244.9.9:54"),
+            None,
+        ),
+        ("unrelated IP", flow(u, c, "8.8.8.8:53", "8.8.8.8:53"), None),
+        // Rule 1: no serving endpoint.
+        (
+            "no endpoints: ClusterIP",
+            flow(u, c, "10.96.0.11:53", "10.244.1.5:53"),
+            Some(Stale::Frontend),
+        ),
+        (
+            "no endpoints: ExternalIP",
+            flow(u, c, "192.0.2.11:53", "10.244.1.5:53"),
+            Some(Stale::Frontend),
+        ),
+        (
+            "no endpoints: TCP never",
+            flow(IPPROTO_TCP, c, "10.96.0.11:53", "10.244.1.5:53"),
             None,
         ),
         (
-            "unrelated IP",
-            flow(IPPROTO_UDP, c, "8.8.8.8:53", "8.8.8.8:53"),
-            None,
-        ),
-        (
-            "nodeport any IP, serving",
-            flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.1.5:53"),
-            None,
-        ),
-        (
-            "nodeport any IP, gone",
-            flow(IPPROTO_UDP, c, "192.168.0.9:30053", "10.244.2.7:53"),
+            "no endpoints: NodePort",
+            flow(u, c, "192.168.0.7:30011", "10.244.1.5:53"),
             Some(Stale::NodePort),
+        ),
+        (
+            "no endpoints: NodePort to a remote host",
+            flow(u, c, "203.0.113.1:30011", "203.0.113.1:30011"),
+            None,
+        ),
+        // Another proxy's service: never ours.
+        (
+            "foreign frontend",
+            flow(u, c, "10.96.0.12:53", "10.244.9.9:53"),
+            None,
+        ),
+        (
+            "foreign nodePort",
+            flow(u, c, "192.168.0.7:30012", "10.244.9.9:53"),
+            None,
+        ),
+        // Rule 2: deleted frontends.
+        (
+            "deleted: DNATed",
+            flow(u, c, "10.96.0.13:53", "10.244.1.5:53"),
+            Some(Stale::DeletedFrontend),
+        ),
+        (
+            "deleted ExternalIP: DNATed",
+            flow(u, c, "192.0.2.13:53", "10.244.1.5:53"),
+            Some(Stale::DeletedFrontend),
+        ),
+        (
+            "deleted ExternalIP: not DNATed (real host now)",
+            flow(u, c, "192.0.2.13:53", "192.0.2.13:53"),
+            None,
+        ),
+        (
+            "deleted ClusterIP allocated again (new service not seen yet)",
+            flow(u, c, "10.96.0.21:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "deleted: TCP never",
+            flow(IPPROTO_TCP, c, "10.96.0.13:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "deleted but live again: the live service decides",
+            flow(u, c, "10.96.0.10:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "deleted nodePort: DNATed to the host",
+            flow(u, c, "192.168.0.9:30013", "10.244.1.5:53"),
+            Some(Stale::DeletedNodePort),
+        ),
+        (
+            "deleted nodePort: not DNATed",
+            flow(u, c, "192.168.0.9:30013", "192.168.0.9:30013"),
+            None,
+        ),
+        (
+            "deleted nodePort: remote host",
+            flow(u, c, "203.0.113.1:30013", "203.0.113.1:30013"),
+            None,
+        ),
+        (
+            "deleted nodePort: DNATed to a remote address",
+            flow(u, c, "203.0.113.1:30013", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "deleted nodePort live again",
+            flow(u, c, "192.168.0.7:30053", "10.244.1.5:53"),
+            None,
+        ),
+        // Rule 3: orphaned service IPs.
+        (
+            "orphan: DNATed",
+            flow(u, c, "10.96.7.7:53", "10.244.1.5:53"),
+            Some(Stale::OrphanedServiceIp),
+        ),
+        (
+            "orphan: not DNATed",
+            flow(u, c, "10.96.7.7:53", "10.96.7.7:53"),
+            None,
+        ),
+        (
+            "orphan: TCP never",
+            flow(IPPROTO_TCP, c, "10.96.7.7:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "IPAddress but no Service yet",
+            flow(u, c, "10.96.0.20:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "outside every ServiceCIDR",
+            flow(u, c, "10.97.0.1:53", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "allocated service IP on a nodePort number: never the NodePort rule",
+            flow(u, c, "10.96.0.20:30053", "10.244.9.9:53"),
+            None,
+        ),
+        // Rule 4: NodePort only on this node's addresses.
+        (
+            "nodeport host IP, serving",
+            flow(u, c, "192.168.0.7:30053", "10.244.1.5:53"),
+            None,
+        ),
+        (
+            "nodeport host IP, gone",
+            flow(u, c, "192.168.0.9:30053", "10.244.2.7:53"),
+            Some(Stale::NodePort),
+        ),
+        (
+            "nodeport host IP, not DNATed",
+            flow(u, c, "192.168.0.9:30053", "192.168.0.9:30053"),
+            Some(Stale::NodePort),
+        ),
+        (
+            "nodeport Node status IP, DNATed, gone",
+            flow(u, c, "198.51.100.7:30053", "10.244.2.7:53"),
+            Some(Stale::NodePort),
+        ),
+        (
+            "nodeport Node status IP not owned, not DNATed",
+            flow(u, c, "198.51.100.7:30053", "198.51.100.7:30053"),
+            None,
+        ),
+        (
+            "pod egress to a remote host on a nodePort number",
+            flow(u, c, "203.0.113.1:30053", "203.0.113.1:30053"),
+            None,
+        ),
+        (
+            "DNATed to a remote address on a nodePort number",
+            flow(u, c, "203.0.113.1:30053", "10.244.2.7:53"),
+            None,
         ),
         (
             "nodeport TCP",
@@ -92,28 +272,46 @@ fn stale_decisions() {
         ),
         (
             "ipv6 serving",
-            flow(
-                IPPROTO_UDP,
-                "[2001:db8::1]:4000",
-                "[fd00::a]:53",
-                "[fd00:1::5]:5353",
-            ),
+            flow(u, "[2001:db8::1]:4000", "[fd00::a]:53", "[fd00:1::5]:5353"),
             None,
         ),
         (
             "ipv6 gone",
-            flow(
-                IPPROTO_UDP,
-                "[2001:db8::1]:4000",
-                "[fd00::a]:53",
-                "[fd00:1::6]:5353",
-            ),
+            flow(u, "[2001:db8::1]:4000", "[fd00::a]:53", "[fd00:1::6]:5353"),
             Some(Stale::Frontend),
         ),
     ];
+    let host = host();
     for (name, e, want) in cases {
-        assert_eq!(stale(&e, &m), want, "{name}: {e}");
-        assert_eq!(is_stale(&e, &m), want.is_some(), "{name}");
+        assert_eq!(stale(&e, &m, &host), want, "{name}: {e}");
+        assert_eq!(is_stale(&e, &m, &host), want.is_some(), "{name}");
+    }
+}
+
+#[test]
+fn without_host_addresses_only_dnated_flows_to_node_status_ips() {
+    let m = model();
+    let none = HashSet::new();
+    let c = "10.0.0.1:1";
+    let cases = [
+        (
+            "host IP unknown",
+            flow(IPPROTO_UDP, c, "192.168.0.9:30053", "10.244.2.7:53"),
+            None,
+        ),
+        (
+            "Node status IP, DNATed",
+            flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.2.7:53"),
+            Some(Stale::NodePort),
+        ),
+        (
+            "Node status IP, not DNATed",
+            flow(IPPROTO_UDP, c, "192.168.0.7:30053", "192.168.0.7:30053"),
+            None,
+        ),
+    ];
+    for (name, e, want) in cases {
+        assert_eq!(stale(&e, &m, &none), want, "{name}: {e}");
     }
 }
 
@@ -130,7 +328,7 @@ fn a_matching_frontend_decides_before_the_node_port_rule() {
         "10.96.0.20:30053",
         "10.244.3.3:30053",
     );
-    assert_eq!(stale(&e, &m), None);
+    assert_eq!(stale(&e, &m, &host()), None);
 }
 
 #[test]
@@ -144,7 +342,7 @@ fn ipv4_mapped_addresses_compare_as_ipv4() {
         "[::ffff:10.96.0.10]:53",
         "[::ffff:10.244.1.5]:53",
     );
-    assert_eq!(stale(&e, &m), None);
+    assert_eq!(stale(&e, &m, &HashSet::new()), None);
 }
 
 #[test]
@@ -152,7 +350,33 @@ fn empty_model_deletes_nothing() {
     let m = FamilyModel::default();
     assert!(m.is_empty());
     let e = flow(IPPROTO_UDP, "10.0.0.1:1", "10.96.0.10:53", "10.244.9.9:53");
-    assert!(!is_stale(&e, &m));
+    assert!(!is_stale(&e, &m, &host()));
+}
+
+#[test]
+fn cidr_parse_and_contains() {
+    let cases = [
+        ("10.96.0.0/16", "10.96.255.1", Some(true)),
+        ("10.96.0.0/16", "10.97.0.1", Some(false)),
+        ("10.96.0.0/16", "::ffff:10.96.0.1", Some(true)),
+        ("10.96.0.0/16", "fd00::1", Some(false)),
+        ("fd00:10:96::/112", "fd00:10:96::ffff", Some(true)),
+        ("fd00:10:96::/112", "fd00:10:96::1:0", Some(false)),
+        ("0.0.0.0/0", "1.2.3.4", Some(true)),
+        ("::/0", "fd00::1", Some(true)),
+        ("10.0.0.1/32", "10.0.0.1", Some(true)),
+        ("10.96.0.0/33", "10.96.0.1", None),
+        ("10.96.0.0/", "10.96.0.1", None),
+        ("10.96.0.0/+1", "10.96.0.1", None),
+        ("10.96.0.0", "10.96.0.1", None),
+        ("nonsense/8", "10.96.0.1", None),
+        ("fd00::/129", "fd00::1", None),
+        ("", "10.96.0.1", None),
+    ];
+    for (cidr, addr, want) in cases {
+        let got = Cidr::parse(cidr).map(|c| c.contains(ip(addr)));
+        assert_eq!(got, want, "{cidr} contains {addr}");
+    }
 }
 
 #[test]
@@ -162,15 +386,17 @@ fn gc_interval_adapts_like_cilium() {
     let cases = [
         // (prev, scanned, deleted, want)
         (s(60), 0, 0, s(60)),
-        (s(60), 1000, 0, s(90)),
+        (s(60), 1000, 0, s(60)), // deleted nothing: unchanged (Cilium: ratio 0 returns early)
+        (s(60), 1000, 1, s(90)),
         (s(60), 1000, 49, s(90)),
         (s(60), 1000, 50, s(60)),
         (s(60), 1000, 250, s(60)),
         (s(60), 1000, 500, s(30)),
         (s(60), 1000, 1000, s(10)), // ratio capped at 0.9 -> 6s -> clamped to min
         (s(100), 1000, 950, s(10)),
-        (s(250), 1000, 0, s(300)), // 375 -> max
+        (s(250), 1000, 1, s(300)), // 375 -> max
         (s(300), 10, 0, s(300)),
+        (s(300), 1000, 1, s(300)),
         (s(11), 100, 30, s(10)), // 7.7 -> 8 -> min
         (s(5), 0, 0, s(10)),     // below min: clamped even without a ratio
     ];
@@ -181,4 +407,86 @@ fn gc_interval_adapts_like_cilium() {
             "prev={prev:?} scanned={scanned} deleted={deleted}"
         );
     }
+}
+
+#[test]
+fn removed_backends_are_what_a_change_took_away() {
+    let set = |v: &[&str]| -> HashSet<SocketAddr> { v.iter().map(|s| sa(s)).collect() };
+    let with = |f: &[(&str, &[&str])], n: &[(u16, &[&str])]| {
+        let mut m = FamilyModel::default();
+        for (k, v) in f {
+            m.frontends.insert(sa(k), set(v));
+        }
+        for (k, v) in n {
+            m.node_ports.insert(*k, set(v));
+        }
+        m
+    };
+    let base = with(
+        &[("10.96.0.10:53", &["10.244.1.5:53", "10.244.2.7:53"])],
+        &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+    );
+    let cases: Vec<(&str, FamilyModel, Vec<&str>)> = vec![
+        ("nothing changed", base.clone(), vec![]),
+        (
+            "endpoint added",
+            with(
+                &[(
+                    "10.96.0.10:53",
+                    &["10.244.1.5:53", "10.244.2.7:53", "10.244.4.4:53"],
+                )],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec![],
+        ),
+        (
+            "one endpoint removed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.2.7"],
+        ),
+        (
+            "endpoint port changed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:5353", "10.244.2.7:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.1.5"],
+        ),
+        (
+            "no endpoint left: the frontend IP too (flows never DNATed)",
+            with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3", "10.96.0.10"],
+        ),
+        (
+            "service gone (or deleted, or foreign)",
+            FamilyModel::default(),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
+        ),
+    ];
+    for (name, new, want) in cases {
+        let want: HashSet<IpAddr> = want.iter().map(|s| ip(s)).collect();
+        assert_eq!(removed_backends(&base, &new), want, "{name}");
+    }
+}
+
+#[test]
+fn a_released_ip_makes_the_triggered_pass_a_full_one() {
+    let mut old = Model::default();
+    old.ipv4.allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
+    old.ipv4
+        .frontends
+        .insert(sa("10.96.0.11:53"), [sa("10.244.1.5:53")].into());
+    let mut new = old.clone();
+    new.ipv4.allocated.insert(ip("10.96.0.12"));
+    new.ipv4
+        .frontends
+        .insert(sa("10.96.0.11:53"), HashSet::new());
+    let f = Focus::between(&old, &new).expect("an IP allocated: focused");
+    assert_eq!(f.ipv4, [ip("10.244.1.5"), ip("10.96.0.11")].into());
+    assert!(f.ipv6.is_empty());
+    new.ipv4.allocated.remove(&ip("10.96.0.10"));
+    assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
 }

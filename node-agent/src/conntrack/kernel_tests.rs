@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -66,9 +67,37 @@ struct Outcome {
 }
 
 /// Fills a fresh namespace with `keep` and `gone`, runs one pass per family, and asserts the
-/// table then holds exactly `keep`.
+/// table then holds exactly `keep`. The namespace owns no address but loopback's.
 fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool) -> Outcome {
+    check_on(tag, model, keep, gone, dry_run, &[])
+}
+
+/// Gives the namespace's loopback `addrs` (host addresses for the NodePort rule).
+fn own(ns: &NetNs, addrs: &[&str]) {
+    ns.exec("ip", &["link", "set", "lo", "up"]).unwrap();
+    for a in addrs {
+        let prefix = if a.contains(':') { "128" } else { "32" };
+        let cidr = format!("{a}/{prefix}");
+        let mut args = vec!["addr", "add", cidr.as_str(), "dev", "lo"];
+        if a.contains(':') {
+            args.push("nodad");
+        }
+        ns.exec("ip", &args).unwrap();
+    }
+}
+
+/// [`check`] in a namespace that owns `host` addresses. Orphaned service IPs are judged with
+/// no grace period (the grace is tested on its own).
+fn check_on(
+    tag: &str,
+    model: &Model,
+    keep: &[Entry],
+    gone: &[Entry],
+    dry_run: bool,
+    host: &[&str],
+) -> Outcome {
     let ns = NetNs::create(tag).unwrap();
+    own(&ns, host);
     ns.run(|| {
         let mut ct = Conntrack::open().unwrap();
         let all: Vec<Entry> = keep.iter().chain(gone).copied().collect();
@@ -76,7 +105,10 @@ fn check(tag: &str, model: &Model, keep: &[Entry], gone: &[Entry], dry_run: bool
             .create(&all, 300, STATUS_SEEN_REPLY | STATUS_ASSURED)
             .unwrap();
         assert_eq!(r.ok, all.len(), "creating entries: {r:?}");
-        let mut state = [PassState::default(); 2];
+        let mut state: [PassState; 2] = [(); 2].map(|()| PassState {
+            orphan_grace: Duration::ZERO,
+            ..PassState::default()
+        });
         let mut reports = vec![];
         for (i, (fam, fm)) in [(AF_INET, &model.ipv4), (AF_INET6, &model.ipv6)]
             .into_iter()
@@ -195,8 +227,8 @@ fn clusterip_lb_vip_external_ip_and_untouched_neighbours() {
 }
 
 #[test]
-fn node_port_on_any_node_ip() {
-    if skip("node_port_on_any_node_ip") {
+fn node_port_only_on_the_node_s_addresses() {
+    if skip("node_port_only_on_the_node_s_addresses") {
         return;
     }
     let keep = [
@@ -209,12 +241,26 @@ fn node_port_on_any_node_ip() {
             "10.244.9.9:5353",
         ),
         udp("10.0.0.1:1003", "192.168.1.10:30054", "10.244.9.9:5353"),
+        // A pod's own traffic to a remote host whose port is a local nodePort number (SNATed
+        // or not, never DNATed): not kube-proxy's.
+        udp("10.244.1.7:1004", "203.0.113.1:30053", "203.0.113.1:30053"),
+        // DNATed, but to an address this node does not own: no NodePort rule made it.
+        udp("10.0.0.1:1005", "203.0.113.1:30053", "10.244.9.9:5353"),
     ];
     let gone = [
         udp("10.0.0.1:2000", "192.168.1.10:30053", "10.244.9.9:5353"),
         udp("10.0.0.1:2001", "172.16.0.1:30053", "10.244.1.5:53"),
+        // Reached a local socket before the rules were in place.
+        udp("10.0.0.1:2002", "192.168.1.10:30053", "192.168.1.10:30053"),
     ];
-    check("nodeport", &one_each(), &keep, &gone, false);
+    check_on(
+        "nodeport",
+        &one_each(),
+        &keep,
+        &gone,
+        false,
+        &["192.168.1.10", "172.16.0.1"],
+    );
 }
 
 #[test]
@@ -260,29 +306,253 @@ fn ipv6_and_dual_stack() {
         udp(&format!("{c6}:2003"), "[fd00::b]:30053", "[fd00:1::9]:5353"),
         udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
     ];
-    let out = check("v6", &one_each(), &keep, &gone, false);
+    let out = check_on("v6", &one_each(), &keep, &gone, false, &["fd00::b"]);
     assert_eq!((out.reports[0].deleted, out.reports[1].deleted), (1, 4));
 }
 
 #[test]
-fn zero_serving_endpoints_delete_nothing() {
-    if skip("zero_serving_endpoints_delete_nothing") {
+fn no_serving_endpoint_every_udp_flow_through_the_service_goes() {
+    if skip("no_serving_endpoint_every_udp_flow_through_the_service_goes") {
         return;
     }
     let m = dns_model(
         json!([{"addresses": ["10.244.1.5"], "conditions": {"serving": false, "terminating": true}}]),
         json!([]),
     );
+    let c6 = "[2001:db8:c::1]";
+    let keep = [
+        // TCP and SCTP to the endpoint-less service: never touched.
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1000",
+            "10.96.0.10:53",
+            "10.244.1.5:5353",
+        ),
+        dnat(
+            IPPROTO_SCTP,
+            "10.0.0.1:1001",
+            "10.96.0.10:53",
+            "10.244.1.5:5353",
+        ),
+        // A pod's egress to a remote host on the nodePort number.
+        udp("10.244.1.7:1002", "203.0.113.1:30053", "203.0.113.1:30053"),
+        udp("10.0.0.1:1003", "203.0.113.1:30053", "10.244.1.5:5353"),
+        // Proxy-mode LB IP and other ports: not frontends.
+        udp("10.0.0.1:1004", "203.0.113.7:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1005", "10.96.0.10:54", "10.244.1.5:54"),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2001", "203.0.113.5:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2002", "192.0.2.1:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2003", "192.168.1.10:30053", "10.244.1.5:5353"),
+        udp(&format!("{c6}:2004"), "[fd00::a]:53", "[fd00:1::5]:5353"),
+    ];
+    let out = check_on("zero", &m, &keep, &gone, false, &["192.168.1.10"]);
+    assert_eq!((out.reports[0].deleted, out.reports[1].deleted), (4, 1));
+}
+
+#[test]
+fn every_address_of_a_serving_endpoint_is_a_backend() {
+    if skip("every_address_of_a_serving_endpoint_is_a_backend") {
+        return;
+    }
+    let m = dns_model(
+        json!([{"addresses": ["10.244.1.5", "10.244.1.6"]}]),
+        json!([]),
+    );
     let keep = [
         udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
-        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.9.9:5353"),
-        udp("10.0.0.1:1002", "192.168.1.10:30053", "10.244.9.9:5353"),
+        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.1.6:5353"),
     ];
-    let out = check("zero", &m, &keep, &[], false);
-    assert!(
-        out.reports.iter().all(|r| r.skipped),
-        "empty model: table not even read"
+    let gone = [udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.1.7:5353")];
+    check("addrs", &m, &keep, &gone, false);
+}
+
+/// `dns` was deleted (its frontends remembered); `live` holds a ClusterIP of its own and
+/// shares the backend IP 10.244.1.5 with what `dns` had.
+fn deleted_dns_model() -> Model {
+    let live = svc(
+        "live",
+        json!({"type": "NodePort", "clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20"],
+               "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30020}]}),
+        json!({}),
     );
+    let live_slices = [slice(
+        "live",
+        "IPv4",
+        5353,
+        json!([{"addresses": ["10.244.1.5"]}]),
+    )];
+    let mut t = model::Tombstones::new(Duration::from_secs(600));
+    let now = std::time::Instant::now();
+    let mut both = live_slices.to_vec();
+    both.push(slice(
+        "dns",
+        "IPv4",
+        5353,
+        json!([{"addresses": ["10.244.1.5"]}]),
+    ));
+    t.apply(model::build([&dns(), &live], &both), now);
+    t.apply(model::build([&live], &live_slices), now)
+}
+
+#[test]
+fn deleted_service_flows_dnated_through_its_frontends_go() {
+    if skip("deleted_service_flows_dnated_through_its_frontends_go") {
+        return;
+    }
+    let m = deleted_dns_model();
+    let keep = [
+        // The live service's flows to the very backend the deleted one used.
+        udp("10.0.0.1:1000", "10.96.0.20:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:1001", "192.168.1.10:30020", "10.244.1.5:5353"),
+        // TCP and SCTP through the deleted service: never touched.
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1002",
+            "10.96.0.10:53",
+            "10.244.1.5:5353",
+        ),
+        dnat(
+            IPPROTO_SCTP,
+            "10.0.0.1:1003",
+            "10.96.0.10:53",
+            "10.244.1.5:5353",
+        ),
+        // Not DNATed: someone's own traffic to that address now (an ExternalIP, an LB IP).
+        udp("10.0.0.1:1004", "192.0.2.1:53", "192.0.2.1:53"),
+        udp("10.0.0.1:1005", "203.0.113.5:53", "203.0.113.5:53"),
+        // A pod's egress to a remote host on the deleted nodePort number.
+        udp("10.244.1.7:1006", "203.0.113.1:30053", "203.0.113.1:30053"),
+        udp("10.0.0.1:1007", "192.168.1.10:30053", "192.168.1.10:30053"),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2001", "192.0.2.1:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2002", "203.0.113.5:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2003", "192.168.1.10:30053", "10.244.1.5:5353"),
+        udp("[2001:db8:c::1]:2004", "[fd00::a]:53", "[fd00:1::5]:5353"),
+    ];
+    check_on("deleted", &m, &keep, &gone, false, &["192.168.1.10"]);
+}
+
+/// ServiceCIDR 10.96.0.0/16 and fd00:10:96::/112; IPAddress objects for 10.96.0.10 (dns) and
+/// 10.96.0.30 (a Service whose watch event has not arrived).
+fn orphan_model() -> Model {
+    let cidr: k8s_openapi::api::networking::v1::ServiceCIDR = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112"]},
+    }))
+    .unwrap();
+    let addrs: Vec<k8s_openapi::api::networking::v1::IPAddress> = ["10.96.0.10", "10.96.0.30"]
+        .iter()
+        .map(|ip| serde_json::from_value(json!({"metadata": {"name": ip}})).unwrap())
+        .collect();
+    one_each().with_service_ips([&cidr], &addrs)
+}
+
+#[test]
+fn orphaned_service_ip_flows_go() {
+    if skip("orphaned_service_ip_flows_go") {
+        return;
+    }
+    let keep = [
+        // IPAddress exists, the Service event has not arrived: a service being created.
+        udp("10.0.0.1:1000", "10.96.0.30:53", "10.244.1.5:5353"),
+        // Outside every ServiceCIDR.
+        udp("10.0.0.1:1001", "10.97.0.1:53", "10.244.1.5:5353"),
+        // Not DNATed.
+        udp("10.0.0.1:1002", "10.96.7.7:53", "10.96.7.7:53"),
+        // TCP and SCTP to the orphaned IP: never touched.
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1003",
+            "10.96.7.7:53",
+            "10.244.1.5:5353",
+        ),
+        dnat(
+            IPPROTO_SCTP,
+            "10.0.0.1:1004",
+            "10.96.7.7:53",
+            "10.244.1.5:5353",
+        ),
+        // The live service.
+        udp("10.0.0.1:1005", "10.96.0.10:53", "10.244.1.5:5353"),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.7.7:53", "10.244.1.5:5353"),
+        udp("10.0.0.1:2001", "10.96.7.7:9999", "10.244.1.6:9999"),
+        udp(
+            "[2001:db8:c::1]:2002",
+            "[fd00:10:96::7]:53",
+            "[fd00:1::5]:5353",
+        ),
+    ];
+    check("orphan", &orphan_model(), &keep, &gone, false);
+}
+
+#[test]
+fn a_deleted_clusterip_handed_to_a_new_service_is_left_alone() {
+    if skip("a_deleted_clusterip_handed_to_a_new_service_is_left_alone") {
+        return;
+    }
+    // dns (10.96.0.10) was deleted; an IPAddress holds 10.96.0.10 again: a new service got it
+    // and its Service event has not arrived yet.
+    let cidr: k8s_openapi::api::networking::v1::ServiceCIDR = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16"]},
+    }))
+    .unwrap();
+    let again: k8s_openapi::api::networking::v1::IPAddress =
+        serde_json::from_value(json!({"metadata": {"name": "10.96.0.10"}})).unwrap();
+    let m = deleted_dns_model().with_service_ips([&cidr], [&again]);
+    let keep = [udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.7.7:5353")];
+    let gone = [udp("10.0.0.1:2000", "192.0.2.1:53", "10.244.1.5:5353")];
+    check("realloc", &m, &keep, &gone, false);
+}
+
+#[test]
+fn orphaned_service_ip_waits_for_the_grace_period() {
+    if skip("orphaned_service_ip_waits_for_the_grace_period") {
+        return;
+    }
+    let m = orphan_model();
+    let ns = NetNs::create("grace").unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let e = udp("10.0.0.1:2000", "10.96.7.7:53", "10.244.1.5:5353");
+        ct.create(&[e], 300, STATUS_SEEN_REPLY).unwrap();
+        let mut state = PassState {
+            orphan_grace: Duration::from_millis(300),
+            ..PassState::default()
+        };
+        let mut pass = |state: &mut PassState| {
+            run_pass(&mut ct, AF_INET, &m.ipv4, state, false, &mut |_, _| {}).unwrap()
+        };
+        let r = pass(&mut state);
+        assert_eq!((r.orphans_pending, r.deleted), (1, 0), "first sight: kept");
+        let r = pass(&mut state);
+        assert_eq!(
+            (r.orphans_pending, r.deleted),
+            (1, 0),
+            "still within the grace"
+        );
+        std::thread::sleep(Duration::from_millis(350));
+        let r = pass(&mut state);
+        assert_eq!(
+            (r.orphans_pending, r.deleted),
+            (0, 1),
+            "orphaned for the whole grace"
+        );
+        let r = pass(&mut state);
+        assert_eq!((r.orphans_pending, r.deleted), (0, 0));
+        assert!(
+            state.orphans.is_empty(),
+            "forgotten by the first pass that no longer sees it orphaned"
+        );
+    })
+    .unwrap();
 }
 
 #[test]
@@ -521,4 +791,122 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
         assert_eq!(after, current);
     })
     .unwrap();
+}
+
+#[test]
+fn kernel_filters_a_dump_by_reply_source() {
+    if skip("kernel_filters_a_dump_by_reply_source") {
+        return;
+    }
+    let ns = NetNs::create("replysrc").unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let all = [
+            udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.9.9:5353"),
+            udp("10.0.0.1:1001", "10.96.0.11:53", "10.244.9.9:53"),
+            udp("10.0.0.1:1002", "10.96.0.10:53", "10.244.1.5:5353"),
+            // The address as a client or an original destination is not a match.
+            udp("10.244.9.9:1003", "10.96.0.10:53", "10.244.1.5:5353"),
+            udp("10.0.0.1:1004", "10.244.9.9:53", "10.244.9.8:53"),
+            dnat(
+                IPPROTO_TCP,
+                "10.0.0.1:1005",
+                "10.96.0.10:53",
+                "10.244.9.9:5353",
+            ),
+            udp("[2001:db8::1]:1006", "[fd00::a]:53", "[fd00:1::9]:5353"),
+        ];
+        assert_eq!(
+            ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
+            all.len()
+        );
+        let mut got = BTreeSet::new();
+        ct.dump_reply_src(IPPROTO_UDP, "10.244.9.9".parse().unwrap(), &mut |e| {
+            got.insert(e.orig.src_port);
+        })
+        .unwrap();
+        assert_eq!(got, [1000, 1001].into());
+    })
+    .unwrap();
+}
+
+#[test]
+fn focused_pass_judges_only_the_given_reply_sources() {
+    if skip("focused_pass_judges_only_the_given_reply_sources") {
+        return;
+    }
+    let m = orphan_model();
+    let c6 = "[2001:db8:c::1]";
+    let keep = [
+        udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353"),
+        // Stale, but not from a focused source: left to the periodic pass.
+        udp("10.0.0.1:1001", "10.96.0.10:53", "10.244.8.8:5353"),
+        udp(&format!("{c6}:1002"), "[fd00::a]:53", "[fd00:1::8]:5353"),
+        // From a focused source, but orphans are judged by full passes only.
+        udp("10.0.0.1:1003", "10.96.7.7:53", "10.244.9.9:5353"),
+        dnat(
+            IPPROTO_TCP,
+            "10.0.0.1:1004",
+            "10.96.0.10:53",
+            "10.244.9.9:5353",
+        ),
+    ];
+    let gone = [
+        udp("10.0.0.1:2000", "10.96.0.10:53", "10.244.9.9:5353"),
+        udp("10.0.0.1:2001", "203.0.113.5:53", "10.244.9.9:5353"),
+        udp(&format!("{c6}:2002"), "[fd00::a]:53", "[fd00:1::9]:5353"),
+    ];
+    let focused: Vec<&str> = vec!["10.244.9.9", "fd00:1::9"];
+    // Few sources: one kernel-filtered dump per IPv4 source. Many: one UDP dump filtered here.
+    let many: Vec<String> = (0..super::pass::MAX_FOCUSED_DUMPS as u8 + 1)
+        .map(|i| format!("10.244.200.{i}"))
+        .chain(focused.iter().map(|s| s.to_string()))
+        .collect();
+    for (tag, sources) in [
+        (
+            "few",
+            focused.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        ),
+        ("many", many),
+    ] {
+        let ns = NetNs::create(&format!("focus-{tag}")).unwrap();
+        ns.run(|| {
+            let mut ct = Conntrack::open().unwrap();
+            let all: Vec<Entry> = keep.iter().chain(&gone).copied().collect();
+            assert_eq!(
+                ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
+                all.len()
+            );
+            let focus: std::collections::HashSet<std::net::IpAddr> =
+                sources.iter().map(|s| s.parse().unwrap()).collect();
+            let mut reports = vec![];
+            for (fam, fm) in [(AF_INET, &m.ipv4), (AF_INET6, &m.ipv6)] {
+                let mut state = PassState {
+                    orphan_grace: Duration::ZERO,
+                    ..PassState::default()
+                };
+                reports.push(
+                    super::pass::run_focused_pass(
+                        &mut ct,
+                        fam,
+                        fm,
+                        &mut state,
+                        false,
+                        Some(&focus),
+                        &mut |_, _| {},
+                    )
+                    .unwrap(),
+                );
+            }
+            let want: BTreeSet<String> = keep.iter().map(key).collect();
+            assert_eq!(table(&mut ct), want, "{tag}: remaining entries");
+            if tag == "few" {
+                assert_eq!(
+                    reports[0].scanned, 3,
+                    "the kernel returned only the UDP entries from 10.244.9.9"
+                );
+            }
+        })
+        .unwrap();
+    }
 }

@@ -22,8 +22,9 @@ use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::watch::watch_store;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -48,6 +49,11 @@ pub struct ConntrackArgs {
     /// Longest interval of the periodic pass (it lengthens when passes find almost nothing).
     #[arg(long, env = "CONNTRACK_GC_MAX", default_value = "5m", value_parser = parse_duration)]
     pub conntrack_gc_max: Duration,
+
+    /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
+    /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
+    #[arg(long, env = "CONNTRACK_ORPHAN_GRACE", default_value = "60s", value_parser = parse_duration)]
+    pub conntrack_orphan_grace: Duration,
 
     /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
     /// of the agent's own. For tests and agents not running on the host network.
@@ -86,14 +92,24 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     })
     .await?;
     let metrics = Metrics::register(&shared.base.registry)?;
-    let worker = worker::Worker::start(args.conntrack_netns.clone(), metrics, shared.base.dry_run)?;
+    let worker = worker::Worker::start(
+        args.conntrack_netns.clone(),
+        metrics,
+        shared.base.dry_run,
+        args.conntrack_orphan_grace,
+    )?;
 
     let changed = Arc::new(Notify::new());
     let svc_ready = shared.base.readiness.register("conntrack/services");
     let eps_ready = shared.base.readiness.register("conntrack/endpointslices");
-    // Same selection as kube-proxy's informers (without a proxy name).
-    let svc_cfg =
-        watcher::Config::default().labels(&format!("!{}", model::LABEL_SERVICE_PROXY_NAME));
+    let cidr_ready = shared.base.readiness.register("conntrack/servicecidrs");
+    let addr_ready = shared.base.readiness.register("conntrack/ipaddresses");
+    let node_ready = shared.base.readiness.register("conntrack/node");
+    // All services, also those another proxy handles (service-proxy-name): their frontends
+    // are recorded as foreign, so a label change is not mistaken for a deletion.
+    let svc_cfg = watcher::Config::default();
+    let node_cfg =
+        watcher::Config::default().fields(&format!("metadata.name={}", shared.node_name));
     let eps_cfg = watcher::Config::default().labels(&format!(
         "!{},!{}",
         model::LABEL_SERVICE_PROXY_NAME,
@@ -113,10 +129,35 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         follow(svc_events, svc_ready.clone(), changed.clone()),
         follow(eps_events, eps_ready.clone(), changed.clone()),
     );
+    let (cidrs, cidr_events) = watch_store(
+        Api::<ServiceCIDR>::all(shared.base.client.clone()),
+        watcher::Config::default(),
+        cidr_ready.clone(),
+    );
+    let (addresses, addr_events) = watch_store(
+        Api::<IPAddress>::all(shared.base.client.clone()),
+        watcher::Config::default(),
+        addr_ready.clone(),
+    );
+    let (nodes, node_events) = watch_store(
+        Api::<Node>::all(shared.base.client.clone()),
+        node_cfg,
+        node_ready.clone(),
+    );
+    let more_watches = futures::future::join3(
+        follow(cidr_events, cidr_ready.clone(), changed.clone()),
+        follow(addr_events, addr_ready.clone(), changed.clone()),
+        follow(node_events, node_ready.clone(), changed.clone()),
+    );
+    let watches = futures::future::join(watches, more_watches);
     let lists = Lists {
         services,
         slices,
-        ready: [svc_ready, eps_ready],
+        cidrs,
+        addresses,
+        nodes,
+        ready: [svc_ready, eps_ready, cidr_ready, addr_ready, node_ready],
+        tombstones: std::sync::Mutex::new(model::Tombstones::new(deleted_retention(&args))),
     };
     tokio::select! {
         _ = watches => anyhow::bail!("conntrack watches ended"),
@@ -124,14 +165,32 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     }
 }
 
+/// How long the frontends of a deleted service (or of a removed port, ExternalIP, VIP,
+/// nodePort) are remembered: 10 minutes, far beyond kube-proxy's rules lag (its sync period
+/// is 30 s) after which no new flow is DNATed through them, and at least two periodic
+/// intervals, so a periodic pass also sweeps the flows made while the rules lagged.
+fn deleted_retention(args: &ConntrackArgs) -> Duration {
+    Duration::from_secs(600).max(args.conntrack_gc_max.saturating_mul(2))
+}
+
 struct Lists {
     services: Store<Service>,
     slices: Store<EndpointSlice>,
-    ready: [ReadyFlag; 2],
+    cidrs: Store<ServiceCIDR>,
+    addresses: Store<IPAddress>,
+    nodes: Store<Node>,
+    /// Every watch the model is built from: a half-listed or failing IPAddress cache would
+    /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
+    /// endpoints look removed, so passes need all of them healthy.
+    ready: [ReadyFlag; WATCHES],
+    tombstones: std::sync::Mutex<model::Tombstones>,
 }
 
+/// Services, EndpointSlices, ServiceCIDRs, IPAddresses, this Node.
+const WATCHES: usize = 5;
+
 /// The watches' health epochs a model was built at (see [`ReadyFlag::health`]).
-type Stamp = [Option<u64>; 2];
+type Stamp = [Option<u64>; WATCHES];
 
 /// Why a pass did not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +221,7 @@ fn may_clean(built: &Stamp, now: &Stamp) -> Result<(), Skip> {
 
 impl Lists {
     fn health(&self) -> Stamp {
-        [self.ready[0].health(), self.ready[1].health()]
+        std::array::from_fn(|i| self.ready[i].health())
     }
 
     /// The model with the health it was built at; `None` while a watch is not healthy (a
@@ -174,9 +233,18 @@ impl Lists {
         }
         let services = self.services.state();
         let slices = self.slices.state();
-        let m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s));
+        let mut m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s));
+        let cidrs = self.cidrs.state();
+        let addresses = self.addresses.state();
+        m = m.with_service_ips(cidrs.iter().map(|c| &**c), addresses.iter().map(|a| &**a));
+        let node = self.nodes.state().into_iter().next();
+        m = m.with_node(node.as_deref());
         // Health changed while the stores were read: the model may mix old and new.
-        (self.health() == before).then_some((m, before))
+        if self.health() != before {
+            return None;
+        }
+        let mut t = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
+        Some((t.apply(m, std::time::Instant::now()), before))
     }
 }
 
@@ -216,6 +284,7 @@ async fn schedule(
     let mut rebuild_at: Option<Instant> = None;
     let mut pass_at: Option<Instant> = None;
     let mut last_pass: Option<Instant> = None;
+    let mut judged: Option<Arc<clean::Model>> = None;
     let mut gc_at = Instant::now() + interval;
     let mut fill_events = fill::Notifier::new(
         shared.base.client.clone(),
@@ -240,6 +309,10 @@ async fn schedule(
             _ = tokio::time::sleep_until(wake) => {}
         }
         let now = Instant::now();
+        // A periodic pass also rebuilds: remembered deleted frontends expire with time alone.
+        if gc_at <= now {
+            rebuild_at = Some(now);
+        }
         if rebuild_at.is_some_and(|t| t <= now) {
             rebuild_at = None;
             if let Some((m, stamp)) = lists.model() {
@@ -289,7 +362,17 @@ async fn schedule(
             continue;
         }
         last_pass = Some(now);
-        let summary = worker.round(model).await;
+        // A triggered pass looks only at the backends the change took away since the model
+        // the last round judged; a periodic pass (and the first) at everything.
+        let focus = (!periodic)
+            .then(|| {
+                judged
+                    .as_deref()
+                    .and_then(|j| clean::Focus::between(j, &model))
+            })
+            .flatten();
+        judged = Some(model.clone());
+        let summary = worker.round(model, focus).await;
         if let Some(f) = summary.fill {
             fill_events.observe(f).await;
         }
@@ -329,9 +412,11 @@ mod tests {
             "--conntrack-max-per-core=32768",
             "--conntrack-tcp-be-liberal=true",
             "--conntrack-udp-timeout-stream=2m",
+            "--conntrack-orphan-grace=30s",
         ])
         .unwrap();
         let c = &cli.conntrack;
+        assert_eq!(c.conntrack_orphan_grace.as_secs(), 30);
         assert_eq!(c.conntrack_min_interval.as_secs(), 2);
         assert_eq!(c.conntrack_gc_max.as_secs(), 300);
         assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
@@ -353,28 +438,76 @@ mod tests {
     #[test]
     fn passes_act_only_on_a_model_built_from_healthy_unchanged_watches() {
         // Built while both watches were healthy, nothing happened since: clean.
-        assert_eq!(may_clean(&[Some(3), Some(7)], &[Some(3), Some(7)]), Ok(()));
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)]
+            ),
+            Ok(())
+        );
         // The EndpointSlice watch is failing (apiserver down): skip.
         assert_eq!(
-            may_clean(&[Some(3), Some(7)], &[Some(3), None]),
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), None, Some(1), Some(1), Some(1)]
+            ),
             Err(Skip::StaleModel)
         );
         // Relisting after the outage: still skip until the list is in.
         assert_eq!(
-            may_clean(&[Some(3), Some(7)], &[None, Some(7)]),
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[None, Some(7), Some(1), Some(1), Some(1)]
+            ),
             Err(Skip::StaleModel)
         );
         // Back and healthy, but the model predates the outage (epochs moved): skip until the
         // model is rebuilt from the new lists.
         assert_eq!(
-            may_clean(&[Some(3), Some(7)], &[Some(3), Some(10)]),
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(10), Some(1), Some(1), Some(1)]
+            ),
             Err(Skip::StaleModel)
         );
         // A model built while a watch was not healthy is never acted on.
         assert_eq!(
-            may_clean(&[Some(3), None], &[Some(3), None]),
+            may_clean(
+                &[Some(3), None, Some(1), Some(1), Some(1)],
+                &[Some(3), None, Some(1), Some(1), Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        // The IPAddress watch is failing: allocated IPs could look orphaned, so skip too.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(7), Some(1), None, Some(1)]
+            ),
             Err(Skip::StaleModel)
         );
         assert_eq!(Skip::StaleModel.label(), "stale-model");
+    }
+
+    #[test]
+    fn deleted_frontends_are_remembered_ten_minutes_or_two_gc_max() {
+        for (gc_max, want) in [("5m", 600), ("1h", 7200), ("10s", 600)] {
+            let cli = parse(&[
+                "--conntrack-gc-min=1s",
+                &format!("--conntrack-gc-max={gc_max}"),
+            ])
+            .unwrap();
+            assert_eq!(
+                super::deleted_retention(&cli.conntrack).as_secs(),
+                want,
+                "gc-max {gc_max}"
+            );
+        }
+        let cli = parse(&[]).unwrap();
+        assert_eq!(
+            cli.conntrack.conntrack_orphan_grace.as_secs(),
+            60,
+            "default grace"
+        );
     }
 }

@@ -3,11 +3,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
-use super::clean::{FamilyModel, Model, canonical};
+use super::clean::{Cidr, FamilyModel, Model, canonical};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
@@ -101,74 +103,97 @@ fn serving_endpoints(
                 .as_ref()
                 .and_then(|c| c.serving)
                 .unwrap_or(true);
-            // kube-proxy uses an endpoint's first address only.
-            let ip = ep.addresses.first().and_then(|a| parse_ip(a));
-            if let Some(ip) = ip.filter(|ip| serving && fam.holds(ip)) {
-                out.insert(SocketAddr::new(ip, ep_port));
+            if !serving {
+                continue;
+            }
+            // Every address counts (kube-proxy uses only the first): a flow DNATed to any of
+            // them may be live, and judging it stale would cut it.
+            for ip in ep.addresses.iter().filter_map(|a| parse_ip(a)) {
+                if fam.holds(&ip) {
+                    out.insert(SocketAddr::new(ip, ep_port));
+                }
             }
         }
     }
     out
 }
 
+/// The UDP frontends (`IP:port`) and nodePorts of one service in one family, each with the
+/// service port it belongs to.
+fn udp_frontends(svc: &Service, fam: Family) -> Vec<(&ServicePort, Vec<SocketAddr>, Option<u16>)> {
+    let mut out = Vec::new();
+    let Some(spec) = &svc.spec else { return out };
+    let cluster_ips: Vec<&str> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+        _ => spec.cluster_ip.as_deref().into_iter().collect(),
+    };
+    let Some(cluster_ip) = cluster_ips
+        .iter()
+        .filter_map(|ip| parse_ip(ip))
+        .find(|ip| fam.holds(ip))
+    else {
+        return out; // headless ("None"), unallocated, or no IP of this family
+    };
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|s| parse_ip(s));
+    let lb_vips = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
+        .filter_map(|i| i.ip.as_deref().and_then(parse_ip));
+    let frontend_ips: Vec<IpAddr> = std::iter::once(cluster_ip)
+        .chain(external_ips)
+        .chain(lb_vips)
+        .filter(|ip| fam.holds(ip))
+        .collect();
+    for port in spec.ports.iter().flatten() {
+        if protocol(&port.protocol) != "UDP" {
+            continue;
+        }
+        let Some(svc_port) = valid_port(port.port) else {
+            continue;
+        };
+        let frontends = frontend_ips
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, svc_port))
+            .collect();
+        out.push((port, frontends, port.node_port.and_then(valid_port)));
+    }
+    out
+}
+
 fn build_family(
     services: &[&Service],
+    foreign: &[&Service],
     slices: &HashMap<(&str, &str), Vec<&EndpointSlice>>,
     fam: Family,
 ) -> FamilyModel {
     let mut m = FamilyModel::default();
+    for svc in foreign {
+        for (_, frontends, node_port) in udp_frontends(svc, fam) {
+            m.foreign_frontends.extend(frontends);
+            m.foreign_node_ports.extend(node_port);
+        }
+    }
     for svc in services {
-        let Some(spec) = &svc.spec else { continue };
-        let cluster_ips: Vec<&str> = match &spec.cluster_ips {
-            Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-            _ => spec.cluster_ip.as_deref().into_iter().collect(),
-        };
-        let Some(cluster_ip) = cluster_ips
-            .iter()
-            .filter_map(|ip| parse_ip(ip))
-            .find(|ip| fam.holds(ip))
-        else {
-            continue; // headless ("None"), unallocated, or no IP of this family
-        };
-        let external_ips = spec
-            .external_ips
-            .iter()
-            .flatten()
-            .filter_map(|s| parse_ip(s));
-        let lb_vips = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
-            .filter_map(|i| i.ip.as_deref().and_then(parse_ip));
-        let frontend_ips: Vec<IpAddr> = std::iter::once(cluster_ip)
-            .chain(external_ips)
-            .chain(lb_vips)
-            .filter(|ip| fam.holds(ip))
-            .collect();
-
         let ns = svc.metadata.namespace.as_deref().unwrap_or("");
         let name = svc.metadata.name.as_deref().unwrap_or("");
         let svc_slices = slices.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
-        for port in spec.ports.iter().flatten() {
-            if protocol(&port.protocol) != "UDP" {
-                continue;
-            }
-            let Some(svc_port) = valid_port(port.port) else {
-                continue;
-            };
+        for (port, frontends, node_port) in udp_frontends(svc, fam) {
+            // No serving endpoint (or no slice port matching this one) is an empty set: every
+            // flow through the frontend is stale (kubernetes#139629).
             let serving = serving_endpoints(svc_slices, port, fam);
-            if serving.is_empty() {
-                continue; // v1.36: no cleanup for a port without serving endpoints
+            for f in frontends {
+                m.frontends.insert(f, serving.clone());
             }
-            for ip in &frontend_ips {
-                m.frontends
-                    .insert(SocketAddr::new(*ip, svc_port), serving.clone());
-            }
-            if let Some(np) = port.node_port.and_then(valid_port) {
+            if let Some(np) = node_port {
                 m.node_ports.insert(np, serving);
             }
         }
@@ -177,7 +202,8 @@ fn build_family(
 }
 
 /// Builds both families' models. Services are visited in namespace/name order, so when two
-/// write the same frontend the later one wins deterministically.
+/// write the same frontend the later one wins deterministically. Services labelled with a
+/// proxy name are another proxy's: their frontends are recorded as foreign (never judged).
 pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -200,21 +226,155 @@ pub fn build<'a>(
         let ns = s.metadata.namespace.as_deref().unwrap_or("");
         by_service.entry((ns, svc.as_str())).or_default().push(s);
     }
-    let mut services: Vec<&Service> = services
+    let (mut foreign, mut services): (Vec<&Service>, Vec<&Service>) = services
         .into_iter()
-        .filter(|s| !has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME))
         .filter(|s| {
             s.spec
                 .as_ref()
                 .is_some_and(|sp| sp.type_.as_deref() != Some("ExternalName"))
         })
-        .collect();
-    services.sort_by(|a, b| {
+        .partition(|s| has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME));
+    let by_name = |a: &&Service, b: &&Service| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
-    });
+    };
+    services.sort_by(by_name);
+    foreign.sort_by(by_name);
     Model {
-        ipv4: build_family(&services, &by_service, Family::V4),
-        ipv6: build_family(&services, &by_service, Family::V6),
+        ipv4: build_family(&services, &foreign, &by_service, Family::V4),
+        ipv6: build_family(&services, &foreign, &by_service, Family::V6),
+    }
+}
+
+impl Model {
+    /// Adds the ServiceCIDR prefixes and the IPs IPAddress objects hold (the orphan rule). A
+    /// ServiceCIDR being deleted still counts: its IPs can still be allocated.
+    pub fn with_service_ips<'a>(
+        mut self,
+        cidrs: impl IntoIterator<Item = &'a ServiceCIDR>,
+        addresses: impl IntoIterator<Item = &'a IPAddress>,
+    ) -> Self {
+        for c in cidrs {
+            for cidr in c
+                .spec
+                .as_ref()
+                .and_then(|s| s.cidrs.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|s| Cidr::parse(s))
+            {
+                let fm = self.family_mut(cidr.addr);
+                if !fm.service_cidrs.contains(&cidr) {
+                    fm.service_cidrs.push(cidr);
+                }
+            }
+        }
+        for a in addresses {
+            // The object's name is the IP.
+            if let Some(ip) = a.metadata.name.as_deref().and_then(parse_ip) {
+                self.family_mut(ip).allocated.insert(ip);
+            }
+        }
+        for fm in [&mut self.ipv4, &mut self.ipv6] {
+            fm.service_cidrs.sort();
+        }
+        self
+    }
+
+    /// Adds the addresses of this node's Node object (`status.addresses` that are IPs).
+    pub fn with_node(mut self, node: Option<&Node>) -> Self {
+        let addrs = node
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| parse_ip(&a.address));
+        for ip in addrs {
+            self.family_mut(ip).node_ips.insert(ip);
+        }
+        self
+    }
+
+    fn family_mut(&mut self, ip: IpAddr) -> &mut FamilyModel {
+        if ip.is_ipv4() {
+            &mut self.ipv4
+        } else {
+            &mut self.ipv6
+        }
+    }
+}
+
+/// A frontend or nodePort of one family that a live service held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Frontend(SocketAddr),
+    NodePort(bool, u16),
+}
+
+/// The keys kube-proxy's services hold (`ours`) and those another proxy's services hold.
+fn live_keys(m: &Model) -> (HashSet<Key>, HashSet<Key>) {
+    let (mut ours, mut foreign) = (HashSet::new(), HashSet::new());
+    for (v6, fm) in [(false, &m.ipv4), (true, &m.ipv6)] {
+        ours.extend(fm.frontends.keys().map(|f| Key::Frontend(*f)));
+        ours.extend(fm.node_ports.keys().map(|p| Key::NodePort(v6, *p)));
+        foreign.extend(fm.foreign_frontends.iter().map(|f| Key::Frontend(*f)));
+        foreign.extend(fm.foreign_node_ports.iter().map(|p| Key::NodePort(v6, *p)));
+    }
+    (ours, foreign)
+}
+
+/// Remembers frontends and nodePorts that live services stopped holding (service deleted, UDP
+/// port removed or changed, ExternalIP or LB VIP removed, nodePort changed), for `retention`
+/// after they went, so the flows still DNATed through them are deleted (kubernetes#141371
+/// registers the service ports deleted in a sync the same way). Only what this process saw
+/// go is remembered: after a restart, the orphan rule covers ClusterIPs.
+#[derive(Debug)]
+pub struct Tombstones {
+    retention: Duration,
+    prev: Option<HashSet<Key>>,
+    gone: HashMap<Key, Instant>,
+}
+
+impl Tombstones {
+    pub fn new(retention: Duration) -> Self {
+        Self {
+            retention,
+            prev: None,
+            gone: HashMap::new(),
+        }
+    }
+
+    /// Takes the model built from the live lists at `now`, records what went since the last
+    /// call, and adds every unexpired tombstone that no live service holds again.
+    pub fn apply(&mut self, mut m: Model, now: Instant) -> Model {
+        // Only what kube-proxy's services held is remembered: another proxy's flows are not
+        // ours to judge, and a service handed to another proxy is not a deletion.
+        let (ours, foreign) = live_keys(&m);
+        let live: HashSet<Key> = ours.union(&foreign).copied().collect();
+        if let Some(prev) = &self.prev {
+            for k in prev.difference(&live) {
+                self.gone.insert(*k, now + self.retention);
+            }
+        }
+        self.gone
+            .retain(|k, until| *until > now && !live.contains(k));
+        for k in self.gone.keys() {
+            match *k {
+                Key::Frontend(f) => {
+                    let fm = if f.is_ipv4() {
+                        &mut m.ipv4
+                    } else {
+                        &mut m.ipv6
+                    };
+                    fm.deleted_frontends.insert(f);
+                }
+                Key::NodePort(v6, p) => {
+                    let fm = if v6 { &mut m.ipv6 } else { &mut m.ipv4 };
+                    fm.deleted_node_ports.insert(p);
+                }
+            }
+        }
+        self.prev = Some(ours);
+        m
     }
 }
 

@@ -1,3 +1,5 @@
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::{Value, json};
 
 use super::*;
@@ -106,12 +108,7 @@ fn cluster_external_ips_node_port_per_family() {
 }
 
 #[test]
-fn services_left_out() {
-    let slices = dns_slices();
-    let with_label = |mut s: Service, k: &str| {
-        s.metadata.labels = Some([(k.to_string(), "x".to_string())].into());
-        s
-    };
+fn services_without_udp_frontends() {
     let cases: Vec<(&str, Service)> = vec![
         (
             "headless",
@@ -129,10 +126,6 @@ fn services_left_out() {
             ),
         ),
         (
-            "other proxy",
-            with_label(dns_service(), LABEL_SERVICE_PROXY_NAME),
-        ),
-        (
             "tcp only",
             svc(
                 "dns",
@@ -146,38 +139,94 @@ fn services_left_out() {
                 json!({"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
             ),
         ),
-        (
-            "port name mismatch",
-            svc(
-                "dns",
-                json!({"clusterIP": "10.96.0.10", "ports": [{"name": "other", "port": 53, "protocol": "UDP"}]}),
-            ),
-        ),
-        (
-            "no slices",
-            svc(
-                "other",
-                json!({"clusterIP": "10.96.0.11", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
-            ),
-        ),
     ];
     for (name, s) in cases {
-        let m = build([&s], &slices);
+        let m = build([&s], &dns_slices());
         assert!(m.ipv4.is_empty() && m.ipv6.is_empty(), "{name}: {m:?}");
     }
 }
 
 #[test]
-fn zero_serving_endpoints_skip_the_port() {
-    let s = dns_service();
-    let slices = vec![slice(
+fn no_serving_endpoint_is_an_empty_set_not_a_skip() {
+    let no_slice_port = svc(
+        "dns",
+        json!({"clusterIP": "10.96.0.10", "type": "NodePort",
+               "ports": [{"name": "other", "port": 53, "protocol": "UDP", "nodePort": 30099}]}),
+    );
+    let no_slices = svc(
+        "other",
+        json!({"clusterIP": "10.96.0.11", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+    );
+    let not_serving = vec![slice(
         "dns",
         "IPv4",
         json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
         json!([{"addresses": ["10.244.3.9"], "conditions": {"serving": false}}]),
     )];
-    let m = build([&s], &slices);
-    assert!(m.ipv4.is_empty(), "{m:?}");
+    let cases: Vec<(&str, Service, Vec<EndpointSlice>, SocketAddr)> = vec![
+        (
+            "slices match none of the ports",
+            no_slice_port,
+            dns_slices(),
+            sa("10.96.0.10:53"),
+        ),
+        (
+            "no slices at all",
+            no_slices,
+            dns_slices(),
+            sa("10.96.0.11:53"),
+        ),
+        (
+            "only a non-serving endpoint",
+            dns_service(),
+            not_serving,
+            sa("10.96.0.10:53"),
+        ),
+    ];
+    for (name, s, slices, frontend) in cases {
+        let m = build([&s], &slices);
+        assert_eq!(
+            m.ipv4.frontends.get(&frontend),
+            Some(&HashSet::new()),
+            "{name}: {m:?}"
+        );
+        for set in m.ipv4.node_ports.values() {
+            assert!(set.is_empty(), "{name}: nodePort with an empty set too");
+        }
+    }
+    // The NodePort of an endpoint-less port is recorded (empty) as well.
+    let m = build([&dns_service()], &[]);
+    assert_eq!(m.ipv4.node_ports.get(&30053), Some(&HashSet::new()));
+}
+
+#[test]
+fn another_proxys_services_are_foreign() {
+    let mut s = dns_service();
+    s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
+    let m = build([&s], &dns_slices());
+    assert!(
+        m.ipv4.frontends.is_empty() && m.ipv4.node_ports.is_empty(),
+        "{m:?}"
+    );
+    assert_eq!(
+        m.ipv4.foreign_frontends,
+        [sa("10.96.0.10:53"), sa("192.0.2.1:53")].into()
+    );
+    assert_eq!(m.ipv4.foreign_node_ports, [30053].into());
+    assert_eq!(
+        m.ipv6.foreign_frontends,
+        [sa("[fd00::a]:53"), sa("[2001:db8::e]:53")].into()
+    );
+}
+
+/// Frontends recorded, none with a serving endpoint.
+fn no_serving(m: &Model) -> bool {
+    let fams = [&m.ipv4, &m.ipv6];
+    fams.iter().all(|f| !f.frontends.is_empty())
+        && fams
+            .iter()
+            .flat_map(|f| f.frontends.values().chain(f.node_ports.values()))
+            .all(HashSet::is_empty)
 }
 
 #[test]
@@ -193,18 +242,19 @@ fn slices_left_out() {
                 .insert(label.into(), "".into());
         }
         let m = build([&s], &slices);
-        assert!(m.ipv4.is_empty() && m.ipv6.is_empty(), "{label}");
+        assert!(no_serving(&m), "{label}: {m:?}");
     }
     // A slice of another namespace does not feed this service.
     let mut slices = dns_slices();
     for sl in &mut slices {
         sl.metadata.namespace = Some("elsewhere".into());
     }
-    assert!(build([&s], &slices).ipv4.is_empty());
+    assert!(no_serving(&build([&s], &slices)));
     // FQDN slices never feed anything.
     let mut slices = dns_slices();
     slices[0].address_type = "FQDN".into();
-    assert!(build([&s], &slices).ipv4.is_empty());
+    let m = build([&s], &slices);
+    assert!(m.ipv4.frontends.values().all(HashSet::is_empty), "{m:?}");
 }
 
 #[test]
@@ -227,8 +277,13 @@ fn unnamed_ports_and_several_slices() {
     let m = build([&s], &[a, b]);
     assert_eq!(
         m.ipv4.frontends[&sa("10.96.0.20:9000")],
-        [sa("10.244.1.1:9001"), sa("10.244.1.2:9001")].into(),
-        "first address of each endpoint only"
+        [
+            sa("10.244.1.1:9001"),
+            sa("10.244.1.2:9001"),
+            sa("10.244.1.99:9001")
+        ]
+        .into(),
+        "every address of a serving endpoint is a backend"
     );
 }
 
@@ -283,4 +338,99 @@ fn addresses_are_read_like_parse_ip_sloppy() {
         let want: Option<IpAddr> = want.map(|w| w.parse().unwrap());
         assert_eq!(parse_ip(input), want, "{input:?}");
     }
+}
+
+#[test]
+fn service_cidrs_ip_addresses_and_node_addresses() {
+    let cidr: ServiceCIDR = serde_json::from_value(json!({
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112", "bogus", "10.96.0.0/99"]},
+    }))
+    .unwrap();
+    let ip = |name: &str| -> IPAddress {
+        serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"parentRef": {"resource": "services", "namespace": "ns", "name": "x"}}}))
+        .unwrap()
+    };
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "n"},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": "192.168.0.7"},
+            {"type": "InternalIP", "address": "fd00:192::7"},
+            {"type": "Hostname", "address": "n.example"},
+        ]},
+    }))
+    .unwrap();
+    let m = Model::default()
+        .with_service_ips(
+            [&cidr, &cidr],
+            &[ip("10.96.0.10"), ip("fd00:10:96::a"), ip("not-an-ip")],
+        )
+        .with_node(Some(&node));
+    let want4: IpAddr = "10.96.0.10".parse().unwrap();
+    assert_eq!(
+        m.ipv4.service_cidrs,
+        vec![Cidr::parse("10.96.0.0/16").unwrap()],
+        "parsed once each, junk ignored"
+    );
+    assert_eq!(m.ipv6.service_cidrs.len(), 1);
+    assert_eq!(m.ipv4.allocated, [want4].into());
+    assert_eq!(m.ipv6.allocated, ["fd00:10:96::a".parse().unwrap()].into());
+    assert_eq!(m.ipv4.node_ips, ["192.168.0.7".parse().unwrap()].into());
+    assert_eq!(m.ipv6.node_ips, ["fd00:192::7".parse().unwrap()].into());
+    assert!(Model::default().with_node(None).ipv4.node_ips.is_empty());
+}
+
+#[test]
+fn tombstones_remember_what_live_services_stopped_holding() {
+    use std::time::{Duration, Instant};
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let dns = dns_service();
+    let other = svc(
+        "other",
+        json!({"clusterIP": "10.96.0.50", "externalIPs": ["192.0.2.1"],
+               "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+    );
+    let mut t = Tombstones::new(Duration::from_secs(600));
+    // First model: nothing went yet (after a restart nothing is known to have gone).
+    let m = t.apply(build([&dns], &dns_slices()), at(0));
+    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    // dns deleted; `other` holds one of its frontends (the ExternalIP).
+    let m = t.apply(build([&other], &[]), at(10));
+    assert_eq!(
+        m.ipv4.deleted_frontends,
+        [sa("10.96.0.10:53")].into(),
+        "192.0.2.1:53 is held by a live service again"
+    );
+    assert_eq!(m.ipv4.deleted_node_ports, [30053].into());
+    assert_eq!(
+        m.ipv6.deleted_frontends,
+        [sa("[fd00::a]:53"), sa("[2001:db8::e]:53")].into()
+    );
+    // Still remembered just before the retention ends, gone after.
+    let m = t.apply(build([&other], &[]), at(609));
+    assert!(m.ipv4.deleted_frontends.contains(&sa("10.96.0.10:53")));
+    let m = t.apply(build([&other], &[]), at(610));
+    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv6.deleted_frontends.is_empty());
+    assert!(m.ipv4.deleted_node_ports.is_empty());
+    // A port removed from a live service is remembered like a deleted service.
+    let mut tcp_only = other.clone();
+    tcp_only.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol = Some("TCP".into());
+    let m = t.apply(build([&tcp_only], &[]), at(620));
+    assert_eq!(
+        m.ipv4.deleted_frontends,
+        [sa("10.96.0.50:53"), sa("192.0.2.1:53")].into()
+    );
+    // Another proxy taking a service over is not a deletion.
+    let mut t = Tombstones::new(Duration::from_secs(600));
+    t.apply(build([&dns], &dns_slices()), at(0));
+    let mut labelled = dns.clone();
+    labelled.metadata.labels =
+        Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
+    let m = t.apply(build([&labelled], &dns_slices()), at(5));
+    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    // ... and another proxy's service deleted is not remembered either: not ours to judge.
+    let m = t.apply(build([], &dns_slices()), at(6));
+    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
 }

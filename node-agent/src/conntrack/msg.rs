@@ -50,6 +50,8 @@ const CTA_PROTO_DST_PORT: u16 = 3;
 const CTA_PROTOINFO_TCP: u16 = 1;
 const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+const CTA_FILTER_REPLY_FLAGS: u16 = 2;
+const CTA_FILTER_FLAG_IP_SRC: u32 = 1 << 0;
 const CTA_FILTER_FLAG_PROTO_NUM: u32 = 1 << 3;
 
 pub const IPPROTO_TCP: u8 = 6;
@@ -452,6 +454,39 @@ impl Encoder {
     /// match on IPv6 addresses is inverted.
     pub fn dump(&mut self, seq: u32, family: u8, only_proto: Option<u8>) {
         self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
+        self.proto_filter(only_proto);
+        self.end();
+    }
+
+    /// A dump of the IPv4 entries of `proto` whose reply tuple comes from `reply_src` (where
+    /// they were DNATed to), both filtered by the kernel. IPv4 only: kernel 6.18 inverts the
+    /// CTA_FILTER match on IPv6 addresses, so IPv6 is filtered by the caller.
+    pub fn dump_reply_src(&mut self, seq: u32, proto: u8, reply_src: std::net::Ipv4Addr) {
+        self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, AF_INET);
+        self.nest(CTA_FILTER);
+        self.put(
+            CTA_FILTER_ORIG_FLAGS,
+            &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
+        );
+        self.put(
+            CTA_FILTER_REPLY_FLAGS,
+            &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
+        );
+        self.unnest();
+        self.nest(CTA_TUPLE_ORIG);
+        self.nest(CTA_TUPLE_PROTO);
+        self.put(CTA_PROTO_NUM, &[proto]);
+        self.unnest();
+        self.unnest();
+        self.nest(CTA_TUPLE_REPLY);
+        self.nest(CTA_TUPLE_IP);
+        self.put(CTA_IP_V4_SRC, &reply_src.octets());
+        self.unnest();
+        self.unnest();
+        self.end();
+    }
+
+    fn proto_filter(&mut self, only_proto: Option<u8>) {
         if let Some(proto) = only_proto {
             self.nest(CTA_FILTER);
             self.put(
@@ -465,7 +500,6 @@ impl Encoder {
             self.unnest();
             self.unnest();
         }
-        self.end();
     }
 
     /// Deletes exactly `e`: its original tuple always (a delete without a tuple would flush

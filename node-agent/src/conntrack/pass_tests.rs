@@ -1,4 +1,5 @@
-use std::net::SocketAddr;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
 
 use super::*;
 use crate::conntrack::msg::{IPPROTO_TCP, Tuple};
@@ -48,6 +49,10 @@ struct Fake {
     filters: Vec<Option<u8>>,
     deleted: Vec<Entry>,
     delete_result: Option<fn() -> io::Error>,
+    host: Option<Vec<&'static str>>,
+    /// The kernel rejects the filter on the reply source.
+    reply_filter_rejected: bool,
+    reply_dumps: usize,
 }
 
 impl Fake {
@@ -59,6 +64,9 @@ impl Fake {
             filters: vec![],
             deleted: vec![],
             delete_result: None,
+            host: Some(vec![]),
+            reply_filter_rejected: false,
+            reply_dumps: 0,
         }
     }
 }
@@ -88,6 +96,33 @@ impl Table for Fake {
             ok: entries.len(),
             ..Default::default()
         })
+    }
+
+    fn dump_reply_src(
+        &mut self,
+        proto: u8,
+        src: std::net::Ipv4Addr,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        self.reply_dumps += 1;
+        if self.reply_filter_rejected {
+            return Err(rejected());
+        }
+        let mut n = 0;
+        for e in &self.entries {
+            if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                n += 1;
+                visit(e);
+            }
+        }
+        Ok(n)
+    }
+
+    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
+        match &self.host {
+            Some(a) => Ok(a.iter().map(|s| s.parse().unwrap()).collect()),
+            None => Err(io::Error::from_raw_os_error(libc::EMFILE)),
+        }
     }
 }
 
@@ -220,4 +255,141 @@ fn delete_error_is_reported_with_the_counts() {
         Err(PassError::Delete { report, .. }) => assert_eq!(report.stale, 2),
         other => panic!("{other:?}"),
     }
+}
+
+/// Flows to the nodePort 30053 on 192.168.0.7, DNATed (port 1) or not (port 2), none serving.
+fn node_port_table() -> (FamilyModel, Vec<Entry>) {
+    let mut m = FamilyModel::default();
+    m.node_ports.insert(30053, [sa("10.244.1.5:53")].into());
+    m.node_ips = ["192.168.0.7".parse().unwrap()].into();
+    let c = sa("10.0.0.1:1");
+    let dnated = Entry::dnat(IPPROTO_UDP, c, sa("192.168.0.7:30053"), sa("10.244.9.9:53"));
+    let local = Entry::dnat(
+        IPPROTO_UDP,
+        sa("10.0.0.1:2"),
+        sa("192.168.0.7:30053"),
+        sa("192.168.0.7:30053"),
+    );
+    (m, vec![dnated, local])
+}
+
+#[test]
+fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
+    // (name, host addresses or a failed read, client ports of the deleted flows)
+    type Case = (&'static str, Option<Vec<&'static str>>, Vec<u16>);
+    let cases: [Case; 3] = [
+        (
+            "host owns the address",
+            Some(vec!["192.168.0.7"]),
+            vec![1, 2],
+        ),
+        (
+            "host does not own it (Node status only)",
+            Some(vec![]),
+            vec![1],
+        ),
+        ("reading the host's addresses failed", None, vec![1]),
+    ];
+    for (name, host, want) in cases {
+        let (m, entries) = node_port_table();
+        let mut t = Fake::new(entries, vec![(2, Ok(()))]);
+        t.host = host;
+        let mut state = PassState::default();
+        run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+        let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+        assert_eq!(ports, want, "{name}");
+    }
+}
+
+#[test]
+fn orphaned_service_ips_wait_for_the_grace_then_go() {
+    let mut m = FamilyModel {
+        service_cidrs: vec![crate::conntrack::clean::Cidr::parse("10.96.0.0/16").unwrap()],
+        ..FamilyModel::default()
+    };
+    // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
+    let mut state = PassState {
+        orphan_grace: std::time::Duration::from_secs(3600),
+        ..PassState::default()
+    };
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!(
+        (r.stale, r.orphans_pending, r.deleted),
+        (0, 3, 0),
+        "first sight"
+    );
+    let since = state.orphans[&"10.96.0.10".parse::<IpAddr>().unwrap()];
+    // The grace has passed (as if the first sight were two hours ago).
+    let earlier = since - std::time::Duration::from_secs(7200);
+    state.orphans.insert("10.96.0.10".parse().unwrap(), earlier);
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!((r.stale, r.orphans_pending, r.deleted), (3, 0, 3));
+    let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+    assert_eq!(ports, vec![1, 2, 4], "UDP only");
+    // Allocated again: forgotten, nothing more deleted.
+    m.allocated.insert("10.96.0.10".parse().unwrap());
+    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    assert_eq!((r.stale, r.orphans_pending), (0, 0));
+    assert!(state.orphans.is_empty());
+}
+
+#[test]
+fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
+    let focus: HashSet<IpAddr> = ["10.244.9.9".parse().unwrap()].into();
+    for rejected in [false, true] {
+        let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+        t.reply_filter_rejected = rejected;
+        let mut state = PassState::default();
+        let r = run_focused_pass(
+            &mut t,
+            AF_INET,
+            &model(),
+            &mut state,
+            false,
+            Some(&focus),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
+        assert_eq!(
+            ports,
+            vec![2],
+            "rejected={rejected}: only the focused stale entry"
+        );
+        assert_eq!(state.reply_filter, !rejected, "rejected={rejected}");
+        assert_eq!(
+            t.attempts,
+            usize::from(rejected),
+            "one plain dump after a rejection"
+        );
+        assert_eq!(r.deleted, 1);
+        // Later focused passes no longer try the rejected filter.
+        let before = t.reply_dumps;
+        run_focused_pass(
+            &mut t,
+            AF_INET,
+            &model(),
+            &mut state,
+            true,
+            Some(&focus),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(t.reply_dumps - before, usize::from(!rejected));
+    }
+    // An empty focus reads nothing.
+    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
+    let r = run_focused_pass(
+        &mut t,
+        AF_INET,
+        &model(),
+        &mut PassState::default(),
+        false,
+        Some(&HashSet::new()),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(r.skipped);
+    assert_eq!((t.attempts, t.reply_dumps), (0, 0));
 }

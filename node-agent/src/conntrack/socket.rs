@@ -203,6 +203,22 @@ impl Conntrack {
         self.read_dump(seq, only_proto.is_some(), visit)
     }
 
+    /// Streams the IPv4 entries of `proto` whose reply source is `reply_src`, filtered by the
+    /// kernel (see [`Encoder::dump_reply_src`]). A kernel that rejects the filter reports
+    /// [`DumpError::FilterRejected`].
+    pub fn dump_reply_src(
+        &mut self,
+        proto: u8,
+        reply_src: std::net::Ipv4Addr,
+        visit: &mut dyn FnMut(&Entry),
+    ) -> Result<usize, DumpError> {
+        let seq = self.next_seq(1);
+        self.enc.clear();
+        self.enc.dump_reply_src(seq, proto, reply_src);
+        self.send_encoded().map_err(DumpError::Io)?;
+        self.read_dump(seq, true, visit)
+    }
+
     /// Reads the replies to dump request `seq` up to its end.
     fn read_dump(
         &mut self,
@@ -329,3 +345,41 @@ impl Conntrack {
 #[cfg(test)]
 #[path = "socket_tests.rs"]
 mod tests;
+
+/// The addresses of every interface in the calling thread's network namespace (getifaddrs,
+/// which asks the kernel over an rtnetlink socket opened in that namespace).
+pub fn host_addresses() -> io::Result<std::collections::HashSet<std::net::IpAddr>> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
+    check(unsafe { libc::getifaddrs(&mut head) }, "getifaddrs")?;
+    let mut out = std::collections::HashSet::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family tells its real type.
+        let family = unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int;
+        let ip = match family {
+            libc::AF_INET => {
+                // SAFETY: family AF_INET: a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: family AF_INET6: a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+            }
+            _ => continue,
+        };
+        out.insert(ip);
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}

@@ -11,10 +11,10 @@ use prometheus::{
 };
 use tokio::sync::oneshot;
 
-use super::clean::Model;
+use super::clean::{Focus, Model};
 use super::msg::{AF_INET, AF_INET6};
 use super::netns;
-use super::pass::{PassError, PassState, family_name, run_pass};
+use super::pass::{PassError, PassState, family_name, run_focused_pass};
 use super::socket::Conntrack;
 
 /// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
@@ -95,6 +95,8 @@ pub struct RoundSummary {
 
 struct Request {
     model: Arc<Model>,
+    /// Only entries from these reply sources (a triggered round); `None`: every entry.
+    focus: Option<Focus>,
     reply: oneshot::Sender<RoundSummary>,
 }
 
@@ -105,7 +107,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn start(netns: Option<String>, metrics: Metrics, dry_run: bool) -> std::io::Result<Self> {
+    pub fn start(
+        netns: Option<String>,
+        metrics: Metrics,
+        dry_run: bool,
+        orphan_grace: std::time::Duration,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let kept = metrics.clone();
@@ -123,10 +130,13 @@ impl Worker {
                     socket: None,
                     metrics,
                     dry_run,
-                    state: [PassState::default(); 2],
+                    state: [(); 2].map(|()| PassState {
+                        orphan_grace,
+                        ..PassState::default()
+                    }),
                 };
                 for req in rx {
-                    let summary = round.run(&req.model);
+                    let summary = round.run(&req.model, req.focus.as_ref());
                     let _ = req.reply.send(summary);
                 }
             })?;
@@ -144,13 +154,18 @@ impl Worker {
         &self.metrics
     }
 
-    /// Runs one round (IPv4 then IPv6) and waits for it.
-    pub async fn round(&self, model: Arc<Model>) -> RoundSummary {
+    /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
+    /// judges only entries from that family's reply sources.
+    pub async fn round(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
         let (reply, rx) = oneshot::channel();
-        let sent = self
-            .tx
-            .as_ref()
-            .is_some_and(|tx| tx.send(Request { model, reply }).is_ok());
+        let sent = self.tx.as_ref().is_some_and(|tx| {
+            tx.send(Request {
+                model,
+                focus,
+                reply,
+            })
+            .is_ok()
+        });
         if !sent {
             return RoundSummary::default();
         }
@@ -175,7 +190,7 @@ struct Round {
 }
 
 impl Round {
-    fn run(&mut self, model: &Model) -> RoundSummary {
+    fn run(&mut self, model: &Model, focus: Option<&Focus>) -> RoundSummary {
         let mut summary = RoundSummary {
             fill: self.observe_fill(),
             ..RoundSummary::default()
@@ -185,7 +200,8 @@ impl Round {
             .enumerate()
         {
             let fam = family_name(family);
-            if fm.is_empty() {
+            let focus = focus.map(|f| if i == 0 { &f.ipv4 } else { &f.ipv6 });
+            if fm.is_empty() || focus.is_some_and(|f| f.is_empty()) {
                 continue;
             }
             if self.socket.is_none() {
@@ -208,7 +224,15 @@ impl Round {
                     tracing::debug!(ip_family = fam, entry = %e, reason = ?why, "deleting stale conntrack entry");
                 }
             };
-            let res = run_pass(socket, family, fm, &mut self.state[i], dry_run, &mut log);
+            let res = run_focused_pass(
+                socket,
+                family,
+                fm,
+                &mut self.state[i],
+                dry_run,
+                focus,
+                &mut log,
+            );
             let elapsed = start.elapsed();
             let report = match res {
                 Ok(r) => r,
@@ -248,6 +272,8 @@ impl Round {
                 already_gone = report.already_gone,
                 failed = report.failed_deletes,
                 partial = report.partial,
+                orphans_pending = report.orphans_pending,
+                focused_sources = focus.map(|f| f.len()),
                 dry_run,
                 kernel_filter = self.state[i].kernel_filter,
                 elapsed_ms = elapsed.as_millis() as u64,
