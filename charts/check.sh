@@ -25,13 +25,48 @@ for kind in ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding; do
 done
 grep -q -- "--sysctl-default-mode=audit$" "$out/default.yaml" || { echo "FAIL: default sysctl mode must be audit"; exit 1; }
 grep -q -- "--sysctl-default-mode=enforce$" "$out/all.yaml" || { echo "FAIL: sysctl.defaultMode=Enforce not passed to node-agent"; exit 1; }
+# The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
+# a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
-grep -q "privileged: true" "$out/all.yaml" || { echo "FAIL: conntrack sysctls set but node-agent not privileged"; exit 1; }
+where=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s="init"} ds && /^      containers:/{s="agent"}
+  /privileged: true/{print (ds ? s : "elsewhere")}' "$out/all.yaml" | tr '\n' ' ')
+[ "$where" = "init " ] || { echo "FAIL: with conntrack sysctls set, only the init container may be privileged (privileged in: ${where:-nothing})"; exit 1; }
+# ... as uid 0: the image's user (65532) would not keep the capabilities the writes need.
+awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s=1} ds && /^      containers:/{s=0}
+  ds && s && /runAsUser: 0$/{found=1} END{exit !found}' "$out/all.yaml" \
+  || { echo "FAIL: the conntrack-sysctls init container does not run as uid 0"; exit 1; }
+grep -q "^kind: PrometheusRule$" "$out/all.yaml" || { echo "FAIL: everything-on render has no PrometheusRule"; exit 1; }
+grep -q 'grafana_dashboard: "1"' "$out/all.yaml" || { echo "FAIL: everything-on render has no dashboard ConfigMap"; exit 1; }
+# The dashboard parses as JSON (the template also refuses to render a broken file).
+"$helm" template gk "$chart" --set metrics.dashboard.enabled=true --show-only templates/dashboard.yaml \
+  | sed -n '/groundskeeper.json: |-/,$p' | tail -n +2 > "$out/dashboard.json"
+if command -v python3 >/dev/null; then
+  python3 -m json.tool "$out/dashboard.json" >/dev/null || { echo "FAIL: dashboard is not JSON"; exit 1; }
+fi
+# Every metric the alerts and the dashboard name is one the code registers (a string literal
+# in a crate's src/); histogram series are checked by their base name.
+metrics=$(grep -ohE '\b(groundskeeper|pod_gc|kubeproxy)_[a-z0-9_]+' "$out/all.yaml" "$out/dashboard.json" \
+  | grep -vE '^groundskeeper_(conntrack|servicecidr|podgc|sysctl|leader|watch)$' \
+  | sed -E 's/_(bucket|sum|count)$//' | sort -u)
+[ -n "$metrics" ] || { echo "FAIL: no metric names found in the alerts/dashboard"; exit 1; }
+for m in $metrics; do
+  grep -rqF "\"$m\"" ../controllers/src ../node-agent/src ../plumbing/src && continue
+  echo "FAIL: alerts/dashboard use $m, which no crate registers"; exit 1
+done
 # Bad values are refused by values.schema.json with a message naming them.
 if msg=$("$helm" template gk "$chart" --set controllerManager.podGC.gcPeriod=soon 2>&1); then
   echo "FAIL: a bad duration was accepted"; exit 1
 fi
 echo "$msg" | grep -q "gcPeriod" || { echo "FAIL: schema error does not name gcPeriod: $msg"; exit 1; }
+# Each: a bad setting, and what the refusal must name.
+for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type=Sometimes|strategy" \
+  "metrics.prometheusRule.conntrackFillThreshold=2|conntrackFillThreshold" \
+  "controllerManager.extraVolumeMounts[0].name=x|mountPath" "networkPolicy.metricsFrom=open|metricsFrom" \
+  "tests.image.tag=|tag" "nodeAgent.extraEnv[0].value=x|name"; do
+  bad=${case%|*} want=${case##*|}
+  if msg=$("$helm" template gk "$chart" --set "$bad" 2>&1); then echo "FAIL: $bad was accepted"; exit 1; fi
+  echo "$msg" | grep -q "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }
+done
 
 # The chart's CRDs are the generated ones in crds/.
 for crd in ../crds/*.yaml; do
@@ -46,16 +81,22 @@ if [ -z "${KUBECONFIG:-}" ]; then
 fi
 ns=gk-chart-$$
 "$kubectl" create namespace "$ns" >/dev/null
+# The helm test Pod needs the namespace's default ServiceAccount, which kube-controller-manager
+# creates; a bare control plane has none.
+"$kubectl" -n "$ns" get serviceaccount default >/dev/null 2>&1 || "$kubectl" -n "$ns" create serviceaccount default >/dev/null
 cleanup() { "$helm" uninstall gk -n "$ns" >/dev/null 2>&1 || true; "$kubectl" delete namespace "$ns" --wait=false >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 "$kubectl" apply --server-side --dry-run=server -f "$chart/crds/" >/dev/null
+# No Prometheus Operator CRDs there: ServiceMonitor and PrometheusRule are left out.
 "$helm" template gk "$chart" -n "$ns" -f "$all" --set metrics.serviceMonitor.enabled=false \
+  --set metrics.prometheusRule.enabled=false \
   | "$kubectl" apply --dry-run=server -n "$ns" -f - >/dev/null
 echo "chart: server-side dry-run apply passed"
 "$helm" install gk "$chart" -n "$ns" >/dev/null
 "$kubectl" -n "$ns" get deployment/gk-groundskeeper-controller-manager daemonset/gk-groundskeeper-node-agent \
   serviceaccount/gk-groundskeeper-controller-manager serviceaccount/gk-groundskeeper-node-agent >/dev/null
-"$kubectl" get clusterrole/gk-groundskeeper-controller-manager clusterrole/gk-groundskeeper-node-agent >/dev/null
+"$kubectl" get clusterrole/gk-groundskeeper-controller-manager clusterrole/gk-groundskeeper-node-agent \
+  clusterrole/gk-groundskeeper-sysctlpolicies-view >/dev/null
 "$kubectl" get crd/sysctlpolicies.groundskeeper.dev >/dev/null
 "$kubectl" -n "$ns" get poddisruptionbudget/gk-groundskeeper-controller-manager role/gk-groundskeeper-controller-manager-leader-election >/dev/null
 vap=gk-groundskeeper-node-agent-own-node-pods

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use groundskeeper_controllers::{
     leader::{self, ElectionConfig, Elector, Leadership},
-    manager::{Cli, Shared},
+    manager::{Cli, Command, ServiceCidrCommand, Shared},
     podgc, servicecidr,
 };
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
@@ -11,6 +11,16 @@ use prometheus::IntGauge;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = cli::parse();
+    // Subcommands are tools with their own stdout: they run before logging starts.
+    if let Some(Command::Servicecidr(ServiceCidrCommand::Blockers(args))) = &cli.command {
+        return match cli.common.kube.client().await {
+            Ok(client) => ExitCode::from(servicecidr::blockers::run(client, args).await),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     cli.common.log.init();
     if let Err(e) = cli.election.validate() {
         eprintln!("{e}");
@@ -29,7 +39,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let process = Process::start(&cli.common).await?;
     let shutdown = process.shutdown.clone();
     let registry = process.registry.clone();
-    let client = process.client.clone();
     tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.common.dry_run, "controller-manager starting");
 
     let is_leader = IntGauge::new(
@@ -53,7 +62,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             renew_deadline: e.leader_elect_renew_deadline,
             retry_period: e.leader_elect_retry_period,
         };
-        let (elector, leadership) = Elector::new(client.clone(), cfg, is_leader);
+        // Its own client: renewals never wait behind the controllers' QPS budget.
+        let mut kube = cli.common.kube.clone();
+        if let Some(path) = &e.leader_elect_kubeconfig {
+            kube.kubeconfig = Some(path.clone());
+        }
+        let lease_client = kube.lease_client().await?;
+        let (elector, leadership) = Elector::new(lease_client, cfg, is_leader);
         (
             Some(tokio::spawn(elector.run(elector_token.clone()))),
             leadership,
@@ -91,9 +106,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     // Controllers drain first, so nothing acts once the lease is released.
     controllers_token.cancel();
-    shutdown
-        .drain(cli.common.shutdown_grace, controllers.drain())
-        .await;
+    if shutdown.is_triggered() {
+        shutdown
+            .drain(cli.common.shutdown_grace, controllers.drain())
+            .await;
+    } else {
+        // Leadership lost (or a controller ended): no signal starts the shutdown grace, so
+        // bound the drain from now. The fence already refused every write; this only stops a
+        // read hung on the same dead connection from keeping the process alive.
+        let grace = cli.common.shutdown_grace;
+        if tokio::time::timeout(grace, controllers.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_seconds = grace.as_secs_f64(),
+                "controllers did not drain in time; exiting anyway"
+            );
+        }
+    }
     if lost.is_none()
         && let Some(task) = elector_task
     {

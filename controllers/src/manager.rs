@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::{Args, Parser, Subcommand};
 use groundskeeper_plumbing::{
     cli::{Selection, parse_selection},
     client::parse_duration,
@@ -25,6 +25,9 @@ pub struct Shared {
     about = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease"
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     #[command(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]
@@ -40,6 +43,21 @@ pub struct Cli {
 }
 
 pub const CONTROLLERS: &[&str] = &["servicecidr", "podgc"];
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// ServiceCIDR tools.
+    #[command(subcommand)]
+    Servicecidr(ServiceCidrCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ServiceCidrCommand {
+    /// Print every IPAddress that blocks (or would block) the deletion of ServiceCIDR NAME, and
+    /// who owns it, as the controller decides it. Exit 0 when nothing blocks, 1 when something
+    /// blocks, 2 on errors (no such ServiceCIDR, API unreachable).
+    Blockers(crate::servicecidr::blockers::BlockersArgs),
+}
 
 fn parse_controllers(s: &str) -> Result<Selection, String> {
     parse_selection(s, CONTROLLERS).map(Selection)
@@ -78,6 +96,12 @@ pub struct ElectionArgs {
     /// This replica's name in the Lease (a random suffix is appended).
     #[arg(long, env = "POD_NAME")]
     pub leader_elect_identity: Option<String>,
+
+    /// A kubeconfig for the elector's client alone (default: the controllers' one). Hidden:
+    /// it exists so fault tests can cut the lease connection while the controllers' writes
+    /// still reach the apiserver, the case fencing is for.
+    #[arg(long, env = "LEADER_ELECT_KUBECONFIG", hide = true)]
+    pub leader_elect_kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl ElectionArgs {

@@ -87,3 +87,18 @@ fn out_of_range_numbers_are_refused_not_panicked_on() {
         );
     }
 }
+
+#[test]
+fn blockers_help_states_the_exit_codes() {
+    let out = Command::new(BIN)
+        .args(["servicecidr", "blockers", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("Exit 0 when nothing blocks, 1 when something")
+            && help.contains("2 on errors"),
+        "{help}"
+    );
+}

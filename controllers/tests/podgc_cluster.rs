@@ -163,6 +163,10 @@ async fn pod(
     c.create(&p).await
 }
 
+fn pods_api(c: &Cluster, ns: &str) -> Api<Pod> {
+    Api::namespaced(c.client.clone(), ns)
+}
+
 async fn set_phase(c: &Cluster, ns: &str, name: &str, phase: &str, reason: Option<&str>) {
     let mut status = json!({"phase": phase});
     if let Some(r) = reason {
@@ -250,6 +254,20 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
     let live_node = node(&c, Some(true), false).await?;
     pod(&c, &ns, "orphan", Some(&doomed_node), false).await?;
     set_phase(&c, &ns, "orphan", "Running", None).await;
+    // Conditions a kubelet would have set: DisruptionTarget must be added after them.
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let conditions = json!({"status": {"conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "lastTransitionTime": now}]}});
+    pods_api(&c, &ns)
+        .patch_status(
+            "orphan",
+            &PatchParams::default(),
+            &Patch::Merge(&conditions),
+        )
+        .await?;
     pod(&c, &ns, "on-live-node", Some(&live_node), false).await?;
     set_phase(&c, &ns, "on-live-node", "Running", None).await;
     let m = manager(&["--orphan-quarantine=3s"]).await?;
@@ -280,6 +298,15 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
     assert!(deleted, "watch ended before the orphan was deleted");
     let marked = marked.expect("DisruptionTarget=True was visible before the delete");
     assert_eq!(phase(&marked), "Failed");
+    // As kube-controller-manager's patch ($setElementOrder/conditions): the existing
+    // conditions keep their order and DisruptionTarget comes last.
+    let types: Vec<String> = marked
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| cs.iter().map(|c| c.type_.clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(types, ["PodScheduled", "Ready", "DisruptionTarget"]);
     // The watch can report the delete before the manager has logged it.
     let line = format!("pod={ns}/orphan ");
     m.wait_for_log("the orphan's log line", |l| {
@@ -303,6 +330,11 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
             "orphaned"
         )
         .await?,
+        0.0
+    );
+    assert_eq!(
+        m.counter("groundskeeper_podgc_delete_errors_total", &ns, "orphaned")
+            .await?,
         0.0
     );
     Ok(())
@@ -584,7 +616,13 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
             pass,
             why: "stale cache".into(),
         };
-        let o = force_delete(&c.client, &d, jiff::Timestamp::now()).await;
+        let o = force_delete(
+            &c.client,
+            &groundskeeper_controllers::leader::Fence::unbounded(),
+            &d,
+            jiff::Timestamp::now(),
+        )
+        .await;
         assert_eq!(o, Outcome::Skipped(Skip::Recreated), "{phase_before}");
         let now = get(&c, &ns, &name).await;
         assert_eq!(now.uid(), again.uid(), "the new pod is still there");

@@ -56,6 +56,11 @@ pub enum Command {
     /// Sysctl admission tools.
     #[command(subcommand)]
     Sysctl(SysctlCommand),
+    /// Write the conntrack sysctls given as flags (as kube-proxy does at start-up) and exit:
+    /// the chart runs this in a privileged init container so that the agent itself never needs
+    /// privilege. A write that fails is logged and the rest go on, as in the agent (exit 0);
+    /// exit 2 on bad flags. Honours --dry-run (logs, writes nothing).
+    ConntrackSysctls(crate::conntrack::sysctls::ConntrackSysctlArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -92,5 +97,31 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["node-agent", "--node-name", "worker-1"]).unwrap();
         assert_eq!(cli.require_node_name().unwrap(), "worker-1");
+    }
+
+    #[test]
+    fn conntrack_sysctls_subcommand_takes_the_sysctl_flags() {
+        let cli = Cli::try_parse_from([
+            "node-agent",
+            "--dry-run=true",
+            "conntrack-sysctls",
+            "--conntrack-max-per-core=32768",
+            "--conntrack-tcp-be-liberal=true",
+        ])
+        .unwrap();
+        assert!(cli.common.dry_run);
+        let Some(Command::ConntrackSysctls(a)) = cli.command else {
+            panic!("{:?}", cli.command);
+        };
+        assert_eq!(a.conntrack_max_per_core, Some(32768));
+        assert!(a.conntrack_tcp_be_liberal);
+        assert!(
+            Cli::try_parse_from([
+                "node-agent",
+                "conntrack-sysctls",
+                "--conntrack-udp-timeout=0s"
+            ])
+            .is_err()
+        );
     }
 }

@@ -15,6 +15,12 @@ async fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Command::Sysctl(SysctlCommand::Check(args)) => ExitCode::from(sysctl::check::run(args)),
+            Command::ConntrackSysctls(args) => {
+                cli.common.log.init();
+                let roots = conntrack::sysctls::Roots::default();
+                conntrack::sysctls::apply_and_log(&args, &roots, cli.common.dry_run);
+                ExitCode::SUCCESS
+            }
         };
     }
     cli.common.log.init();

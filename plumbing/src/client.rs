@@ -66,20 +66,74 @@ impl KubeArgs {
         // Watches hold the connection open for up to 290 s (kube-runtime's server-side
         // timeout), so the read timeout must outlast that; plain requests finish long before.
         config.read_timeout = Some(Duration::from_secs(295));
+        set_user_agent(&mut config, "");
         Ok(config)
     }
 
+    /// The client every controller shares: one QPS budget for the whole process.
     pub async fn client(&self) -> Result<Client, ClientError> {
-        let config = self.config().await?;
+        self.build(self.config().await?, Budget::Shared)
+    }
+
+    /// The leader elector's own client: its own connections and no token bucket. A renewal
+    /// must never wait behind the controllers' requests (a large `--gc-concurrency`, a low
+    /// `--kube-api-qps`): a leader that misses renewals because it is busy deleting pods stops
+    /// leading. The elector makes about one read and one write per retry period, so it needs
+    /// no budget of its own.
+    pub async fn lease_client(&self) -> Result<Client, ClientError> {
+        let mut config = self.config().await?;
+        set_user_agent(&mut config, "leader-election");
+        tracing::info!(server = %config.cluster_url, "leader election client");
+        self.build(config, Budget::Unlimited)
+    }
+
+    fn build(&self, config: Config, budget: Budget) -> Result<Client, ClientError> {
         // The deadline sits inside the rate limiter: time spent waiting for a token is not a hang.
         let builder = ClientBuilder::try_from(config)?
             .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
-        Ok(
-            match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
-                Some(layer) => builder.with_layer(&layer).build(),
-                None => builder.build(),
-            },
-        )
+        let limit = match budget {
+            Budget::Shared => RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst),
+            Budget::Unlimited => None,
+        };
+        Ok(match limit {
+            Some(layer) => builder.with_layer(&layer).build(),
+            None => builder.build(),
+        })
+    }
+}
+
+enum Budget {
+    Shared,
+    Unlimited,
+}
+
+/// `<binary>/<version> (<POD_NAME or host>[; <what>])`: the apiserver's audit log then says
+/// which replica, and which of its clients, made a request.
+fn set_user_agent(config: &mut Config, what: &str) {
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "groundskeeper".into());
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_default();
+    let what = if what.is_empty() {
+        String::new()
+    } else {
+        format!("; {what}")
+    };
+    let agent = format!("{binary}/{} ({instance}{what})", env!("CARGO_PKG_VERSION"));
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    if let Ok(value) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, value));
     }
 }
 
@@ -168,5 +222,92 @@ mod tests {
             let e = parse_qps(bad).unwrap_err();
             assert!(e.contains(bad), "{bad}: {e}");
         }
+    }
+
+    /// A local HTTP endpoint answering every request with a version document.
+    async fn version_server() -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = l.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = r#"{"major":"1","minor":"36","gitVersion":"v1.36.2","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#;
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// With the shared budget used up (queued calls waiting seconds for tokens), a lease call
+    /// still goes out at once.
+    #[tokio::test]
+    async fn lease_calls_do_not_queue_behind_the_shared_budget() {
+        let addr = version_server().await;
+        let args = KubeArgs {
+            kubeconfig: None,
+            kube_api_qps: 2.0,
+            kube_api_burst: 1,
+            kube_api_timeout: Duration::from_secs(30),
+        };
+        let config = || Config::new(format!("http://{addr}").parse().unwrap());
+        let shared = args.build(config(), Budget::Shared).unwrap();
+        let lease = args.build(config(), Budget::Unlimited).unwrap();
+        // Burst spent, then four more queued: the last waits two seconds for its token.
+        shared.apiserver_version().await.unwrap();
+        let start = std::time::Instant::now();
+        let queued: Vec<_> = (0..4)
+            .map(|_| {
+                let c = shared.clone();
+                tokio::spawn(async move { c.apiserver_version().await.map(|_| start.elapsed()) })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let t = std::time::Instant::now();
+        lease.apiserver_version().await.unwrap();
+        let lease_took = t.elapsed();
+        let mut slowest = Duration::ZERO;
+        for q in queued {
+            slowest = slowest.max(q.await.unwrap().unwrap());
+        }
+        assert!(
+            slowest >= Duration::from_millis(1800),
+            "the shared budget was exhausted: {slowest:?}"
+        );
+        assert!(
+            lease_took < Duration::from_millis(500),
+            "the lease call waited {lease_took:?}"
+        );
+    }
+
+    #[test]
+    fn user_agent_names_the_client() {
+        let mut c = Config::new("http://127.0.0.1:1".parse().unwrap());
+        set_user_agent(&mut c, "leader-election");
+        set_user_agent(&mut c, "leader-election");
+        let agents: Vec<_> = c
+            .headers
+            .iter()
+            .filter(|(n, _)| n == http::header::USER_AGENT)
+            .map(|(_, v)| v.to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(agents.len(), 1, "{agents:?}");
+        assert!(agents[0].ends_with("; leader-election)"), "{agents:?}");
     }
 }

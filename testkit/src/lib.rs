@@ -7,9 +7,11 @@
 //! the skip is visible, never silent. Tests never pick a cluster on their own (no
 //! `~/.kube/config`, no in-cluster config): only the one they were told to use.
 
+pub mod audit;
 mod binary;
 pub mod chart;
 pub mod control_plane;
+pub mod proxy;
 mod rbac;
 
 pub use binary::Binary;

@@ -21,8 +21,13 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* A digest, when set, pins the image whatever the tag says. */}}
 {{- define "groundskeeper.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{- define "groundskeeper.commonArgs" -}}
@@ -32,7 +37,7 @@ app.kubernetes.io/component: {{ .component }}
 - --kube-api-burst={{ .Values.kubeApi.burst }}
 {{- end -}}
 
-{{/* True when any conntrack sysctl is set: the node-agent then needs a writable /proc/sys. */}}
+{{/* True when any conntrack sysctl is set: a privileged init container then writes them. */}}
 {{- define "groundskeeper.conntrackSysctlsSet" -}}
 {{- $set := false -}}
 {{- range $k, $v := .Values.nodeAgent.conntrack.sysctls -}}

@@ -76,6 +76,21 @@ pub fn renewal_overdue(last_renewed: Instant, now: Instant, renew_deadline: Dura
     now.saturating_duration_since(last_renewed) >= renew_deadline
 }
 
+/// When the round starting at `now` must have finished. A leader's whole round (read and write)
+/// must finish within the renew deadline of its last successful renewal, however long each call
+/// takes: client-go bounds the renewal attempt the same way, so a leader can not outlive its
+/// term by waiting on a hung request. A candidate's round is bounded by one renew deadline.
+pub fn attempt_deadline(
+    last_renewed: Option<Instant>,
+    now: Instant,
+    renew_deadline: Duration,
+) -> Instant {
+    match last_renewed {
+        Some(t) => t + renew_deadline,
+        None => now + renew_deadline,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +226,24 @@ mod tests {
         assert!(renewal_overdue(t0, t0 + d, d));
         // A monotonic clock never goes back, but saturate rather than panic if it looks like it.
         assert!(!renewal_overdue(t0 + d, t0, d));
+    }
+
+    #[test]
+    fn a_round_ends_with_the_term_not_a_fresh_deadline() {
+        let t0 = Instant::now();
+        let d = Duration::from_secs(10);
+        let s = Duration::from_secs;
+        for (last, now, want) in [
+            // Candidate: one renew deadline from the start of the round.
+            (None, t0, t0 + d),
+            (None, t0 + s(30), t0 + s(40)),
+            // Leader: the term of the last renewal, however late the round starts; a round
+            // started 8 s into the term has 2 s, not 10.
+            (Some(t0), t0 + s(2), t0 + d),
+            (Some(t0), t0 + s(8), t0 + d),
+            (Some(t0), t0 + s(12), t0 + d),
+        ] {
+            assert_eq!(attempt_deadline(last, now, d), want, "{last:?} {now:?}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! renew within the renew deadline stops, and a leader that is shut down releases the lease.
 
 pub mod decision;
+pub mod fence;
 
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use prometheus::IntGauge;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use decision::{Observation, Record, Step, decide, observe, renewal_overdue};
+use decision::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
+pub use fence::{Fence, Fenced, Term};
 
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
@@ -37,27 +39,29 @@ pub enum LeaderError {
 }
 
 /// The gate reconcilers wait on: caches fill on every replica (so a standby is warm and ready),
-/// but only the leader acts.
+/// but only the leader acts. Every write additionally passes the [`Fence`] it hands out.
 #[derive(Clone)]
-pub struct Leadership(watch::Receiver<bool>);
+pub struct Leadership(Fence);
 
 impl Leadership {
     /// A gate that is open from the start, for `--leader-elect=false`.
     pub fn always() -> Self {
-        let (tx, rx) = watch::channel(true);
-        // Keep the sender alive for the life of the process so the gate stays open.
-        std::mem::forget(tx);
-        Self(rx)
+        Self(Fence::unbounded())
     }
 
     pub fn is_leading(&self) -> bool {
-        *self.0.borrow()
+        self.0.is_valid()
+    }
+
+    /// The fence the write layers take.
+    pub fn fence(&self) -> Fence {
+        self.0.clone()
     }
 
     /// Resolves once this replica leads; never resolves if it never does.
     pub async fn acquired(&self) {
-        let mut rx = self.0.clone();
-        if rx.wait_for(|leading| *leading).await.is_err() {
+        let mut rx = self.0.watch();
+        if rx.wait_for(|t| *t != Term::Standby).await.is_err() {
             std::future::pending::<()>().await
         }
     }
@@ -67,16 +71,24 @@ pub struct Elector {
     api: Api<Lease>,
     cfg: ElectionConfig,
     is_leader: IntGauge,
-    tx: watch::Sender<bool>,
+    tx: watch::Sender<Term>,
+}
+
+/// What one round's read-decide-write came to.
+struct Round {
+    step: Option<Step>,
+    write: Option<Result<Lease, String>>,
 }
 
 impl Elector {
+    /// `client` should be the elector's own (see `KubeArgs::lease_client`): lease calls must
+    /// not wait behind the controllers' QPS budget or their connections.
     pub fn new(
         client: kube::Client,
         cfg: ElectionConfig,
         is_leader: IntGauge,
     ) -> (Self, Leadership) {
-        let (tx, rx) = watch::channel(false);
+        let (tx, rx) = watch::channel(Term::Standby);
         let api = Api::namespaced(client, &cfg.namespace);
         (
             Self {
@@ -85,125 +97,180 @@ impl Elector {
                 is_leader,
                 tx,
             },
-            Leadership(rx),
+            Leadership(Fence::new(rx)),
         )
     }
 
     /// Campaigns and renews until `token` is cancelled (then releases the lease if held and
     /// returns Ok) or leadership is lost (Err: the caller stops every reconciler and exits).
+    ///
+    /// While leading, every await is raced against `last renewal + renew deadline`: a hung read
+    /// or write can not extend leadership. The fences judge the same instant on their own.
     pub async fn run(self, token: CancellationToken) -> Result<(), LeaderError> {
         let c = &self.cfg;
         let mut observed: Option<Observation> = None;
         let mut current: Option<Lease> = None;
+        // When the last successful renewal (or acquisition) started: before its read, so never
+        // later than when the apiserver recorded it and others began timing it.
         let mut last_renewed: Option<Instant> = None;
         tracing::info!(lease = %c.lease_name, namespace = %c.namespace, identity = %c.identity, "campaigning for leadership");
         loop {
             if token.is_cancelled() {
-                if last_renewed.is_some() {
+                // A lease past its term is left alone: it may already be someone else's.
+                if last_renewed
+                    .is_some_and(|t| !renewal_overdue(t, Instant::now(), c.renew_deadline))
+                {
                     self.release(current).await;
                 }
-                self.set_leading(false);
+                self.set_term(Term::Standby);
                 return Ok(());
             }
             let now = Instant::now();
-            match self.call(self.api.get_opt(&c.lease_name)).await {
-                Ok(Some(lease)) => {
-                    observed = Some(observe(observed, record_of(&lease), now));
-                    current = Some(lease);
-                }
-                Ok(None) => {
-                    observed = None;
-                    current = None;
-                }
-                Err(e) => {
-                    tracing::warn!(lease = %c.lease_name, error = %e, "reading the lease failed")
-                }
+            if let Some(t) = last_renewed
+                && renewal_overdue(t, now, c.renew_deadline)
+            {
+                return Err(self.give_up(t));
             }
-            let step = decide(&c.identity, observed.as_ref(), now);
-            let write = match (&step, &current) {
-                (Step::Create, _) => Some(
-                    self.call(self.api.create(&PostParams::default(), &self.fresh_lease()))
-                        .await,
-                ),
-                (Step::Acquire, Some(l)) => Some(
-                    self.call(self.api.replace(
-                        &c.lease_name,
-                        &PostParams::default(),
-                        &self.taken(l),
-                    ))
-                    .await,
-                ),
-                (Step::Renew, Some(l)) => Some(
-                    self.call(self.api.replace(
-                        &c.lease_name,
-                        &PostParams::default(),
-                        &self.renewed(l),
-                    ))
-                    .await,
-                ),
-                (Step::Follow { holder, expires_in }, _) => {
-                    if last_renewed.is_some() {
-                        self.set_leading(false);
-                        return Err(LeaderError::TakenOver {
-                            lease: c.lease_name.clone(),
-                            holder: holder.clone(),
-                        });
-                    }
-                    tracing::debug!(%holder, expires_in_seconds = expires_in.as_secs_f64(), "following");
-                    None
-                }
-                // A read error left no object to write against; try again next round.
-                _ => None,
+            let deadline = attempt_deadline(last_renewed, now, c.renew_deadline);
+            let round = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline) => None,
+                // SIGTERM does not wait for a hung round: released (or not) at the top.
+                _ = token.cancelled() => continue,
+                r = self.round(observed.clone(), current.clone(), now, deadline) => Some(r),
             };
-            match write {
-                Some(Ok(lease)) => {
+            let Some((round, seen, lease)) = round else {
+                tracing::warn!(lease = %c.lease_name, deadline = ?c.renew_deadline, "lease read/write did not finish before the deadline");
+                continue;
+            };
+            observed = seen;
+            current = lease;
+            match (&round.step, round.write) {
+                (Some(Step::Follow { holder, .. }), _) if last_renewed.is_some() => {
+                    self.set_term(Term::Standby);
+                    tracing::error!(lease = %c.lease_name, %holder, "stopped acting: the lease is held by another replica");
+                    return Err(LeaderError::TakenOver {
+                        lease: c.lease_name.clone(),
+                        holder: holder.clone(),
+                    });
+                }
+                (Some(Step::Follow { holder, expires_in }), _) => {
+                    tracing::debug!(%holder, expires_in_seconds = expires_in.as_secs_f64(), "following");
+                }
+                (_, Some(Ok(lease))) => {
                     if last_renewed.is_none() {
                         tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
-                        self.set_leading(true);
                     }
                     last_renewed = Some(now);
+                    self.set_term(Term::Until(now + c.renew_deadline));
                     observed = Some(observe(observed, record_of(&lease), now));
                     current = Some(lease);
                 }
-                Some(Err(e)) => {
+                (step, Some(Err(e))) => {
                     tracing::warn!(lease = %c.lease_name, ?step, error = %e, "writing the lease failed")
                 }
-                None => {}
-            }
-            if let Some(t) = last_renewed
-                && renewal_overdue(t, Instant::now(), c.renew_deadline)
-            {
-                self.set_leading(false);
-                return Err(LeaderError::RenewDeadline {
-                    lease: c.lease_name.clone(),
-                    deadline: c.renew_deadline,
-                });
+                // A read error left no object to write against; try again next round.
+                (_, None) => {}
             }
             // A follower judges expiry from when it first saw the holder's last renewal, so
             // the longer it takes to notice a renewal, the later it takes over after a crash.
             // It therefore reads the Lease every half retry period (a cheap GET) and wakes
             // exactly at expiry: takeover is within lease duration + retry/2 (16 s with the
             // defaults), where client-go's worst case is lease + 2 × retry.
-            let pause = match &step {
-                Step::Follow { expires_in, .. } if last_renewed.is_none() => {
+            let pause = match &round.step {
+                Some(Step::Follow { expires_in, .. }) if last_renewed.is_none() => {
                     (*expires_in).min(c.retry_period / 2)
                 }
                 _ => c.retry_period,
             };
+            // A leader whose term ends during the pause wakes then, and gives up at the top.
+            let term_end = last_renewed.map(|t| t + c.renew_deadline);
             tokio::select! {
                 _ = token.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
+                _ = tokio::time::sleep_until(term_end.unwrap_or(deadline)), if term_end.is_some() => {}
             }
         }
     }
 
-    fn set_leading(&self, leading: bool) {
-        self.is_leader.set(i64::from(leading));
-        self.tx.send_replace(leading);
+    /// Read, decide, write. Returns the round and the observation/lease to carry over.
+    async fn round(
+        &self,
+        mut observed: Option<Observation>,
+        mut current: Option<Lease>,
+        now: Instant,
+        deadline: Instant,
+    ) -> (Round, Option<Observation>, Option<Lease>) {
+        let c = &self.cfg;
+        match self.api.get_opt(&c.lease_name).await {
+            Ok(Some(lease)) => {
+                observed = Some(observe(observed, record_of(&lease), now));
+                current = Some(lease);
+            }
+            Ok(None) => {
+                observed = None;
+                current = None;
+            }
+            Err(e) => {
+                tracing::warn!(lease = %c.lease_name, error = %e, "reading the lease failed");
+                let round = Round {
+                    step: None,
+                    write: None,
+                };
+                return (round, observed, current);
+            }
+        }
+        let step = decide(&c.identity, observed.as_ref(), now);
+        // Checked on the clock, not only by the racing timer: after a process stop the timer
+        // may not have fired yet when this runs again.
+        if Instant::now() >= deadline {
+            let round = Round {
+                step: Some(step),
+                write: Some(Err("deadline passed before the write".into())),
+            };
+            return (round, observed, current);
+        }
+        let pp = PostParams::default();
+        let write = match (&step, &current) {
+            (Step::Create, _) => Some(self.api.create(&pp, &self.fresh_lease()).await),
+            (Step::Acquire, Some(l)) => {
+                Some(self.api.replace(&c.lease_name, &pp, &self.taken(l)).await)
+            }
+            (Step::Renew, Some(l)) => {
+                Some(self.api.replace(&c.lease_name, &pp, &self.renewed(l)).await)
+            }
+            _ => None,
+        };
+        let round = Round {
+            step: Some(step),
+            write: write.map(|w| w.map_err(|e| e.to_string())),
+        };
+        (round, observed, current)
     }
 
-    /// Every lease call is bounded by the renew deadline: a hung request must not keep a
-    /// replica believing it leads.
+    /// Stop acting first (the fences close, in-flight writes are dropped), then report the loss
+    /// so the caller drains and exits.
+    fn give_up(&self, last_renewed: Instant) -> LeaderError {
+        self.set_term(Term::Standby);
+        let since = last_renewed.elapsed();
+        tracing::error!(
+            lease = %self.cfg.lease_name,
+            since_last_renewal_ms = since.as_millis() as u64,
+            renew_deadline_ms = self.cfg.renew_deadline.as_millis() as u64,
+            "stopped acting: lease not renewed within the renew deadline"
+        );
+        LeaderError::RenewDeadline {
+            lease: self.cfg.lease_name.clone(),
+            deadline: self.cfg.renew_deadline,
+        }
+    }
+
+    fn set_term(&self, term: Term) {
+        self.is_leader.set(i64::from(term.valid_at(Instant::now())));
+        self.tx.send_replace(term);
+    }
+
+    /// Bounds a call by the renew deadline (the release on shutdown).
     async fn call<T>(&self, fut: impl Future<Output = kube::Result<T>>) -> Result<T, String> {
         match tokio::time::timeout(self.cfg.renew_deadline, fut).await {
             Ok(Ok(v)) => Ok(v),
@@ -299,3 +366,7 @@ pub fn identity(pod_name: &str) -> String {
     let suffix = RandomState::new().hash_one((std::process::id(), Instant::now())) as u32;
     format!("{pod_name}_{suffix:08x}")
 }
+
+#[cfg(test)]
+#[path = "elector_tests.rs"]
+mod elector_tests;

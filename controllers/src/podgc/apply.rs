@@ -10,6 +10,8 @@ use kube::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::leader::Fence;
+
 use super::{
     facts::{DISRUPTION_TARGET, PodFacts},
     metrics::Metrics,
@@ -31,6 +33,8 @@ pub enum Outcome {
     /// The status patch failed: the pod was not deleted.
     PatchFailed(String),
     DeleteFailed(String),
+    /// This replica stopped leading before (or while) making the call: nothing more was sent.
+    Fenced,
 }
 
 #[derive(Debug, PartialEq, Clone, Copy)]
@@ -76,6 +80,22 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
             cond["observedGeneration"] = json!(g);
         }
         status["conditions"] = json!([cond]);
+        // Upstream's two-way patch lists every condition type in the new order: existing ones
+        // where they are (UpdatePodCondition replaces in place), a new DisruptionTarget last.
+        // Without it the apiserver's merge puts the patched condition first.
+        let mut order: Vec<Value> = pod
+            .condition_types
+            .iter()
+            .map(|t| json!({ "type": &**t }))
+            .collect();
+        if !pod
+            .condition_types
+            .iter()
+            .any(|t| &**t == DISRUPTION_TARGET)
+        {
+            order.push(json!({ "type": DISRUPTION_TARGET }));
+        }
+        status["$setElementOrder/conditions"] = Value::Array(order);
     }
     Some(json!({ "metadata": { "uid": &*pod.uid }, "status": status }))
 }
@@ -111,17 +131,21 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
     }
 }
 
-/// Patch-then-delete for one pod. A failed patch means no delete.
-pub async fn force_delete(client: &Client, d: &Deletion, now: Timestamp) -> Outcome {
+/// Patch-then-delete for one pod. A failed patch means no delete. Each call passes the fence:
+/// made only while the lease is valid, dropped in flight when it stops being valid.
+pub async fn force_delete(client: &Client, fence: &Fence, d: &Deletion, now: Timestamp) -> Outcome {
     let api: Api<WirePod> = Api::namespaced(client.clone(), &d.pod.namespace);
     if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
-        let res = api
-            .patch_status(
+        let res = fence
+            .guard(api.patch_status(
                 &d.pod.name,
                 &PatchParams::default(),
                 &Patch::Strategic(patch),
-            )
+            ))
             .await;
+        let Ok(res) = res else {
+            return Outcome::Fenced;
+        };
         if let Err(e) = res {
             return match skip_of(&e) {
                 Some(s) => Outcome::Skipped(s),
@@ -129,7 +153,13 @@ pub async fn force_delete(client: &Client, d: &Deletion, now: Timestamp) -> Outc
             };
         }
     }
-    match api.delete(&d.pod.name, &delete_params(&d.pod)).await {
+    let Ok(res) = fence
+        .guard(api.delete(&d.pod.name, &delete_params(&d.pod)))
+        .await
+    else {
+        return Outcome::Fenced;
+    };
+    match res {
         Ok(_) => Outcome::Deleted,
         Err(e) => match skip_of(&e) {
             Some(s) => Outcome::Skipped(s),
@@ -145,6 +175,8 @@ pub struct Tally {
     pub would_delete: usize,
     pub skipped: usize,
     pub failed: usize,
+    /// Not attempted (or abandoned in flight) because leadership ended.
+    pub fenced: usize,
 }
 
 impl Tally {
@@ -154,6 +186,7 @@ impl Tally {
             Outcome::WouldDelete => self.would_delete += 1,
             Outcome::Skipped(_) => self.skipped += 1,
             Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) => self.failed += 1,
+            Outcome::Fenced => self.fenced += 1,
         }
     }
 
@@ -170,14 +203,23 @@ pub struct Applier {
     pub dry_run: bool,
     /// On shutdown no new deletion starts; those in flight finish.
     pub token: CancellationToken,
+    /// On leadership loss no new deletion starts and those in flight are dropped.
+    pub fence: Fence,
 }
 
 impl Applier {
     /// Runs one pass's deletions, at most `concurrency` at a time.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
+        let (token, fence) = (self.token.clone(), self.fence.clone());
+        let stop = async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                _ = fence.lost() => {}
+            }
+        };
         let outcomes = stream::iter(deletions)
-            .take_until(self.token.clone().cancelled_owned())
+            .take_until(stop)
             .map(|d| async move {
                 let o = self.one(&d).await;
                 (d, o)
@@ -196,14 +238,25 @@ impl Applier {
             return Outcome::WouldDelete;
         }
         let ns = &d.pod.namespace;
+        // Checked before counting, so a deposed leader's skipped pods are not counted as
+        // deleted; force_delete checks again right before each call.
+        if !self.fence.is_valid() {
+            return Outcome::Fenced;
+        }
         if d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
-        let o = force_delete(&self.client, d, Timestamp::now()).await;
-        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+        let o = force_delete(&self.client, &self.fence, d, Timestamp::now()).await;
+        // Upstream's counter keeps upstream's meaning: its calls return NotFound (and a UID
+        // mismatch) as errors. Ours counts only failures an operator must look at. A fenced pod
+        // was never attempted, so it is neither.
+        if !matches!(o, Outcome::Deleted | Outcome::Fenced) {
             self.metrics.error(ns, d.pass);
         }
-        if !d.pass.counts_before_attempt() {
+        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+            self.metrics.failure(ns, d.pass);
+        }
+        if !d.pass.counts_before_attempt() && o != Outcome::Fenced {
             self.metrics.deleted(ns, d.pass);
         }
         o
@@ -231,6 +284,9 @@ fn log(d: &Deletion, o: &Outcome) {
         ),
         Outcome::DeleteFailed(e) => {
             tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
+        }
+        Outcome::Fenced => {
+            tracing::info!(%pod, node, pass, reason, "not leading any more: pod left alone")
         }
     }
 }

@@ -3,6 +3,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use super::*;
+use crate::leader::{Fence, Term};
 use crate::podgc::{facts::Phase, mock_api::Mock, passes::Pass};
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
@@ -17,6 +18,7 @@ fn pod(name: &str, phase: Phase) -> PodFacts {
         created: Timestamp::from_second(1_700_000_000).unwrap(),
         generation: Some(4),
         disruption_target_true: None,
+        condition_types: Box::default(),
     }
 }
 
@@ -46,7 +48,8 @@ fn status_patch_for_an_orphan() {
                     "type": "DisruptionTarget", "status": "True",
                     "reason": "DeletionByPodGC", "message": "PodGC: node no longer exists",
                     "lastTransitionTime": "2026-11-21T10:00:00Z", "observedGeneration": 4
-                }]
+                }],
+                "$setElementOrder/conditions": [{"type": "DisruptionTarget"}]
             }
         })
     );
@@ -91,11 +94,42 @@ fn status_patch_rules() {
     );
 }
 
+#[test]
+fn status_patch_keeps_the_existing_conditions_order() {
+    // As kube-controller-manager's two-way patch: every type in order, a new DisruptionTarget
+    // last, an existing one where it was.
+    for (existing, order) in [
+        (vec![], vec!["DisruptionTarget"]),
+        (
+            vec!["PodScheduled", "Initialized", "Ready"],
+            vec!["PodScheduled", "Initialized", "Ready", "DisruptionTarget"],
+        ),
+        (
+            vec!["Ready", "DisruptionTarget", "PodScheduled"],
+            vec!["Ready", "DisruptionTarget", "PodScheduled"],
+        ),
+    ] {
+        let mut p = pod("p", Phase::Running);
+        p.condition_types = existing.iter().map(|t| (*t).into()).collect();
+        let v = status_patch(&p, true, now()).unwrap();
+        let want: Vec<_> = order.iter().map(|t| json!({ "type": t })).collect();
+        assert_eq!(
+            v["status"]["$setElementOrder/conditions"],
+            json!(want),
+            "{existing:?}"
+        );
+        assert_eq!(v["status"]["conditions"][0]["type"], "DisruptionTarget");
+    }
+    // No condition patched: no order either.
+    let v = status_patch(&pod("p", Phase::Running), false, now()).unwrap();
+    assert!(v["status"].get("$setElementOrder/conditions").is_none());
+}
+
 #[tokio::test]
 async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
     let mock = Mock::answering(&[200, 200]);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &d, now()).await;
+    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(
         mock.calls(),
@@ -118,7 +152,7 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
 async fn failed_patch_means_no_delete() {
     let mock = Mock::answering(&[500]);
     let d = deletion("p", Phase::Pending, Pass::Terminated);
-    let o = force_delete(&mock.client(), &d, now()).await;
+    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
@@ -127,7 +161,7 @@ async fn failed_patch_means_no_delete() {
 async fn other_invalid_patches_are_failures_not_skips() {
     let mock = Mock::answering(&[421]);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &d, now()).await;
+    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
@@ -137,7 +171,7 @@ async fn final_pods_are_deleted_without_a_patch() {
     let mock = Mock::answering(&[200]);
     let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
     assert_eq!(
-        force_delete(&mock.client(), &d, now()).await,
+        force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await,
         Outcome::Deleted
     );
     assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
@@ -156,7 +190,7 @@ async fn gone_and_recreated_pods_are_skipped() {
     for (phase, codes, skip, calls) in table {
         let mock = Mock::answering(&codes);
         let d = deletion("p", phase, Pass::Orphaned);
-        let o = force_delete(&mock.client(), &d, now()).await;
+        let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
         assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
         assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
     }
@@ -169,12 +203,14 @@ fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
         concurrency,
         dry_run,
         token: CancellationToken::new(),
+        fence: Fence::unbounded(),
     }
 }
 
 #[tokio::test]
-async fn metrics_count_attempts_and_real_errors_only() {
-    // Pod a: deleted. Pod b: patch fails (error). Pod c: already gone (skipped, no error).
+async fn metrics_count_attempts_and_errors() {
+    // Pod a: deleted. Pod b: patch fails (error). Pod c: already gone: an error for upstream's
+    // counter (its DELETE returns NotFound), not for groundskeeper's.
     // Requests run one at a time so the script lines up with the pods.
     let mock = Mock::answering(&[200, 200, 500, 404]);
     let a = applier(&mock, false, 1);
@@ -191,11 +227,14 @@ async fn metrics_count_attempts_and_real_errors_only() {
             deleted: 1,
             would_delete: 0,
             skipped: 1,
-            failed: 1
+            failed: 1,
+            fenced: 0,
         }
     );
-    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 1));
+    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 2));
+    assert_eq!(a.metrics.failures("ns", Pass::OutOfService), 1);
     assert_eq!(a.metrics.counts("ns", Pass::Orphaned), (0, 0));
+    assert_eq!(a.metrics.failures("ns", Pass::Orphaned), 0);
 }
 
 #[tokio::test]
@@ -226,4 +265,85 @@ async fn deletes_overlap_up_to_the_concurrency_bound() {
     assert_eq!(tally.deleted, 12);
     let peak = mock.max_in_flight.load(Ordering::SeqCst);
     assert!(peak > 1 && peak <= 3, "peak in flight {peak}");
+}
+
+fn fence(term: Term) -> (tokio::sync::watch::Sender<Term>, Fence) {
+    let (tx, rx) = tokio::sync::watch::channel(term);
+    (tx, Fence::new(rx))
+}
+
+#[tokio::test]
+async fn a_standby_writes_nothing_and_counts_nothing() {
+    let mock = Mock::default();
+    let (_tx, standby) = fence(Term::Standby);
+    let a = Applier {
+        fence: standby.clone(),
+        ..applier(&mock, false, 4)
+    };
+    let ds: Vec<_> = Pass::ALL
+        .iter()
+        .map(|p| deletion(p.label(), Phase::Running, *p))
+        .collect();
+    let tally = a.apply(ds).await;
+    assert_eq!(tally.deleted + tally.failed + tally.skipped, 0, "{tally:?}");
+    assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+    for p in Pass::ALL {
+        assert_eq!(a.metrics.counts("ns", p), (0, 0));
+    }
+    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    assert_eq!(
+        force_delete(&mock.client(), &standby, &d, now()).await,
+        Outcome::Fenced
+    );
+    assert!(mock.calls().is_empty());
+}
+
+/// A patch hung on a frozen connection is dropped when the term ends: no delete follows, and
+/// the pass returns at the term instead of waiting for the request timeout.
+#[tokio::test(start_paused = true)]
+async fn in_flight_writes_are_dropped_when_the_term_ends() {
+    let mock = Mock::default();
+    mock.hang.store(true, Ordering::SeqCst);
+    let t0 = tokio::time::Instant::now();
+    let (_tx, f) = fence(Term::Until(t0 + std::time::Duration::from_secs(3)));
+    let a = Applier {
+        fence: f,
+        ..applier(&mock, false, 2)
+    };
+    let ds: Vec<_> = (0..5)
+        .map(|i| deletion(&format!("p{i}"), Phase::Running, Pass::Orphaned))
+        .collect();
+    let tally = a.apply(ds).await;
+    assert_eq!(t0.elapsed(), std::time::Duration::from_secs(3));
+    assert_eq!(tally.deleted, 0);
+    assert_eq!(
+        tally.fenced, 2,
+        "the two in flight; the rest never started: {tally:?}"
+    );
+    assert_eq!(
+        mock.calls(),
+        Vec::<String>::new(),
+        "hung calls were never answered"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loss_between_patch_and_delete_stops_the_delete() {
+    let mock = Mock::default();
+    let (tx, f) = fence(Term::Unbounded);
+    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    let client = mock.client();
+    let run = force_delete(&client, &f, &d, now());
+    // The first poll sends the patch; the loss lands while it is answered.
+    let lose = async {
+        tokio::task::yield_now().await;
+        tx.send_replace(Term::Standby);
+    };
+    let (o, ()) = tokio::join!(run, lose);
+    assert_eq!(o, Outcome::Fenced);
+    assert!(
+        !mock.calls().iter().any(|c| c.starts_with("DELETE")),
+        "{:?}",
+        mock.calls()
+    );
 }

@@ -105,11 +105,12 @@ impl Summary {
             acc.would_delete += t.would_delete;
             acc.skipped += t.skipped;
             acc.failed += t.failed;
+            acc.fenced += t.fenced;
             acc
         });
         let chosen = |p: Pass| {
             let t = &self.passes[p as usize];
-            t.deleted + t.would_delete + t.skipped + t.failed
+            t.deleted + t.would_delete + t.skipped + t.failed + t.fenced
         };
         tracing::info!(
             terminated = chosen(Pass::Terminated),
@@ -120,6 +121,7 @@ impl Summary {
             would_delete = total.would_delete,
             skipped = total.skipped,
             failed = total.failed,
+            fenced = total.fenced,
             nodes_gone = self.nodes_gone,
             quarantined,
             seconds,
@@ -179,6 +181,7 @@ mod tests {
                 concurrency: 4,
                 dry_run: false,
                 token: CancellationToken::new(),
+                fence: crate::leader::Fence::unbounded(),
             },
             quarantine: Quarantine::new(quarantine),
             threshold: 12500,

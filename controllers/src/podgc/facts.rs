@@ -75,6 +75,10 @@ pub struct PodFacts {
     /// When the pod already has `DisruptionTarget=True`: its lastTransitionTime, which the
     /// orphan patch keeps (upstream's UpdatePodCondition keeps it when the status is unchanged).
     pub disruption_target_true: Option<Option<Timestamp>>,
+    /// `status.conditions` types in their order (interned): the status patch sends them as
+    /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
+    /// DisruptionTarget goes after the existing conditions instead of first.
+    pub condition_types: Box<[Arc<str>]>,
 }
 
 /// What PodGC knows about one node.
@@ -143,9 +147,9 @@ impl PodFacts {
             .map(|n| names.intern(&n));
         let status = pod.status.unwrap_or_default();
         let phase = Phase::parse(status.phase.as_deref());
-        let disruption_target_true = status
-            .conditions
-            .unwrap_or_default()
+        let conditions = status.conditions.unwrap_or_default();
+        let condition_types = conditions.iter().map(|c| names.intern(&c.type_)).collect();
+        let disruption_target_true = conditions
             .into_iter()
             .find(|c| c.type_ == DISRUPTION_TARGET)
             .filter(|c| c.status == "True")
@@ -161,6 +165,7 @@ impl PodFacts {
             created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
             generation: m.generation,
             disruption_target_true,
+            condition_types,
         })
     }
 }

@@ -1,4 +1,5 @@
-//! PodGC's metrics: the two upstream counters, byte for byte, and a cycle histogram.
+//! PodGC's metrics: the two upstream counters, byte for byte (NotFound counts as an error, as
+//! upstream), a groundskeeper counter of real failures, and a cycle histogram.
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 
@@ -8,6 +9,7 @@ use super::passes::Pass;
 pub struct Metrics {
     deleted: IntCounterVec,
     errors: IntCounterVec,
+    failures: IntCounterVec,
     pub cycle_seconds: Histogram,
 }
 
@@ -31,6 +33,14 @@ impl Metrics {
                 labels,
             )
             .expect("valid metric"),
+            failures: IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_podgc_delete_errors_total",
+                    "Force-deletions that failed (status patch or delete), not counting pods already gone or recreated.",
+                ),
+                labels,
+            )
+            .expect("valid metric"),
             cycle_seconds: Histogram::with_opts(
                 HistogramOpts::new(
                     "groundskeeper_podgc_cycle_duration_seconds",
@@ -47,6 +57,7 @@ impl Metrics {
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
         registry.register(Box::new(self.deleted.clone()))?;
         registry.register(Box::new(self.errors.clone()))?;
+        registry.register(Box::new(self.failures.clone()))?;
         registry.register(Box::new(self.cycle_seconds.clone()))
     }
 
@@ -60,6 +71,19 @@ impl Metrics {
         self.errors
             .with_label_values(&[namespace, pass.label()])
             .inc();
+    }
+
+    pub fn failure(&self, namespace: &str, pass: Pass) {
+        self.failures
+            .with_label_values(&[namespace, pass.label()])
+            .inc();
+    }
+
+    #[cfg(test)]
+    pub fn failures(&self, namespace: &str, pass: Pass) -> u64 {
+        self.failures
+            .with_label_values(&[namespace, pass.label()])
+            .get()
     }
 
     #[cfg(test)]

@@ -29,6 +29,8 @@ pub struct Mock {
     /// Fixed answers for `METHOD /path`, taking precedence over the script.
     pub routes: Arc<Mutex<Vec<(String, u16)>>>,
     pub in_flight: Arc<AtomicUsize>,
+    /// When set, every request hangs (a frozen connection) instead of being answered.
+    pub hang: Arc<std::sync::atomic::AtomicBool>,
     pub max_in_flight: Arc<AtomicUsize>,
 }
 
@@ -53,6 +55,9 @@ impl Mock {
                 m.max_in_flight.fetch_max(now, Ordering::SeqCst);
                 let (parts, body) = req.into_parts();
                 let bytes = body.collect_bytes().await.unwrap();
+                if m.hang.load(Ordering::SeqCst) {
+                    tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+                }
                 // Let other requests start, so the in-flight peak reflects real overlap.
                 for _ in 0..20 {
                     tokio::task::yield_now().await;

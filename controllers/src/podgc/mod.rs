@@ -9,7 +9,7 @@ pub mod cycle;
 pub mod facts;
 pub mod metrics;
 #[cfg(test)]
-mod mock_api;
+pub(crate) mod mock_api;
 pub mod passes;
 pub mod quarantine;
 pub mod wire;
@@ -120,6 +120,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
             concurrency: args.gc_concurrency as usize,
             dry_run: shared.base.dry_run,
             token: shared.base.token.clone(),
+            fence: shared.leadership.fence(),
         },
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,

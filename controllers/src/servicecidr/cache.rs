@@ -29,7 +29,7 @@ pub struct Cache {
     relist_ips: Option<HashSet<String>>,
 }
 
-fn spec_cidrs(obj: &ServiceCIDR) -> Vec<String> {
+pub fn spec_cidrs(obj: &ServiceCIDR) -> Vec<String> {
     obj.spec
         .as_ref()
         .and_then(|s| s.cidrs.clone())

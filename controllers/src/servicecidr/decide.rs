@@ -280,7 +280,8 @@ mod tests {
         let cases: &[Case] = &[
             (&[("x", &["10.0.1.0/24"])], &["10.0.1.1"]),
             (&[("x", &["10.0.1.0/24"])], &["10.0.1.254"]),
-            (&[("x", &["10.0.1.0/24"])], &["::ffff:10.0.1.9"]),
+            // An IPv4-mapped name is IPv6: a mapped IPv6 CIDR holds it.
+            (&[("x", &["::ffff:10.0.1.0/120"])], &["::ffff:10.0.1.9"]),
             (&[("x", &["fd00::/112"])], &["fd00::ffff"]),
             (&[("x", &["10.0.1.0/24", "fd00::/112"])], &["fd00::1"]),
             // A parent for one family only does not cover the other family's IPs.
@@ -327,6 +328,11 @@ mod tests {
             (&[("x", &["fd00::/112"])], &["fd00::"]),
             // IPs outside, or of a family x does not have.
             (&[("x", &["10.0.1.0/24"])], &["10.0.2.1", "fd00::1"]),
+            // An IPv4-mapped name is IPv6 (netip.ParseAddr): no IPv4 CIDR contains it.
+            (
+                &[("x", &["10.0.1.0/24", "fd00::/112"])],
+                &["::ffff:10.0.1.9"],
+            ),
             // Covered by a parent (equal or larger) in every family: IPs do not matter.
             (
                 &[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])],
@@ -501,7 +507,7 @@ mod tests {
             for _ in 0..rnd(12) {
                 let (name, family) = match rnd(3) {
                     0 => (format!("fd00::{:x}", rnd(256)), Family::V6),
-                    1 => (format!("::ffff:10.0.0.{}", rnd(256)), Family::V4),
+                    1 => (format!("::ffff:10.0.0.{}", rnd(256)), Family::V6),
                     _ => (format!("10.0.0.{}", rnd(256)), Family::V4),
                 };
                 let label = match rnd(8) {

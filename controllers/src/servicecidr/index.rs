@@ -327,9 +327,10 @@ mod tests {
         );
         assert_eq!(s.containing(Addr::parse("10.0.1.0").unwrap()), vec!["a"]);
         assert_eq!(s.containing(Addr::parse("10.0.1.255").unwrap()), vec!["a"]);
+        // IPv6 for upstream (netip.ParseAddr): no IPv4 prefix contains it.
         assert_eq!(
             s.containing(Addr::parse("::ffff:10.1.0.9").unwrap()),
-            vec!["c"]
+            Vec::<String>::new()
         );
         assert_eq!(
             s.containing(Addr::parse("fd00::").unwrap()),
@@ -432,9 +433,12 @@ mod tests {
         });
         let s = set(&[("x", &["10.0.1.0/24"])]);
         assert!(!ix.orphans(&s, "x", 10).is_blocked());
-        let s = set(&[("x", &["10.0.1.0/24", "fd00::/112"])]);
-        // The IPv6-labelled mapped address is listed by the IPv6 selector and owned by the v4 CIDR.
+        let s = set(&[("x", &["10.0.1.0/24", "::ffff:10.0.1.0/120"])]);
+        // The IPv6-labelled mapped address is listed by the IPv6 selector and owned by the
+        // mapped IPv6 CIDR, never by the IPv4 one.
         assert_eq!(orphan_names(&ix, &s, "x"), vec!["::ffff:10.0.1.6"]);
+        let s = set(&[("x", &["10.0.1.0/24", "fd00::/112"])]);
+        assert!(!ix.orphans(&s, "x", 10).is_blocked());
         assert!(ix.upsert(managed("not-an-ip")).is_none());
         assert_eq!(ix.len(), 2);
     }
@@ -449,9 +453,9 @@ mod tests {
         );
         assert!(
             ix.upsert(managed("::ffff:10.0.1.5")).is_some(),
-            "same address, other name"
+            "another address (IPv6), another name"
         );
-        let s = set(&[("x", &["10.0.1.0/24"])]);
+        let s = set(&[("x", &["10.0.1.0/24", "::ffff:10.0.1.0/120"])]);
         assert_eq!(ix.orphans(&s, "x", 10).found.len(), 2);
         assert!(ix.remove("10.0.1.5").is_some());
         assert!(ix.remove("10.0.1.5").is_none());

@@ -2,6 +2,7 @@
 //! protects ServiceCIDRs with a finalizer, marks them Ready, and lets a deleted one go only
 //! when no allocated Service IP would be left without a ServiceCIDR, 10 s after deletion.
 
+pub mod blockers;
 pub mod cache;
 pub mod conflict;
 pub mod decide;
@@ -116,7 +117,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         Syncer::new(
             cache,
             queue.clone(),
-            KubeWrites::new(shared.base.client.clone()),
+            KubeWrites::new(shared.base.client.clone(), shared.leadership.fence()),
             metrics,
             shared.base.dry_run,
         )

@@ -43,26 +43,21 @@ pub struct Addr {
 }
 
 impl Addr {
-    /// `IPToAddr`: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) becomes IPv4.
-    pub fn from_ip(ip: IpAddr) -> Addr {
-        match ip {
+    /// Parses an IPAddress object's name as upstream does, with `netip.ParseAddr`: an
+    /// IPv4-mapped name (`::ffff:a.b.c.d`) stays IPv6 (Go's 4in6), so no IPv4 prefix contains
+    /// it. (`IPToAddr`, which unmaps, is only used upstream on `net.IP` values, never on names.)
+    /// `None` for anything that is not an IP.
+    pub fn parse(s: &str) -> Option<Addr> {
+        Some(match IpAddr::from_str(s).ok()? {
             IpAddr::V4(v4) => Addr {
                 family: Family::V4,
                 value: u128::from(u32::from(v4)),
             },
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Addr::from_ip(IpAddr::V4(v4)),
-                None => Addr {
-                    family: Family::V6,
-                    value: u128::from(v6),
-                },
+            IpAddr::V6(v6) => Addr {
+                family: Family::V6,
+                value: u128::from(v6),
             },
-        }
-    }
-
-    /// Parses an IPAddress object's name; `None` for anything that is not an IP.
-    pub fn parse(s: &str) -> Option<Addr> {
-        IpAddr::from_str(s).ok().map(Addr::from_ip)
+        })
     }
 
     pub fn to_ip(self) -> IpAddr {
@@ -242,14 +237,26 @@ mod tests {
     }
 
     #[test]
-    fn ipv4_mapped_addresses_are_ipv4() {
-        assert_eq!(a("::ffff:10.0.0.5"), a("10.0.0.5"));
-        assert_eq!(a("::ffff:10.0.0.5").family, Family::V4);
-        assert_eq!(
-            a("::10.0.0.5").family,
-            Family::V6,
-            "IPv4-compatible is not mapped"
-        );
+    fn ipv4_mapped_names_are_ipv6_as_netip_parses_them() {
+        // (name, family, contained in 10.0.0.0/24, contained in ::ffff:10.0.0.0/120)
+        for (name, family, in_v4, in_mapped_v6) in [
+            ("10.0.0.5", Family::V4, true, false),
+            ("::ffff:10.0.0.5", Family::V6, false, true),
+            ("::FFFF:10.0.0.5", Family::V6, false, true),
+            ("::ffff:a00:5", Family::V6, false, true),
+            ("::10.0.0.5", Family::V6, false, false), // IPv4-compatible, not mapped
+            ("fd00::5", Family::V6, false, false),
+        ] {
+            let addr = a(name);
+            assert_eq!(addr.family, family, "{name}");
+            assert_eq!(p("10.0.0.0/24").contains_ip(addr), in_v4, "{name}");
+            assert_eq!(
+                p("::ffff:10.0.0.0/120").contains_ip(addr),
+                in_mapped_v6,
+                "{name}"
+            );
+        }
+        assert_ne!(a("::ffff:10.0.0.5"), a("10.0.0.5"));
         assert!(Addr::parse("10.0.0.256").is_none());
         assert!(Addr::parse("foo").is_none());
     }
@@ -265,8 +272,8 @@ mod tests {
             ("10.0.0.0/24", "10.0.1.1", false),
             ("10.0.0.9/24", "10.0.0.0", false), // network of the masked prefix
             ("10.0.0.9/24", "10.0.0.9", true),
-            ("10.0.0.0/24", "::ffff:10.0.0.7", true),
-            ("10.0.0.0/24", "::ffff:10.0.0.255", false),
+            ("10.0.0.0/24", "::ffff:10.0.0.7", false), // IPv6 (4in6), as netip.ParseAddr reads it
+            ("::ffff:10.0.0.0/120", "::ffff:10.0.0.255", true), // IPv6: no broadcast exclusion
             ("10.0.0.0/31", "10.0.0.0", false),
             ("10.0.0.0/31", "10.0.0.1", false),
             ("10.0.0.0/30", "10.0.0.1", true),
@@ -284,9 +291,11 @@ mod tests {
             ("fd00::/127", "fd00::1", true),
             ("::/0", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", true),
             ("::/0", "::", false),
-            // Families never mix, not even through IPv4-mapped prefixes.
+            // Families never mix: an IPv4-mapped prefix holds IPv4-mapped names (both IPv6), never
+            // plain IPv4 ones.
             ("10.0.0.0/24", "fd00::1", false),
-            ("::ffff:10.0.0.0/104", "::ffff:10.0.0.5", false),
+            ("::ffff:10.0.0.0/104", "::ffff:10.0.0.5", true),
+            ("::ffff:10.0.0.0/104", "10.0.0.5", false),
             ("fd00::/112", "10.0.0.1", false),
         ] {
             assert_eq!(p(prefix).contains_ip(a(ip)), want, "{prefix} ∋ {ip}");

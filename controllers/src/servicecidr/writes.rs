@@ -15,6 +15,8 @@ use kube::{
 };
 use serde_json::json;
 
+use crate::leader::Fence;
+
 use super::{
     conflict::{FIELD_MANAGER, PATCH_FIELD_MANAGER, our_apply_time},
     decide::{CONDITION_READY, FINALIZER, ReadyCondition},
@@ -49,13 +51,16 @@ pub trait Writes: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
 
+/// The API writes, each made through the fence: only while this replica holds a valid lease,
+/// and dropped in flight when it stops holding one.
 pub struct KubeWrites {
     api: Api<ServiceCIDR>,
     recorder: Recorder,
+    fence: Fence,
 }
 
 impl KubeWrites {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, fence: Fence) -> Self {
         let reporter = Reporter {
             controller: FIELD_MANAGER.into(),
             instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
@@ -63,6 +68,7 @@ impl KubeWrites {
         Self {
             api: Api::all(client.clone()),
             recorder: Recorder::new(client, reporter),
+            fence,
         }
     }
 
@@ -72,6 +78,12 @@ impl KubeWrites {
             ..PatchParams::default()
         }
     }
+}
+
+/// A fenced write fails like a failed request: the key is retried with backoff (and the process
+/// is about to exit anyway, having lost its lease).
+fn fenced<T>(r: Result<Result<T, kube::Error>, crate::leader::Fenced>) -> Result<T, kube::Error> {
+    r.unwrap_or_else(|f| Err(kube::Error::Service(Box::new(f))))
 }
 
 fn not_found_is_ok<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
@@ -101,20 +113,26 @@ pub fn ready_apply_body(name: &str, c: &ReadyCondition, now: Timestamp) -> serde
 impl Writes for KubeWrites {
     async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
         let body = json!({"metadata": {"finalizers": [FINALIZER]}});
-        not_found_is_ok(
-            self.api
-                .patch(name, &Self::patch_params(), &Patch::Strategic(body))
+        not_found_is_ok(fenced(
+            self.fence
+                .guard(
+                    self.api
+                        .patch(name, &Self::patch_params(), &Patch::Strategic(body)),
+                )
                 .await,
-        )
+        ))
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
         let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
-        not_found_is_ok(
-            self.api
-                .patch(name, &Self::patch_params(), &Patch::Strategic(body))
+        not_found_is_ok(fenced(
+            self.fence
+                .guard(
+                    self.api
+                        .patch(name, &Self::patch_params(), &Patch::Strategic(body)),
+                )
                 .await,
-        )
+        ))
     }
 
     async fn apply_ready(
@@ -125,10 +143,11 @@ impl Writes for KubeWrites {
     ) -> Result<Option<Timestamp>, kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let body = ready_apply_body(name, c, now);
-        let obj = self
-            .api
-            .patch_status(name, &params, &Patch::Apply(body))
-            .await?;
+        let obj = fenced(
+            self.fence
+                .guard(self.api.patch_status(name, &params, &Patch::Apply(body)))
+                .await,
+        )?;
         Ok(our_apply_time(
             obj.metadata.managed_fields.as_deref().unwrap_or_default(),
         ))
@@ -146,13 +165,59 @@ impl Writes for KubeWrites {
             action: n.action.clone(),
             secondary: None,
         };
-        self.recorder.publish(&ev, regarding).await
+        fenced(
+            self.fence
+                .guard(self.recorder.publish(&ev, regarding))
+                .await,
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        leader::{Fence, Term},
+        podgc::mock_api::Mock,
+    };
+
+    #[tokio::test]
+    async fn a_standby_sends_no_write() {
+        let mock = Mock::default();
+        let (_tx, rx) = tokio::sync::watch::channel(Term::Standby);
+        let w = KubeWrites::new(mock.client(), Fence::new(rx));
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        assert!(w.remove_finalizer("x").await.is_err());
+        assert!(w.add_finalizer("x").await.is_err());
+        assert!(
+            w.apply_ready("x", &ReadyCondition::ready(), now)
+                .await
+                .is_err()
+        );
+        let e = w
+            .publish(
+                &ObjectReference::default(),
+                &Notice {
+                    warning: false,
+                    reason: "r".into(),
+                    action: "a".into(),
+                    note: "n".into(),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("not leading"), "{e}");
+        assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+
+        // The same writes with a valid lease do reach the API.
+        let w = KubeWrites::new(mock.client(), Fence::unbounded());
+        // (The mock answers with a Pod, which does not parse: only the call matters here.)
+        let _ = w.remove_finalizer("x").await;
+        assert_eq!(
+            mock.calls(),
+            ["PATCH /apis/networking.k8s.io/v1/servicecidrs/x"]
+        );
+    }
 
     #[test]
     fn apply_body_carries_only_the_ready_condition_with_empty_reason() {

@@ -3,6 +3,7 @@
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
 pub mod clean;
+pub mod fill;
 pub mod model;
 pub mod msg;
 pub mod netns;
@@ -216,6 +217,11 @@ async fn schedule(
     let mut pass_at: Option<Instant> = None;
     let mut last_pass: Option<Instant> = None;
     let mut gc_at = Instant::now() + interval;
+    let mut fill_events = fill::Notifier::new(
+        shared.base.client.clone(),
+        &shared.node_name,
+        shared.base.dry_run,
+    );
     // A pass was skipped on a stale model: run one as soon as a current model exists, even if
     // it equals the old one (what the skipped pass would have cleaned is still there).
     let mut owed = false;
@@ -284,6 +290,9 @@ async fn schedule(
         }
         last_pass = Some(now);
         let summary = worker.round(model).await;
+        if let Some(f) = summary.fill {
+            fill_events.observe(f).await;
+        }
         if periodic {
             interval = clean::next_interval(
                 interval,

@@ -17,8 +17,8 @@ use super::netns;
 use super::pass::{PassError, PassState, family_name, run_pass};
 use super::socket::Conntrack;
 
-/// Fill ratio above which every pass logs a warning.
-const FILL_WARNING: f64 = 0.8;
+/// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
+const FILL_WARNING: f64 = super::fill::THRESHOLD;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -89,6 +89,8 @@ impl Metrics {
 pub struct RoundSummary {
     pub scanned: usize,
     pub deleted: usize,
+    /// The table's fill, read at the start of the round (None when unreadable).
+    pub fill: Option<super::fill::Fill>,
 }
 
 struct Request {
@@ -174,8 +176,10 @@ struct Round {
 
 impl Round {
     fn run(&mut self, model: &Model) -> RoundSummary {
-        self.observe_fill();
-        let mut summary = RoundSummary::default();
+        let mut summary = RoundSummary {
+            fill: self.observe_fill(),
+            ..RoundSummary::default()
+        };
         for (i, (family, fm)) in [(AF_INET, &model.ipv4), (AF_INET6, &model.ipv6)]
             .into_iter()
             .enumerate()
@@ -253,7 +257,7 @@ impl Round {
         summary
     }
 
-    fn observe_fill(&self) {
+    fn observe_fill(&self) -> Option<super::fill::Fill> {
         let read = |name: &str| -> Option<f64> {
             std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
                 .ok()?
@@ -263,10 +267,10 @@ impl Round {
         };
         let (Some(count), Some(max)) = (read("nf_conntrack_count"), read("nf_conntrack_max"))
         else {
-            return;
+            return None;
         };
         if max <= 0.0 {
-            return;
+            return None;
         }
         let ratio = count / max;
         self.metrics.fill_ratio.set(ratio);
@@ -278,6 +282,7 @@ impl Round {
                 "conntrack table is over 80% full; new flows will be dropped when it is full (raise --conntrack-max-per-core / --conntrack-min)"
             );
         }
+        Some(super::fill::Fill { count, max })
     }
 }
 

@@ -37,6 +37,18 @@ pub const CONDITION_VALID: &str = "Valid";
         type_ = "string",
         json_path = ".spec.allowedUnsafeSysctls"
     ),
+    // The Valid condition's status, and its reason when a pattern is refused.
+    printcolumn(
+        name = "Valid",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Valid")].status"#
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        priority = 1,
+        json_path = r#".status.conditions[?(@.type=="Valid")].reason"#
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",

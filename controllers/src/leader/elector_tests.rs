@@ -1,0 +1,248 @@
+//! The elector against an in-memory Lease endpoint that can be made to hang: leadership ends at
+//! the term's instant whatever the requests are doing.
+
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
+
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::*;
+
+const NS: &str = "ns";
+const NAME: &str = "lease";
+
+/// One Lease, with resourceVersion checks on replace, and switches that make reads or writes
+/// hang (a frozen connection).
+#[derive(Clone, Default)]
+struct LeaseServer {
+    lease: Arc<Mutex<Option<Value>>>,
+    hang_reads: Arc<AtomicBool>,
+    hang_writes: Arc<AtomicBool>,
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": reason,
+        "reason": reason, "code": code})
+}
+
+impl LeaseServer {
+    fn client(&self) -> kube::Client {
+        let s = self.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let s = s.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await.unwrap();
+                let write = parts.method != http::Method::GET;
+                let hang = if write { &s.hang_writes } else { &s.hang_reads };
+                if hang.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                let (code, body) = s.answer(parts.method.as_str(), &bytes);
+                Ok::<_, std::convert::Infallible>(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                )
+            }
+        });
+        kube::Client::new(svc, NS)
+    }
+
+    fn answer(&self, method: &str, body: &[u8]) -> (u16, Value) {
+        let mut stored = self.lease.lock().unwrap();
+        let rv = |v: &Value| {
+            v["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string)
+        };
+        match method {
+            "GET" => match &*stored {
+                Some(l) => (200, l.clone()),
+                None => (404, status(404, "NotFound")),
+            },
+            "POST" | "PUT" => {
+                let mut new: Value = serde_json::from_slice(body).unwrap();
+                let next = match &*stored {
+                    None if method == "POST" => 1,
+                    Some(old) if method == "PUT" && rv(old) == rv(&new) => {
+                        rv(old).unwrap().parse::<u64>().unwrap() + 1
+                    }
+                    _ => return (409, status(409, "Conflict")),
+                };
+                new["metadata"]["resourceVersion"] = json!(next.to_string());
+                new["apiVersion"] = json!("coordination.k8s.io/v1");
+                new["kind"] = json!("Lease");
+                *stored = Some(new.clone());
+                (if method == "POST" { 201 } else { 200 }, new)
+            }
+            _ => (405, status(405, "MethodNotAllowed")),
+        }
+    }
+
+    fn holder(&self) -> String {
+        let l = self.lease.lock().unwrap();
+        l.as_ref()
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+fn config() -> ElectionConfig {
+    ElectionConfig {
+        lease_name: NAME.into(),
+        namespace: NS.into(),
+        identity: "me_1".into(),
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(2),
+    }
+}
+
+fn gauge() -> IntGauge {
+    IntGauge::new("is_leader", "test").unwrap()
+}
+
+/// Starts an elector, waits until it leads and has renewed a few times.
+async fn leading(
+    server: &LeaseServer,
+) -> (
+    tokio::task::JoinHandle<Result<(), LeaderError>>,
+    Leadership,
+    IntGauge,
+) {
+    let g = gauge();
+    let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
+    let task = tokio::spawn(elector.run(CancellationToken::new()));
+    leadership.acquired().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(leadership.is_leading());
+    assert_eq!(server.holder(), "me_1");
+    (task, leadership, g)
+}
+
+fn term_end(l: &Leadership) -> Instant {
+    match l.fence().term() {
+        Term::Until(end) => end,
+        t => panic!("not leading: {t:?}"),
+    }
+}
+
+/// A hung write (or read) must not extend leadership: the elector gives up, and the fence
+/// closes, exactly at last renewal + renew deadline, not when the request times out.
+#[tokio::test(start_paused = true)]
+async fn hung_lease_calls_end_leadership_at_the_term() {
+    for hang_reads in [false, true] {
+        let server = LeaseServer::default();
+        let (task, leadership, g) = leading(&server).await;
+        let frozen_at = Instant::now();
+        if hang_reads {
+            server.hang_reads.store(true, Ordering::SeqCst);
+        }
+        server.hang_writes.store(true, Ordering::SeqCst);
+        let end = term_end(&leadership);
+        assert!(end > frozen_at && end - frozen_at <= Duration::from_secs(10));
+
+        let fence = leadership.fence();
+        let write = fence.guard(tokio::time::sleep(Duration::from_secs(3600)));
+        assert_eq!(write.await, Err(Fenced), "in-flight write dropped");
+        assert_eq!(
+            Instant::now(),
+            end,
+            "fence closed at the term, hang_reads={hang_reads}"
+        );
+
+        let res = task.await.unwrap();
+        assert!(
+            matches!(res, Err(LeaderError::RenewDeadline { .. })),
+            "{res:?}"
+        );
+        assert_eq!(Instant::now(), end, "elector gave up at the term");
+        assert!(!leadership.is_leading());
+        assert_eq!(leadership.fence().term(), Term::Standby);
+        assert_eq!(g.get(), 0);
+    }
+}
+
+/// Each renewal moves the term to (its start + renew deadline): with renewals every retry
+/// period the term is always between 8 s and 10 s ahead.
+#[tokio::test(start_paused = true)]
+async fn renewals_keep_the_term_ahead() {
+    let server = LeaseServer::default();
+    let (task, leadership, g) = leading(&server).await;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let ahead = term_end(&leadership) - Instant::now();
+        assert!(
+            ahead > Duration::from_secs(7) && ahead <= Duration::from_secs(10),
+            "{ahead:?}"
+        );
+        assert_eq!(g.get(), 1);
+    }
+    task.abort();
+}
+
+/// Another replica took the lease (say we were paused): stop acting at the next read.
+#[tokio::test(start_paused = true)]
+async fn a_lease_taken_over_ends_leadership() {
+    let server = LeaseServer::default();
+    let (task, leadership, _g) = leading(&server).await;
+    {
+        let mut l = server.lease.lock().unwrap();
+        let l = l.as_mut().unwrap();
+        l["spec"]["holderIdentity"] = json!("other_2");
+        l["spec"]["renewTime"] = json!("2030-01-01T00:00:00.000000Z");
+    }
+    let res = task.await.unwrap();
+    assert!(
+        matches!(res, Err(LeaderError::TakenOver { ref holder, .. }) if holder == "other_2"),
+        "{res:?}"
+    );
+    assert!(!leadership.is_leading());
+    assert_eq!(
+        server.holder(),
+        "other_2",
+        "the new holder's lease is left alone"
+    );
+}
+
+/// A candidate whose requests hang never leads, and its round is bounded.
+#[tokio::test(start_paused = true)]
+async fn a_hung_candidate_never_leads() {
+    let server = LeaseServer::default();
+    server.hang_writes.store(true, Ordering::SeqCst);
+    let (elector, leadership) = Elector::new(server.client(), config(), gauge());
+    let task = tokio::spawn(elector.run(CancellationToken::new()));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!leadership.is_leading());
+    assert_eq!(leadership.fence().term(), Term::Standby);
+    assert!(!task.is_finished(), "a candidate keeps campaigning");
+    task.abort();
+}
+
+/// SIGTERM during a hung round: the elector stops at once (the release it then tries is bounded
+/// by the renew deadline), and stops acting before it returns.
+#[tokio::test(start_paused = true)]
+async fn shutdown_does_not_wait_for_a_hung_round() {
+    let server = LeaseServer::default();
+    let g = gauge();
+    let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
+    let token = CancellationToken::new();
+    let task = tokio::spawn(elector.run(token.clone()));
+    leadership.acquired().await;
+    server.hang_reads.store(true, Ordering::SeqCst);
+    server.hang_writes.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = Instant::now();
+    token.cancel();
+    assert!(task.await.unwrap().is_ok());
+    assert!(t.elapsed() <= Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(leadership.fence().term(), Term::Standby);
+    assert_eq!(g.get(), 0);
+}

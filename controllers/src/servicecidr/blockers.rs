@@ -1,0 +1,195 @@
+//! `controller-manager servicecidr blockers NAME`: every IPAddress that keeps a ServiceCIDR
+//! from being deleted, and who owns it. The answer comes from the controller's own decision
+//! code (`CidrSet::has_parent`, `IpIndex::orphans`) over a fresh list, so it can not disagree
+//! with what the controller does; the Warning Event names at most 10, this names them all.
+
+use std::fmt::Write as _;
+
+use clap::Args;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use kube::{Api, Client, ResourceExt, api::ListParams};
+
+use super::cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_entry, spec_cidrs};
+use super::index::{Blocker, CidrSet, IpIndex};
+
+#[derive(Args, Debug, Clone)]
+pub struct BlockersArgs {
+    /// The ServiceCIDR's name.
+    pub name: String,
+}
+
+/// What keeps (or would keep) the ServiceCIDR's deletion waiting.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Another ServiceCIDR covers every one of its CIDRs: no IP can be orphaned.
+    Covered,
+    /// No allocator-managed IPAddress lies only inside it.
+    Clear,
+    /// These IPAddresses lie only inside it, by address.
+    Blocked(Vec<Blocker>),
+}
+
+/// The controller's decision for `name`, every blocker included. `cidrs` must hold `name`.
+pub fn verdict(cidrs: &CidrSet, ips: &IpIndex, name: &str) -> Verdict {
+    if cidrs.has_parent(name) {
+        return Verdict::Covered;
+    }
+    let found = ips.orphans(cidrs, name, usize::MAX).found;
+    if found.is_empty() {
+        Verdict::Clear
+    } else {
+        Verdict::Blocked(found)
+    }
+}
+
+/// The report printed for `name`.
+pub fn render(name: &str, cidrs: &[String], deleting: bool, v: &Verdict) -> String {
+    let mut out = format!("ServiceCIDR {name} ({})", cidrs.join(", "));
+    out.push_str(if deleting {
+        ", being deleted: "
+    } else {
+        ", not being deleted (what would block a deletion): "
+    });
+    match v {
+        Verdict::Covered => {
+            out.push_str("nothing blocks; another ServiceCIDR covers every CIDR of it\n")
+        }
+        Verdict::Clear => {
+            out.push_str("nothing blocks; no allocated IPAddress lies only inside it\n")
+        }
+        Verdict::Blocked(found) => {
+            let _ = writeln!(
+                out,
+                "{} IPAddress(es) lie only inside it and block its deletion:",
+                found.len()
+            );
+            for b in found {
+                let owner = b
+                    .entry
+                    .owner
+                    .as_ref()
+                    .map_or_else(|| "(no parentRef)".to_string(), ToString::to_string);
+                let _ = writeln!(out, "  {}\t{}", b.entry.name, owner);
+            }
+            out.push_str(
+                "Delete those objects (usually Services), or create a ServiceCIDR that covers them.\n",
+            );
+        }
+    }
+    out
+}
+
+/// Lists, decides, prints. Exit code: 0 nothing blocks, 1 something blocks, 2 on errors.
+pub async fn run(client: Client, args: &BlockersArgs) -> u8 {
+    match report(client, &args.name).await {
+        Ok((text, blocked)) => {
+            print!("{text}");
+            u8::from(blocked)
+        }
+        Err(e) => {
+            eprintln!("servicecidr blockers {}: {e:#}", args.name);
+            2
+        }
+    }
+}
+
+async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
+    let all = Api::<ServiceCIDR>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let Some(me) = all.items.iter().find(|c| c.name_any() == name) else {
+        anyhow::bail!("no ServiceCIDR named {name:?}");
+    };
+    let mut cidrs = CidrSet::default();
+    for c in &all.items {
+        cidrs.insert(&c.name_any(), &spec_cidrs(c));
+    }
+    let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}");
+    let mut ips = IpIndex::default();
+    for ip in Api::<IPAddress>::all(client)
+        .list(&ListParams::default().labels(&selector))
+        .await?
+    {
+        if let Some(e) = ip_entry(&ip) {
+            ips.upsert(e);
+        }
+    }
+    let v = verdict(&cidrs, &ips, name);
+    let blocked = matches!(v, Verdict::Blocked(_));
+    let deleting = me.metadata.deletion_timestamp.is_some();
+    Ok((render(name, &spec_cidrs(me), deleting, &v), blocked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::servicecidr::index::{IpEntry, Owner};
+    use crate::servicecidr::prefix::Addr;
+
+    fn set(items: &[(&str, &[&str])]) -> CidrSet {
+        let mut s = CidrSet::default();
+        for (n, cs) in items {
+            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
+            s.insert(n, &cs);
+        }
+        s
+    }
+
+    fn ips(names: &[&str]) -> IpIndex {
+        let mut ix = IpIndex::default();
+        for n in names {
+            ix.upsert(IpEntry {
+                name: n.to_string(),
+                family_label: Addr::parse(n).map(|a| a.family),
+                owner: Some(Owner {
+                    resource: "services".into(),
+                    namespace: Some("default".into()),
+                    name: format!("svc-{n}"),
+                }),
+            });
+        }
+        ix
+    }
+
+    fn names(v: &Verdict) -> Vec<&str> {
+        match v {
+            Verdict::Blocked(f) => f.iter().map(|b| b.entry.name.as_str()).collect(),
+            _ => vec![],
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let s = set(&[("x", &["10.0.1.0/24"]), ("y", &["10.0.1.128/25"])]);
+        // More than the Event's 10: all are listed.
+        let many: Vec<String> = (1..=12).map(|i| format!("10.0.1.{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let v = verdict(&s, &ips(&many), "x");
+        assert_eq!(names(&v).len(), 12);
+        // Only inside x blocks; also inside y does not; network and broadcast never do.
+        let v = verdict(
+            &s,
+            &ips(&["10.0.1.5", "10.0.1.130", "10.0.1.0", "10.0.1.255"]),
+            "x",
+        );
+        assert_eq!(names(&v), ["10.0.1.5"]);
+        assert_eq!(verdict(&s, &ips(&["10.0.1.130"]), "x"), Verdict::Clear);
+        let p = set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])]);
+        assert_eq!(verdict(&p, &ips(&["10.0.1.5"]), "x"), Verdict::Covered);
+    }
+
+    #[test]
+    fn report_names_each_blocker_and_its_owner() {
+        let s = set(&[("x", &["10.0.1.0/24"])]);
+        let v = verdict(&s, &ips(&["10.0.1.7"]), "x");
+        let text = render("x", &["10.0.1.0/24".into()], true, &v);
+        assert!(text.contains("being deleted"), "{text}");
+        assert!(text.contains("1 IPAddress(es)"), "{text}");
+        assert!(
+            text.contains("10.0.1.7\tservices default/svc-10.0.1.7"),
+            "{text}"
+        );
+        let text = render("x", &["10.0.1.0/24".into()], false, &Verdict::Clear);
+        assert!(text.contains("nothing blocks"), "{text}");
+    }
+}

@@ -1,0 +1,115 @@
+//! `controller-manager servicecidr blockers NAME` against a real apiserver: every blocking
+//! IPAddress (more than the Event's 10) with its owner, exit 1; nothing blocking once another
+//! ServiceCIDR covers it, exit 0; a ServiceCIDR that does not exist, exit 2.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::networking::v1::{
+    IPAddress, IPAddressSpec, ParentReference, ServiceCIDR, ServiceCIDRSpec,
+};
+use kube::api::ObjectMeta;
+use testkit::{Cluster, unique_name};
+
+const BIN: &str = env!("CARGO_BIN_EXE_controller-manager");
+
+/// A second octet of our own, so leftovers of other runs and tests do not overlap.
+fn octet() -> u8 {
+    (std::process::id() % 200) as u8 + 30
+}
+
+async fn cidr(c: &Cluster, name: &str, cidr: &str) -> anyhow::Result<()> {
+    c.create(&ServiceCIDR {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceCIDRSpec {
+            cidrs: Some(vec![cidr.into()]),
+        }),
+        status: None,
+    })
+    .await?;
+    Ok(())
+}
+
+async fn ip(c: &Cluster, ip: &str, managed: bool, service: &str) -> anyhow::Result<()> {
+    let mut labels = BTreeMap::from([(
+        "ipaddress.kubernetes.io/ip-family".to_string(),
+        "IPv4".to_string(),
+    )]);
+    if managed {
+        labels.insert(
+            "ipaddress.kubernetes.io/managed-by".into(),
+            "ipallocator.k8s.io".into(),
+        );
+    }
+    c.create(&IPAddress {
+        metadata: ObjectMeta {
+            name: Some(ip.into()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(IPAddressSpec {
+            parent_ref: ParentReference {
+                group: Some(String::new()),
+                resource: "services".into(),
+                namespace: Some("team-a".into()),
+                name: service.into(),
+            },
+        }),
+    })
+    .await?;
+    Ok(())
+}
+
+async fn blockers(c: &Cluster, name: &str) -> anyhow::Result<(i32, String, String)> {
+    let out = tokio::process::Command::new(BIN)
+        .args(["servicecidr", "blockers", name])
+        .env("KUBECONFIG", &c.kubeconfig)
+        .output()
+        .await?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
+}
+
+#[tokio::test]
+async fn blockers_lists_every_blocking_ip_and_exits_by_outcome() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("blockers_lists_every_blocking_ip_and_exits_by_outcome").await
+    else {
+        return Ok(());
+    };
+    let o = octet();
+    let name = unique_name("gk-blockers");
+    cidr(&c, &name, &format!("10.206.{o}.0/24")).await?;
+    for i in 1..=12 {
+        ip(&c, &format!("10.206.{o}.{i}"), true, &format!("web-{i}")).await?;
+    }
+    // Neither an unmanaged IP nor the network address blocks.
+    ip(&c, &format!("10.206.{o}.100"), false, "manual").await?;
+    ip(&c, &format!("10.206.{o}.0"), true, "network").await?;
+
+    let (code, out, err) = blockers(&c, &name).await?;
+    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("12 IPAddress(es)"), "{out}");
+    for i in 1..=12 {
+        let line = format!("10.206.{o}.{i}\tservices team-a/web-{i}");
+        assert!(out.contains(&line), "{line} missing from:\n{out}");
+    }
+    assert!(!out.contains(&format!("10.206.{o}.100")), "{out}");
+    assert!(!out.contains("network"), "{out}");
+
+    // A covering ServiceCIDR: nothing blocks any more.
+    let parent = unique_name("gk-blockers-parent");
+    cidr(&c, &parent, "10.206.0.0/16").await?;
+    let (code, out, err) = blockers(&c, &name).await?;
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("nothing blocks"), "{out}");
+
+    let (code, out, err) = blockers(&c, "gk-no-such-servicecidr").await?;
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("no ServiceCIDR named"), "{err}");
+    Ok(())
+}
