@@ -213,7 +213,7 @@ impl Applier {
 fn log(d: &Deletion, o: &Outcome) {
     let pod = format!("{}/{}", d.pod.namespace, d.pod.name);
     let node = d.pod.node_name.as_deref().unwrap_or("");
-    let pass = d.pass.label();
+    let pass = d.pass.name();
     let reason = d.why.as_str();
     match o {
         Outcome::Deleted => {

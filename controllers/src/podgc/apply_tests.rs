@@ -17,6 +17,7 @@ fn pod(name: &str, phase: Phase) -> PodFacts {
         created: Timestamp::from_second(1_700_000_000).unwrap(),
         generation: Some(4),
         disruption_target_true: None,
+        terminated_at: None,
     }
 }
 

@@ -11,6 +11,7 @@ pub mod metrics;
 #[cfg(test)]
 mod mock_api;
 pub mod passes;
+pub mod policy;
 pub mod quarantine;
 pub mod wire;
 

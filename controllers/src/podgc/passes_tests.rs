@@ -18,6 +18,7 @@ fn pod(name: &str, phase: Phase, node: Option<&str>, created: i64) -> PodFacts {
         created: at(created),
         generation: Some(1),
         disruption_target_true: None,
+        terminated_at: None,
     }
 }
 
