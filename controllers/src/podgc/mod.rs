@@ -7,6 +7,7 @@ pub mod apply;
 pub mod cache;
 pub mod cycle;
 pub mod facts;
+pub mod limit;
 pub mod metrics;
 #[cfg(test)]
 mod mock_api;
@@ -79,6 +80,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
     let ready = (
         shared.base.readiness.register("podgc-pods"),
         shared.base.readiness.register("podgc-nodes"),
+        shared.base.readiness.register("podgc-namespaces"),
     );
     let (mut synced, watches) = cache::start(
         shared.base.client.clone(),

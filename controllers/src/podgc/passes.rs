@@ -8,13 +8,18 @@ use std::{
     sync::Arc,
 };
 
-use super::facts::{NodeFacts, PodFacts};
+use super::{
+    facts::{NodeFacts, PodFacts},
+    policy::NsAnnotations,
+};
 
 /// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub pods: Vec<PodFacts>,
     pub nodes: HashMap<Arc<str>, NodeFacts>,
+    /// The namespaces that carry a policy annotation, unparsed.
+    pub namespaces: HashMap<Arc<str>, NsAnnotations>,
 }
 
 /// Which pass chose a pod; its label is the `reason` of the upstream metrics.
