@@ -70,16 +70,28 @@ impl KubeArgs {
     }
 
     pub async fn client(&self) -> Result<Client, ClientError> {
+        Ok(self.clients().await?.0)
+    }
+
+    /// The process's client, and a second one on the same QPS budget (one token bucket) but
+    /// without kube's automatic retry of 429/503/504: for a caller that must see each 429 to
+    /// adapt its own concurrency (PodGC's deletes).
+    pub async fn clients(&self) -> Result<(Client, Client), ClientError> {
         let config = self.config().await?;
-        // The deadline sits inside the rate limiter: time spent waiting for a token is not a hang.
-        let builder = ClientBuilder::try_from(config)?
-            .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
-        Ok(
-            match RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst) {
-                Some(layer) => builder.with_layer(&layer).build(),
+        let limit = RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst);
+        let build = |config: Config| -> Result<Client, ClientError> {
+            // The deadline sits inside the rate limiter: time spent waiting for a token is
+            // not a hang.
+            let builder = ClientBuilder::try_from(config)?
+                .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
+            Ok(match &limit {
+                Some(layer) => builder.with_layer(layer).build(),
                 None => builder.build(),
-            },
-        )
+            })
+        };
+        let mut unretried = config.clone();
+        unretried.default_retry = false;
+        Ok((build(config)?, build(unretried)?))
     }
 }
 

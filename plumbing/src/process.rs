@@ -43,6 +43,8 @@ pub struct Process {
     pub registry: Registry,
     pub readiness: Readiness,
     pub client: Client,
+    /// `client`'s twin without automatic 429 retries (see `KubeArgs::clients`).
+    pub unretried_client: Client,
     pub admin_addr: SocketAddr,
     admin_task: JoinHandle<std::io::Result<()>>,
 }
@@ -52,6 +54,8 @@ pub struct Process {
 #[derive(Clone)]
 pub struct Base {
     pub client: Client,
+    /// `client`'s twin on the same QPS budget without automatic 429 retries.
+    pub unretried_client: Client,
     pub registry: Registry,
     pub readiness: Readiness,
     /// Log every destructive action that would be made; make none.
@@ -64,6 +68,7 @@ impl Process {
     pub fn base(&self, dry_run: bool, token: tokio_util::sync::CancellationToken) -> Base {
         Base {
             client: self.client.clone(),
+            unretried_client: self.unretried_client.clone(),
             registry: self.registry.clone(),
             readiness: self.readiness.clone(),
             dry_run,
@@ -77,7 +82,7 @@ impl Process {
         shutdown.cancel_on_signals();
         let registry = metrics::registry();
         let readiness = Readiness::default();
-        let client = kube.client().await?;
+        let (client, unretried_client) = kube.clients().await?;
         let (admin_addr, serve) = admin::bind(
             admin_addr,
             registry.clone(),
@@ -90,6 +95,7 @@ impl Process {
             registry,
             readiness,
             client,
+            unretried_client,
             admin_addr,
             admin_task: tokio::spawn(serve),
         })

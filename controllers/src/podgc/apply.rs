@@ -1,7 +1,13 @@
 //! Applies a pass's deletions: mark Failed (when not already final), then force-delete with a
-//! UID precondition, many pods at once within `--gc-concurrency` and the client's QPS budget.
+//! UID precondition, many pods at once within an AIMD limit (at most `--gc-concurrency`, see
+//! `limit.rs`) and the client's QPS budget.
 
-use futures::{StreamExt, stream};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream::FuturesUnordered};
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -12,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     facts::{DISRUPTION_TARGET, PodFacts},
+    limit::{Aimd, Signal},
     metrics::Metrics,
     passes::Deletion,
     wire::WirePod,
@@ -31,7 +38,13 @@ pub enum Outcome {
     /// The status patch failed: the pod was not deleted.
     PatchFailed(String),
     DeleteFailed(String),
+    /// 429 Too Many Requests, with the server's Retry-After when it sent one in the body. The
+    /// applier waits and retries; as a final outcome it is a failure.
+    Throttled(Option<Duration>),
 }
+
+/// Attempts per pod while the apiserver answers 429.
+const THROTTLED_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, PartialEq, Clone, Copy)]
 pub enum Skip {
@@ -111,6 +124,20 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
     }
 }
 
+/// A 429, and how long the server asked to wait (only when it said so in the Status body).
+fn throttled_of(e: &kube::Error) -> Option<Option<Duration>> {
+    match e {
+        kube::Error::Api(s) if s.code == 429 => Some(
+            s.details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s))),
+        ),
+        _ => None,
+    }
+}
+
 /// Patch-then-delete for one pod. A failed patch means no delete.
 pub async fn force_delete(client: &Client, d: &Deletion, now: Timestamp) -> Outcome {
     let api: Api<WirePod> = Api::namespaced(client.clone(), &d.pod.namespace);
@@ -123,17 +150,19 @@ pub async fn force_delete(client: &Client, d: &Deletion, now: Timestamp) -> Outc
             )
             .await;
         if let Err(e) = res {
-            return match skip_of(&e) {
-                Some(s) => Outcome::Skipped(s),
-                None => Outcome::PatchFailed(e.to_string()),
+            return match (skip_of(&e), throttled_of(&e)) {
+                (Some(s), _) => Outcome::Skipped(s),
+                (_, Some(after)) => Outcome::Throttled(after),
+                _ => Outcome::PatchFailed(e.to_string()),
             };
         }
     }
     match api.delete(&d.pod.name, &delete_params(&d.pod)).await {
         Ok(_) => Outcome::Deleted,
-        Err(e) => match skip_of(&e) {
-            Some(s) => Outcome::Skipped(s),
-            None => Outcome::DeleteFailed(e.to_string()),
+        Err(e) => match (skip_of(&e), throttled_of(&e)) {
+            (Some(s), _) => Outcome::Skipped(s),
+            (_, Some(after)) => Outcome::Throttled(after),
+            _ => Outcome::DeleteFailed(e.to_string()),
         },
     }
 }
@@ -153,7 +182,9 @@ impl Tally {
             Outcome::Deleted => self.deleted += 1,
             Outcome::WouldDelete => self.would_delete += 1,
             Outcome::Skipped(_) => self.skipped += 1,
-            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) => self.failed += 1,
+            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_) => {
+                self.failed += 1
+            }
         }
     }
 
@@ -164,31 +195,104 @@ impl Tally {
 
 #[derive(Clone)]
 pub struct Applier {
+    /// Without kube's automatic 429 retry: the limit must see every 429.
     pub client: Client,
     pub metrics: Metrics,
+    /// `--gc-concurrency`: the most the limit ever allows.
     pub concurrency: usize,
     pub dry_run: bool,
     /// On shutdown no new deletion starts; those in flight finish.
     pub token: CancellationToken,
+    /// Shared by every pass and cycle: the apiserver's load does not reset between them.
+    pub limit: Arc<Mutex<Aimd>>,
 }
 
 impl Applier {
-    /// Runs one pass's deletions, at most `concurrency` at a time.
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        concurrency: usize,
+        dry_run: bool,
+        token: CancellationToken,
+    ) -> Self {
+        let limit = Aimd::new(concurrency);
+        metrics.concurrency_limit.set(limit.limit());
+        Self {
+            client,
+            metrics,
+            concurrency,
+            dry_run,
+            token,
+            limit: Arc::new(Mutex::new(limit)),
+        }
+    }
+
+    /// (deletes allowed in flight, when a 429 pause ends)
+    fn gate(&self) -> (usize, Option<Instant>) {
+        let l = self.limit.lock().expect("podgc limit lock");
+        (l.allowed(), l.paused(Instant::now()))
+    }
+
+    /// Runs one pass's deletions, as many at a time as the limit allows.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
-        let outcomes = stream::iter(deletions)
-            .take_until(self.token.clone().cancelled_owned())
-            .map(|d| async move {
-                let o = self.one(&d).await;
-                (d, o)
-            })
-            .buffer_unordered(self.concurrency.max(1));
-        let mut outcomes = std::pin::pin!(outcomes);
-        while let Some((d, o)) = outcomes.next().await {
-            log(&d, &o);
-            tally.add(&o);
+        let mut queue = deletions.into_iter();
+        let mut in_flight = FuturesUnordered::new();
+        let mut queued = true;
+        loop {
+            let mut resume = None;
+            while queued && !self.token.is_cancelled() {
+                let (allowed, paused) = self.gate();
+                if paused.is_some() {
+                    resume = paused;
+                    break;
+                }
+                if in_flight.len() >= allowed.min(self.concurrency.max(1)) {
+                    break;
+                }
+                match queue.next() {
+                    Some(d) => in_flight.push(async move {
+                        let o = self.one(&d).await;
+                        (d, o)
+                    }),
+                    None => queued = false,
+                }
+            }
+            if in_flight.is_empty() && (!queued || self.token.is_cancelled()) {
+                break;
+            }
+            let resumed = async {
+                match resume {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                Some((d, o)) = in_flight.next(), if !in_flight.is_empty() => {
+                    log(&d, &o);
+                    tally.add(&o);
+                }
+                _ = resumed => {}
+                _ = self.token.cancelled(), if in_flight.is_empty() => {}
+            }
         }
         tally
+    }
+
+    /// Feeds one answer to the limit; returns when new calls may start again.
+    fn observe(&self, o: &Outcome, took: Duration) -> Option<Instant> {
+        let signal = match o {
+            Outcome::Throttled(after) => {
+                self.metrics.throttled.inc();
+                Signal::Throttled(*after)
+            }
+            _ => Signal::Answered(took),
+        };
+        let mut l = self.limit.lock().expect("podgc limit lock");
+        let now = Instant::now();
+        l.observe(signal, now);
+        self.metrics.concurrency_limit.set(l.limit());
+        l.paused(now)
     }
 
     async fn one(&self, d: &Deletion) -> Outcome {
@@ -199,12 +303,36 @@ impl Applier {
         if d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
-        let o = force_delete(&self.client, d, Timestamp::now()).await;
-        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+        let mut attempt = 1;
+        let o = loop {
+            let started = Instant::now();
+            let o = force_delete(&self.client, d, Timestamp::now()).await;
+            let resume = self.observe(&o, started.elapsed());
+            if !matches!(o, Outcome::Throttled(_))
+                || attempt >= THROTTLED_ATTEMPTS
+                || self.token.is_cancelled()
+            {
+                break o;
+            }
+            attempt += 1;
+            if let Some(t) = resume {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(t.into()) => {}
+                    _ = self.token.cancelled() => break o,
+                }
+            }
+        };
+        if matches!(
+            o,
+            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_)
+        ) {
             self.metrics.error(ns, d.pass);
         }
         if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
+        }
+        if o == Outcome::Deleted {
+            self.metrics.terminated_deleted(d.pass);
         }
         o
     }
@@ -232,6 +360,10 @@ fn log(d: &Deletion, o: &Outcome) {
         Outcome::DeleteFailed(e) => {
             tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
         }
+        Outcome::Throttled(_) => tracing::warn!(
+            %pod, node, pass, reason, attempts = THROTTLED_ATTEMPTS,
+            "the apiserver kept answering 429; pod left for the next cycle"
+        ),
     }
 }
 

@@ -173,13 +173,13 @@ mod tests {
     fn cycle(mock: &Mock, quarantine: Duration) -> Cycle {
         Cycle {
             client: mock.client(),
-            applier: Applier {
-                client: mock.client(),
-                metrics: Metrics::new(),
-                concurrency: 4,
-                dry_run: false,
-                token: CancellationToken::new(),
-            },
+            applier: Applier::new(
+                mock.client(),
+                Metrics::new(),
+                4,
+                false,
+                CancellationToken::new(),
+            ),
             quarantine: Quarantine::new(quarantine),
             threshold: 12500,
         }

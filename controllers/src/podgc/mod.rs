@@ -113,13 +113,13 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
 
     let mut cycle = Cycle {
         client: shared.base.client.clone(),
-        applier: Applier {
-            client: shared.base.client.clone(),
-            metrics: metrics.clone(),
-            concurrency: args.gc_concurrency as usize,
-            dry_run: shared.base.dry_run,
-            token: shared.base.token.clone(),
-        },
+        applier: Applier::new(
+            shared.base.unretried_client.clone(),
+            metrics.clone(),
+            args.gc_concurrency as usize,
+            shared.base.dry_run,
+            shared.base.token.clone(),
+        ),
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
     };
