@@ -11,6 +11,7 @@ pub mod limit;
 pub mod metrics;
 #[cfg(test)]
 mod mock_api;
+pub mod notice;
 pub mod passes;
 pub mod policy;
 pub mod quarantine;
@@ -50,6 +51,12 @@ pub struct PodGcArgs {
         allow_negative_numbers = true
     )]
     pub terminated_pod_gc_threshold: i64,
+
+    /// Beyond upstream: a Succeeded or Failed pod is deleted once this long has passed since
+    /// it terminated (its last container's finishedAt). 0 (the default) is off. Namespaces
+    /// override it with the groundskeeper.dev/terminated-pod-ttl annotation (docs/podgc.md).
+    #[arg(long, env = "TERMINATED_POD_TTL", default_value = "0s", value_parser = parse_duration)]
+    pub terminated_pod_ttl: Duration,
 
     /// How long a node missing from the cache is left alone before a live GET decides whether
     /// its pods are orphans.
@@ -122,6 +129,9 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         ),
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
+        ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
+        events: Arc::new(notice::KubeEvents::new(shared.base.client.clone())),
+        reported: notice::Reported::default(),
     };
     loop {
         let started = Instant::now();
@@ -163,6 +173,7 @@ mod tests {
         assert_eq!(a.terminated_pod_gc_threshold, 12500);
         assert_eq!(a.orphan_quarantine, Duration::from_secs(40));
         assert_eq!(a.gc_concurrency, 16);
+        assert_eq!(a.terminated_pod_ttl, Duration::ZERO, "the TTL is off");
     }
 
     #[test]
@@ -172,8 +183,10 @@ mod tests {
             "--terminated-pod-gc-threshold=-1",
             "--orphan-quarantine=0s",
             "--gc-concurrency=64",
+            "--terminated-pod-ttl=2h",
         ])
         .unwrap();
+        assert_eq!(a.terminated_pod_ttl, Duration::from_secs(7200));
         assert_eq!(a.gc_period, Duration::from_secs(1));
         assert_eq!(a.terminated_pod_gc_threshold, -1);
         assert_eq!(a.orphan_quarantine, Duration::ZERO);
@@ -188,6 +201,8 @@ mod tests {
             (&["--gc-period=5x"][..], "5x"),
             (&["--orphan-quarantine=soon"][..], "soon"),
             (&["--terminated-pod-gc-threshold=many"][..], "many"),
+            (&["--terminated-pod-ttl=1w"][..], "1w"),
+            (&["--terminated-pod-ttl=-1h"][..], "-1h"),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");

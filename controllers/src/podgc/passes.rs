@@ -4,7 +4,7 @@
 
 use std::{
     cmp::Ordering,
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -19,7 +19,7 @@ pub struct Snapshot {
     pub pods: Vec<PodFacts>,
     pub nodes: HashMap<Arc<str>, NodeFacts>,
     /// The namespaces that carry a policy annotation, unparsed.
-    pub namespaces: HashMap<Arc<str>, NsAnnotations>,
+    pub namespaces: BTreeMap<Arc<str>, NsAnnotations>,
 }
 
 /// Which pass chose a pod; its label is the `reason` of the upstream metrics.

@@ -47,7 +47,7 @@ fn snapshot(pods: Vec<PodFacts>, nodes: &[(&str, NodeFacts)]) -> Snapshot {
     Snapshot {
         pods,
         nodes: nodes.iter().map(|(n, f)| (Arc::from(*n), *f)).collect(),
-        namespaces: HashMap::new(),
+        namespaces: Default::default(),
     }
 }
 

@@ -224,9 +224,9 @@ fn humantime(d: Duration) -> String {
     let s = d.as_secs();
     if d.subsec_millis() != 0 {
         format!("{}ms", d.as_millis())
-    } else if s % 3600 == 0 && s > 0 {
+    } else if s.is_multiple_of(3600) && s > 0 {
         format!("{}h", s / 3600)
-    } else if s % 60 == 0 && s > 0 {
+    } else if s.is_multiple_of(60) && s > 0 {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")
