@@ -868,7 +868,7 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     assert!(notes.iter().any(|n| n.contains("\"-1\"")), "{notes:?}");
     let warned = |value: &str| {
         let ns = format!("namespace={bad} ");
-        let value = value.to_string();
+        let value = format!("value={value:?}");
         m.logs()
             .lines()
             .filter(|l| {

@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::{
-    Client,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event as K8sEvent},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
 };
+use kube::{Api, Client, api::PostParams};
 
 use super::policy::{NsAnnotations, malformed};
 
@@ -20,39 +20,57 @@ pub trait NamespaceEvents: Send + Sync {
     fn warn(&self, namespace: &str, note: String) -> BoxFuture<'_, Result<(), kube::Error>>;
 }
 
+/// Creates each Event itself: kube's `Recorder` folds events with the same reason and object
+/// into one series that keeps the first note, which would hide a second bad value.
 pub struct KubeEvents {
-    recorder: Recorder,
+    api: Api<K8sEvent>,
+    instance: String,
 }
 
 impl KubeEvents {
     pub fn new(client: Client) -> Self {
-        let reporter = Reporter {
-            controller: "groundskeeper-podgc".into(),
-            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
-        };
         Self {
-            recorder: Recorder::new(client, reporter),
+            // A Namespace is cluster-scoped: its Events live in "default", as client-go's
+            // recorder puts them (the apiserver refuses them anywhere else).
+            api: Api::namespaced(client, "default"),
+            instance: std::env::var("POD_NAME")
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| CONTROLLER.into()),
         }
     }
 }
 
+const CONTROLLER: &str = "groundskeeper.dev/podgc";
+
 impl NamespaceEvents for KubeEvents {
     fn warn(&self, namespace: &str, note: String) -> BoxFuture<'_, Result<(), kube::Error>> {
-        let regarding = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Namespace".into()),
-            name: Some(namespace.into()),
-            ..ObjectReference::default()
+        let now = jiff::Timestamp::now();
+        let ev = K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(format!("{namespace}.{:x}", now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some("Warning".into()),
+            reason: Some(REASON.into()),
+            action: Some("ParsePolicy".into()),
+            note: Some(note),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Namespace".into()),
+                name: Some(namespace.into()),
+                ..ObjectReference::default()
+            }),
+            reporting_controller: Some(CONTROLLER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            ..K8sEvent::default()
         };
         Box::pin(async move {
-            let ev = Event {
-                type_: EventType::Warning,
-                reason: REASON.into(),
-                note: Some(note),
-                action: "ParsePolicy".into(),
-                secondary: None,
-            };
-            self.recorder.publish(&ev, &regarding).await
+            self.api
+                .create(&PostParams::default(), &ev)
+                .await
+                .map(|_| ())
         })
     }
 }
