@@ -919,7 +919,19 @@ async fn global_threshold_counts_every_pod_and_policies_act_on_the_rest() -> any
     let n = node(&c, Some(true), false).await?;
     let all: Api<Pod> = Api::all(c.client.clone());
     let terminated = |p: &&Pod| !matches!(phase(p).as_str(), "Pending" | "Running" | "Unknown");
-    let elsewhere = all.list(&Default::default()).await?.items;
+    // The previous test's cleanup (its Cluster drops after its SERIAL guard) may still be
+    // deleting pods: the global count must be steady before the threshold is set from it.
+    let mut elsewhere = all.list(&Default::default()).await?.items;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let again = all.list(&Default::default()).await?.items;
+        let count = |ps: &[Pod]| ps.iter().filter(terminated).count();
+        let steady = count(&again) == count(&elsewhere);
+        elsewhere = again;
+        if steady {
+            break;
+        }
+    }
     let others: Vec<&Pod> = elsewhere.iter().filter(terminated).collect();
     if others
         .iter()
