@@ -35,7 +35,7 @@ pub struct Cycle {
 /// What a cycle did, per pass (indexed by `Pass as usize`).
 #[derive(Default, Debug)]
 pub struct Summary {
-    pub passes: [Tally; 6],
+    pub passes: [Tally; Pass::EVERY.len()],
     pub nodes_gone: usize,
 }
 

@@ -1,7 +1,9 @@
 //! PodGC: force-deletes pods nobody else will clean up, as kube-controller-manager's PodGC
 //! does (v1.36): terminated pods above a threshold, terminating pods on out-of-service nodes,
 //! pods whose node is gone, and terminating pods that were never scheduled. Beyond upstream:
-//! compact caches, UID preconditions on every delete, and bounded parallel deletes.
+//! compact caches, UID preconditions on every delete, parallel deletes under a limit that
+//! adapts to the apiserver's answers, and an opt-in policy for terminated pods (a TTL and
+//! per-namespace overrides, `policy.rs`).
 
 pub mod apply;
 pub mod cache;
