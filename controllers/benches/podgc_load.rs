@@ -12,8 +12,8 @@
 //! The TTL row (PODGC_BENCH_TTL_PODS, 10000, on PODGC_BENCH_TTL_NODES, 1000): pods finished as
 //! a kubelet reports it, PODGC_BENCH_TTL_EXPIRED (7500) of them 2 h ago and the rest a minute
 //! ago; PodGC with --terminated-pod-ttl=1h --kube-api-qps=1000 collects the expired ones. It
-//! prints the RSS, the collection rate, and the 429 answers PodGC's client received (the
-//! apiserver's own count is in its audit log). PODGC_BENCH_ONLY=ttl runs only this row.
+//! prints the RSS, the collection rate, and the 429 answers PodGC's client received and the
+//! apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row.
 
 use std::{
     net::SocketAddr,
@@ -198,6 +198,19 @@ fn finished_status(ago: Duration) -> serde_json::Value {
         "containerStatuses": [container("app"), container("sidecar")]}})
 }
 
+/// 429s the apiserver itself answered so far, all clients: the sum of its
+/// `apiserver_request_total{code="429"}` series (None if /metrics is not readable).
+async fn apiserver_429s(client: &Client) -> Option<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
 /// The TTL row: see the module doc.
 async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
     let client = cluster.client.clone();
@@ -257,6 +270,7 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
         })
         .await?;
 
+        let server_429_before = apiserver_429s(&client).await;
         let run = Run::start(
             bin,
             &[
@@ -284,6 +298,10 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
         let rss_peak_kib = run.proc_status("VmHWM:");
         let rss_kib = run.proc_status("VmRSS:");
         let throttled = run.metric("groundskeeper_podgc_api_throttled_total ").await?;
+        let server_429 = match (server_429_before, apiserver_429s(&client).await) {
+            (Some(a), Some(b)) => format!("{}", b - a),
+            _ => "unknown (/metrics not readable)".into(),
+        };
         let limit = run
             .metric("groundskeeper_podgc_delete_concurrency_limit ")
             .await?;
@@ -308,7 +326,7 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
             listed_to_first.as_secs_f64()
         );
         println!(
-            "ttl row: 429 answers counted by PodGC's client: {throttled}; delete errors: {errors}; concurrency limit at the end: {limit}"
+            "ttl row: 429 answers counted by PodGC's client: {throttled}; by the apiserver (apiserver_request_total, all clients, during the run): {server_429}; delete errors: {errors}; concurrency limit at the end: {limit}"
         );
         println!(
             "ttl row: RSS {:.1} MiB, peak (VmHWM) {:.1} MiB; pods left: {remaining} (expected {})",
