@@ -1003,3 +1003,94 @@ async fn global_threshold_counts_every_pod_and_policies_act_on_the_rest() -> any
     );
     Ok(())
 }
+
+/// A real apiserver that answers 429 as soon as two writes overlap (max-inflight filter, no
+/// priority-and-fairness): PodGC's deletes come down to what it accepts, wait out each 429 and
+/// retry, and collect every expired pod with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result<()> {
+    let Some((c, cp)) =
+        testkit::private_cluster("ttl_collection_adapts_to_an_apiserver_answering_429").await
+    else {
+        return Ok(());
+    };
+    let ns = namespace(&c, "podgc-429").await?;
+    let n = node(&c, Some(true), false).await?;
+    let names: Vec<String> = (0..120).map(|i| format!("done-{i}")).collect();
+    futures::stream::iter(&names)
+        .map(|name| {
+            let (c, ns, n) = (&c, &ns, &n);
+            async move {
+                pod(c, ns, name, Some(n), false).await?;
+                finish(c, ns, name, "Succeeded", Some(Duration::from_secs(7200))).await;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    pod(&c, &ns, "young", Some(&n), false).await?;
+    finish(&c, &ns, "young", "Succeeded", Some(Duration::from_secs(60))).await;
+
+    // Not the admin kubeconfig: the max-inflight filter lets system:masters through.
+    let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rbac.yaml");
+    let kubeconfig = c.as_service_account(&ns, &rules).await?;
+    cp.set_apiserver_args(&[
+        "--enable-priority-and-fairness=false",
+        "--max-mutating-requests-inflight=1",
+    ]);
+    let restart = {
+        let cp = &*cp;
+        tokio::task::block_in_place(|| cp.restart_apiserver())
+    };
+    restart?;
+
+    let admin = free_addr();
+    let addr = admin.to_string();
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-podgc-429",
+        &[
+            "--leader-elect=false",
+            "--controllers=podgc",
+            "--admin-addr",
+            &addr,
+            "--kube-api-qps=1000",
+            "--kube-api-burst=2000",
+            "--gc-concurrency=64",
+            "--gc-period=500ms",
+            "--terminated-pod-ttl=1h",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    )?;
+    bin.wait_for_log("podgc running", WAIT).await?;
+    let m = Manager { bin, admin };
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    wait_for(
+        Duration::from_secs(120),
+        "every expired pod deleted",
+        || async { Ok(pods.list(&Default::default()).await?.items.len() == 1) },
+    )
+    .await?;
+    assert!(exists(&c, &ns, "young").await?, "younger than the TTL");
+    let throttled = series(&m, "groundskeeper_podgc_api_throttled_total").await?;
+    assert!(throttled > 0.0, "the apiserver did answer 429: {throttled}");
+    let limit = series(&m, "groundskeeper_podgc_delete_concurrency_limit").await?;
+    assert!(limit < 64.0, "the limit came down: {limit}");
+    assert_eq!(
+        m.counter(
+            "pod_gc_collector_force_delete_pod_errors_total",
+            &ns,
+            "terminated"
+        )
+        .await?,
+        0.0,
+        "every throttled delete was retried, none failed"
+    );
+    drop(m);
+    drop(c);
+    drop(cp);
+    Ok(())
+}

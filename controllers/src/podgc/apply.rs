@@ -3,6 +3,7 @@
 //! `limit.rs`) and the client's QPS budget.
 
 use std::{
+    collections::VecDeque,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -233,15 +234,16 @@ impl Applier {
         (l.allowed(), l.paused(Instant::now()))
     }
 
-    /// Runs one pass's deletions, as many at a time as the limit allows.
+    /// Runs one pass's deletions, as many at a time as the limit allows. A throttled pod goes
+    /// back to the front of the queue and through the limit again: retries never pile onto an
+    /// apiserver that just said 429.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
-        let mut queue = deletions.into_iter();
+        let mut queue: VecDeque<(Deletion, u32)> = deletions.into_iter().map(|d| (d, 1)).collect();
         let mut in_flight = FuturesUnordered::new();
-        let mut queued = true;
         loop {
             let mut resume = None;
-            while queued && !self.token.is_cancelled() {
+            while !queue.is_empty() && !self.token.is_cancelled() {
                 let (allowed, paused) = self.gate();
                 if paused.is_some() {
                     resume = paused;
@@ -250,15 +252,15 @@ impl Applier {
                 if in_flight.len() >= allowed.min(self.concurrency.max(1)) {
                     break;
                 }
-                match queue.next() {
-                    Some(d) => in_flight.push(async move {
-                        let o = self.one(&d).await;
-                        (d, o)
-                    }),
-                    None => queued = false,
-                }
+                let Some((d, attempt)) = queue.pop_front() else {
+                    break;
+                };
+                in_flight.push(async move {
+                    let o = self.attempt(&d, attempt).await;
+                    (d, attempt, o)
+                });
             }
-            if in_flight.is_empty() && (!queued || self.token.is_cancelled()) {
+            if in_flight.is_empty() && (queue.is_empty() || self.token.is_cancelled()) {
                 break;
             }
             let resumed = async {
@@ -268,7 +270,12 @@ impl Applier {
                 }
             };
             tokio::select! {
-                Some((d, o)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some((d, attempt, o)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if matches!(o, Outcome::Throttled(_)) && attempt < THROTTLED_ATTEMPTS {
+                        queue.push_front((d, attempt + 1));
+                        continue;
+                    }
+                    self.count(&d, &o);
                     log(&d, &o);
                     tally.add(&o);
                 }
@@ -279,8 +286,8 @@ impl Applier {
         tally
     }
 
-    /// Feeds one answer to the limit; returns when new calls may start again.
-    fn observe(&self, o: &Outcome, took: Duration) -> Option<Instant> {
+    /// Feeds one answer to the limit.
+    fn observe(&self, o: &Outcome, took: Duration) {
         let signal = match o {
             Outcome::Throttled(after) => {
                 self.metrics.throttled.inc();
@@ -289,39 +296,30 @@ impl Applier {
             _ => Signal::Answered(took),
         };
         let mut l = self.limit.lock().expect("podgc limit lock");
-        let now = Instant::now();
-        l.observe(signal, now);
+        l.observe(signal, Instant::now());
         self.metrics.concurrency_limit.set(l.limit());
-        l.paused(now)
     }
 
-    async fn one(&self, d: &Deletion) -> Outcome {
+    /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
+    async fn attempt(&self, d: &Deletion, attempt: u32) -> Outcome {
         if self.dry_run {
             return Outcome::WouldDelete;
         }
-        let ns = &d.pod.namespace;
-        if d.pass.counts_before_attempt() {
-            self.metrics.deleted(ns, d.pass);
+        if attempt == 1 && d.pass.counts_before_attempt() {
+            self.metrics.deleted(&d.pod.namespace, d.pass);
         }
-        let mut attempt = 1;
-        let o = loop {
-            let started = Instant::now();
-            let o = force_delete(&self.client, d, Timestamp::now()).await;
-            let resume = self.observe(&o, started.elapsed());
-            if !matches!(o, Outcome::Throttled(_))
-                || attempt >= THROTTLED_ATTEMPTS
-                || self.token.is_cancelled()
-            {
-                break o;
-            }
-            attempt += 1;
-            if let Some(t) = resume {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(t.into()) => {}
-                    _ = self.token.cancelled() => break o,
-                }
-            }
-        };
+        let started = Instant::now();
+        let o = force_delete(&self.client, d, Timestamp::now()).await;
+        self.observe(&o, started.elapsed());
+        o
+    }
+
+    /// Counts a pod's final outcome (dry-run counts nothing).
+    fn count(&self, d: &Deletion, o: &Outcome) {
+        if *o == Outcome::WouldDelete {
+            return;
+        }
+        let ns = &d.pod.namespace;
         if matches!(
             o,
             Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_)
@@ -331,10 +329,9 @@ impl Applier {
         if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
-        if o == Outcome::Deleted {
+        if *o == Outcome::Deleted {
             self.metrics.terminated_deleted(d.pass);
         }
-        o
     }
 }
 
