@@ -35,6 +35,9 @@ pub struct Aimd {
     pause_until: Option<Instant>,
     /// Decreases within one round trip of the last are one congestion event, not several.
     last_decrease: Option<Instant>,
+    /// No additive increase before this: as long again as the pause after a 429, so a server
+    /// that admits only a few writes is not probed again the moment the pause ends.
+    hold_until: Option<Instant>,
 }
 
 impl Aimd {
@@ -48,6 +51,7 @@ impl Aimd {
             best: None,
             pause_until: None,
             last_decrease: None,
+            hold_until: None,
         }
     }
 
@@ -83,6 +87,8 @@ impl Aimd {
                 let pause = retry_after.unwrap_or(DEFAULT_PAUSE);
                 let until = now + pause;
                 self.pause_until = Some(self.pause_until.map_or(until, |t| t.max(until)));
+                let hold = until + pause;
+                self.hold_until = Some(self.hold_until.map_or(hold, |t| t.max(hold)));
                 self.decrease(0.5, now);
             }
             Signal::Answered(latency) => {
@@ -96,6 +102,8 @@ impl Aimd {
                     && latency.as_secs_f64() > best.as_secs_f64() * LATENCY_FACTOR;
                 if rising {
                     self.decrease(0.9, now);
+                } else if self.hold_until.is_some_and(|t| now < t) {
+                    // Answers to what was admitted during the hold say little about more.
                 } else {
                     self.limit = (self.limit + 1.0 / self.limit).min(self.max);
                 }
@@ -121,8 +129,11 @@ mod tests {
             allowed: usize,
             paused_for: Option<Duration>,
         }
-        // Rows whose signals are a round trip (150 ms) apart rather than 10 ms.
-        let spaced = "429s a round trip apart keep halving, never below 1";
+        // Rows whose signals are 150 ms apart rather than 10 ms.
+        let spaced = [
+            "429s a round trip apart keep halving, never below 1",
+            "after the hold, healthy answers grow it back additively",
+        ];
         let ok = |ms: u64| Signal::Answered(MS * ms as u32);
         let rows = [
             Row {
@@ -183,17 +194,29 @@ mod tests {
                 paused_for: None,
             },
             Row {
-                what: "after a halving, healthy answers grow it back additively",
+                what: "no growth during the pause and as long again after it",
                 max: 16,
                 signals: [vec![Signal::Throttled(None)], vec![ok(5); 8 * 3]].concat(),
-                allowed: 10,
+                allowed: 8,
                 // Answers to requests already in flight do not lift the pause.
                 paused_for: Some(DEFAULT_PAUSE - MS * 240),
+            },
+            Row {
+                what: "after the hold, healthy answers grow it back additively",
+                max: 16,
+                // At 150 ms apart the hold (2 s) covers the first 13 answers; 16 more follow.
+                signals: [vec![Signal::Throttled(None)], vec![ok(5); 13 + 16]].concat(),
+                allowed: 9,
+                paused_for: None,
             },
         ];
         for r in rows {
             let mut a = Aimd::new(r.max);
-            let tick = if r.what == spaced { MS * 150 } else { MS * 10 };
+            let tick = if spaced.contains(&r.what) {
+                MS * 150
+            } else {
+                MS * 10
+            };
             let mut now = t0;
             for s in &r.signals {
                 a.observe(*s, now);
