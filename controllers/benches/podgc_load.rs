@@ -8,6 +8,12 @@
 //! (orphaned nodes for the QPS 20 run, 60), PODGC_BENCH_ORPHAN_NODES_FAST (300),
 //! PODGC_BENCH_FAST_QPS (1000), PODGC_BENCH_BIN (binary to run; default: this build's).
 //! Without KUBECONFIG it prints one SKIPPED line and exits 0.
+//!
+//! The TTL row (PODGC_BENCH_TTL_PODS, 10000, on PODGC_BENCH_TTL_NODES, 1000): pods finished as
+//! a kubelet reports it, PODGC_BENCH_TTL_EXPIRED (7500) of them 2 h ago and the rest a minute
+//! ago; PodGC with --terminated-pod-ttl=1h --kube-api-qps=1000 collects the expired ones. It
+//! prints the RSS, the collection rate, and the 429 answers PodGC's client received and the
+//! apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row.
 
 use std::{
     net::SocketAddr,
@@ -175,6 +181,198 @@ impl Run {
     }
 }
 
+/// The kubelet's report of a finished pod: phase Succeeded, each container terminated `ago`.
+fn finished_status(ago: Duration) -> serde_json::Value {
+    let at = |d: Duration| {
+        (jiff::Timestamp::now() - jiff::SignedDuration::try_from(d).expect("small"))
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let container = |name: &str| {
+        json!({"name": name, "image": "registry.example.com/team/x:v1", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                "startedAt": at(ago + Duration::from_secs(300)), "finishedAt": at(ago)}}})
+    };
+    json!({"status": {"phase": "Succeeded",
+        "containerStatuses": [container("app"), container("sidecar")]}})
+}
+
+/// 429s the apiserver itself answered so far, all clients: the sum of its
+/// `apiserver_request_total{code="429"}` series (None if /metrics is not readable).
+async fn apiserver_429s(client: &Client) -> Option<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// The TTL row: see the module doc.
+async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
+    let client = cluster.client.clone();
+    let n_pods = env_num("PODGC_BENCH_TTL_PODS", 10_000);
+    let n_nodes = env_num("PODGC_BENCH_TTL_NODES", 1_000).max(1);
+    let expired = env_num("PODGC_BENCH_TTL_EXPIRED", 7_500).min(n_pods);
+    let ns = cluster.namespace("podgc-bench-ttl").await?;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    wait_for(
+        Duration::from_secs(60),
+        "default ServiceAccount",
+        || async { Ok(sas.get_opt("default").await?.is_some()) },
+    )
+    .await?;
+    let prefix = unique_name("gk-bench-ttl-node");
+    let node_names: Vec<String> = (0..n_nodes).map(|i| format!("{prefix}-{i}")).collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let result = async {
+        create_all("nodes", node_names.clone(), |name| {
+            let nodes = nodes.clone();
+            Box::pin(async move {
+                let n: Node = serde_json::from_value(node_json(&name)).expect("node json");
+                nodes.create(&PostParams::default(), &n).await.map(|_| ())
+            })
+        })
+        .await?;
+        let names = node_names.clone();
+        let ns2 = ns.clone();
+        let api = pods.clone();
+        create_all("ttl pods", (0..n_pods).collect(), move |i| {
+            let pods = api.clone();
+            let v = pod_json(&ns2, i, &names[i % names.len()]);
+            Box::pin(async move {
+                let p: Pod = serde_json::from_value(v).expect("pod json");
+                pods.create(&PostParams::default(), &p).await.map(|_| ())
+            })
+        })
+        .await?;
+        let api = pods.clone();
+        create_all("finished statuses", (0..n_pods).collect(), move |i| {
+            let pods = api.clone();
+            let ago = if i < expired {
+                Duration::from_secs(7200)
+            } else {
+                Duration::from_secs(60)
+            };
+            Box::pin(async move {
+                pods.patch_status(
+                    &format!("load-{i}"),
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(finished_status(ago)),
+                )
+                .await
+                .map(|_| ())
+            })
+        })
+        .await?;
+
+        let server_429_before = apiserver_429s(&client).await;
+        let run = Run::start(
+            bin,
+            &[
+                "--gc-period=5s",
+                "--terminated-pod-ttl=1h",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=2000",
+                "--gc-concurrency=64",
+            ],
+        )?;
+        let series = "groundskeeper_podgc_terminated_deleted_total{reason=\"ttl\"} ";
+        let t0 = Instant::now();
+        wait_for(Duration::from_secs(600), "first TTL deletion", || async {
+            Ok(run.metric(series).await? > 0.0)
+        })
+        .await?;
+        let listed_to_first = t0.elapsed();
+        let start = Instant::now();
+        let first = run.metric(series).await?;
+        wait_for(Duration::from_secs(1800), "all expired pods deleted", || async {
+            Ok(run.metric(series).await? >= expired as f64)
+        })
+        .await?;
+        let secs = start.elapsed().as_secs_f64();
+        let rss_peak_kib = run.proc_status("VmHWM:");
+        let rss_kib = run.proc_status("VmRSS:");
+        let throttled = run.metric("groundskeeper_podgc_api_throttled_total ").await?;
+        let server_429 = match (server_429_before, apiserver_429s(&client).await) {
+            (Some(a), Some(b)) => format!("{}", b - a),
+            _ => "unknown (/metrics not readable)".into(),
+        };
+        let limit = run
+            .metric("groundskeeper_podgc_delete_concurrency_limit ")
+            .await?;
+        let errors = run
+            .metric(&format!(
+                "pod_gc_collector_force_delete_pod_errors_total{{namespace=\"{ns}\",reason=\"terminated\"}} "
+            ))
+            .await?;
+        // Two cycles more: nothing younger than the TTL goes.
+        let c0 = run.cycles().await?;
+        run.wait_cycles(c0 + 2.0).await?;
+        let left = pods.list(&ListParams::default().limit(1)).await?;
+        let remaining = left.items.len() as u64 + left.metadata.remaining_item_count.unwrap_or(0) as u64;
+        println!(
+            "ttl row: {n_pods} pods on {n_nodes} nodes, {expired} finished 2h ago, TTL 1h, \
+             --kube-api-qps=1000 --kube-api-burst=2000 --gc-concurrency=64"
+        );
+        println!(
+            "ttl row: {:.0} expired pods collected in {secs:.1}s: {:.1} pods/s (first deletion {:.1}s after start)",
+            expired as f64 - first,
+            (expired as f64 - first) / secs,
+            listed_to_first.as_secs_f64()
+        );
+        println!(
+            "ttl row: 429 answers counted by PodGC's client: {throttled}; by the apiserver (apiserver_request_total, all clients, during the run): {server_429}; delete errors: {errors}; concurrency limit at the end: {limit}"
+        );
+        println!(
+            "ttl row: RSS {:.1} MiB, peak (VmHWM) {:.1} MiB; pods left: {remaining} (expected {})",
+            rss_kib as f64 / 1024.0,
+            rss_peak_kib as f64 / 1024.0,
+            n_pods - expired
+        );
+        drop(run);
+        anyhow::Ok(())
+    }
+    .await;
+    cleanup(&client, &ns).await;
+    result
+}
+
+async fn cleanup(client: &Client, ns: &str) {
+    // Pods first, and until none is left: pods whose node is gone would stay, terminating, in
+    // a cluster without kubelets (and be orphans for every PodGC that runs next).
+    eprintln!("cleaning up (pods with grace 0 until none is left, then nodes)");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let cleaned = wait_for(Duration::from_secs(1800), "bench pods deleted", || async {
+        let _ = pods
+            .delete_collection(
+                &DeleteParams::default().grace_period(0),
+                &ListParams::default(),
+            )
+            .await;
+        Ok(pods
+            .list(&ListParams::default().limit(1))
+            .await?
+            .items
+            .is_empty())
+    })
+    .await;
+    if let Err(e) = cleaned {
+        eprintln!("WARNING: {e:#}; delete namespace {ns} by hand");
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let _ = nodes
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("groundskeeper.dev/bench=true"),
+        )
+        .await;
+}
+
 /// Deletes `nodes`, then measures the orphan force-delete rate from the first to the last.
 async fn orphan_rate(
     client: &Client,
@@ -227,6 +425,9 @@ async fn main() -> anyhow::Result<()> {
     let cluster = testkit::cluster("podgc_load")
         .await
         .expect("KUBECONFIG is set");
+    if std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok("ttl") {
+        return ttl_row(&cluster, &bin).await;
+    }
     let client = cluster.client.clone();
     eprintln!("podgc_load: {n_pods} pods on {n_nodes} nodes, binary {bin}");
 
@@ -323,32 +524,7 @@ async fn main() -> anyhow::Result<()> {
     }
     .await;
 
-    // Pods first, and until none is left: pods whose node is gone would stay, terminating, in
-    // a cluster without kubelets (and be orphans for every PodGC that runs next).
-    eprintln!("cleaning up (pods with grace 0 until none is left, then nodes)");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let cleaned = wait_for(Duration::from_secs(1800), "bench pods deleted", || async {
-        let _ = pods
-            .delete_collection(
-                &DeleteParams::default().grace_period(0),
-                &ListParams::default(),
-            )
-            .await;
-        Ok(pods
-            .list(&ListParams::default().limit(1))
-            .await?
-            .items
-            .is_empty())
-    })
-    .await;
-    if let Err(e) = cleaned {
-        eprintln!("WARNING: {e:#}; delete namespace {ns} by hand");
-    }
-    let _ = nodes
-        .delete_collection(
-            &DeleteParams::default(),
-            &ListParams::default().labels("groundskeeper.dev/bench=true"),
-        )
-        .await;
-    result
+    cleanup(&client, &ns).await;
+    result?;
+    ttl_row(&cluster, &bin).await
 }

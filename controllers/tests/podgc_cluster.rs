@@ -11,7 +11,10 @@ use groundskeeper_controllers::podgc::{
     passes::{Deletion, Pass},
     wire::WirePod,
 };
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod, ServiceAccount},
+    events::v1::Event,
+};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, WatchParams},
@@ -415,6 +418,12 @@ async fn threshold_deletes_the_oldest_terminated_and_keeps_the_newest() -> anyho
     for kept in ["evicted-2", "evicted-3", "running"] {
         assert!(exists(&c, &ns, kept).await?, "{kept} must be kept");
     }
+    // Other tests sharing this cluster bail out when evicted pods are left around.
+    for name in ["evicted-2", "evicted-3"] {
+        Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
     Ok(())
 }
 
@@ -629,5 +638,500 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
         assert_eq!(phase(&now), "Running", "and its status untouched");
         assert!(!has_disruption_target(&now));
     }
+    Ok(())
+}
+
+const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
+const THRESHOLD_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-gc-threshold";
+
+/// Marks a pod Succeeded/Failed as a kubelet would, its container finished `ago` ago; `None`
+/// leaves it without container statuses (no finish time at all).
+async fn finish(c: &Cluster, ns: &str, name: &str, phase: &str, ago: Option<Duration>) {
+    let mut status = json!({"phase": phase});
+    if let Some(ago) = ago {
+        let at = |d: Duration| {
+            (jiff::Timestamp::now() - jiff::SignedDuration::try_from(d).unwrap())
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string()
+        };
+        status["containerStatuses"] = json!([{
+            "name": "c", "image": "registry.invalid/pause:1", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": if phase == "Failed" { 1 } else { 0 },
+                "startedAt": at(ago + Duration::from_secs(60)), "finishedAt": at(ago)}}
+        }]);
+    }
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("finishing {ns}/{name}: {e}"));
+}
+
+/// Sets (`Some`) or removes (`None`) one annotation of a namespace.
+async fn annotate(c: &Cluster, ns: &str, key: &str, value: Option<&str>) {
+    Api::<Namespace>::all(c.client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotating {ns}: {e}"));
+}
+
+/// The value of an unlabelled-by-namespace counter series, e.g. `name{reason="ttl"}`.
+async fn series(m: &Manager, series: &str) -> anyhow::Result<f64> {
+    let (_, body) = http_get(m.admin, "/metrics").await?;
+    let prefix = format!("{series} ");
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+async fn kept(c: &Cluster, ns: &str, names: &[&str], what: &str) -> anyhow::Result<()> {
+    holds_for(Duration::from_secs(4), what, || async {
+        for n in names {
+            if !exists(c, ns, n).await? {
+                anyhow::bail!("{ns}/{n} was deleted: {what}");
+            }
+        }
+        Ok(true)
+    })
+    .await
+}
+
+async fn gone(c: &Cluster, ns: &str, names: &[&str]) -> anyhow::Result<()> {
+    for n in names {
+        wait_for(WAIT, &format!("{ns}/{n} deleted"), || async {
+            Ok(!exists(c, ns, n).await?)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("ttl_deletes_pods_finished_longer_ago_and_nothing_else").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-ttl").await?;
+    let n = node(&c, Some(true), false).await?;
+    let hours = |h: u64| Some(Duration::from_secs(h * 3600));
+    for (name, phase, ago, finalizer) in [
+        ("old-succeeded", "Succeeded", hours(2), false),
+        ("old-failed", "Failed", hours(3), false),
+        ("old-held", "Succeeded", hours(2), true),
+        ("young", "Succeeded", Some(Duration::from_secs(60)), false),
+        ("no-finish-time", "Failed", None, false),
+        ("running", "Running", None, false),
+    ] {
+        pod(&c, &ns, name, Some(&n), finalizer).await?;
+        finish(&c, &ns, name, phase, ago).await;
+    }
+    let m = manager(&["--terminated-pod-ttl=1h"]).await?;
+    gone(&c, &ns, &["old-succeeded", "old-failed"]).await?;
+    // The finalizer holds it, as it holds upstream's deletes: deleted means terminating.
+    wait_for(WAIT, "old-held terminating", || async {
+        Ok(get(&c, &ns, "old-held")
+            .await
+            .metadata
+            .deletion_timestamp
+            .is_some())
+    })
+    .await?;
+    kept(
+        &c,
+        &ns,
+        &["young", "no-finish-time", "running"],
+        "younger than the TTL, no finish time, or running",
+    )
+    .await?;
+    assert_eq!(phase(&get(&c, &ns, "running").await), "Running");
+    assert!(
+        series(
+            &m,
+            "groundskeeper_podgc_terminated_deleted_total{reason=\"ttl\"}"
+        )
+        .await?
+            >= 3.0
+    );
+    let line = format!("pod={ns}/old-failed ");
+    assert!(
+        m.logs().lines().any(|l| l.contains("force-deleted pod")
+            && l.contains(&line)
+            && l.contains("pass=\"ttl\"")),
+        "one log line per TTL deletion"
+    );
+    drop(m);
+    release_finalizer(&c, &ns, "old-held").await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn ttl_dry_run_deletes_nothing() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("ttl_dry_run_deletes_nothing").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = namespace(&c, "podgc-ttl-dry").await?;
+    let n = node(&c, Some(true), false).await?;
+    pod(&c, &ns, "old", Some(&n), false).await?;
+    finish(&c, &ns, "old", "Succeeded", Some(Duration::from_secs(7200))).await;
+    let m = manager(&["--dry-run", "--terminated-pod-ttl=1h"]).await?;
+    let line = format!("pod={ns}/old ");
+    m.wait_for_log("the dry-run line", |l| {
+        l.contains("would force-delete") && l.contains(&line) && l.contains("pass=\"ttl\"")
+    })
+    .await?;
+    assert!(exists(&c, &ns, "old").await?);
+    Ok(())
+}
+
+#[tokio::test]
+async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("namespace_annotations_valid_malformed_and_removed").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let n = node(&c, Some(true), false).await?;
+    let hours2 = Some(Duration::from_secs(7200));
+
+    // counted: its own threshold of 2 (no finish times: only the count acts).
+    let counted = namespace(&c, "podgc-ns-threshold").await?;
+    annotate(&c, &counted, THRESHOLD_ANNOTATION, Some("2")).await;
+    for name in ["c-0", "c-1", "c-2", "c-3"] {
+        pod(&c, &counted, name, Some(&n), false).await?;
+        finish(&c, &counted, name, "Succeeded", None).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    // short: its own TTL of 10m, shorter than the cluster's 24h.
+    let short = namespace(&c, "podgc-ns-ttl").await?;
+    annotate(&c, &short, TTL_ANNOTATION, Some("10m")).await;
+    pod(&c, &short, "finished-20m-ago", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-20m-ago",
+        "Failed",
+        Some(Duration::from_secs(1200)),
+    )
+    .await;
+    pod(&c, &short, "finished-1m-ago", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-1m-ago",
+        "Failed",
+        Some(Duration::from_secs(60)),
+    )
+    .await;
+    // bad: malformed values suspend both rules there, even the cluster's TTL...
+    let bad = namespace(&c, "podgc-ns-bad").await?;
+    annotate(&c, &bad, TTL_ANNOTATION, Some("1 week")).await;
+    annotate(&c, &bad, THRESHOLD_ANNOTATION, Some("-1")).await;
+    for name in ["b-0", "b-1"] {
+        pod(&c, &bad, name, Some(&n), false).await?;
+        finish(
+            &c,
+            &bad,
+            name,
+            "Succeeded",
+            Some(Duration::from_secs(2 * 86400)),
+        )
+        .await;
+    }
+    // plain: no policy; finished 2h ago, under the cluster's 24h TTL and the global threshold.
+    let plain = namespace(&c, "podgc-ns-plain").await?;
+    pod(&c, &plain, "p-0", Some(&n), false).await?;
+    finish(&c, &plain, "p-0", "Succeeded", hours2).await;
+
+    let m = manager(&["--terminated-pod-ttl=24h"]).await?;
+    gone(&c, &counted, &["c-0", "c-1"]).await?;
+    gone(&c, &short, &["finished-20m-ago"]).await?;
+    kept(&c, &counted, &["c-2", "c-3"], "the newest two are kept").await?;
+    kept(
+        &c,
+        &short,
+        &["finished-1m-ago"],
+        "younger than the namespace TTL",
+    )
+    .await?;
+    kept(
+        &c,
+        &bad,
+        &["b-0", "b-1"],
+        "a malformed annotation never deletes",
+    )
+    .await?;
+    kept(
+        &c,
+        &plain,
+        &["p-0"],
+        "no policy, under the global threshold and cluster TTL",
+    )
+    .await?;
+
+    // Reported once per bad value, in the log and as Events on the Namespace, over many cycles.
+    let events: Api<Event> = Api::all(c.client.clone());
+    let ours = || async {
+        let list = events.list(&Default::default()).await?;
+        anyhow::Ok(
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("Namespace") && r.name.as_deref() == Some(&*bad)
+                    }) && e.reason.as_deref() == Some("InvalidPodGCPolicy")
+                })
+                .map(|e| e.note.unwrap_or_default())
+                .collect::<Vec<_>>(),
+        )
+    };
+    wait_for(WAIT, "two Events on the bad namespace", || async {
+        Ok(ours().await?.len() >= 2)
+    })
+    .await?;
+    let notes = ours().await?;
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("\"1 week\"")), "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("\"-1\"")), "{notes:?}");
+    let warned = |value: &str| {
+        let ns = format!("namespace={bad} ");
+        let value = format!("value={value:?}");
+        m.logs()
+            .lines()
+            .filter(|l| {
+                l.contains("malformed PodGC policy annotation")
+                    && l.contains(&ns)
+                    && l.contains(&value)
+            })
+            .count()
+    };
+    assert_eq!(warned("1 week"), 1, "logged once, not every cycle");
+    assert_eq!(warned("-1"), 1);
+
+    // Removed: the namespace falls back to the cluster defaults. bad's pods finished two days
+    // ago, past the cluster's 24h; counted no longer has a count.
+    annotate(&c, &bad, TTL_ANNOTATION, None).await;
+    annotate(&c, &bad, THRESHOLD_ANNOTATION, None).await;
+    annotate(&c, &counted, THRESHOLD_ANNOTATION, None).await;
+    pod(&c, &counted, "c-4", Some(&n), false).await?;
+    finish(&c, &counted, "c-4", "Succeeded", None).await;
+    gone(&c, &bad, &["b-0", "b-1"]).await?;
+    kept(
+        &c,
+        &counted,
+        &["c-2", "c-3", "c-4"],
+        "no namespace threshold any more",
+    )
+    .await?;
+
+    for (reason, at_least) in [("ttl", 3.0), ("namespace-threshold", 2.0)] {
+        let v = series(
+            &m,
+            &format!("groundskeeper_podgc_terminated_deleted_total{{reason=\"{reason}\"}}"),
+        )
+        .await?;
+        assert!(v >= at_least, "{reason}: {v}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn global_threshold_counts_every_pod_and_policies_act_on_the_rest() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("global_threshold_counts_every_pod_and_policies_act_on_the_rest").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let n = node(&c, Some(true), false).await?;
+    let all: Api<Pod> = Api::all(c.client.clone());
+    let terminated = |p: &&Pod| !matches!(phase(p).as_str(), "Pending" | "Running" | "Unknown");
+    // The previous test's cleanup (its Cluster drops after its SERIAL guard) may still be
+    // deleting pods: the global count must be steady before the threshold is set from it.
+    let mut elsewhere = all.list(&Default::default()).await?.items;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let again = all.list(&Default::default()).await?.items;
+        let count = |ps: &[Pod]| ps.iter().filter(terminated).count();
+        let steady = count(&again) == count(&elsewhere);
+        elsewhere = again;
+        if steady {
+            break;
+        }
+    }
+    let others: Vec<&Pod> = elsewhere.iter().filter(terminated).collect();
+    if others
+        .iter()
+        .any(|p| p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("Evicted"))
+    {
+        anyhow::bail!("another namespace holds evicted pods: this test could choose them");
+    }
+    // x keeps 1 of its own; y has no policy.
+    let x = namespace(&c, "podgc-global-x").await?;
+    annotate(&c, &x, THRESHOLD_ANNOTATION, Some("1")).await;
+    let y = namespace(&c, "podgc-global-y").await?;
+    pod(&c, &x, "x-evicted", Some(&n), false).await?;
+    set_phase(&c, &x, "x-evicted", "Failed", Some("Evicted")).await;
+    for name in ["x-0", "x-1"] {
+        pod(&c, &x, name, Some(&n), false).await?;
+        finish(&c, &x, name, "Succeeded", None).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    for name in ["y-0", "y-1"] {
+        pod(&c, &y, name, Some(&n), false).await?;
+        finish(&c, &y, name, "Succeeded", None).await;
+    }
+    // Five terminated pods here: the global threshold is one short, so it deletes the
+    // cluster's first in its order (the evicted one), counting x's pods like any others.
+    let threshold = (others.len() + 4).to_string();
+    let m = manager(&["--terminated-pod-gc-threshold", &threshold]).await?;
+    gone(&c, &x, &["x-evicted", "x-0"]).await?;
+    kept(&c, &x, &["x-1"], "x keeps its newest").await?;
+    kept(
+        &c,
+        &y,
+        &["y-0", "y-1"],
+        "no policy and under the global threshold",
+    )
+    .await?;
+    let line = |name: &str, pass: &str| {
+        let pod = format!("pod={x}/{name} ");
+        let pass = format!("pass=\"{pass}\"");
+        m.logs()
+            .lines()
+            .filter(|l| l.contains("force-deleted pod") && l.contains(&pod) && l.contains(&pass))
+            .count()
+    };
+    assert_eq!(
+        line("x-evicted", "terminated"),
+        1,
+        "upstream's pass took it, once"
+    );
+    assert_eq!(
+        line("x-evicted", "namespace-threshold"),
+        0,
+        "and no other pass"
+    );
+    assert_eq!(line("x-0", "namespace-threshold"), 1);
+    assert_eq!(
+        m.counter("pod_gc_collector_force_delete_pods_total", &x, "terminated")
+            .await?,
+        2.0,
+        "both under upstream's reason, each once"
+    );
+    assert_eq!(
+        m.counter(
+            "pod_gc_collector_force_delete_pod_errors_total",
+            &x,
+            "terminated"
+        )
+        .await?,
+        0.0
+    );
+    Ok(())
+}
+
+/// A real apiserver that answers 429 as soon as two writes overlap (max-inflight filter, no
+/// priority-and-fairness): PodGC's deletes come down to what it accepts, wait out each 429 and
+/// retry through the limit, and collect every expired pod and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result<()> {
+    let Some((c, cp)) =
+        testkit::private_cluster("ttl_collection_adapts_to_an_apiserver_answering_429").await
+    else {
+        return Ok(());
+    };
+    let ns = namespace(&c, "podgc-429").await?;
+    let n = node(&c, Some(true), false).await?;
+    let names: Vec<String> = (0..120).map(|i| format!("done-{i}")).collect();
+    futures::stream::iter(&names)
+        .map(|name| {
+            let (c, ns, n) = (&c, &ns, &n);
+            async move {
+                pod(c, ns, name, Some(n), false).await?;
+                finish(c, ns, name, "Succeeded", Some(Duration::from_secs(7200))).await;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    pod(&c, &ns, "young", Some(&n), false).await?;
+    finish(&c, &ns, "young", "Succeeded", Some(Duration::from_secs(60))).await;
+
+    // Not the admin kubeconfig: the max-inflight filter lets system:masters through.
+    let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rbac.yaml");
+    let kubeconfig = c.as_service_account(&ns, &rules).await?;
+    cp.set_apiserver_args(&[
+        "--enable-priority-and-fairness=false",
+        "--max-mutating-requests-inflight=1",
+    ]);
+    let restart = {
+        let cp = &*cp;
+        tokio::task::block_in_place(|| cp.restart_apiserver())
+    };
+    restart?;
+
+    let admin = free_addr();
+    let addr = admin.to_string();
+    let bin = Binary::start(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-podgc-429",
+        &[
+            "--leader-elect=false",
+            "--controllers=podgc",
+            "--admin-addr",
+            &addr,
+            "--kube-api-qps=1000",
+            "--kube-api-burst=2000",
+            "--gc-concurrency=64",
+            "--gc-period=500ms",
+            "--terminated-pod-ttl=1h",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    )?;
+    bin.wait_for_log("podgc running", WAIT).await?;
+    let m = Manager { bin, admin };
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    wait_for(
+        Duration::from_secs(120),
+        "every expired pod deleted",
+        || async { Ok(pods.list(&Default::default()).await?.items.len() == 1) },
+    )
+    .await?;
+    assert!(exists(&c, &ns, "young").await?, "younger than the TTL");
+    let throttled = series(&m, "groundskeeper_podgc_api_throttled_total").await?;
+    assert!(throttled > 0.0, "the apiserver did answer 429: {throttled}");
+    let limit = series(&m, "groundskeeper_podgc_delete_concurrency_limit").await?;
+    assert!(limit < 64.0, "the limit came down: {limit}");
+    // A pod throttled on every one of its attempts is left for the next cycle and counted as
+    // an error there; none is lost, and none is deleted that should not be.
+    let errors = m
+        .counter(
+            "pod_gc_collector_force_delete_pod_errors_total",
+            &ns,
+            "terminated",
+        )
+        .await?;
+    assert!(
+        errors <= throttled,
+        "errors {errors} are throttled pods only"
+    );
+    drop(m);
+    drop(c);
+    drop(cp);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The least-privilege rules in `controllers/rbac.yaml` (which the chart grants, see
 //! testkit/tests/chart_rbac.rs) are enough: controller-manager, acting as a ServiceAccount
 //! bound to exactly those rules, leads, lists, finalizes a ServiceCIDR, applies its status,
-//! removes the finalizer on deletion, and force-deletes an orphaned pod, with no "forbidden".
+//! removes the finalizer on deletion, force-deletes an orphaned pod, watches Namespaces and
+//! records an Event for a malformed PodGC policy annotation, with no "forbidden".
 
 use std::{path::PathBuf, time::Duration};
 
@@ -101,6 +102,31 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
         .await?;
     wait_for(WAIT, "the orphaned pod deleted", || async {
         Ok(pods.get_opt(&orphan).await?.is_none())
+    })
+    .await?;
+
+    // PodGC policy: a malformed annotation on this test's namespace becomes an Event.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.client.clone());
+    namespaces
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "groundskeeper.dev/terminated-pod-ttl": "someday"}}})),
+        )
+        .await?;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    wait_for(WAIT, "the policy Event on the namespace", || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("InvalidPodGCPolicy")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&*ns)
+            }))
     })
     .await?;
 

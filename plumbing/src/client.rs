@@ -72,7 +72,21 @@ impl KubeArgs {
 
     /// The client every controller shares: one QPS budget for the whole process.
     pub async fn client(&self) -> Result<Client, ClientError> {
-        self.build(self.config().await?, Budget::Shared)
+        Ok(self.clients().await?.0)
+    }
+
+    /// The process's client, and a second one on the same QPS budget (one token bucket) but
+    /// without kube's automatic retry of 429/503/504: for a caller that must see each 429 to
+    /// adapt its own concurrency (PodGC's deletes).
+    pub async fn clients(&self) -> Result<(Client, Client), ClientError> {
+        let config = self.config().await?;
+        let limit = RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst);
+        let mut unretried = config.clone();
+        unretried.default_retry = false;
+        Ok((
+            self.build(config, limit.clone())?,
+            self.build(unretried, limit)?,
+        ))
     }
 
     /// The leader elector's own client: its own connections and no token bucket. A renewal
@@ -84,27 +98,18 @@ impl KubeArgs {
         let mut config = self.config().await?;
         set_user_agent(&mut config, "leader-election");
         tracing::info!(server = %config.cluster_url, "leader election client");
-        self.build(config, Budget::Unlimited)
+        self.build(config, None)
     }
 
-    fn build(&self, config: Config, budget: Budget) -> Result<Client, ClientError> {
+    fn build(&self, config: Config, limit: Option<RateLimitLayer>) -> Result<Client, ClientError> {
         // The deadline sits inside the rate limiter: time spent waiting for a token is not a hang.
         let builder = ClientBuilder::try_from(config)?
             .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
-        let limit = match budget {
-            Budget::Shared => RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst),
-            Budget::Unlimited => None,
-        };
         Ok(match limit {
             Some(layer) => builder.with_layer(&layer).build(),
             None => builder.build(),
         })
     }
-}
-
-enum Budget {
-    Shared,
-    Unlimited,
 }
 
 /// `<binary>/<version> (<POD_NAME or host>[; <what>])`: the apiserver's audit log then says
@@ -267,8 +272,13 @@ mod tests {
             kube_api_timeout: Duration::from_secs(30),
         };
         let config = || Config::new(format!("http://{addr}").parse().unwrap());
-        let shared = args.build(config(), Budget::Shared).unwrap();
-        let lease = args.build(config(), Budget::Unlimited).unwrap();
+        let shared = args
+            .build(
+                config(),
+                RateLimitLayer::new(args.kube_api_qps, args.kube_api_burst),
+            )
+            .unwrap();
+        let lease = args.build(config(), None).unwrap();
         // Burst spent, then four more queued: the last waits two seconds for its token.
         shared.apiserver_version().await.unwrap();
         let start = std::time::Instant::now();

@@ -63,6 +63,8 @@ pub struct Process {
     pub registry: Registry,
     pub readiness: Readiness,
     pub client: Client,
+    /// `client`'s twin without automatic 429 retries (see `KubeArgs::clients`).
+    pub unretried_client: Client,
     pub admin_addr: SocketAddr,
     admin_task: JoinHandle<std::io::Result<()>>,
 }
@@ -72,6 +74,8 @@ pub struct Process {
 #[derive(Clone)]
 pub struct Base {
     pub client: Client,
+    /// `client`'s twin on the same QPS budget without automatic 429 retries.
+    pub unretried_client: Client,
     pub registry: Registry,
     pub readiness: Readiness,
     /// Log every destructive action that would be made; make none.
@@ -84,6 +88,7 @@ impl Process {
     pub fn base(&self, dry_run: bool, token: tokio_util::sync::CancellationToken) -> Base {
         Base {
             client: self.client.clone(),
+            unretried_client: self.unretried_client.clone(),
             registry: self.registry.clone(),
             readiness: self.readiness.clone(),
             dry_run,
@@ -98,7 +103,7 @@ impl Process {
         let registry = metrics::registry();
         let readiness = Readiness::new(args.watch_settings());
         registry.register(readiness.collector())?;
-        let client = kube.client().await?;
+        let (client, unretried_client) = kube.clients().await?;
         let (admin_addr, serve) = admin::bind(
             admin_addr,
             registry.clone(),
@@ -111,6 +116,7 @@ impl Process {
             registry,
             readiness,
             client,
+            unretried_client,
             admin_addr,
             admin_task: tokio::spawn(serve),
         })

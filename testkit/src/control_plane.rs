@@ -47,6 +47,8 @@ pub struct ControlPlane {
     apiserver_port: u16,
     etcd: Mutex<Option<Child>>,
     apiserver: Mutex<Option<Child>>,
+    /// Extra kube-apiserver flags from the next (re)start on, for tests of its limits.
+    apiserver_args: Mutex<Vec<String>>,
     /// An admin kubeconfig (`system:masters`).
     pub kubeconfig: PathBuf,
     /// One JSON audit event per line, for every write.
@@ -95,6 +97,7 @@ impl ControlPlane {
             apiserver_port,
             etcd: Mutex::new(None),
             apiserver: Mutex::new(None),
+            apiserver_args: Mutex::new(Vec::new()),
             kubeconfig,
         };
         cp.start_etcd()?;
@@ -163,10 +166,16 @@ impl ControlPlane {
         ))
         .arg(format!("--audit-log-path={}", self.audit_log.display()))
         .args(["--audit-log-format=json", "--audit-log-maxsize=0"])
-        .args(["--profiling=false", "-v=1"]);
+        .args(["--profiling=false", "-v=1"])
+        .args(self.apiserver_args.lock().unwrap().iter());
         *slot = Some(spawn_logged(cmd, &self.dir.join("kube-apiserver.log"))?);
         drop(slot);
         self.wait_ready()
+    }
+
+    /// Flags added to kube-apiserver's from its next start (see `restart_apiserver`) on.
+    pub fn set_apiserver_args(&self, args: &[&str]) {
+        *self.apiserver_args.lock().unwrap() = args.iter().map(|a| a.to_string()).collect();
     }
 
     /// Kills kube-apiserver (SIGKILL, as a crash would); etcd and its data stay.

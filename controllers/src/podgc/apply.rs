@@ -1,7 +1,14 @@
 //! Applies a pass's deletions: mark Failed (when not already final), then force-delete with a
-//! UID precondition, many pods at once within `--gc-concurrency` and the client's QPS budget.
+//! UID precondition, many pods at once within an AIMD limit (at most `--gc-concurrency`, see
+//! `limit.rs`) and the client's QPS budget.
 
-use futures::{StreamExt, stream};
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use futures::{StreamExt, stream::FuturesUnordered};
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -14,6 +21,7 @@ use crate::leader::Fence;
 
 use super::{
     facts::{DISRUPTION_TARGET, PodFacts},
+    limit::{Aimd, Signal},
     metrics::Metrics,
     passes::Deletion,
     wire::WirePod,
@@ -33,9 +41,15 @@ pub enum Outcome {
     /// The status patch failed: the pod was not deleted.
     PatchFailed(String),
     DeleteFailed(String),
+    /// 429 Too Many Requests, with the server's Retry-After when it sent one in the body. The
+    /// applier waits and retries; as a final outcome it is a failure.
+    Throttled(Option<Duration>),
     /// This replica stopped leading before (or while) making the call: nothing more was sent.
     Fenced,
 }
+
+/// Attempts per pod while the apiserver answers 429.
+const THROTTLED_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, PartialEq, Clone, Copy)]
 pub enum Skip {
@@ -131,6 +145,20 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
     }
 }
 
+/// A 429, and how long the server asked to wait (only when it said so in the Status body).
+fn throttled_of(e: &kube::Error) -> Option<Option<Duration>> {
+    match e {
+        kube::Error::Api(s) if s.code == 429 => Some(
+            s.details
+                .as_ref()
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| Duration::from_secs(u64::from(s))),
+        ),
+        _ => None,
+    }
+}
+
 /// Patch-then-delete for one pod. A failed patch means no delete. Each call passes the fence:
 /// made only while the lease is valid, dropped in flight when it stops being valid.
 pub async fn force_delete(client: &Client, fence: &Fence, d: &Deletion, now: Timestamp) -> Outcome {
@@ -147,9 +175,10 @@ pub async fn force_delete(client: &Client, fence: &Fence, d: &Deletion, now: Tim
             return Outcome::Fenced;
         };
         if let Err(e) = res {
-            return match skip_of(&e) {
-                Some(s) => Outcome::Skipped(s),
-                None => Outcome::PatchFailed(e.to_string()),
+            return match (skip_of(&e), throttled_of(&e)) {
+                (Some(s), _) => Outcome::Skipped(s),
+                (_, Some(after)) => Outcome::Throttled(after),
+                _ => Outcome::PatchFailed(e.to_string()),
             };
         }
     }
@@ -161,9 +190,10 @@ pub async fn force_delete(client: &Client, fence: &Fence, d: &Deletion, now: Tim
     };
     match res {
         Ok(_) => Outcome::Deleted,
-        Err(e) => match skip_of(&e) {
-            Some(s) => Outcome::Skipped(s),
-            None => Outcome::DeleteFailed(e.to_string()),
+        Err(e) => match (skip_of(&e), throttled_of(&e)) {
+            (Some(s), _) => Outcome::Skipped(s),
+            (_, Some(after)) => Outcome::Throttled(after),
+            _ => Outcome::DeleteFailed(e.to_string()),
         },
     }
 }
@@ -185,7 +215,9 @@ impl Tally {
             Outcome::Deleted => self.deleted += 1,
             Outcome::WouldDelete => self.would_delete += 1,
             Outcome::Skipped(_) => self.skipped += 1,
-            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) => self.failed += 1,
+            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_) => {
+                self.failed += 1
+            }
             Outcome::Fenced => self.fenced += 1,
         }
     }
@@ -197,80 +229,173 @@ impl Tally {
 
 #[derive(Clone)]
 pub struct Applier {
+    /// Without kube's automatic 429 retry: the limit must see every 429.
     pub client: Client,
     pub metrics: Metrics,
+    /// `--gc-concurrency`: the most the limit ever allows.
     pub concurrency: usize,
     pub dry_run: bool,
     /// On shutdown no new deletion starts; those in flight finish.
     pub token: CancellationToken,
+    /// Shared by every pass and cycle: the apiserver's load does not reset between them.
+    pub limit: Arc<Mutex<Aimd>>,
     /// On leadership loss no new deletion starts and those in flight are dropped.
     pub fence: Fence,
 }
 
 impl Applier {
-    /// Runs one pass's deletions, at most `concurrency` at a time.
+    pub fn new(
+        client: Client,
+        metrics: Metrics,
+        concurrency: usize,
+        dry_run: bool,
+        token: CancellationToken,
+        fence: Fence,
+    ) -> Self {
+        let limit = Aimd::new(concurrency);
+        metrics.concurrency_limit.set(limit.limit());
+        Self {
+            client,
+            metrics,
+            concurrency,
+            dry_run,
+            token,
+            limit: Arc::new(Mutex::new(limit)),
+            fence,
+        }
+    }
+
+    /// (deletes allowed in flight, when a 429 pause ends)
+    fn gate(&self) -> (usize, Option<Instant>) {
+        let l = self.limit.lock().expect("podgc limit lock");
+        (l.allowed(), l.paused(Instant::now()))
+    }
+
+    /// Runs one pass's deletions, as many at a time as the limit allows. A throttled pod goes
+    /// back to the front of the queue and through the limit again: retries never pile onto an
+    /// apiserver that just said 429.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
-        let (token, fence) = (self.token.clone(), self.fence.clone());
-        let stop = async move {
-            tokio::select! {
-                _ = token.cancelled() => {}
-                _ = fence.lost() => {}
+        let mut queue: VecDeque<(Deletion, u32)> = deletions.into_iter().map(|d| (d, 1)).collect();
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            let mut resume = None;
+            while !queue.is_empty() && !self.stopped() {
+                let (allowed, paused) = self.gate();
+                if paused.is_some() {
+                    resume = paused;
+                    break;
+                }
+                if in_flight.len() >= allowed.min(self.concurrency.max(1)) {
+                    break;
+                }
+                let Some((d, attempt)) = queue.pop_front() else {
+                    break;
+                };
+                in_flight.push(async move {
+                    let o = self.attempt(&d, attempt).await;
+                    (d, attempt, o)
+                });
             }
-        };
-        let outcomes = stream::iter(deletions)
-            .take_until(stop)
-            .map(|d| async move {
-                let o = self.one(&d).await;
-                (d, o)
-            })
-            .buffer_unordered(self.concurrency.max(1));
-        let mut outcomes = std::pin::pin!(outcomes);
-        while let Some((d, o)) = outcomes.next().await {
-            log(&d, &o);
-            tally.add(&o);
+            if in_flight.is_empty() && (queue.is_empty() || self.stopped()) {
+                break;
+            }
+            let resumed = async {
+                match resume {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                Some((d, attempt, o)) = in_flight.next(), if !in_flight.is_empty() => {
+                    if matches!(o, Outcome::Throttled(_)) && attempt < THROTTLED_ATTEMPTS {
+                        queue.push_front((d, attempt + 1));
+                        continue;
+                    }
+                    self.count(&d, &o);
+                    log(&d, &o);
+                    tally.add(&o);
+                }
+                _ = resumed => {}
+                _ = self.token.cancelled(), if in_flight.is_empty() => {}
+                _ = self.fence.lost(), if in_flight.is_empty() => {}
+            }
         }
         tally
     }
 
-    async fn one(&self, d: &Deletion) -> Outcome {
+    /// No new deletion starts on shutdown or once this replica no longer leads.
+    fn stopped(&self) -> bool {
+        self.token.is_cancelled() || !self.fence.is_valid()
+    }
+
+    /// Feeds one answer to the limit.
+    fn observe(&self, o: &Outcome, took: Duration) {
+        let signal = match o {
+            Outcome::Throttled(after) => {
+                self.metrics.throttled.inc();
+                Signal::Throttled(*after)
+            }
+            _ => Signal::Answered(took),
+        };
+        let mut l = self.limit.lock().expect("podgc limit lock");
+        l.observe(signal, Instant::now());
+        self.metrics.concurrency_limit.set(l.limit());
+    }
+
+    /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
+    async fn attempt(&self, d: &Deletion, attempt: u32) -> Outcome {
         if self.dry_run {
             return Outcome::WouldDelete;
         }
-        let ns = &d.pod.namespace;
         // Checked before counting, so a deposed leader's skipped pods are not counted as
         // deleted; force_delete checks again right before each call.
         if !self.fence.is_valid() {
             return Outcome::Fenced;
         }
-        if d.pass.counts_before_attempt() {
-            self.metrics.deleted(ns, d.pass);
+        if attempt == 1 && d.pass.counts_before_attempt() {
+            self.metrics.deleted(&d.pod.namespace, d.pass);
         }
+        let started = Instant::now();
         let o = force_delete(&self.client, &self.fence, d, Timestamp::now()).await;
-        // Refused or abandoned by us, not answered by the apiserver: neither an error nor a
-        // deletion.
-        if o == Outcome::Fenced {
-            return o;
+        // Refused or abandoned by us, not an answer of the apiserver's.
+        if o != Outcome::Fenced {
+            self.observe(&o, started.elapsed());
         }
+        o
+    }
+
+    /// Counts a pod's final outcome (dry-run counts nothing).
+    fn count(&self, d: &Deletion, o: &Outcome) {
+        // Dry-run and fenced pods were never attempted: neither errors nor deletions.
+        if matches!(o, Outcome::WouldDelete | Outcome::Fenced) {
+            return;
+        }
+        let ns = &d.pod.namespace;
         // Upstream's counter keeps upstream's meaning: its calls return NotFound (and a UID
         // mismatch) as errors. Ours counts only failures an operator must look at.
-        if !matches!(o, Outcome::Deleted) {
+        if *o != Outcome::Deleted {
             self.metrics.error(ns, d.pass);
         }
-        if matches!(o, Outcome::PatchFailed(_) | Outcome::DeleteFailed(_)) {
+        if matches!(
+            o,
+            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_)
+        ) {
             self.metrics.failure(ns, d.pass);
         }
         if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
         }
-        o
+        if *o == Outcome::Deleted {
+            self.metrics.terminated_deleted(d.pass);
+        }
     }
 }
 
 fn log(d: &Deletion, o: &Outcome) {
     let pod = format!("{}/{}", d.pod.namespace, d.pod.name);
     let node = d.pod.node_name.as_deref().unwrap_or("");
-    let pass = d.pass.label();
+    let pass = d.pass.name();
     let reason = d.why.as_str();
     match o {
         Outcome::Deleted => {
@@ -289,6 +414,10 @@ fn log(d: &Deletion, o: &Outcome) {
         Outcome::DeleteFailed(e) => {
             tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
         }
+        Outcome::Throttled(_) => tracing::warn!(
+            %pod, node, pass, reason, attempts = THROTTLED_ATTEMPTS,
+            "the apiserver kept answering 429; pod left for the next cycle"
+        ),
         Outcome::Fenced => {
             tracing::info!(%pod, node, pass, reason, "not leading any more: pod left alone")
         }

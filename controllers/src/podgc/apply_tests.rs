@@ -19,6 +19,7 @@ fn pod(name: &str, phase: Phase) -> PodFacts {
         generation: Some(4),
         disruption_target_true: None,
         condition_types: Box::default(),
+        terminated_at: None,
     }
 }
 
@@ -197,14 +198,14 @@ async fn gone_and_recreated_pods_are_skipped() {
 }
 
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
-    Applier {
-        client: mock.client(),
-        metrics: Metrics::new(),
+    Applier::new(
+        mock.client(),
+        Metrics::new(),
         concurrency,
         dry_run,
-        token: CancellationToken::new(),
-        fence: Fence::unbounded(),
-    }
+        CancellationToken::new(),
+        Fence::unbounded(),
+    )
 }
 
 #[tokio::test]
@@ -346,4 +347,45 @@ async fn a_loss_between_patch_and_delete_stops_the_delete() {
         "{:?}",
         mock.calls()
     );
+}
+
+#[tokio::test]
+async fn a_429_pauses_new_starts_halves_the_limit_and_the_pod_is_retried() {
+    // The first delete is throttled (no Retry-After in the body: the default pause).
+    let mock = Mock::answering(&[429]);
+    let a = applier(&mock, false, 4);
+    let started = std::time::Instant::now();
+    let ds: Vec<_> = (0..6)
+        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Pass::Terminated))
+        .collect();
+    let tally = a.apply(ds).await;
+    assert_eq!(tally.deleted, 6, "{tally:?}");
+    assert_eq!(tally.failed, 0);
+    assert_eq!(a.metrics.throttled.get(), 1);
+    assert_eq!(mock.calls().len(), 7, "six deletes and the one retried");
+    assert!(
+        started.elapsed() >= crate::podgc::limit::DEFAULT_PAUSE.mul_f64(0.9),
+        "the throttled pod waited for the pause: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(a.metrics.terminated_count("threshold"), 6);
+}
+
+#[tokio::test]
+async fn terminated_deletions_are_counted_by_rule_and_only_when_deleted() {
+    // p-ttl deleted, p-ns deleted, p-gone already gone (404), orphan deleted (not a terminated rule).
+    let mock = Mock::answering(&[200, 200, 404, 200, 200]);
+    let a = applier(&mock, false, 1);
+    a.apply(vec![
+        deletion("p-ttl", Phase::Succeeded, Pass::Ttl),
+        deletion("p-ns", Phase::Failed, Pass::NamespaceThreshold),
+        deletion("p-gone", Phase::Failed, Pass::NamespaceThreshold),
+        deletion("orphan", Phase::Running, Pass::Orphaned),
+    ])
+    .await;
+    for (reason, n) in [("threshold", 0), ("ttl", 1), ("namespace-threshold", 1)] {
+        assert_eq!(a.metrics.terminated_count(reason), n, "{reason}");
+    }
+    // The upstream-named counter sees them under upstream's reason.
+    assert_eq!(a.metrics.counts("ns", Pass::Ttl).0, 3);
 }

@@ -1,6 +1,7 @@
 //! The Pod and Node caches: watcher streams folded into compact maps. A relist is buffered and
 //! swapped in at `InitDone`, so objects deleted while the watch was down disappear and a cycle
-//! never reads half a list (the informer's Replace semantics).
+//! never reads half a list (the informer's Replace semantics). Namespaces are watched as
+//! metadata only, for the two policy annotations.
 
 use std::{
     collections::HashMap,
@@ -10,7 +11,8 @@ use std::{
 
 use futures::TryStreamExt;
 use groundskeeper_plumbing::ReadyFlag;
-use kube::{Api, Resource, runtime::watcher};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, Resource, core::PartialObjectMeta, runtime::watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     facts::{Interner, NodeFacts, PodFacts},
     passes::Snapshot,
+    policy::{NsAnnotations, THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
 };
 
@@ -99,6 +102,8 @@ pub type PodKey = (Arc<str>, Arc<str>);
 pub struct Caches {
     pub pods: Store<PodKey, PodFacts>,
     pub nodes: Store<Arc<str>, NodeFacts>,
+    /// Only namespaces that carry a policy annotation.
+    pub namespaces: Store<Arc<str>, NsAnnotations>,
     names: Interner,
 }
 
@@ -107,7 +112,48 @@ impl Caches {
         Snapshot {
             pods: self.pods.values().cloned().collect(),
             nodes: self.nodes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            namespaces: self
+                .namespaces
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }
+    }
+
+    /// A namespace without either annotation is folded in as a delete, so the store holds only
+    /// the few namespaces with a policy.
+    pub fn namespace_update(
+        &mut self,
+        ev: watcher::Event<PartialObjectMeta<Namespace>>,
+    ) -> Option<Update<Arc<str>, NsAnnotations>> {
+        let mut facts = |ns: PartialObjectMeta<Namespace>| {
+            let Some(name) = ns.metadata.name.as_deref() else {
+                tracing::warn!("ignoring namespace without metadata.name");
+                return None;
+            };
+            let key = self.names.intern(name);
+            let mut a = ns.metadata.annotations.unwrap_or_default();
+            let policy = NsAnnotations {
+                ttl: a.remove(TTL_ANNOTATION).map(String::into_boxed_str),
+                threshold: a.remove(THRESHOLD_ANNOTATION).map(String::into_boxed_str),
+            };
+            let any = policy != NsAnnotations::default();
+            Some((key, any.then_some(policy)))
+        };
+        Some(match ev {
+            watcher::Event::Init => Update::Init,
+            watcher::Event::InitDone => Update::InitDone,
+            watcher::Event::InitApply(n) => match facts(n)? {
+                (k, Some(v)) => Update::InitApply(k, v),
+                // Not inserting is enough: the relist replaces the whole map.
+                (_, None) => return None,
+            },
+            watcher::Event::Apply(n) => match facts(n)? {
+                (k, Some(v)) => Update::Apply(k, v),
+                (k, None) => Update::Delete(k),
+            },
+            watcher::Event::Delete(n) => Update::Delete(facts(n)?.0),
+        })
     }
 
     pub fn pod_update(&mut self, ev: watcher::Event<WirePod>) -> Option<Update<PodKey, PodFacts>> {
@@ -162,12 +208,14 @@ impl Caches {
 pub struct Synced {
     pub pods: watch::Receiver<bool>,
     pub nodes: watch::Receiver<bool>,
+    /// A namespace's opt-out (`0`) must be known before its pods meet the cluster TTL.
+    pub namespaces: watch::Receiver<bool>,
 }
 
 impl Synced {
-    /// Resolves once both caches listed (never, if a watch task ended first).
+    /// Resolves once every cache listed (never, if a watch task ended first).
     pub async fn wait(&mut self) {
-        for rx in [&mut self.pods, &mut self.nodes] {
+        for rx in [&mut self.pods, &mut self.nodes, &mut self.namespaces] {
             if rx.wait_for(|s| *s).await.is_err() {
                 std::future::pending::<()>().await;
             }
@@ -180,11 +228,12 @@ pub fn start(
     client: kube::Client,
     caches: Arc<Mutex<Caches>>,
     config: watcher::Config,
-    ready: (ReadyFlag, ReadyFlag),
+    ready: (ReadyFlag, ReadyFlag, ReadyFlag),
     token: CancellationToken,
 ) -> (Synced, tokio::task::JoinHandle<()>) {
     let (pods_tx, pods_rx) = watch::channel(false);
     let (nodes_tx, nodes_rx) = watch::channel(false);
+    let (ns_tx, ns_rx) = watch::channel(false);
     let pods = drive(
         "pods",
         Api::<WirePod>::all(client.clone()),
@@ -196,6 +245,19 @@ pub fn start(
         },
         ready.0,
         pods_tx,
+        token.clone(),
+    );
+    let namespaces = drive(
+        "namespaces",
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        config.clone(),
+        caches.clone(),
+        |c: &mut Caches, ev| match c.namespace_update(ev) {
+            Some(u) => c.namespaces.update(u),
+            None => false,
+        },
+        ready.2,
+        ns_tx,
         token.clone(),
     );
     let nodes = drive(
@@ -212,12 +274,13 @@ pub fn start(
         token,
     );
     let task = tokio::spawn(async move {
-        tokio::join!(pods, nodes);
+        tokio::join!(pods, nodes, namespaces);
     });
     (
         Synced {
             pods: pods_rx,
             nodes: nodes_rx,
+            namespaces: ns_rx,
         },
         task,
     )
@@ -302,13 +365,23 @@ mod tests {
         use futures::FutureExt;
         let (pods_tx, pods) = watch::channel(false);
         let (nodes_tx, nodes) = watch::channel(false);
-        let mut synced = Synced { pods, nodes };
+        let (ns_tx, namespaces) = watch::channel(false);
+        let mut synced = Synced {
+            pods,
+            nodes,
+            namespaces,
+        };
         pods_tx.send_replace(true);
         assert!(
             synced.wait().now_or_never().is_none(),
             "pods listed, nodes not yet: orphan detection must not start"
         );
         nodes_tx.send_replace(true);
+        assert!(
+            synced.wait().now_or_never().is_none(),
+            "namespaces not listed: an opt-out could be missed"
+        );
+        ns_tx.send_replace(true);
         assert!(synced.wait().now_or_never().is_some());
     }
 
@@ -331,5 +404,58 @@ mod tests {
         let u = c.pod_update(watcher::Event::Delete(pod)).unwrap();
         c.pods.update(u);
         assert!(c.pods.is_empty());
+    }
+
+    #[test]
+    fn only_namespaces_with_a_policy_are_kept() {
+        let mut c = Caches::default();
+        let ns = |name: &str, annotations: serde_json::Value| {
+            serde_json::from_value::<PartialObjectMeta<Namespace>>(serde_json::json!({
+                "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": {"name": name, "annotations": annotations}
+            }))
+            .unwrap()
+        };
+        let fold = |c: &mut Caches, ev| {
+            if let Some(u) = c.namespace_update(ev) {
+                c.namespaces.update(u);
+            }
+        };
+        fold(&mut c, watcher::Event::Init);
+        fold(
+            &mut c,
+            watcher::Event::InitApply(ns("plain", serde_json::json!({"x": "y"}))),
+        );
+        fold(
+            &mut c,
+            watcher::Event::InitApply(ns(
+                "ci",
+                serde_json::json!({TTL_ANNOTATION: "1h", "x": "y"}),
+            )),
+        );
+        fold(&mut c, watcher::Event::InitDone);
+        let snap = c.snapshot();
+        assert_eq!(snap.namespaces.len(), 1, "{:?}", snap.namespaces);
+        assert_eq!(snap.namespaces["ci"].ttl.as_deref(), Some("1h"));
+        assert_eq!(snap.namespaces["ci"].threshold, None);
+        // The annotation is removed: the namespace leaves the store.
+        fold(
+            &mut c,
+            watcher::Event::Apply(ns("ci", serde_json::json!({}))),
+        );
+        assert!(c.snapshot().namespaces.is_empty());
+        fold(
+            &mut c,
+            watcher::Event::Apply(ns("plain", serde_json::json!({THRESHOLD_ANNOTATION: "5"}))),
+        );
+        assert_eq!(
+            c.snapshot().namespaces["plain"].threshold.as_deref(),
+            Some("5")
+        );
+        fold(
+            &mut c,
+            watcher::Event::Delete(ns("plain", serde_json::json!({}))),
+        );
+        assert!(c.snapshot().namespaces.is_empty());
     }
 }

@@ -6,7 +6,7 @@ use std::{collections::HashSet, sync::Arc};
 
 use jiff::Timestamp;
 
-use super::wire::{WireCondition, WireNode, WirePod};
+use super::wire::{WireCondition, WireNode, WirePod, WirePodStatus};
 
 /// `status.phase`. Anything unrecognised (including `""`) counts as terminated, as upstream's
 /// "not Pending, Running or Unknown" does.
@@ -79,6 +79,9 @@ pub struct PodFacts {
     /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
     /// DisruptionTarget goes after the existing conditions instead of first.
     pub condition_types: Box<[Arc<str>]>,
+    /// When the pod terminated, for the TTL: see [`terminated_at`]. `None` means the TTL
+    /// never applies to it.
+    pub terminated_at: Option<Timestamp>,
 }
 
 /// What PodGC knows about one node.
@@ -147,6 +150,7 @@ impl PodFacts {
             .map(|n| names.intern(&n));
         let status = pod.status.unwrap_or_default();
         let phase = Phase::parse(status.phase.as_deref());
+        let terminated_at = terminated_at(&status);
         let conditions = status.conditions.unwrap_or_default();
         let condition_types = conditions.iter().map(|c| names.intern(&c.type_)).collect();
         let disruption_target_true = conditions
@@ -166,8 +170,37 @@ impl PodFacts {
             generation: m.generation,
             disruption_target_true,
             condition_types,
+            terminated_at,
         })
     }
+}
+
+/// When a pod terminated, from its own status: the latest `state.terminated.finishedAt` over
+/// its containers and init containers (the last one to stop ends the pod). Without any, the
+/// latest `lastTransitionTime` of a `Ready` or `ContainersReady` condition that is `False`
+/// (the kubelet flips them when the pod completes; for a pod that never became ready this is
+/// earlier than its end, which only matters for pods that never ran a container to the end).
+/// Neither: `None`, and the TTL never deletes the pod; a missing timestamp never makes a pod
+/// old. Only read for Succeeded and Failed pods.
+pub fn terminated_at(status: &WirePodStatus) -> Option<Timestamp> {
+    let finished = [&status.container_statuses, &status.init_container_statuses]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0)
+        .max();
+    finished.or_else(|| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| matches!(c.type_.as_str(), "Ready" | "ContainersReady"))
+            .filter(|c| c.status == "False")
+            .filter_map(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0)
+            .max()
+    })
 }
 
 impl NodeFacts {
@@ -259,6 +292,53 @@ mod tests {
         assert!(!p.evicted && !p.terminating);
         assert_eq!(p.created, Timestamp::MIN);
         assert_eq!(p.disruption_target_true, None);
+    }
+
+    #[test]
+    fn terminated_at_prefers_the_last_finished_container() {
+        let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+        let fin = |at: &str| json!({"state": {"terminated": {"finishedAt": at}}});
+        let table = [
+            (
+                "latest finishedAt over containers and init containers",
+                json!({"containerStatuses": [fin("2026-01-01T00:00:10Z"), fin("2026-01-01T00:00:30Z")],
+                       "initContainerStatuses": [fin("2026-01-01T00:00:05Z")],
+                       "conditions": [{"type": "Ready", "status": "False",
+                                       "lastTransitionTime": "2026-01-01T00:09:00Z"}]}),
+                t("2026-01-01T00:00:30Z"),
+            ),
+            (
+                "an init container can be the last to finish",
+                json!({"initContainerStatuses": [fin("2026-01-01T00:01:00Z")],
+                       "containerStatuses": [{"state": {"waiting": {}}}]}),
+                t("2026-01-01T00:01:00Z"),
+            ),
+            (
+                "no finishedAt: Ready/ContainersReady False transition, the latest",
+                json!({"containerStatuses": [{"state": {"terminated": {}}}],
+                       "conditions": [
+                        {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:02:00Z"},
+                        {"type": "ContainersReady", "status": "False", "lastTransitionTime": "2026-01-01T00:03:00Z"},
+                        {"type": "PodScheduled", "status": "False", "lastTransitionTime": "2026-01-01T00:04:00Z"}]}),
+                t("2026-01-01T00:03:00Z"),
+            ),
+            (
+                "Ready True says nothing about the end",
+                json!({"conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": "2026-01-01T00:02:00Z"}]}),
+                None,
+            ),
+            (
+                "Ready False without a time",
+                json!({"conditions": [{"type": "Ready", "status": "False"}]}),
+                None,
+            ),
+            ("no status at all", json!({}), None),
+        ];
+        for (what, status, want) in table {
+            let s: WirePodStatus = serde_json::from_value(status).unwrap();
+            assert_eq!(terminated_at(&s), want, "{what}");
+        }
     }
 
     #[test]

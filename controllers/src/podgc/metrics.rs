@@ -1,7 +1,8 @@
 //! PodGC's metrics: the two upstream counters, byte for byte (NotFound counts as an error, as
-//! upstream), a groundskeeper counter of real failures, and a cycle histogram.
+//! upstream), a groundskeeper counter of real failures, a cycle histogram, deletions of
+//! terminated pods by the rule that chose them, and the apiserver's 429s.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 use super::passes::Pass;
 
@@ -10,6 +11,11 @@ pub struct Metrics {
     deleted: IntCounterVec,
     errors: IntCounterVec,
     failures: IntCounterVec,
+    terminated_deleted: IntCounterVec,
+    /// 429 answers to PodGC's writes, counted by the client (each retry's too).
+    pub throttled: IntCounter,
+    /// The force-delete concurrency the apiserver's answers currently allow.
+    pub concurrency_limit: prometheus::Gauge,
     pub cycle_seconds: Histogram,
 }
 
@@ -41,6 +47,24 @@ impl Metrics {
                 labels,
             )
             .expect("valid metric"),
+            terminated_deleted: IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_podgc_terminated_deleted_total",
+                    "Terminated pods PodGC deleted, by the rule that chose them: threshold (upstream's cluster-wide count), ttl, namespace-threshold.",
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            throttled: IntCounter::new(
+                "groundskeeper_podgc_api_throttled_total",
+                "HTTP 429 (Too Many Requests) answers to PodGC's status patches and deletes, including those the client retried.",
+            )
+            .expect("valid metric"),
+            concurrency_limit: prometheus::Gauge::new(
+                "groundskeeper_podgc_delete_concurrency_limit",
+                "Force-deletes PodGC allows in flight, adapted to the apiserver's answers (AIMD, at most --gc-concurrency).",
+            )
+            .expect("valid metric"),
             cycle_seconds: Histogram::with_opts(
                 HistogramOpts::new(
                     "groundskeeper_podgc_cycle_duration_seconds",
@@ -58,6 +82,9 @@ impl Metrics {
         registry.register(Box::new(self.deleted.clone()))?;
         registry.register(Box::new(self.errors.clone()))?;
         registry.register(Box::new(self.failures.clone()))?;
+        registry.register(Box::new(self.terminated_deleted.clone()))?;
+        registry.register(Box::new(self.throttled.clone()))?;
+        registry.register(Box::new(self.concurrency_limit.clone()))?;
         registry.register(Box::new(self.cycle_seconds.clone()))
     }
 
@@ -84,6 +111,18 @@ impl Metrics {
         self.failures
             .with_label_values(&[namespace, pass.label()])
             .get()
+    }
+
+    /// A terminated pod was deleted (not merely attempted) by `pass`.
+    pub fn terminated_deleted(&self, pass: Pass) {
+        if let Some(reason) = pass.terminated_reason() {
+            self.terminated_deleted.with_label_values(&[reason]).inc();
+        }
+    }
+
+    #[cfg(test)]
+    pub fn terminated_count(&self, reason: &str) -> u64 {
+        self.terminated_deleted.with_label_values(&[reason]).get()
     }
 
     #[cfg(test)]

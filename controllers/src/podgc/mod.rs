@@ -1,16 +1,21 @@
 //! PodGC: force-deletes pods nobody else will clean up, as kube-controller-manager's PodGC
 //! does (v1.36): terminated pods above a threshold, terminating pods on out-of-service nodes,
 //! pods whose node is gone, and terminating pods that were never scheduled. Beyond upstream:
-//! compact caches, UID preconditions on every delete, and bounded parallel deletes.
+//! compact caches, UID preconditions on every delete, parallel deletes under a limit that
+//! adapts to the apiserver's answers, and an opt-in policy for terminated pods (a TTL and
+//! per-namespace overrides, `policy.rs`).
 
 pub mod apply;
 pub mod cache;
 pub mod cycle;
 pub mod facts;
+pub mod limit;
 pub mod metrics;
 #[cfg(test)]
 pub(crate) mod mock_api;
+pub mod notice;
 pub mod passes;
+pub mod policy;
 pub mod quarantine;
 pub mod wire;
 
@@ -52,6 +57,12 @@ pub struct PodGcArgs {
     )]
     pub terminated_pod_gc_threshold: i64,
 
+    /// Beyond upstream: a Succeeded or Failed pod is deleted once this long has passed since
+    /// it terminated (its last container's finishedAt). 0 (the default) is off. Namespaces
+    /// override it with the groundskeeper.dev/terminated-pod-ttl annotation (docs/podgc.md).
+    #[arg(long, env = "TERMINATED_POD_TTL", default_value = "0s", value_parser = parse_duration)]
+    pub terminated_pod_ttl: Duration,
+
     /// How long a node missing from the cache is left alone before a live GET decides whether
     /// its pods are orphans.
     #[arg(long, env = "ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
@@ -81,8 +92,10 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
     let ready = (
         shared.base.readiness.register("podgc/pods"),
         shared.base.readiness.register("podgc/nodes"),
+        shared.base.readiness.register("podgc/namespaces"),
     );
-    let health = [ready.0.clone(), ready.1.clone()];
+    // The namespace cache holds the policy annotations: a stale one could miss an opt-out.
+    let health = [ready.0.clone(), ready.1.clone(), ready.2.clone()];
     let (mut synced, watches) = cache::start(
         shared.base.client.clone(),
         caches.clone(),
@@ -114,16 +127,19 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
 
     let mut cycle = Cycle {
         client: shared.base.client.clone(),
-        applier: Applier {
-            client: shared.base.client.clone(),
-            metrics: metrics.clone(),
-            concurrency: args.gc_concurrency as usize,
-            dry_run: shared.base.dry_run,
-            token: shared.base.token.clone(),
-            fence: shared.leadership.fence(),
-        },
+        applier: Applier::new(
+            shared.base.unretried_client.clone(),
+            metrics.clone(),
+            args.gc_concurrency as usize,
+            shared.base.dry_run,
+            shared.base.token.clone(),
+            shared.leadership.fence(),
+        ),
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
+        ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
+        events: Arc::new(notice::KubeEvents::new(shared.base.client.clone())),
+        reported: notice::Reported::default(),
     };
     loop {
         // Every pass deletes on what the caches say (a pod count over the threshold, a node's
@@ -141,7 +157,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
                 .filter(|f| !f.is_healthy())
                 .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
                 .collect();
-            tracing::warn!(unhealthy_watches = ?stale, "podgc cycle skipped: the pod or node cache may be stale; nothing deleted");
+            tracing::warn!(unhealthy_watches = ?stale, "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
             // The skipped cycle runs as soon as the caches are current, not a period later.
             STALE_RECHECK.min(args.gc_period)
         };
@@ -179,6 +195,7 @@ mod tests {
         assert_eq!(a.terminated_pod_gc_threshold, 12500);
         assert_eq!(a.orphan_quarantine, Duration::from_secs(40));
         assert_eq!(a.gc_concurrency, 16);
+        assert_eq!(a.terminated_pod_ttl, Duration::ZERO, "the TTL is off");
     }
 
     #[test]
@@ -188,8 +205,10 @@ mod tests {
             "--terminated-pod-gc-threshold=-1",
             "--orphan-quarantine=0s",
             "--gc-concurrency=64",
+            "--terminated-pod-ttl=2h",
         ])
         .unwrap();
+        assert_eq!(a.terminated_pod_ttl, Duration::from_secs(7200));
         assert_eq!(a.gc_period, Duration::from_secs(1));
         assert_eq!(a.terminated_pod_gc_threshold, -1);
         assert_eq!(a.orphan_quarantine, Duration::ZERO);
@@ -204,6 +223,8 @@ mod tests {
             (&["--gc-period=5x"][..], "5x"),
             (&["--orphan-quarantine=soon"][..], "soon"),
             (&["--terminated-pod-gc-threshold=many"][..], "many"),
+            (&["--terminated-pod-ttl=1w"][..], "1w"),
+            (&["--terminated-pod-ttl=-1h"][..], "-1h"),
         ] {
             let e = parse(args).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");

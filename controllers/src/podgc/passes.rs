@@ -4,17 +4,22 @@
 
 use std::{
     cmp::Ordering,
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
-use super::facts::{NodeFacts, PodFacts};
+use super::{
+    facts::{NodeFacts, PodFacts},
+    policy::NsAnnotations,
+};
 
 /// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     pub pods: Vec<PodFacts>,
     pub nodes: HashMap<Arc<str>, NodeFacts>,
+    /// The namespaces that carry a policy annotation, unparsed.
+    pub namespaces: BTreeMap<Arc<str>, NsAnnotations>,
 }
 
 /// Which pass chose a pod; its label is the `reason` of the upstream metrics.
@@ -24,22 +29,58 @@ pub enum Pass {
     OutOfService,
     Orphaned,
     Unscheduled,
+    /// groundskeeper's policy (see `policy.rs`): terminated longer ago than the TTL.
+    Ttl,
+    /// groundskeeper's policy: above its namespace's own threshold.
+    NamespaceThreshold,
 }
 
 impl Pass {
+    /// Upstream's four passes.
     pub const ALL: [Pass; 4] = [
         Pass::Terminated,
         Pass::OutOfService,
         Pass::Orphaned,
         Pass::Unscheduled,
     ];
+    /// Every pass, in the order a cycle runs them (index of the cycle summary).
+    pub const EVERY: [Pass; 6] = [
+        Pass::Terminated,
+        Pass::OutOfService,
+        Pass::Orphaned,
+        Pass::Unscheduled,
+        Pass::Ttl,
+        Pass::NamespaceThreshold,
+    ];
 
+    /// The `reason` of the upstream-named counters. The policy passes delete terminated pods,
+    /// so dashboards built on upstream's `reason="terminated"` still see every one.
     pub fn label(self) -> &'static str {
         match self {
-            Pass::Terminated => "terminated",
+            Pass::Terminated | Pass::Ttl | Pass::NamespaceThreshold => "terminated",
             Pass::OutOfService => "out-of-service",
             Pass::Orphaned => "orphaned",
             Pass::Unscheduled => "unscheduled",
+        }
+    }
+
+    /// The pass's own name, in log lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Ttl => "ttl",
+            Pass::NamespaceThreshold => "namespace-threshold",
+            p => p.label(),
+        }
+    }
+
+    /// The `reason` of `groundskeeper_podgc_terminated_deleted_total`: which rule deleted a
+    /// terminated pod. `None` for the passes that are not about terminated pods.
+    pub fn terminated_reason(self) -> Option<&'static str> {
+        match self {
+            Pass::Terminated => Some("threshold"),
+            Pass::Ttl => Some("ttl"),
+            Pass::NamespaceThreshold => Some("namespace-threshold"),
+            _ => None,
         }
     }
 

@@ -19,6 +19,7 @@ fn pod(name: &str, phase: Phase, node: Option<&str>, created: i64) -> PodFacts {
         generation: Some(1),
         disruption_target_true: None,
         condition_types: Box::default(),
+        terminated_at: None,
     }
 }
 
@@ -47,6 +48,7 @@ fn snapshot(pods: Vec<PodFacts>, nodes: &[(&str, NodeFacts)]) -> Snapshot {
     Snapshot {
         pods,
         nodes: nodes.iter().map(|(n, f)| (Arc::from(*n), *f)).collect(),
+        namespaces: Default::default(),
     }
 }
 

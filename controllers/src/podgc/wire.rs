@@ -34,6 +34,29 @@ pub struct WirePodStatus {
     pub reason: Option<String>,
     #[serde(default)]
     pub conditions: Option<Vec<WireCondition>>,
+    /// Only `state.terminated.finishedAt` survives parsing: the TTL's "terminated at".
+    #[serde(default, rename = "containerStatuses")]
+    pub container_statuses: Option<Vec<WireContainerStatus>>,
+    #[serde(default, rename = "initContainerStatuses")]
+    pub init_container_statuses: Option<Vec<WireContainerStatus>>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireContainerStatus {
+    #[serde(default)]
+    pub state: Option<WireContainerState>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct WireContainerState {
+    #[serde(default)]
+    pub terminated: Option<WireTerminated>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WireTerminated {
+    pub finished_at: Option<Time>,
 }
 
 #[derive(Deserialize, Clone, Debug, Default)]

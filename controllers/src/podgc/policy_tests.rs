@@ -1,0 +1,373 @@
+use super::*;
+use crate::podgc::{facts::Phase, passes::terminated};
+
+const H: Duration = Duration::from_secs(3600);
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
+}
+
+/// A pod in `ns`, created at `created`, terminated at `ended` (seconds from the epoch above).
+fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> PodFacts {
+    PodFacts {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: format!("uid-{ns}-{name}").into(),
+        node_name: Some("n".into()),
+        phase,
+        evicted: false,
+        terminating: false,
+        created: at(created),
+        generation: Some(1),
+        disruption_target_true: None,
+        terminated_at: ended.map(at),
+        condition_types: Box::default(),
+    }
+}
+
+fn evicted(mut p: PodFacts) -> PodFacts {
+    p.evicted = true;
+    p
+}
+
+fn names(ds: &[Deletion]) -> Vec<String> {
+    ds.iter()
+        .map(|d| format!("{}/{}", d.pod.namespace, d.pod.name))
+        .collect()
+}
+
+fn annotations(ttl: Option<&str>, threshold: Option<&str>) -> NsAnnotations {
+    NsAnnotations {
+        ttl: ttl.map(Into::into),
+        threshold: threshold.map(Into::into),
+    }
+}
+
+#[test]
+fn ttl_annotation_values() {
+    let table = [
+        (None, Setting::Inherit),
+        (Some("90s"), Setting::Value(Duration::from_secs(90))),
+        (Some("2h"), Setting::Value(2 * H)),
+        (Some("1.5h"), Setting::Value(H * 3 / 2)),
+        (Some(" 10m "), Setting::Value(Duration::from_secs(600))),
+        (Some("0"), Setting::Off),
+        (Some("0s"), Setting::Off),
+        (Some(""), Setting::Malformed),
+        (Some("1 week"), Setting::Malformed),
+        (Some("7d"), Setting::Malformed),
+        (Some("-1h"), Setting::Malformed),
+        (Some("abc"), Setting::Malformed),
+        (Some("9999h"), Setting::Malformed),
+    ];
+    for (raw, want) in table {
+        assert_eq!(parse_ttl(raw), want, "ttl annotation {raw:?}");
+    }
+}
+
+#[test]
+fn threshold_annotation_values() {
+    let table = [
+        (None, Setting::Inherit),
+        (Some("10"), Setting::Value(10)),
+        (Some(" 3 "), Setting::Value(3)),
+        (Some("0"), Setting::Off),
+        (Some("-5"), Setting::Malformed),
+        (Some("+5"), Setting::Malformed),
+        (Some("1.5"), Setting::Malformed),
+        (Some("1e3"), Setting::Malformed),
+        (Some("ten"), Setting::Malformed),
+        (Some(""), Setting::Malformed),
+        (Some("99999999999999999999999"), Setting::Malformed),
+    ];
+    for (raw, want) in table {
+        assert_eq!(parse_threshold(raw), want, "threshold annotation {raw:?}");
+    }
+}
+
+#[test]
+fn ttl_in_force_per_namespace() {
+    let cluster = Some(H);
+    let table = [
+        (
+            "no annotation inherits the cluster TTL",
+            None,
+            cluster,
+            Some(H),
+        ),
+        ("no annotation, no cluster TTL", None, None, None),
+        (
+            "annotation overrides",
+            Some("5m"),
+            cluster,
+            Some(Duration::from_secs(300)),
+        ),
+        (
+            "annotation without cluster TTL",
+            Some("5m"),
+            None,
+            Some(Duration::from_secs(300)),
+        ),
+        ("0 opts the namespace out", Some("0"), cluster, None),
+        (
+            "malformed suspends the TTL here, not the default",
+            Some("soon"),
+            cluster,
+            None,
+        ),
+    ];
+    for (what, raw, cluster, want) in table {
+        let p = NsPolicy::parse(&annotations(raw, None));
+        assert_eq!(p.ttl(cluster), want, "{what}");
+    }
+}
+
+#[test]
+fn expiry() {
+    let now = at(10_000);
+    let table = [
+        (
+            "terminated 2h ago, TTL 1h",
+            Phase::Succeeded,
+            Some(10_000 - 7200),
+            true,
+        ),
+        (
+            "exactly the TTL ago",
+            Phase::Failed,
+            Some(10_000 - 3600),
+            true,
+        ),
+        (
+            "a second younger than the TTL",
+            Phase::Failed,
+            Some(10_000 - 3599),
+            false,
+        ),
+        ("no end known: never old", Phase::Succeeded, None, false),
+        (
+            "end in the future (skew)",
+            Phase::Succeeded,
+            Some(20_000),
+            false,
+        ),
+        (
+            "Running, even with an old finishedAt",
+            Phase::Running,
+            Some(0),
+            false,
+        ),
+        ("Pending", Phase::Pending, Some(0), false),
+        ("Unknown", Phase::Unknown, Some(0), false),
+        (
+            "empty phase is not Succeeded/Failed",
+            Phase::Other,
+            Some(0),
+            false,
+        ),
+    ];
+    for (what, phase, ended, want) in table {
+        let p = pod("ns", "p", phase, 0, ended);
+        assert_eq!(expired(&p, H, now), want, "{what}");
+    }
+}
+
+/// The cycle's order on one snapshot: upstream threshold on the full set first, then the TTL,
+/// then namespace thresholds; one row per scenario, each naming what it checks.
+#[test]
+fn order_of_evaluation() {
+    let now = at(100_000);
+    let old = Some(100_000 - 7200); // terminated 2h ago
+    let young = Some(100_000 - 60); // a minute ago
+    struct Row {
+        what: &'static str,
+        pods: Vec<PodFacts>,
+        cluster_threshold: i64,
+        cluster_ttl: Option<Duration>,
+        ns: Vec<(&'static str, NsAnnotations)>,
+        threshold: Vec<&'static str>,
+        ttl: Vec<&'static str>,
+        ns_threshold: Vec<&'static str>,
+    }
+    let rows = [
+        Row {
+            what: "nothing opted in: only upstream's threshold acts",
+            pods: vec![
+                pod("a", "p1", Phase::Succeeded, 1, old),
+                pod("a", "p2", Phase::Succeeded, 2, old),
+                pod("b", "p3", Phase::Failed, 3, old),
+            ],
+            cluster_threshold: 2,
+            cluster_ttl: None,
+            ns: vec![],
+            threshold: vec!["a/p1"],
+            ttl: vec![],
+            ns_threshold: vec![],
+        },
+        Row {
+            what: "the global threshold counts every terminated pod, policies or not, and \
+                   its choices are not chosen again",
+            pods: vec![
+                pod("a", "p1", Phase::Succeeded, 1, old),
+                pod("a", "p2", Phase::Succeeded, 2, old),
+                pod("b", "p3", Phase::Failed, 3, young),
+            ],
+            cluster_threshold: 2,
+            cluster_ttl: Some(H),
+            ns: vec![],
+            threshold: vec!["a/p1"],
+            ttl: vec!["a/p2"],
+            ns_threshold: vec![],
+        },
+        Row {
+            what: "TTL: old Succeeded/Failed go; young, running and timestamp-less stay",
+            pods: vec![
+                pod("a", "old-ok", Phase::Succeeded, 1, old),
+                pod("a", "old-failed", Phase::Failed, 2, old),
+                pod("a", "young", Phase::Succeeded, 3, young),
+                pod("a", "running", Phase::Running, 4, old),
+                pod("a", "no-end", Phase::Failed, 5, None),
+            ],
+            cluster_threshold: 12500,
+            cluster_ttl: Some(H),
+            ns: vec![],
+            threshold: vec![],
+            ttl: vec!["a/old-ok", "a/old-failed"],
+            ns_threshold: vec![],
+        },
+        Row {
+            what: "namespace TTL overrides the cluster's, both ways; 0 opts out",
+            pods: vec![
+                pod("short", "p1", Phase::Succeeded, 1, young),
+                pod("long", "p2", Phase::Succeeded, 2, old),
+                pod("out", "p3", Phase::Succeeded, 3, old),
+                pod("plain", "p4", Phase::Succeeded, 4, old),
+            ],
+            cluster_threshold: 12500,
+            cluster_ttl: Some(H),
+            ns: vec![
+                ("short", annotations(Some("30s"), None)),
+                ("long", annotations(Some("24h"), None)),
+                ("out", annotations(Some("0"), None)),
+            ],
+            threshold: vec![],
+            ttl: vec!["short/p1", "plain/p4"],
+            ns_threshold: vec![],
+        },
+        Row {
+            what: "namespace threshold: evicted first, then oldest, within the namespace only",
+            pods: vec![
+                pod("ci", "old", Phase::Succeeded, 1, None),
+                pod("ci", "mid", Phase::Failed, 2, None),
+                evicted(pod("ci", "evicted-new", Phase::Failed, 9, None)),
+                pod("ci", "new", Phase::Succeeded, 10, None),
+                pod("ci", "running", Phase::Running, 0, None),
+                pod("other", "oldest", Phase::Succeeded, 0, None),
+            ],
+            cluster_threshold: 12500,
+            cluster_ttl: None,
+            ns: vec![("ci", annotations(None, Some("2")))],
+            threshold: vec![],
+            ttl: vec![],
+            ns_threshold: vec!["ci/evicted-new", "ci/old"],
+        },
+        Row {
+            what: "namespace threshold counts what the TTL left",
+            pods: vec![
+                pod("ci", "expired", Phase::Succeeded, 1, old),
+                pod("ci", "a", Phase::Succeeded, 2, young),
+                pod("ci", "b", Phase::Succeeded, 3, young),
+                pod("ci", "c", Phase::Succeeded, 4, young),
+            ],
+            cluster_threshold: 12500,
+            cluster_ttl: None,
+            ns: vec![("ci", annotations(Some("1h"), Some("2")))],
+            threshold: vec![],
+            ttl: vec!["ci/expired"],
+            ns_threshold: vec!["ci/a"],
+        },
+        Row {
+            what: "malformed annotations suspend their rule in that namespace only",
+            pods: vec![
+                pod("bad", "p1", Phase::Succeeded, 1, old),
+                pod("bad", "p2", Phase::Succeeded, 2, old),
+                pod("bad", "p3", Phase::Succeeded, 3, old),
+                pod("good", "p4", Phase::Succeeded, 4, old),
+            ],
+            cluster_threshold: 12500,
+            cluster_ttl: Some(H),
+            ns: vec![("bad", annotations(Some("1 week"), Some("-1")))],
+            threshold: vec![],
+            ttl: vec!["good/p4"],
+            ns_threshold: vec![],
+        },
+        Row {
+            what: "threshold annotation 0 is off; no cluster TTL and no annotation: nothing",
+            pods: vec![
+                pod("zero", "p1", Phase::Succeeded, 1, old),
+                pod("none", "p2", Phase::Failed, 2, old),
+            ],
+            cluster_threshold: 0,
+            cluster_ttl: None,
+            ns: vec![("zero", annotations(None, Some("0")))],
+            threshold: vec![],
+            ttl: vec![],
+            ns_threshold: vec![],
+        },
+    ];
+    for r in rows {
+        let namespaces: HashMap<Arc<str>, NsPolicy> =
+            r.ns.iter()
+                .map(|(n, a)| (Arc::from(*n), NsPolicy::parse(a)))
+                .collect();
+        let step1 = terminated(&r.pods, r.cluster_threshold);
+        let taken: HashSet<&str> = step1.iter().map(|d| &*d.pod.uid).collect();
+        let policy = Policy {
+            cluster_ttl: r.cluster_ttl,
+            namespaces: &namespaces,
+            now,
+        };
+        let (ttl, ns_threshold) = policy_passes(&r.pods, &taken, &policy);
+        assert_eq!(names(&step1), r.threshold, "{}: threshold", r.what);
+        assert_eq!(names(&ttl), r.ttl, "{}: ttl", r.what);
+        assert_eq!(
+            names(&ns_threshold),
+            r.ns_threshold,
+            "{}: namespace threshold",
+            r.what
+        );
+        assert!(ttl.iter().all(|d| d.pass == Pass::Ttl), "{}", r.what);
+        assert!(
+            ns_threshold
+                .iter()
+                .all(|d| d.pass == Pass::NamespaceThreshold),
+            "{}",
+            r.what
+        );
+        let mut all: Vec<_> = step1.iter().chain(&ttl).chain(&ns_threshold).collect();
+        let n = all.len();
+        all.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+        all.dedup_by(|a, b| a.pod.uid == b.pod.uid);
+        assert_eq!(all.len(), n, "{}: no pod chosen twice", r.what);
+    }
+}
+
+#[test]
+fn malformed_values_are_named() {
+    let table = [
+        (annotations(None, None), vec![]),
+        (annotations(Some("1h"), Some("3")), vec![]),
+        (annotations(Some("0"), Some("0")), vec![]),
+        (
+            annotations(Some("1 week"), None),
+            vec![(TTL_ANNOTATION, "1 week")],
+        ),
+        (
+            annotations(Some("2h"), Some("lots")),
+            vec![(THRESHOLD_ANNOTATION, "lots")],
+        ),
+    ];
+    for (a, want) in table {
+        assert_eq!(malformed(&a), want, "{a:?}");
+    }
+}
