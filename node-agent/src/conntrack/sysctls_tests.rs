@@ -97,9 +97,10 @@ fn invalid_values_are_rejected_naming_them() {
     }
 }
 
-#[test]
-fn apply_writes_under_the_roots_and_reports_read_only_paths() {
-    let dir = std::env::temp_dir().join(format!("gk-sysctl-{}", std::process::id()));
+/// A /proc/sys under a temp dir holding nf_conntrack_max 65536 and a 30 s UDP timeout, roots
+/// with /sys at `sys` (not created), and flags that change both.
+fn fixture(name: &str, sys: &str) -> (std::path::PathBuf, Roots, ConntrackSysctlArgs) {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let nf = dir.join("proc/net/netfilter");
     std::fs::create_dir_all(&nf).unwrap();
@@ -107,8 +108,7 @@ fn apply_writes_under_the_roots_and_reports_read_only_paths() {
     std::fs::write(nf.join("nf_conntrack_udp_timeout"), "30\n").unwrap();
     let roots = Roots {
         proc_sys: dir.join("proc"),
-        // No such directory: the hashsize write fails and is reported with its path.
-        sys: dir.join("missing-sys"),
+        sys: dir.join(sys),
     };
     let a = args(&[
         "--conntrack-max-per-core",
@@ -116,6 +116,13 @@ fn apply_writes_under_the_roots_and_reports_read_only_paths() {
         "--conntrack-udp-timeout",
         "60s",
     ]);
+    (dir, roots, a)
+}
+
+#[test]
+fn apply_writes_under_the_roots_and_reports_read_only_paths() {
+    // No such /sys directory: the hashsize write fails and is reported with its path.
+    let (dir, roots, a) = fixture("gk-sysctl", "missing-sys");
     let (done, errors) = apply(&a, 2, &roots);
     assert_eq!(done.len(), 2);
     assert_eq!(roots.read(NF_CONNTRACK_MAX, false), Some(200000));
@@ -134,22 +141,7 @@ fn apply_writes_under_the_roots_and_reports_read_only_paths() {
 
 #[test]
 fn dry_run_plans_but_writes_nothing() {
-    let dir = std::env::temp_dir().join(format!("gk-sysctl-dry-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let nf = dir.join("proc/net/netfilter");
-    std::fs::create_dir_all(&nf).unwrap();
-    std::fs::write(nf.join("nf_conntrack_max"), "65536\n").unwrap();
-    std::fs::write(nf.join("nf_conntrack_udp_timeout"), "30\n").unwrap();
-    let roots = Roots {
-        proc_sys: dir.join("proc"),
-        sys: dir.join("sys"),
-    };
-    let a = args(&[
-        "--conntrack-max-per-core",
-        "100000",
-        "--conntrack-udp-timeout",
-        "60s",
-    ]);
+    let (dir, roots, a) = fixture("gk-sysctl-dry", "sys");
     let planned = apply_and_log(&a, &roots, true);
     assert!(
         planned.iter().any(|w| w.path == NF_CONNTRACK_MAX),
