@@ -5,7 +5,6 @@
 //! apiserver crash and restart, then a restart after etcd was compacted (every resourceVersion
 //! the manager knew is gone).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::{
@@ -13,16 +12,12 @@ use k8s_openapi::api::{
     networking::v1::{ServiceCIDR, ServiceCIDRSpec},
 };
 use kube::{Api, ResourceExt, api::ObjectMeta};
-use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
+use testkit::{Binary, free_addr, status, unique_name, wait_for};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
 /// Longer than --watch-stale-after below, and long enough for the backoff to reach its cap.
 const OUTAGE: Duration = Duration::from_secs(8);
-
-async fn status(admin: SocketAddr, path: &str) -> u16 {
-    http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Outage {
@@ -96,16 +91,9 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
                 let rev = cp.compact_etcd()?;
                 println!("{outage:?}: etcd compacted at revision {rev}");
             }
-            let mut saw_503 = false;
-            while down.elapsed() < OUTAGE {
-                assert_eq!(
-                    status(admin, "/healthz").await,
-                    200,
-                    "liveness during outage"
-                );
-                saw_503 |= status(admin, "/readyz").await == 503;
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
+                .await
+                .is_some();
             assert!(
                 saw_503,
                 "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use groundskeeper_node_agent::conntrack::msg::{
-    AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
+    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
@@ -22,20 +22,7 @@ use testkit::{Binary, free_addr, http_get, wait_for};
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
-    ns.run(|| {
-        let mut ct = Conntrack::open().unwrap();
-        let mut out = BTreeSet::new();
-        ct.dump(AF_INET, None, &mut |e| {
-            out.insert((
-                e.orig.proto,
-                e.orig.src_port,
-                SocketAddr::new(e.reply.src, e.reply.src_port),
-            ));
-        })
-        .unwrap();
-        out
-    })
-    .unwrap()
+    ns.ipv4_flows().unwrap()
 }
 
 #[tokio::test]

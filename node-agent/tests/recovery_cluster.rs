@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::msg::{
-    AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
+    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
@@ -19,28 +19,16 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
-use testkit::{Binary, free_addr, http_get, wait_for};
+use testkit::{Binary, free_addr, http_get, status, wait_for};
 
 /// The bound the issue sets: acting again within 5 s of the apiserver answering.
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
 /// Longer than --watch-stale-after below, and long enough for the backoff to reach its cap.
 const OUTAGE: Duration = Duration::from_secs(8);
 
+/// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
-    ns.run(|| {
-        let mut ct = Conntrack::open().unwrap();
-        let mut out = BTreeSet::new();
-        ct.dump(AF_INET, None, &mut |e| {
-            out.insert((
-                e.orig.proto,
-                e.orig.src_port,
-                SocketAddr::new(e.reply.src, e.reply.src_port),
-            ));
-        })
-        .unwrap();
-        out
-    })
-    .unwrap()
+    ns.ipv4_flows().unwrap()
 }
 
 fn add_flows(ns: &NetNs, entries: &[Entry]) {
@@ -62,10 +50,6 @@ async fn sample(admin: SocketAddr, series: &str) -> f64 {
     body.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-async fn status(admin: SocketAddr, path: &str) -> u16 {
-    http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -209,16 +193,9 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
                 let rev = cp.compact_etcd()?;
                 println!("{outage:?}: etcd compacted at revision {rev}");
             }
-            let mut saw_503 = false;
-            while down.elapsed() < OUTAGE {
-                assert_eq!(
-                    status(admin, "/healthz").await,
-                    200,
-                    "liveness during outage"
-                );
-                saw_503 |= status(admin, "/readyz").await == 503;
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
+                .await
+                .is_some();
             assert!(
                 saw_503,
                 "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"

@@ -6,7 +6,6 @@
 //! SysctlPolicies later than that, within 2 s of it doing so (the agent does not fail pods on
 //! a policy list that may be stale).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
@@ -14,15 +13,11 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ObjectMeta;
-use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
+use testkit::{Binary, free_addr, status, unique_name, wait_for};
 
 const NODE_LABEL: &str = "groundskeeper.dev/sysctl-test-node";
 const OUTAGE: Duration = Duration::from_secs(35);
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
-
-async fn status(admin: SocketAddr, path: &str) -> u16 {
-    http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
-}
 
 #[tokio::test]
 async fn forbidden_pod_is_rejected_within_5s_after_a_35s_control_plane_outage() -> anyhow::Result<()>
@@ -84,18 +79,7 @@ async fn forbidden_pod_is_rejected_within_5s_after_a_35s_control_plane_outage() 
     cp.stop_apiserver();
     cp.stop_etcd();
     let down = Instant::now();
-    let mut first_503 = None;
-    while down.elapsed() < OUTAGE {
-        assert_eq!(
-            status(admin, "/healthz").await,
-            200,
-            "liveness during outage"
-        );
-        if first_503.is_none() && status(admin, "/readyz").await == 503 {
-            first_503 = Some(down.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let first_503 = testkit::ride_out_outage(admin, down, OUTAGE).await;
     let first_503 = first_503.ok_or_else(|| {
         anyhow::anyhow!("/readyz stayed 200 through a {OUTAGE:?} outage (bound 30 s)")
     })?;

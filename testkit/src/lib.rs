@@ -355,6 +355,34 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<
     Ok((code, body))
 }
 
+/// The status code of `path` on a child's admin server; 0 when it does not answer.
+pub async fn status(admin: std::net::SocketAddr, path: &str) -> u16 {
+    http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
+}
+
+/// Polls a child's admin server from `down` until `outage` has passed, while its apiserver is
+/// away: `/healthz` must answer 200 at every poll (liveness stays up, no restart storm).
+/// Returns how long after `down` `/readyz` first answered 503, if it did.
+pub async fn ride_out_outage(
+    admin: std::net::SocketAddr,
+    down: Instant,
+    outage: Duration,
+) -> Option<Duration> {
+    let mut first_503 = None;
+    while down.elapsed() < outage {
+        assert_eq!(
+            status(admin, "/healthz").await,
+            200,
+            "liveness during outage"
+        );
+        if first_503.is_none() && status(admin, "/readyz").await == 503 {
+            first_503 = Some(down.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    first_503
+}
+
 /// The value of an unlabelled metric in a child's `/metrics`, if exported.
 pub async fn metric(addr: std::net::SocketAddr, name: &str) -> anyhow::Result<Option<f64>> {
     let (_, body) = http_get(addr, "/metrics").await?;

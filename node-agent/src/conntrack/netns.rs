@@ -88,6 +88,26 @@ impl NetNs {
     }
 
     /// Runs a command inside the namespace (`ip netns exec`), returning stdout.
+    /// (protocol, original source port, reply source = where it was DNATed to) of every IPv4
+    /// entry in the namespace's table: what tests compare before and after a pass.
+    pub fn ipv4_flows(
+        &self,
+    ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
+        self.run(|| {
+            let mut ct = super::socket::Conntrack::open()?;
+            let mut out = std::collections::BTreeSet::new();
+            ct.dump(super::msg::AF_INET, None, &mut |e| {
+                out.insert((
+                    e.orig.proto,
+                    e.orig.src_port,
+                    std::net::SocketAddr::new(e.reply.src, e.reply.src_port),
+                ));
+            })
+            .map_err(|e| io::Error::other(format!("{e}")))?;
+            Ok(out)
+        })?
+    }
+
     pub fn exec(&self, program: &str, args: &[&str]) -> io::Result<String> {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.name, program])
