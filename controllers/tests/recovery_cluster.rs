@@ -12,24 +12,13 @@ use k8s_openapi::api::{
     networking::v1::{ServiceCIDR, ServiceCIDRSpec},
 };
 use kube::{Api, ResourceExt, api::ObjectMeta};
+use testkit::control_plane::Outage;
 use testkit::{Binary, free_addr, status, unique_name, wait_for};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
 /// Longer than --watch-stale-after below, and long enough for the backoff to reach its cap.
 const OUTAGE: Duration = Duration::from_secs(8);
-
-#[derive(Clone, Copy, Debug)]
-enum Outage {
-    /// SIGKILL the apiserver, start it again on the same etcd data.
-    Restart,
-    /// The same, with etcd compacted at its current revision while the apiserver is down.
-    RestartAfterCompaction,
-    /// The manager is frozen (SIGSTOP) through a restart after compaction: when it resumes,
-    /// the apiserver already answers, so its watches resume from a compacted resourceVersion
-    /// and get a real 410 Gone.
-    FrozenThroughCompaction,
-}
 
 #[tokio::test]
 async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<()> {

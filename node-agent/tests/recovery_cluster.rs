@@ -19,6 +19,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
+use testkit::control_plane::Outage;
 use testkit::{Binary, free_addr, http_get, status, wait_for};
 
 /// The bound the issue sets: acting again within 5 s of the apiserver answering.
@@ -50,18 +51,6 @@ async fn sample(admin: SocketAddr, series: &str) -> f64 {
     body.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Outage {
-    /// SIGKILL the apiserver, start it again on the same etcd data.
-    Restart,
-    /// The same, with etcd compacted at its current revision while the apiserver is down.
-    RestartAfterCompaction,
-    /// The agent is frozen (SIGSTOP) through a restart after compaction: when it resumes, the
-    /// apiserver already answers, so its watch resumes from a compacted resourceVersion and
-    /// gets a real 410 Gone.
-    FrozenThroughCompaction,
 }
 
 #[tokio::test]

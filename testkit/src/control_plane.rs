@@ -38,6 +38,19 @@ rules:
 - level: Metadata
 ";
 
+/// The ways a fault test takes the apiserver away from the binary under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outage {
+    /// SIGKILL the apiserver, start it again on the same etcd data.
+    Restart,
+    /// The same, with etcd compacted at its current revision while the apiserver is down.
+    RestartAfterCompaction,
+    /// The binary is frozen (SIGSTOP) through a restart after compaction: when it resumes, the
+    /// apiserver already answers, so its watches resume from a compacted resourceVersion and
+    /// get a real 410 Gone.
+    FrozenThroughCompaction,
+}
+
 pub struct ControlPlane {
     dir: PathBuf,
     etcd_bin: PathBuf,
