@@ -1,5 +1,6 @@
 //! controller-manager: groundskeeper's cluster-wide controllers, one active replica at a time.
 
+pub mod context;
 pub mod leader;
 pub mod manager;
 pub mod podgc;

@@ -1,8 +1,9 @@
 use std::process::ExitCode;
 
 use groundskeeper_controllers::{
+    context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
-    manager::{Cli, Command, ServiceCidrCommand, Shared},
+    manager::{Cli, Command, ServiceCidrCommand},
     podgc, servicecidr,
 };
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
@@ -79,11 +80,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         (None, Leadership::always())
     };
 
-    let shared = Shared {
+    let ctx = Context {
         base: process.base(cli.common.dry_run, controllers_token.clone()),
         leadership,
     };
-    let mut controllers = start_controllers(&cli, shared);
+    let mut controllers = start_controllers(&cli, ctx);
 
     // Run until SIGTERM, a lost lease, or a controller that ends on its own.
     let mut elector_task = elector_task;
@@ -143,16 +144,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn start_controllers(cli: &Cli, shared: Shared) -> Tasks {
+fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
     let mut set = Tasks::default();
     if cli.controllers.has("servicecidr") {
         set.spawn(
             "servicecidr",
-            servicecidr::run(shared.clone(), cli.service_cidr.clone()),
+            servicecidr::run(ctx.clone(), cli.service_cidr.clone()),
         );
     }
     if cli.controllers.has("podgc") {
-        set.spawn("podgc", podgc::run(shared.clone(), cli.podgc.clone()));
+        set.spawn("podgc", podgc::run(ctx.clone(), cli.podgc.clone()));
     }
     if set.is_empty() {
         tracing::warn!(

@@ -1,4 +1,5 @@
-//! What every controller is handed, and the flags of the manager itself.
+//! The controller-manager's flags and subcommands: the one place that knows every controller's
+//! Args.
 
 use std::time::Duration;
 
@@ -6,17 +7,10 @@ use clap::{Args, Parser, Subcommand};
 use groundskeeper_plumbing::{
     cli::{Selection, parse_selection},
     client::parse_duration,
-    process::{Base, CommonArgs},
+    process::CommonArgs,
 };
 
-use crate::{leader::Leadership, podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
-
-/// Handed to each controller's `run`: the common base and the leadership gate.
-#[derive(Clone)]
-pub struct Shared {
-    pub base: Base,
-    pub leadership: Leadership,
-}
+use crate::{podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -1,20 +1,12 @@
-//! What every node-agent task is handed, and the agent's flags.
+//! The node-agent's flags and subcommands: the one place that knows every task's Args.
 
 use clap::{Parser, Subcommand};
 use groundskeeper_plumbing::{
     cli::{Selection, parse_selection},
-    process::{Base, CommonArgs},
+    process::CommonArgs,
 };
 
 use crate::conntrack::ConntrackArgs;
-
-/// Handed to each task's `run`: the common base and the Node this agent runs on.
-#[derive(Clone)]
-pub struct Shared {
-    pub base: Base,
-    /// The Node this agent runs on (from the downward API).
-    pub node_name: String,
-}
 
 #[derive(Parser, Debug)]
 #[command(

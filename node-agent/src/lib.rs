@@ -2,4 +2,5 @@
 
 pub mod agent;
 pub mod conntrack;
+pub mod context;
 pub mod sysctl;

@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
-use groundskeeper_node_agent::agent::{Cli, Command, Shared, SysctlCommand};
+use groundskeeper_node_agent::agent::{Cli, Command, SysctlCommand};
+use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctl};
 use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
 
@@ -48,11 +49,11 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     let process = Process::start(&cli.common).await?;
     tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.common.dry_run, "node-agent starting");
 
-    let shared = Shared {
+    let ctx = Context {
         base: process.base(cli.common.dry_run, process.shutdown.token()),
         node_name,
     };
-    let mut tasks = start_tasks(&cli, shared);
+    let mut tasks = start_tasks(&cli, ctx);
     let failed = tasks.until_stopped(process.shutdown.cancelled()).await;
     // Whatever ended it, every task stops on the one token and gets the grace to drain.
     process.shutdown.trigger();
@@ -72,18 +73,18 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     }
 }
 
-fn start_tasks(cli: &Cli, shared: Shared) -> Tasks {
+fn start_tasks(cli: &Cli, ctx: Context) -> Tasks {
     let mut set = Tasks::default();
     if cli.tasks.has("conntrack") {
         set.spawn(
             "conntrack-cleanup",
-            conntrack::run(shared.clone(), cli.conntrack.clone()),
+            conntrack::run(ctx.clone(), cli.conntrack.clone()),
         );
     }
     if cli.tasks.has("sysctl") {
         set.spawn(
             "sysctl",
-            sysctl::admit::run(shared.clone(), cli.sysctl.clone()),
+            sysctl::admit::run(ctx.clone(), cli.sysctl.clone()),
         );
     }
     if set.is_empty() {

@@ -1,8 +1,9 @@
 //! What both groundskeeper binaries share, written once: logs, metrics, the admin HTTP server,
-//! readiness and watch health, the one way to watch, the shutdown token and the Kubernetes
-//! client.
+//! readiness and watch health, the one way to watch and cache what is watched, the shutdown
+//! token and the Kubernetes client.
 
 pub mod admin;
+pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod metrics;

@@ -10,6 +10,7 @@
 pub mod audit;
 mod binary;
 pub mod chart;
+pub mod cli;
 pub mod control_plane;
 pub mod proxy;
 mod rbac;

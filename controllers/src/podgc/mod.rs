@@ -28,7 +28,7 @@ use clap::Args;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
 use kube::runtime::watcher;
 
-use crate::manager::Shared;
+use crate::context::Context;
 use apply::Applier;
 use cache::Caches;
 use cycle::Cycle;
@@ -83,34 +83,34 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Runs PodGC until `shared.base.token` is cancelled. Caches fill on every replica; cycles run only
+/// Runs PodGC until `ctx.base.token` is cancelled. Caches fill on every replica; cycles run only
 /// on the leader.
-pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
+pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    metrics.register(&shared.base.registry)?;
+    metrics.register(&ctx.base.registry)?;
     let caches = Arc::new(Mutex::new(Caches::default()));
     let ready = (
-        shared.base.readiness.register("podgc/pods"),
-        shared.base.readiness.register("podgc/nodes"),
-        shared.base.readiness.register("podgc/namespaces"),
+        ctx.base.readiness.register("podgc/pods"),
+        ctx.base.readiness.register("podgc/nodes"),
+        ctx.base.readiness.register("podgc/namespaces"),
     );
     // The namespace cache holds the policy annotations: a stale one could miss an opt-out.
     let health = [ready.0.clone(), ready.1.clone(), ready.2.clone()];
     let (mut synced, watches) = cache::start(
-        shared.base.client.clone(),
+        ctx.base.client.clone(),
         caches.clone(),
         watcher::Config::default().page_size(LIST_PAGE_SIZE),
         ready,
-        shared.base.token.clone(),
+        ctx.base.token.clone(),
     );
 
     // Orphan detection must never run on a node cache that has not listed once.
     let gate = async {
         synced.wait().await;
-        shared.leadership.acquired().await;
+        ctx.leadership.acquired().await;
     };
     tokio::select! {
-        _ = shared.base.token.cancelled() => {
+        _ = ctx.base.token.cancelled() => {
             let _ = watches.await;
             return Ok(());
         }
@@ -121,24 +121,24 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         threshold = args.terminated_pod_gc_threshold,
         orphan_quarantine = ?args.orphan_quarantine,
         concurrency = args.gc_concurrency,
-        dry_run = shared.base.dry_run,
+        dry_run = ctx.base.dry_run,
         "podgc running"
     );
 
     let mut cycle = Cycle {
-        client: shared.base.client.clone(),
+        client: ctx.base.client.clone(),
         applier: Applier::new(
-            shared.base.unretried_client.clone(),
+            ctx.base.unretried_client.clone(),
             metrics.clone(),
             args.gc_concurrency as usize,
-            shared.base.dry_run,
-            shared.base.token.clone(),
-            shared.leadership.fence(),
+            ctx.base.dry_run,
+            ctx.base.token.clone(),
+            ctx.leadership.fence(),
         ),
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
         ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
-        events: Arc::new(notice::KubeEvents::new(shared.base.client.clone())),
+        events: Arc::new(notice::KubeEvents::new(ctx.base.client.clone())),
         reported: notice::Reported::default(),
     };
     loop {
@@ -163,7 +163,7 @@ pub async fn run(shared: Shared, args: PodGcArgs) -> anyhow::Result<()> {
         };
         // Sliding period: measured from the end of this cycle, as wait.UntilWithContext does.
         tokio::select! {
-            _ = shared.base.token.cancelled() => break,
+            _ = ctx.base.token.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
         }
     }

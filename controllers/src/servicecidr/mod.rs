@@ -24,7 +24,7 @@ use kube::{Api, runtime::watcher};
 use tokio::sync::watch as signal;
 
 use crate::{
-    manager::Shared,
+    context::Context,
     workqueue::{RateLimit, WorkQueue},
 };
 use cache::{Cache, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR};
@@ -47,18 +47,18 @@ pub struct ServiceCidrArgs {
 }
 
 /// Watches ServiceCIDRs and allocator-managed IPAddresses on every replica; syncs only while
-/// leading; returns once `shared.base.token` is cancelled and in-flight syncs finished.
-pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
+/// leading; returns once `ctx.base.token` is cancelled and in-flight syncs finished.
+pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    metrics.register(&shared.base.registry)?;
+    metrics.register(&ctx.base.registry)?;
     let cache = Arc::new(Mutex::new(Cache::default()));
     let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
 
-    let cidr_flag = shared.base.readiness.register("servicecidr/servicecidrs");
-    let ip_flag = shared.base.readiness.register("servicecidr/ipaddresses");
+    let cidr_flag = ctx.base.readiness.register("servicecidr/servicecidrs");
+    let ip_flag = ctx.base.readiness.register("servicecidr/ipaddresses");
     let (cidr_health, ip_health) = (cidr_flag.clone(), ip_flag.clone());
     let cidr_stream = watch(
-        Api::<ServiceCIDR>::all(shared.base.client.clone()),
+        Api::<ServiceCIDR>::all(ctx.base.client.clone()),
         watcher::Config::default(),
         cidr_flag.clone(),
     );
@@ -67,7 +67,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let ip_config =
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
     let ip_stream = watch(
-        Api::<IPAddress>::all(shared.base.client.clone()),
+        Api::<IPAddress>::all(ctx.base.client.clone()),
         ip_config,
         ip_flag.clone(),
     );
@@ -117,20 +117,20 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         Syncer::new(
             cache,
             queue.clone(),
-            KubeWrites::new(shared.base.client.clone(), shared.leadership.fence()),
+            KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence()),
             metrics,
-            shared.base.dry_run,
+            ctx.base.dry_run,
         )
         .with_watches(vec![cidr_health, ip_health]),
     );
-    let token = shared.base.token.clone();
+    let token = ctx.base.token.clone();
     let started = tokio::select! {
         _ = token.cancelled() => false,
         _ = async {
             let _ = cidr_synced.wait_for(|s| *s).await;
             let _ = ip_synced.wait_for(|s| *s).await;
             tracing::info!(controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
-            shared.leadership.acquired().await;
+            ctx.leadership.acquired().await;
         } => true,
     };
     let mut workers = Vec::new();
@@ -138,7 +138,7 @@ pub async fn run(shared: Shared, args: ServiceCidrArgs) -> anyhow::Result<()> {
         tracing::info!(
             controller = CONTROLLER_NAME,
             workers = args.service_cidr_workers,
-            dry_run = shared.base.dry_run,
+            dry_run = ctx.base.dry_run,
             "syncing ServiceCIDRs"
         );
         for _ in 0..args.service_cidr_workers {

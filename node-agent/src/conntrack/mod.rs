@@ -31,7 +31,7 @@ use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::agent::Shared;
+use crate::context::Context;
 
 pub use worker::Metrics;
 
@@ -83,45 +83,44 @@ impl ConntrackArgs {
 /// Debounce of watch events before the model is rebuilt and compared.
 const COALESCE: Duration = Duration::from_millis(100);
 
-pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
+pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let sysctl_args = args.sysctls.clone();
-    let dry_run = shared.base.dry_run;
+    let dry_run = ctx.base.dry_run;
     tokio::task::spawn_blocking(move || {
         sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default(), dry_run)
     })
     .await?;
-    let metrics = Metrics::register(&shared.base.registry)?;
+    let metrics = Metrics::register(&ctx.base.registry)?;
     let worker = worker::Worker::start(
         args.conntrack_netns.clone(),
         metrics,
-        shared.base.dry_run,
+        ctx.base.dry_run,
         args.conntrack_orphan_grace,
     )?;
 
     let changed = Arc::new(Notify::new());
-    let svc_ready = shared.base.readiness.register("conntrack/services");
-    let eps_ready = shared.base.readiness.register("conntrack/endpointslices");
-    let cidr_ready = shared.base.readiness.register("conntrack/servicecidrs");
-    let addr_ready = shared.base.readiness.register("conntrack/ipaddresses");
-    let node_ready = shared.base.readiness.register("conntrack/node");
+    let svc_ready = ctx.base.readiness.register("conntrack/services");
+    let eps_ready = ctx.base.readiness.register("conntrack/endpointslices");
+    let cidr_ready = ctx.base.readiness.register("conntrack/servicecidrs");
+    let addr_ready = ctx.base.readiness.register("conntrack/ipaddresses");
+    let node_ready = ctx.base.readiness.register("conntrack/node");
     // All services, also those another proxy handles (service-proxy-name): their frontends
     // are recorded as foreign, so a label change is not mistaken for a deletion.
     let svc_cfg = watcher::Config::default();
-    let node_cfg =
-        watcher::Config::default().fields(&format!("metadata.name={}", shared.node_name));
+    let node_cfg = watcher::Config::default().fields(&format!("metadata.name={}", ctx.node_name));
     let eps_cfg = watcher::Config::default().labels(&format!(
         "!{},!{}",
         model::LABEL_SERVICE_PROXY_NAME,
         model::LABEL_HEADLESS
     ));
     let (services, svc_events) = watch_store(
-        Api::<Service>::all(shared.base.client.clone()),
+        Api::<Service>::all(ctx.base.client.clone()),
         svc_cfg,
         svc_ready.clone(),
     );
     let (slices, eps_events) = watch_store(
-        Api::<EndpointSlice>::all(shared.base.client.clone()),
+        Api::<EndpointSlice>::all(ctx.base.client.clone()),
         eps_cfg,
         eps_ready.clone(),
     );
@@ -130,17 +129,17 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
         follow(eps_events, eps_ready.clone(), changed.clone()),
     );
     let (cidrs, cidr_events) = watch_store(
-        Api::<ServiceCIDR>::all(shared.base.client.clone()),
+        Api::<ServiceCIDR>::all(ctx.base.client.clone()),
         watcher::Config::default(),
         cidr_ready.clone(),
     );
     let (addresses, addr_events) = watch_store(
-        Api::<IPAddress>::all(shared.base.client.clone()),
+        Api::<IPAddress>::all(ctx.base.client.clone()),
         watcher::Config::default(),
         addr_ready.clone(),
     );
     let (nodes, node_events) = watch_store(
-        Api::<Node>::all(shared.base.client.clone()),
+        Api::<Node>::all(ctx.base.client.clone()),
         node_cfg,
         node_ready.clone(),
     );
@@ -161,7 +160,7 @@ pub async fn run(shared: Shared, args: ConntrackArgs) -> anyhow::Result<()> {
     };
     tokio::select! {
         _ = watches => anyhow::bail!("conntrack watches ended"),
-        r = schedule(&shared, &args, &worker, &lists, &changed) => r,
+        r = schedule(&ctx, &args, &worker, &lists, &changed) => r,
     }
 }
 
@@ -272,7 +271,7 @@ async fn follow<K>(
 /// Decides when rounds run: soon after the UDP model changes (at most one per
 /// --conntrack-min-interval), and on the adaptive periodic timer.
 async fn schedule(
-    shared: &Shared,
+    ctx: &Context,
     args: &ConntrackArgs,
     worker: &worker::Worker,
     lists: &Lists,
@@ -286,11 +285,8 @@ async fn schedule(
     let mut last_pass: Option<Instant> = None;
     let mut judged: Option<Arc<clean::Model>> = None;
     let mut gc_at = Instant::now() + interval;
-    let mut fill_events = fill::Notifier::new(
-        shared.base.client.clone(),
-        &shared.node_name,
-        shared.base.dry_run,
-    );
+    let mut fill_events =
+        fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, ctx.base.dry_run);
     // A pass was skipped on a stale model: run one as soon as a current model exists, even if
     // it equals the old one (what the skipped pass would have cleaned is still there).
     let mut owed = false;
@@ -301,7 +297,7 @@ async fn schedule(
             .min()
             .unwrap_or(Instant::now() + far);
         tokio::select! {
-            _ = shared.base.token.cancelled() => return Ok(()),
+            _ = ctx.base.token.cancelled() => return Ok(()),
             _ = changed.notified() => {
                 rebuild_at.get_or_insert(Instant::now() + COALESCE);
                 continue;

@@ -24,11 +24,10 @@ use super::decide::{Action, Memory, PodFacts, decide, outcome, report_event_name
 use super::kernel::KernelVersion;
 use super::policy::{NodePolicy, desired_status, merge};
 use super::safe::safe_sysctls;
-use crate::agent::Shared;
+use crate::context::Context;
 use groundskeeper_plumbing::{ReadyFlag, watch::watch_store};
 
-/// Field manager and event reporter.
-pub const MANAGER: &str = "groundskeeper-node-agent";
+pub use crate::context::MANAGER;
 /// kubelet's `rejectPod` prefix on the pod status message (the event carries the bare message).
 pub const STATUS_MESSAGE_PREFIX: &str = "Pod was rejected: ";
 
@@ -88,7 +87,7 @@ fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
 }
 
 struct Admitter {
-    shared: Shared,
+    ctx: Context,
     client: kube::Client,
     policies_api: Api<SysctlPolicy>,
     pod_store: Store<Pod>,
@@ -107,21 +106,21 @@ struct Admitter {
     ready: [ReadyFlag; 3],
 }
 
-pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
+pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let safe = safe_sysctls(kernel.as_ref());
     tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), default_mode = %args.sysctl_default_mode, "sysctl admission starting");
-    let metrics = Metrics::register(&shared.base.registry)?;
-    let client = shared.base.client.clone();
-    let node = shared.node_name.clone();
+    let metrics = Metrics::register(&ctx.base.registry)?;
+    let client = ctx.base.client.clone();
+    let node = ctx.node_name.clone();
 
     // Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`):
     // with a field selector, a paginated quorum list would page through every pod and node in
     // the cluster from etcd, on every node, at start and after every watch desync.
     let config = || watcher::Config::default().any_semantic();
-    let ready_pods = shared.base.readiness.register("sysctl/pods");
-    let ready_policies = shared.base.readiness.register("sysctl/sysctlpolicies");
-    let ready_node = shared.base.readiness.register("sysctl/nodes");
+    let ready_pods = ctx.base.readiness.register("sysctl/pods");
+    let ready_policies = ctx.base.readiness.register("sysctl/sysctlpolicies");
+    let ready_node = ctx.base.readiness.register("sysctl/nodes");
     // plumbing's watch into a store: short capped backoff, relist after errors, health in the
     // flags.
     let (pod_store, pod_events) = watch_store(
@@ -148,7 +147,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     let mut a = Admitter {
         client: client.clone(),
         policies_api: Api::all(client),
-        shared: shared.clone(),
+        ctx: ctx.clone(),
         pod_store,
         policy_store,
         node_store,
@@ -173,7 +172,7 @@ pub async fn run(shared: Shared, args: SysctlArgs) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shared.base.token.cancelled() => break,
+            _ = ctx.base.token.cancelled() => break,
             Some(ev) = pod_events.next() => match ev {
                 Ok(watcher::Event::InitDone) => {
                     ready_pods.mark_ready();
@@ -217,7 +216,7 @@ impl Admitter {
             return;
         }
         let Some(node) = self.node_store.state().into_iter().next() else {
-            tracing::warn!(node = %self.shared.node_name, "Node object not found; not admitting until it exists");
+            tracing::warn!(node = %self.ctx.node_name, "Node object not found; not admitting until it exists");
             self.policy = None;
             return;
         };
@@ -226,7 +225,7 @@ impl Admitter {
         let refs: Vec<&SysctlPolicy> = policies.iter().map(|p| p.as_ref()).collect();
         let merged = merge(&self.safe, &self.flag, self.default_mode, &refs, &labels);
         if self.policy.as_ref() != Some(&merged) {
-            tracing::info!(node = %self.shared.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
+            tracing::info!(node = %self.ctx.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
             self.policy = Some(merged);
             self.evaluate_all().await;
         }
@@ -319,7 +318,7 @@ impl Admitter {
             Mode::Enforce => "failing pod",
             Mode::Audit => "warning about pod (audit mode)",
         };
-        if self.shared.base.dry_run {
+        if self.ctx.base.dry_run {
             tracing::info!(pod = %name, namespace = %ns, reason = FORBIDDEN_REASON, rejection = message, mode = %mode, dry_run = true, "would be {verb}");
             return Ok(());
         }
@@ -358,7 +357,7 @@ impl Admitter {
         let note = format!(
             "{message} (pod already started: not failed; {mode} applies to pods not yet started)"
         );
-        if self.shared.base.dry_run {
+        if self.ctx.base.dry_run {
             tracing::info!(pod = %name, namespace = %ns, rejection = message, mode = %mode, dry_run = true, "would be reporting started pod with forbidden sysctls");
             return Ok(());
         }
@@ -390,7 +389,7 @@ impl Admitter {
             note: Some(note.to_string()),
             regarding: Some(pod.object_ref(&())),
             reporting_controller: Some(MANAGER.into()),
-            reporting_instance: Some(self.shared.node_name.clone()),
+            reporting_instance: Some(self.ctx.node_name.clone()),
             ..Default::default()
         };
         match Api::<Event>::namespaced(self.client.clone(), &ns)
@@ -448,7 +447,7 @@ impl Admitter {
             return Ok(());
         };
         let condition = &status.conditions[0];
-        if self.shared.base.dry_run {
+        if self.ctx.base.dry_run {
             tracing::info!(policy = %name, valid = %condition.status, reason = %condition.reason, detail = %condition.message, dry_run = true, "would write SysctlPolicy status");
             return Ok(());
         }

@@ -1,0 +1,395 @@
+//! The one primitive every component watches with: a kind watched into a map of what the
+//! component keeps of each object, a relist buffered and swapped in whole, each event handed on
+//! only after the map has applied it, and the watch's health in a flag named `component/kind`.
+//!
+//! Why buffer and swap (kube-runtime's `reflector::store::Writer`, client-go's `Replace`): a
+//! reader never sees half a list, and what was deleted while the watch was down disappears at
+//! the swap, all at once, instead of lingering as a ghost the component would act on.
+//!
+//! Why a projection: the components keep a few fields of each object (PodGC about 100 bytes of
+//! a 4-10 KiB pod), so the map holds what the component's `decide` reads, not the wire object.
+
+use std::{
+    collections::HashMap,
+    fmt::Debug,
+    hash::Hash,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use futures::{Stream, StreamExt};
+use kube::{
+    Api, Resource,
+    runtime::watcher::{self, Event},
+};
+use serde::de::DeserializeOwned;
+
+use crate::{Readiness, ReadyFlag};
+
+/// One watched kind, as the component keeps it: `V` per key `K`.
+pub struct Store<K, V> {
+    live: HashMap<K, V>,
+    relist: Option<HashMap<K, V>>,
+    listed: bool,
+}
+
+impl<K: Eq + Hash, V> Default for Store<K, V> {
+    fn default() -> Self {
+        Self {
+            live: HashMap::new(),
+            relist: None,
+            listed: false,
+        }
+    }
+}
+
+/// A watch event reduced to a key and what is kept.
+#[derive(Debug)]
+pub enum Update<K, V> {
+    Init,
+    InitApply(K, V),
+    InitDone,
+    Apply(K, V),
+    Delete(K),
+}
+
+/// What the projection makes of one object.
+pub enum Kept<K, V> {
+    /// Kept under this key.
+    Yes(K, V),
+    /// Not kept (it does not concern the component): an update that makes a kept object
+    /// uninteresting removes it, as a delete would.
+    No(K),
+    /// The object cannot be keyed (no name): the event is dropped.
+    Unusable,
+}
+
+impl<K, V> Update<K, V> {
+    /// The event as the store takes it, `None` when there is nothing to take.
+    pub fn from_event<W>(ev: Event<W>, mut project: impl FnMut(W) -> Kept<K, V>) -> Option<Self> {
+        Some(match ev {
+            Event::Init => Update::Init,
+            Event::InitDone => Update::InitDone,
+            Event::InitApply(w) => match project(w) {
+                Kept::Yes(k, v) => Update::InitApply(k, v),
+                Kept::No(_) | Kept::Unusable => return None,
+            },
+            Event::Apply(w) => match project(w) {
+                Kept::Yes(k, v) => Update::Apply(k, v),
+                Kept::No(k) => Update::Delete(k),
+                Kept::Unusable => return None,
+            },
+            Event::Delete(w) => match project(w) {
+                Kept::Yes(k, _) | Kept::No(k) => Update::Delete(k),
+                Kept::Unusable => return None,
+            },
+        })
+    }
+}
+
+/// What an update did to the store, for a component that reacts to changes.
+#[derive(Debug)]
+pub enum Applied<K, V> {
+    /// Nothing visible yet (a relist is being buffered), or a delete of an unknown key.
+    Nothing,
+    /// `key` now holds the new value; `old` is what it replaced.
+    Upserted { key: K, old: Option<V> },
+    /// `key` was removed; it held `old`.
+    Removed { key: K, old: V },
+    /// A full list was swapped in; `old` is the map it replaced (keys missing from the new
+    /// list were deleted while the watch was down).
+    Relisted { old: HashMap<K, V> },
+}
+
+impl<K: Eq + Hash, V: PartialEq> PartialEq for Applied<K, V> {
+    fn eq(&self, other: &Self) -> bool {
+        use Applied::*;
+        match (self, other) {
+            (Nothing, Nothing) => true,
+            (Upserted { key: a, old: x }, Upserted { key: b, old: y }) => a == b && x == y,
+            (Removed { key: a, old: x }, Removed { key: b, old: y }) => a == b && x == y,
+            (Relisted { old: x }, Relisted { old: y }) => x == y,
+            _ => false,
+        }
+    }
+}
+
+impl<K, V> Applied<K, V> {
+    pub fn is_relisted(&self) -> bool {
+        matches!(self, Applied::Relisted { .. })
+    }
+}
+
+impl<K: Eq + Hash + Clone, V> Store<K, V> {
+    pub fn apply(&mut self, u: Update<K, V>) -> Applied<K, V> {
+        match u {
+            Update::Init => {
+                self.relist = Some(HashMap::new());
+                Applied::Nothing
+            }
+            Update::InitApply(k, v) => {
+                self.relist.get_or_insert_with(HashMap::new).insert(k, v);
+                Applied::Nothing
+            }
+            Update::InitDone => {
+                let mut new = self.relist.take().unwrap_or_default();
+                new.shrink_to_fit();
+                self.listed = true;
+                Applied::Relisted {
+                    old: std::mem::replace(&mut self.live, new),
+                }
+            }
+            Update::Apply(k, v) => {
+                let old = self.live.insert(k.clone(), v);
+                Applied::Upserted { key: k, old }
+            }
+            Update::Delete(k) => match self.live.remove(&k) {
+                Some(old) => Applied::Removed { key: k, old },
+                None => Applied::Nothing,
+            },
+        }
+    }
+
+    /// Projects `ev` and applies it.
+    pub fn apply_event<W>(
+        &mut self,
+        ev: Event<W>,
+        project: impl FnMut(W) -> Kept<K, V>,
+    ) -> Applied<K, V> {
+        match Update::from_event(ev, project) {
+            Some(u) => self.apply(u),
+            None => Applied::Nothing,
+        }
+    }
+
+    /// A full list has been applied at least once.
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    pub fn get(&self, k: &K) -> Option<&V> {
+        self.live.get(k)
+    }
+
+    pub fn contains(&self, k: &K) -> bool {
+        self.live.contains_key(k)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.live.keys()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.live.values()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.live.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+/// A component's cache, shared between its watch streams and its readers.
+pub struct Shared<C>(Arc<Mutex<C>>);
+
+impl<C> Clone for Shared<C> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<C: Default> Default for Shared<C> {
+    fn default() -> Self {
+        Self::new(C::default())
+    }
+}
+
+impl<C> Shared<C> {
+    pub fn new(c: C) -> Self {
+        Self(Arc::new(Mutex::new(c)))
+    }
+
+    /// The cache, for a short read or write. A panic while it was held leaves the cache as the
+    /// last fold left it, which is as good as any: the lock is taken over, not poisoned for ever.
+    pub fn lock(&self) -> MutexGuard<'_, C> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Watches `api` into `cache` for ever through [`crate::watch::watch`] (capped backoff, relist
+/// after errors, errors logged and counted there). `fold` applies each event to the cache under
+/// its lock and says what the component must react to; the stream yields that after the lock
+/// is released. The watch's flag, registered as `component/kind` (`podgc/pods`), is returned
+/// with the stream and turns healthy as soon as a full list has been folded in.
+pub fn follow<W, C, R>(
+    readiness: &Readiness,
+    component: &str,
+    api: Api<W>,
+    config: watcher::Config,
+    cache: Shared<C>,
+    mut fold: impl FnMut(&mut C, Event<W>) -> R + Send + 'static,
+) -> (ReadyFlag, impl Stream<Item = R> + Send + 'static)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    W::DynamicType: Default,
+    C: Send + 'static,
+    R: Send + 'static,
+{
+    let kind = W::plural(&W::DynamicType::default()).into_owned();
+    let flag = readiness.register(format!("{component}/{kind}"));
+    let events = crate::watch::watch(api, config, flag.clone());
+    let ready = flag.clone();
+    let mut first = true;
+    let stream = events.filter_map(move |ev| {
+        // plumbing::watch logs, counts and retries errors; it never yields one.
+        let out = ev.ok().map(|ev| {
+            let listed = matches!(ev, Event::InitDone);
+            let out = fold(&mut cache.lock(), ev);
+            if listed {
+                // Folded in: the cache is current, before the component reacts to it.
+                ready.mark_ready();
+                if std::mem::take(&mut first) {
+                    tracing::info!(watch = %ready.name(), "cache listed");
+                }
+            }
+            out
+        });
+        std::future::ready(out)
+    });
+    (flag, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relist_replaces_and_drops_what_is_gone() {
+        let mut s: Store<&str, u32> = Store::default();
+        assert!(!s.listed());
+        s.apply(Update::Init);
+        s.apply(Update::InitApply("a", 1));
+        s.apply(Update::InitApply("b", 1));
+        assert!(s.is_empty(), "nothing visible before the list completes");
+        assert_eq!(
+            s.apply(Update::InitDone),
+            Applied::Relisted {
+                old: HashMap::new()
+            }
+        );
+        assert!(s.listed());
+        assert_eq!(
+            s.apply(Update::Apply("c", 1)),
+            Applied::Upserted {
+                key: "c",
+                old: None
+            }
+        );
+        assert_eq!(
+            s.apply(Update::Delete("a")),
+            Applied::Removed { key: "a", old: 1 }
+        );
+        assert_eq!(s.apply(Update::Delete("a")), Applied::Nothing, "unknown");
+        // The watch breaks; the relist no longer has b.
+        s.apply(Update::Init);
+        s.apply(Update::InitApply("c", 2));
+        let mut mid: Vec<_> = s.iter().map(|(k, v)| (*k, *v)).collect();
+        mid.sort();
+        assert_eq!(
+            mid,
+            [("b", 1), ("c", 1)],
+            "the old list stays until InitDone"
+        );
+        let Applied::Relisted { old } = s.apply(Update::InitDone) else {
+            panic!("not a relist")
+        };
+        assert_eq!(old, HashMap::from([("b", 1), ("c", 1)]));
+        let after: Vec<_> = s.iter().map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(after, [("c", 2)]);
+    }
+
+    #[test]
+    fn an_object_that_stops_being_kept_leaves_the_store() {
+        let project = |n: (&'static str, u32)| {
+            if n.1 == 0 {
+                Kept::No(n.0)
+            } else if n.0.is_empty() {
+                Kept::Unusable
+            } else {
+                Kept::Yes(n.0, n.1)
+            }
+        };
+        let mut s: Store<&str, u32> = Store::default();
+        s.apply_event(Event::Init, project);
+        s.apply_event(Event::InitApply(("a", 1)), project);
+        s.apply_event(Event::InitApply(("b", 0)), project);
+        s.apply_event(Event::InitApply(("", 3)), project);
+        s.apply_event(Event::InitDone, project);
+        assert_eq!(s.len(), 1, "only a is kept");
+        assert_eq!(
+            s.apply_event(Event::Apply(("a", 0)), project),
+            Applied::Removed { key: "a", old: 1 }
+        );
+        assert_eq!(
+            s.apply_event(Event::Apply(("", 5)), project),
+            Applied::Nothing
+        );
+        assert_eq!(
+            s.apply_event(Event::Delete(("b", 0)), project),
+            Applied::Nothing
+        );
+        assert!(s.is_empty());
+    }
+
+    #[tokio::test]
+    async fn follow_folds_before_it_yields_and_is_ready_once_listed() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::ResourceExt;
+        let service = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            let body = if req.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                std::future::pending::<()>().await;
+                unreachable!()
+            } else {
+                serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": [{"metadata": {"name": "a", "namespace": "default",
+                                            "resourceVersion": "1"}}]})
+                .to_string()
+            };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(200)
+                    .body(kube::client::Body::from(body.into_bytes()))
+                    .unwrap(),
+            )
+        });
+        let api: Api<ConfigMap> = Api::all(kube::Client::new(service, "default"));
+        let readiness = Readiness::default();
+        let cache: Shared<Store<String, ()>> = Shared::default();
+        let (flag, stream) = follow(
+            &readiness,
+            "test",
+            api,
+            watcher::Config::default(),
+            cache.clone(),
+            |s, ev| s.apply_event(ev, |c: ConfigMap| Kept::Yes(c.name_any(), ())),
+        );
+        assert_eq!(flag.name(), "test/configmaps");
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let applied = stream.next().await.unwrap();
+            if applied.is_relisted() {
+                break;
+            }
+            assert!(!flag.is_ready(), "not before the list is folded in");
+        }
+        assert!(flag.is_ready() && flag.is_healthy());
+        assert!(cache.lock().contains(&"a".to_string()));
+    }
+}
