@@ -14,6 +14,15 @@ pub fn registry() -> Registry {
     registry
 }
 
+/// Registers a component's collectors, stopping at the first that clashes (a name registered
+/// twice is a wiring bug, reported with the name).
+pub fn register_all(
+    registry: &Registry,
+    collectors: impl IntoIterator<Item = Box<dyn prometheus::core::Collector>>,
+) -> prometheus::Result<()> {
+    collectors.into_iter().try_for_each(|c| registry.register(c))
+}
+
 /// Renders the registry in the Prometheus text format.
 pub fn render(registry: &Registry) -> String {
     let mut buf = Vec::new();
@@ -38,5 +47,14 @@ mod tests {
         let text = render(&r);
         assert!(text.contains("groundskeeper_test_total 1"), "{text}");
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    }
+
+    #[test]
+    fn register_all_stops_at_a_clash() {
+        let r = Registry::new();
+        let a = prometheus::IntCounter::new("groundskeeper_a_total", "a").unwrap();
+        let b = prometheus::IntCounter::new("groundskeeper_b_total", "b").unwrap();
+        register_all(&r, [Box::new(a.clone()) as _, Box::new(b) as _]).unwrap();
+        assert!(register_all(&r, [Box::new(a) as _]).is_err());
     }
 }
