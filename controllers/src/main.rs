@@ -146,31 +146,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
     let mut set = Tasks::default();
-    if cli.controllers.has("servicecidr") {
-        set.spawn(
-            "servicecidr",
-            servicecidr::run(ctx.clone(), cli.service_cidr.clone()),
-        );
-    }
-    if cli.controllers.has("podgc") {
-        set.spawn("podgc", podgc::run(ctx.clone(), cli.podgc.clone()));
-    }
-    if set.is_empty() {
-        tracing::warn!(
-            "no controllers are enabled in this build; the manager only holds the lease"
-        );
-    }
+    let on = |name| cli.controllers.has(name);
+    set.spawn_if(on("servicecidr"), "servicecidr", || {
+        servicecidr::run(ctx.clone(), cli.service_cidr.clone())
+    });
+    set.spawn_if(on("podgc"), "podgc", || {
+        podgc::run(ctx.clone(), cli.podgc.clone())
+    });
+    set.warn_if_empty("no controllers are enabled; the manager only holds the lease");
     set
 }
 
 fn hostname() -> String {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "controller-manager".into())
+    groundskeeper_plumbing::client::host_name().unwrap_or_else(|| "controller-manager".into())
 }

@@ -75,20 +75,13 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 
 fn start_tasks(cli: &Cli, ctx: Context) -> Tasks {
     let mut set = Tasks::default();
-    if cli.tasks.has("conntrack") {
-        set.spawn(
-            "conntrack-cleanup",
-            conntrack::run(ctx.clone(), cli.conntrack.clone()),
-        );
-    }
-    if cli.tasks.has("sysctl") {
-        set.spawn(
-            "sysctl",
-            sysctl::admit::run(ctx.clone(), cli.sysctl.clone()),
-        );
-    }
-    if set.is_empty() {
-        tracing::warn!("no node tasks are enabled in this build");
-    }
+    let on = |name| cli.tasks.has(name);
+    set.spawn_if(on("conntrack"), "conntrack-cleanup", || {
+        conntrack::run(ctx.clone(), cli.conntrack.clone())
+    });
+    set.spawn_if(on("sysctl"), "sysctl", || {
+        sysctl::admit::run(ctx.clone(), cli.sysctl.clone())
+    });
+    set.warn_if_empty("no node tasks are enabled");
     set
 }

@@ -112,6 +112,19 @@ impl KubeArgs {
     }
 }
 
+/// This machine's (or pod's) host name: `HOSTNAME`, else the kernel's.
+pub fn host_name() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+}
+
 /// `<binary>/<version> (<POD_NAME or host>[; <what>])`: the apiserver's audit log then says
 /// which replica, and which of its clients, made a request.
 fn set_user_agent(config: &mut Config, what: &str) {
@@ -122,11 +135,7 @@ fn set_user_agent(config: &mut Config, what: &str) {
     let instance = std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
+        .or_else(host_name)
         .unwrap_or_default();
     let what = if what.is_empty() {
         String::new()

@@ -20,7 +20,9 @@ pub fn register_all(
     registry: &Registry,
     collectors: impl IntoIterator<Item = Box<dyn prometheus::core::Collector>>,
 ) -> prometheus::Result<()> {
-    collectors.into_iter().try_for_each(|c| registry.register(c))
+    collectors
+        .into_iter()
+        .try_for_each(|c| registry.register(c))
 }
 
 /// Renders the registry in the Prometheus text format.

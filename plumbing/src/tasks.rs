@@ -20,6 +20,23 @@ impl Tasks {
         self.set.spawn(async move { (name, task.await) });
     }
 
+    /// Starts the task `make` builds when the flag that selects the binary's parts chose it.
+    pub fn spawn_if<F>(&mut self, selected: bool, name: &'static str, make: impl FnOnce() -> F)
+    where
+        F: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        if selected {
+            self.spawn(name, make());
+        }
+    }
+
+    /// Says so when the selection left nothing to run (the process still serves its endpoints).
+    pub fn warn_if_empty(&self, what: &str) {
+        if self.is_empty() {
+            tracing::warn!("{what}");
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.set.is_empty()
     }

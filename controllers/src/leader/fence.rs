@@ -130,6 +130,12 @@ mod tests {
 
     use super::*;
 
+    /// A fence whose term ends 10 s after `t0`, and the elector's end of it.
+    fn term_of_10s(t0: Instant) -> (watch::Sender<Term>, Fence) {
+        let (tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
+        (tx, Fence::new(rx))
+    }
+
     #[test]
     fn validity_table() {
         let t0 = Instant::now();
@@ -167,8 +173,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hung_call_is_dropped_exactly_when_the_term_ends() {
         let t0 = Instant::now();
-        let (_tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
-        let fence = Fence::new(rx);
+        let (_tx, fence) = term_of_10s(t0);
         let r = fence
             .guard(tokio::time::sleep(Duration::from_secs(3600)))
             .await;
@@ -180,8 +185,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn renewals_extend_the_term_and_a_loss_cancels_at_once() {
         let t0 = Instant::now();
-        let (tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
-        let fence = Fence::new(rx);
+        let (tx, fence) = term_of_10s(t0);
         // Renewed at +8 s (until +18 s), then lost at +12 s.
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(8)).await;
@@ -200,8 +204,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_that_finishes_in_term_returns_its_output() {
         let t0 = Instant::now();
-        let (_tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
-        let fence = Fence::new(rx);
+        let (_tx, fence) = term_of_10s(t0);
         let r = fence
             .guard(async {
                 tokio::time::sleep(Duration::from_secs(9)).await;
@@ -215,8 +218,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_elector_going_away_ends_the_term() {
         let t0 = Instant::now();
-        let (tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
-        let fence = Fence::new(rx);
+        let (tx, fence) = term_of_10s(t0);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(1)).await;
             drop(tx);

@@ -2,7 +2,7 @@
 //! writes carry the resourceVersion read, expiry is judged by local time, a leader that can not
 //! renew within the renew deadline stops, and a leader that is shut down releases the lease.
 
-pub mod decision;
+pub mod decide;
 pub mod fence;
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use prometheus::IntGauge;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use decision::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
+use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
 pub use fence::{Fence, Fenced, Term};
 
 #[derive(Clone, Debug)]
