@@ -1,3 +1,5 @@
+//! controller-manager's entry point: flags, leader election, the controllers started and drained on one token.
+
 use std::process::ExitCode;
 
 use groundskeeper_controllers::{

@@ -7,13 +7,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_controller-manager");
 
 #[test]
 fn invalid_flag_exits_nonzero_with_one_line() {
-    let out = Command::new(BIN)
-        .args(["--leader-elect-retry-period", "2parsecs"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let err = testkit::cli::refused(BIN, &["--leader-elect-retry-period", "2parsecs"]);
     assert!(
         err.contains("--leader-elect-retry-period") && err.contains("2parsecs"),
         "{err}"
@@ -22,12 +16,7 @@ fn invalid_flag_exits_nonzero_with_one_line() {
 
 #[test]
 fn unknown_controller_is_named() {
-    let out = Command::new(BIN)
-        .args(["--controllers", "podgc,servicecidrs"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = testkit::cli::refused(BIN, &["--controllers", "podgc,servicecidrs"]);
     assert!(
         err.contains("servicecidrs") && err.contains("--controllers"),
         "{err}"

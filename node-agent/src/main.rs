@@ -1,3 +1,5 @@
+//! node-agent's entry point: flags, the node tasks started and drained on one token.
+
 use std::process::ExitCode;
 
 use groundskeeper_node_agent::agent::{Cli, Command, SysctlCommand};

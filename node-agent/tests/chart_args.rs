@@ -2,43 +2,26 @@
 //! and with every option on (conntrack sysctls, unsafe sysctls, Enforce by default), parse with
 //! the binary's own flag parser and pass its start-up validation.
 
-use clap::Parser;
 use groundskeeper_node_agent::agent::{Cli, Command};
 use groundskeeper_node_agent::sysctl::crd::Mode;
-
-/// The conntrack-sysctls init container's command line.
-fn init_container_args(docs: &[serde_yaml::Value]) -> Vec<String> {
-    let ds = docs
-        .iter()
-        .find(|d| d["kind"].as_str() == Some("DaemonSet"))
-        .expect("a DaemonSet");
-    let c = &ds["spec"]["template"]["spec"]["initContainers"][0];
-    let mut args = vec![c["command"][0].as_str().expect("a command").to_string()];
-    args.extend(
-        c["args"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-            .map(|a| a.as_str().expect("args are strings").to_string()),
-    );
-    args
-}
+use testkit::chart;
 
 #[test]
 fn chart_args_parse() {
-    for (case, extra) in [
-        ("defaults", vec![]),
-        (
-            "everything on",
-            vec!["-f", "../charts/groundskeeper/ci/everything-on-values.yaml"],
-        ),
-    ] {
-        let Some(docs) = testkit::chart::render(&extra) else {
-            testkit::skipped("chart_args_parse", "helm not installed (run .ci/tools.sh)");
-            return;
-        };
-        let args = testkit::chart::container_args(&docs, "DaemonSet");
-        let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{case}: {args:?}\n{e}"));
+    let Some(rendered) = testkit::chart::render_cases(
+        "chart_args_parse",
+        &[
+            ("defaults", vec![]),
+            (
+                "everything on",
+                vec!["-f", "../charts/groundskeeper/ci/everything-on-values.yaml"],
+            ),
+        ],
+    ) else {
+        return;
+    };
+    for (case, docs) in rendered {
+        let cli: Cli = chart::parse(case, &chart::container_args(&docs, "DaemonSet"));
         cli.conntrack
             .validate()
             .unwrap_or_else(|e| panic!("{case}: {e}"));
@@ -57,8 +40,8 @@ fn chart_args_parse() {
         assert_eq!(cli.conntrack.sysctls.conntrack_max_per_core, None, "{case}");
         if case == "everything on" {
             assert!(cli.common.dry_run);
-            let args = init_container_args(&docs);
-            let init = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}\n{e}"));
+            let args = chart::init_container_args(&docs, "DaemonSet");
+            let init: Cli = chart::parse(case, &args);
             assert!(init.common.dry_run);
             let Some(Command::ConntrackSysctls(s)) = init.command else {
                 panic!("init container does not run conntrack-sysctls: {args:?}");

@@ -49,15 +49,24 @@ pub fn render(extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
 /// The args of the first container of the workload of `kind` (Deployment, DaemonSet), with
 /// the program name in front, ready for `Cli::try_parse_from`.
 pub fn container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
+    args_of(docs, kind, "containers")
+}
+
+/// The same for the workload's first init container.
+pub fn init_container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
+    args_of(docs, kind, "initContainers")
+}
+
+fn args_of(docs: &[serde_yaml::Value], kind: &str, list: &str) -> Vec<String> {
     let doc = docs
         .iter()
         .find(|d| d["kind"].as_str() == Some(kind))
         .unwrap_or_else(|| panic!("the chart renders no {kind}"));
-    let container = &doc["spec"]["template"]["spec"]["containers"][0];
+    let container = &doc["spec"]["template"]["spec"][list][0];
     let mut args = vec![
         container["command"][0]
             .as_str()
-            .unwrap_or("bin")
+            .unwrap_or_else(|| panic!("{kind} has no {list}[0].command"))
             .to_string(),
     ];
     args.extend(
@@ -68,4 +77,26 @@ pub fn container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
             .map(|a| a.as_str().expect("args are strings").to_string()),
     );
     args
+}
+
+/// Parses `args` (from [`container_args`]) with the binary's own parser; a refusal fails the
+/// test naming `case` and the args.
+pub fn parse<P: clap::Parser>(case: &str, args: &[String]) -> P {
+    P::try_parse_from(args).unwrap_or_else(|e| panic!("{case}: {args:?}\n{e}"))
+}
+
+/// Each case's values rendered; `None`, after a `SKIPPED` line for `test`, without helm.
+pub fn render_cases<'a>(
+    test: &str,
+    cases: &[(&'a str, Vec<&str>)],
+) -> Option<Vec<(&'a str, Vec<serde_yaml::Value>)>> {
+    let mut out = Vec::new();
+    for (case, extra) in cases {
+        let Some(docs) = render(extra) else {
+            crate::skipped(test, "helm not installed (run .ci/tools.sh)");
+            return None;
+        };
+        out.push((*case, docs));
+    }
+    Some(out)
 }

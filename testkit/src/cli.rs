@@ -22,3 +22,19 @@ pub fn cli<P: Parser>(flags: &[&str]) -> Result<P, String> {
     P::try_parse_from(std::iter::once("test").chain(flags.iter().copied()))
         .map_err(|e| e.to_string())
 }
+
+/// Runs the binary `bin` with `args` (and `NODE_NAME` set, which the node-agent needs before
+/// it reads its other flags) and asserts that it refuses them the way an admin can act on:
+/// exit 2, one line on stderr, no panic. Returns that line.
+pub fn refused(bin: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("NODE_NAME", "n1")
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    err
+}
