@@ -124,8 +124,8 @@ impl ElectionArgs {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("controller-manager").chain(args.iter().copied()))
+    fn parse(args: &[&str]) -> Result<Cli, String> {
+        testkit::cli::cli(args)
     }
 
     #[test]

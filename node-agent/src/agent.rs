@@ -81,20 +81,19 @@ mod tests {
 
     #[test]
     fn node_name_is_required_and_not_blank() {
-        let cli = Cli::try_parse_from(["node-agent", "--node-name", "  "]).unwrap();
+        let cli = testkit::cli::cli::<Cli>(&["--node-name", "  "]).unwrap();
         let e = cli.require_node_name().unwrap_err();
         assert!(
             e.contains("NODE_NAME") && e.contains("spec.nodeName"),
             "{e}"
         );
-        let cli = Cli::try_parse_from(["node-agent", "--node-name", "worker-1"]).unwrap();
+        let cli = testkit::cli::cli::<Cli>(&["--node-name", "worker-1"]).unwrap();
         assert_eq!(cli.require_node_name().unwrap(), "worker-1");
     }
 
     #[test]
     fn conntrack_sysctls_subcommand_takes_the_sysctl_flags() {
-        let cli = Cli::try_parse_from([
-            "node-agent",
+        let cli = testkit::cli::cli::<Cli>(&[
             "--dry-run=true",
             "conntrack-sysctls",
             "--conntrack-max-per-core=32768",
@@ -108,12 +107,7 @@ mod tests {
         assert_eq!(a.conntrack_max_per_core, Some(32768));
         assert!(a.conntrack_tcp_be_liberal);
         assert!(
-            Cli::try_parse_from([
-                "node-agent",
-                "conntrack-sysctls",
-                "--conntrack-udp-timeout=0s"
-            ])
-            .is_err()
+            testkit::cli::cli::<Cli>(&["conntrack-sysctls", "--conntrack-udp-timeout=0s"]).is_err()
         );
     }
 }
