@@ -5,15 +5,15 @@ use std::process::ExitCode;
 use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
-    manager::{Cli, Command, ServiceCidrCommand},
+    manager::{self, Cli, Command, ServiceCidrCommand},
     podgc, servicecidr,
 };
-use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 use prometheus::IntGauge;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli: Cli = cli::parse();
+    let cli = Cli::parse_as(manager::NAME, manager::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(Command::Servicecidr(ServiceCidrCommand::Blockers(args))) = &cli.command {
         return match cli.common.kube.client().await {

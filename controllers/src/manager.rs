@@ -3,27 +3,22 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use groundskeeper_plumbing::{
-    cli::{Selection, parse_selection},
+    cli::{Binary, Selection, parse_selection},
     client::parse_duration,
-    process::CommonArgs,
 };
 
 use crate::{podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "controller-manager",
-    version,
-    about = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
+pub const NAME: &str = "controller-manager";
+pub const ABOUT: &str = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease";
 
-    #[command(flatten)]
-    pub common: CommonArgs,
+pub type Cli = Binary<Command, ManagerArgs>;
+
+/// The manager's own flags (the common ones are in [`Binary`]).
+#[derive(Args, Debug)]
+pub struct ManagerArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
     #[command(flatten)]

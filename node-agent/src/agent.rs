@@ -1,25 +1,19 @@
 //! The node-agent's flags and subcommands: the one place that knows every task's Args.
 
-use clap::{Parser, Subcommand};
-use groundskeeper_plumbing::{
-    cli::{Selection, parse_selection},
-    process::CommonArgs,
-};
+use clap::{Args, Subcommand};
+use groundskeeper_plumbing::cli::{Binary, Selection, parse_selection};
 
 use crate::conntrack::ConntrackArgs;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "node-agent",
-    version,
-    about = "groundskeeper node-agent: stale UDP conntrack cleanup and sysctl admission for one node"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
+pub const NAME: &str = "node-agent";
+pub const ABOUT: &str =
+    "groundskeeper node-agent: stale UDP conntrack cleanup and sysctl admission for one node";
 
-    #[command(flatten)]
-    pub common: CommonArgs,
+pub type Cli = Binary<Command, AgentArgs>;
+
+/// The agent's own flags (the common ones are in [`Binary`]).
+#[derive(Args, Debug)]
+pub struct AgentArgs {
     #[command(flatten)]
     pub conntrack: ConntrackArgs,
     #[command(flatten)]
@@ -62,7 +56,7 @@ pub enum SysctlCommand {
     Check(crate::sysctl::check::CheckArgs),
 }
 
-impl Cli {
+impl AgentArgs {
     /// The node name, or the message that says how to set it.
     pub fn require_node_name(&self) -> Result<String, String> {
         match self.node_name.as_deref().map(str::trim) {

@@ -2,14 +2,14 @@
 
 use std::process::ExitCode;
 
-use groundskeeper_node_agent::agent::{Cli, Command, SysctlCommand};
+use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctl};
-use groundskeeper_plumbing::{cli, process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli: Cli = cli::parse();
+    let cli = Cli::parse_as(agent::NAME, agent::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(cmd) = cli.command {
         return match cmd {

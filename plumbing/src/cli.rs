@@ -1,6 +1,50 @@
 //! Flag parsing with errors an admin can act on: one line naming the flag and the bad value.
 
-use clap::{Parser, error::ErrorKind};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, error::ErrorKind};
+
+use crate::process::CommonArgs;
+
+/// A binary's command line: its tools (subcommands that run and exit), the flags every
+/// groundskeeper binary has, and its own flags `A`, reached through `Deref` (`cli.election`).
+#[derive(Parser, Debug)]
+#[command(version)]
+pub struct Binary<C: Subcommand, A: Args> {
+    #[command(subcommand)]
+    pub command: Option<C>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub args: A,
+}
+
+impl<C: Subcommand, A: Args> std::ops::Deref for Binary<C, A> {
+    type Target = A;
+    fn deref(&self) -> &A {
+        &self.args
+    }
+}
+
+impl<C: Subcommand, A: Args> Binary<C, A> {
+    /// The process arguments parsed under the binary's `name` and `about` (for `--help` and
+    /// `--version`); bad flags as in [`parse`].
+    pub fn parse_as(name: &'static str, about: &'static str) -> Self {
+        Self::try_parse_as(name, about, std::env::args_os()).unwrap_or_else(|e| exit_on(e))
+    }
+
+    pub fn try_parse_as<I, T>(
+        name: &'static str,
+        about: &'static str,
+        args: I,
+    ) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cmd = Self::command().name(name).bin_name(name).about(about);
+        let mut matches = cmd.try_get_matches_from_mut(args)?;
+        Self::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
+    }
+}
 
 /// Parses the process arguments; on a bad flag prints one line and exits 2, on `--help`
 /// or `--version` prints them and exits 0.

@@ -86,7 +86,7 @@ mod tests {
             cli.sysctl.allowed_unsafe_sysctls(),
             vec!["kernel.msg*", "net/core/somaxconn"]
         );
-        assert_eq!(cli.sysctl.kernel_version.unwrap().to_string(), "5.14.0");
+        assert_eq!(cli.sysctl.kernel_version.as_ref().unwrap().to_string(), "5.14.0");
         assert_eq!(
             cli.sysctl.sysctl_default_mode,
             crate::sysctl::crd::Mode::Audit,
