@@ -122,38 +122,12 @@ async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::index::fixtures::{ips, set};
     use super::*;
-    use crate::servicecidr::index::{IpEntry, Owner};
-    use crate::servicecidr::prefix::Addr;
-
-    fn set(items: &[(&str, &[&str])]) -> CidrSet {
-        let mut s = CidrSet::default();
-        for (n, cs) in items {
-            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
-            s.insert(n, &cs);
-        }
-        s
-    }
-
-    fn ips(names: &[&str]) -> IpIndex {
-        let mut ix = IpIndex::default();
-        for n in names {
-            ix.upsert(IpEntry {
-                name: n.to_string(),
-                family_label: Addr::parse(n).map(|a| a.family),
-                owner: Some(Owner {
-                    resource: "services".into(),
-                    namespace: Some("default".into()),
-                    name: format!("svc-{n}"),
-                }),
-            });
-        }
-        ix
-    }
 
     fn names(v: &Verdict) -> Vec<&str> {
         match v {
-            Verdict::Blocked(f) => f.iter().map(|b| b.entry.name.as_str()).collect(),
+            Verdict::Blocked(f) => f.iter().map(|b| &*b.entry.name).collect(),
             _ => vec![],
         }
     }

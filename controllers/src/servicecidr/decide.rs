@@ -111,7 +111,10 @@ pub fn grace_remaining(deleted_at: Timestamp, now: Timestamp) -> Option<Duration
 
 #[cfg(test)]
 mod tests {
-    use super::super::index::{IpEntry, Owner};
+    use super::super::index::{
+        IpEntry,
+        fixtures::{ips, set},
+    };
     use super::super::prefix::{Addr, Family, Prefix};
     use super::*;
 
@@ -120,31 +123,6 @@ mod tests {
     }
 
     const DELETED: &str = "2026-01-01T00:00:00Z";
-
-    fn set(items: &[(&str, &[&str])]) -> CidrSet {
-        let mut s = CidrSet::default();
-        for (n, cs) in items {
-            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
-            s.insert(n, &cs);
-        }
-        s
-    }
-
-    fn ips(names: &[&str]) -> IpIndex {
-        let mut ix = IpIndex::default();
-        for n in names {
-            ix.upsert(IpEntry {
-                name: n.to_string(),
-                family_label: Addr::parse(n).map(|a| a.family),
-                owner: Some(Owner {
-                    resource: "services".into(),
-                    namespace: Some("default".into()),
-                    name: "web".into(),
-                }),
-            });
-        }
-        ix
-    }
 
     fn live(has_finalizer: bool, ready: Option<ReadyCondition>) -> CidrState {
         CidrState {
@@ -236,7 +214,7 @@ mod tests {
     fn blocked_ips(actions: &[Action]) -> Option<Vec<String>> {
         actions.iter().find_map(|a| match a {
             Action::ReportBlocked(b) => {
-                Some(b.found.iter().map(|b| b.entry.name.clone()).collect())
+                Some(b.found.iter().map(|b| b.entry.name.to_string()).collect())
             }
             _ => None,
         })
@@ -520,7 +498,7 @@ mod tests {
                     _ => Some(family),
                 };
                 ix.upsert(IpEntry {
-                    name: name.clone(),
+                    name: name.as_str().into(),
                     family_label: label,
                     owner: None,
                 });
