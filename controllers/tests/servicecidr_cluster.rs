@@ -10,13 +10,17 @@ use jiff::Timestamp;
 use k8s_openapi::api::{
     core::v1::{Service, ServicePort, ServiceSpec},
     events::v1::Event,
-    networking::v1::{IPAddress, ServiceCIDR, ServiceCIDRSpec},
+    networking::v1::{IPAddress, ServiceCIDR},
 };
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
 };
-use testkit::{Binary, Cluster, free_addr, holds_for, metric, unique_name, wait_for};
+use testkit::{
+    Binary, Cluster, free_addr, holds_for, metric,
+    networking::{LABEL_FAMILY, LABEL_MANAGED_BY, ip_address, service_cidr},
+    unique_name, wait_for,
+};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const TERMINATING_MESSAGE: &str = "There are still IPAddresses referencing the ServiceCIDR, please remove them or create a new ServiceCIDR";
@@ -56,17 +60,7 @@ fn controller(extra: &[&str]) -> (Binary, std::net::SocketAddr) {
 }
 
 async fn create_cidr(c: &Cluster, name: &str, cidrs: &[String]) -> anyhow::Result<ServiceCIDR> {
-    c.create(&ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(cidrs.to_vec()),
-        }),
-        status: None,
-    })
-    .await
+    c.create(&service_cidr(name, cidrs)).await
 }
 
 async fn get_cidr(c: &Cluster, name: &str) -> anyhow::Result<Option<ServiceCIDR>> {
@@ -423,17 +417,8 @@ async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::R
     );
     let x = octet();
     let name = unique_name("gk-scidr-kcm");
-    let obj = ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            finalizers: Some(vec![FINALIZER.into()]),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(vec![format!("10.204.{x}.0/24")]),
-        }),
-        status: None,
-    };
+    let mut obj = service_cidr(&name, [format!("10.204.{x}.0/24")]);
+    obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let created = Api::<ServiceCIDR>::all(c.client.clone())
         .create(
             &kube::api::PostParams {
@@ -460,33 +445,13 @@ async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::R
 }
 
 async fn ip_object(c: &Cluster, ip: &str, managed_by: Option<&str>) -> anyhow::Result<()> {
-    let mut labels = std::collections::BTreeMap::new();
-    labels.insert(
-        "ipaddress.kubernetes.io/ip-family".to_string(),
-        "IPv4".to_string(),
-    );
-    if let Some(m) = managed_by {
-        labels.insert(
-            "ipaddress.kubernetes.io/managed-by".to_string(),
-            m.to_string(),
-        );
-    }
-    c.create(&IPAddress {
-        metadata: ObjectMeta {
-            name: Some(ip.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: Some(k8s_openapi::api::networking::v1::IPAddressSpec {
-            parent_ref: k8s_openapi::api::networking::v1::ParentReference {
-                group: Some(String::new()),
-                resource: "services".into(),
-                namespace: Some("default".into()),
-                name: "not-there".into(),
-            },
-        }),
-    })
-    .await?;
+    let family = (LABEL_FAMILY, "IPv4");
+    let labels: &[(&str, &str)] = match &managed_by {
+        Some(m) => &[family, (LABEL_MANAGED_BY, m)],
+        None => &[family],
+    };
+    c.create(&ip_address(ip, labels, "default", "not-there"))
+        .await?;
     Ok(())
 }
 

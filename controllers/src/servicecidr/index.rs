@@ -402,50 +402,56 @@ mod tests {
 
     #[test]
     fn parents_need_every_family_covered_by_another() {
-        for (cidrs, name, want) in [
-            (set(&[("x", &["10.0.1.0/24"])]), "x", false),
+        type Row<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])], bool);
+        let rows: &[Row] = &[
+            ("alone", &[("x", &["10.0.1.0/24"])], false),
             (
-                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])]),
-                "x",
+                "a larger parent",
+                &[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])],
                 true,
             ),
             (
-                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.1.0/24"])]),
-                "x",
+                "an equal parent",
+                &[("x", &["10.0.1.0/24"]), ("p", &["10.0.1.0/24"])],
                 true,
             ),
             (
-                set(&[("x", &["10.0.0.0/16"]), ("c", &["10.0.1.0/24"])]),
-                "x",
+                "only a smaller one inside",
+                &[("x", &["10.0.0.0/16"]), ("c", &["10.0.1.0/24"])],
                 false,
             ),
             (
-                set(&[("x", &["10.0.1.0/24"]), ("o", &["10.0.1.128/25"])]),
-                "x",
+                "only an overlapping half",
+                &[("x", &["10.0.1.0/24"]), ("o", &["10.0.1.128/25"])],
                 false,
             ),
             (
-                set(&[
+                "a parent for IPv4 only",
+                &[
                     ("x", &["10.0.1.0/24", "fd00::/112"]),
                     ("p", &["10.0.0.0/16"]),
-                ]),
-                "x",
+                ],
                 false,
             ),
             (
-                set(&[
+                "a parent in each family",
+                &[
                     ("x", &["10.0.1.0/24", "fd00::/112"]),
                     ("p", &["10.0.0.0/16"]),
                     ("q", &["fd00::/64"]),
-                ]),
-                "x",
+                ],
                 true,
             ),
-            (set(&[("x", &["bad", "worse"])]), "x", true),
-            (set(&[("x", &[])]), "x", true),
-            (set(&[("x", &["bad", "10.0.1.0/24"])]), "x", false),
-        ] {
-            assert_eq!(cidrs.has_parent(name), want, "{cidrs:?}");
+            ("no parseable CIDR", &[("x", &["bad", "worse"])], true),
+            ("no CIDR", &[("x", &[])], true),
+            (
+                "a parseable CIDR beside a bad one",
+                &[("x", &["bad", "10.0.1.0/24"])],
+                false,
+            ),
+        ];
+        for (row, items, want) in rows {
+            assert_eq!(set(items).has_parent("x"), *want, "{row}");
         }
     }
 
