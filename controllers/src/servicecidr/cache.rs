@@ -147,10 +147,9 @@ impl Cache {
         match self.objects.apply_event(ev, project_cidr) {
             Applied::Nothing => vec![],
             Applied::Upserted { key, old } => {
-                self.cidrs.insert(
-                    &key,
-                    &spec_cidrs(&self.objects.get(&key).expect("just upserted")),
-                );
+                if let Some(o) = self.objects.get(&key) {
+                    self.cidrs.insert(&key, &spec_cidrs(o));
+                }
                 match old {
                     Some(_) => vec![key],
                     None => self.added(key),
