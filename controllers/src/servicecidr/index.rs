@@ -369,12 +369,7 @@ mod tests {
 
     #[test]
     fn overlapping_and_containing_dedupe_names() {
-        let s = set(&[
-            ("a", &["10.0.0.0/16", "fd00::/64"]),
-            ("b", &["10.0.1.0/24"]),
-            ("c", &["10.1.0.0/16", "garbage"]),
-            ("d", &["fd00::/112"]),
-        ]);
+        let s = layout("a=10.0.0.0/16,fd00::/64 b=10.0.1.0/24 c=10.1.0.0/16,garbage d=fd00::/112");
         let p: Prefix = "10.0.1.128/25".parse().unwrap();
         assert_eq!(s.overlapping(&[p]), vec!["a", "b"]);
         let v6: Prefix = "fd00::/120".parse().unwrap();
@@ -541,13 +536,10 @@ mod tests {
     /// The range query must agree with upstream's literal list-and-scan on arbitrary layouts.
     #[test]
     fn agrees_with_literal_scan() {
-        let s = set(&[
-            ("x", &["10.0.0.0/22", "fd00::/120"]),
-            ("a", &["10.0.1.0/24"]),
-            ("b", &["10.0.2.64/26", "fd00::80/121"]),
-            ("c", &["10.0.3.255/32", "10.0.2.0/31"]),
-            ("d", &["10.0.0.0/23"]),
-        ]);
+        let s = layout(
+            "x=10.0.0.0/22,fd00::/120 a=10.0.1.0/24 b=10.0.2.64/26,fd00::80/121 \
+             c=10.0.3.255/32,10.0.2.0/31 d=10.0.0.0/23",
+        );
         let mut names = Vec::new();
         for i in 0..1024u32 {
             names.push(std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string());
