@@ -121,6 +121,19 @@ async fn wait_gone(c: &Cluster, name: &str, timeout: Duration) -> anyhow::Result
     Ok(Timestamp::now())
 }
 
+/// Deletes the ServiceCIDR and waits for it to be gone, which must take the 10 s grace at least;
+/// returns how long after its deletionTimestamp it went.
+async fn gone_after_grace(c: &Cluster, name: &str) -> anyhow::Result<jiff::SignedDuration> {
+    let deleted_at = delete_cidr(c, name).await?;
+    let gone = wait_gone(c, name, Duration::from_secs(30)).await?;
+    let after = gone.duration_since(deleted_at);
+    assert!(
+        after >= jiff::SignedDuration::from_secs(10),
+        "{name} gone at {gone}, deleted at {deleted_at}"
+    );
+    Ok(after)
+}
+
 async fn service_with_ip(c: &Cluster, ns: &str, name: &str, ip: &str) -> anyhow::Result<Service> {
     c.create(&Service {
         metadata: ObjectMeta {
@@ -257,11 +270,8 @@ async fn unblocked_deletion_waits_the_grace_period() -> anyhow::Result<()> {
     let name = unique_name("gk-scidr");
     create_cidr(&c, &name, &[format!("fd00:{x:x}::/112")]).await?;
     wait_ready(&c, &name).await?;
-    let deleted_at = delete_cidr(&c, &name).await?;
-    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
-    let after = gone.duration_since(deleted_at);
+    let after = gone_after_grace(&c, &name).await?;
     println!("gone {after:?} after deletionTimestamp");
-    assert!(after >= jiff::SignedDuration::from_secs(10), "{after:?}");
     Ok(())
 }
 
@@ -285,9 +295,7 @@ async fn covering_parent_lets_deletion_proceed_despite_ips() -> anyhow::Result<(
     service_with_ip(&c, &ns, "api", &ip).await?;
     wait_ip(&c, &ip).await?;
 
-    let deleted_at = delete_cidr(&c, &child).await?;
-    let gone = wait_gone(&c, &child, Duration::from_secs(30)).await?;
-    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    gone_after_grace(&c, &child).await?;
     assert!(
         Api::<IPAddress>::all(c.client.clone())
             .get_opt(&ip)
@@ -471,9 +479,7 @@ async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()
     ip_object(&c, &format!("10.205.{x}.255"), Some("ipallocator.k8s.io")).await?;
     ip_object(&c, &format!("10.205.{x}.7"), None).await?;
     ip_object(&c, &format!("10.205.{x}.8"), Some("someone-else")).await?;
-    let deleted_at = delete_cidr(&c, &name).await?;
-    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
-    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    gone_after_grace(&c, &name).await?;
     assert!(blocked_event(&c, &name).await?.is_none());
     // They were there all along (nothing else removed them first).
     let ips = Api::<IPAddress>::all(c.client.clone());

@@ -83,8 +83,12 @@ impl<W: Writes> Apply<W> {
     }
 
     pub async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
-        let what = "remove finalizer (no IP would be orphaned, grace period over)";
-        let Some(w) = self.live(name, format_args!("{what}")) else {
+        let Some(w) = self.live(
+            name,
+            format_args!(
+                "remove finalizer {FINALIZER} (no IP would be orphaned, grace period over)"
+            ),
+        ) else {
             return Ok(());
         };
         w.remove_finalizer(name).await?;
