@@ -1,5 +1,4 @@
-//! Builders for the networking.k8s.io objects the ServiceCIDR tests create: written once for
-//! the unit tests and the cluster tests.
+//! Builders for the networking.k8s.io objects (ServiceCIDR, IPAddress) the tests create.
 
 use std::collections::BTreeMap;
 

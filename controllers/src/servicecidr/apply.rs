@@ -1,6 +1,7 @@
-//! Every write the controller makes to the API, behind the `Writes` trait (so the sync layer is
-//! tested against a recording fake), and `Apply`, the one place `--dry-run` turns them into
-//! `dry-run: would …` log lines.
+//! Every write the controller makes to the API, and the one place `--dry-run` is decided.
+//!
+//! The writes sit behind the `Writes` trait, so the sync layer is tested against a recording
+//! fake; `Apply` makes them, or under `--dry-run` only logs `dry-run: would …`.
 
 use std::{fmt, future::Future};
 

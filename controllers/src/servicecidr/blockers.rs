@@ -1,7 +1,9 @@
-//! `controller-manager servicecidr blockers NAME`: every IPAddress that keeps a ServiceCIDR
-//! from being deleted, and who owns it. The answer comes from the controller's own decision
-//! code (`CidrSet::has_parent`, `IpIndex::orphans`) over a fresh list, so it can not disagree
-//! with what the controller does; the Warning Event names at most 10, this names them all.
+//! `controller-manager servicecidr blockers NAME`: what keeps a ServiceCIDR from going.
+//!
+//! Every IPAddress that keeps the ServiceCIDR from being deleted, and who owns it. The answer
+//! comes from the controller's own decision code (`CidrSet::has_parent`, `IpIndex::orphans`)
+//! over a fresh list, so it can not disagree with what the controller does; the Warning Event
+//! names at most 10, this names them all.
 
 use std::fmt::Write as _;
 

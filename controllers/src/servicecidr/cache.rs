@@ -1,6 +1,7 @@
-//! What the controller watches, folded into one cache: ServiceCIDRs and allocator-managed
-//! IPAddresses, each in a `plumbing::cache::Store`, with the indexes the decision reads kept
-//! beside them, and upstream's event-handler rules for which ServiceCIDR keys a change enqueues.
+//! What the controller watches (ServiceCIDRs, managed IPAddresses), folded into one cache.
+//!
+//! Each kind lives in a `plumbing::cache::Store`, with the indexes the decision reads kept
+//! beside it, and upstream's event-handler rules say which ServiceCIDR keys a change enqueues.
 
 use std::{collections::BTreeSet, sync::Arc};
 

@@ -1,5 +1,6 @@
-//! Detecting a second ServiceCIDR controller (kube-controller-manager's own) writing the same
-//! objects. Its status applies use the same field manager name as ours, so the manager name
+//! Spotting a second ServiceCIDR controller (kube-controller-manager's) writing our objects.
+//!
+//! Its status applies use the same field manager name as ours, so the manager name
 //! alone proves nothing. Two cheap signs in `managedFields`, read from the cached object:
 //!
 //! * the status apply entry of `service-cidr-controller` carries a time that none of our own

@@ -1,5 +1,6 @@
-//! What one sync of a ServiceCIDR does (upstream `sync(key)`), as a pure function: the
-//! ServiceCIDR, the indexes and the time in; the actions to take, in order, out.
+//! One sync of a ServiceCIDR (upstream `sync(key)`) as a pure function.
+//!
+//! The ServiceCIDR, the indexes and the time in; the actions to take, in order, out.
 
 use std::time::Duration;
 

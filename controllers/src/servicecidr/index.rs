@@ -1,6 +1,8 @@
-//! In-memory views the controller decides on: every ServiceCIDR's parsed prefixes, and the
-//! allocator-managed IPAddresses sorted by address per family, so that "which IPs would only
-//! this ServiceCIDR contain" is a few range queries instead of a list-and-scan.
+//! The indexes the decision reads: ServiceCIDR prefixes, and managed IPs sorted by address.
+//!
+//! Every ServiceCIDR's parsed prefixes, and the allocator-managed IPAddresses sorted by address
+//! per family, so that "which IPs would only this ServiceCIDR contain" is a few range queries
+//! instead of a list-and-scan.
 
 use std::{collections::BTreeMap, sync::Arc};
 

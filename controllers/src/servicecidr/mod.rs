@@ -1,5 +1,6 @@
-//! The ServiceCIDR controller (kube-controller-manager's `service-cidr-controller`, v1.36):
-//! protects ServiceCIDRs with a finalizer, marks them Ready, and lets a deleted one go only
+//! The ServiceCIDR controller (kube-controller-manager's `service-cidr-controller`, v1.36).
+//!
+//! It protects ServiceCIDRs with a finalizer, marks them Ready, and lets a deleted one go only
 //! when no allocated Service IP would be left without a ServiceCIDR, 10 s after deletion.
 
 pub mod apply;

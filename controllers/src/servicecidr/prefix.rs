@@ -1,6 +1,7 @@
-//! IP prefixes as the upstream helpers (`pkg/api/servicecidr`) see them: Go `netip.Prefix`
-//! semantics, `PrefixContainsIP` with network and IPv4 broadcast addresses excluded, and
-//! IPv4-mapped IPv6 addresses read as IPv4.
+//! IP prefixes and addresses as upstream's helpers (`pkg/api/servicecidr`) see them.
+//!
+//! Go `netip` semantics: an address keeps its written family (an IPv4-mapped name is IPv6),
+//! and `PrefixContainsIP` excludes network and IPv4 broadcast addresses.
 
 use std::{fmt, net::IpAddr, str::FromStr};
 

@@ -1,5 +1,4 @@
-//! The thin layer around `decide`: read the cache, decide, carry the actions out through
-//! `apply`, and turn the outcome into queue bookkeeping and metrics.
+//! The thin layer around `decide`: cache in, actions out through `apply`, queue and metrics.
 
 use std::{
     collections::{HashMap, HashSet},
