@@ -63,6 +63,14 @@ async fn create_cidr(c: &Cluster, name: &str, cidrs: &[String]) -> anyhow::Resul
     c.create(&service_cidr(name, cidrs)).await
 }
 
+/// A new ServiceCIDR, uniquely named from `prefix`, once the controller has marked it Ready.
+async fn ready_cidr(c: &Cluster, prefix: &str, cidrs: &[String]) -> anyhow::Result<String> {
+    let name = unique_name(prefix);
+    create_cidr(c, &name, cidrs).await?;
+    wait_ready(c, &name).await?;
+    Ok(name)
+}
+
 async fn get_cidr(c: &Cluster, name: &str) -> anyhow::Result<Option<ServiceCIDR>> {
     Ok(Api::<ServiceCIDR>::all(c.client.clone())
         .get_opt(name)
@@ -195,10 +203,8 @@ async fn blocked_by_service_ip_until_it_is_freed() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let (bin, admin) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
     let cidrs = vec![format!("10.200.{x}.0/24"), format!("fd00:{x:x}::/112")];
-    create_cidr(&c, &name, &cidrs).await?;
-    wait_ready(&c, &name).await?;
+    let name = ready_cidr(&c, "gk-scidr", &cidrs).await?;
 
     let ns = c.namespace("scidr").await?;
     let ip = format!("10.200.{x}.10");
@@ -267,9 +273,7 @@ async fn unblocked_deletion_waits_the_grace_period() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let (_bin, _) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
-    create_cidr(&c, &name, &[format!("fd00:{x:x}::/112")]).await?;
-    wait_ready(&c, &name).await?;
+    let name = ready_cidr(&c, "gk-scidr", &[format!("fd00:{x:x}::/112")]).await?;
     let after = gone_after_grace(&c, &name).await?;
     println!("gone {after:?} after deletionTimestamp");
     Ok(())
@@ -472,9 +476,7 @@ async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()
     let _serial = SERIAL.lock().await;
     let (_bin, _) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
-    create_cidr(&c, &name, &[format!("10.205.{x}.0/24")]).await?;
-    wait_ready(&c, &name).await?;
+    let name = ready_cidr(&c, "gk-scidr", &[format!("10.205.{x}.0/24")]).await?;
     ip_object(&c, &format!("10.205.{x}.0"), Some("ipallocator.k8s.io")).await?;
     ip_object(&c, &format!("10.205.{x}.255"), Some("ipallocator.k8s.io")).await?;
     ip_object(&c, &format!("10.205.{x}.7"), None).await?;
