@@ -34,7 +34,7 @@ fn ips() -> (IpIndex, Vec<String>) {
     }
     for n in &names {
         ix.upsert(IpEntry {
-            name: n.clone(),
+            name: n.as_str().into(),
             family_label: Addr::parse(n).map(|a| a.family),
             owner: None,
         });

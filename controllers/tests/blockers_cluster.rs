@@ -2,13 +2,11 @@
 //! IPAddress (more than the Event's 10) with its owner, exit 1; nothing blocking once another
 //! ServiceCIDR covers it, exit 0; a ServiceCIDR that does not exist, exit 2.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::networking::v1::{
-    IPAddress, IPAddressSpec, ParentReference, ServiceCIDR, ServiceCIDRSpec,
+use testkit::{
+    Cluster,
+    networking::{LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_address, service_cidr},
+    unique_name,
 };
-use kube::api::ObjectMeta;
-use testkit::{Cluster, unique_name};
 
 const BIN: &str = env!("CARGO_BIN_EXE_controller-manager");
 
@@ -18,47 +16,18 @@ fn octet() -> u8 {
 }
 
 async fn cidr(c: &Cluster, name: &str, cidr: &str) -> anyhow::Result<()> {
-    c.create(&ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(vec![cidr.into()]),
-        }),
-        status: None,
-    })
-    .await?;
+    c.create(&service_cidr(name, [cidr])).await?;
     Ok(())
 }
 
 async fn ip(c: &Cluster, ip: &str, managed: bool, service: &str) -> anyhow::Result<()> {
-    let mut labels = BTreeMap::from([(
-        "ipaddress.kubernetes.io/ip-family".to_string(),
-        "IPv4".to_string(),
-    )]);
-    if managed {
-        labels.insert(
-            "ipaddress.kubernetes.io/managed-by".into(),
-            "ipallocator.k8s.io".into(),
-        );
-    }
-    c.create(&IPAddress {
-        metadata: ObjectMeta {
-            name: Some(ip.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: Some(IPAddressSpec {
-            parent_ref: ParentReference {
-                group: Some(String::new()),
-                resource: "services".into(),
-                namespace: Some("team-a".into()),
-                name: service.into(),
-            },
-        }),
-    })
-    .await?;
+    let family = (LABEL_FAMILY, "IPv4");
+    let labels: &[(&str, &str)] = if managed {
+        &[family, (LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR)]
+    } else {
+        &[family]
+    };
+    c.create(&ip_address(ip, labels, "team-a", service)).await?;
     Ok(())
 }
 

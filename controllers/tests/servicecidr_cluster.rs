@@ -10,13 +10,17 @@ use jiff::Timestamp;
 use k8s_openapi::api::{
     core::v1::{Service, ServicePort, ServiceSpec},
     events::v1::Event,
-    networking::v1::{IPAddress, ServiceCIDR, ServiceCIDRSpec},
+    networking::v1::{IPAddress, ServiceCIDR},
 };
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
 };
-use testkit::{Binary, Cluster, free_addr, holds_for, metric, unique_name, wait_for};
+use testkit::{
+    Binary, Cluster, free_addr, holds_for, metric,
+    networking::{LABEL_FAMILY, LABEL_MANAGED_BY, ip_address, service_cidr},
+    unique_name, wait_for,
+};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const TERMINATING_MESSAGE: &str = "There are still IPAddresses referencing the ServiceCIDR, please remove them or create a new ServiceCIDR";
@@ -56,17 +60,15 @@ fn controller(extra: &[&str]) -> (Binary, std::net::SocketAddr) {
 }
 
 async fn create_cidr(c: &Cluster, name: &str, cidrs: &[String]) -> anyhow::Result<ServiceCIDR> {
-    c.create(&ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(cidrs.to_vec()),
-        }),
-        status: None,
-    })
-    .await
+    c.create(&service_cidr(name, cidrs)).await
+}
+
+/// A new ServiceCIDR, uniquely named from `prefix`, once the controller has marked it Ready.
+async fn ready_cidr(c: &Cluster, prefix: &str, cidrs: &[String]) -> anyhow::Result<String> {
+    let name = unique_name(prefix);
+    create_cidr(c, &name, cidrs).await?;
+    wait_ready(c, &name).await?;
+    Ok(name)
 }
 
 async fn get_cidr(c: &Cluster, name: &str) -> anyhow::Result<Option<ServiceCIDR>> {
@@ -125,6 +127,19 @@ async fn wait_gone(c: &Cluster, name: &str, timeout: Duration) -> anyhow::Result
     )
     .await?;
     Ok(Timestamp::now())
+}
+
+/// Deletes the ServiceCIDR and waits for it to be gone, which must take the 10 s grace at least;
+/// returns how long after its deletionTimestamp it went.
+async fn gone_after_grace(c: &Cluster, name: &str) -> anyhow::Result<jiff::SignedDuration> {
+    let deleted_at = delete_cidr(c, name).await?;
+    let gone = wait_gone(c, name, Duration::from_secs(30)).await?;
+    let after = gone.duration_since(deleted_at);
+    assert!(
+        after >= jiff::SignedDuration::from_secs(10),
+        "{name} gone at {gone}, deleted at {deleted_at}"
+    );
+    Ok(after)
 }
 
 async fn service_with_ip(c: &Cluster, ns: &str, name: &str, ip: &str) -> anyhow::Result<Service> {
@@ -188,10 +203,8 @@ async fn blocked_by_service_ip_until_it_is_freed() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let (bin, admin) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
     let cidrs = vec![format!("10.200.{x}.0/24"), format!("fd00:{x:x}::/112")];
-    create_cidr(&c, &name, &cidrs).await?;
-    wait_ready(&c, &name).await?;
+    let name = ready_cidr(&c, "gk-scidr", &cidrs).await?;
 
     let ns = c.namespace("scidr").await?;
     let ip = format!("10.200.{x}.10");
@@ -260,14 +273,9 @@ async fn unblocked_deletion_waits_the_grace_period() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let (_bin, _) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
-    create_cidr(&c, &name, &[format!("fd00:{x:x}::/112")]).await?;
-    wait_ready(&c, &name).await?;
-    let deleted_at = delete_cidr(&c, &name).await?;
-    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
-    let after = gone.duration_since(deleted_at);
+    let name = ready_cidr(&c, "gk-scidr", &[format!("fd00:{x:x}::/112")]).await?;
+    let after = gone_after_grace(&c, &name).await?;
     println!("gone {after:?} after deletionTimestamp");
-    assert!(after >= jiff::SignedDuration::from_secs(10), "{after:?}");
     Ok(())
 }
 
@@ -291,9 +299,7 @@ async fn covering_parent_lets_deletion_proceed_despite_ips() -> anyhow::Result<(
     service_with_ip(&c, &ns, "api", &ip).await?;
     wait_ip(&c, &ip).await?;
 
-    let deleted_at = delete_cidr(&c, &child).await?;
-    let gone = wait_gone(&c, &child, Duration::from_secs(30)).await?;
-    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    gone_after_grace(&c, &child).await?;
     assert!(
         Api::<IPAddress>::all(c.client.clone())
             .get_opt(&ip)
@@ -423,17 +429,8 @@ async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::R
     );
     let x = octet();
     let name = unique_name("gk-scidr-kcm");
-    let obj = ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            finalizers: Some(vec![FINALIZER.into()]),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(vec![format!("10.204.{x}.0/24")]),
-        }),
-        status: None,
-    };
+    let mut obj = service_cidr(&name, [format!("10.204.{x}.0/24")]);
+    obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
     let created = Api::<ServiceCIDR>::all(c.client.clone())
         .create(
             &kube::api::PostParams {
@@ -460,33 +457,13 @@ async fn finalizer_written_by_kube_controller_manager_is_reported() -> anyhow::R
 }
 
 async fn ip_object(c: &Cluster, ip: &str, managed_by: Option<&str>) -> anyhow::Result<()> {
-    let mut labels = std::collections::BTreeMap::new();
-    labels.insert(
-        "ipaddress.kubernetes.io/ip-family".to_string(),
-        "IPv4".to_string(),
-    );
-    if let Some(m) = managed_by {
-        labels.insert(
-            "ipaddress.kubernetes.io/managed-by".to_string(),
-            m.to_string(),
-        );
-    }
-    c.create(&IPAddress {
-        metadata: ObjectMeta {
-            name: Some(ip.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: Some(k8s_openapi::api::networking::v1::IPAddressSpec {
-            parent_ref: k8s_openapi::api::networking::v1::ParentReference {
-                group: Some(String::new()),
-                resource: "services".into(),
-                namespace: Some("default".into()),
-                name: "not-there".into(),
-            },
-        }),
-    })
-    .await?;
+    let family = (LABEL_FAMILY, "IPv4");
+    let labels: &[(&str, &str)] = match &managed_by {
+        Some(m) => &[family, (LABEL_MANAGED_BY, m)],
+        None => &[family],
+    };
+    c.create(&ip_address(ip, labels, "default", "not-there"))
+        .await?;
     Ok(())
 }
 
@@ -499,16 +476,12 @@ async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()
     let _serial = SERIAL.lock().await;
     let (_bin, _) = controller(&[]);
     let x = octet();
-    let name = unique_name("gk-scidr");
-    create_cidr(&c, &name, &[format!("10.205.{x}.0/24")]).await?;
-    wait_ready(&c, &name).await?;
+    let name = ready_cidr(&c, "gk-scidr", &[format!("10.205.{x}.0/24")]).await?;
     ip_object(&c, &format!("10.205.{x}.0"), Some("ipallocator.k8s.io")).await?;
     ip_object(&c, &format!("10.205.{x}.255"), Some("ipallocator.k8s.io")).await?;
     ip_object(&c, &format!("10.205.{x}.7"), None).await?;
     ip_object(&c, &format!("10.205.{x}.8"), Some("someone-else")).await?;
-    let deleted_at = delete_cidr(&c, &name).await?;
-    let gone = wait_gone(&c, &name, Duration::from_secs(30)).await?;
-    assert!(gone.duration_since(deleted_at) >= jiff::SignedDuration::from_secs(10));
+    gone_after_grace(&c, &name).await?;
     assert!(blocked_event(&c, &name).await?.is_none());
     // They were there all along (nothing else removed them first).
     let ips = Api::<IPAddress>::all(c.client.clone());

@@ -12,6 +12,7 @@ mod binary;
 pub mod chart;
 pub mod cli;
 pub mod control_plane;
+pub mod networking;
 pub mod proxy;
 mod rbac;
 

@@ -1,7 +1,9 @@
-//! `controller-manager servicecidr blockers NAME`: every IPAddress that keeps a ServiceCIDR
-//! from being deleted, and who owns it. The answer comes from the controller's own decision
-//! code (`CidrSet::has_parent`, `IpIndex::orphans`) over a fresh list, so it can not disagree
-//! with what the controller does; the Warning Event names at most 10, this names them all.
+//! `controller-manager servicecidr blockers NAME`: what keeps a ServiceCIDR from going.
+//!
+//! Every IPAddress that keeps the ServiceCIDR from being deleted, and who owns it. The answer
+//! comes from the controller's own decision code (`CidrSet::has_parent`, `IpIndex::orphans`)
+//! over a fresh list, so it can not disagree with what the controller does; the Warning Event
+//! names at most 10, this names them all.
 
 use std::fmt::Write as _;
 
@@ -122,38 +124,12 @@ async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::index::fixtures::{ips, set};
     use super::*;
-    use crate::servicecidr::index::{IpEntry, Owner};
-    use crate::servicecidr::prefix::Addr;
-
-    fn set(items: &[(&str, &[&str])]) -> CidrSet {
-        let mut s = CidrSet::default();
-        for (n, cs) in items {
-            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
-            s.insert(n, &cs);
-        }
-        s
-    }
-
-    fn ips(names: &[&str]) -> IpIndex {
-        let mut ix = IpIndex::default();
-        for n in names {
-            ix.upsert(IpEntry {
-                name: n.to_string(),
-                family_label: Addr::parse(n).map(|a| a.family),
-                owner: Some(Owner {
-                    resource: "services".into(),
-                    namespace: Some("default".into()),
-                    name: format!("svc-{n}"),
-                }),
-            });
-        }
-        ix
-    }
 
     fn names(v: &Verdict) -> Vec<&str> {
         match v {
-            Verdict::Blocked(f) => f.iter().map(|b| b.entry.name.as_str()).collect(),
+            Verdict::Blocked(f) => f.iter().map(|b| &*b.entry.name).collect(),
             _ => vec![],
         }
     }

@@ -1,13 +1,20 @@
-//! The controller's view of the cluster, fed by the two watches, and upstream's event-handler
-//! rules for which ServiceCIDR keys each change enqueues.
+//! What the controller watches (ServiceCIDRs, managed IPAddresses), folded into one cache.
+//!
+//! Each kind lives in a `plumbing::cache::Store`, with the indexes the decision reads kept
+//! beside it, and upstream's event-handler rules say which ServiceCIDR keys a change enqueues.
 
-use std::{
-    collections::{BTreeMap, HashSet},
-    sync::Arc,
+use std::{collections::BTreeSet, sync::Arc};
+
+use futures::Stream;
+use groundskeeper_plumbing::{
+    Readiness, ReadyFlag,
+    cache::{Applied, Kept, Shared, Store, Update, follow},
 };
-
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
-use kube::ResourceExt;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::watcher::{self, Event},
+};
 
 use super::{
     decide::{CONDITION_READY, CidrState, FINALIZER, ReadyCondition},
@@ -18,15 +25,48 @@ use super::{
 pub const LABEL_FAMILY: &str = "ipaddress.kubernetes.io/ip-family";
 pub const LABEL_MANAGED_BY: &str = "ipaddress.kubernetes.io/managed-by";
 pub const MANAGED_BY_ALLOCATOR: &str = "ipallocator.k8s.io";
+/// The readiness flags are `servicecidr/servicecidrs` and `servicecidr/ipaddresses`.
+const COMPONENT: &str = "servicecidr";
 
 #[derive(Default)]
 pub struct Cache {
-    objects: BTreeMap<String, Arc<ServiceCIDR>>,
+    objects: Store<String, Arc<ServiceCIDR>>,
+    /// The parsed CIDRs of every object in `objects`.
     pub cidrs: CidrSet,
     pub ips: IpIndex,
-    /// Names seen since the current relist of each watch began.
-    relist_cidrs: Option<HashSet<String>>,
-    relist_ips: Option<HashSet<String>>,
+}
+
+/// Both watches folded into `cache`: their flags (ServiceCIDRs, IPAddresses) and the
+/// ServiceCIDR keys each folded change enqueues.
+pub fn watch(
+    readiness: &Readiness,
+    client: Client,
+    cache: Shared<Cache>,
+) -> (
+    [ReadyFlag; 2],
+    impl Stream<Item = Vec<String>> + Send + 'static,
+) {
+    let (cidr_flag, cidrs) = follow(
+        readiness,
+        COMPONENT,
+        Api::<ServiceCIDR>::all(client.clone()),
+        watcher::Config::default(),
+        cache.clone(),
+        Cache::cidr_event,
+    );
+    // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
+    // loses the label leaves the selection and arrives as a delete.
+    let ip_config =
+        watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
+    let (ip_flag, ips) = follow(
+        readiness,
+        COMPONENT,
+        Api::<IPAddress>::all(client),
+        ip_config,
+        cache,
+        Cache::ip_event,
+    );
+    ([cidr_flag, ip_flag], futures::stream::select(cidrs, ips))
 }
 
 pub fn spec_cidrs(obj: &ServiceCIDR) -> Vec<String> {
@@ -68,184 +108,170 @@ pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
         name: s.parent_ref.name.clone(),
     });
     Some(IpEntry {
-        name: obj.name_any(),
+        name: obj.name_any().into(),
         family_label: labels.get(LABEL_FAMILY).and_then(|f| Family::from_label(f)),
         owner,
     })
 }
 
+/// What the index keeps of an IPAddress: managed ones whose name is an IP.
+fn project_ip(obj: IPAddress) -> Kept<Arc<str>, IpEntry> {
+    let Some(name) = obj.metadata.name.as_deref() else {
+        return Kept::Unusable;
+    };
+    match ip_entry(&obj) {
+        Some(e) if Addr::parse(name).is_some() => Kept::Yes(e.name.clone(), e),
+        Some(e) => {
+            tracing::warn!(ipaddress = %name, "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored");
+            Kept::No(e.name)
+        }
+        None => Kept::No(name.into()),
+    }
+}
+
+fn project_cidr(obj: ServiceCIDR) -> Kept<String, Arc<ServiceCIDR>> {
+    match obj.metadata.name.clone() {
+        Some(name) => Kept::Yes(name, Arc::new(obj)),
+        None => Kept::Unusable,
+    }
+}
+
 impl Cache {
     pub fn cidr(&self, name: &str) -> Option<Arc<ServiceCIDR>> {
-        self.objects.get(name).cloned()
+        self.objects.get(&name.to_string()).cloned()
     }
 
-    pub fn cidr_names(&self) -> impl Iterator<Item = &str> {
-        self.objects.keys().map(String::as_str)
-    }
-
-    /// ServiceCIDR added or updated. An add enqueues the ServiceCIDR and every one overlapping
-    /// it (itself included, as the lister already holds it); an update only itself.
-    pub fn cidr_applied(&mut self, obj: ServiceCIDR) -> Vec<String> {
-        let name = obj.name_any();
-        if let Some(seen) = self.relist_cidrs.as_mut() {
-            seen.insert(name.clone());
-        }
-        let cidrs = spec_cidrs(&obj);
-        let added = self.objects.insert(name.clone(), Arc::new(obj)).is_none();
-        self.cidrs.insert(&name, &cidrs);
-        if !added {
-            return vec![name];
-        }
-        let prefixes: Vec<Prefix> = cidrs.iter().filter_map(|c| c.parse().ok()).collect();
-        let mut keys = vec![name.clone()];
-        keys.extend(
-            self.cidrs
-                .overlapping(&prefixes)
-                .into_iter()
-                .filter(|n| *n != name),
-        );
-        keys
-    }
-
-    pub fn cidr_deleted(&mut self, name: &str) -> Vec<String> {
-        self.objects.remove(name);
-        self.cidrs.remove(name);
-        vec![name.to_string()]
-    }
-
-    /// IPAddress added or updated. Upstream enqueues the containing ServiceCIDRs on add only;
-    /// an update that makes an IP managed or unmanaged enqueues them too, since it changes what
-    /// blocks a deletion.
-    pub fn ip_applied(&mut self, obj: &IPAddress) -> Vec<String> {
-        let name = obj.name_any();
-        if let Some(seen) = self.relist_ips.as_mut() {
-            seen.insert(name.clone());
-        }
-        match ip_entry(obj) {
-            Some(entry) => match self.ips.upsert(entry) {
-                Some(addr) => self.cidrs.containing(addr),
-                None => {
-                    if Addr::parse(&name).is_none() {
-                        tracing::warn!(ipaddress = %name, "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored");
-                    }
-                    vec![]
+    /// Folds a ServiceCIDR event in. An add enqueues the ServiceCIDR and every one overlapping
+    /// it (itself included, as the lister already holds it); an update or a delete only itself.
+    /// A relist is each listed object's add or update and each vanished one's delete.
+    pub fn cidr_event(&mut self, ev: Event<ServiceCIDR>) -> Vec<String> {
+        match self.objects.apply_event(ev, project_cidr) {
+            Applied::Nothing => vec![],
+            Applied::Upserted { key, old } => {
+                if let Some(o) = self.objects.get(&key) {
+                    self.cidrs.insert(&key, &spec_cidrs(o));
                 }
-            },
-            None => self.ip_deleted(&name),
+                match old {
+                    Some(_) => vec![key],
+                    None => self.added(key),
+                }
+            }
+            Applied::Removed { key, .. } => {
+                self.cidrs.remove(&key);
+                vec![key]
+            }
+            Applied::Relisted { old } => {
+                let gone: Vec<String> = old
+                    .keys()
+                    .filter(|k| !self.objects.contains(k))
+                    .cloned()
+                    .collect();
+                for k in &gone {
+                    self.cidrs.remove(k);
+                }
+                for (k, o) in self.objects.iter() {
+                    self.cidrs.insert(k, &spec_cidrs(o));
+                }
+                let mut keys: BTreeSet<String> = gone.into_iter().collect();
+                for k in self.objects.keys() {
+                    if old.contains_key(k) {
+                        keys.insert(k.clone());
+                    } else {
+                        keys.extend(self.added(k.clone()));
+                    }
+                }
+                keys.into_iter().collect()
+            }
         }
     }
 
-    pub fn ip_deleted(&mut self, name: &str) -> Vec<String> {
-        match self.ips.remove(name) {
-            Some(addr) => self.cidrs.containing(addr),
-            None => vec![],
-        }
+    /// The keys an added ServiceCIDR enqueues: itself first, then those overlapping it.
+    fn added(&self, name: String) -> Vec<String> {
+        let prefixes: Vec<Prefix> = self.cidrs.get(&name).unwrap_or_default().to_vec();
+        let overlapping = self.cidrs.overlapping(&prefixes);
+        let others = overlapping.into_iter().filter(|n| *n != name);
+        std::iter::once(name.clone()).chain(others).collect()
     }
 
-    pub fn begin_cidr_relist(&mut self) {
-        self.relist_cidrs = Some(HashSet::new());
-    }
-
-    /// Ends a relist: what was not listed again was deleted while the watch was down.
-    pub fn finish_cidr_relist(&mut self) -> Vec<String> {
-        let Some(seen) = self.relist_cidrs.take() else {
+    /// Folds an IPAddress event in. Upstream enqueues the containing ServiceCIDRs on add and
+    /// delete only; an update that makes an IP managed or unmanaged enqueues them too, since
+    /// it changes what blocks a deletion. A relist is the adds and deletes it amounts to.
+    pub fn ip_event(&mut self, ev: Event<IPAddress>) -> Vec<String> {
+        let Some(u) = Update::from_event(ev, project_ip) else {
             return vec![];
         };
-        let gone: Vec<String> = self
-            .objects
-            .keys()
-            .filter(|n| !seen.contains(*n))
-            .cloned()
-            .collect();
-        gone.iter().flat_map(|n| self.cidr_deleted(n)).collect()
-    }
-
-    pub fn begin_ip_relist(&mut self) {
-        self.relist_ips = Some(HashSet::new());
-    }
-
-    pub fn finish_ip_relist(&mut self) -> Vec<String> {
-        let Some(seen) = self.relist_ips.take() else {
-            return vec![];
-        };
-        let gone: Vec<String> = self
+        let relist = matches!(u, Update::InitDone);
+        let keys = self
             .ips
-            .names()
-            .filter(|n| !seen.contains(*n))
-            .map(String::from)
-            .collect();
-        gone.iter().flat_map(|n| self.ip_deleted(n)).collect()
+            .apply(u)
+            .into_iter()
+            .flat_map(|a| self.cidrs.containing(a));
+        if relist {
+            keys.collect::<BTreeSet<_>>().into_iter().collect()
+        } else {
+            keys.collect()
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::networking::v1::{IPAddressSpec, ParentReference, ServiceCIDRSpec};
-    use kube::api::ObjectMeta;
-
-    fn cidr(name: &str, cidrs: &[&str]) -> ServiceCIDR {
-        ServiceCIDR {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: Some(ServiceCIDRSpec {
-                cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
-            }),
-            status: None,
-        }
-    }
+    use testkit::networking::{allocated_ip, ip_address, service_cidr as cidr};
 
     fn ip(name: &str, labels: &[(&str, &str)]) -> IPAddress {
-        IPAddress {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-            spec: Some(IPAddressSpec {
-                parent_ref: ParentReference {
-                    group: Some(String::new()),
-                    resource: "services".into(),
-                    namespace: Some("default".into()),
-                    name: "web".into(),
-                },
-            }),
-        }
+        ip_address(name, labels, "default", "web")
     }
 
     fn managed(name: &str) -> IPAddress {
-        let family = if name.contains(':') { "IPv6" } else { "IPv4" };
-        ip(
-            name,
-            &[
-                (LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR),
-                (LABEL_FAMILY, family),
-            ],
-        )
+        allocated_ip(name, "default", "web")
+    }
+
+    fn apply_cidr(c: &mut Cache, o: ServiceCIDR) -> Vec<String> {
+        c.cidr_event(Event::Apply(o))
+    }
+
+    fn delete_cidr(c: &mut Cache, name: &str) -> Vec<String> {
+        c.cidr_event(Event::Delete(cidr(name, [""; 0])))
+    }
+
+    fn apply_ip(c: &mut Cache, o: IPAddress) -> Vec<String> {
+        c.ip_event(Event::Apply(o))
+    }
+
+    fn delete_ip(c: &mut Cache, name: &str) -> Vec<String> {
+        c.ip_event(Event::Delete(managed(name)))
+    }
+
+    /// A full relist of `objects`, as the watcher delivers it; what it enqueues.
+    fn relist<W>(
+        fold: fn(&mut Cache, Event<W>) -> Vec<String>,
+        c: &mut Cache,
+        objects: Vec<W>,
+    ) -> Vec<String> {
+        let mut keys = fold(c, Event::Init);
+        for o in objects {
+            keys.extend(fold(c, Event::InitApply(o)));
+        }
+        keys.extend(fold(c, Event::InitDone));
+        keys
     }
 
     #[test]
     fn cidr_add_enqueues_itself_and_overlapping_update_only_itself() {
         let mut c = Cache::default();
-        assert_eq!(c.cidr_applied(cidr("a", &["10.0.0.0/16"])), vec!["a"]);
-        assert_eq!(c.cidr_applied(cidr("b", &["10.1.0.0/16"])), vec!["b"]);
+        assert_eq!(apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"])), vec!["a"]);
+        assert_eq!(apply_cidr(&mut c, cidr("b", ["10.1.0.0/16"])), vec!["b"]);
         assert_eq!(
-            c.cidr_applied(cidr("c", &["10.0.5.0/24", "fd00::/64", "bad"])),
+            apply_cidr(&mut c, cidr("c", ["10.0.5.0/24", "fd00::/64", "bad"])),
             vec!["c", "a"]
         );
         assert_eq!(
-            c.cidr_applied(cidr("d", &["0.0.0.0/0"])),
+            apply_cidr(&mut c, cidr("d", ["0.0.0.0/0"])),
             vec!["d", "a", "b", "c"]
         );
-        assert_eq!(c.cidr_applied(cidr("a", &["10.0.0.0/8"])), vec!["a"]);
-        assert_eq!(c.cidr_deleted("a"), vec!["a"]);
+        assert_eq!(apply_cidr(&mut c, cidr("a", ["10.0.0.0/8"])), vec!["a"]);
+        assert_eq!(delete_cidr(&mut c, "a"), vec!["a"]);
         assert!(c.cidr("a").is_none());
         assert!(c.cidrs.get("a").is_none());
     }
@@ -253,57 +279,84 @@ mod tests {
     #[test]
     fn ip_events_enqueue_containing_cidrs_of_managed_ips_only() {
         let mut c = Cache::default();
-        c.cidr_applied(cidr("a", &["10.0.0.0/16"]));
-        c.cidr_applied(cidr("b", &["10.0.1.0/24", "fd00::/112"]));
-        assert_eq!(c.ip_applied(&managed("10.0.1.5")), vec!["a", "b"]);
+        apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
+        apply_cidr(&mut c, cidr("b", ["10.0.1.0/24", "fd00::/112"]));
+        assert_eq!(apply_ip(&mut c, managed("10.0.1.5")), vec!["a", "b"]);
         assert_eq!(
-            c.ip_applied(&managed("10.0.1.5")),
+            apply_ip(&mut c, managed("10.0.1.5")),
             Vec::<String>::new(),
             "update"
         );
         assert_eq!(
-            c.ip_applied(&managed("10.0.1.0")),
+            apply_ip(&mut c, managed("10.0.1.0")),
             vec!["a"],
             "network of b"
         );
-        assert_eq!(c.ip_applied(&managed("fd00::ffff")), vec!["b"]);
-        assert_eq!(c.ip_applied(&managed("fd00::")), Vec::<String>::new());
-        assert_eq!(c.ip_applied(&managed("not-an-ip")), Vec::<String>::new());
-        assert_eq!(c.ip_applied(&ip("10.0.2.7", &[])), Vec::<String>::new());
+        assert_eq!(apply_ip(&mut c, managed("fd00::ffff")), vec!["b"]);
+        assert_eq!(apply_ip(&mut c, managed("fd00::")), Vec::<String>::new());
+        assert_eq!(apply_ip(&mut c, managed("not-an-ip")), Vec::<String>::new());
+        assert_eq!(apply_ip(&mut c, ip("10.0.2.7", &[])), Vec::<String>::new());
         assert_eq!(
-            c.ip_applied(&ip("10.0.2.8", &[(LABEL_MANAGED_BY, "someone-else")])),
+            apply_ip(
+                &mut c,
+                ip("10.0.2.8", &[(LABEL_MANAGED_BY, "someone-else")])
+            ),
             Vec::<String>::new()
         );
         assert_eq!(c.ips.len(), 4);
-        assert_eq!(c.ip_deleted("10.0.1.5"), vec!["a", "b"]);
-        assert_eq!(c.ip_deleted("10.0.2.7"), Vec::<String>::new());
+        assert_eq!(delete_ip(&mut c, "10.0.1.5"), vec!["a", "b"]);
+        assert_eq!(delete_ip(&mut c, "10.0.2.7"), Vec::<String>::new());
         // A managed IP relabelled as unmanaged leaves the index and re-syncs its owners.
-        assert_eq!(c.ip_applied(&ip("fd00::ffff", &[])), vec!["b"]);
+        assert_eq!(apply_ip(&mut c, ip("fd00::ffff", &[])), vec!["b"]);
         assert_eq!(c.ips.len(), 2);
     }
 
     #[test]
     fn relist_turns_missing_objects_into_deletes() {
         let mut c = Cache::default();
-        c.cidr_applied(cidr("a", &["10.0.0.0/16"]));
-        c.cidr_applied(cidr("b", &["10.1.0.0/16"]));
-        c.ip_applied(&managed("10.0.0.5"));
-        c.ip_applied(&managed("10.1.0.5"));
-        c.begin_cidr_relist();
-        c.cidr_applied(cidr("a", &["10.0.0.0/16"]));
-        assert_eq!(c.finish_cidr_relist(), vec!["b"]);
+        apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
+        apply_cidr(&mut c, cidr("b", ["10.1.0.0/16"]));
+        apply_ip(&mut c, managed("10.0.0.5"));
+        apply_ip(&mut c, managed("10.1.0.5"));
+        // a is listed again (an update), b is gone (a delete).
+        assert_eq!(
+            relist(Cache::cidr_event, &mut c, vec![cidr("a", ["10.0.0.0/16"])]),
+            vec!["a", "b"]
+        );
         assert!(c.cidr("b").is_none());
-        c.begin_ip_relist();
-        c.ip_applied(&managed("10.1.0.5"));
-        assert_eq!(c.finish_ip_relist(), vec!["a"]);
+        assert_eq!(
+            relist(Cache::ip_event, &mut c, vec![managed("10.1.0.5")]),
+            vec!["a"]
+        );
         assert_eq!(c.ips.len(), 1);
-        assert_eq!(c.finish_ip_relist(), Vec::<String>::new());
+        assert_eq!(
+            relist(Cache::ip_event, &mut c, vec![managed("10.1.0.5")]),
+            Vec::<String>::new(),
+            "nothing changed"
+        );
+    }
+
+    #[test]
+    fn relist_adds_enqueue_as_adds_and_show_only_once_listed() {
+        let mut c = Cache::default();
+        apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
+        c.cidr_event(Event::Init);
+        c.cidr_event(Event::InitApply(cidr("a", ["10.0.0.0/16"])));
+        c.cidr_event(Event::InitApply(cidr("c", ["10.0.5.0/24"])));
+        assert!(c.cidr("c").is_none(), "not before the list completes");
+        assert_eq!(c.cidr_event(Event::InitDone), vec!["a", "c"]);
+        assert!(c.cidrs.get("c").is_some());
+        c.ip_event(Event::Init);
+        c.ip_event(Event::InitApply(managed("10.0.5.9")));
+        assert!(c.ips.is_empty(), "not before the list completes");
+        assert_eq!(c.ip_event(Event::InitDone), vec!["a", "c"]);
+        assert_eq!(c.ips.len(), 1);
     }
 
     #[test]
     fn state_reads_finalizer_deletion_and_ready() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-        let mut o = cidr("a", &["10.0.0.0/16"]);
+        let mut o = cidr("a", ["10.0.0.0/16"]);
         assert_eq!(
             cidr_state(&o),
             CidrState {

@@ -1,5 +1,6 @@
-//! Detecting a second ServiceCIDR controller (kube-controller-manager's own) writing the same
-//! objects. Its status applies use the same field manager name as ours, so the manager name
+//! Spotting a second ServiceCIDR controller (kube-controller-manager's) writing our objects.
+//!
+//! Its status applies use the same field manager name as ours, so the manager name
 //! alone proves nothing. Two cheap signs in `managedFields`, read from the cached object:
 //!
 //! * the status apply entry of `service-cidr-controller` carries a time that none of our own
@@ -139,33 +140,25 @@ mod tests {
         json!({"f:status": {"f:conditions": {}}})
     }
 
+    /// Our field manager's status apply at `at`.
+    fn status_apply(at: &str) -> ManagedFieldsEntry {
+        entry(FIELD_MANAGER, "Apply", Some("status"), at, status_fields())
+    }
+
+    /// An Update by `manager` at `at` that owns the finalizer.
+    fn finalizer_update(manager: &str, at: &str) -> ManagedFieldsEntry {
+        entry(manager, "Update", None, at, finalizer_fields())
+    }
+
     const START: &str = "2026-01-01T00:00:00Z";
 
     #[test]
     fn own_applies_and_history_are_not_reported() {
         let entries = vec![
-            entry(
-                FIELD_MANAGER,
-                "Apply",
-                Some("status"),
-                "2026-01-01T00:00:05Z",
-                status_fields(),
-            ),
-            entry(
-                PATCH_FIELD_MANAGER,
-                "Update",
-                None,
-                "2026-01-01T00:00:04Z",
-                finalizer_fields(),
-            ),
+            status_apply("2026-01-01T00:00:05Z"),
+            finalizer_update(PATCH_FIELD_MANAGER, "2026-01-01T00:00:04Z"),
             // kube-controller-manager's finalizer from before we started.
-            entry(
-                "kube-controller-manager",
-                "Update",
-                None,
-                "2025-12-31T00:00:00Z",
-                finalizer_fields(),
-            ),
+            finalizer_update("kube-controller-manager", "2025-12-31T00:00:00Z"),
         ];
         assert_eq!(
             foreign_writes(&entries, &[ts("2026-01-01T00:00:05Z")], ts(START)),
@@ -177,20 +170,8 @@ mod tests {
     #[test]
     fn foreign_status_apply_and_kcm_finalizer_are_reported() {
         let entries = vec![
-            entry(
-                FIELD_MANAGER,
-                "Apply",
-                Some("status"),
-                "2026-01-01T00:00:07Z",
-                status_fields(),
-            ),
-            entry(
-                "kube-controller-manager",
-                "Update",
-                None,
-                "2026-01-01T00:00:06Z",
-                finalizer_fields(),
-            ),
+            status_apply("2026-01-01T00:00:07Z"),
+            finalizer_update("kube-controller-manager", "2026-01-01T00:00:06Z"),
         ];
         let got = foreign_writes(&entries, &[ts("2026-01-01T00:00:05Z")], ts(START));
         assert_eq!(
@@ -226,13 +207,7 @@ mod tests {
                 "2026-01-01T00:00:07Z",
                 json!({"f:metadata": {"f:labels": {}}}),
             ),
-            entry(
-                "kube-apiserver",
-                "Update",
-                None,
-                "2026-01-01T00:00:07Z",
-                finalizer_fields(),
-            ),
+            finalizer_update("kube-apiserver", "2026-01-01T00:00:07Z"),
             entry(
                 FIELD_MANAGER,
                 "Update",

@@ -1,5 +1,6 @@
-//! What one sync of a ServiceCIDR does (upstream `sync(key)`), as a pure function: the
-//! ServiceCIDR, the indexes and the time in; the actions to take, in order, out.
+//! One sync of a ServiceCIDR (upstream `sync(key)`) as a pure function.
+//!
+//! The ServiceCIDR, the indexes and the time in; the actions to take, in order, out.
 
 use std::time::Duration;
 
@@ -111,7 +112,10 @@ pub fn grace_remaining(deleted_at: Timestamp, now: Timestamp) -> Option<Duration
 
 #[cfg(test)]
 mod tests {
-    use super::super::index::{IpEntry, Owner};
+    use super::super::index::{
+        IpEntry,
+        fixtures::{ips, set},
+    };
     use super::super::prefix::{Addr, Family, Prefix};
     use super::*;
 
@@ -120,31 +124,6 @@ mod tests {
     }
 
     const DELETED: &str = "2026-01-01T00:00:00Z";
-
-    fn set(items: &[(&str, &[&str])]) -> CidrSet {
-        let mut s = CidrSet::default();
-        for (n, cs) in items {
-            let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
-            s.insert(n, &cs);
-        }
-        s
-    }
-
-    fn ips(names: &[&str]) -> IpIndex {
-        let mut ix = IpIndex::default();
-        for n in names {
-            ix.upsert(IpEntry {
-                name: n.to_string(),
-                family_label: Addr::parse(n).map(|a| a.family),
-                owner: Some(Owner {
-                    resource: "services".into(),
-                    namespace: Some("default".into()),
-                    name: "web".into(),
-                }),
-            });
-        }
-        ix
-    }
 
     fn live(has_finalizer: bool, ready: Option<ReadyCondition>) -> CidrState {
         CidrState {
@@ -164,8 +143,8 @@ mod tests {
         }
     }
 
-    /// ServiceCIDRs by name with their CIDRs, and the managed IPs that exist.
-    type Case<'a> = (&'a [(&'a str, &'a [&'a str])], &'a [&'a str]);
+    /// The row's name, ServiceCIDRs by name with their CIDRs, and the managed IPs that exist.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a [&'a str])], &'a [&'a str]);
 
     /// Well past the grace period.
     fn later() -> Timestamp {
@@ -182,8 +161,9 @@ mod tests {
             reason: reason.into(),
             message: message.into(),
         };
-        for (state, want) in [
+        for (name, state, want) in [
             (
+                "new: finalizer then Ready",
                 live(false, None),
                 vec![
                     Action::AddFinalizer,
@@ -191,35 +171,45 @@ mod tests {
                 ],
             ),
             (
+                "finalizer, no condition: Ready",
                 live(true, None),
                 vec![Action::ApplyReady(ReadyCondition::ready())],
             ),
-            (live(true, Some(ReadyCondition::ready())), vec![]),
             (
+                "finalizer and Ready: nothing",
+                live(true, Some(ReadyCondition::ready())),
+                vec![],
+            ),
+            (
+                "Ready, no finalizer: finalizer only",
                 live(false, Some(ReadyCondition::ready())),
                 vec![Action::AddFinalizer],
             ),
             // Any of status, reason or message differing means an apply.
             (
+                "status differs",
                 live(true, Some(other("False", "", MESSAGE_READY))),
                 vec![Action::ApplyReady(ReadyCondition::ready())],
             ),
             (
+                "reason differs",
                 live(true, Some(other("True", "Whatever", MESSAGE_READY))),
                 vec![Action::ApplyReady(ReadyCondition::ready())],
             ),
             (
+                "message differs",
                 live(true, Some(other("True", "", "ready"))),
                 vec![Action::ApplyReady(ReadyCondition::ready())],
             ),
             // A ServiceCIDR that was Terminating and had its deletion... cannot come back, but
             // a stale Terminating condition on a live object is corrected.
             (
+                "stale Terminating on a live object",
                 live(true, Some(ReadyCondition::terminating())),
                 vec![Action::ApplyReady(ReadyCondition::ready())],
             ),
         ] {
-            assert_eq!(decide(&state, &s, &ix, now), want, "{state:?}");
+            assert_eq!(decide(&state, &s, &ix, now), want, "{name}: {state:?}");
         }
     }
 
@@ -236,7 +226,7 @@ mod tests {
     fn blocked_ips(actions: &[Action]) -> Option<Vec<String>> {
         actions.iter().find_map(|a| match a {
             Action::ReportBlocked(b) => {
-                Some(b.found.iter().map(|b| b.entry.name.clone()).collect())
+                Some(b.found.iter().map(|b| b.entry.name.to_string()).collect())
             }
             _ => None,
         })
@@ -278,43 +268,54 @@ mod tests {
     #[test]
     fn never_removes_finalizer_while_an_ip_would_be_orphaned() {
         let cases: &[Case] = &[
-            (&[("x", &["10.0.1.0/24"])], &["10.0.1.1"]),
-            (&[("x", &["10.0.1.0/24"])], &["10.0.1.254"]),
-            // An IPv4-mapped name is IPv6: a mapped IPv6 CIDR holds it.
-            (&[("x", &["::ffff:10.0.1.0/120"])], &["::ffff:10.0.1.9"]),
-            (&[("x", &["fd00::/112"])], &["fd00::ffff"]),
-            (&[("x", &["10.0.1.0/24", "fd00::/112"])], &["fd00::1"]),
-            // A parent for one family only does not cover the other family's IPs.
+            ("first usable v4", &[("x", &["10.0.1.0/24"])], &["10.0.1.1"]),
             (
+                "last usable v4",
+                &[("x", &["10.0.1.0/24"])],
+                &["10.0.1.254"],
+            ),
+            (
+                "an IPv4-mapped name is IPv6: a mapped IPv6 CIDR holds it",
+                &[("x", &["::ffff:10.0.1.0/120"])],
+                &["::ffff:10.0.1.9"],
+            ),
+            ("last v6", &[("x", &["fd00::/112"])], &["fd00::ffff"]),
+            (
+                "dual-stack, v6 IP",
+                &[("x", &["10.0.1.0/24", "fd00::/112"])],
+                &["fd00::1"],
+            ),
+            (
+                "a parent for one family only does not cover the other family's IPs",
                 &[
                     ("x", &["10.0.1.0/24", "fd00::/112"]),
                     ("p", &["10.0.0.0/16"]),
                 ],
                 &["fd00::2"],
             ),
-            // A smaller overlapping CIDR is not a parent and does not contain this IP.
             (
+                "a smaller overlapping CIDR is not a parent and does not contain this IP",
                 &[("x", &["10.0.1.0/24"]), ("y", &["10.0.1.128/25"])],
                 &["10.0.1.3", "10.0.1.130"],
             ),
-            // The smaller CIDR's network address is only contained by x.
             (
+                "the smaller CIDR's network address is only contained by x",
                 &[("x", &["10.0.1.0/24"]), ("y", &["10.0.1.128/25"])],
                 &["10.0.1.128"],
             ),
-            // Unparseable extra CIDR does not hide the parseable one.
-            (&[("x", &["garbage", "10.0.1.0/24"])], &["10.0.1.3"]),
+            (
+                "an unparseable extra CIDR does not hide the parseable one",
+                &[("x", &["garbage", "10.0.1.0/24"])],
+                &["10.0.1.3"],
+            ),
         ];
-        for (cidrs, names) in cases {
+        for (row, cidrs, names) in cases {
             let s = set(cidrs);
             let ix = ips(names);
             for now in [ts(DELETED), later(), ts("2030-01-01T00:00:00Z")] {
                 let a = decide(&deleting(None), &s, &ix, now);
-                assert!(
-                    !a.contains(&Action::RemoveFinalizer),
-                    "{cidrs:?} {names:?}: {a:?}"
-                );
-                assert!(blocked_ips(&a).is_some(), "{cidrs:?} {names:?}");
+                assert!(!a.contains(&Action::RemoveFinalizer), "{row}: {a:?}");
+                assert!(blocked_ips(&a).is_some(), "{row}: {a:?}");
             }
         }
     }
@@ -322,27 +323,35 @@ mod tests {
     #[test]
     fn not_blocked_cases_remove_after_grace() {
         let cases: &[Case] = &[
-            (&[("x", &["10.0.1.0/24"])], &[]),
-            // Network and IPv4 broadcast never count.
-            (&[("x", &["10.0.1.0/24"])], &["10.0.1.0", "10.0.1.255"]),
-            (&[("x", &["fd00::/112"])], &["fd00::"]),
-            // IPs outside, or of a family x does not have.
-            (&[("x", &["10.0.1.0/24"])], &["10.0.2.1", "fd00::1"]),
-            // An IPv4-mapped name is IPv6 (netip.ParseAddr): no IPv4 CIDR contains it.
+            ("no IP", &[("x", &["10.0.1.0/24"])], &[]),
             (
+                "network and IPv4 broadcast never count",
+                &[("x", &["10.0.1.0/24"])],
+                &["10.0.1.0", "10.0.1.255"],
+            ),
+            ("v6 network", &[("x", &["fd00::/112"])], &["fd00::"]),
+            (
+                "IPs outside, or of a family x does not have",
+                &[("x", &["10.0.1.0/24"])],
+                &["10.0.2.1", "fd00::1"],
+            ),
+            (
+                "an IPv4-mapped name is IPv6 (netip.ParseAddr): no IPv4 CIDR contains it",
                 &[("x", &["10.0.1.0/24", "fd00::/112"])],
                 &["::ffff:10.0.1.9"],
             ),
-            // Covered by a parent (equal or larger) in every family: IPs do not matter.
             (
+                "a larger parent: IPs do not matter",
                 &[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])],
                 &["10.0.1.5"],
             ),
             (
+                "an equal parent: IPs do not matter",
                 &[("x", &["10.0.1.0/24"]), ("p", &["10.0.1.0/24"])],
                 &["10.0.1.5"],
             ),
             (
+                "a parent in every family",
                 &[
                     ("x", &["10.0.1.0/24", "fd00::/112"]),
                     ("p", &["10.0.0.0/16"]),
@@ -350,20 +359,23 @@ mod tests {
                 ],
                 &["10.0.1.5", "fd00::5"],
             ),
-            // Not a parent, but the IP is also contained by another ServiceCIDR.
             (
+                "not a parent, but the IP is also contained by another ServiceCIDR",
                 &[("x", &["10.0.1.0/24"]), ("y", &["10.0.1.128/25"])],
                 &["10.0.1.130"],
             ),
-            // No parseable CIDR: deletable (hasParent stays true).
-            (&[("x", &["garbage"])], &["10.0.1.5"]),
-            (&[("x", &[])], &["10.0.1.5"]),
+            (
+                "no parseable CIDR: deletable (hasParent stays true)",
+                &[("x", &["garbage"])],
+                &["10.0.1.5"],
+            ),
+            ("no CIDR at all", &[("x", &[])], &["10.0.1.5"]),
         ];
-        for (cidrs, names) in cases {
+        for (row, cidrs, names) in cases {
             let s = set(cidrs);
             let ix = ips(names);
             let a = decide(&deleting(None), &s, &ix, later());
-            assert_eq!(a, vec![Action::RemoveFinalizer], "{cidrs:?} {names:?}");
+            assert_eq!(a, vec![Action::RemoveFinalizer], "{row}");
         }
     }
 
@@ -392,7 +404,11 @@ mod tests {
                 vec![Action::RequeueAfter(Duration::from_secs(12))],
             ),
         ] {
-            assert_eq!(decide(&deleting(None), &s, &ix, ts(now)), want, "{now}");
+            assert_eq!(
+                decide(&deleting(None), &s, &ix, ts(now)),
+                want,
+                "deleted at {DELETED}, now {now}"
+            );
         }
     }
 
@@ -520,7 +536,7 @@ mod tests {
                     _ => Some(family),
                 };
                 ix.upsert(IpEntry {
-                    name: name.clone(),
+                    name: name.as_str().into(),
                     family_label: label,
                     owner: None,
                 });

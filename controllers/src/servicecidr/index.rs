@@ -1,8 +1,12 @@
-//! In-memory views the controller decides on: every ServiceCIDR's parsed prefixes, and the
-//! allocator-managed IPAddresses sorted by address per family, so that "which IPs would only
-//! this ServiceCIDR contain" is a few range queries instead of a list-and-scan.
+//! The indexes the decision reads: ServiceCIDR prefixes, and managed IPs sorted by address.
+//!
+//! Every ServiceCIDR's parsed prefixes, and the allocator-managed IPAddresses sorted by address
+//! per family, so that "which IPs would only this ServiceCIDR contain" is a few range queries
+//! instead of a list-and-scan.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{collections::BTreeMap, sync::Arc};
+
+use groundskeeper_plumbing::cache::{Applied, Store, Update};
 
 use super::prefix::{Addr, Family, Prefix};
 
@@ -97,10 +101,11 @@ impl std::fmt::Display for Owner {
     }
 }
 
+/// What is kept of one allocator-managed IPAddress.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpEntry {
-    /// The object's name as written (it is the IP).
-    pub name: String,
+    /// The object's name as written (it is the IP); the same allocation as the index's key.
+    pub name: Arc<str>,
     /// `ipaddress.kubernetes.io/ip-family`; canDelete only sees IPs whose label names the
     /// family of one of the ServiceCIDR's CIDRs, as upstream's label selector does.
     pub family_label: Option<Family>,
@@ -128,23 +133,39 @@ impl Blockers {
 }
 
 /// Allocator-managed IPAddresses (`ipaddress.kubernetes.io/managed-by=ipallocator.k8s.io`)
-/// whose names parse as IPs, sorted by address within each family.
-#[derive(Clone, Debug, Default)]
+/// whose names parse as IPs: the entries by name in a [`Store`] (a relist is swapped in
+/// whole), and beside it only their names sorted by address within each family, so an entry
+/// is kept once however many IPs there are.
+#[derive(Default)]
 pub struct IpIndex {
-    v4: BTreeMap<u128, Vec<IpEntry>>,
-    v6: BTreeMap<u128, Vec<IpEntry>>,
-    by_name: HashMap<String, Addr>,
+    entries: Store<Arc<str>, IpEntry>,
+    v4: BTreeMap<u128, Vec<Arc<str>>>,
+    v6: BTreeMap<u128, Vec<Arc<str>>>,
+}
+
+impl std::fmt::Debug for IpIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpIndex")
+            .field("v4", &self.v4)
+            .field("v6", &self.v6)
+            .finish()
+    }
+}
+
+/// The address a kept name stands for: only names that parse are ever kept.
+fn addr_of(name: &str) -> Addr {
+    Addr::parse(name).expect("only names that are IPs are indexed")
 }
 
 impl IpIndex {
-    fn tree(&mut self, f: Family) -> &mut BTreeMap<u128, Vec<IpEntry>> {
+    fn tree(&mut self, f: Family) -> &mut BTreeMap<u128, Vec<Arc<str>>> {
         match f {
             Family::V4 => &mut self.v4,
             Family::V6 => &mut self.v6,
         }
     }
 
-    fn tree_ref(&self, f: Family) -> &BTreeMap<u128, Vec<IpEntry>> {
+    fn tree_ref(&self, f: Family) -> &BTreeMap<u128, Vec<Arc<str>>> {
         match f {
             Family::V4 => &self.v4,
             Family::V6 => &self.v6,
@@ -152,41 +173,72 @@ impl IpIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.by_name.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Applies one watch update (names that are not IPs are not indexed) and returns the
+    /// addresses that appeared or disappeared: an update of a kept name changes no address.
+    pub fn apply(&mut self, u: Update<Arc<str>, IpEntry>) -> Vec<Addr> {
+        let u = match u {
+            Update::Apply(k, _) | Update::InitApply(k, _) if Addr::parse(&k).is_none() => {
+                return vec![];
+            }
+            u => u,
+        };
+        match self.entries.apply(u) {
+            Applied::Nothing | Applied::Upserted { old: Some(_), .. } => vec![],
+            Applied::Upserted { key, old: None } => vec![self.link(key)],
+            Applied::Removed { key, .. } => vec![self.unlink(&key)],
+            Applied::Relisted { old } => {
+                let gone: Vec<Arc<str>> = old
+                    .keys()
+                    .filter(|k| !self.entries.contains(k))
+                    .cloned()
+                    .collect();
+                let new: Vec<Arc<str>> = self
+                    .entries
+                    .keys()
+                    .filter(|k| !old.contains_key(*k))
+                    .cloned()
+                    .collect();
+                let mut changed: Vec<Addr> = gone.iter().map(|k| self.unlink(k)).collect();
+                changed.extend(new.into_iter().map(|k| self.link(k)));
+                changed
+            }
+        }
+    }
+
+    fn link(&mut self, name: Arc<str>) -> Addr {
+        let a = addr_of(&name);
+        self.tree(a.family).entry(a.value).or_default().push(name);
+        a
+    }
+
+    fn unlink(&mut self, name: &str) -> Addr {
+        let a = addr_of(name);
+        let tree = self.tree(a.family);
+        if let Some(names) = tree.get_mut(&a.value) {
+            names.retain(|n| &**n != name);
+            if names.is_empty() {
+                tree.remove(&a.value);
+            }
+        }
+        a
     }
 
     /// Adds or replaces the entry for `entry.name`; names that are not IPs are not indexed.
     /// Returns the address when the name is newly indexed.
     pub fn upsert(&mut self, entry: IpEntry) -> Option<Addr> {
-        let addr = Addr::parse(&entry.name)?;
-        let existed = self.remove(&entry.name).is_some();
-        self.by_name.insert(entry.name.clone(), addr);
-        self.tree(addr.family)
-            .entry(addr.value)
-            .or_default()
-            .push(entry);
-        (!existed).then_some(addr)
+        self.apply(Update::Apply(entry.name.clone(), entry)).pop()
     }
 
     /// Removes the entry by object name, returning its address if it was indexed.
     pub fn remove(&mut self, name: &str) -> Option<Addr> {
-        let addr = self.by_name.remove(name)?;
-        let tree = self.tree(addr.family);
-        if let Some(v) = tree.get_mut(&addr.value) {
-            v.retain(|e| e.name != name);
-            if v.is_empty() {
-                tree.remove(&addr.value);
-            }
-        }
-        Some(addr)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.by_name.keys().map(String::as_str)
+        self.apply(Update::Delete(name.into())).pop()
     }
 
     /// `canDeleteCIDR`'s orphan step: managed IPs that `PrefixContainsIP` places in exactly one
@@ -207,8 +259,8 @@ impl IpIndex {
                 .filter(|&(a, b)| a <= hi && b >= lo)
                 .collect();
             for (a, b) in uncovered(lo, hi, &mut covered) {
-                for (value, entries) in self.tree_ref(p.family()).range(a..=b) {
-                    for e in entries {
+                for (value, names) in self.tree_ref(p.family()).range(a..=b) {
+                    for e in names.iter().filter_map(|n| self.entries.get(n)) {
                         if !e.family_label.is_some_and(|f| families.contains(&f)) {
                             continue;
                         }
@@ -256,11 +308,13 @@ fn uncovered(lo: u128, hi: u128, covered: &mut [(u128, u128)]) -> Vec<(u128, u12
     out
 }
 
+/// Builders the decision tests of this module and its neighbours share.
 #[cfg(test)]
-mod tests {
+pub(super) mod fixtures {
     use super::*;
 
-    fn set(items: &[(&str, &[&str])]) -> CidrSet {
+    /// ServiceCIDRs by name with the CIDRs of their spec.
+    pub fn set(items: &[(&str, &[&str])]) -> CidrSet {
         let mut s = CidrSet::default();
         for (n, cs) in items {
             let cs: Vec<String> = cs.iter().map(|c| c.to_string()).collect();
@@ -269,11 +323,11 @@ mod tests {
         s
     }
 
-    fn managed(name: &str) -> IpEntry {
-        let family = Addr::parse(name).map(|a| a.family);
+    /// A managed IP labelled with its own family, owned by Service `default/svc-<name>`.
+    pub fn managed(name: &str) -> IpEntry {
         IpEntry {
             name: name.into(),
-            family_label: family,
+            family_label: Addr::parse(name).map(|a| a.family),
             owner: Some(Owner {
                 resource: "services".into(),
                 namespace: Some("default".into()),
@@ -282,19 +336,25 @@ mod tests {
         }
     }
 
-    fn index(names: &[&str]) -> IpIndex {
+    pub fn ips(names: &[&str]) -> IpIndex {
         let mut ix = IpIndex::default();
         for n in names {
             ix.upsert(managed(n));
         }
         ix
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{ips as index, managed, set};
+    use super::*;
 
     fn orphan_names(ix: &IpIndex, s: &CidrSet, name: &str) -> Vec<String> {
         ix.orphans(s, name, usize::MAX)
             .found
             .into_iter()
-            .map(|b| b.entry.name)
+            .map(|b| b.entry.name.to_string())
             .collect()
     }
 
@@ -311,12 +371,7 @@ mod tests {
 
     #[test]
     fn overlapping_and_containing_dedupe_names() {
-        let s = set(&[
-            ("a", &["10.0.0.0/16", "fd00::/64"]),
-            ("b", &["10.0.1.0/24"]),
-            ("c", &["10.1.0.0/16", "garbage"]),
-            ("d", &["fd00::/112"]),
-        ]);
+        let s = layout("a=10.0.0.0/16,fd00::/64 b=10.0.1.0/24 c=10.1.0.0/16,garbage d=fd00::/112");
         let p: Prefix = "10.0.1.128/25".parse().unwrap();
         assert_eq!(s.overlapping(&[p]), vec!["a", "b"]);
         let v6: Prefix = "fd00::/120".parse().unwrap();
@@ -342,52 +397,56 @@ mod tests {
         );
     }
 
+    /// ServiceCIDRs written `name=cidr,cidr name=…`.
+    fn layout(spec: &str) -> CidrSet {
+        let mut s = CidrSet::default();
+        for item in spec.split_whitespace() {
+            let (name, cidrs) = item.split_once('=').expect("name=cidrs");
+            let cidrs: Vec<String> = cidrs
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(String::from)
+                .collect();
+            s.insert(name, &cidrs);
+        }
+        s
+    }
+
     #[test]
     fn parents_need_every_family_covered_by_another() {
-        for (cidrs, name, want) in [
-            (set(&[("x", &["10.0.1.0/24"])]), "x", false),
+        for (row, spec, want) in [
+            ("alone", "x=10.0.1.0/24", false),
+            ("a larger parent", "x=10.0.1.0/24 p=10.0.0.0/16", true),
+            ("an equal parent", "x=10.0.1.0/24 p=10.0.1.0/24", true),
             (
-                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])]),
-                "x",
-                true,
-            ),
-            (
-                set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.1.0/24"])]),
-                "x",
-                true,
-            ),
-            (
-                set(&[("x", &["10.0.0.0/16"]), ("c", &["10.0.1.0/24"])]),
-                "x",
+                "only a smaller one inside",
+                "x=10.0.0.0/16 c=10.0.1.0/24",
                 false,
             ),
             (
-                set(&[("x", &["10.0.1.0/24"]), ("o", &["10.0.1.128/25"])]),
-                "x",
+                "only an overlapping half",
+                "x=10.0.1.0/24 o=10.0.1.128/25",
                 false,
             ),
             (
-                set(&[
-                    ("x", &["10.0.1.0/24", "fd00::/112"]),
-                    ("p", &["10.0.0.0/16"]),
-                ]),
-                "x",
+                "a parent for IPv4 only",
+                "x=10.0.1.0/24,fd00::/112 p=10.0.0.0/16",
                 false,
             ),
             (
-                set(&[
-                    ("x", &["10.0.1.0/24", "fd00::/112"]),
-                    ("p", &["10.0.0.0/16"]),
-                    ("q", &["fd00::/64"]),
-                ]),
-                "x",
+                "a parent in each family",
+                "x=10.0.1.0/24,fd00::/112 p=10.0.0.0/16 q=fd00::/64",
                 true,
             ),
-            (set(&[("x", &["bad", "worse"])]), "x", true),
-            (set(&[("x", &[])]), "x", true),
-            (set(&[("x", &["bad", "10.0.1.0/24"])]), "x", false),
+            ("no parseable CIDR", "x=bad,worse", true),
+            ("no CIDR", "x=", true),
+            (
+                "a parseable CIDR beside a bad one",
+                "x=bad,10.0.1.0/24",
+                false,
+            ),
         ] {
-            assert_eq!(cidrs.has_parent(name), want, "{cidrs:?}");
+            assert_eq!(layout(spec).has_parent("x"), want, "{row}: {spec}");
         }
     }
 
@@ -479,13 +538,10 @@ mod tests {
     /// The range query must agree with upstream's literal list-and-scan on arbitrary layouts.
     #[test]
     fn agrees_with_literal_scan() {
-        let s = set(&[
-            ("x", &["10.0.0.0/22", "fd00::/120"]),
-            ("a", &["10.0.1.0/24"]),
-            ("b", &["10.0.2.64/26", "fd00::80/121"]),
-            ("c", &["10.0.3.255/32", "10.0.2.0/31"]),
-            ("d", &["10.0.0.0/23"]),
-        ]);
+        let s = layout(
+            "x=10.0.0.0/22,fd00::/120 a=10.0.1.0/24 b=10.0.2.64/26,fd00::80/121 \
+             c=10.0.3.255/32,10.0.2.0/31 d=10.0.0.0/23",
+        );
         let mut names = Vec::new();
         for i in 0..1024u32 {
             names.push(std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string());

@@ -1,5 +1,6 @@
 //! The controller's metrics (upstream exports none of its own; ours carry the project prefix).
 
+use groundskeeper_plumbing::metrics::register_all;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
@@ -63,13 +64,17 @@ impl Metrics {
     }
 
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        registry.register(Box::new(self.reconciles.clone()))?;
-        registry.register(Box::new(self.reconcile_duration.clone()))?;
-        registry.register(Box::new(self.blocked_deletions.clone()))?;
-        registry.register(Box::new(self.dropped_keys.clone()))?;
-        registry.register(Box::new(self.foreign_writes.clone()))?;
-        registry.register(Box::new(self.conflicting_controller.clone()))?;
-        Ok(())
+        register_all(
+            registry,
+            [
+                Box::new(self.reconciles.clone()) as _,
+                Box::new(self.reconcile_duration.clone()) as _,
+                Box::new(self.blocked_deletions.clone()) as _,
+                Box::new(self.dropped_keys.clone()) as _,
+                Box::new(self.foreign_writes.clone()) as _,
+                Box::new(self.conflicting_controller.clone()) as _,
+            ],
+        )
     }
 }
 

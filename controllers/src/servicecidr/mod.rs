@@ -1,7 +1,9 @@
-//! The ServiceCIDR controller (kube-controller-manager's `service-cidr-controller`, v1.36):
-//! protects ServiceCIDRs with a finalizer, marks them Ready, and lets a deleted one go only
+//! The ServiceCIDR controller (kube-controller-manager's `service-cidr-controller`, v1.36).
+//!
+//! It protects ServiceCIDRs with a finalizer, marks them Ready, and lets a deleted one go only
 //! when no allocated Service IP would be left without a ServiceCIDR, 10 s after deletion.
 
+pub mod apply;
 pub mod blockers;
 pub mod cache;
 pub mod conflict;
@@ -10,27 +12,25 @@ pub mod index;
 pub mod metrics;
 pub mod prefix;
 pub mod sync;
-pub mod writes;
 
 #[cfg(test)]
 mod sync_tests;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
-use groundskeeper_plumbing::watch::watch;
-use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
-use kube::{Api, runtime::watcher};
+use futures::StreamExt;
+use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
 use tokio::sync::watch as signal;
 
 use crate::{
     context::Context,
     workqueue::{RateLimit, WorkQueue},
 };
-use cache::{Cache, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR};
+use apply::KubeWrites;
+use cache::Cache;
+use conflict::FIELD_MANAGER;
 use metrics::Metrics;
 use sync::{Syncer, work};
-use writes::KubeWrites;
 
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
 
@@ -51,84 +51,41 @@ pub struct ServiceCidrArgs {
 pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     metrics.register(&ctx.base.registry)?;
-    let cache = Arc::new(Mutex::new(Cache::default()));
+    let cache = Shared::<Cache>::default();
     let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
 
-    let cidr_flag = ctx.base.readiness.register("servicecidr/servicecidrs");
-    let ip_flag = ctx.base.readiness.register("servicecidr/ipaddresses");
-    let (cidr_health, ip_health) = (cidr_flag.clone(), ip_flag.clone());
-    let cidr_stream = watch(
-        Api::<ServiceCIDR>::all(ctx.base.client.clone()),
-        watcher::Config::default(),
-        cidr_flag.clone(),
-    );
-    // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
-    // loses the label leaves the selection and arrives as a delete.
-    let ip_config =
-        watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
-    let ip_stream = watch(
-        Api::<IPAddress>::all(ctx.base.client.clone()),
-        ip_config,
-        ip_flag.clone(),
-    );
+    let (flags, changes) =
+        cache::watch(&ctx.base.readiness, ctx.base.client.clone(), cache.clone());
+    let (listed_tx, mut listed) = signal::channel(false);
+    let feeder = tokio::spawn({
+        let (queue, flags) = (queue.clone(), flags.clone());
+        async move {
+            let mut changes = std::pin::pin!(changes);
+            while let Some(keys) = changes.next().await {
+                for k in keys {
+                    queue.add(k);
+                }
+                if flags.iter().all(ReadyFlag::is_ready) {
+                    listed_tx.send_if_modified(|l| !std::mem::replace(l, true));
+                }
+            }
+        }
+    });
 
-    let (cidr_synced_tx, mut cidr_synced) = signal::channel(false);
-    let (ip_synced_tx, mut ip_synced) = signal::channel(false);
-    let feeders = [
-        tokio::spawn(feed(
-            cidr_stream,
-            cache.clone(),
-            queue.clone(),
-            move |c: &mut Cache, ev: watcher::Event<ServiceCIDR>| match ev {
-                watcher::Event::Init => {
-                    c.begin_cidr_relist();
-                    vec![]
-                }
-                watcher::Event::InitApply(o) | watcher::Event::Apply(o) => c.cidr_applied(o),
-                watcher::Event::Delete(o) => c.cidr_deleted(&kube::ResourceExt::name_any(&o)),
-                watcher::Event::InitDone => {
-                    cidr_flag.mark_ready();
-                    let _ = cidr_synced_tx.send(true);
-                    c.finish_cidr_relist()
-                }
-            },
-        )),
-        tokio::spawn(feed(
-            ip_stream,
-            cache.clone(),
-            queue.clone(),
-            move |c: &mut Cache, ev: watcher::Event<IPAddress>| match ev {
-                watcher::Event::Init => {
-                    c.begin_ip_relist();
-                    vec![]
-                }
-                watcher::Event::InitApply(o) | watcher::Event::Apply(o) => c.ip_applied(&o),
-                watcher::Event::Delete(o) => c.ip_deleted(&kube::ResourceExt::name_any(&o)),
-                watcher::Event::InitDone => {
-                    ip_flag.mark_ready();
-                    let _ = ip_synced_tx.send(true);
-                    c.finish_ip_relist()
-                }
-            },
-        )),
-    ];
-
+    let writes = KubeWrites::new(
+        ctx.base.client.clone(),
+        ctx.reporter(FIELD_MANAGER),
+        ctx.leadership.fence(),
+    );
     let syncer = Arc::new(
-        Syncer::new(
-            cache,
-            queue.clone(),
-            KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence()),
-            metrics,
-            ctx.base.dry_run,
-        )
-        .with_watches(vec![cidr_health, ip_health]),
+        Syncer::new(cache, queue.clone(), writes, metrics, ctx.base.dry_run)
+            .with_watches(flags.to_vec()),
     );
     let token = ctx.base.token.clone();
     let started = tokio::select! {
         _ = token.cancelled() => false,
         _ = async {
-            let _ = cidr_synced.wait_for(|s| *s).await;
-            let _ = ip_synced.wait_for(|s| *s).await;
+            let _ = listed.wait_for(|l| *l).await;
             tracing::info!(controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
             ctx.leadership.acquired().await;
         } => true,
@@ -150,51 +107,30 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     for w in workers {
         let _ = w.await;
     }
-    for f in feeders {
-        f.abort();
-    }
+    feeder.abort();
     Ok(())
-}
-
-/// Applies each watch event to the cache and enqueues the keys it yields, until aborted.
-async fn feed<K, S, F>(stream: S, cache: Arc<Mutex<Cache>>, queue: WorkQueue<String>, mut apply: F)
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-    F: FnMut(&mut Cache, watcher::Event<K>) -> Vec<String> + Send,
-{
-    futures::pin_mut!(stream);
-    // plumbing::watch logs, counts and retries errors; it never yields one.
-    while let Some(Ok(ev)) = stream.next().await {
-        let keys = apply(&mut cache.lock().expect("cache lock"), ev);
-        for k in keys {
-            queue.add(k);
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
+    use super::ServiceCidrArgs;
 
-    use crate::manager::Cli;
-
-    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("controller-manager").chain(args.iter().copied()))
+    fn parse(flags: &[&str]) -> Result<ServiceCidrArgs, String> {
+        testkit::cli::args::<ServiceCidrArgs>(flags)
     }
 
     #[test]
     fn workers_default_to_five_and_bad_counts_are_named() {
-        assert_eq!(parse(&[]).unwrap().service_cidr.service_cidr_workers, 5);
+        assert_eq!(parse(&[]).unwrap().service_cidr_workers, 5);
         assert_eq!(
             parse(&["--service-cidr-workers", "12"])
                 .unwrap()
-                .service_cidr
                 .service_cidr_workers,
             12
         );
         for bad in ["0", "65", "-1", "many"] {
             let arg = format!("--service-cidr-workers={bad}");
-            let e = parse(&[&arg]).unwrap_err().to_string();
+            let e = parse(&[&arg]).unwrap_err();
             assert!(
                 e.contains(bad) && e.contains("--service-cidr-workers"),
                 "{e}"

@@ -1,6 +1,7 @@
-//! IP prefixes as the upstream helpers (`pkg/api/servicecidr`) see them: Go `netip.Prefix`
-//! semantics, `PrefixContainsIP` with network and IPv4 broadcast addresses excluded, and
-//! IPv4-mapped IPv6 addresses read as IPv4.
+//! IP prefixes and addresses as upstream's helpers (`pkg/api/servicecidr`) see them.
+//!
+//! Go `netip` semantics: an address keeps its written family (an IPv4-mapped name is IPv6),
+//! and `PrefixContainsIP` excludes network and IPv4 broadcast addresses.
 
 use std::{fmt, net::IpAddr, str::FromStr};
 
@@ -48,7 +49,22 @@ impl Addr {
     /// it. (`IPToAddr`, which unmaps, is only used upstream on `net.IP` values, never on names.)
     /// `None` for anything that is not an IP.
     pub fn parse(s: &str) -> Option<Addr> {
-        Some(match IpAddr::from_str(s).ok()? {
+        IpAddr::from_str(s).ok().map(Addr::from)
+    }
+
+    pub fn to_ip(self) -> IpAddr {
+        match self.family {
+            // The value of a V4 address always fits: it is built from a u32.
+            Family::V4 => IpAddr::V4((self.value as u32).into()),
+            Family::V6 => IpAddr::V6(self.value.into()),
+        }
+    }
+}
+
+/// The address keeps its written family: Go's `netip` never unmaps on its own.
+impl From<IpAddr> for Addr {
+    fn from(ip: IpAddr) -> Self {
+        match ip {
             IpAddr::V4(v4) => Addr {
                 family: Family::V4,
                 value: u128::from(u32::from(v4)),
@@ -57,14 +73,6 @@ impl Addr {
                 family: Family::V6,
                 value: u128::from(v6),
             },
-        })
-    }
-
-    pub fn to_ip(self) -> IpAddr {
-        match self.family {
-            // The value of a V4 address always fits: it is built from a u32.
-            Family::V4 => IpAddr::V4((self.value as u32).into()),
-            Family::V6 => IpAddr::V6(self.value.into()),
         }
     }
 }
@@ -102,16 +110,7 @@ impl FromStr for Prefix {
             .split_once('/')
             .ok_or_else(|| PrefixError::NoSlash(s.into()))?;
         let ip = IpAddr::from_str(a).map_err(|_| PrefixError::BadAddr(s.into()))?;
-        let addr = match ip {
-            IpAddr::V4(v4) => Addr {
-                family: Family::V4,
-                value: u128::from(u32::from(v4)),
-            },
-            IpAddr::V6(v6) => Addr {
-                family: Family::V6,
-                value: u128::from(v6),
-            },
-        };
+        let addr = Addr::from(ip);
         let plain_decimal = !b.is_empty()
             && b.bytes().all(|c| c.is_ascii_digit())
             && (b == "0" || !b.starts_with('0'));

@@ -1,24 +1,22 @@
-//! The thin layer around `decide`: read the cache, decide, carry the actions out (or only log
-//! them under `--dry-run`), and turn the outcome into queue bookkeeping and metrics.
+//! The thin layer around `decide`: cache in, actions out through `apply`, queue and metrics.
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
 };
 
-use groundskeeper_plumbing::ReadyFlag;
+use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube::Resource;
 use tokio::time::Instant;
 
 use super::{
+    apply::{Apply, Notice, Writes},
     cache::{Cache, cidr_state},
     conflict::foreign_writes,
     decide::{Action, ReadyCondition, decide},
     index::Blockers,
     metrics::Metrics,
-    writes::{Notice, Writes},
 };
 use crate::workqueue::WorkQueue;
 
@@ -45,11 +43,10 @@ pub enum SyncError {
 }
 
 pub struct Syncer<W> {
-    pub cache: Arc<Mutex<Cache>>,
+    pub cache: Shared<Cache>,
     pub queue: WorkQueue<String>,
-    pub writes: W,
+    apply: Apply<W>,
     pub metrics: Metrics,
-    pub dry_run: bool,
     /// Our start, below which managedFields times are history.
     pub started: Timestamp,
     own_applies: Mutex<HashMap<String, Vec<Timestamp>>>,
@@ -69,7 +66,7 @@ pub fn blocked_note(name: &str, b: &Blockers) -> String {
         .iter()
         .map(|x| match &x.entry.owner {
             Some(o) => format!("{} ({o})", x.entry.name),
-            None => x.entry.name.clone(),
+            None => x.entry.name.to_string(),
         })
         .collect();
     format!(
@@ -81,7 +78,7 @@ pub fn blocked_note(name: &str, b: &Blockers) -> String {
 
 impl<W: Writes> Syncer<W> {
     pub fn new(
-        cache: Arc<Mutex<Cache>>,
+        cache: Shared<Cache>,
         queue: WorkQueue<String>,
         writes: W,
         metrics: Metrics,
@@ -90,9 +87,8 @@ impl<W: Writes> Syncer<W> {
         Self {
             cache,
             queue,
-            writes,
+            apply: Apply::new(writes, dry_run),
             metrics,
-            dry_run,
             // managedFields times are whole seconds: an entry written in our first second
             // must not look older than us.
             started: Timestamp::from_second(Timestamp::now().as_second())
@@ -150,7 +146,7 @@ impl<W: Writes> Syncer<W> {
     pub async fn sync(&self, key: &str) -> Result<(), SyncError> {
         let now = Timestamp::now();
         let (obj, actions) = {
-            let cache = self.cache.lock().expect("cache lock");
+            let cache = self.cache.lock();
             let Some(obj) = cache.cidr(key) else {
                 drop(cache);
                 self.set_blocked(key, false);
@@ -183,27 +179,19 @@ impl<W: Writes> Syncer<W> {
         action: Action,
         now: Timestamp,
     ) -> Result<(), SyncError> {
-        let dry = self.dry_run;
         match action {
-            Action::AddFinalizer if dry => {
-                tracing::info!(servicecidr = %key, "dry-run: would add finalizer")
-            }
             Action::AddFinalizer => {
-                self.writes
+                self.apply
                     .add_finalizer(key)
                     .await
                     .map_err(|source| SyncError::AddFinalizer {
                         name: key.into(),
                         source,
-                    })?;
-                tracing::info!(servicecidr = %key, "added finalizer: ServiceCIDR is protected until its IPs are gone");
-            }
-            Action::ApplyReady(c) if dry => {
-                tracing::info!(servicecidr = %key, status = %c.status, reason = %c.reason, "dry-run: would apply Ready condition")
+                    })?
             }
             Action::ApplyReady(c) => self.apply_ready(key, obj, &c, now).await?,
             Action::ReportBlocked(b) => {
-                let ips: Vec<String> = b.found.iter().map(|x| x.entry.name.clone()).collect();
+                let ips: Vec<&str> = b.found.iter().map(|x| &*x.entry.name).collect();
                 tracing::warn!(servicecidr = %key, blocking_ips = ?ips, more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
@@ -211,7 +199,7 @@ impl<W: Writes> Syncer<W> {
                     action: "Delete".into(),
                     note: blocked_note(key, &b),
                 };
-                self.publish(obj, &notice).await;
+                self.apply.publish(obj, &notice).await;
             }
             Action::RequeueAfter(d) => {
                 tracing::debug!(servicecidr = %key, after_ms = d.as_millis() as u64, "deletion grace period not over; checking again then");
@@ -223,17 +211,13 @@ impl<W: Writes> Syncer<W> {
                 tracing::info!(servicecidr = %key, "not removing finalizer while a watch is failing or relisting; checking again");
                 self.queue.add_after(key.to_string(), STALE_RECHECK);
             }
-            Action::RemoveFinalizer if dry => {
-                tracing::info!(servicecidr = %key, finalizer = super::decide::FINALIZER, "dry-run: would remove finalizer (no IP would be orphaned, grace period over)")
-            }
             Action::RemoveFinalizer => {
-                self.writes.remove_finalizer(key).await.map_err(|source| {
+                self.apply.remove_finalizer(key).await.map_err(|source| {
                     SyncError::RemoveFinalizer {
                         name: key.into(),
                         source,
                     }
-                })?;
-                tracing::info!(servicecidr = %key, "removed finalizer: no IP would be orphaned and the grace period is over");
+                })?
             }
         }
         Ok(())
@@ -246,7 +230,7 @@ impl<W: Writes> Syncer<W> {
         c: &ReadyCondition,
         now: Timestamp,
     ) -> Result<(), SyncError> {
-        match self.writes.apply_ready(key, c, now).await {
+        match self.apply.apply_ready(key, c, now).await {
             Ok(at) => {
                 if let Some(at) = at {
                     let mut own = self.own_applies.lock().expect("own applies lock");
@@ -256,7 +240,6 @@ impl<W: Writes> Syncer<W> {
                         times.remove(0);
                     }
                 }
-                tracing::info!(servicecidr = %key, status = %c.status, reason = %c.reason, "applied Ready condition");
                 Ok(())
             }
             Err(source) => {
@@ -268,7 +251,7 @@ impl<W: Writes> Syncer<W> {
                         action: "UpdateStatus".into(),
                         note: EVENT_STATUS_ERROR_NOTE.into(),
                     };
-                    self.publish(obj, &notice).await;
+                    self.apply.publish(obj, &notice).await;
                 }
                 Err(SyncError::ApplyReady {
                     name: key.into(),
@@ -276,17 +259,6 @@ impl<W: Writes> Syncer<W> {
                     source,
                 })
             }
-        }
-    }
-
-    async fn publish(&self, obj: &ServiceCIDR, notice: &Notice) {
-        let regarding = obj.object_ref(&());
-        if self.dry_run {
-            tracing::info!(servicecidr = ?regarding.name, reason = %notice.reason, note = %notice.note, "dry-run: would record event");
-            return;
-        }
-        if let Err(e) = self.writes.publish(&regarding, notice).await {
-            tracing::warn!(servicecidr = ?regarding.name, reason = %notice.reason, error = %e, "could not record event");
         }
     }
 

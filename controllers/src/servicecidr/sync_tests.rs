@@ -5,23 +5,25 @@ use std::{
     time::Duration,
 };
 
+use groundskeeper_plumbing::cache::Shared;
 use jiff::Timestamp;
 use k8s_openapi::{
     api::{
         core::v1::ObjectReference,
-        networking::v1::{IPAddress, IPAddressSpec, ParentReference, ServiceCIDR, ServiceCIDRSpec},
+        networking::v1::{IPAddress, ServiceCIDR},
     },
     apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time},
 };
-use kube::api::ObjectMeta;
+use kube::runtime::watcher::Event;
+use testkit::networking::{allocated_ip, service_cidr};
 
 use super::{
-    cache::{Cache, LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR},
+    apply::{Notice, Writes},
+    cache::Cache,
     conflict::FIELD_MANAGER,
     decide::{FINALIZER, ReadyCondition},
     metrics::Metrics,
     sync::{EVENT_DELETION_BLOCKED, EVENT_STATUS_ERROR, MAX_RETRIES, Syncer},
-    writes::{Notice, Writes},
 };
 use crate::workqueue::{RateLimit, WorkQueue};
 
@@ -77,53 +79,22 @@ impl Writes for Arc<Recorded> {
 }
 
 fn cidr(name: &str, cidrs: &[&str], deleted_ago: Option<Duration>) -> ServiceCIDR {
-    ServiceCIDR {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            finalizers: Some(vec![FINALIZER.into()]),
-            deletion_timestamp: deleted_ago
-                .map(|d| Time(Timestamp::now() - jiff::SignedDuration::try_from(d).unwrap())),
-            ..Default::default()
-        },
-        spec: Some(ServiceCIDRSpec {
-            cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
-        }),
-        status: None,
-    }
+    let mut o = service_cidr(name, cidrs.iter().copied());
+    o.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    o.metadata.deletion_timestamp =
+        deleted_ago.map(|d| Time(Timestamp::now() - jiff::SignedDuration::try_from(d).unwrap()));
+    o
 }
 
 fn managed_ip(name: &str, service: &str) -> IPAddress {
-    IPAddress {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                [
-                    (
-                        LABEL_MANAGED_BY.to_string(),
-                        MANAGED_BY_ALLOCATOR.to_string(),
-                    ),
-                    (LABEL_FAMILY.to_string(), "IPv4".to_string()),
-                ]
-                .into(),
-            ),
-            ..Default::default()
-        },
-        spec: Some(IPAddressSpec {
-            parent_ref: ParentReference {
-                group: Some(String::new()),
-                resource: "services".into(),
-                namespace: Some("default".into()),
-                name: service.into(),
-            },
-        }),
-    }
+    allocated_ip(name, "default", service)
 }
 
 fn syncer(
     w: Arc<Recorded>,
     dry_run: bool,
-) -> (Syncer<Arc<Recorded>>, Arc<Mutex<Cache>>, WorkQueue<String>) {
-    let cache = Arc::new(Mutex::new(Cache::default()));
+) -> (Syncer<Arc<Recorded>>, Shared<Cache>, WorkQueue<String>) {
+    let cache = Shared::<Cache>::default();
     let queue = WorkQueue::new(RateLimit::default());
     let s = Syncer::new(cache.clone(), queue.clone(), w, Metrics::new(), dry_run);
     (s, cache, queue)
@@ -137,8 +108,7 @@ async fn removes_finalizer_when_nothing_is_orphaned() {
     let (s, cache, _) = syncer(w.clone(), false);
     cache
         .lock()
-        .unwrap()
-        .cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+        .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
     s.sync("x").await.unwrap();
     assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x"]);
 }
@@ -157,8 +127,7 @@ async fn finalizer_stays_while_a_watch_is_failing_or_relisting() {
     let s = s.with_watches(vec![cidrs.clone(), ips.clone()]);
     cache
         .lock()
-        .unwrap()
-        .cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
+        .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
     // The IPAddress watch fails (apiserver gone): an IP allocated meanwhile may be missing.
     ips.failed(&"connection refused", Duration::from_secs(1));
     s.sync("x").await.unwrap();
@@ -178,11 +147,11 @@ async fn dry_run_makes_no_writes() {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), true);
     {
-        let mut c = cache.lock().unwrap();
-        c.cidr_applied(cidr("gone", &["10.0.1.0/24"], LONG_AGO));
+        let mut c = cache.lock();
+        c.cidr_event(Event::Apply(cidr("gone", &["10.0.1.0/24"], LONG_AGO)));
         let mut fresh = cidr("new", &["10.0.2.0/24"], None);
         fresh.metadata.finalizers = None;
-        c.cidr_applied(fresh);
+        c.cidr_event(Event::Apply(fresh));
     }
     s.sync("gone").await.unwrap();
     s.sync("new").await.unwrap();
@@ -199,9 +168,9 @@ async fn dry_run_records_no_event() {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), true);
     {
-        let mut c = cache.lock().unwrap();
-        c.cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
-        c.ip_applied(&managed_ip("10.0.1.7", "web"));
+        let mut c = cache.lock();
+        c.cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
+        c.ip_event(Event::Apply(managed_ip("10.0.1.7", "web")));
     }
     s.sync("x").await.unwrap();
     assert!(w.calls.lock().unwrap().is_empty());
@@ -224,9 +193,9 @@ async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), false);
     {
-        let mut c = cache.lock().unwrap();
-        c.cidr_applied(cidr("x", &["10.0.1.0/24"], LONG_AGO));
-        c.ip_applied(&managed_ip("10.0.1.7", "web"));
+        let mut c = cache.lock();
+        c.cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
+        c.ip_event(Event::Apply(managed_ip("10.0.1.7", "web")));
     }
     s.sync("x").await.unwrap();
     assert_eq!(*w.calls.lock().unwrap(), vec!["apply x False Terminating"]);
@@ -241,7 +210,9 @@ async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
     );
     assert_eq!(s.metrics.blocked_deletions.get(), 1);
 
-    let keys = cache.lock().unwrap().ip_deleted("10.0.1.7");
+    let keys = cache
+        .lock()
+        .ip_event(Event::Delete(managed_ip("10.0.1.7", "web")));
     assert_eq!(keys, vec!["x"]);
     s.sync("x").await.unwrap();
     assert_eq!(
@@ -255,10 +226,8 @@ async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
 async fn grace_period_requeues_without_api_calls() {
     let w = Arc::new(Recorded::default());
     let (s, cache, queue) = syncer(w.clone(), false);
-    cache
-        .lock()
-        .unwrap()
-        .cidr_applied(cidr("x", &["10.0.1.0/24"], Some(Duration::from_secs(4))));
+    let four_s_ago = cidr("x", &["10.0.1.0/24"], Some(Duration::from_secs(4)));
+    cache.lock().cidr_event(Event::Apply(four_s_ago));
     s.sync("x").await.unwrap();
     assert!(w.calls.lock().unwrap().is_empty());
     assert!(queue.is_empty());
@@ -280,8 +249,7 @@ async fn ready_failure_records_event_retries_then_drops() {
     let (s, cache, queue) = syncer(w.clone(), false);
     cache
         .lock()
-        .unwrap()
-        .cidr_applied(cidr("x", &["10.0.1.0/24"], None));
+        .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], None)));
     queue.add("x".into());
     for _ in 0..=MAX_RETRIES {
         assert!(s.process_next().await);
@@ -326,7 +294,7 @@ async fn foreign_status_apply_is_counted_once() {
         fields_v1: Some(FieldsV1(serde_json::json!({"f:status": {}}))),
         ..Default::default()
     }]);
-    cache.lock().unwrap().cidr_applied(o);
+    cache.lock().cidr_event(Event::Apply(o));
     s.sync("x").await.unwrap();
     s.sync("x").await.unwrap();
     assert_eq!(

@@ -1,7 +1,9 @@
-//! The controller's only writes to the API, behind a trait so the sync layer (dry-run, retries,
-//! error events) is tested without a cluster.
+//! Every write the controller makes to the API, and the one place `--dry-run` is decided.
+//!
+//! The writes sit behind the `Writes` trait, so the sync layer is tested against a recording
+//! fake; `Apply` makes them, or under `--dry-run` only logs `dry-run: would …`.
 
-use std::future::Future;
+use std::{fmt, future::Future};
 
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -9,7 +11,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{Patch, PatchParams},
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
@@ -51,6 +53,87 @@ pub trait Writes: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
 
+/// The writes as the sync layer makes them: through `W`, or only logged under `--dry-run`.
+pub struct Apply<W> {
+    writes: W,
+    dry_run: bool,
+}
+
+impl<W: Writes> Apply<W> {
+    pub fn new(writes: W, dry_run: bool) -> Self {
+        Self { writes, dry_run }
+    }
+
+    /// The one place dry-run is decided: the writer, or `None` once `dry-run: would {what}`
+    /// is logged.
+    fn live(&self, name: &str, what: fmt::Arguments<'_>) -> Option<&W> {
+        if self.dry_run {
+            tracing::info!(servicecidr = %name, "dry-run: would {what}");
+            return None;
+        }
+        Some(&self.writes)
+    }
+
+    pub async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        let Some(w) = self.live(name, format_args!("add finalizer {FINALIZER}")) else {
+            return Ok(());
+        };
+        w.add_finalizer(name).await?;
+        tracing::info!(servicecidr = %name, "added finalizer: ServiceCIDR is protected until its IPs are gone");
+        Ok(())
+    }
+
+    pub async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+        let Some(w) = self.live(
+            name,
+            format_args!(
+                "remove finalizer {FINALIZER} (no IP would be orphaned, grace period over)"
+            ),
+        ) else {
+            return Ok(());
+        };
+        w.remove_finalizer(name).await?;
+        tracing::info!(servicecidr = %name, "removed finalizer: no IP would be orphaned and the grace period is over");
+        Ok(())
+    }
+
+    /// The time the apiserver recorded for our apply, when there was one.
+    pub async fn apply_ready(
+        &self,
+        name: &str,
+        c: &ReadyCondition,
+        now: Timestamp,
+    ) -> Result<Option<Timestamp>, kube::Error> {
+        let Some(w) = self.live(
+            name,
+            format_args!(
+                "apply Ready condition (status {:?}, reason {:?})",
+                c.status, c.reason
+            ),
+        ) else {
+            return Ok(None);
+        };
+        let at = w.apply_ready(name, c, now).await?;
+        tracing::info!(servicecidr = %name, status = %c.status, reason = %c.reason, "applied Ready condition");
+        Ok(at)
+    }
+
+    /// Records `notice` on `obj`; a failure is logged, never fatal to the sync.
+    pub async fn publish(&self, obj: &ServiceCIDR, notice: &Notice) {
+        let regarding = obj.object_ref(&());
+        let name = regarding.name.as_deref().unwrap_or_default();
+        let Some(w) = self.live(
+            name,
+            format_args!("record event {}: {}", notice.reason, notice.note),
+        ) else {
+            return;
+        };
+        if let Err(e) = w.publish(&regarding, notice).await {
+            tracing::warn!(servicecidr = %name, reason = %notice.reason, error = %e, "could not record event");
+        }
+    }
+}
+
 /// The API writes, each made through the fence: only while this replica holds a valid lease,
 /// and dropped in flight when it stops holding one.
 pub struct KubeWrites {
@@ -60,11 +143,7 @@ pub struct KubeWrites {
 }
 
 impl KubeWrites {
-    pub fn new(client: Client, fence: Fence) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
-        };
+    pub fn new(client: Client, reporter: Reporter, fence: Fence) -> Self {
         Self {
             api: Api::all(client.clone()),
             recorder: Recorder::new(client, reporter),
@@ -72,11 +151,20 @@ impl KubeWrites {
         }
     }
 
-    fn patch_params() -> PatchParams {
-        PatchParams {
+    /// A strategic-merge patch of the finalizer list under our patch field manager; NotFound
+    /// is success (the object is gone).
+    async fn patch_finalizers(
+        &self,
+        name: &str,
+        body: serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let params = PatchParams {
             field_manager: Some(PATCH_FIELD_MANAGER.into()),
             ..PatchParams::default()
-        }
+        };
+        let body = Patch::Strategic(body);
+        let patch = self.api.patch(name, &params, &body);
+        not_found_is_ok(fenced(self.fence.guard(patch).await))
     }
 }
 
@@ -112,27 +200,13 @@ pub fn ready_apply_body(name: &str, c: &ReadyCondition, now: Timestamp) -> serde
 
 impl Writes for KubeWrites {
     async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
-        let body = json!({"metadata": {"finalizers": [FINALIZER]}});
-        not_found_is_ok(fenced(
-            self.fence
-                .guard(
-                    self.api
-                        .patch(name, &Self::patch_params(), &Patch::Strategic(body)),
-                )
-                .await,
-        ))
+        self.patch_finalizers(name, json!({"metadata": {"finalizers": [FINALIZER]}}))
+            .await
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
         let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
-        not_found_is_ok(fenced(
-            self.fence
-                .guard(
-                    self.api
-                        .patch(name, &Self::patch_params(), &Patch::Strategic(body)),
-                )
-                .await,
-        ))
+        self.patch_finalizers(name, body).await
     }
 
     async fn apply_ready(
@@ -181,11 +255,18 @@ mod tests {
         podgc::mock_api::Mock,
     };
 
+    fn reporter() -> Reporter {
+        Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: None,
+        }
+    }
+
     #[tokio::test]
     async fn a_standby_sends_no_write() {
         let mock = Mock::default();
         let (_tx, rx) = tokio::sync::watch::channel(Term::Standby);
-        let w = KubeWrites::new(mock.client(), Fence::new(rx));
+        let w = KubeWrites::new(mock.client(), reporter(), Fence::new(rx));
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         assert!(w.remove_finalizer("x").await.is_err());
         assert!(w.add_finalizer("x").await.is_err());
@@ -210,7 +291,7 @@ mod tests {
         assert!(mock.calls().is_empty(), "{:?}", mock.calls());
 
         // The same writes with a valid lease do reach the API.
-        let w = KubeWrites::new(mock.client(), Fence::unbounded());
+        let w = KubeWrites::new(mock.client(), reporter(), Fence::unbounded());
         // (The mock answers with a Pod, which does not parse: only the call matters here.)
         let _ = w.remove_finalizer("x").await;
         assert_eq!(
