@@ -8,38 +8,26 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use super::decide::Stale;
 use super::family::Family;
-use super::model::canonical;
 use super::msg::Entry;
 use super::socket::{self, BatchReport, Conntrack, DumpError};
 
+/// What one dump asks the table for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dump {
+    /// One family's entries; with a protocol, the kernel returns only those (a caller still
+    /// checks: a table that cannot filter returns everything).
+    Family(Family, Option<u8>),
+    /// The IPv4 entries of a protocol whose reply source (where they were DNATed to) is this
+    /// address.
+    ReplySource(u8, Ipv4Addr),
+}
+
 /// What a pass needs from the conntrack table.
 pub trait Table {
-    fn dump(
-        &mut self,
-        family: Family,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError>;
+    /// Streams the entries `what` asks for to `visit`; returns how many.
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError>;
     /// Deletes the stale entries, each by tuple + ID.
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport>;
-    /// The IPv4 entries of `proto` whose reply source is `src`. By default one dump of `proto`
-    /// filtered here; the kernel filters for the real table.
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        let want = IpAddr::V4(src);
-        let mut n = 0;
-        self.dump(Family::V4, Some(proto), &mut |e| {
-            if e.orig.proto == proto && canonical(e.reply.src) == want {
-                n += 1;
-                visit(e);
-            }
-        })?;
-        Ok(n)
-    }
     /// The addresses the host (this table's network namespace) owns now, for the NodePort
     /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -62,8 +50,15 @@ impl Kernel {
         }
         Ok(self.socket.as_mut().expect("opened above"))
     }
+}
 
-    fn keep_if_clean<T>(&mut self, r: Result<T, DumpError>) -> Result<T, DumpError> {
+impl Table for Kernel {
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        let socket = self.socket()?;
+        let r = match what {
+            Dump::Family(family, only_proto) => socket.dump(family, only_proto, visit),
+            Dump::ReplySource(proto, src) => socket.dump_reply_src(proto, src, visit),
+        };
         // An interrupted dump was read to its end and a rejected filter answered at once:
         // the socket is clean after both.
         if let Err(DumpError::Kernel(_) | DumpError::Io(_) | DumpError::Parse(_)) = &r {
@@ -71,43 +66,21 @@ impl Kernel {
         }
         r
     }
-}
-
-impl Table for Kernel {
-    fn dump(
-        &mut self,
-        family: Family,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        let r = self.socket()?.dump(family, only_proto, visit);
-        self.keep_if_clean(r)
-    }
 
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
         for (e, why) in stale {
             tracing::debug!(ip_family = %e.orig.family(), entry = %e, reason = ?why, "deleting stale conntrack entry");
         }
         let entries: Vec<Entry> = stale.iter().map(|(e, _)| *e).collect();
-        let socket = self.socket().map_err(|e| match e {
-            DumpError::Open(e) => e,
-            other => io::Error::other(other.to_string()),
-        })?;
+        let Some(socket) = self.socket.as_mut() else {
+            // Deletes follow the dump that found them, on its socket.
+            return Err(io::Error::other("no conntrack socket to delete on"));
+        };
         let r = socket.delete(&entries);
         if r.is_err() {
             self.socket = None;
         }
         r
-    }
-
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        let r = self.socket()?.dump_reply_src(proto, src, visit);
-        self.keep_if_clean(r)
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -119,13 +92,8 @@ impl Table for Kernel {
 pub struct DryRun<T>(pub T);
 
 impl<T: Table> Table for DryRun<T> {
-    fn dump(
-        &mut self,
-        family: Family,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.0.dump(family, only_proto, visit)
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        self.0.dump(what, visit)
     }
 
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
@@ -133,15 +101,6 @@ impl<T: Table> Table for DryRun<T> {
             tracing::info!(ip_family = %e.orig.family(), entry = %e, reason = ?why, "dry-run: would delete stale conntrack entry");
         }
         Ok(BatchReport::default())
-    }
-
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.0.dump_reply_src(proto, src, visit)
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {

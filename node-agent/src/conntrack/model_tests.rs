@@ -316,11 +316,12 @@ fn later_service_overwrites_the_same_frontend() {
     };
     let slices = [sl("a", "10.244.0.1"), sl("b", "10.244.0.2")];
     // Input order does not matter: namespace/name order decides.
-    for order in [[&b, &a], [&a, &b]] {
+    for (name, order) in [("b first", [&b, &a]), ("a first", [&a, &b])] {
         let m = build(order, &slices);
         assert_eq!(
             m[V4].frontends[&sa("192.0.2.9:53")],
-            [sa("10.244.0.2:53")].into()
+            [sa("10.244.0.2:53")].into(),
+            "{name}"
         );
     }
 }

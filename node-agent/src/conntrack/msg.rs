@@ -471,7 +471,9 @@ impl Encoder {
     /// match on IPv6 addresses is inverted.
     pub fn dump(&mut self, seq: u32, family: Family, only_proto: Option<u8>) {
         self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
-        self.proto_filter(only_proto);
+        if let Some(proto) = only_proto {
+            self.filter(proto, None);
+        }
         self.end();
     }
 
@@ -485,40 +487,34 @@ impl Encoder {
             seq,
             Family::V4,
         );
+        self.filter(proto, Some(reply_src));
+        self.end();
+    }
+
+    /// CTA_FILTER on the original tuple's protocol and, with `reply_src`, on the reply tuple's
+    /// IPv4 source, followed by the values to match.
+    fn filter(&mut self, proto: u8, reply_src: Option<std::net::Ipv4Addr>) {
         self.nest(CTA_FILTER);
         self.put(
             CTA_FILTER_ORIG_FLAGS,
             &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
         );
-        self.put(
-            CTA_FILTER_REPLY_FLAGS,
-            &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
-        );
+        if reply_src.is_some() {
+            self.put(
+                CTA_FILTER_REPLY_FLAGS,
+                &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
+            );
+        }
         self.unnest();
         self.nest(CTA_TUPLE_ORIG);
         self.nest(CTA_TUPLE_PROTO);
         self.put(CTA_PROTO_NUM, &[proto]);
         self.unnest();
         self.unnest();
-        self.nest(CTA_TUPLE_REPLY);
-        self.nest(CTA_TUPLE_IP);
-        self.put(CTA_IP_V4_SRC, &reply_src.octets());
-        self.unnest();
-        self.unnest();
-        self.end();
-    }
-
-    fn proto_filter(&mut self, only_proto: Option<u8>) {
-        if let Some(proto) = only_proto {
-            self.nest(CTA_FILTER);
-            self.put(
-                CTA_FILTER_ORIG_FLAGS,
-                &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
-            );
-            self.unnest();
-            self.nest(CTA_TUPLE_ORIG);
-            self.nest(CTA_TUPLE_PROTO);
-            self.put(CTA_PROTO_NUM, &[proto]);
+        if let Some(src) = reply_src {
+            self.nest(CTA_TUPLE_REPLY);
+            self.nest(CTA_TUPLE_IP);
+            self.put(CTA_IP_V4_SRC, &src.octets());
             self.unnest();
             self.unnest();
         }

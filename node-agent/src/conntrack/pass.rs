@@ -7,7 +7,7 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::apply::Table;
+use super::apply::{Dump, Table};
 use super::decide::{Stale, stale};
 use super::family::Family;
 use super::model::{FamilyModel, canonical};
@@ -201,7 +201,7 @@ pub fn run_focused_pass(
         for src in sources {
             let mut part = PassReport::default();
             let r = dump_retrying(&mut part, family, &mut marked, &decide, &mut |visit| {
-                table.dump_reply_src(IPPROTO_UDP, src, visit)
+                table.dump(Dump::ReplySource(IPPROTO_UDP, src), visit)
             });
             scanned += part.scanned;
             attempts += part.dump_attempts;
@@ -229,7 +229,7 @@ pub fn run_focused_pass(
     while !done {
         let filter = state.kernel_filter.then_some(IPPROTO_UDP);
         let r = dump_retrying(&mut report, family, &mut marked, &decide, &mut |visit| {
-            table.dump(family, filter, visit)
+            table.dump(Dump::Family(family, filter), visit)
         });
         match r {
             Ok(()) => done = true,

@@ -3,9 +3,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use std::io;
 
-use super::apply::{DryRun, Table};
+use super::apply::{DryRun, Dump, Table};
 use super::decide::Stale;
-use super::family::Family::{self, V4};
+use super::family::Family::V4;
 use super::model::FamilyModel;
 use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
 use super::pass::*;
@@ -79,19 +79,32 @@ impl Fake {
 }
 
 impl Table for Fake {
-    fn dump(
-        &mut self,
-        _family: Family,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.filters.push(only_proto);
-        let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
-        self.attempts += 1;
-        for e in self.entries.iter().take(n) {
-            visit(e);
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        match what {
+            Dump::Family(_, only_proto) => {
+                self.filters.push(only_proto);
+                let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
+                self.attempts += 1;
+                for e in self.entries.iter().take(n) {
+                    visit(e);
+                }
+                res.map(|()| n).map_err(|f| f())
+            }
+            Dump::ReplySource(proto, src) => {
+                self.reply_dumps += 1;
+                if self.reply_filter_rejected {
+                    return Err(rejected());
+                }
+                let mut n = 0;
+                for e in &self.entries {
+                    if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                        n += 1;
+                        visit(e);
+                    }
+                }
+                Ok(n)
+            }
         }
-        res.map(|()| n).map_err(|f| f())
     }
 
     fn delete(&mut self, entries: &[(Entry, Stale)]) -> io::Result<BatchReport> {
@@ -103,26 +116,6 @@ impl Table for Fake {
             ok: entries.len(),
             ..Default::default()
         })
-    }
-
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: std::net::Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.reply_dumps += 1;
-        if self.reply_filter_rejected {
-            return Err(rejected());
-        }
-        let mut n = 0;
-        for e in &self.entries {
-            if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
-                n += 1;
-                visit(e);
-            }
-        }
-        Ok(n)
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -164,13 +157,8 @@ struct Seen<T> {
 }
 
 impl<T: Table> Table for Seen<T> {
-    fn dump(
-        &mut self,
-        family: Family,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.inner.dump(family, only_proto, visit)
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        self.inner.dump(what, visit)
     }
 
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
