@@ -122,52 +122,69 @@ impl Rounds for Recorder {
     }
 }
 
-fn timing(min_interval: Duration, gc_min: Duration, gc_max: Duration) -> Timing {
-    Timing {
-        min_interval,
-        gc_min,
-        gc_max,
+/// The flags' defaults: --conntrack-min-interval 1s, --conntrack-gc-min 10s, --conntrack-gc-max 5m.
+const FLAGS: Timing = Timing {
+    min_interval: Duration::from_secs(1),
+    gc_min: Duration::from_secs(10),
+    gc_max: Duration::from_secs(300),
+};
+
+/// What the scheduler sees and moves in a test: the watches, their change signal, the
+/// `skipped` counter.
+struct World {
+    watches: Watches,
+    changed: Notify,
+    skipped: IntCounterVec,
+    timing: Timing,
+}
+
+impl World {
+    fn new(model: Model) -> Self {
+        Self {
+            watches: Watches::new(model),
+            changed: Notify::new(),
+            skipped: IntCounterVec::new(Opts::new("skipped", "skipped"), &["reason"]).unwrap(),
+            timing: FLAGS,
+        }
     }
-}
 
-fn skipped_metric() -> IntCounterVec {
-    IntCounterVec::new(Opts::new("skipped", "skipped"), &["reason"]).unwrap()
-}
+    fn skipped(&self) -> u64 {
+        self.skipped.with_label_values(&["stale-model"]).get()
+    }
 
-/// Runs the scheduler until `script` ends, then stops it; returns the rounds that ran.
-async fn drive<F: std::future::Future<Output = ()>>(
-    t: Timing,
-    watches: &Watches,
-    summaries: Vec<(usize, usize)>,
-    skipped: &IntCounterVec,
-    changed: &Notify,
-    script: F,
-) -> Vec<Ran> {
-    let start = Instant::now();
-    let ran = Arc::new(Mutex::new(vec![]));
-    let mut rounds = Recorder {
-        start,
-        ran: ran.clone(),
-        summaries,
-    };
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let stop = async move {
-        let _ = stop_rx.await;
-    };
-    let driver = run(
-        Scheduler::new(t, start),
-        watches,
-        &mut rounds,
-        changed,
-        stop,
-        skipped,
-    );
-    let script = async move {
-        script.await;
-        let _ = stop_tx.send(());
-    };
-    tokio::join!(driver, script);
-    ran.lock().unwrap().clone()
+    /// Runs the scheduler until `script` ends, then stops it; returns the rounds that ran,
+    /// each reporting the next of `summaries` (scanned, deleted).
+    async fn drive(
+        &self,
+        summaries: Vec<(usize, usize)>,
+        script: impl std::future::Future<Output = ()>,
+    ) -> Vec<Ran> {
+        let start = Instant::now();
+        let ran = Arc::new(Mutex::new(vec![]));
+        let mut rounds = Recorder {
+            start,
+            ran: ran.clone(),
+            summaries,
+        };
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        let driver = run(
+            Scheduler::new(self.timing, start),
+            &self.watches,
+            &mut rounds,
+            &self.changed,
+            stop,
+            &self.skipped,
+        );
+        let script = async move {
+            script.await;
+            let _ = stop_tx.send(());
+        };
+        tokio::join!(driver, script);
+        ran.lock().unwrap().clone()
+    }
 }
 
 fn focus(ips: &[&str]) -> Option<Focus> {
@@ -179,24 +196,17 @@ fn focus(ips: &[&str]) -> Option<Focus> {
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_changes_is_one_rebuild_and_one_round_after_the_debounce() {
-    let w = Watches::new(dns(&[5, 6]));
-    let changed = Notify::new();
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![(10, 0)],
-        &skipped_metric(),
-        &changed,
-        async {
+    let w = World::new(dns(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
             for _ in 0..3 {
-                changed.notify_one();
+                w.changed.notify_one();
                 sleep(ms(30)).await;
             }
             sleep(secs(1)).await;
-        },
-    )
-    .await;
-    assert_eq!(w.builds(), 1, "one rebuild for the burst");
+        })
+        .await;
+    assert_eq!(w.watches.builds(), 1, "one rebuild for the burst");
     assert_eq!(
         ran,
         [Ran {
@@ -210,26 +220,19 @@ async fn a_burst_of_changes_is_one_rebuild_and_one_round_after_the_debounce() {
 
 #[tokio::test(start_paused = true)]
 async fn triggered_rounds_are_min_interval_apart_and_focused_on_what_went() {
-    let w = Watches::new(dns(&[5, 6]));
-    let changed = Notify::new();
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![(10, 0)],
-        &skipped_metric(),
-        &changed,
-        async {
-            changed.notify_one();
+    let w = World::new(dns(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
             sleep(ms(300)).await;
-            w.set_model(dns(&[5]));
-            changed.notify_one();
+            w.watches.set_model(dns(&[5]));
+            w.changed.notify_one();
             sleep(secs(2)).await;
             // A change that leaves the model as it is runs nothing.
-            changed.notify_one();
+            w.changed.notify_one();
             sleep(secs(2)).await;
-        },
-    )
-    .await;
+        })
+        .await;
     let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
     assert_eq!(
         at,
@@ -248,16 +251,9 @@ async fn triggered_rounds_are_min_interval_apart_and_focused_on_what_went() {
 async fn the_periodic_interval_adapts_within_gc_min_and_gc_max() {
     // First interval 60 s. (scanned, deleted) -> next interval:
     // 50% deleted: 30 s; 1%: 45 s; none: 45 s; all: 4.5 s, held at gc-min 10 s; 0.1%: 15 s.
-    let w = Watches::new(dns(&[5]));
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![(100, 50), (100, 1), (100, 0), (100, 100), (1000, 1)],
-        &skipped_metric(),
-        &Notify::new(),
-        sleep(secs(206)),
-    )
-    .await;
+    let w = World::new(dns(&[5]));
+    let summaries = vec![(100, 50), (100, 1), (100, 0), (100, 100), (1000, 1)];
+    let ran = w.drive(summaries, sleep(secs(206))).await;
     let at: Vec<u64> = ran.iter().map(|r| r.at.as_secs()).collect();
     assert_eq!(at, [60, 90, 135, 180, 190, 205]);
     assert!(
@@ -266,15 +262,14 @@ async fn the_periodic_interval_adapts_within_gc_min_and_gc_max() {
     );
 
     // Growing: held at gc-max.
-    let ran = drive(
-        timing(secs(1), secs(10), secs(90)),
-        &w,
-        vec![(1000, 1)],
-        &skipped_metric(),
-        &Notify::new(),
-        sleep(secs(331)),
-    )
-    .await;
+    let w = World {
+        timing: Timing {
+            gc_max: secs(90),
+            ..FLAGS
+        },
+        ..World::new(dns(&[5]))
+    };
+    let ran = w.drive(vec![(1000, 1)], sleep(secs(331))).await;
     let at: Vec<u64> = ran.iter().map(|r| r.at.as_secs()).collect();
     assert_eq!(
         at,
@@ -285,74 +280,48 @@ async fn the_periodic_interval_adapts_within_gc_min_and_gc_max() {
 
 #[tokio::test(start_paused = true)]
 async fn a_round_skipped_on_a_stale_model_is_owed_until_the_model_is_current() {
-    let w = Watches::new(dns(&[5]));
-    let changed = Notify::new();
-    let skipped = skipped_metric();
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![(10, 0)],
-        &skipped,
-        &changed,
-        async {
-            changed.notify_one();
+    let w = World::new(dns(&[5]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
             sleep(secs(1)).await;
             // The EndpointSlice watch fails; the periodic round at 60 s is skipped.
-            w.set_health([Some(1), None, Some(1), Some(1), Some(1)]);
+            w.watches
+                .set_health([Some(1), None, Some(1), Some(1), Some(1)]);
             sleep(secs(69)).await;
-            assert_eq!(skipped.with_label_values(&["stale-model"]).get(), 1);
+            assert_eq!(w.skipped(), 1);
             // It relists (a new health epoch): the same model, now current, runs the owed
             // round at once, although nothing in it changed.
-            w.set_health([Some(1), Some(2), Some(1), Some(1), Some(1)]);
-            changed.notify_one();
+            w.watches
+                .set_health([Some(1), Some(2), Some(1), Some(1), Some(1)]);
+            w.changed.notify_one();
             sleep(secs(1)).await;
-        },
-    )
-    .await;
+        })
+        .await;
     let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
     assert_eq!(at, [COALESCE, secs(70) + COALESCE]);
-    assert_eq!(skipped.with_label_values(&["stale-model"]).get(), 1);
+    assert_eq!(w.skipped(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn nothing_runs_before_the_watches_have_listed() {
-    let w = Watches::new(dns(&[5]));
-    w.set_health([None; 5]);
-    let skipped = skipped_metric();
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![],
-        &skipped,
-        &Notify::new(),
-        sleep(secs(130)),
-    )
-    .await;
+    let w = World::new(dns(&[5]));
+    w.watches.set_health([None; 5]);
+    let ran = w.drive(vec![], sleep(secs(130))).await;
     assert!(ran.is_empty());
-    assert_eq!(
-        skipped.with_label_values(&["stale-model"]).get(),
-        0,
-        "no model yet is not a skip"
-    );
+    assert_eq!(w.skipped(), 0, "no model yet is not a skip");
 }
 
 #[tokio::test(start_paused = true)]
 async fn cancellation_stops_the_scheduler_with_a_round_pending() {
-    let w = Watches::new(dns(&[5]));
-    let changed = Notify::new();
+    let w = World::new(dns(&[5]));
     let start = Instant::now();
-    let ran = drive(
-        timing(secs(1), secs(10), secs(300)),
-        &w,
-        vec![(10, 0)],
-        &skipped_metric(),
-        &changed,
-        async {
-            changed.notify_one();
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
             sleep(ms(50)).await; // stopped before the debounce is over
-        },
-    )
-    .await;
+        })
+        .await;
     assert!(ran.is_empty());
     assert_eq!(start.elapsed(), ms(50), "stopped at once");
 }
