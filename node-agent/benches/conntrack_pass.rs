@@ -15,9 +15,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::clean::FamilyModel;
+use groundskeeper_node_agent::conntrack::apply::Kernel;
+use groundskeeper_node_agent::conntrack::family::Family::V4;
+use groundskeeper_node_agent::conntrack::model::FamilyModel;
 use groundskeeper_node_agent::conntrack::msg::{
-    AF_INET, Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
+    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::pass::{
@@ -168,7 +170,7 @@ fn main() {
             let mut ct = Conntrack::open().expect("netlink socket");
             let t = Instant::now();
             let mut udp = 0usize;
-            ct.dump(AF_INET, Some(IPPROTO_UDP), &mut |_| udp += 1)
+            ct.dump(V4, Some(IPPROTO_UDP), &mut |_| udp += 1)
                 .expect("raw dump");
             let raw_dump = t.elapsed();
 
@@ -176,15 +178,9 @@ fn main() {
             // Reset the peak-RSS watermark so VmHWM covers the pass only.
             let _ = std::fs::write("/proc/self/clear_refs", "5");
             let t = Instant::now();
-            let report = run_pass(
-                &mut ct,
-                AF_INET,
-                &m,
-                &mut PassState::default(),
-                false,
-                &mut |_, _| {},
-            )
-            .expect("pass");
+            // The agent's table: its own socket, opened by the pass's first dump.
+            let mut cleaned = Kernel::default();
+            let report = run_pass(&mut cleaned, V4, &m, &mut PassState::default()).expect("pass");
             let pass = t.elapsed();
             let hwm = status_kib("VmHWM:");
 
@@ -221,13 +217,11 @@ fn main() {
                 let bare = t.elapsed();
                 let t = Instant::now();
                 let r = run_focused_pass(
-                    &mut ct,
-                    AF_INET,
+                    &mut cleaned,
+                    V4,
                     &m,
                     &mut PassState::default(),
-                    false,
                     Some(&sources),
-                    &mut |_, _| {},
                 )
                 .expect("focused pass");
                 focused.push((range.len(), t.elapsed(), r, bare, matched));

@@ -135,7 +135,7 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
     .await?;
     if dry_run {
         agent
-            .wait_for_log("dry run: would delete", Duration::from_secs(5))
+            .wait_for_log("dry-run: would delete", Duration::from_secs(5))
             .await?;
         assert_eq!(flows(&netns).len(), 4, "dry run deleted something");
         return Ok(());

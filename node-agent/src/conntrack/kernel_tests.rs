@@ -9,11 +9,12 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-use super::clean::Model;
+use super::apply::{self, Kernel};
+use super::family::Family::{self, V4};
+use super::model::Model;
 use super::model::{self, LABEL_SERVICE_NAME};
 use super::msg::{
-    AF_INET, AF_INET6, Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED,
-    STATUS_SEEN_REPLY,
+    Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};
@@ -48,7 +49,7 @@ fn in_zone(mut e: Entry, zone: u16) -> Entry {
 /// The table as (orig tuple, reply tuple), both families.
 fn table(ct: &mut Conntrack) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for fam in [AF_INET, AF_INET6] {
+    for fam in Family::ALL {
         ct.dump(fam, None, &mut |e| {
             out.insert(key(e));
         })
@@ -110,12 +111,10 @@ fn check_on(
             ..PassState::default()
         });
         let mut reports = vec![];
-        for (i, (fam, fm)) in [(AF_INET, &model.ipv4), (AF_INET6, &model.ipv6)]
-            .into_iter()
-            .enumerate()
-        {
-            reports
-                .push(run_pass(&mut ct, fam, fm, &mut state[i], dry_run, &mut |_, _| {}).unwrap());
+        let mut cleaned = apply::table(dry_run);
+        for fam in Family::ALL {
+            let state = &mut state[fam.index()];
+            reports.push(run_pass(&mut *cleaned, fam, &model[fam], state).unwrap());
         }
         let want: BTreeSet<String> = if dry_run {
             all.iter().map(key).collect()
@@ -527,9 +526,8 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
             orphan_grace: Duration::from_millis(300),
             ..PassState::default()
         };
-        let mut pass = |state: &mut PassState| {
-            run_pass(&mut ct, AF_INET, &m.ipv4, state, false, &mut |_, _| {}).unwrap()
-        };
+        let mut cleaned = Kernel::default();
+        let mut pass = |state: &mut PassState| run_pass(&mut cleaned, V4, &m[V4], state).unwrap();
         let r = pass(&mut state);
         assert_eq!((r.orphans_pending, r.deleted), (1, 0), "first sight: kept");
         let r = pass(&mut state);
@@ -616,7 +614,7 @@ fn delete_by_id_spares_a_replacement_with_the_same_tuple() {
         let e = udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.9.9:5353");
         let dump_one = |ct: &mut Conntrack| {
             let mut got = vec![];
-            ct.dump(AF_INET, Some(IPPROTO_UDP), &mut |x| {
+            ct.dump(V4, Some(IPPROTO_UDP), &mut |x| {
                 if x.orig.dst_port == 53 {
                     got.push(*x)
                 }
@@ -716,16 +714,8 @@ fn conntrack_cli_sees_what_netlink_created() {
     .unwrap();
     let report = ns
         .run(|| {
-            let mut ct = Conntrack::open().unwrap();
-            run_pass(
-                &mut ct,
-                AF_INET,
-                &one_each().ipv4,
-                &mut PassState::default(),
-                false,
-                &mut |_, _| {},
-            )
-            .unwrap()
+            let mut cleaned = Kernel::default();
+            run_pass(&mut cleaned, V4, &one_each()[V4], &mut PassState::default()).unwrap()
         })
         .unwrap();
     assert_eq!(report.deleted, 1);
@@ -880,20 +870,19 @@ fn focused_pass_judges_only_the_given_reply_sources() {
             let focus: std::collections::HashSet<std::net::IpAddr> =
                 sources.iter().map(|s| s.parse().unwrap()).collect();
             let mut reports = vec![];
-            for (fam, fm) in [(AF_INET, &m.ipv4), (AF_INET6, &m.ipv6)] {
+            let mut cleaned = Kernel::default();
+            for fam in Family::ALL {
                 let mut state = PassState {
                     orphan_grace: Duration::ZERO,
                     ..PassState::default()
                 };
                 reports.push(
                     super::pass::run_focused_pass(
-                        &mut ct,
+                        &mut cleaned,
                         fam,
-                        fm,
+                        &m[fam],
                         &mut state,
-                        false,
                         Some(&focus),
-                        &mut |_, _| {},
                     )
                     .unwrap(),
                 );

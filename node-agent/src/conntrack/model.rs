@@ -1,5 +1,7 @@
-//! Builds the per-family service model from Services and EndpointSlices, feeding it the way
-//! kube-proxy's service and endpoint trackers feed CleanStaleEntries (spec 3.2, last part).
+//! The service model a pass judges entries against (its types), and how it is built from
+//! Services and EndpointSlices, the way kube-proxy's service and endpoint trackers feed
+//! CleanStaleEntries (spec 3.2, last part), plus ServiceCIDRs, IPAddresses, the Node and the
+//! remembered deleted frontends.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -9,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
-use super::clean::{Cidr, FamilyModel, Model, canonical};
+use super::family::{Family, PerFamily};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
@@ -17,26 +19,95 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 /// Set by the EndpointSlice controller on slices of headless Services.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
+/// One IP family's UDP services, as kube-proxy's CleanStaleEntries sees them, plus what
+/// kube-proxy does not know: recently deleted frontends, the service IP ranges and which of
+/// their IPs are allocated, and this node's addresses.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FamilyModel {
+    /// `frontend IP:port -> serving endpoints IP:port` (ClusterIP, ExternalIPs, LB VIPs) of
+    /// live services. An empty set: the service has no serving endpoint.
+    pub frontends: HashMap<SocketAddr, HashSet<SocketAddr>>,
+    /// `nodePort -> serving endpoints IP:port` of live services.
+    pub node_ports: HashMap<u16, HashSet<SocketAddr>>,
+    /// Frontends of live services that another proxy handles (`service-proxy-name`): never
+    /// judged, and they stop the later rules (another proxy's DNAT is not ours to undo).
+    pub foreign_frontends: HashSet<SocketAddr>,
+    pub foreign_node_ports: HashSet<u16>,
+    /// Frontends and nodePorts no live service holds any more, remembered for a while after
+    /// they went (see `model::Tombstones`). A live or foreign frontend with the same key wins.
+    pub deleted_frontends: HashSet<SocketAddr>,
+    pub deleted_node_ports: HashSet<u16>,
+    /// ServiceCIDR prefixes of this family. Empty: the orphan rule is off.
+    pub service_cidrs: Vec<Cidr>,
+    /// IPs inside a ServiceCIDR that an IPAddress object holds.
+    pub allocated: HashSet<IpAddr>,
+    /// This node's addresses from its Node object (`status.addresses`); the host's own
+    /// addresses are read at each pass and passed to `decide::stale` beside the model.
+    pub node_ips: HashSet<IpAddr>,
 }
 
-impl Family {
-    fn holds(self, ip: &IpAddr) -> bool {
-        matches!(
-            (self, ip),
-            (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_))
-        )
+impl FamilyModel {
+    /// Nothing to compare entries against: a pass could not delete anything.
+    pub fn is_empty(&self) -> bool {
+        self.frontends.is_empty()
+            && self.node_ports.is_empty()
+            && self.deleted_frontends.is_empty()
+            && self.deleted_node_ports.is_empty()
+            && self.service_cidrs.is_empty()
     }
 
-    fn address_type(self) -> &'static str {
-        match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        }
+    pub fn in_service_cidr(&self, ip: IpAddr) -> bool {
+        self.service_cidrs.iter().any(|c| c.contains(ip))
     }
+}
+
+/// Both families' halves, indexed by [`Family`]; each pass uses one.
+pub type Model = PerFamily<FamilyModel>;
+
+/// An IP prefix (a ServiceCIDR's `spec.cidrs` item).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Cidr {
+    /// `10.96.0.0/16`, `fd00:10:96::/112`; `None` for anything else (never a panic).
+    pub fn parse(s: &str) -> Option<Self> {
+        let (a, l) = s.trim().split_once('/')?;
+        let addr: IpAddr = a.parse().ok()?;
+        if l.is_empty() || !l.bytes().all(|b| b.is_ascii_digit()) || l.len() > 3 {
+            return None;
+        }
+        let len: u8 = l.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (len <= max).then_some(Self { addr, len })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |ip: IpAddr| -> (u128, u32) {
+            match ip {
+                IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
+                IpAddr::V6(v) => (u128::from(v), 128),
+            }
+        };
+        let ip = canonical(ip);
+        let ((net, w1), (x, w2)) = (bits(self.addr), bits(ip));
+        if w1 != w2 {
+            return false;
+        }
+        let host_bits = w1 - u32::from(self.len);
+        if host_bits >= 128 {
+            return true; // ::/0
+        }
+        (net >> host_bits) == (x >> host_bits)
+    }
+}
+
+/// Go's `net.IP.String()` prints an IPv4-mapped IPv6 address as IPv4; comparing canonical
+/// forms keeps the same equalities.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
 }
 
 fn has_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> bool {
@@ -47,7 +118,7 @@ fn has_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, 
 /// `net.IP.String()`), so the family check uses the canonical form. Like `ParseIPSloppy`,
 /// IPv4 octets with leading zeros are read as decimal (objects validated by older apiservers
 /// may hold them): dropping such an endpoint would make its live flows look stale.
-fn parse_ip(s: &str) -> Option<IpAddr> {
+pub(super) fn parse_ip(s: &str) -> Option<IpAddr> {
     let s = s.trim();
     s.parse::<IpAddr>()
         .ok()
@@ -87,10 +158,7 @@ fn serving_endpoints(
     fam: Family,
 ) -> HashSet<SocketAddr> {
     let mut out = HashSet::new();
-    for slice in slices
-        .iter()
-        .filter(|s| s.address_type == fam.address_type())
-    {
+    for slice in slices.iter().filter(|s| s.address_type == fam.label()) {
         let ep_port = slice.ports.iter().flatten().find(|p| {
             port_name(&p.name) == port_name(&port.name) && protocol(&p.protocol) == "UDP"
         });
@@ -239,10 +307,7 @@ pub fn build<'a>(
     };
     services.sort_by(by_name);
     foreign.sort_by(by_name);
-    Model {
-        ipv4: build_family(&services, &foreign, &by_service, Family::V4),
-        ipv6: build_family(&services, &foreign, &by_service, Family::V6),
-    }
+    PerFamily(Family::ALL.map(|f| build_family(&services, &foreign, &by_service, f)))
 }
 
 impl Model {
@@ -262,7 +327,7 @@ impl Model {
                 .flatten()
                 .filter_map(|s| Cidr::parse(s))
             {
-                let fm = self.family_mut(cidr.addr);
+                let fm = &mut self[Family::of(cidr.addr)];
                 if !fm.service_cidrs.contains(&cidr) {
                     fm.service_cidrs.push(cidr);
                 }
@@ -271,10 +336,10 @@ impl Model {
         for a in addresses {
             // The object's name is the IP.
             if let Some(ip) = a.metadata.name.as_deref().and_then(parse_ip) {
-                self.family_mut(ip).allocated.insert(ip);
+                self[Family::of(ip)].allocated.insert(ip);
             }
         }
-        for fm in [&mut self.ipv4, &mut self.ipv6] {
+        for fm in &mut self.0 {
             fm.service_cidrs.sort();
         }
         self
@@ -289,17 +354,9 @@ impl Model {
             .flatten()
             .filter_map(|a| parse_ip(&a.address));
         for ip in addrs {
-            self.family_mut(ip).node_ips.insert(ip);
+            self[Family::of(ip)].node_ips.insert(ip);
         }
         self
-    }
-
-    fn family_mut(&mut self, ip: IpAddr) -> &mut FamilyModel {
-        if ip.is_ipv4() {
-            &mut self.ipv4
-        } else {
-            &mut self.ipv6
-        }
     }
 }
 
@@ -307,17 +364,17 @@ impl Model {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Key {
     Frontend(SocketAddr),
-    NodePort(bool, u16),
+    NodePort(Family, u16),
 }
 
 /// The keys kube-proxy's services hold (`ours`) and those another proxy's services hold.
 fn live_keys(m: &Model) -> (HashSet<Key>, HashSet<Key>) {
     let (mut ours, mut foreign) = (HashSet::new(), HashSet::new());
-    for (v6, fm) in [(false, &m.ipv4), (true, &m.ipv6)] {
+    for (fam, fm) in m.iter() {
         ours.extend(fm.frontends.keys().map(|f| Key::Frontend(*f)));
-        ours.extend(fm.node_ports.keys().map(|p| Key::NodePort(v6, *p)));
+        ours.extend(fm.node_ports.keys().map(|p| Key::NodePort(fam, *p)));
         foreign.extend(fm.foreign_frontends.iter().map(|f| Key::Frontend(*f)));
-        foreign.extend(fm.foreign_node_ports.iter().map(|p| Key::NodePort(v6, *p)));
+        foreign.extend(fm.foreign_node_ports.iter().map(|p| Key::NodePort(fam, *p)));
     }
     (ours, foreign)
 }
@@ -360,16 +417,10 @@ impl Tombstones {
         for k in self.gone.keys() {
             match *k {
                 Key::Frontend(f) => {
-                    let fm = if f.is_ipv4() {
-                        &mut m.ipv4
-                    } else {
-                        &mut m.ipv6
-                    };
-                    fm.deleted_frontends.insert(f);
+                    m[Family::of(f.ip())].deleted_frontends.insert(f);
                 }
-                Key::NodePort(v6, p) => {
-                    let fm = if v6 { &mut m.ipv6 } else { &mut m.ipv4 };
-                    fm.deleted_node_ports.insert(p);
+                Key::NodePort(fam, p) => {
+                    m[fam].deleted_node_ports.insert(p);
                 }
             }
         }
@@ -377,7 +428,3 @@ impl Tombstones {
         m
     }
 }
-
-#[cfg(test)]
-#[path = "model_tests.rs"]
-mod tests;

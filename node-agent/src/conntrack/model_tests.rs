@@ -2,7 +2,14 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::{Value, json};
 
-use super::*;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::family::Family::{V4, V6};
+use super::model::*;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -83,7 +90,7 @@ fn cluster_external_ips_node_port_per_family() {
     ]
     .map(sa)
     .to_vec();
-    let mut got4: Vec<SocketAddr> = m.ipv4.frontends.keys().copied().collect();
+    let mut got4: Vec<SocketAddr> = m[V4].frontends.keys().copied().collect();
     want4.sort();
     got4.sort();
     assert_eq!(
@@ -91,20 +98,20 @@ fn cluster_external_ips_node_port_per_family() {
         "Proxy-mode LB IPs and TCP ports are not frontends"
     );
     assert!(
-        m.ipv4.frontends.values().all(|s| *s == v4),
+        m[V4].frontends.values().all(|s| *s == v4),
         "serving = unset or true"
     );
-    assert_eq!(m.ipv4.node_ports, HashMap::from([(30053, v4)]));
+    assert_eq!(m[V4].node_ports, HashMap::from([(30053, v4)]));
 
     let v6: HashSet<SocketAddr> = [sa("[fd00:1::5]:5353")].into();
-    let mut got6: Vec<SocketAddr> = m.ipv6.frontends.keys().copied().collect();
+    let mut got6: Vec<SocketAddr> = m[V6].frontends.keys().copied().collect();
     got6.sort();
     let mut want6 = ["[fd00::a]:53", "[2001:db8::e]:53", "[2001:db8::1b]:53"]
         .map(sa)
         .to_vec();
     want6.sort();
     assert_eq!(got6, want6);
-    assert_eq!(m.ipv6.node_ports, HashMap::from([(30053, v6)]));
+    assert_eq!(m[V6].node_ports, HashMap::from([(30053, v6)]));
 }
 
 #[test]
@@ -142,7 +149,7 @@ fn services_without_udp_frontends() {
     ];
     for (name, s) in cases {
         let m = build([&s], &dns_slices());
-        assert!(m.ipv4.is_empty() && m.ipv6.is_empty(), "{name}: {m:?}");
+        assert!(m[V4].is_empty() && m[V6].is_empty(), "{name}: {m:?}");
     }
 }
 
@@ -186,17 +193,17 @@ fn no_serving_endpoint_is_an_empty_set_not_a_skip() {
     for (name, s, slices, frontend) in cases {
         let m = build([&s], &slices);
         assert_eq!(
-            m.ipv4.frontends.get(&frontend),
+            m[V4].frontends.get(&frontend),
             Some(&HashSet::new()),
             "{name}: {m:?}"
         );
-        for set in m.ipv4.node_ports.values() {
+        for set in m[V4].node_ports.values() {
             assert!(set.is_empty(), "{name}: nodePort with an empty set too");
         }
     }
     // The NodePort of an endpoint-less port is recorded (empty) as well.
     let m = build([&dns_service()], &[]);
-    assert_eq!(m.ipv4.node_ports.get(&30053), Some(&HashSet::new()));
+    assert_eq!(m[V4].node_ports.get(&30053), Some(&HashSet::new()));
 }
 
 #[test]
@@ -205,23 +212,23 @@ fn another_proxys_services_are_foreign() {
     s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
     let m = build([&s], &dns_slices());
     assert!(
-        m.ipv4.frontends.is_empty() && m.ipv4.node_ports.is_empty(),
+        m[V4].frontends.is_empty() && m[V4].node_ports.is_empty(),
         "{m:?}"
     );
     assert_eq!(
-        m.ipv4.foreign_frontends,
+        m[V4].foreign_frontends,
         [sa("10.96.0.10:53"), sa("192.0.2.1:53")].into()
     );
-    assert_eq!(m.ipv4.foreign_node_ports, [30053].into());
+    assert_eq!(m[V4].foreign_node_ports, [30053].into());
     assert_eq!(
-        m.ipv6.foreign_frontends,
+        m[V6].foreign_frontends,
         [sa("[fd00::a]:53"), sa("[2001:db8::e]:53")].into()
     );
 }
 
 /// Frontends recorded, none with a serving endpoint.
 fn no_serving(m: &Model) -> bool {
-    let fams = [&m.ipv4, &m.ipv6];
+    let fams = [&m[V4], &m[V6]];
     fams.iter().all(|f| !f.frontends.is_empty())
         && fams
             .iter()
@@ -254,7 +261,7 @@ fn slices_left_out() {
     let mut slices = dns_slices();
     slices[0].address_type = "FQDN".into();
     let m = build([&s], &slices);
-    assert!(m.ipv4.frontends.values().all(HashSet::is_empty), "{m:?}");
+    assert!(m[V4].frontends.values().all(HashSet::is_empty), "{m:?}");
 }
 
 #[test]
@@ -276,7 +283,7 @@ fn unnamed_ports_and_several_slices() {
         serde_json::from_value(json!([{"addresses": ["10.244.1.2", "10.244.1.99"]}])).unwrap();
     let m = build([&s], &[a, b]);
     assert_eq!(
-        m.ipv4.frontends[&sa("10.96.0.20:9000")],
+        m[V4].frontends[&sa("10.96.0.20:9000")],
         [
             sa("10.244.1.1:9001"),
             sa("10.244.1.2:9001"),
@@ -309,11 +316,12 @@ fn later_service_overwrites_the_same_frontend() {
     };
     let slices = [sl("a", "10.244.0.1"), sl("b", "10.244.0.2")];
     // Input order does not matter: namespace/name order decides.
-    for order in [[&b, &a], [&a, &b]] {
+    for (name, order) in [("b first", [&b, &a]), ("a first", [&a, &b])] {
         let m = build(order, &slices);
         assert_eq!(
-            m.ipv4.frontends[&sa("192.0.2.9:53")],
-            [sa("10.244.0.2:53")].into()
+            m[V4].frontends[&sa("192.0.2.9:53")],
+            [sa("10.244.0.2:53")].into(),
+            "{name}"
         );
     }
 }
@@ -369,16 +377,16 @@ fn service_cidrs_ip_addresses_and_node_addresses() {
         .with_node(Some(&node));
     let want4: IpAddr = "10.96.0.10".parse().unwrap();
     assert_eq!(
-        m.ipv4.service_cidrs,
+        m[V4].service_cidrs,
         vec![Cidr::parse("10.96.0.0/16").unwrap()],
         "parsed once each, junk ignored"
     );
-    assert_eq!(m.ipv6.service_cidrs.len(), 1);
-    assert_eq!(m.ipv4.allocated, [want4].into());
-    assert_eq!(m.ipv6.allocated, ["fd00:10:96::a".parse().unwrap()].into());
-    assert_eq!(m.ipv4.node_ips, ["192.168.0.7".parse().unwrap()].into());
-    assert_eq!(m.ipv6.node_ips, ["fd00:192::7".parse().unwrap()].into());
-    assert!(Model::default().with_node(None).ipv4.node_ips.is_empty());
+    assert_eq!(m[V6].service_cidrs.len(), 1);
+    assert_eq!(m[V4].allocated, [want4].into());
+    assert_eq!(m[V6].allocated, ["fd00:10:96::a".parse().unwrap()].into());
+    assert_eq!(m[V4].node_ips, ["192.168.0.7".parse().unwrap()].into());
+    assert_eq!(m[V6].node_ips, ["fd00:192::7".parse().unwrap()].into());
+    assert!(Model::default().with_node(None)[V4].node_ips.is_empty());
 }
 
 #[test]
@@ -395,31 +403,31 @@ fn tombstones_remember_what_live_services_stopped_holding() {
     let mut t = Tombstones::new(Duration::from_secs(600));
     // First model: nothing went yet (after a restart nothing is known to have gone).
     let m = t.apply(build([&dns], &dns_slices()), at(0));
-    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    assert!(m[V4].deleted_frontends.is_empty() && m[V4].deleted_node_ports.is_empty());
     // dns deleted; `other` holds one of its frontends (the ExternalIP).
     let m = t.apply(build([&other], &[]), at(10));
     assert_eq!(
-        m.ipv4.deleted_frontends,
+        m[V4].deleted_frontends,
         [sa("10.96.0.10:53")].into(),
         "192.0.2.1:53 is held by a live service again"
     );
-    assert_eq!(m.ipv4.deleted_node_ports, [30053].into());
+    assert_eq!(m[V4].deleted_node_ports, [30053].into());
     assert_eq!(
-        m.ipv6.deleted_frontends,
+        m[V6].deleted_frontends,
         [sa("[fd00::a]:53"), sa("[2001:db8::e]:53")].into()
     );
     // Still remembered just before the retention ends, gone after.
     let m = t.apply(build([&other], &[]), at(609));
-    assert!(m.ipv4.deleted_frontends.contains(&sa("10.96.0.10:53")));
+    assert!(m[V4].deleted_frontends.contains(&sa("10.96.0.10:53")));
     let m = t.apply(build([&other], &[]), at(610));
-    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv6.deleted_frontends.is_empty());
-    assert!(m.ipv4.deleted_node_ports.is_empty());
+    assert!(m[V4].deleted_frontends.is_empty() && m[V6].deleted_frontends.is_empty());
+    assert!(m[V4].deleted_node_ports.is_empty());
     // A port removed from a live service is remembered like a deleted service.
     let mut tcp_only = other.clone();
     tcp_only.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol = Some("TCP".into());
     let m = t.apply(build([&tcp_only], &[]), at(620));
     assert_eq!(
-        m.ipv4.deleted_frontends,
+        m[V4].deleted_frontends,
         [sa("10.96.0.50:53"), sa("192.0.2.1:53")].into()
     );
     // Another proxy taking a service over is not a deletion.
@@ -429,8 +437,8 @@ fn tombstones_remember_what_live_services_stopped_holding() {
     labelled.metadata.labels =
         Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
     let m = t.apply(build([&labelled], &dns_slices()), at(5));
-    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    assert!(m[V4].deleted_frontends.is_empty() && m[V4].deleted_node_ports.is_empty());
     // ... and another proxy's service deleted is not remembered either: not ours to judge.
     let m = t.apply(build([], &dns_slices()), at(6));
-    assert!(m.ipv4.deleted_frontends.is_empty() && m.ipv4.deleted_node_ports.is_empty());
+    assert!(m[V4].deleted_frontends.is_empty() && m[V4].deleted_node_ports.is_empty());
 }

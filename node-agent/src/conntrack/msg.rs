@@ -6,19 +6,22 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-// netlink header
+use super::family::Family;
+
 pub const NLMSG_HDRLEN: usize = 16;
-pub const NLMSG_NOOP: u16 = 1;
+// Control messages the kernel answers with.
 pub const NLMSG_ERROR: u16 = 2;
 pub const NLMSG_DONE: u16 = 3;
 pub const NLMSG_OVERRUN: u16 = 4;
+// Flags of a request.
 pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
 pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_DUMP: u16 = 0x300;
+// Flags the kernel sets on the parts of a dump.
+pub const NLM_F_MULTI: u16 = 0x2;
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
 const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
@@ -29,36 +32,44 @@ const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NFGENMSG_LEN: usize = 4;
 
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
-const CTA_STATUS: u16 = 3;
-const CTA_PROTOINFO: u16 = 4;
-const CTA_TIMEOUT: u16 = 7;
-const CTA_ID: u16 = 12;
-const CTA_ZONE: u16 = 18;
-const CTA_FILTER: u16 = 25;
+pub(super) const CTA_TUPLE_ORIG: u16 = 1;
+pub(super) const CTA_TUPLE_REPLY: u16 = 2;
+pub(super) const CTA_STATUS: u16 = 3;
+pub(super) const CTA_PROTOINFO: u16 = 4;
+pub(super) const CTA_TIMEOUT: u16 = 7;
+pub(super) const CTA_ID: u16 = 12;
+pub(super) const CTA_ZONE: u16 = 18;
+pub(super) const CTA_FILTER: u16 = 25;
 
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
-const CTA_PROTOINFO_TCP: u16 = 1;
-const CTA_PROTOINFO_TCP_STATE: u16 = 1;
-const CTA_FILTER_ORIG_FLAGS: u16 = 1;
-const CTA_FILTER_REPLY_FLAGS: u16 = 2;
-const CTA_FILTER_FLAG_IP_SRC: u32 = 1 << 0;
-const CTA_FILTER_FLAG_PROTO_NUM: u32 = 1 << 3;
+pub(super) const CTA_TUPLE_IP: u16 = 1;
+pub(super) const CTA_TUPLE_PROTO: u16 = 2;
+pub(super) const CTA_IP_V4_SRC: u16 = 1;
+pub(super) const CTA_IP_V4_DST: u16 = 2;
+pub(super) const CTA_IP_V6_SRC: u16 = 3;
+pub(super) const CTA_IP_V6_DST: u16 = 4;
+pub(super) const CTA_PROTO_NUM: u16 = 1;
+pub(super) const CTA_PROTO_SRC_PORT: u16 = 2;
+pub(super) const CTA_PROTO_DST_PORT: u16 = 3;
+pub(super) const CTA_PROTOINFO_TCP: u16 = 1;
+pub(super) const CTA_PROTOINFO_TCP_STATE: u16 = 1;
+pub(super) const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+pub(super) const CTA_FILTER_REPLY_FLAGS: u16 = 2;
+pub(super) const CTA_FILTER_FLAG_IP_SRC: u32 = 1 << 0;
+pub(super) const CTA_FILTER_FLAG_PROTO_NUM: u32 = 1 << 3;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
-pub const AF_INET: u8 = 2;
-pub const AF_INET6: u8 = 10;
+/// [`Family`] as nfgenmsg carries it; nowhere else is the family a number.
+pub(super) const AF_INET: u8 = 2;
+pub(super) const AF_INET6: u8 = 10;
+
+fn af(family: Family) -> u8 {
+    match family {
+        Family::V4 => AF_INET,
+        Family::V6 => AF_INET6,
+    }
+}
 
 /// The ctnetlink message type of a conntrack entry in a dump reply.
 pub const CT_NEW_TYPE: u16 = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW;
@@ -125,6 +136,12 @@ impl Entry {
             id: None,
             zone: 0,
         }
+    }
+}
+
+impl Tuple {
+    pub fn family(&self) -> Family {
+        Family::of(self.src)
     }
 }
 
@@ -228,7 +245,7 @@ pub fn error_code(payload: &[u8]) -> Result<i32, ParseError> {
 }
 
 /// Iterates the attributes of one attribute block.
-fn attrs(buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ParseError>> {
+pub(super) fn attrs(buf: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ParseError>> {
     let mut rest = buf;
     std::iter::from_fn(move || {
         if rest.len() < 4 {
@@ -297,7 +314,7 @@ fn ip6(v: &[u8]) -> Result<IpAddr, ParseError> {
     Ok(IpAddr::V6(Ipv6Addr::from(b)))
 }
 
-fn parse_tuple(buf: &[u8]) -> Result<Tuple, ParseError> {
+pub(super) fn parse_tuple(buf: &[u8]) -> Result<Tuple, ParseError> {
     let (mut src, mut dst, mut proto) = (None, None, None);
     let (mut src_port, mut dst_port) = (None, None);
     for a in attrs(buf) {
@@ -390,7 +407,7 @@ impl Encoder {
         self.nests.clear();
     }
 
-    fn begin(&mut self, msg: u16, flags: u16, seq: u32, family: u8) {
+    fn begin(&mut self, msg: u16, flags: u16, seq: u32, family: Family) {
         self.msg_start = self.buf.len();
         let ty = (NFNL_SUBSYS_CTNETLINK << 8) | msg;
         self.buf.extend_from_slice(&0u32.to_ne_bytes());
@@ -398,7 +415,7 @@ impl Encoder {
         self.buf.extend_from_slice(&flags.to_ne_bytes());
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
-        self.buf.extend_from_slice(&[family, 0, 0, 0]); // nfgenmsg: family, version 0, res_id 0
+        self.buf.extend_from_slice(&[af(family), 0, 0, 0]); // nfgenmsg: family, version 0, res_id 0
     }
 
     fn end(&mut self) {
@@ -452,9 +469,11 @@ impl Encoder {
     /// A dump of one family's table; with `only_proto`, a kernel-side filter on the original
     /// tuple's L4 protocol. The filter never carries addresses: on kernel 6.18 the CTA_FILTER
     /// match on IPv6 addresses is inverted.
-    pub fn dump(&mut self, seq: u32, family: u8, only_proto: Option<u8>) {
+    pub fn dump(&mut self, seq: u32, family: Family, only_proto: Option<u8>) {
         self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
-        self.proto_filter(only_proto);
+        if let Some(proto) = only_proto {
+            self.filter(proto, None);
+        }
         self.end();
     }
 
@@ -462,41 +481,40 @@ impl Encoder {
     /// they were DNATed to), both filtered by the kernel. IPv4 only: kernel 6.18 inverts the
     /// CTA_FILTER match on IPv6 addresses, so IPv6 is filtered by the caller.
     pub fn dump_reply_src(&mut self, seq: u32, proto: u8, reply_src: std::net::Ipv4Addr) {
-        self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, AF_INET);
+        self.begin(
+            IPCTNL_MSG_CT_GET,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            seq,
+            Family::V4,
+        );
+        self.filter(proto, Some(reply_src));
+        self.end();
+    }
+
+    /// CTA_FILTER on the original tuple's protocol and, with `reply_src`, on the reply tuple's
+    /// IPv4 source, followed by the values to match.
+    fn filter(&mut self, proto: u8, reply_src: Option<std::net::Ipv4Addr>) {
         self.nest(CTA_FILTER);
         self.put(
             CTA_FILTER_ORIG_FLAGS,
             &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
         );
-        self.put(
-            CTA_FILTER_REPLY_FLAGS,
-            &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
-        );
+        if reply_src.is_some() {
+            self.put(
+                CTA_FILTER_REPLY_FLAGS,
+                &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
+            );
+        }
         self.unnest();
         self.nest(CTA_TUPLE_ORIG);
         self.nest(CTA_TUPLE_PROTO);
         self.put(CTA_PROTO_NUM, &[proto]);
         self.unnest();
         self.unnest();
-        self.nest(CTA_TUPLE_REPLY);
-        self.nest(CTA_TUPLE_IP);
-        self.put(CTA_IP_V4_SRC, &reply_src.octets());
-        self.unnest();
-        self.unnest();
-        self.end();
-    }
-
-    fn proto_filter(&mut self, only_proto: Option<u8>) {
-        if let Some(proto) = only_proto {
-            self.nest(CTA_FILTER);
-            self.put(
-                CTA_FILTER_ORIG_FLAGS,
-                &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
-            );
-            self.unnest();
-            self.nest(CTA_TUPLE_ORIG);
-            self.nest(CTA_TUPLE_PROTO);
-            self.put(CTA_PROTO_NUM, &[proto]);
+        if let Some(src) = reply_src {
+            self.nest(CTA_TUPLE_REPLY);
+            self.nest(CTA_TUPLE_IP);
+            self.put(CTA_IP_V4_SRC, &src.octets());
             self.unnest();
             self.unnest();
         }
@@ -509,7 +527,7 @@ impl Encoder {
             IPCTNL_MSG_CT_DELETE,
             NLM_F_REQUEST | NLM_F_ACK,
             seq,
-            family_of(&e.orig),
+            e.orig.family(),
         );
         self.tuple(CTA_TUPLE_ORIG, &e.orig);
         if let Some(id) = e.id {
@@ -528,7 +546,7 @@ impl Encoder {
             IPCTNL_MSG_CT_NEW,
             NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK,
             seq,
-            family_of(&e.orig),
+            e.orig.family(),
         );
         self.tuple(CTA_TUPLE_ORIG, &e.orig);
         self.tuple(CTA_TUPLE_REPLY, &e.reply);
@@ -555,17 +573,9 @@ pub const STATUS_SEEN_REPLY: u32 = 1 << 1;
 pub const STATUS_ASSURED: u32 = 1 << 2;
 const STATUS_CONFIRMED: u32 = 1 << 3;
 
-pub fn family_of(t: &Tuple) -> u8 {
-    if t.src.is_ipv4() { AF_INET } else { AF_INET6 }
-}
-
 fn v6(ip: IpAddr) -> Ipv6Addr {
     match ip {
         IpAddr::V6(a) => a,
         IpAddr::V4(a) => a.to_ipv6_mapped(),
     }
 }
-
-#[cfg(test)]
-#[path = "msg_tests.rs"]
-mod tests;

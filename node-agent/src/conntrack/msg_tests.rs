@@ -1,4 +1,7 @@
-use super::*;
+use std::net::IpAddr;
+
+use super::family::Family;
+use super::msg::*;
 
 fn udp_entry(v6: bool) -> Entry {
     let (c, f, b): (IpAddr, IpAddr, IpAddr) = if v6 {
@@ -74,7 +77,7 @@ fn delete_always_carries_the_original_tuple_and_id() {
 #[test]
 fn filtered_dump_names_only_the_protocol() {
     let mut enc = Encoder::default();
-    enc.dump(1, AF_INET6, Some(IPPROTO_UDP));
+    enc.dump(1, Family::V6, Some(IPPROTO_UDP));
     let m = one_message(&enc.buf);
     assert_eq!(m.flags, NLM_F_REQUEST | NLM_F_DUMP);
     assert_eq!(m.payload[0], AF_INET6);
@@ -93,7 +96,7 @@ fn filtered_dump_names_only_the_protocol() {
     );
 
     enc.clear();
-    enc.dump(2, AF_INET, None);
+    enc.dump(2, Family::V4, None);
     let m = one_message(&enc.buf);
     assert_eq!(m.payload.len(), 4, "unfiltered dump has no attributes");
 }

@@ -96,7 +96,7 @@ impl NetNs {
         self.run(|| {
             let mut ct = super::socket::Conntrack::open()?;
             let mut out = std::collections::BTreeSet::new();
-            ct.dump(super::msg::AF_INET, None, &mut |e| {
+            ct.dump(super::family::Family::V4, None, &mut |e| {
                 out.insert((
                     e.orig.proto,
                     e.orig.src_port,

@@ -7,74 +7,15 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::clean::{FamilyModel, Stale, stale};
-use super::msg::{AF_INET, Entry, IPPROTO_UDP};
-use super::socket::{BatchReport, Conntrack, DumpError};
+use super::apply::{Dump, Table};
+use super::decide::{Stale, stale};
+use super::family::Family;
+use super::model::{FamilyModel, canonical};
+use super::msg::{Entry, IPPROTO_UDP};
+use super::socket::DumpError;
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
-
-/// What a pass needs from the conntrack table.
-pub trait Table {
-    fn dump(
-        &mut self,
-        family: u8,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError>;
-    fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport>;
-    /// The IPv4 entries of `proto` whose reply source is `src`. By default one dump of `proto`
-    /// filtered here; the kernel filters for the real table.
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: std::net::Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        let want = IpAddr::V4(src);
-        let mut n = 0;
-        self.dump(AF_INET, Some(proto), &mut |e| {
-            if e.orig.proto == proto && super::clean::canonical(e.reply.src) == want {
-                n += 1;
-                visit(e);
-            }
-        })?;
-        Ok(n)
-    }
-    /// The addresses the host (this table's network namespace) owns now, for the NodePort
-    /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
-    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
-        Ok(HashSet::new())
-    }
-}
-
-impl Table for Conntrack {
-    fn dump(
-        &mut self,
-        family: u8,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        Conntrack::dump(self, family, only_proto, visit)
-    }
-
-    fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
-        Conntrack::delete(self, entries)
-    }
-
-    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
-        super::socket::host_addresses()
-    }
-
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: std::net::Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        Conntrack::dump_reply_src(self, proto, src, visit)
-    }
-}
 
 /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object in the
 /// watched list) before flows DNATed to it are deleted. The IPAddress exists before its
@@ -107,7 +48,7 @@ impl Default for PassState {
     }
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
     /// Entries read from the table in the last dump attempt.
     pub scanned: usize,
@@ -119,11 +60,60 @@ pub struct PassReport {
     /// Every dump attempt was interrupted; the last partial result was used.
     pub partial: bool,
     pub dump_attempts: usize,
-    /// The model was empty: nothing could be stale, the table was not read.
+    /// Nothing to judge (an empty model, or a focus with no source): the table was not read.
     pub skipped: bool,
     /// Flows to orphaned ServiceCIDR IPs kept this time: the IP has not looked orphaned for
     /// the grace period yet.
     pub orphans_pending: usize,
+}
+
+/// What the summary line of a pass says beside its report.
+#[derive(Debug, Clone, Copy)]
+pub struct PassContext {
+    pub family: Family,
+    /// A triggered pass: how many reply sources it looked at.
+    pub focused_sources: Option<usize>,
+    pub dry_run: bool,
+    pub kernel_filter: bool,
+    pub elapsed: Duration,
+}
+
+impl PassReport {
+    /// The one line every pass that read the table logs.
+    pub fn log(&self, cx: &PassContext) {
+        let PassReport {
+            scanned,
+            stale,
+            deleted,
+            already_gone,
+            failed_deletes,
+            partial,
+            orphans_pending,
+            ..
+        } = *self;
+        let PassContext {
+            family,
+            focused_sources,
+            dry_run,
+            kernel_filter,
+            elapsed,
+        } = *cx;
+        tracing::info!(
+            ip_family = family.label(),
+            scanned,
+            stale,
+            deleted,
+            already_gone,
+            failed = failed_deletes,
+            partial,
+            orphans_pending,
+            focused_sources,
+            dry_run,
+            kernel_filter,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "conntrack cleanup pass"
+        );
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,17 +129,14 @@ pub enum PassError {
     },
 }
 
-/// Runs one pass. `dry_run` decides and reports but deletes nothing. `on_stale` sees each
-/// stale entry and why (for logs).
+/// Runs one pass over every entry of `family`.
 pub fn run_pass(
     table: &mut dyn Table,
-    family: u8,
+    family: Family,
     model: &FamilyModel,
     state: &mut PassState,
-    dry_run: bool,
-    on_stale: &mut dyn FnMut(&Entry, Stale),
 ) -> Result<PassReport, PassError> {
-    run_focused_pass(table, family, model, state, dry_run, None, on_stale)
+    run_focused_pass(table, family, model, state, None)
 }
 
 /// At most this many kernel-filtered dumps (one per reply source) in a focused pass; more
@@ -166,20 +153,19 @@ pub const MAX_FOCUSED_DUMPS: usize = 2;
 /// are left to full passes (their grace is measured across those).
 pub fn run_focused_pass(
     table: &mut dyn Table,
-    family: u8,
+    family: Family,
     model: &FamilyModel,
     state: &mut PassState,
-    dry_run: bool,
     focus: Option<&HashSet<IpAddr>>,
-    on_stale: &mut dyn FnMut(&Entry, Stale),
 ) -> Result<PassReport, PassError> {
     let mut report = PassReport::default();
+    // The one check for nothing to judge: the table is not even opened.
     if model.is_empty() || focus.is_some_and(HashSet::is_empty) {
         report.skipped = true;
         return Ok(report);
     }
     let host_ips = match table.host_addresses() {
-        Ok(a) => a.into_iter().map(super::clean::canonical).collect(),
+        Ok(a) => a.into_iter().map(canonical).collect(),
         Err(e) => {
             // Fewer known addresses only means fewer NodePort flows judged.
             tracing::warn!(error = %e, "cannot read the host's addresses; the NodePort rule judges only DNATed flows to the Node's addresses");
@@ -191,18 +177,17 @@ pub fn run_focused_pass(
         let why = stale(e, model, &host_ips)?;
         match focus {
             None => Some(why),
-            Some(f) => (why != Stale::OrphanedServiceIp
-                && f.contains(&super::clean::canonical(e.reply.src)))
-            .then_some(why),
+            Some(f) => (why != Stale::OrphanedServiceIp && f.contains(&canonical(e.reply.src)))
+                .then_some(why),
         }
     };
     // Only the stale entries are kept, never the table.
     let mut marked: Vec<(Entry, Stale)> = Vec::new();
     let per_source: Option<Vec<std::net::Ipv4Addr>> = focus
-        .filter(|f| family == AF_INET && state.reply_filter && f.len() <= MAX_FOCUSED_DUMPS)
+        .filter(|f| family == Family::V4 && state.reply_filter && f.len() <= MAX_FOCUSED_DUMPS)
         .map(|f| {
             f.iter()
-                .filter_map(|ip| match super::clean::canonical(*ip) {
+                .filter_map(|ip| match canonical(*ip) {
                     IpAddr::V4(v4) => Some(v4),
                     IpAddr::V6(_) => None,
                 })
@@ -216,7 +201,7 @@ pub fn run_focused_pass(
         for src in sources {
             let mut part = PassReport::default();
             let r = dump_retrying(&mut part, family, &mut marked, &decide, &mut |visit| {
-                table.dump_reply_src(IPPROTO_UDP, src, visit)
+                table.dump(Dump::ReplySource(IPPROTO_UDP, src), visit)
             });
             scanned += part.scanned;
             attempts += part.dump_attempts;
@@ -244,13 +229,13 @@ pub fn run_focused_pass(
     while !done {
         let filter = state.kernel_filter.then_some(IPPROTO_UDP);
         let r = dump_retrying(&mut report, family, &mut marked, &decide, &mut |visit| {
-            table.dump(family, filter, visit)
+            table.dump(Dump::Family(family, filter), visit)
         });
         match r {
             Ok(()) => done = true,
             Err(DumpError::FilterRejected(e)) => {
                 tracing::warn!(
-                    family = family_name(family), error = %e,
+                    %family, error = %e,
                     "kernel rejects the conntrack dump filter on the L4 protocol; dumping everything and filtering here"
                 );
                 state.kernel_filter = false;
@@ -262,21 +247,17 @@ pub fn run_focused_pass(
         apply_orphan_grace(&mut marked, state, now, &mut report);
     }
     report.stale = marked.len();
-    for (e, why) in &marked {
-        on_stale(e, *why);
-    }
-    if dry_run || marked.is_empty() {
+    if marked.is_empty() {
         return Ok(report);
     }
-    let entries: Vec<Entry> = marked.into_iter().map(|(e, _)| e).collect();
-    match table.delete(&entries) {
+    match table.delete(&marked) {
         Ok(b) => {
             report.deleted = b.ok;
             report.already_gone = b.not_found;
             report.failed_deletes = b.failed.len();
             for (i, errno) in b.failed.iter().take(5) {
                 tracing::warn!(
-                    entry = %entries[*i], error = %io::Error::from_raw_os_error(*errno),
+                    entry = %marked[*i].0, error = %io::Error::from_raw_os_error(*errno),
                     "deleting a stale conntrack entry failed"
                 );
             }
@@ -297,7 +278,7 @@ fn apply_orphan_grace(
     let seen: HashSet<IpAddr> = marked
         .iter()
         .filter(|(_, why)| *why == Stale::OrphanedServiceIp)
-        .map(|(e, _)| super::clean::canonical(e.orig.dst))
+        .map(|(e, _)| canonical(e.orig.dst))
         .collect();
     state.orphans.retain(|ip, _| seen.contains(ip));
     for ip in &seen {
@@ -309,7 +290,7 @@ fn apply_orphan_grace(
     marked.retain(|(e, why)| {
         *why != Stale::OrphanedServiceIp
             || orphans
-                .get(&super::clean::canonical(e.orig.dst))
+                .get(&canonical(e.orig.dst))
                 .is_some_and(|since| now.saturating_duration_since(*since) >= grace)
     });
     report.orphans_pending = before - marked.len();
@@ -323,7 +304,7 @@ type DumpFn<'a> = dyn FnMut(&mut dyn FnMut(&Entry)) -> Result<usize, DumpError> 
 /// interrupted attempt's are dropped first. A rejected filter is returned for the caller.
 fn dump_retrying(
     report: &mut PassReport,
-    family: u8,
+    family: Family,
     marked: &mut Vec<(Entry, Stale)>,
     decide: &dyn Fn(&Entry) -> Option<Stale>,
     dump: &mut DumpFn<'_>,
@@ -346,7 +327,7 @@ fn dump_retrying(
             Err(DumpError::Interrupted) if attempts < MAX_DUMP_ATTEMPTS => {}
             Err(DumpError::Interrupted) => {
                 tracing::info!(
-                    family = family_name(family),
+                    %family,
                     attempts,
                     "conntrack dump interrupted every time; continuing to clean with the partial result"
                 );
@@ -362,11 +343,3 @@ fn dump_retrying(
     report.dump_attempts += attempts;
     Ok(())
 }
-
-pub fn family_name(family: u8) -> &'static str {
-    if family == AF_INET { "IPv4" } else { "IPv6" }
-}
-
-#[cfg(test)]
-#[path = "pass_tests.rs"]
-mod tests;

@@ -1,8 +1,15 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
-use super::*;
-use crate::conntrack::msg::{IPPROTO_TCP, Tuple};
+use std::io;
+
+use super::apply::{DryRun, Dump, Table};
+use super::decide::Stale;
+use super::family::Family::V4;
+use super::model::FamilyModel;
+use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use super::pass::*;
+use super::socket::{BatchReport, DumpError};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -72,50 +79,43 @@ impl Fake {
 }
 
 impl Table for Fake {
-    fn dump(
-        &mut self,
-        _family: u8,
-        only_proto: Option<u8>,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.filters.push(only_proto);
-        let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
-        self.attempts += 1;
-        for e in self.entries.iter().take(n) {
-            visit(e);
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        match what {
+            Dump::Family(_, only_proto) => {
+                self.filters.push(only_proto);
+                let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
+                self.attempts += 1;
+                for e in self.entries.iter().take(n) {
+                    visit(e);
+                }
+                res.map(|()| n).map_err(|f| f())
+            }
+            Dump::ReplySource(proto, src) => {
+                self.reply_dumps += 1;
+                if self.reply_filter_rejected {
+                    return Err(rejected());
+                }
+                let mut n = 0;
+                for e in &self.entries {
+                    if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                        n += 1;
+                        visit(e);
+                    }
+                }
+                Ok(n)
+            }
         }
-        res.map(|()| n).map_err(|f| f())
     }
 
-    fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
+    fn delete(&mut self, entries: &[(Entry, Stale)]) -> io::Result<BatchReport> {
         if let Some(f) = self.delete_result {
             return Err(f());
         }
-        self.deleted.extend_from_slice(entries);
+        self.deleted.extend(entries.iter().map(|(e, _)| *e));
         Ok(BatchReport {
             ok: entries.len(),
             ..Default::default()
         })
-    }
-
-    fn dump_reply_src(
-        &mut self,
-        proto: u8,
-        src: std::net::Ipv4Addr,
-        visit: &mut dyn FnMut(&Entry),
-    ) -> Result<usize, DumpError> {
-        self.reply_dumps += 1;
-        if self.reply_filter_rejected {
-            return Err(rejected());
-        }
-        let mut n = 0;
-        for e in &self.entries {
-            if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
-                n += 1;
-                visit(e);
-            }
-        }
-        Ok(n)
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -145,15 +145,33 @@ fn eperm() -> DumpError {
     DumpError::Kernel(io::Error::from_raw_os_error(libc::EPERM))
 }
 
-fn run(t: &mut Fake, dry_run: bool) -> Result<PassReport, PassError> {
+fn run(t: &mut Fake) -> Result<PassReport, PassError> {
     let mut state = PassState::default();
-    run_pass(t, AF_INET, &model(), &mut state, dry_run, &mut |_, _| {})
+    run_pass(t, V4, &model(), &mut state)
+}
+
+/// Records the client ports of what reaches `delete`, then hands it on.
+struct Seen<T> {
+    inner: T,
+    ports: Vec<u16>,
+}
+
+impl<T: Table> Table for Seen<T> {
+    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        self.inner.dump(what, visit)
+    }
+
+    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        self.ports
+            .extend(stale.iter().map(|(e, _)| e.orig.src_port));
+        self.inner.delete(stale)
+    }
 }
 
 #[test]
 fn deletes_only_the_stale_udp_entries() {
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
-    let r = run(&mut t, false).unwrap();
+    let r = run(&mut t).unwrap();
     let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
     assert_eq!(ports, vec![2, 4]);
     assert_eq!((r.scanned, r.stale, r.deleted, r.partial), (4, 2, 2, false));
@@ -162,13 +180,13 @@ fn deletes_only_the_stale_udp_entries() {
 
 #[test]
 fn dry_run_deletes_nothing_but_reports() {
-    let mut t = Fake::new(table(), vec![(4, Ok(()))]);
-    let mut seen = vec![];
+    let mut t = Seen {
+        inner: DryRun(Fake::new(table(), vec![(4, Ok(()))])),
+        ports: vec![],
+    };
     let mut state = PassState::default();
-    let r = run_pass(&mut t, AF_INET, &model(), &mut state, true, &mut |e, _| {
-        seen.push(e.orig.src_port)
-    })
-    .unwrap();
+    let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
+    let (t, seen) = (t.inner.0, t.ports);
     assert!(t.deleted.is_empty());
     assert_eq!(seen, vec![2, 4]);
     assert_eq!((r.stale, r.deleted), (2, 0));
@@ -187,7 +205,7 @@ fn interrupted_dump_is_retried_then_the_last_partial_result_is_used() {
             (2, Err(interrupted)),
         ],
     );
-    let r = run(&mut t, false).unwrap();
+    let r = run(&mut t).unwrap();
     assert_eq!(r.dump_attempts, MAX_DUMP_ATTEMPTS);
     assert!(r.partial);
     assert_eq!(r.scanned, 2);
@@ -198,7 +216,7 @@ fn interrupted_dump_is_retried_then_the_last_partial_result_is_used() {
 #[test]
 fn interrupted_then_complete_uses_the_complete_dump_once() {
     let mut t = Fake::new(table(), vec![(3, Err(interrupted)), (4, Ok(()))]);
-    let r = run(&mut t, false).unwrap();
+    let r = run(&mut t).unwrap();
     assert_eq!((r.dump_attempts, r.partial, r.deleted), (2, false, 2));
     assert_eq!(
         t.deleted.len(),
@@ -210,7 +228,7 @@ fn interrupted_then_complete_uses_the_complete_dump_once() {
 #[test]
 fn other_dump_errors_abort_without_deleting() {
     let mut t = Fake::new(table(), vec![(3, Err(eperm))]);
-    let e = run(&mut t, false).unwrap_err();
+    let e = run(&mut t).unwrap_err();
     assert!(matches!(e, PassError::Dump(DumpError::Kernel(_))), "{e}");
     assert!(t.deleted.is_empty());
     assert_eq!(t.attempts, 1);
@@ -220,7 +238,7 @@ fn other_dump_errors_abort_without_deleting() {
 fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
     let mut t = Fake::new(table(), vec![(0, Err(rejected)), (4, Ok(()))]);
     let mut state = PassState::default();
-    let r = run_pass(&mut t, AF_INET, &model(), &mut state, false, &mut |_, _| {}).unwrap();
+    let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
     assert_eq!(t.filters, vec![Some(IPPROTO_UDP), None]);
     assert_eq!(
         r.deleted, 2,
@@ -234,15 +252,7 @@ fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
 fn empty_model_does_not_read_the_table() {
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
     let mut state = PassState::default();
-    let r = run_pass(
-        &mut t,
-        AF_INET,
-        &FamilyModel::default(),
-        &mut state,
-        false,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let r = run_pass(&mut t, V4, &FamilyModel::default(), &mut state).unwrap();
     assert!(r.skipped);
     assert_eq!(t.attempts, 0);
 }
@@ -251,7 +261,7 @@ fn empty_model_does_not_read_the_table() {
 fn delete_error_is_reported_with_the_counts() {
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
     t.delete_result = Some(|| io::Error::from_raw_os_error(libc::EPERM));
-    match run(&mut t, false) {
+    match run(&mut t) {
         Err(PassError::Delete { report, .. }) => assert_eq!(report.stale, 2),
         other => panic!("{other:?}"),
     }
@@ -295,7 +305,7 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
         let mut t = Fake::new(entries, vec![(2, Ok(()))]);
         t.host = host;
         let mut state = PassState::default();
-        run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+        run_pass(&mut t, V4, &m, &mut state).unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(ports, want, "{name}");
     }
@@ -304,7 +314,7 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
 #[test]
 fn orphaned_service_ips_wait_for_the_grace_then_go() {
     let mut m = FamilyModel {
-        service_cidrs: vec![crate::conntrack::clean::Cidr::parse("10.96.0.0/16").unwrap()],
+        service_cidrs: vec![crate::conntrack::model::Cidr::parse("10.96.0.0/16").unwrap()],
         ..FamilyModel::default()
     };
     // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
@@ -313,7 +323,7 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
         ..PassState::default()
     };
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
-    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
     assert_eq!(
         (r.stale, r.orphans_pending, r.deleted),
         (0, 3, 0),
@@ -323,13 +333,13 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
     // The grace has passed (as if the first sight were two hours ago).
     let earlier = since - std::time::Duration::from_secs(7200);
     state.orphans.insert("10.96.0.10".parse().unwrap(), earlier);
-    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
     assert_eq!((r.stale, r.orphans_pending, r.deleted), (3, 0, 3));
     let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
     assert_eq!(ports, vec![1, 2, 4], "UDP only");
     // Allocated again: forgotten, nothing more deleted.
     m.allocated.insert("10.96.0.10".parse().unwrap());
-    let r = run_pass(&mut t, AF_INET, &m, &mut state, false, &mut |_, _| {}).unwrap();
+    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
     assert_eq!((r.stale, r.orphans_pending), (0, 0));
     assert!(state.orphans.is_empty());
 }
@@ -341,16 +351,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         let mut t = Fake::new(table(), vec![(4, Ok(()))]);
         t.reply_filter_rejected = rejected;
         let mut state = PassState::default();
-        let r = run_focused_pass(
-            &mut t,
-            AF_INET,
-            &model(),
-            &mut state,
-            false,
-            Some(&focus),
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let r = run_focused_pass(&mut t, V4, &model(), &mut state, Some(&focus)).unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(
             ports,
@@ -366,28 +367,19 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         assert_eq!(r.deleted, 1);
         // Later focused passes no longer try the rejected filter.
         let before = t.reply_dumps;
-        run_focused_pass(
-            &mut t,
-            AF_INET,
-            &model(),
-            &mut state,
-            true,
-            Some(&focus),
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let mut dry = DryRun(t);
+        run_focused_pass(&mut dry, V4, &model(), &mut state, Some(&focus)).unwrap();
+        let t = dry.0;
         assert_eq!(t.reply_dumps - before, usize::from(!rejected));
     }
     // An empty focus reads nothing.
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
     let r = run_focused_pass(
         &mut t,
-        AF_INET,
+        V4,
         &model(),
         &mut PassState::default(),
-        false,
         Some(&HashSet::new()),
-        &mut |_, _| {},
     )
     .unwrap();
     assert!(r.skipped);

@@ -1,106 +1,13 @@
-//! The pure decisions: is one conntrack entry stale for a service model, and when should the
-//! next periodic pass run.
+//! The pure decisions: is one conntrack entry stale for a service model, what a triggered pass
+//! looks at after a model change, and when the next periodic pass runs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use super::family::{Family, PerFamily};
+use super::model::{FamilyModel, Model, canonical};
 use super::msg::{Entry, IPPROTO_UDP};
-
-/// One IP family's UDP services, as kube-proxy's CleanStaleEntries sees them, plus what
-/// kube-proxy does not know: recently deleted frontends, the service IP ranges and which of
-/// their IPs are allocated, and this node's addresses.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct FamilyModel {
-    /// `frontend IP:port -> serving endpoints IP:port` (ClusterIP, ExternalIPs, LB VIPs) of
-    /// live services. An empty set: the service has no serving endpoint.
-    pub frontends: HashMap<SocketAddr, HashSet<SocketAddr>>,
-    /// `nodePort -> serving endpoints IP:port` of live services.
-    pub node_ports: HashMap<u16, HashSet<SocketAddr>>,
-    /// Frontends of live services that another proxy handles (`service-proxy-name`): never
-    /// judged, and they stop the later rules (another proxy's DNAT is not ours to undo).
-    pub foreign_frontends: HashSet<SocketAddr>,
-    pub foreign_node_ports: HashSet<u16>,
-    /// Frontends and nodePorts no live service holds any more, remembered for a while after
-    /// they went (see `model::Tombstones`). A live or foreign frontend with the same key wins.
-    pub deleted_frontends: HashSet<SocketAddr>,
-    pub deleted_node_ports: HashSet<u16>,
-    /// ServiceCIDR prefixes of this family. Empty: the orphan rule is off.
-    pub service_cidrs: Vec<Cidr>,
-    /// IPs inside a ServiceCIDR that an IPAddress object holds.
-    pub allocated: HashSet<IpAddr>,
-    /// This node's addresses from its Node object (`status.addresses`); the host's own
-    /// addresses are read at each pass and passed to [`stale`] beside the model.
-    pub node_ips: HashSet<IpAddr>,
-}
-
-impl FamilyModel {
-    /// Nothing to compare entries against: a pass could not delete anything.
-    pub fn is_empty(&self) -> bool {
-        self.frontends.is_empty()
-            && self.node_ports.is_empty()
-            && self.deleted_frontends.is_empty()
-            && self.deleted_node_ports.is_empty()
-            && self.service_cidrs.is_empty()
-    }
-
-    fn in_service_cidr(&self, ip: IpAddr) -> bool {
-        self.service_cidrs.iter().any(|c| c.contains(ip))
-    }
-}
-
-/// Both families; each pass uses one.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Model {
-    pub ipv4: FamilyModel,
-    pub ipv6: FamilyModel,
-}
-
-/// An IP prefix (a ServiceCIDR's `spec.cidrs` item).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub len: u8,
-}
-
-impl Cidr {
-    /// `10.96.0.0/16`, `fd00:10:96::/112`; `None` for anything else (never a panic).
-    pub fn parse(s: &str) -> Option<Self> {
-        let (a, l) = s.trim().split_once('/')?;
-        let addr: IpAddr = a.parse().ok()?;
-        if l.is_empty() || !l.bytes().all(|b| b.is_ascii_digit()) || l.len() > 3 {
-            return None;
-        }
-        let len: u8 = l.parse().ok()?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (len <= max).then_some(Self { addr, len })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let bits = |ip: IpAddr| -> (u128, u32) {
-            match ip {
-                IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
-                IpAddr::V6(v) => (u128::from(v), 128),
-            }
-        };
-        let ip = canonical(ip);
-        let ((net, w1), (x, w2)) = (bits(self.addr), bits(ip));
-        if w1 != w2 {
-            return false;
-        }
-        let host_bits = w1 - u32::from(self.len);
-        if host_bits >= 128 {
-            return true; // ::/0
-        }
-        (net >> host_bits) == (x >> host_bits)
-    }
-}
-
-/// Go's `net.IP.String()` prints an IPv4-mapped IPv6 address as IPv4; comparing canonical
-/// forms keeps the same equalities.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
-}
 
 /// Why an entry is stale, for the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,25 +118,20 @@ pub fn removed_backends(old: &FamilyModel, new: &FamilyModel) -> HashSet<IpAddr>
 }
 
 /// Per family, the reply sources a triggered pass looks at.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Focus {
-    pub ipv4: HashSet<IpAddr>,
-    pub ipv6: HashSet<IpAddr>,
-}
+pub type Focus = PerFamily<HashSet<IpAddr>>;
 
 impl Focus {
     /// What a triggered pass after `old` -> `new` must look at; `None` when it must look at
     /// everything: an IP was released (its IPAddress went), which unblocks deleted ClusterIP
     /// frontends whose backends the model no longer knows.
     pub fn between(old: &Model, new: &Model) -> Option<Self> {
-        let released = |o: &FamilyModel, n: &FamilyModel| !o.allocated.is_subset(&n.allocated);
-        if released(&old.ipv4, &new.ipv4) || released(&old.ipv6, &new.ipv6) {
+        let released = |f: Family| !old[f].allocated.is_subset(&new[f].allocated);
+        if Family::ALL.into_iter().any(released) {
             return None;
         }
-        Some(Self {
-            ipv4: removed_backends(&old.ipv4, &new.ipv4),
-            ipv6: removed_backends(&old.ipv6, &new.ipv6),
-        })
+        Some(PerFamily(
+            Family::ALL.map(|f| removed_backends(&old[f], &new[f])),
+        ))
     }
 }
 
@@ -265,7 +167,3 @@ pub fn next_interval(
     let rounded = Duration::from_secs(next.as_secs_f64().round() as u64);
     rounded.clamp(min, max)
 }
-
-#[cfg(test)]
-#[path = "clean_tests.rs"]
-mod tests;

@@ -1,5 +1,11 @@
-use super::*;
-use crate::conntrack::msg::{IPPROTO_SCTP, IPPROTO_TCP};
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::decide::*;
+use super::family::Family::{V4, V6};
+use super::model::{Cidr, FamilyModel, Model};
+use super::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -475,18 +481,18 @@ fn removed_backends_are_what_a_change_took_away() {
 #[test]
 fn a_released_ip_makes_the_triggered_pass_a_full_one() {
     let mut old = Model::default();
-    old.ipv4.allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
-    old.ipv4
+    old[V4].allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
+    old[V4]
         .frontends
         .insert(sa("10.96.0.11:53"), [sa("10.244.1.5:53")].into());
     let mut new = old.clone();
-    new.ipv4.allocated.insert(ip("10.96.0.12"));
-    new.ipv4
+    new[V4].allocated.insert(ip("10.96.0.12"));
+    new[V4]
         .frontends
         .insert(sa("10.96.0.11:53"), HashSet::new());
     let f = Focus::between(&old, &new).expect("an IP allocated: focused");
-    assert_eq!(f.ipv4, [ip("10.244.1.5"), ip("10.96.0.11")].into());
-    assert!(f.ipv6.is_empty());
-    new.ipv4.allocated.remove(&ip("10.96.0.10"));
+    assert_eq!(f[V4], [ip("10.244.1.5"), ip("10.96.0.11")].into());
+    assert!(f[V6].is_empty());
+    new[V4].allocated.remove(&ip("10.96.0.10"));
     assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
 }

@@ -1,0 +1,286 @@
+//! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
+//! Node), each through `plumbing::cache::follow` into one shared cache, and the model built
+//! from it only while every watch is healthy.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use std::fmt::Debug;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use groundskeeper_plumbing::ReadyFlag;
+use groundskeeper_plumbing::cache::{Kept, Shared, Store, follow};
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use super::model::{self, Model, Tombstones};
+use super::schedule::Models;
+use crate::context::Context;
+
+/// Namespace ("" for cluster-scoped kinds) and name.
+type Key = (String, String);
+
+/// The watched objects as the API sent them, shared: a model build clones pointers out under
+/// the lock and reads the objects after releasing it.
+type Objects<K> = Store<Key, Arc<K>>;
+
+/// Every object of the five kinds the model is built from.
+#[derive(Default)]
+pub struct Cache {
+    services: Objects<Service>,
+    slices: Objects<EndpointSlice>,
+    cidrs: Objects<ServiceCIDR>,
+    addresses: Objects<IPAddress>,
+    nodes: Objects<Node>,
+}
+
+fn keep<K: Resource>(o: K) -> Kept<Key, Arc<K>> {
+    match o.meta().name.clone() {
+        Some(name) => Kept::Yes(
+            (o.meta().namespace.clone().unwrap_or_default(), name),
+            Arc::new(o),
+        ),
+        None => Kept::Unusable,
+    }
+}
+
+/// Applies `ev` to `store`; true when the model must be rebuilt (a change, or a list is in).
+fn fold<K: Resource>(store: &mut Objects<K>, ev: Event<K>) -> bool {
+    let rebuild = matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone);
+    store.apply_event(ev, keep);
+    rebuild
+}
+
+/// The objects of one kind, cloned out of the cache (pointers only).
+fn all<K>(store: &Objects<K>) -> Vec<Arc<K>> {
+    store.values().cloned().collect()
+}
+
+/// Starts the watches of one cache.
+struct Watch<'a> {
+    ctx: &'a Context,
+    cache: &'a Shared<Cache>,
+}
+
+impl Watch<'_> {
+    /// Watches every `K` selected by `config` into the part of the cache `store` picks.
+    fn kind<K>(
+        &self,
+        config: watcher::Config,
+        store: fn(&mut Cache) -> &mut Objects<K>,
+    ) -> (ReadyFlag, BoxStream<'static, bool>)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        let (flag, events) = follow(
+            &self.ctx.base.readiness,
+            "conntrack",
+            Api::<K>::all(self.ctx.base.client.clone()),
+            config,
+            self.cache.clone(),
+            move |c: &mut Cache, ev| fold(store(c), ev),
+        );
+        (flag, events.boxed())
+    }
+}
+
+/// Services, EndpointSlices, ServiceCIDRs, IPAddresses, this Node.
+pub const WATCHES: usize = 5;
+
+/// The watches' health epochs a model was built at (see [`ReadyFlag::health`]).
+pub type Stamp = [Option<u64>; WATCHES];
+
+/// Why a pass did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// A watch failed, is relisting, or changed health since the model was built: the model
+    /// may say an endpoint is gone that came back meanwhile, and deleting its flows would cut
+    /// live traffic. Better to leave a stale entry a little longer.
+    StaleModel,
+}
+
+impl Skip {
+    pub fn label(self) -> &'static str {
+        match self {
+            Skip::StaleModel => "stale-model",
+        }
+    }
+}
+
+/// Whether a pass may act on a model built at `built` when the watches now are at `now`:
+/// only when every watch was healthy then, is healthy now, and nothing happened in between.
+pub fn may_clean(built: &Stamp, now: &Stamp) -> Result<(), Skip> {
+    if built.iter().all(Option::is_some) && built == now {
+        Ok(())
+    } else {
+        Err(Skip::StaleModel)
+    }
+}
+
+/// The cache with the watches' health, and the deleted frontends remembered across builds.
+pub struct Watched {
+    cache: Shared<Cache>,
+    /// Every watch the model is built from: a half-listed or failing IPAddress cache would
+    /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
+    /// endpoints look removed, so passes need all of them healthy.
+    ready: [ReadyFlag; WATCHES],
+    tombstones: Mutex<Tombstones>,
+}
+
+impl Watched {
+    /// Starts the five watches; the future runs them (it never ends) and wakes `changed`
+    /// after each event that may change the model.
+    pub fn start(
+        ctx: &Context,
+        retention: Duration,
+        changed: Arc<Notify>,
+    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
+        let cache = Shared::<Cache>::default();
+        let any = watcher::Config::default;
+        let watch = Watch { ctx, cache: &cache };
+        let watches = [
+            // All services, also those another proxy handles (service-proxy-name): their
+            // frontends are recorded as foreign, so a label change is not mistaken for a
+            // deletion.
+            watch.kind::<Service>(any(), |c| &mut c.services),
+            watch.kind::<EndpointSlice>(
+                any().labels(&format!(
+                    "!{},!{}",
+                    model::LABEL_SERVICE_PROXY_NAME,
+                    model::LABEL_HEADLESS
+                )),
+                |c| &mut c.slices,
+            ),
+            watch.kind::<ServiceCIDR>(any(), |c| &mut c.cidrs),
+            watch.kind::<IPAddress>(any(), |c| &mut c.addresses),
+            watch.kind::<Node>(
+                any().fields(&format!("metadata.name={}", ctx.node_name)),
+                |c| &mut c.nodes,
+            ),
+        ];
+        let (ready, events): (Vec<_>, Vec<_>) = watches.into_iter().unzip();
+        let run = futures::stream::select_all(events).for_each(move |rebuild| {
+            if rebuild {
+                changed.notify_one();
+            }
+            std::future::ready(())
+        });
+        let watched = Self {
+            cache,
+            ready: ready
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("one flag per watch")),
+            tombstones: Mutex::new(Tombstones::new(retention)),
+        };
+        (watched, run)
+    }
+}
+
+impl Models for Watched {
+    fn health(&self) -> Stamp {
+        std::array::from_fn(|i| self.ready[i].health())
+    }
+
+    /// The model with the health it was built at; `None` while a watch is not healthy (a
+    /// half-listed or failing cache would make serving endpoints look removed).
+    fn model(&self) -> Option<(Model, Stamp)> {
+        let before = self.health();
+        if !before.iter().all(Option::is_some) {
+            return None;
+        }
+        let (services, slices, cidrs, addresses, node) = {
+            let c = self.cache.lock();
+            (
+                all(&c.services),
+                all(&c.slices),
+                all(&c.cidrs),
+                all(&c.addresses),
+                c.nodes.values().next().cloned(),
+            )
+        };
+        let m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s))
+            .with_service_ips(cidrs.iter().map(|c| &**c), addresses.iter().map(|a| &**a))
+            .with_node(node.as_deref());
+        // Health changed while the cache was read: the model may mix old and new.
+        if self.health() != before {
+            return None;
+        }
+        let mut t = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
+        Some((t.apply(m, std::time::Instant::now()), before))
+    }
+
+    /// The watches that are not healthy, with how long, for the skip warning.
+    fn unhealthy(&self) -> Vec<String> {
+        self.ready
+            .iter()
+            .filter(|f| !f.is_healthy())
+            .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Skip, may_clean};
+
+    #[test]
+    fn passes_act_only_on_a_model_built_from_healthy_unchanged_watches() {
+        // Built while both watches were healthy, nothing happened since: clean.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)]
+            ),
+            Ok(())
+        );
+        // The EndpointSlice watch is failing (apiserver down): skip.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), None, Some(1), Some(1), Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        // Relisting after the outage: still skip until the list is in.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[None, Some(7), Some(1), Some(1), Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        // Back and healthy, but the model predates the outage (epochs moved): skip until the
+        // model is rebuilt from the new lists.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(10), Some(1), Some(1), Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        // A model built while a watch was not healthy is never acted on.
+        assert_eq!(
+            may_clean(
+                &[Some(3), None, Some(1), Some(1), Some(1)],
+                &[Some(3), None, Some(1), Some(1), Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        // The IPAddress watch is failing: allocated IPs could look orphaned, so skip too.
+        assert_eq!(
+            may_clean(
+                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
+                &[Some(3), Some(7), Some(1), None, Some(1)]
+            ),
+            Err(Skip::StaleModel)
+        );
+        assert_eq!(Skip::StaleModel.label(), "stale-model");
+    }
+}

@@ -1,0 +1,218 @@
+//! A round: each family's pass over the model, run on the thread that owns the netlink socket,
+//! off the async runtime (netlink calls block). With a namespace name the thread lives in that
+//! namespace, so its socket and its reads of /proc/sys/net do too.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::apply::{self, Table};
+use super::decide::Focus;
+use super::family::{Family, PerFamily};
+use super::fill::Fill;
+use super::metrics::Metrics;
+use super::model::Model;
+use super::netns;
+use super::pass::{PassContext, PassError, PassState, run_focused_pass};
+use super::socket::DumpError;
+
+/// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
+const FILL_WARNING: f64 = super::fill::THRESHOLD;
+
+/// Totals of one round (both families), for the adaptive interval.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct RoundSummary {
+    pub scanned: usize,
+    pub deleted: usize,
+    /// The table's fill, read at the start of the round (None when unreadable).
+    pub fill: Option<Fill>,
+}
+
+struct Request {
+    model: Arc<Model>,
+    /// Only entries from these reply sources (a triggered round); `None`: every entry.
+    focus: Option<Focus>,
+    reply: oneshot::Sender<RoundSummary>,
+}
+
+/// The thread that runs rounds, one at a time.
+pub struct Rounds {
+    tx: Option<mpsc::Sender<Request>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Rounds {
+    pub fn start(
+        netns: Option<String>,
+        metrics: Metrics,
+        dry_run: bool,
+        orphan_grace: Duration,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("conntrack".into())
+            .spawn(move || {
+                if let Some(ns) = &netns
+                    && let Err(e) = netns::enter(ns)
+                {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+                let _ = ready_tx.send(Ok(()));
+                let mut round = Round {
+                    table: apply::table(dry_run),
+                    metrics,
+                    dry_run,
+                    state: PerFamily([(); 2].map(|()| PassState {
+                        orphan_grace,
+                        ..PassState::default()
+                    })),
+                };
+                for req in rx {
+                    let summary = round.run(&req.model, req.focus.as_ref());
+                    let _ = req.reply.send(summary);
+                }
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("conntrack thread died while starting"))??;
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
+    /// judges only entries from that family's reply sources.
+    pub async fn run(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+        let (reply, rx) = oneshot::channel();
+        let sent = self.tx.as_ref().is_some_and(|tx| {
+            tx.send(Request {
+                model,
+                focus,
+                reply,
+            })
+            .is_ok()
+        });
+        if !sent {
+            return RoundSummary::default();
+        }
+        rx.await.unwrap_or_default()
+    }
+}
+
+impl Drop for Rounds {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Round {
+    table: Box<dyn Table + Send>,
+    metrics: Metrics,
+    dry_run: bool,
+    state: PerFamily<PassState>,
+}
+
+impl Round {
+    fn run(&mut self, model: &Model, focus: Option<&Focus>) -> RoundSummary {
+        let mut summary = RoundSummary {
+            fill: self.observe_fill(),
+            ..RoundSummary::default()
+        };
+        for fam in Family::ALL {
+            let label = fam.label();
+            let focus = focus.map(|f| &f[fam]);
+            let start = Instant::now();
+            let res = run_focused_pass(
+                &mut *self.table,
+                fam,
+                &model[fam],
+                &mut self.state[fam],
+                focus,
+            );
+            let elapsed = start.elapsed();
+            let report = match res {
+                Ok(r) if r.skipped => {
+                    tracing::debug!(
+                        ip_family = label,
+                        "conntrack pass skipped: nothing to judge in this family"
+                    );
+                    continue;
+                }
+                Ok(r) => r,
+                Err(PassError::Dump(DumpError::Open(e))) => {
+                    self.metrics.failures.with_label_values(&[label]).inc();
+                    tracing::error!(ip_family = label, error = %e, "cannot open the conntrack netlink socket (needs CAP_NET_ADMIN); pass skipped");
+                    return summary;
+                }
+                Err(PassError::Dump(e)) => {
+                    self.metrics.failures.with_label_values(&[label]).inc();
+                    tracing::error!(ip_family = label, error = %e, "failed to list conntrack entries; nothing deleted");
+                    continue;
+                }
+                Err(PassError::Delete { report, source }) => {
+                    self.metrics.failures.with_label_values(&[label]).inc();
+                    tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
+                    report
+                }
+            };
+            self.metrics
+                .sync_duration
+                .with_label_values(&[label])
+                .observe(elapsed.as_secs_f64());
+            self.metrics
+                .deleted
+                .with_label_values(&[label])
+                .inc_by(report.deleted as u64);
+            self.metrics
+                .scanned
+                .with_label_values(&[label])
+                .inc_by(report.scanned as u64);
+            summary.scanned += report.scanned;
+            summary.deleted += report.deleted;
+            report.log(&PassContext {
+                family: fam,
+                focused_sources: focus.map(|f| f.len()),
+                dry_run: self.dry_run,
+                kernel_filter: self.state[fam].kernel_filter,
+                elapsed,
+            });
+        }
+        summary
+    }
+
+    fn observe_fill(&self) -> Option<Fill> {
+        let read = |name: &str| -> Option<f64> {
+            std::fs::read_to_string(format!("/proc/sys/net/netfilter/{name}"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let (Some(count), Some(max)) = (read("nf_conntrack_count"), read("nf_conntrack_max"))
+        else {
+            return None;
+        };
+        if max <= 0.0 {
+            return None;
+        }
+        let ratio = count / max;
+        self.metrics.fill_ratio.set(ratio);
+        if ratio > FILL_WARNING {
+            tracing::warn!(
+                nf_conntrack_count = count,
+                nf_conntrack_max = max,
+                ratio,
+                "conntrack table is over 80% full; new flows will be dropped when it is full (raise --conntrack-max-per-core / --conntrack-min)"
+            );
+        }
+        Some(Fill { count, max })
+    }
+}

@@ -1,0 +1,246 @@
+//! When rounds run: soon after the UDP model changes (watch events debounced, at most one
+//! triggered round per --conntrack-min-interval, focused on what the change took away), and on
+//! Cilium's adaptive periodic timer; never on a stale model, and a round skipped for that is
+//! owed until a current model exists. A state machine over explicit instants, driven by [`run`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntCounterVec;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::cache::{Skip, Stamp, may_clean};
+use super::decide::{Focus, next_interval};
+use super::family::Family;
+use super::model::Model;
+use super::round::RoundSummary;
+
+/// Debounce of watch events before the model is rebuilt and compared.
+pub const COALESCE: Duration = Duration::from_millis(100);
+
+/// The first periodic interval (clamped to the flags' bounds).
+const FIRST_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The flags that time rounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Least time between two triggered rounds (--conntrack-min-interval).
+    pub min_interval: Duration,
+    pub gc_min: Duration,
+    pub gc_max: Duration,
+}
+
+/// Where models come from: the watches, or a test's fake.
+pub trait Models {
+    /// The current model with the watch health it was built at; `None` while a watch is not
+    /// healthy.
+    fn model(&self) -> Option<(Model, Stamp)>;
+    /// The watches' health now.
+    fn health(&self) -> Stamp;
+    /// The unhealthy watches, named, for the skip warning.
+    fn unhealthy(&self) -> Vec<String>;
+}
+
+/// What runs a round: the kernel passes (and the fill Event), or a test's fake.
+pub trait Rounds {
+    fn round(
+        &mut self,
+        model: Arc<Model>,
+        focus: Option<Focus>,
+    ) -> impl Future<Output = RoundSummary> + Send;
+}
+
+/// What is due when the scheduler wakes.
+#[derive(Debug, PartialEq)]
+pub enum Due {
+    Nothing,
+    /// A round was due but the model may be stale: nothing is deleted, the round is owed.
+    Skipped {
+        skip: Skip,
+        periodic: bool,
+    },
+    /// A round over `model`; `focus` narrows a triggered one to what the change took away.
+    Round {
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        periodic: bool,
+    },
+}
+
+pub struct Scheduler {
+    timing: Timing,
+    /// The periodic interval, adapted after each periodic round.
+    interval: Duration,
+    /// The last model built, with the watch health it was built at.
+    current: Option<(Arc<Model>, Stamp)>,
+    rebuild_at: Option<Instant>,
+    pass_at: Option<Instant>,
+    last_pass: Option<Instant>,
+    /// The model the last round judged (a triggered round looks at what changed since).
+    judged: Option<Arc<Model>>,
+    gc_at: Instant,
+    /// A round was skipped on a stale model: run one as soon as a current model exists, even
+    /// if it equals the old one (what the skipped round would have cleaned is still there).
+    owed: bool,
+}
+
+impl Scheduler {
+    pub fn new(timing: Timing, now: Instant) -> Self {
+        let interval = FIRST_INTERVAL.clamp(timing.gc_min, timing.gc_max);
+        Self {
+            timing,
+            interval,
+            current: None,
+            rebuild_at: None,
+            pass_at: None,
+            last_pass: None,
+            judged: None,
+            gc_at: now + interval,
+            owed: false,
+        }
+    }
+
+    /// A watch event that may change the model: rebuild once the burst is over.
+    pub fn on_change(&mut self, now: Instant) {
+        self.rebuild_at.get_or_insert(now + COALESCE);
+    }
+
+    /// The next instant something may be due.
+    pub fn next_wake(&self) -> Instant {
+        [self.rebuild_at, self.pass_at, Some(self.gc_at)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.gc_at)
+    }
+
+    /// The periodic interval now.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Rebuilds the model when that is due, then says whether a round is.
+    pub fn on_wake(&mut self, now: Instant, models: &impl Models) -> Due {
+        // A periodic round also rebuilds: remembered deleted frontends expire with time alone.
+        if self.gc_at <= now {
+            self.rebuild_at = Some(now);
+        }
+        if self.rebuild_at.is_some_and(|t| t <= now) {
+            self.rebuild_at = None;
+            if let Some((m, stamp)) = models.model() {
+                self.rebuilt(now, m, stamp);
+            }
+        }
+        let periodic = self.gc_at <= now;
+        if !(periodic || self.pass_at.is_some_and(|t| t <= now)) {
+            return Due::Nothing;
+        }
+        let Some((model, stamp)) = self.current.clone() else {
+            self.gc_at = now + self.interval; // not listed yet
+            return Due::Nothing;
+        };
+        self.pass_at = None;
+        if let Err(skip) = may_clean(&stamp, &models.health()) {
+            self.owed = true;
+            self.gc_at = now + self.interval;
+            // A rebuild is due once the watches are back (their InitDone asks for one).
+            return Due::Skipped { skip, periodic };
+        }
+        self.last_pass = Some(now);
+        // A triggered round looks only at the backends the change took away since the model
+        // the last round judged; a periodic round (and the first) at everything.
+        let focus = (!periodic)
+            .then(|| {
+                self.judged
+                    .as_deref()
+                    .and_then(|j| Focus::between(j, &model))
+            })
+            .flatten();
+        self.judged = Some(model.clone());
+        Due::Round {
+            model,
+            focus,
+            periodic,
+        }
+    }
+
+    fn rebuilt(&mut self, now: Instant, m: Model, stamp: Stamp) {
+        let earliest = self
+            .last_pass
+            .map_or(now, |t| t + self.timing.min_interval)
+            .max(now);
+        if self.current.as_ref().map(|(c, _)| &**c) != Some(&m) {
+            tracing::debug!(
+                ipv4_frontends = m[Family::V4].frontends.len(),
+                ipv6_frontends = m[Family::V6].frontends.len(),
+                "UDP service model changed"
+            );
+            self.current = Some((Arc::new(m), stamp));
+            self.pass_at.get_or_insert(earliest);
+        } else if let Some((_, s)) = self.current.as_mut() {
+            // Same model, confirmed by a current list: it is current again.
+            *s = stamp;
+        }
+        if std::mem::take(&mut self.owed) {
+            self.pass_at.get_or_insert(earliest);
+        }
+    }
+
+    /// A round ended at `now`: a periodic one adapts the interval; the next periodic round is
+    /// one interval from now.
+    pub fn on_round(&mut self, now: Instant, periodic: bool, summary: &RoundSummary) {
+        if periodic {
+            self.interval = next_interval(
+                self.interval,
+                summary.scanned,
+                summary.deleted,
+                self.timing.gc_min,
+                self.timing.gc_max,
+            );
+        }
+        self.gc_at = now + self.interval;
+    }
+}
+
+/// Drives `scheduler` until `stop` completes (the shutdown token): waits for a change or the next wake, runs the
+/// rounds that are due, and reports skipped ones (a warning naming the unhealthy watches, and
+/// `skipped{reason}`).
+pub async fn run(
+    mut scheduler: Scheduler,
+    models: &impl Models,
+    rounds: &mut impl Rounds,
+    changed: &Notify,
+    stop: impl Future<Output = ()>,
+    skipped: &IntCounterVec,
+) {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = changed.notified() => {
+                scheduler.on_change(Instant::now());
+                continue;
+            }
+            _ = tokio::time::sleep_until(scheduler.next_wake()) => {}
+        }
+        match scheduler.on_wake(Instant::now(), models) {
+            Due::Nothing => {}
+            Due::Skipped { skip, periodic } => {
+                skipped.with_label_values(&[skip.label()]).inc();
+                let stale = models.unhealthy();
+                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = ?stale, "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
+            }
+            Due::Round {
+                model,
+                focus,
+                periodic,
+            } => {
+                let summary = rounds.round(model, focus).await;
+                scheduler.on_round(Instant::now(), periodic, &summary);
+                tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
+            }
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The scheduler driven by [`run`] on paused tokio time (as Cilium tests its CT GC loop), with
+//! a fake model source and a fake round that records when it ran and what it looked at.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{IntCounterVec, Opts};
+use tokio::sync::{Notify, oneshot};
+use tokio::time::{Instant, sleep};
+
+use super::cache::Stamp;
+use super::decide::Focus;
+use super::family::Family::V4;
+use super::model::Model;
+use super::round::RoundSummary;
+use super::schedule::*;
+
+const HEALTHY: Stamp = [Some(1); 5];
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// A DNS service on 10.96.0.10:53 served by `backends` (10.244.1.x:53).
+fn dns(backends: &[u8]) -> Model {
+    let mut m = Model::default();
+    m[V4].frontends.insert(
+        "10.96.0.10:53".parse().unwrap(),
+        backends
+            .iter()
+            .map(|b| format!("10.244.1.{b}:53").parse().unwrap())
+            .collect(),
+    );
+    m
+}
+
+/// The watches as the test sets them.
+struct Watches {
+    model: Mutex<Option<Model>>,
+    health: Mutex<Stamp>,
+    builds: Mutex<usize>,
+}
+
+impl Watches {
+    fn new(model: Model) -> Self {
+        Self {
+            model: Mutex::new(Some(model)),
+            health: Mutex::new(HEALTHY),
+            builds: Mutex::new(0),
+        }
+    }
+
+    fn set_model(&self, m: Model) {
+        *self.model.lock().unwrap() = Some(m);
+    }
+
+    fn set_health(&self, h: Stamp) {
+        *self.health.lock().unwrap() = h;
+    }
+
+    fn builds(&self) -> usize {
+        *self.builds.lock().unwrap()
+    }
+}
+
+impl Models for Watches {
+    fn model(&self) -> Option<(Model, Stamp)> {
+        *self.builds.lock().unwrap() += 1;
+        let h = self.health();
+        if !h.iter().all(Option::is_some) {
+            return None;
+        }
+        self.model.lock().unwrap().clone().map(|m| (m, h))
+    }
+
+    fn health(&self) -> Stamp {
+        *self.health.lock().unwrap()
+    }
+
+    fn unhealthy(&self) -> Vec<String> {
+        vec!["conntrack/endpointslices (1s)".into()]
+    }
+}
+
+/// One round as the fake saw it: when (since the start), periodic or not (the scheduler's
+/// focus: `None` for a full round), over which model.
+#[derive(Debug, Clone, PartialEq)]
+struct Ran {
+    at: Duration,
+    focus: Option<Focus>,
+    model: Model,
+}
+
+struct Recorder {
+    start: Instant,
+    ran: Arc<Mutex<Vec<Ran>>>,
+    /// What each round reports, in order; the last one repeats.
+    summaries: Vec<(usize, usize)>,
+}
+
+impl Rounds for Recorder {
+    async fn round(&mut self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+        let mut ran = self.ran.lock().unwrap();
+        let i = ran.len().min(self.summaries.len().saturating_sub(1));
+        ran.push(Ran {
+            at: self.start.elapsed(),
+            focus,
+            model: (*model).clone(),
+        });
+        let (scanned, deleted) = self.summaries.get(i).copied().unwrap_or_default();
+        RoundSummary {
+            scanned,
+            deleted,
+            fill: None,
+        }
+    }
+}
+
+/// The flags' defaults: --conntrack-min-interval 1s, --conntrack-gc-min 10s, --conntrack-gc-max 5m.
+const FLAGS: Timing = Timing {
+    min_interval: Duration::from_secs(1),
+    gc_min: Duration::from_secs(10),
+    gc_max: Duration::from_secs(300),
+};
+
+/// What the scheduler sees and moves in a test: the watches, their change signal, the
+/// `skipped` counter.
+struct World {
+    watches: Watches,
+    changed: Notify,
+    skipped: IntCounterVec,
+    timing: Timing,
+}
+
+impl World {
+    fn new(model: Model) -> Self {
+        Self {
+            watches: Watches::new(model),
+            changed: Notify::new(),
+            skipped: IntCounterVec::new(Opts::new("skipped", "skipped"), &["reason"]).unwrap(),
+            timing: FLAGS,
+        }
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped.with_label_values(&["stale-model"]).get()
+    }
+
+    /// Runs the scheduler until `script` ends, then stops it; returns the rounds that ran,
+    /// each reporting the next of `summaries` (scanned, deleted).
+    async fn drive(
+        &self,
+        summaries: Vec<(usize, usize)>,
+        script: impl std::future::Future<Output = ()>,
+    ) -> Vec<Ran> {
+        let start = Instant::now();
+        let ran = Arc::new(Mutex::new(vec![]));
+        let mut rounds = Recorder {
+            start,
+            ran: ran.clone(),
+            summaries,
+        };
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        let driver = run(
+            Scheduler::new(self.timing, start),
+            &self.watches,
+            &mut rounds,
+            &self.changed,
+            stop,
+            &self.skipped,
+        );
+        let script = async move {
+            script.await;
+            let _ = stop_tx.send(());
+        };
+        tokio::join!(driver, script);
+        ran.lock().unwrap().clone()
+    }
+}
+
+fn focus(ips: &[&str]) -> Option<Focus> {
+    let v4: HashSet<IpAddr> = ips.iter().map(|s| s.parse().unwrap()).collect();
+    let mut f = Focus::default();
+    f[V4] = v4;
+    Some(f)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_changes_is_one_rebuild_and_one_round_after_the_debounce() {
+    let w = World::new(dns(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            for _ in 0..3 {
+                w.changed.notify_one();
+                sleep(ms(30)).await;
+            }
+            sleep(secs(1)).await;
+        })
+        .await;
+    assert_eq!(w.watches.builds(), 1, "one rebuild for the burst");
+    assert_eq!(
+        ran,
+        [Ran {
+            at: COALESCE,
+            focus: None,
+            model: dns(&[5, 6])
+        }],
+        "the first round judges everything, 100 ms after the first event"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn triggered_rounds_are_min_interval_apart_and_focused_on_what_went() {
+    let w = World::new(dns(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(ms(300)).await;
+            w.watches.set_model(dns(&[5]));
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            // A change that leaves the model as it is runs nothing.
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(
+        at,
+        [COALESCE, COALESCE + secs(1)],
+        "the second change is seen at 400 ms; its round waits for 1 s after the first"
+    );
+    assert_eq!(
+        ran[1].focus,
+        focus(&["10.244.1.6"]),
+        "only the backend that went"
+    );
+    assert_eq!(ran[1].model, dns(&[5]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_periodic_interval_adapts_within_gc_min_and_gc_max() {
+    // First interval 60 s. (scanned, deleted) -> next interval:
+    // 50% deleted: 30 s; 1%: 45 s; none: 45 s; all: 4.5 s, held at gc-min 10 s; 0.1%: 15 s.
+    let w = World::new(dns(&[5]));
+    let summaries = vec![(100, 50), (100, 1), (100, 0), (100, 100), (1000, 1)];
+    let ran = w.drive(summaries, sleep(secs(206))).await;
+    let at: Vec<u64> = ran.iter().map(|r| r.at.as_secs()).collect();
+    assert_eq!(at, [60, 90, 135, 180, 190, 205]);
+    assert!(
+        ran.iter().all(|r| r.focus.is_none()),
+        "periodic rounds judge everything"
+    );
+
+    // Growing: held at gc-max.
+    let w = World {
+        timing: Timing {
+            gc_max: secs(90),
+            ..FLAGS
+        },
+        ..World::new(dns(&[5]))
+    };
+    let ran = w.drive(vec![(1000, 1)], sleep(secs(331))).await;
+    let at: Vec<u64> = ran.iter().map(|r| r.at.as_secs()).collect();
+    assert_eq!(
+        at,
+        [60, 150, 240, 330],
+        "60 s, 1.5x = 90 s, then held at 90 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_round_skipped_on_a_stale_model_is_owed_until_the_model_is_current() {
+    let w = World::new(dns(&[5]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(1)).await;
+            // The EndpointSlice watch fails; the periodic round at 60 s is skipped.
+            w.watches
+                .set_health([Some(1), None, Some(1), Some(1), Some(1)]);
+            sleep(secs(69)).await;
+            assert_eq!(w.skipped(), 1);
+            // It relists (a new health epoch): the same model, now current, runs the owed
+            // round at once, although nothing in it changed.
+            w.watches
+                .set_health([Some(1), Some(2), Some(1), Some(1), Some(1)]);
+            w.changed.notify_one();
+            sleep(secs(1)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(at, [COALESCE, secs(70) + COALESCE]);
+    assert_eq!(w.skipped(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_runs_before_the_watches_have_listed() {
+    let w = World::new(dns(&[5]));
+    w.watches.set_health([None; 5]);
+    let ran = w.drive(vec![], sleep(secs(130))).await;
+    assert!(ran.is_empty());
+    assert_eq!(w.skipped(), 0, "no model yet is not a skip");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_stops_the_scheduler_with_a_round_pending() {
+    let w = World::new(dns(&[5]));
+    let start = Instant::now();
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(ms(50)).await; // stopped before the debounce is over
+        })
+        .await;
+    assert!(ran.is_empty());
+    assert_eq!(start.elapsed(), ms(50), "stopped at once");
+}
