@@ -736,7 +736,7 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
 /// pod is not failed; built from a current read of a pod that has not started, it applies.
 #[tokio::test]
 async fn a_fail_patch_from_a_stale_read_is_refused_with_conflict() -> anyhow::Result<()> {
-    use groundskeeper_node_agent::sysctl::admit::fail_patch;
+    use groundskeeper_node_agent::sysctl::apply::fail_patch;
     let Some(c) = testkit::cluster("a_fail_patch_from_a_stale_read_is_refused_with_conflict").await
     else {
         return Ok(());
