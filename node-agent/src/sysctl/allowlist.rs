@@ -139,24 +139,13 @@ impl Allowlist {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodSecurityContext, Sysctl};
+    use k8s_openapi::api::core::v1::PodSecurityContext;
 
     fn spec(names: &[&str], host_net: bool, host_ipc: bool) -> PodSpec {
         PodSpec {
             host_network: Some(host_net),
             host_ipc: Some(host_ipc),
-            security_context: Some(PodSecurityContext {
-                sysctls: Some(
-                    names
-                        .iter()
-                        .map(|n| Sysctl {
-                            name: n.to_string(),
-                            value: "1".into(),
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
+            security_context: Some(testkit::sysctls(names)),
             ..Default::default()
         }
     }

@@ -139,8 +139,8 @@ mod tests {
             "6.8.0\n",
         ] {
             let e = bad.parse::<KernelVersion>().unwrap_err();
-            assert_eq!(e, ParseKernelVersionError(bad.into()));
-            assert!(e.to_string().contains(&format!("{bad:?}")));
+            assert_eq!(e, ParseKernelVersionError(bad.into()), "{bad}");
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{bad}");
         }
     }
 

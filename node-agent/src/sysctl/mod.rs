@@ -11,6 +11,8 @@ pub mod cache;
 pub mod check;
 pub mod crd;
 pub mod decide;
+#[cfg(test)]
+mod decide_tests;
 pub mod kernel;
 pub mod metrics;
 pub mod names;
