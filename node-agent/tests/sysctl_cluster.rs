@@ -351,7 +351,10 @@ async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()>
     )
     .await?;
     let forbidden = pod(&c, &ns, &node, "dry", &["kernel.msgmax"]).await?;
-    agent.bin.wait_for_log("dry-run: would fail pod", WAIT).await?;
+    agent
+        .bin
+        .wait_for_log("dry-run: would fail pod", WAIT)
+        .await?;
     // The forbidden pod comes after the allowed one, so both are decided by now.
     let would: Vec<serde_json::Value> = agent
         .bin

@@ -191,6 +191,7 @@ impl<W: Writes> Admission<W> {
         let out = outcome(&policy.allowlist, policy.mode, pod);
         let action = decide(&facts, out.clone(), &self.memory, chosen);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let started = matches!(action, Action::ReportStarted { .. });
         match action {
             Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
             Action::Admit => {
@@ -198,16 +199,23 @@ impl<W: Writes> Admission<W> {
             }
             // Counted once the write is done: a refused fail patch (409: the pod moved on,
             // perhaps started) is not a rejection.
-            Action::Reject { mode, message } => {
+            Action::Reject { mode, message } | Action::ReportStarted { mode, message } => {
                 // Failing a pod is destructive: not on a policy, Node or pod list that may be
                 // stale (a watch failing or relisting). Retried each tick until they are current.
-                if mode == Mode::Enforce && !self.watches.healthy() {
+                if !started && mode == Mode::Enforce && !self.watches.healthy() {
                     tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
                     self.retry.insert(PodKey::of(pod));
                     return;
                 }
-                if let Err(e) = self.writer.reject(pod, mode, &message, revision).await {
+                let written = self
+                    .writer
+                    .forbidden(pod, mode, &message, started, revision)
+                    .await;
+                if let Err(e) = written {
                     match &e {
+                        _ if started => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry")
+                        }
                         kube::Error::Api(s) if s.code == 409 => {
                             tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again")
                         }
@@ -218,25 +226,18 @@ impl<W: Writes> Admission<W> {
                     self.retry.insert(PodKey::of(pod));
                     return;
                 }
-                self.metrics
-                    .rejected
-                    .with_label_values(&[FORBIDDEN_REASON, &mode.to_string()])
-                    .inc();
-            }
-            Action::ReportStarted { mode, message } => {
-                if let Err(e) = self
-                    .writer
-                    .report_started(pod, mode, &message, revision)
-                    .await
-                {
-                    tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry");
-                    self.retry.insert(PodKey::of(pod));
-                    return;
+                let mode = mode.to_string();
+                if started {
+                    self.metrics
+                        .started_forbidden
+                        .with_label_values(&[&mode])
+                        .inc();
+                } else {
+                    self.metrics
+                        .rejected
+                        .with_label_values(&[FORBIDDEN_REASON, &mode])
+                        .inc();
                 }
-                self.metrics
-                    .started_forbidden
-                    .with_label_values(&[&mode.to_string()])
-                    .inc();
             }
         }
         self.metrics.checked.inc();

@@ -113,17 +113,13 @@ pub fn fail_patch(pod: &Pod, message: &str) -> Option<serde_json::Value> {
 
 /// What is about to be written, for the log line that goes with it.
 enum Intent<'a> {
-    /// A forbidden pod that has not started: failed (Enforce) or warned about (Audit).
-    Reject {
+    /// A pod using forbidden sysctls: failed (Enforce, not started), warned about (Audit, not
+    /// started) or only reported (started).
+    Forbidden {
         pod: &'a Pod,
         mode: Mode,
         message: &'a str,
-    },
-    /// A forbidden pod kubelet already started: only reported.
-    ReportStarted {
-        pod: &'a Pod,
-        mode: Mode,
-        message: &'a str,
+        started: bool,
     },
     Status {
         policy: &'a str,
@@ -153,22 +149,23 @@ impl<W: Writes> Writer<W> {
     fn proceed(&self, intent: Intent<'_>) -> bool {
         let would = if self.dry_run { "dry-run: would " } else { "" };
         match intent {
-            Intent::Reject { pod, mode, message } => {
-                let verb = match (mode, self.dry_run) {
-                    (Mode::Enforce, false) => "failing pod",
-                    (Mode::Enforce, true) => "fail pod",
-                    (Mode::Audit, false) => "warning about pod (audit mode)",
-                    (Mode::Audit, true) => "warn about pod (audit mode)",
+            Intent::Forbidden {
+                pod,
+                mode,
+                message,
+                started,
+            } => {
+                let verb = match (started, mode, self.dry_run) {
+                    (false, Mode::Enforce, false) => "failing pod",
+                    (false, Mode::Enforce, true) => "fail pod",
+                    (false, Mode::Audit, false) => "warning about pod (audit mode)",
+                    (false, Mode::Audit, true) => "warn about pod (audit mode)",
+                    (true, _, false) => {
+                        "started pod has forbidden sysctls; it is not failed, only reported"
+                    }
+                    (true, _, true) => "report started pod with forbidden sysctls",
                 };
                 tracing::info!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), reason = FORBIDDEN_REASON, rejection = message, mode = %mode, "{would}{verb}");
-            }
-            Intent::ReportStarted { pod, mode, message } => {
-                let verb = if self.dry_run {
-                    "report started pod with forbidden sysctls"
-                } else {
-                    "started pod has forbidden sysctls; it is not failed, only reported"
-                };
-                tracing::info!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), rejection = message, mode = %mode, "{would}{verb}");
             }
             Intent::Status { policy, condition } => {
                 let verb = if self.dry_run {
@@ -182,55 +179,48 @@ impl<W: Writes> Writer<W> {
         !self.dry_run
     }
 
-    /// A forbidden pod that has not started: in Enforce its status is failed (conditional on
-    /// the version judged, see [`fail_patch`]) and a `Reject` event posted; in Audit only an
-    /// `Audit` event.
-    pub async fn reject(
+    /// A pod using forbidden sysctls. Not started: in Enforce its status is failed
+    /// (conditional on the version judged, see [`fail_patch`]) and a `Reject` event posted, in
+    /// Audit only an `Audit` event. Started (kubelet admitted it): never written to, only an
+    /// `Audit` event saying so. One event per pod UID, policy revision and note, which an agent
+    /// restart does not repeat.
+    pub async fn forbidden(
         &self,
         pod: &Pod,
         mode: Mode,
         message: &str,
+        started: bool,
         revision: u64,
     ) -> Result<(), kube::Error> {
-        if !self.proceed(Intent::Reject { pod, mode, message }) {
+        if !self.proceed(Intent::Forbidden {
+            pod,
+            mode,
+            message,
+            started,
+        }) {
             return Ok(());
         }
-        if mode == Mode::Enforce {
-            // If kubelet has written the pod's status since it was judged, the apiserver
-            // answers 409 and nothing is written; the pod is judged again from the newer
-            // version, where it has started.
-            let Some(patch) = fail_patch(pod, message) else {
-                // Never seen from the apiserver without one; without it the patch would be
-                // unconditional, so the pod is left alone.
-                tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), "pod has no resourceVersion; not failing it");
-                return Ok(());
-            };
-            let ns = pod.namespace().unwrap_or_default();
-            self.writes.fail_pod(&ns, &pod.name_any(), &patch).await?;
+        if started {
+            let note = format!(
+                "{message} (pod already started: not failed; {mode} applies to pods not yet started)"
+            );
+            return self.publish_once(pod, "Audit", &note, revision).await;
         }
-        let action = match mode {
-            Mode::Enforce => "Reject",
-            Mode::Audit => "Audit",
+        if mode == Mode::Audit {
+            return self.publish_once(pod, "Audit", message, revision).await;
+        }
+        // If kubelet has written the pod's status since it was judged, the apiserver answers
+        // 409 and nothing is written; the pod is judged again from the newer version, where it
+        // has started.
+        let Some(patch) = fail_patch(pod, message) else {
+            // Never seen from the apiserver without one; without it the patch would be
+            // unconditional, so the pod is left alone.
+            tracing::warn!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), "pod has no resourceVersion; not failing it");
+            return Ok(());
         };
-        self.publish_once(pod, action, message, revision).await
-    }
-
-    /// A started pod the policy forbids: never written to; one Warning event per pod UID and
-    /// policy revision, which an agent restart does not repeat.
-    pub async fn report_started(
-        &self,
-        pod: &Pod,
-        mode: Mode,
-        message: &str,
-        revision: u64,
-    ) -> Result<(), kube::Error> {
-        if !self.proceed(Intent::ReportStarted { pod, mode, message }) {
-            return Ok(());
-        }
-        let note = format!(
-            "{message} (pod already started: not failed; {mode} applies to pods not yet started)"
-        );
-        self.publish_once(pod, "Audit", &note, revision).await
+        let ns = pod.namespace().unwrap_or_default();
+        self.writes.fail_pod(&ns, &pod.name_any(), &patch).await?;
+        self.publish_once(pod, "Reject", message, revision).await
     }
 
     /// Writes a policy's status (computed by `policy::desired_status`).

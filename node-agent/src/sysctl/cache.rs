@@ -104,7 +104,7 @@ pub fn follow_all(
         Api::<Pod>::all(client.clone()),
         config().fields(&format!("spec.nodeName={node}")),
         cache.clone(),
-        |c, ev| fold_pod(&mut c.pods, ev),
+        fold_pod,
     );
     let (policies_flag, policies) = follow(
         readiness,
@@ -112,7 +112,7 @@ pub fn follow_all(
         Api::<SysctlPolicy>::all(client.clone()),
         config(),
         cache.clone(),
-        |c, ev| fold_policy(&mut c.policies, ev),
+        fold_policy,
     );
     let (node_flag, nodes) = follow(
         readiness,
@@ -120,7 +120,7 @@ pub fn follow_all(
         Api::<Node>::all(client.clone()),
         config().fields(&format!("metadata.name={node}")),
         cache.clone(),
-        |c, ev| fold_node(&mut c.nodes, ev),
+        fold_node,
     );
     let changes = futures::stream::select(
         pods.boxed(),
@@ -141,38 +141,44 @@ fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
     }
 }
 
-pub fn fold_pod(store: &mut Store<PodKey, Pod>, ev: Event<Pod>) -> Change {
+/// Kept under its name; an object without one can not be.
+fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
+    match name {
+        Some(name) => Kept::Yes(name, v),
+        None => Kept::Unusable,
+    }
+}
+
+fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Pod(Box::new(p.clone())),
         Event::Delete(p) => Change::PodGone(p.uid().unwrap_or_default()),
         Event::InitDone => Change::PodsListed,
     };
-    store.apply_event(ev, pod_kept);
+    cache.pods.apply_event(ev, pod_kept);
     change
 }
 
-pub fn fold_policy(store: &mut Store<String, SysctlPolicy>, ev: Event<SysctlPolicy>) -> Change {
+fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Policy(Box::new(p.clone())),
         Event::Delete(_) | Event::InitDone => Change::Merge,
     };
-    store.apply_event(ev, |p: SysctlPolicy| match p.metadata.name.clone() {
-        Some(name) => Kept::Yes(name, p),
-        None => Kept::Unusable,
-    });
+    cache
+        .policies
+        .apply_event(ev, |p: SysctlPolicy| by_name(p.metadata.name.clone(), p));
     change
 }
 
-pub fn fold_node(store: &mut Store<String, Labels>, ev: Event<Node>) -> Change {
+fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
     let change = match &ev {
         Event::Init | Event::InitApply(_) => Change::None,
         Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,
     };
-    store.apply_event(ev, |n: Node| match n.metadata.name.clone() {
-        Some(name) => Kept::Yes(name, n.metadata.labels.unwrap_or_default()),
-        None => Kept::Unusable,
+    cache.nodes.apply_event(ev, |n: Node| {
+        by_name(n.metadata.name, n.metadata.labels.unwrap_or_default())
     });
     change
 }
