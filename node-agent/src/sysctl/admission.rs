@@ -1,8 +1,9 @@
-//! Admission as a state machine driven by the watches' changes and a tick: the node's merged
-//! policy, what was done per pod (`decide::Memory`), the pods whose writes are retried, and the
-//! policy status writes coming due. It carries out what `decide` says through the write trait
-//! (`apply::Writer`): fail a pod that has not started and warn in Enforce, warn in Audit, only
-//! report a started pod, and keep each policy's status current.
+//! Admission's state machine: driven by watch changes and a tick, it acts through `apply`.
+//!
+//! It keeps the node's merged policy, what was done per pod (`decide::Memory`), the pods whose
+//! writes are retried, and the policy status writes coming due, and carries out what `decide`
+//! says through `apply::Writer`: fail a pod that has not started and warn in Enforce, warn in
+//! Audit, only report a started pod, and keep each policy's status current.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

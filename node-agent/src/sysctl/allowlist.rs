@@ -1,5 +1,6 @@
-//! kubelet's sysctl allowlist (`pkg/kubelet/sysctl/allowlist.go`): built from patterns, it
-//! admits or rejects a pod by the sysctls in its security context.
+//! kubelet's sysctl allowlist (`pkg/kubelet/sysctl/allowlist.go`).
+//!
+//! Built from patterns, it admits or rejects a pod by the sysctls in its security context.
 
 use std::collections::HashMap;
 

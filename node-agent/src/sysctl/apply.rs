@@ -1,7 +1,8 @@
-//! Admission's writes to the API: fail a pod's status, post a pod's report Event, apply a
-//! policy's status. The writes are behind [`Writes`] (the kube one here, a recording fake in
-//! the tests); [`Writer`] carries out what admission decided and is the one place `--dry-run`
-//! is decided.
+//! Admission's writes to the API, behind a trait, with `--dry-run` decided in one place.
+//!
+//! The writes (fail a pod's status, post a pod's report Event, apply a policy's status) are
+//! behind [`Writes`] (the kube one here, a recording fake in the tests); [`Writer`] carries out
+//! what admission decided and is the one place `--dry-run` is decided.
 
 use std::future::Future;
 

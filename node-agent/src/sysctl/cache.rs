@@ -1,5 +1,6 @@
-//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels, each
-//! into a `plumbing::cache::Store`, and the changes admission reacts to.
+//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels.
+//!
+//! Each goes into a `plumbing::cache::Store`; the watches yield the changes admission reacts to.
 //!
 //! Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`): with a
 //! field selector, a paginated quorum list would page through every pod and node in the cluster

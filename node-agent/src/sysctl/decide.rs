@@ -1,5 +1,6 @@
-//! The admission decision for one pod bound to this node: plain values in, what to do out,
-//! and the memory that makes it happen once per change of the pod's sysctls or of the outcome.
+//! The admission decision for one pod bound to this node: plain values in, what to do out.
+//!
+//! Its memory makes it happen once per change of the pod's sysctls or of the outcome.
 //!
 //! kubelet admits a pod once, before it starts it; a pod it has started is never re-admitted.
 //! The agent keeps to the same rule: only a pod that has not started can be failed
@@ -153,7 +154,7 @@ pub enum Outcome {
     Reject { mode: Mode, message: String },
 }
 
-/// What the thin layer does for a pod.
+/// What admission does for a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Nothing to do, nothing to remember.

@@ -31,7 +31,7 @@ fn run(p: &Pod, mode: Mode, memory: &mut Memory) -> Action {
     run_chosen(p, mode, memory, true)
 }
 
-/// As the thin layer does it: remember what was acted on.
+/// As admission does it: remember what was acted on.
 fn run_chosen(p: &Pod, mode: Mode, memory: &mut Memory, chosen: bool) -> Action {
     let facts = PodFacts::of(p);
     let out = outcome(&list(), mode, p);

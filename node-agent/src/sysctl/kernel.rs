@@ -1,6 +1,8 @@
-//! The running kernel's version, parsed like `k8s.io/apimachinery/pkg/util/version.ParseGeneric`:
-//! leading numeric components (at least two, the first without a leading zero), anything after
-//! them ignored, so distro release strings parse.
+//! The running kernel's version.
+//!
+//! Parsed like `k8s.io/apimachinery/pkg/util/version.ParseGeneric`: leading numeric components
+//! (at least two, the first without a leading zero), anything after them ignored, so distro
+//! release strings parse.
 
 use std::{cmp::Ordering, fmt, str::FromStr};
 

@@ -1,5 +1,6 @@
-//! Admission's Prometheus metrics: pods checked, rejected (by reason and mode), and started pods
-//! the policy would forbid.
+//! Admission's Prometheus metrics.
+//!
+//! Pods checked, rejected (by reason and mode), and started pods the policy would forbid.
 
 use groundskeeper_plumbing::metrics::register_all;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};

@@ -1,6 +1,8 @@
-//! Sysctl admission, kubelet-style: a pod bound to this node whose sysctls the node does not
-//! allow is failed (Enforce) or reported (Audit). The allowlist is kubelet's, the extra patterns
-//! come from the agent's flag and SysctlPolicy objects.
+//! Sysctl admission, kubelet-style: the flags and `run`.
+//!
+//! A pod bound to this node whose sysctls the node does not allow is failed (Enforce) or
+//! reported (Audit). The allowlist is kubelet's, the extra patterns come from the agent's flag
+//! and SysctlPolicy objects.
 
 pub mod admission;
 #[cfg(test)]
@@ -141,7 +143,7 @@ mod tests {
 
     #[test]
     fn flags_parse_and_bad_values_are_named() {
-        let cli = parse(&[
+        let args = parse(&[
             "--allowed-unsafe-sysctls",
             "kernel.msg*,net/core/somaxconn,",
             "--kernel-version",
@@ -149,12 +151,12 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            cli.allowed_unsafe_sysctls(),
+            args.allowed_unsafe_sysctls(),
             vec!["kernel.msg*", "net/core/somaxconn"]
         );
-        assert_eq!(cli.kernel_version.unwrap().to_string(), "5.14.0");
+        assert_eq!(args.kernel_version.unwrap().to_string(), "5.14.0");
         assert_eq!(
-            cli.sysctl_default_mode,
+            args.sysctl_default_mode,
             crate::sysctl::crd::Mode::Audit,
             "a default install only audits"
         );
@@ -163,8 +165,8 @@ mod tests {
             ("Enforce", crate::sysctl::crd::Mode::Enforce),
             ("audit", crate::sysctl::crd::Mode::Audit),
         ] {
-            let cli = parse(&["--sysctl-default-mode", value]).unwrap();
-            assert_eq!(cli.sysctl_default_mode, want, "{value}");
+            let args = parse(&["--sysctl-default-mode", value]).unwrap();
+            assert_eq!(args.sysctl_default_mode, want, "{value}");
         }
         let e = parse(&["--sysctl-default-mode", "strict"]).unwrap_err();
         assert!(

@@ -1,6 +1,8 @@
-//! Sysctl names and patterns: normalisation, namespace classification and the apiserver's
-//! name/pattern syntax (hand-written equivalents of the upstream regexes; a sysctl segment can
-//! not contain a separator, so splitting on `.`/`/` and checking each piece is exact).
+//! Sysctl names and patterns: normalisation, namespace classification, syntax.
+//!
+//! The apiserver's name/pattern syntax in hand-written equivalents of the upstream regexes; a
+//! sysctl segment can not contain a separator, so splitting on `.`/`/` and checking each piece
+//! is exact.
 
 use std::fmt;
 
