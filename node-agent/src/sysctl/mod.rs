@@ -137,12 +137,9 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
 mod tests {
     use super::SysctlArgs;
 
-    fn parse(flags: &[&str]) -> Result<SysctlArgs, String> {
-        testkit::cli::args::<SysctlArgs>(flags)
-    }
-
     #[test]
     fn flags_parse_and_bad_values_are_named() {
+        let parse = testkit::cli::args::<SysctlArgs>;
         let args = parse(&[
             "--allowed-unsafe-sysctls",
             "kernel.msg*,net/core/somaxconn,",
