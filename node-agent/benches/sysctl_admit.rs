@@ -9,23 +9,12 @@ use groundskeeper_node_agent::sysctl::allowlist::Allowlist;
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
 use groundskeeper_node_agent::sysctl::policy::merge;
 use groundskeeper_node_agent::sysctl::safe::safe_sysctls;
-use k8s_openapi::api::core::v1::{PodSecurityContext, PodSpec, Sysctl};
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 fn spec(names: &[&str]) -> PodSpec {
     PodSpec {
-        security_context: Some(PodSecurityContext {
-            sysctls: Some(
-                names
-                    .iter()
-                    .map(|n| Sysctl {
-                        name: n.to_string(),
-                        value: "1".into(),
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }),
+        security_context: Some(testkit::sysctls(names)),
         ..Default::default()
     }
 }

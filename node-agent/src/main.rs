@@ -82,7 +82,7 @@ fn start_tasks(cli: &Cli, ctx: Context) -> Tasks {
         conntrack::run(ctx.clone(), cli.conntrack.clone())
     });
     set.spawn_if(on("sysctl"), "sysctl", || {
-        sysctl::admit::run(ctx.clone(), cli.sysctl.clone())
+        sysctl::run(ctx.clone(), cli.sysctl.clone())
     });
     set.warn_if_empty("no node tasks are enabled");
     set

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
@@ -93,18 +93,7 @@ async fn pod(
     pod.spec
         .as_mut()
         .expect("bound_pod has a spec")
-        .security_context = Some(PodSecurityContext {
-        sysctls: Some(
-            sysctls
-                .iter()
-                .map(|n| Sysctl {
-                    name: n.to_string(),
-                    value: "1".into(),
-                })
-                .collect(),
-        ),
-        ..Default::default()
-    });
+        .security_context = Some(testkit::sysctls(sysctls));
     c.create(&pod).await?;
     Ok(name)
 }
@@ -362,18 +351,20 @@ async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()>
     )
     .await?;
     let forbidden = pod(&c, &ns, &node, "dry", &["kernel.msgmax"]).await?;
-    agent.bin.wait_for_log("would be failing pod", WAIT).await?;
+    agent
+        .bin
+        .wait_for_log("dry-run: would fail pod", WAIT)
+        .await?;
     // The forbidden pod comes after the allowed one, so both are decided by now.
     let would: Vec<serde_json::Value> = agent
         .bin
         .logs()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| l["message"] == "would be failing pod")
+        .filter(|l| l["message"] == "dry-run: would fail pod")
         .collect();
     assert_eq!(would.len(), 1, "{would:?}");
     assert_eq!(would[0]["pod"], forbidden.as_str());
-    assert_eq!(would[0]["dry_run"], true);
     assert_eq!(
         would[0]["rejection"],
         r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#
@@ -736,7 +727,7 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
 /// pod is not failed; built from a current read of a pod that has not started, it applies.
 #[tokio::test]
 async fn a_fail_patch_from_a_stale_read_is_refused_with_conflict() -> anyhow::Result<()> {
-    use groundskeeper_node_agent::sysctl::admit::fail_patch;
+    use groundskeeper_node_agent::sysctl::apply::fail_patch;
     let Some(c) = testkit::cluster("a_fail_patch_from_a_stale_read_is_refused_with_conflict").await
     else {
         return Ok(());

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ObjectMeta;
@@ -93,13 +93,7 @@ async fn forbidden_pod_is_rejected_within_5s_after_a_35s_control_plane_outage() 
 
     let pod_name = unique_name("sem");
     let mut pod = testkit::bound_pod(&ns, &pod_name, &node);
-    pod.spec.as_mut().expect("spec").security_context = Some(PodSecurityContext {
-        sysctls: Some(vec![Sysctl {
-            name: "kernel.sem".into(),
-            value: "1".into(),
-        }]),
-        ..Default::default()
-    });
+    pod.spec.as_mut().expect("spec").security_context = Some(testkit::sysctls(&["kernel.sem"]));
     c.create(&pod).await?;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     // After an etcd restart the apiserver serves custom resources a few seconds after its

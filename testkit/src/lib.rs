@@ -415,3 +415,21 @@ pub fn bound_pod(namespace: &str, name: &str, node: &str) -> k8s_openapi::api::c
         ..Default::default()
     }
 }
+
+/// A pod security context setting each of `names` to `1`: what the sysctl tests and benches
+/// put in a pod.
+pub fn sysctls(names: &[&str]) -> k8s_openapi::api::core::v1::PodSecurityContext {
+    use k8s_openapi::api::core::v1::{PodSecurityContext, Sysctl};
+    PodSecurityContext {
+        sysctls: Some(
+            names
+                .iter()
+                .map(|n| Sysctl {
+                    name: n.to_string(),
+                    value: "1".into(),
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}

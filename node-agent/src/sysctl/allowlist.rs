@@ -1,5 +1,6 @@
-//! kubelet's sysctl allowlist (`pkg/kubelet/sysctl/allowlist.go`): built from patterns, it
-//! admits or rejects a pod by the sysctls in its security context.
+//! kubelet's sysctl allowlist (`pkg/kubelet/sysctl/allowlist.go`).
+//!
+//! Built from patterns, it admits or rejects a pod by the sysctls in its security context.
 
 use std::collections::HashMap;
 
@@ -139,24 +140,13 @@ impl Allowlist {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodSecurityContext, Sysctl};
+    use k8s_openapi::api::core::v1::PodSecurityContext;
 
     fn spec(names: &[&str], host_net: bool, host_ipc: bool) -> PodSpec {
         PodSpec {
             host_network: Some(host_net),
             host_ipc: Some(host_ipc),
-            security_context: Some(PodSecurityContext {
-                sysctls: Some(
-                    names
-                        .iter()
-                        .map(|n| Sysctl {
-                            name: n.to_string(),
-                            value: "1".into(),
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
+            security_context: Some(testkit::sysctls(names)),
             ..Default::default()
         }
     }

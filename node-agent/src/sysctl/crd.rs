@@ -1,5 +1,7 @@
-//! The SysctlPolicy custom resource: extra allowed sysctl patterns for the nodes a label
-//! selector picks, and whether a forbidden pod is failed (Enforce) or only reported (Audit).
+//! The SysctlPolicy custom resource.
+//!
+//! Extra allowed sysctl patterns for the nodes a label selector picks, and whether a forbidden
+//! pod is failed (Enforce) or only reported (Audit).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};

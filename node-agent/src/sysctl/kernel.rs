@@ -1,6 +1,8 @@
-//! The running kernel's version, parsed like `k8s.io/apimachinery/pkg/util/version.ParseGeneric`:
-//! leading numeric components (at least two, the first without a leading zero), anything after
-//! them ignored, so distro release strings parse.
+//! The running kernel's version.
+//!
+//! Parsed like `k8s.io/apimachinery/pkg/util/version.ParseGeneric`: leading numeric components
+//! (at least two, the first without a leading zero), anything after them ignored, so distro
+//! release strings parse.
 
 use std::{cmp::Ordering, fmt, str::FromStr};
 
@@ -139,8 +141,8 @@ mod tests {
             "6.8.0\n",
         ] {
             let e = bad.parse::<KernelVersion>().unwrap_err();
-            assert_eq!(e, ParseKernelVersionError(bad.into()));
-            assert!(e.to_string().contains(&format!("{bad:?}")));
+            assert_eq!(e, ParseKernelVersionError(bad.into()), "{bad}");
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{bad}");
         }
     }
 

@@ -1,18 +1,34 @@
-//! Sysctl admission, kubelet-style: a pod bound to this node whose sysctls the node does not
-//! allow is failed (Enforce) or reported (Audit). The allowlist is kubelet's, the extra patterns
-//! come from the agent's flag and SysctlPolicy objects.
+//! Sysctl admission, kubelet-style: the flags and `run`.
+//!
+//! A pod bound to this node whose sysctls the node does not allow is failed (Enforce) or
+//! reported (Audit). The allowlist is kubelet's, the extra patterns come from the agent's flag
+//! and SysctlPolicy objects.
 
-pub mod admit;
+pub mod admission;
+#[cfg(test)]
+mod admission_tests;
 pub mod allowlist;
+pub mod apply;
+pub mod cache;
 pub mod check;
 pub mod crd;
 pub mod decide;
+#[cfg(test)]
+mod decide_tests;
 pub mod kernel;
+pub mod metrics;
 pub mod names;
 pub mod policy;
 pub mod safe;
 
+use futures::StreamExt;
+use groundskeeper_plumbing::cache::Shared;
 use kernel::KernelVersion;
+
+use crate::context::Context;
+use admission::{Admission, Settings, TICK};
+use apply::{KubeWrites, Writer};
+use metrics::Metrics;
 
 /// The agent's sysctl admission flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -63,19 +79,68 @@ impl SysctlArgs {
     }
 }
 
+/// The kernel to gate the safe list by: the flag, else the host's; unknown only drops the
+/// gated entries, as in kubelet.
+fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
+    match &args.kernel_version {
+        Some(k) => Some(k.clone()),
+        None => KernelVersion::from_host()
+            .inspect_err(|e| tracing::warn!(error = %e, "kernel version unknown; kernel-gated safe sysctls are not allowed"))
+            .ok(),
+    }
+}
+
+/// Watches this node's pods, the SysctlPolicies and this Node, and admits until cancelled.
+pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
+    let kernel = kernel(&args);
+    let safe = safe::safe_sysctls(kernel.as_ref());
+    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?args.allowed_unsafe_sysctls(), default_mode = %args.sysctl_default_mode, "sysctl admission starting");
+    let metrics = Metrics::register(&ctx.base.registry)?;
+    let cache = Shared::default();
+    let (watches, changes) = cache::follow_all(
+        &ctx.base.readiness,
+        &ctx.base.client,
+        &ctx.node_name,
+        &cache,
+    );
+    let writer = Writer::new(
+        KubeWrites::new(ctx.base.client.clone()),
+        ctx.base.dry_run,
+        ctx.node_name.clone(),
+    );
+    let settings = Settings {
+        node_name: ctx.node_name.clone(),
+        safe,
+        flag: args.allowed_unsafe_sysctls(),
+        default_mode: args.sysctl_default_mode,
+    };
+    let mut admission = Admission::new(settings, cache, watches, writer, metrics);
+
+    let mut changes = std::pin::pin!(changes);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ctx.base.token.cancelled() => break,
+            Some(change) = changes.next() => admission.on_change(change).await,
+            _ = tick.tick() => admission.on_tick().await,
+        }
+    }
+    tracing::info!(
+        decisions = admission.decisions(),
+        "sysctl admission stopped"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::agent::Cli;
-    use clap::Parser;
-
-    fn parse(args: &[&str]) -> Result<Cli, String> {
-        Cli::try_parse_from([&["node-agent"], args].concat())
-            .map_err(|e| groundskeeper_plumbing::cli::one_line(&e))
-    }
+    use super::SysctlArgs;
 
     #[test]
     fn flags_parse_and_bad_values_are_named() {
-        let cli = parse(&[
+        let parse = testkit::cli::args::<SysctlArgs>;
+        let args = parse(&[
             "--allowed-unsafe-sysctls",
             "kernel.msg*,net/core/somaxconn,",
             "--kernel-version",
@@ -83,12 +148,12 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            cli.sysctl.allowed_unsafe_sysctls(),
+            args.allowed_unsafe_sysctls(),
             vec!["kernel.msg*", "net/core/somaxconn"]
         );
-        assert_eq!(cli.sysctl.kernel_version.as_ref().unwrap().to_string(), "5.14.0");
+        assert_eq!(args.kernel_version.unwrap().to_string(), "5.14.0");
         assert_eq!(
-            cli.sysctl.sysctl_default_mode,
+            args.sysctl_default_mode,
             crate::sysctl::crd::Mode::Audit,
             "a default install only audits"
         );
@@ -97,8 +162,8 @@ mod tests {
             ("Enforce", crate::sysctl::crd::Mode::Enforce),
             ("audit", crate::sysctl::crd::Mode::Audit),
         ] {
-            let cli = parse(&["--sysctl-default-mode", value]).unwrap();
-            assert_eq!(cli.sysctl.sysctl_default_mode, want, "{value}");
+            let args = parse(&["--sysctl-default-mode", value]).unwrap();
+            assert_eq!(args.sysctl_default_mode, want, "{value}");
         }
         let e = parse(&["--sysctl-default-mode", "strict"]).unwrap_err();
         assert!(
@@ -108,7 +173,6 @@ mod tests {
         assert!(
             parse(&["--allowed-unsafe-sysctls="])
                 .unwrap()
-                .sysctl
                 .allowed_unsafe_sysctls()
                 .is_empty()
         );

@@ -1,6 +1,8 @@
-//! Sysctl names and patterns: normalisation, namespace classification and the apiserver's
-//! name/pattern syntax (hand-written equivalents of the upstream regexes; a sysctl segment can
-//! not contain a separator, so splitting on `.`/`/` and checking each piece is exact).
+//! Sysctl names and patterns: normalisation, namespace classification, syntax.
+//!
+//! The apiserver's name/pattern syntax in hand-written equivalents of the upstream regexes; a
+//! sysctl segment can not contain a separator, so splitting on `.`/`/` and checking each piece
+//! is exact.
 
 use std::fmt;
 
@@ -263,19 +265,31 @@ mod tests {
         }
     }
 
+    /// Each of `ok` passes `valid` and each of `bad` fails it; the one that does not is named.
+    fn syntax(valid: fn(&str) -> bool, ok: &[&str], bad: &[&str]) {
+        for s in ok {
+            assert!(valid(s), "{s:?} should be valid");
+        }
+        for s in bad {
+            assert!(!valid(s), "{s:?} should be invalid");
+        }
+    }
+
     #[test]
     fn name_syntax() {
-        for ok in [
+        let long = format!("a.{}", "b".repeat(251));
+        assert_eq!(long.len(), 253);
+        let ok = [
             "a",
             "kernel.shm_rmid_forced",
             "net.ipv4.conf.eno2/100.rp_filter",
             "net/ipv4/conf/eno2.100/rp_filter",
             "a-b_c.d0",
             "0.9",
-        ] {
-            assert!(is_valid_name(ok), "{ok}");
-        }
-        for bad in [
+            &long,
+        ];
+        let too_long = format!("{long}c");
+        let bad = [
             "",
             "Kernel.sem",
             "a.",
@@ -288,18 +302,16 @@ mod tests {
             "a b",
             "ä",
             "a//b",
-        ] {
-            assert!(!is_valid_name(bad), "{bad}");
-        }
-        let long = format!("a.{}", "b".repeat(251));
-        assert_eq!(long.len(), 253);
-        assert!(is_valid_name(&long));
-        assert!(!is_valid_name(&format!("{long}c")));
+            &too_long,
+        ];
+        syntax(is_valid_name, &ok, &bad);
     }
 
     #[test]
     fn pattern_syntax() {
-        for ok in [
+        let long = format!("a.{}*", "b".repeat(250));
+        assert_eq!(long.len(), 253);
+        let ok = [
             "*",
             "a*",
             "a-*",
@@ -311,19 +323,14 @@ mod tests {
             "a",
             "9",
             "kernel.shm_rmid_forced",
-        ] {
-            assert!(is_valid_pattern(ok), "{ok}");
-        }
-        for bad in [
+            &long,
+        ];
+        let too_long = format!("b{long}");
+        let bad = [
             "", "**", "*a", "a*b", "a.*.b", "-a*", "_*", "a-", "a.b-.c*", "net.", "Net.*", "a..*",
-            "a*.b",
-        ] {
-            assert!(!is_valid_pattern(bad), "{bad}");
-        }
-        let long = format!("a.{}*", "b".repeat(250));
-        assert_eq!(long.len(), 253);
-        assert!(is_valid_pattern(&long));
-        assert!(!is_valid_pattern(&format!("b{long}")));
+            "a*.b", &too_long,
+        ];
+        syntax(is_valid_pattern, &ok, &bad);
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! What this node allows: the kernel-gated safe list, the agent's `--allowed-unsafe-sysctls`
-//! flag and every SysctlPolicy that selects the node, merged; and what each policy's status
-//! should say.
+//! What this node allows, merged from every source, and what each policy's status should say.
+//!
+//! The sources: the kernel-gated safe list, the agent's `--allowed-unsafe-sysctls` flag and
+//! every SysctlPolicy that selects the node.
 //!
 //! Mode when policies disagree: the strictest wins. Any selecting policy in Enforce makes the
 //! node Enforce; the node is Audit only when every selecting policy is Audit. With no selecting

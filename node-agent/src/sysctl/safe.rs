@@ -1,6 +1,7 @@
-//! The safe sysctls (kubelet v1.36 `SafeSysctlAllowlist`), in upstream order, each with the
-//! first kernel that namespaces it. Order matters: it is the order of the merged allowlist
-//! and of what the agent logs.
+//! The safe sysctls (kubelet v1.36 `SafeSysctlAllowlist`) and their kernel gates.
+//!
+//! In upstream order, each with the first kernel that namespaces it. Order matters: it is the
+//! order of the merged allowlist and of what the agent logs.
 
 use super::kernel::KernelVersion;
 

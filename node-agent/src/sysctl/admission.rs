@@ -1,0 +1,269 @@
+//! Admission's state machine: driven by watch changes and a tick, it acts through `apply`.
+//!
+//! It keeps the node's merged policy, what was done per pod (`decide::Memory`), the pods whose
+//! writes are retried, and the policy status writes coming due, and carries out what `decide`
+//! says through `apply::Writer`: fail a pod that has not started and warn in Enforce, warn in
+//! Audit, only report a started pod, and keep each policy's status current.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use groundskeeper_plumbing::cache::Shared;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use tokio::time::Instant;
+
+use super::allowlist::FORBIDDEN_REASON;
+use super::apply::{Writer, Writes};
+use super::cache::{Cache, Change, PodKey, Watches};
+use super::crd::{Mode, SysctlPolicy};
+use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::metrics::Metrics;
+use super::policy::{NodePolicy, desired_status, merge};
+
+/// How often failed writes are retried and delayed status writes come due.
+pub const TICK: Duration = Duration::from_secs(1);
+/// Status writes are spread over this window by node name, so that of many agents seeing the
+/// same policy change, the first write is seen by most before their own turn comes.
+const STATUS_SPREAD_MS: u64 = 5_000;
+/// A failed status write is tried again after this long.
+const STATUS_RETRY: Duration = Duration::from_secs(5);
+
+/// How long this node waits before writing a policy's status: the same for a node every time,
+/// spread over [`STATUS_SPREAD_MS`] across nodes.
+pub fn status_offset(node: &str) -> Duration {
+    Duration::from_millis(
+        node.bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
+            % STATUS_SPREAD_MS,
+    )
+}
+
+/// What admission is configured with, fixed for the process.
+pub struct Settings {
+    pub node_name: String,
+    /// The safe sysctls the kernel namespaces.
+    pub safe: Vec<&'static str>,
+    /// `--allowed-unsafe-sysctls`.
+    pub flag: Vec<String>,
+    /// `--sysctl-default-mode`.
+    pub default_mode: Mode,
+}
+
+pub struct Admission<W> {
+    settings: Settings,
+    cache: Shared<Cache>,
+    /// This task's own watches; other tasks' readiness must not hold admission back.
+    watches: Watches,
+    writer: Writer<W>,
+    metrics: Metrics,
+    policy: Option<NodePolicy>,
+    memory: Memory,
+    retry: HashSet<PodKey>,
+    status_due: HashMap<String, Instant>,
+    status_offset: Duration,
+}
+
+impl<W: Writes> Admission<W> {
+    pub fn new(
+        settings: Settings,
+        cache: Shared<Cache>,
+        watches: Watches,
+        writer: Writer<W>,
+        metrics: Metrics,
+    ) -> Self {
+        let status_offset = status_offset(&settings.node_name);
+        Self {
+            settings,
+            cache,
+            watches,
+            writer,
+            metrics,
+            policy: None,
+            memory: Memory::default(),
+            retry: HashSet::new(),
+            status_due: HashMap::new(),
+            status_offset,
+        }
+    }
+
+    /// How many pods have a remembered outcome.
+    pub fn decisions(&self) -> usize {
+        self.memory.len()
+    }
+
+    /// Reacts to a change the cache has already applied.
+    pub async fn on_change(&mut self, change: Change) {
+        match change {
+            Change::None => {}
+            Change::Pod(pod) => self.evaluate(&pod).await,
+            Change::PodGone(uid) => self.memory.forget(&uid),
+            Change::PodsListed => {
+                self.forget_gone();
+                self.evaluate_all().await
+            }
+            Change::Policy(policy) => {
+                self.schedule_status(&policy);
+                if self.watches.policies.is_ready() {
+                    self.policies_changed().await
+                }
+            }
+            Change::Merge => self.policies_changed().await,
+        }
+    }
+
+    /// Retries the pods whose writes failed and writes the statuses that came due.
+    pub async fn on_tick(&mut self) {
+        let retry: Vec<PodKey> = self.retry.drain().collect();
+        for key in retry {
+            let pod = self.cache.lock().pods.get(&key).cloned();
+            if let Some(pod) = pod {
+                self.evaluate(&pod).await;
+            }
+        }
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .status_due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            self.status_due.remove(&name);
+            if let Err(e) = self.write_status(&name).await {
+                tracing::warn!(policy = %name, error = %e, "writing SysctlPolicy status failed; will retry");
+                self.status_due.insert(name, now + STATUS_RETRY);
+            }
+        }
+    }
+
+    /// Recomputes the node's policy once every watch has listed and the Node is known; pods are
+    /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
+    /// policy selecting this node could allow what would otherwise be rejected.
+    async fn policies_changed(&mut self) {
+        if !self.watches.listed() {
+            return;
+        }
+        let merged = {
+            let cache = self.cache.lock();
+            let Some(labels) = cache.nodes.values().next() else {
+                drop(cache);
+                tracing::warn!(node = %self.settings.node_name, "Node object not found; not admitting until it exists");
+                self.policy = None;
+                return;
+            };
+            let policies: Vec<&SysctlPolicy> = cache.policies.values().collect();
+            let s = &self.settings;
+            merge(&s.safe, &s.flag, s.default_mode, &policies, labels)
+        };
+        if self.policy.as_ref() != Some(&merged) {
+            tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
+            self.policy = Some(merged);
+            self.evaluate_all().await;
+        }
+    }
+
+    /// A relist drops pods deleted while the watch was down without a Delete event.
+    fn forget_gone(&mut self) {
+        let live: HashSet<String> = self
+            .cache
+            .lock()
+            .pods
+            .values()
+            .filter_map(|p| p.uid())
+            .collect();
+        self.memory.retain(|uid| live.contains(uid));
+    }
+
+    async fn evaluate_all(&mut self) {
+        let pods: Vec<Pod> = self.cache.lock().pods.values().cloned().collect();
+        for pod in pods {
+            self.evaluate(&pod).await;
+        }
+    }
+
+    async fn evaluate(&mut self, pod: &Pod) {
+        let Some(policy) = self.policy.as_ref() else {
+            return;
+        };
+        let (revision, chosen) = (policy.revision, policy.chosen);
+        let facts = PodFacts::of(pod);
+        let out = outcome(&policy.allowlist, policy.mode, pod);
+        let action = decide(&facts, out.clone(), &self.memory, chosen);
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let started = matches!(action, Action::ReportStarted { .. });
+        match action {
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
+            Action::Admit => {
+                tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
+            }
+            // Counted once the write is done: a refused fail patch (409: the pod moved on,
+            // perhaps started) is not a rejection.
+            Action::Reject { mode, message } | Action::ReportStarted { mode, message } => {
+                // Failing a pod is destructive: not on a policy, Node or pod list that may be
+                // stale (a watch failing or relisting). Retried each tick until they are current.
+                if !started && mode == Mode::Enforce && !self.watches.healthy() {
+                    tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
+                    self.retry.insert(PodKey::of(pod));
+                    return;
+                }
+                let written = self
+                    .writer
+                    .forbidden(pod, mode, &message, started, revision)
+                    .await;
+                if let Err(e) = written {
+                    match &e {
+                        _ if started => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry")
+                        }
+                        kube::Error::Api(s) if s.code == 409 => {
+                            tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again")
+                        }
+                        _ => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry")
+                        }
+                    }
+                    self.retry.insert(PodKey::of(pod));
+                    return;
+                }
+                let mode = mode.to_string();
+                if started {
+                    self.metrics
+                        .started_forbidden
+                        .with_label_values(&[&mode])
+                        .inc();
+                } else {
+                    self.metrics
+                        .rejected
+                        .with_label_values(&[FORBIDDEN_REASON, &mode])
+                        .inc();
+                }
+            }
+        }
+        self.metrics.checked.inc();
+        self.retry.remove(&PodKey::of(pod));
+        self.memory.remember(&facts, out);
+    }
+
+    fn schedule_status(&mut self, policy: &SysctlPolicy) {
+        if desired_status(policy, Time(jiff::Timestamp::now())).is_some() {
+            self.status_due
+                .entry(policy.name_any())
+                .or_insert_with(|| Instant::now() + self.status_offset);
+        }
+    }
+
+    /// The status is checked again when it comes due, after the spread delay: another agent
+    /// may have written it meanwhile, and then there is nothing to do.
+    async fn write_status(&self, name: &str) -> Result<(), kube::Error> {
+        let policy = self.cache.lock().policies.get(&name.to_string()).cloned();
+        let Some(policy) = policy else {
+            return Ok(());
+        };
+        let Some(status) = desired_status(&policy, Time(jiff::Timestamp::now())) else {
+            return Ok(());
+        };
+        self.writer.write_status(name, &status).await
+    }
+}

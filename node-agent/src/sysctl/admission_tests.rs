@@ -1,0 +1,457 @@
+//! Admission driven by plain cache changes and ticks, its writes recorded by a fake.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use groundskeeper_plumbing::Readiness;
+use groundskeeper_plumbing::cache::{Shared, Update};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+use super::admission::{Admission, Settings, status_offset};
+use super::apply::{Writer, Writes};
+use super::cache::{Cache, Change, Labels, PodKey, Watches};
+use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
+use super::metrics::Metrics;
+
+const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
+
+/// One write as the apiserver would have taken it.
+#[derive(Clone, Debug, PartialEq)]
+enum Write {
+    Failed {
+        pod: String,
+        resource_version: String,
+        message: String,
+    },
+    Event {
+        pod: String,
+        action: String,
+        note: String,
+    },
+    Status {
+        policy: String,
+        status: SysctlPolicyStatus,
+    },
+}
+
+/// Records the writes that succeed; the next writes fail with the queued HTTP codes.
+#[derive(Clone, Default)]
+struct Fake {
+    written: Arc<Mutex<Vec<Write>>>,
+    failures: Arc<Mutex<VecDeque<u16>>>,
+}
+
+impl Fake {
+    fn record(&self, w: Write) -> Result<(), kube::Error> {
+        if let Some(code) = self.failures.lock().unwrap().pop_front() {
+            return Err(kube::Error::Api(
+                kube::core::Status::failure("injected", "Injected")
+                    .with_code(code)
+                    .boxed(),
+            ));
+        }
+        self.written.lock().unwrap().push(w);
+        Ok(())
+    }
+
+    fn fail_next(&self, code: u16) {
+        self.failures.lock().unwrap().push_back(code);
+    }
+
+    fn take(&self) -> Vec<Write> {
+        std::mem::take(&mut self.written.lock().unwrap())
+    }
+}
+
+impl Writes for Fake {
+    async fn fail_pod(
+        &self,
+        _namespace: &str,
+        name: &str,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        self.record(Write::Failed {
+            pod: name.into(),
+            resource_version: patch["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .into(),
+            message: patch["status"]["message"].as_str().unwrap().into(),
+        })
+    }
+
+    async fn create_event(&self, event: &Event) -> Result<(), kube::Error> {
+        let regarding = event.regarding.as_ref().unwrap();
+        self.record(Write::Event {
+            pod: regarding.name.clone().unwrap(),
+            action: event.action.clone().unwrap(),
+            note: event.note.clone().unwrap(),
+        })
+    }
+
+    async fn apply_policy_status(
+        &self,
+        name: &str,
+        status: &SysctlPolicyStatus,
+    ) -> Result<(), kube::Error> {
+        self.record(Write::Status {
+            policy: name.into(),
+            status: status.clone(),
+        })
+    }
+}
+
+/// A pod of this node, not started, setting `sysctls`.
+fn pod(name: &str, sysctls: &[&str]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some("7".into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            security_context: Some(testkit::sysctls(sysctls)),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Pending".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The pod as kubelet writes it once it has admitted and started it.
+fn started(mut p: Pod) -> Pod {
+    let status = p.status.as_mut().unwrap();
+    status.phase = Some("Running".into());
+    status.start_time = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    p.metadata.resource_version = Some("8".into());
+    p
+}
+
+fn policy(name: &str, mode: Mode) -> SysctlPolicy {
+    let mut p = SysctlPolicy::new(
+        name,
+        SysctlPolicySpec {
+            allowed_unsafe_sysctls: vec!["net.core.*".into()],
+            node_selector: None,
+            mode,
+        },
+    );
+    p.metadata.generation = Some(1);
+    p
+}
+
+/// Admission on node `node` with its watches listed and healthy, over an empty cache.
+struct Rig {
+    admission: Admission<Fake>,
+    cache: Shared<Cache>,
+    watches: Watches,
+    fake: Fake,
+    metrics: Metrics,
+}
+
+impl Rig {
+    async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
+        let readiness = Readiness::default();
+        let watches = Watches {
+            pods: readiness.register("sysctl/pods"),
+            policies: readiness.register("sysctl/sysctlpolicies"),
+            node: readiness.register("sysctl/nodes"),
+        };
+        let cache: Shared<Cache> = Shared::default();
+        cache
+            .lock()
+            .nodes
+            .apply(Update::Apply(node.into(), Labels::new()));
+        let fake = Fake::default();
+        let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
+        let settings = Settings {
+            node_name: node.into(),
+            safe: vec!["kernel.shm_rmid_forced"],
+            flag: vec![],
+            default_mode,
+        };
+        let writer = Writer::new(fake.clone(), dry_run, node.into());
+        let mut rig = Rig {
+            admission: Admission::new(
+                settings,
+                cache.clone(),
+                watches.clone(),
+                writer,
+                metrics.clone(),
+            ),
+            cache,
+            watches,
+            fake,
+            metrics,
+        };
+        rig.set_healthy(true);
+        rig.admission.on_change(Change::Merge).await;
+        rig
+    }
+
+    fn set_healthy(&self, healthy: bool) {
+        for flag in [
+            &self.watches.pods,
+            &self.watches.policies,
+            &self.watches.node,
+        ] {
+            if healthy {
+                flag.mark_ready()
+            } else {
+                flag.relist_started()
+            }
+        }
+    }
+
+    /// The pod watch delivers `p`.
+    async fn pod(&mut self, p: &Pod) {
+        self.cache
+            .lock()
+            .pods
+            .apply(Update::Apply(PodKey::of(p), p.clone()));
+        self.admission
+            .on_change(Change::Pod(Box::new(p.clone())))
+            .await;
+    }
+
+    /// The policy watch delivers `p`.
+    async fn policy(&mut self, p: &SysctlPolicy) {
+        let name = p.metadata.name.clone().unwrap();
+        self.cache
+            .lock()
+            .policies
+            .apply(Update::Apply(name, p.clone()));
+        self.admission
+            .on_change(Change::Policy(Box::new(p.clone())))
+            .await;
+    }
+
+    fn rejected(&self, mode: Mode) -> u64 {
+        let labels = ["SysctlForbidden", &mode.to_string()];
+        self.metrics.rejected.with_label_values(&labels).get()
+    }
+}
+
+fn failed(pod: &str) -> Write {
+    Write::Failed {
+        pod: pod.into(),
+        resource_version: "7".into(),
+        message: format!("Pod was rejected: {MSG}"),
+    }
+}
+
+fn event(pod: &str, action: &str, note: &str) -> Write {
+    Write::Event {
+        pod: pod.into(),
+        action: action.into(),
+        note: note.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_pending_forbidden_pod_is_failed_in_enforce_and_only_warned_in_audit() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
+    assert_eq!(r.rejected(Mode::Enforce), 1);
+
+    let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), [event("web", "Audit", MSG)], "no fail patch");
+    assert_eq!(r.rejected(Mode::Audit), 1);
+
+    // An allowed pod is remembered and counted, never written.
+    r.pod(&pod("ok", &["kernel.shm_rmid_forced"])).await;
+    assert_eq!(r.fake.take(), []);
+    assert_eq!(r.metrics.checked.get(), 2);
+}
+
+#[tokio::test]
+async fn a_started_pod_is_never_failed_only_reported() {
+    let note =
+        format!("{MSG} (pod already started: not failed; Enforce applies to pods not yet started)");
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    r.pod(&started(pod("web", &["kernel.msgmax"]))).await;
+    assert_eq!(r.fake.take(), [event("web", "Audit", &note)]);
+    let labels = ["Enforce"];
+    assert_eq!(
+        r.metrics.started_forbidden.with_label_values(&labels).get(),
+        1
+    );
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // Judged pending, failing it refused (409: kubelet started it meanwhile), judged again
+    // from the started version: reported, never failed.
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    r.fake.fail_next(409);
+    r.pod(&pod("raced", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), []);
+    r.pod(&started(pod("raced", &["kernel.msgmax"]))).await;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [event("raced", "Audit", &note)]);
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // Default install (Audit, no policy): a started pod is not even reported...
+    let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    let p = started(pod("web", &["kernel.msgmax"]));
+    r.pod(&p).await;
+    assert_eq!(r.fake.take(), []);
+    // ...until a policy selects the node, and then only reported.
+    r.policy(&policy("audit-all", Mode::Audit)).await;
+    let audit_note = note.replace("Enforce applies", "Audit applies");
+    let reported = r.fake.take();
+    assert!(
+        reported.contains(&event("web", "Audit", &audit_note)),
+        "{reported:?}"
+    );
+    assert!(!reported.iter().any(|w| matches!(w, Write::Failed { .. })));
+}
+
+#[tokio::test]
+async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    assert_eq!(r.fake.take().len(), 2);
+    // The same pod again (a status update, a relist), a merge giving the same policy, a tick.
+    let mut updated = p.clone();
+    updated.metadata.resource_version = Some("9".into());
+    r.pod(&updated).await;
+    r.admission.on_change(Change::PodsListed).await;
+    r.admission.on_change(Change::Merge).await;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), []);
+    assert_eq!(r.metrics.checked.get(), 1);
+    // Other sysctls are a change: judged again.
+    r.pod(&pod("web", &["kernel.sem"])).await;
+    assert_eq!(r.fake.take().len(), 2);
+    // Deleted and forgotten: the same UID would be judged afresh.
+    r.admission
+        .on_change(Change::PodGone("uid-web".into()))
+        .await;
+    r.pod(&p).await;
+    assert_eq!(r.fake.take().len(), 2);
+}
+
+#[tokio::test]
+async fn failed_writes_are_retried_on_the_tick() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    r.fake.fail_next(500);
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), [], "the fail patch was refused");
+    assert_eq!(
+        r.rejected(Mode::Enforce),
+        0,
+        "not counted before it is done"
+    );
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
+    assert_eq!(r.rejected(Mode::Enforce), 1);
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [], "done: no more retries");
+
+    // While a watch is relisting, a pod is not failed; it is once the watches are current.
+    r.set_healthy(false);
+    r.pod(&pod("db", &["kernel.msgmax"])).await;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), []);
+    r.set_healthy(true);
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
+
+    // A report that fails is retried too.
+    r.fake.fail_next(500);
+    r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
+    assert_eq!(r.fake.take(), []);
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take().len(), 1);
+}
+
+#[tokio::test]
+async fn an_existing_report_event_counts_as_reported() {
+    let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    r.fake.fail_next(409);
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.rejected(Mode::Audit), 1, "reported by an earlier process");
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [], "not retried");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dry_run_writes_nothing() {
+    let mut r = Rig::new("node-a", Mode::Enforce, true).await;
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
+    r.policy(&policy("p", Mode::Enforce)).await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), []);
+    // Counted as done, as the cluster test reads it: what would have been.
+    assert_eq!(r.rejected(Mode::Enforce), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged() {
+    let (a, b) = ("node-a", "node-b");
+    assert_ne!(status_offset(a), status_offset(b));
+    assert!(status_offset(a) < Duration::from_secs(5) && status_offset(b) < Duration::from_secs(5));
+
+    for node in [a, b] {
+        let start = tokio::time::Instant::now();
+        let mut r = Rig::new(node, Mode::Audit, false).await;
+        let p = policy("p", Mode::Audit);
+        r.policy(&p).await;
+        // Seen again before it is due: still one write.
+        r.policy(&p).await;
+        let due = start + status_offset(node);
+        tokio::time::advance(due - tokio::time::Instant::now() - Duration::from_millis(1)).await;
+        r.admission.on_tick().await;
+        assert_eq!(r.fake.take(), [], "{node}: not before its turn");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        r.admission.on_tick().await;
+        let written = r.fake.take();
+        let [Write::Status { policy, status }] = &written[..] else {
+            panic!("{node}: one status write, got {written:?}");
+        };
+        assert_eq!(policy, "p");
+        assert_eq!(status.conditions[0].reason, "PatternsValid", "{node}");
+
+        // The watch brings the written status back: nothing is due any more.
+        let mut with_status = p.clone();
+        with_status.status = Some(status.clone());
+        r.policy(&with_status).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        r.admission.on_tick().await;
+        assert_eq!(r.fake.take(), [], "{node}: not repeated");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_already_written_by_another_agent_is_not_written_again() {
+    let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    let p = policy("p", Mode::Audit);
+    r.policy(&p).await;
+    // Before this node's turn, another agent's write reaches the cache.
+    let mut other = Rig::new("node-b", Mode::Audit, false).await;
+    other.policy(&p).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    other.admission.on_tick().await;
+    let [Write::Status { status, .. }] = &other.fake.take()[..] else {
+        panic!("node-b writes")
+    };
+    let mut with_status = p.clone();
+    with_status.status = Some(status.clone());
+    r.cache
+        .lock()
+        .policies
+        .apply(Update::Apply("p".into(), with_status));
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), []);
+}

@@ -1,0 +1,185 @@
+//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels.
+//!
+//! Each goes into a `plumbing::cache::Store`; the watches yield the changes admission reacts to.
+//!
+//! Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`): with a
+//! field selector, a paginated quorum list would page through every pod and node in the cluster
+//! from etcd, on every node, at start and after every watch desync.
+
+use std::collections::BTreeMap;
+
+use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::{
+    Readiness, ReadyFlag,
+    cache::{Kept, Shared, Store, follow},
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+
+use super::crd::SysctlPolicy;
+
+/// Readiness flags are `sysctl/pods`, `sysctl/sysctlpolicies`, `sysctl/nodes`.
+pub const COMPONENT: &str = "sysctl";
+
+/// A pod by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodKey {
+    pub fn of(pod: &Pod) -> Self {
+        PodKey {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+        }
+    }
+}
+
+/// Node labels: all admission reads of its Node.
+pub type Labels = BTreeMap<String, String>;
+
+/// The three watched kinds. The node store holds at most this agent's own Node.
+#[derive(Default)]
+pub struct Cache {
+    pub pods: Store<PodKey, Pod>,
+    pub policies: Store<String, SysctlPolicy>,
+    pub nodes: Store<String, Labels>,
+}
+
+/// What a watch event means to admission, once the cache has applied it.
+#[derive(Debug)]
+pub enum Change {
+    /// Nothing to react to (a list starting, or a Node list item).
+    None,
+    /// A pod was listed, added or updated: judge this version of it.
+    Pod(Box<Pod>),
+    /// A pod was deleted: forget what was done for this UID.
+    PodGone(String),
+    /// The pods were (re)listed: what disappeared while the watch was down is gone.
+    PodsListed,
+    /// A policy was listed, added or updated: its status may be due.
+    Policy(Box<SysctlPolicy>),
+    /// The policies or the Node changed (deleted, relisted, relabelled): the node's policy
+    /// must be merged again.
+    Merge,
+}
+
+/// The health of the three watches.
+#[derive(Clone)]
+pub struct Watches {
+    pub pods: ReadyFlag,
+    pub policies: ReadyFlag,
+    pub node: ReadyFlag,
+}
+
+impl Watches {
+    fn all(&self) -> [&ReadyFlag; 3] {
+        [&self.pods, &self.policies, &self.node]
+    }
+
+    /// Every watch has listed once: only then is the node's policy known.
+    pub fn listed(&self) -> bool {
+        self.all().into_iter().all(ReadyFlag::is_ready)
+    }
+
+    /// Every watch is current (listed, not failing, not relisting).
+    pub fn healthy(&self) -> bool {
+        self.all().into_iter().all(ReadyFlag::is_healthy)
+    }
+}
+
+/// The three watches feeding `cache`, with their flags and their changes in one stream.
+pub fn follow_all(
+    readiness: &Readiness,
+    client: &kube::Client,
+    node: &str,
+    cache: &Shared<Cache>,
+) -> (Watches, impl Stream<Item = Change> + Send + 'static) {
+    let config = || watcher::Config::default().any_semantic();
+    let (pods_flag, pods) = follow(
+        readiness,
+        COMPONENT,
+        Api::<Pod>::all(client.clone()),
+        config().fields(&format!("spec.nodeName={node}")),
+        cache.clone(),
+        fold_pod,
+    );
+    let (policies_flag, policies) = follow(
+        readiness,
+        COMPONENT,
+        Api::<SysctlPolicy>::all(client.clone()),
+        config(),
+        cache.clone(),
+        fold_policy,
+    );
+    let (node_flag, nodes) = follow(
+        readiness,
+        COMPONENT,
+        Api::<Node>::all(client.clone()),
+        config().fields(&format!("metadata.name={node}")),
+        cache.clone(),
+        fold_node,
+    );
+    let changes = futures::stream::select(
+        pods.boxed(),
+        futures::stream::select(policies.boxed(), nodes.boxed()),
+    );
+    let watches = Watches {
+        pods: pods_flag,
+        policies: policies_flag,
+        node: node_flag,
+    };
+    (watches, changes)
+}
+
+fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
+    match p.metadata.name {
+        Some(_) => Kept::Yes(PodKey::of(&p), p),
+        None => Kept::Unusable,
+    }
+}
+
+/// Kept under its name; an object without one can not be.
+fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
+    match name {
+        Some(name) => Kept::Yes(name, v),
+        None => Kept::Unusable,
+    }
+}
+
+fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
+    let change = match &ev {
+        Event::Init => Change::None,
+        Event::InitApply(p) | Event::Apply(p) => Change::Pod(Box::new(p.clone())),
+        Event::Delete(p) => Change::PodGone(p.uid().unwrap_or_default()),
+        Event::InitDone => Change::PodsListed,
+    };
+    cache.pods.apply_event(ev, pod_kept);
+    change
+}
+
+fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
+    let change = match &ev {
+        Event::Init => Change::None,
+        Event::InitApply(p) | Event::Apply(p) => Change::Policy(Box::new(p.clone())),
+        Event::Delete(_) | Event::InitDone => Change::Merge,
+    };
+    cache
+        .policies
+        .apply_event(ev, |p: SysctlPolicy| by_name(p.metadata.name.clone(), p));
+    change
+}
+
+fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
+    let change = match &ev {
+        Event::Init | Event::InitApply(_) => Change::None,
+        Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,
+    };
+    cache.nodes.apply_event(ev, |n: Node| {
+        by_name(n.metadata.name, n.metadata.labels.unwrap_or_default())
+    });
+    change
+}
