@@ -7,8 +7,8 @@ use std::{net::SocketAddr, sync::LazyLock, time::Duration};
 use futures::StreamExt;
 use groundskeeper_controllers::podgc::{
     apply::{Outcome, Skip, force_delete},
+    decide::{Deletion, Pass},
     facts::{Interner, PodFacts},
-    passes::{Deletion, Pass},
     wire::WirePod,
 };
 use k8s_openapi::api::{

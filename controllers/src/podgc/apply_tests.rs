@@ -1,10 +1,25 @@
-use std::sync::atomic::Ordering;
+//! The applier against a scripted apiserver: the status patch and delete, skips and failures,
+//! counting, dry-run, the concurrency limit and the fence.
 
+use std::{sync::Arc, sync::atomic::Ordering};
+
+use jiff::Timestamp;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
-use super::*;
+use super::apply::*;
 use crate::leader::{Fence, Term};
-use crate::podgc::{facts::Phase, mock_api::Mock, passes::Pass};
+use crate::podgc::{
+    decide::{Deletion, Pass},
+    facts::{Phase, PodFacts},
+    metrics::Metrics,
+    mock_api::Mock,
+};
+
+/// The real writes, against the scripted apiserver.
+fn writes(mock: &Mock) -> KubeWrites {
+    KubeWrites::new(mock.client(), mock.client())
+}
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
     PodFacts {
@@ -130,7 +145,7 @@ fn status_patch_keeps_the_existing_conditions_order() {
 async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
     let mock = Mock::answering(&[200, 200]);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(
         mock.calls(),
@@ -153,7 +168,7 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
 async fn failed_patch_means_no_delete() {
     let mock = Mock::answering(&[500]);
     let d = deletion("p", Phase::Pending, Pass::Terminated);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
@@ -162,7 +177,7 @@ async fn failed_patch_means_no_delete() {
 async fn other_invalid_patches_are_failures_not_skips() {
     let mock = Mock::answering(&[421]);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
@@ -172,7 +187,7 @@ async fn final_pods_are_deleted_without_a_patch() {
     let mock = Mock::answering(&[200]);
     let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
     assert_eq!(
-        force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await,
+        force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await,
         Outcome::Deleted
     );
     assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
@@ -191,7 +206,7 @@ async fn gone_and_recreated_pods_are_skipped() {
     for (phase, codes, skip, calls) in table {
         let mock = Mock::answering(&codes);
         let d = deletion("p", phase, Pass::Orphaned);
-        let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+        let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
         assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
         assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
     }
@@ -199,7 +214,7 @@ async fn gone_and_recreated_pods_are_skipped() {
 
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
     Applier::new(
-        mock.client(),
+        Arc::new(writes(mock)),
         Metrics::new(),
         concurrency,
         dry_run,
@@ -293,7 +308,7 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
     }
     let d = deletion("p", Phase::Running, Pass::Orphaned);
     assert_eq!(
-        force_delete(&mock.client(), &standby, &d, now()).await,
+        force_delete(&writes(&mock), &standby, &d, now()).await,
         Outcome::Fenced
     );
     assert!(mock.calls().is_empty());
@@ -333,8 +348,8 @@ async fn a_loss_between_patch_and_delete_stops_the_delete() {
     let mock = Mock::default();
     let (tx, f) = fence(Term::Unbounded);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let client = mock.client();
-    let run = force_delete(&client, &f, &d, now());
+    let w = writes(&mock);
+    let run = force_delete(&w, &f, &d, now());
     // The first poll sends the patch; the loss lands while it is answered.
     let lose = async {
         tokio::task::yield_now().await;

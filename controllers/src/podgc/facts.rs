@@ -6,7 +6,7 @@ use std::{collections::HashSet, sync::Arc};
 
 use jiff::Timestamp;
 
-use super::wire::{WireCondition, WireNode, WirePod, WirePodStatus};
+use super::wire::{WireNode, WirePod, WirePodStatus};
 
 /// `status.phase`. Anything unrecognised (including `""`) counts as terminated, as upstream's
 /// "not Pending, Running or Unknown" does.
@@ -175,6 +175,14 @@ impl PodFacts {
     }
 }
 
+impl PodFacts {
+    /// The node the pod is bound to, `""` when it was never scheduled (for log lines and
+    /// reasons).
+    pub fn node(&self) -> &str {
+        self.node_name.as_deref().unwrap_or_default()
+    }
+}
+
 /// When a pod terminated, from its own status: the latest `state.terminated.finishedAt` over
 /// its containers and init containers (the last one to stop ends the pod). Without any, the
 /// latest `lastTransitionTime` of a `Ready` or `ContainersReady` condition that is `False`
@@ -205,24 +213,13 @@ pub fn terminated_at(status: &WirePodStatus) -> Option<Timestamp> {
 
 impl NodeFacts {
     pub fn from_wire(node: &WireNode) -> Self {
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .find(|c: &&WireCondition| c.type_ == "Ready")
-            .is_some_and(|c| c.status == "True");
-        let out_of_service = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key == OUT_OF_SERVICE_TAINT);
         Self {
-            ready,
-            out_of_service,
+            ready: node
+                .conditions()
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .is_some_and(|c| c.status == "True"),
+            out_of_service: node.taints().iter().any(|t| t.key == OUT_OF_SERVICE_TAINT),
         }
     }
 }

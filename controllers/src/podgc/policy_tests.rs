@@ -1,5 +1,18 @@
-use super::*;
-use crate::podgc::{facts::Phase, passes::terminated};
+//! The policy passes and annotation parsing, table by table.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use jiff::Timestamp;
+
+use super::policy::*;
+use crate::podgc::{
+    decide::{Deletion, Pass, terminated},
+    facts::{Phase, PodFacts},
+};
 
 const H: Duration = Duration::from_secs(3600);
 

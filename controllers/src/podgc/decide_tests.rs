@@ -1,6 +1,11 @@
-use super::*;
-use crate::podgc::facts::Phase;
+//! The four upstream passes, on hand-built snapshots.
+
+use std::{collections::HashSet, sync::Arc};
+
 use jiff::Timestamp;
+
+use super::decide::*;
+use crate::podgc::facts::{NodeFacts, Phase, PodFacts};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_700_000_000 + secs).unwrap()
