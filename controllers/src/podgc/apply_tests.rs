@@ -11,7 +11,7 @@ use super::apply::*;
 use crate::leader::{Fence, Term};
 use crate::podgc::{
     decide::{Deletion, Pass},
-    facts::{Phase, PodFacts},
+    facts::{Phase, PodFacts, example},
     metrics::Metrics,
     mock_api::Mock,
 };
@@ -23,18 +23,9 @@ fn writes(mock: &Mock) -> KubeWrites {
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
     PodFacts {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: format!("uid-{name}").into(),
         node_name: Some("n1".into()),
-        phase,
-        evicted: false,
-        terminating: false,
-        created: Timestamp::from_second(1_700_000_000).unwrap(),
         generation: Some(4),
-        disruption_target_true: None,
-        condition_types: Box::default(),
-        terminated_at: None,
+        ..example::pod("ns", name, phase)
     }
 }
 
@@ -87,7 +78,7 @@ fn status_patch_rules() {
         assert_eq!(v["status"]["phase"], "Failed", "{phase:?}");
         assert!(
             v["status"].get("conditions").is_none(),
-            "only orphans get it"
+            "{phase:?}: only orphans get it"
         );
     }
     // No generation known: no observedGeneration.
@@ -134,7 +125,10 @@ fn status_patch_keeps_the_existing_conditions_order() {
             json!(want),
             "{existing:?}"
         );
-        assert_eq!(v["status"]["conditions"][0]["type"], "DisruptionTarget");
+        assert_eq!(
+            v["status"]["conditions"][0]["type"], "DisruptionTarget",
+            "{existing:?}"
+        );
     }
     // No condition patched: no order either.
     let v = status_patch(&pod("p", Phase::Running), false, now()).unwrap();

@@ -6,7 +6,7 @@
 //! [`NodeFacts`], a namespace only when it carries a policy annotation. Namespace and node
 //! names are interned across the three stores.
 
-use std::sync::Arc;
+use std::{fmt::Debug, sync::Arc};
 
 use futures::{Stream, StreamExt, stream};
 use groundskeeper_plumbing::{
@@ -16,10 +16,11 @@ use groundskeeper_plumbing::{
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api,
+    Api, Resource,
     core::PartialObjectMeta,
     runtime::watcher::{self, Event},
 };
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::{
@@ -145,42 +146,9 @@ pub struct Watches {
 /// Watches pods, nodes and namespaces into one [`Caches`] until `base.token` is cancelled.
 pub fn start(base: &Base) -> Watches {
     let caches = Shared::<Caches>::default();
-    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-    let client = &base.client;
-    // Each stream says, after each event, whether every cache has listed by now.
-    let (pods, pod_events) = follow(
-        &base.readiness,
-        COMPONENT,
-        Api::<WirePod>::all(client.clone()),
-        config.clone(),
-        caches.clone(),
-        |c: &mut Caches, ev| {
-            c.fold_pod(ev);
-            c.listed()
-        },
-    );
-    let (nodes, node_events) = follow(
-        &base.readiness,
-        COMPONENT,
-        Api::<WireNode>::all(client.clone()),
-        config.clone(),
-        caches.clone(),
-        |c: &mut Caches, ev| {
-            c.fold_node(ev);
-            c.listed()
-        },
-    );
-    let (namespaces, ns_events) = follow(
-        &base.readiness,
-        COMPONENT,
-        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-        config,
-        caches.clone(),
-        |c: &mut Caches, ev| {
-            c.fold_namespace(ev);
-            c.listed()
-        },
-    );
+    let (pods, pod_events) = follow_into(base, &caches, Caches::fold_pod);
+    let (nodes, node_events) = follow_into(base, &caches, Caches::fold_node);
+    let (namespaces, ns_events) = follow_into(base, &caches, Caches::fold_namespace);
     let (tx, rx) = watch::channel(false);
     let events = stream::select(pod_events, stream::select(node_events, ns_events));
     let token = base.token.clone();
@@ -196,6 +164,33 @@ pub fn start(base: &Base) -> Watches {
         synced: Synced(rx),
         task,
     }
+}
+
+/// Follows every `W` into `caches` with `fold`; each item of the stream says whether every
+/// cache has listed by now.
+fn follow_into<W, A>(
+    base: &Base,
+    caches: &Shared<Caches>,
+    fold: fn(&mut Caches, Event<W>) -> A,
+) -> (ReadyFlag, impl Stream<Item = bool> + Send + 'static)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    W::DynamicType: Default,
+    A: 'static,
+{
+    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
+    let api = Api::<W>::all(base.client.clone());
+    follow(
+        &base.readiness,
+        COMPONENT,
+        api,
+        config,
+        caches.clone(),
+        move |c, ev| {
+            fold(c, ev);
+            c.listed()
+        },
+    )
 }
 
 /// Drives the watch streams (each item: every cache has listed by now) and turns `synced`

@@ -224,6 +224,47 @@ impl NodeFacts {
     }
 }
 
+/// Pods for the tests of the passes and the applier, written once.
+#[cfg(test)]
+pub mod example {
+    use super::*;
+
+    /// `secs` after a fixed instant (2023-11-14T22:13:20Z).
+    pub fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    /// A pod `namespace/name` (UID `uid-<name>`) in `phase`, unscheduled, created at [`at`]`(0)`,
+    /// generation 1, not evicted nor terminating, without conditions or end.
+    pub fn pod(namespace: &str, name: &str, phase: Phase) -> PodFacts {
+        PodFacts {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: format!("uid-{name}").into(),
+            node_name: None,
+            phase,
+            evicted: false,
+            terminating: false,
+            created: at(0),
+            generation: Some(1),
+            disruption_target_true: None,
+            condition_types: Box::default(),
+            terminated_at: None,
+        }
+    }
+
+    pub fn evicted(p: PodFacts) -> PodFacts {
+        PodFacts { evicted: true, ..p }
+    }
+
+    pub fn terminating(p: PodFacts) -> PodFacts {
+        PodFacts {
+            terminating: true,
+            ..p
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
