@@ -241,24 +241,38 @@ mod tests {
                 }
             }
         };
-        c.fold_pod(Event::Init);
-        c.fold_pod(Event::InitDone);
-        step(c.listed()).await;
-        assert!(
-            synced.wait().now_or_never().is_none(),
-            "pods listed, nodes not yet: orphan detection must not start"
-        );
-        c.fold_node(Event::Init);
-        c.fold_node(Event::InitDone);
-        step(c.listed()).await;
-        assert!(
-            synced.wait().now_or_never().is_none(),
-            "namespaces not listed: an opt-out could be missed"
-        );
-        c.fold_namespace(Event::Init);
-        c.fold_namespace(Event::InitDone);
-        step(c.listed()).await;
-        assert!(synced.wait().now_or_never().is_some());
+        type List = fn(&mut Caches);
+        let lists: [(&str, List, bool); 3] = [
+            (
+                "pods listed, nodes not yet: orphan detection must not start",
+                |c| {
+                    c.fold_pod(Event::Init);
+                    c.fold_pod(Event::InitDone);
+                },
+                false,
+            ),
+            (
+                "namespaces not listed: an opt-out could be missed",
+                |c| {
+                    c.fold_node(Event::Init);
+                    c.fold_node(Event::InitDone);
+                },
+                false,
+            ),
+            (
+                "all three listed",
+                |c| {
+                    c.fold_namespace(Event::Init);
+                    c.fold_namespace(Event::InitDone);
+                },
+                true,
+            ),
+        ];
+        for (what, list, synced_now) in lists {
+            list(&mut c);
+            step(c.listed()).await;
+            assert_eq!(synced.wait().now_or_never().is_some(), synced_now, "{what}");
+        }
         driven.abort();
     }
 

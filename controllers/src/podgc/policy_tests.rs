@@ -6,7 +6,6 @@ use std::{
     time::Duration,
 };
 
-
 use super::policy::*;
 use crate::podgc::{
     decide::{Deletion, Pass, terminated},
