@@ -37,6 +37,14 @@ fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
     }
 }
 
+/// Pod `p` in `phase`, chosen by `pass`, force-deleted against an apiserver answering `codes`.
+async fn force_delete_answering(codes: &[u16], phase: Phase, pass: Pass) -> (Outcome, Mock) {
+    let mock = Mock::answering(codes);
+    let d = deletion("p", phase, pass);
+    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+    (o, mock)
+}
+
 fn now() -> Timestamp {
     "2026-11-21T10:00:00.7Z".parse().unwrap()
 }
@@ -137,9 +145,7 @@ fn status_patch_keeps_the_existing_conditions_order() {
 
 #[tokio::test]
 async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
-    let mock = Mock::answering(&[200, 200]);
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[200, 200], Phase::Running, Pass::Orphaned).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(
         mock.calls(),
@@ -153,37 +159,32 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
         seen[0].content_type,
         "application/strategic-merge-patch+json"
     );
-    assert_eq!(seen[0].body, status_patch(&d.pod, true, now()).unwrap());
+    assert_eq!(
+        seen[0].body,
+        status_patch(&pod("p", Phase::Running), true, now()).unwrap()
+    );
     assert_eq!(seen[1].body["gracePeriodSeconds"], 0);
     assert_eq!(seen[1].body["preconditions"]["uid"], "uid-p");
 }
 
 #[tokio::test]
 async fn failed_patch_means_no_delete() {
-    let mock = Mock::answering(&[500]);
-    let d = deletion("p", Phase::Pending, Pass::Terminated);
-    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[500], Phase::Pending, Pass::Terminated).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
 
 #[tokio::test]
 async fn other_invalid_patches_are_failures_not_skips() {
-    let mock = Mock::answering(&[421]);
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[421], Phase::Running, Pass::Orphaned).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
 
 #[tokio::test]
 async fn final_pods_are_deleted_without_a_patch() {
-    let mock = Mock::answering(&[200]);
-    let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
-    assert_eq!(
-        force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await,
-        Outcome::Deleted
-    );
+    let (o, mock) = force_delete_answering(&[200], Phase::Succeeded, Pass::Orphaned).await;
+    assert_eq!(o, Outcome::Deleted);
     assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
 }
 
@@ -198,9 +199,7 @@ async fn gone_and_recreated_pods_are_skipped() {
         (Phase::Running, vec![422], Skip::Recreated, 1),
     ];
     for (phase, codes, skip, calls) in table {
-        let mock = Mock::answering(&codes);
-        let d = deletion("p", phase, Pass::Orphaned);
-        let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+        let (o, mock) = force_delete_answering(&codes, phase, Pass::Orphaned).await;
         assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
         assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
     }
