@@ -1,7 +1,9 @@
-//! PodGC's writes: a pass's deletions (mark Failed when not already final, then force-delete
-//! with a UID precondition, many pods at once within an AIMD limit of at most
-//! `--gc-concurrency`, see `limit.rs`, and the client's QPS budget) and the policy Events. Every
-//! write goes through [`Writes`]; `--dry-run` is decided in one place, [`Applier::writes`].
+//! PodGC's writes behind one trait (`Writes`), and the applier that makes a pass's deletions.
+//!
+//! A deletion marks the pod Failed (when not already final), then force-deletes it with a UID
+//! precondition; many pods at once within an AIMD limit of at most `--gc-concurrency` (see
+//! `limit.rs`) and the client's QPS budget. The policy Events go through the same trait.
+//! `--dry-run` is decided in one place, [`Applier::writes`].
 
 use std::{
     collections::VecDeque,

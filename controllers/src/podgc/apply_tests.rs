@@ -1,5 +1,7 @@
-//! The applier against a scripted apiserver: the status patch and delete, skips and failures,
-//! counting, dry-run, the concurrency limit and the fence.
+//! Tests of the applier against a scripted apiserver.
+//!
+//! The status patch and delete, skips and failures, counting, dry-run, the concurrency limit
+//! and the fence.
 
 use std::{sync::Arc, sync::atomic::Ordering};
 

@@ -1,10 +1,7 @@
-//! What PodGC watches: pods, nodes and namespaces (metadata only), each through
-//! `plumbing::cache::follow` into one [`Caches`] of compact facts, and when all three have
-//! listed once.
+//! What PodGC watches: pods, nodes and namespaces, kept as compact facts in one cache.
 //!
-//! A pod is kept as [`PodFacts`] (about 100 bytes of a 4-10 KiB object), a node as
-//! [`NodeFacts`], a namespace only when it carries a policy annotation. Namespace and node
-//! names are interned across the three stores.
+//! Each kind goes through `plumbing::cache::follow` (flags `podgc/pods`, `podgc/nodes`,
+//! `podgc/namespaces`) into one [`Caches`]; [`Synced`] says when all three have listed once.
 
 use std::{fmt::Debug, sync::Arc};
 

@@ -1,6 +1,8 @@
-//! One PodGC cycle: snapshot the caches, run the four passes in upstream order (with the
-//! policy passes right after upstream's threshold pass, see `policy.rs`), confirm quarantined
-//! nodes gone with a live GET, apply, and summarise.
+//! One PodGC cycle: snapshot, passes, live node checks, deletes, summary.
+//!
+//! Snapshot the caches, run the four passes in upstream order (with the policy passes right
+//! after upstream's threshold pass, see `policy.rs`), confirm quarantined nodes gone with a
+//! live GET, apply, and summarise.
 
 use std::{
     collections::{HashMap, HashSet},

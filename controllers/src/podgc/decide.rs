@@ -1,4 +1,5 @@
-//! PodGC's decisions: the four upstream passes of one cycle, pure functions of a snapshot.
+//! PodGC's decisions: the four upstream passes, pure functions of a snapshot.
+//!
 //! The only input that needs I/O (which quarantined nodes a live GET confirmed gone) is
 //! passed in by the cycle; the policy passes built on these live in `policy.rs`.
 

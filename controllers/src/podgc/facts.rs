@@ -1,6 +1,7 @@
-//! The compact facts PodGC keeps per Pod and Node: exactly what the passes and the status
-//! patch read. Namespace and node names are interned, so 50k pods on 5k nodes share a few
-//! thousand strings.
+//! The compact facts PodGC keeps per Pod and Node.
+//!
+//! Exactly what the passes and the status patch read. Namespace and node names are interned,
+//! so 50k pods on 5k nodes share a few thousand strings.
 
 use std::{collections::HashSet, sync::Arc};
 

@@ -1,6 +1,8 @@
-//! PodGC's metrics: the two upstream counters, byte for byte (NotFound counts as an error, as
-//! upstream), a groundskeeper counter of real failures, a cycle histogram, deletions of
-//! terminated pods by the rule that chose them, and the apiserver's 429s.
+//! PodGC's Prometheus metrics.
+//!
+//! The two upstream counters, byte for byte (NotFound counts as an error, as upstream), a
+//! groundskeeper counter of real failures, a cycle histogram, deletions of terminated pods by
+//! the rule that chose them, and the apiserver's 429s.
 
 use groundskeeper_plumbing::metrics::register_all;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};

@@ -1,6 +1,8 @@
-//! PodGC: force-deletes pods nobody else will clean up, as kube-controller-manager's PodGC
-//! does (v1.36): terminated pods above a threshold, terminating pods on out-of-service nodes,
-//! pods whose node is gone, and terminating pods that were never scheduled. Beyond upstream:
+//! PodGC's flags and `run`: force-deletes pods nobody else will clean up.
+//!
+//! As kube-controller-manager's PodGC does (v1.36): terminated pods above a threshold,
+//! terminating pods on out-of-service nodes, pods whose node is gone, and terminating pods that
+//! were never scheduled. Beyond upstream:
 //! compact caches, UID preconditions on every delete, parallel deletes under a limit that
 //! adapts to the apiserver's answers, and an opt-in policy for terminated pods (a TTL and
 //! per-namespace overrides, `policy.rs`).

@@ -1,6 +1,8 @@
-//! Reporting malformed policy annotations: a log line and a Warning Event on the Namespace,
-//! once per distinct bad value (not every cycle). The Event is written through `apply::Writes`
-//! (`KubeWrites` uses [`KubeEvents`]), so the once-only bookkeeping is tested without a cluster.
+//! Reporting malformed policy annotations, once per distinct bad value.
+//!
+//! A log line and a Warning Event on the Namespace, not every cycle. The Event is written
+//! through `apply::Writes` (`KubeWrites` uses [`KubeEvents`]), so the once-only bookkeeping is
+//! tested without a cluster.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;

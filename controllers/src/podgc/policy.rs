@@ -1,7 +1,9 @@
-//! groundskeeper's policy for terminated pods, on top of upstream's cluster-wide threshold:
-//! a TTL since termination (`--terminated-pod-ttl`) and per-namespace overrides through two
-//! Namespace annotations. Pure: the cycle hands in the pods the upstream threshold left, the
-//! parsed namespace policies and the time.
+//! groundskeeper's policy for terminated pods: a TTL and per-namespace thresholds.
+//!
+//! On top of upstream's cluster-wide threshold: a TTL since termination
+//! (`--terminated-pod-ttl`) and per-namespace overrides through two Namespace annotations.
+//! Pure: the cycle hands in the pods the upstream threshold left, the parsed namespace policies
+//! and the time.
 //!
 //! Order of evaluation, per cycle (docs/podgc.md):
 //! 1. upstream's threshold pass on every terminated pod in the cluster, whatever the policies;

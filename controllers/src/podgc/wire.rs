@@ -1,6 +1,8 @@
-//! The Pod and Node shapes PodGC reads off the wire. serde skips every other field while
-//! parsing (containers, volumes, managedFields, annotations, node images...), so a full object
-//! is never built, not even briefly: that is most of the memory difference with upstream.
+//! The Pod and Node shapes PodGC reads off the wire.
+//!
+//! serde skips every other field while parsing (containers, volumes, managedFields,
+//! annotations, node images...), so a full object is never built, not even briefly: that is
+//! most of the memory difference with upstream.
 
 use std::borrow::Cow;
 
