@@ -6,9 +6,9 @@ use std::{net::SocketAddr, sync::LazyLock, time::Duration};
 
 use futures::StreamExt;
 use groundskeeper_controllers::podgc::{
-    apply::{Outcome, Skip, force_delete},
+    apply::{KubeWrites, Outcome, Skip, force_delete},
+    decide::{Deletion, Pass},
     facts::{Interner, PodFacts},
-    passes::{Deletion, Pass},
     wire::WirePod,
 };
 use k8s_openapi::api::{
@@ -626,7 +626,7 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
             why: "stale cache".into(),
         };
         let o = force_delete(
-            &c.client,
+            &KubeWrites::new(c.client.clone(), c.client.clone()),
             &groundskeeper_controllers::leader::Fence::unbounded(),
             &d,
             jiff::Timestamp::now(),

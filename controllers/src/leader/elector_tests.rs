@@ -6,7 +6,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
-use http::{Request, Response};
+use http::Request;
 use kube::client::Body;
 use serde_json::{Value, json};
 
@@ -43,13 +43,7 @@ impl LeaseServer {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
                 }
                 let (code, body) = s.answer(parts.method.as_str(), &bytes);
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .status(code)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                )
+                Ok::<_, std::convert::Infallible>(testkit::api::reply(code, &body))
             }
         });
         kube::Client::new(svc, NS)

@@ -1,6 +1,9 @@
-//! Applies a pass's deletions: mark Failed (when not already final), then force-delete with a
-//! UID precondition, many pods at once within an AIMD limit (at most `--gc-concurrency`, see
-//! `limit.rs`) and the client's QPS budget.
+//! PodGC's writes behind one trait (`Writes`), and the applier that makes a pass's deletions.
+//!
+//! A deletion marks the pod Failed (when not already final), then force-deletes it with a UID
+//! precondition; many pods at once within an AIMD limit of at most `--gc-concurrency` (see
+//! `limit.rs`) and the client's QPS budget. The policy Events go through the same trait.
+//! `--dry-run` is decided in one place, `Applier::writes`.
 
 use std::{
     collections::VecDeque,
@@ -8,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, stream::FuturesUnordered};
+use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -20,10 +23,11 @@ use tokio_util::sync::CancellationToken;
 use crate::leader::Fence;
 
 use super::{
+    decide::Deletion,
     facts::{DISRUPTION_TARGET, PodFacts},
     limit::{Aimd, Signal},
     metrics::Metrics,
-    passes::Deletion,
+    notice::KubeEvents,
     wire::WirePod,
 };
 
@@ -159,42 +163,104 @@ fn throttled_of(e: &kube::Error) -> Option<Option<Duration>> {
     }
 }
 
-/// Patch-then-delete for one pod. A failed patch means no delete. Each call passes the fence:
-/// made only while the lease is valid, dropped in flight when it stops being valid.
-pub async fn force_delete(client: &Client, fence: &Fence, d: &Deletion, now: Timestamp) -> Outcome {
-    let api: Api<WirePod> = Api::namespaced(client.clone(), &d.pod.namespace);
-    if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
-        let res = fence
-            .guard(api.patch_status(
-                &d.pod.name,
-                &PatchParams::default(),
-                &Patch::Strategic(patch),
-            ))
-            .await;
-        let Ok(res) = res else {
-            return Outcome::Fenced;
-        };
-        if let Err(e) = res {
-            return match (skip_of(&e), throttled_of(&e)) {
-                (Some(s), _) => Outcome::Skipped(s),
-                (_, Some(after)) => Outcome::Throttled(after),
-                _ => Outcome::PatchFailed(e.to_string()),
-            };
+/// PodGC's writes to the API. Each answers with the apiserver's error as is: the applier reads
+/// skips and 429s off it.
+pub trait Writes: Send + Sync {
+    /// The `pods/<name>/status` strategic merge patch ([`status_patch`]).
+    fn patch_status<'a>(
+        &'a self,
+        pod: &'a PodFacts,
+        patch: Value,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    /// The force-delete ([`delete_params`]).
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>>;
+    /// A Warning Event on a Namespace.
+    fn warn_namespace<'a>(
+        &'a self,
+        namespace: &'a str,
+        note: String,
+    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+}
+
+/// The writes, made.
+pub struct KubeWrites {
+    /// Without kube's automatic 429 retry: the limit must see every 429.
+    pods: Client,
+    events: KubeEvents,
+}
+
+impl KubeWrites {
+    pub fn new(pods: Client, events: Client) -> Self {
+        Self {
+            pods,
+            events: KubeEvents::new(events),
         }
     }
-    let Ok(res) = fence
-        .guard(api.delete(&d.pod.name, &delete_params(&d.pod)))
-        .await
-    else {
-        return Outcome::Fenced;
-    };
-    match res {
-        Ok(_) => Outcome::Deleted,
-        Err(e) => match (skip_of(&e), throttled_of(&e)) {
-            (Some(s), _) => Outcome::Skipped(s),
-            (_, Some(after)) => Outcome::Throttled(after),
-            _ => Outcome::DeleteFailed(e.to_string()),
-        },
+
+    fn api(&self, pod: &PodFacts) -> Api<WirePod> {
+        Api::namespaced(self.pods.clone(), &pod.namespace)
+    }
+}
+
+impl Writes for KubeWrites {
+    fn patch_status<'a>(
+        &'a self,
+        pod: &'a PodFacts,
+        patch: Value,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            let pp = PatchParams::default();
+            let api = self.api(pod);
+            api.patch_status(&pod.name, &pp, &Patch::Strategic(patch))
+                .await
+                .map(drop)
+        })
+    }
+
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            let api = self.api(pod);
+            api.delete(&pod.name, &delete_params(pod)).await.map(drop)
+        })
+    }
+
+    fn warn_namespace<'a>(
+        &'a self,
+        namespace: &'a str,
+        note: String,
+    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(self.events.warn(namespace, note))
+    }
+}
+
+/// What a failed write means for the pod.
+fn failed(e: kube::Error, other: fn(String) -> Outcome) -> Outcome {
+    match (skip_of(&e), throttled_of(&e)) {
+        (Some(s), _) => Outcome::Skipped(s),
+        (_, Some(after)) => Outcome::Throttled(after),
+        _ => other(e.to_string()),
+    }
+}
+
+/// Patch-then-delete for one pod. A failed patch means no delete. Each call passes the fence:
+/// made only while the lease is valid, dropped in flight when it stops being valid.
+pub async fn force_delete(
+    writes: &dyn Writes,
+    fence: &Fence,
+    d: &Deletion,
+    now: Timestamp,
+) -> Outcome {
+    if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
+        match fence.guard(writes.patch_status(&d.pod, patch)).await {
+            Err(_) => return Outcome::Fenced,
+            Ok(Err(e)) => return failed(e, Outcome::PatchFailed),
+            Ok(Ok(())) => {}
+        }
+    }
+    match fence.guard(writes.delete(&d.pod)).await {
+        Err(_) => Outcome::Fenced,
+        Ok(Err(e)) => failed(e, Outcome::DeleteFailed),
+        Ok(Ok(())) => Outcome::Deleted,
     }
 }
 
@@ -225,12 +291,46 @@ impl Tally {
     pub fn is_empty(&self) -> bool {
         *self == Tally::default()
     }
+
+    /// Every pod the pass chose, whatever came of it.
+    pub fn chosen(&self) -> usize {
+        self.deleted + self.would_delete + self.skipped + self.failed + self.fenced
+    }
+}
+
+impl<'a> std::iter::Sum<&'a Tally> for Tally {
+    fn sum<I: Iterator<Item = &'a Tally>>(iter: I) -> Tally {
+        iter.fold(Tally::default(), |a, t| Tally {
+            deleted: a.deleted + t.deleted,
+            would_delete: a.would_delete + t.would_delete,
+            skipped: a.skipped + t.skipped,
+            failed: a.failed + t.failed,
+            fenced: a.fenced + t.fenced,
+        })
+    }
+}
+
+/// `deleted=1 would_delete=0 skipped=0 failed=0 fenced=0`, as the cycle summary logs it.
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Tally {
+            deleted,
+            would_delete,
+            skipped,
+            failed,
+            fenced,
+        } = self;
+        write!(
+            f,
+            "deleted={deleted} would_delete={would_delete} skipped={skipped} failed={failed} fenced={fenced}"
+        )
+    }
 }
 
 #[derive(Clone)]
 pub struct Applier {
-    /// Without kube's automatic 429 retry: the limit must see every 429.
-    pub client: Client,
+    /// Only through [`Applier::writes`], which decides dry-run.
+    pub(super) writes: Arc<dyn Writes>,
     pub metrics: Metrics,
     /// `--gc-concurrency`: the most the limit ever allows.
     pub concurrency: usize,
@@ -245,7 +345,7 @@ pub struct Applier {
 
 impl Applier {
     pub fn new(
-        client: Client,
+        writes: Arc<dyn Writes>,
         metrics: Metrics,
         concurrency: usize,
         dry_run: bool,
@@ -255,13 +355,29 @@ impl Applier {
         let limit = Aimd::new(concurrency);
         metrics.concurrency_limit.set(limit.limit());
         Self {
-            client,
+            writes,
             metrics,
             concurrency,
             dry_run,
             token,
             limit: Arc::new(Mutex::new(limit)),
             fence,
+        }
+    }
+
+    /// The one place `--dry-run` is decided: the writes to make, or none.
+    fn writes(&self) -> Option<&dyn Writes> {
+        (!self.dry_run).then_some(&*self.writes)
+    }
+
+    /// A Warning Event on `namespace`; only logged in dry-run, which writes nothing.
+    pub async fn warn_namespace(&self, namespace: &str, note: String) {
+        let Some(writes) = self.writes() else {
+            tracing::info!(namespace, note, "dry-run: would record a Namespace Event");
+            return;
+        };
+        if let Err(e) = writes.warn_namespace(namespace, note).await {
+            tracing::warn!(namespace, error = %e, "recording the policy Event failed");
         }
     }
 
@@ -345,9 +461,9 @@ impl Applier {
 
     /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
     async fn attempt(&self, d: &Deletion, attempt: u32) -> Outcome {
-        if self.dry_run {
+        let Some(writes) = self.writes() else {
             return Outcome::WouldDelete;
-        }
+        };
         // Checked before counting, so a deposed leader's skipped pods are not counted as
         // deleted; force_delete checks again right before each call.
         if !self.fence.is_valid() {
@@ -357,7 +473,7 @@ impl Applier {
             self.metrics.deleted(&d.pod.namespace, d.pass);
         }
         let started = Instant::now();
-        let o = force_delete(&self.client, &self.fence, d, Timestamp::now()).await;
+        let o = force_delete(writes, &self.fence, d, Timestamp::now()).await;
         // Refused or abandoned by us, not an answer of the apiserver's.
         if o != Outcome::Fenced {
             self.observe(&o, started.elapsed());
@@ -394,7 +510,7 @@ impl Applier {
 
 fn log(d: &Deletion, o: &Outcome) {
     let pod = format!("{}/{}", d.pod.namespace, d.pod.name);
-    let node = d.pod.node_name.as_deref().unwrap_or("");
+    let node = d.pod.node();
     let pass = d.pass.name();
     let reason = d.why.as_str();
     match o {
@@ -402,7 +518,7 @@ fn log(d: &Deletion, o: &Outcome) {
             tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "force-deleted pod")
         }
         Outcome::WouldDelete => {
-            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "dry run: would force-delete pod")
+            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "dry-run: would force-delete pod")
         }
         Outcome::Skipped(s) => {
             tracing::info!(%pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
@@ -423,7 +539,3 @@ fn log(d: &Deletion, o: &Outcome) {
         }
     }
 }
-
-#[cfg(test)]
-#[path = "apply_tests.rs"]
-mod tests;

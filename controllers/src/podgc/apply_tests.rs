@@ -1,25 +1,33 @@
-use std::sync::atomic::Ordering;
+//! Tests of the applier against a scripted apiserver.
+//!
+//! The status patch and delete, skips and failures, counting, dry-run, the concurrency limit
+//! and the fence.
 
+use std::{sync::Arc, sync::atomic::Ordering};
+
+use jiff::Timestamp;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
-use super::*;
+use super::apply::*;
 use crate::leader::{Fence, Term};
-use crate::podgc::{facts::Phase, mock_api::Mock, passes::Pass};
+use crate::podgc::{
+    decide::{Deletion, Pass},
+    facts::{Phase, PodFacts, example},
+    metrics::Metrics,
+    mock_api::Mock,
+};
+
+/// The real writes, against the scripted apiserver.
+fn writes(mock: &Mock) -> KubeWrites {
+    KubeWrites::new(mock.client(), mock.client())
+}
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
     PodFacts {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: format!("uid-{name}").into(),
         node_name: Some("n1".into()),
-        phase,
-        evicted: false,
-        terminating: false,
-        created: Timestamp::from_second(1_700_000_000).unwrap(),
         generation: Some(4),
-        disruption_target_true: None,
-        condition_types: Box::default(),
-        terminated_at: None,
+        ..example::pod("ns", name, phase)
     }
 }
 
@@ -29,6 +37,14 @@ fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
         pass,
         why: "test".into(),
     }
+}
+
+/// Pod `p` in `phase`, chosen by `pass`, force-deleted against an apiserver answering `codes`.
+async fn force_delete_answering(codes: &[u16], phase: Phase, pass: Pass) -> (Outcome, Mock) {
+    let mock = Mock::answering(codes);
+    let d = deletion("p", phase, pass);
+    let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
+    (o, mock)
 }
 
 fn now() -> Timestamp {
@@ -72,7 +88,7 @@ fn status_patch_rules() {
         assert_eq!(v["status"]["phase"], "Failed", "{phase:?}");
         assert!(
             v["status"].get("conditions").is_none(),
-            "only orphans get it"
+            "{phase:?}: only orphans get it"
         );
     }
     // No generation known: no observedGeneration.
@@ -119,7 +135,10 @@ fn status_patch_keeps_the_existing_conditions_order() {
             json!(want),
             "{existing:?}"
         );
-        assert_eq!(v["status"]["conditions"][0]["type"], "DisruptionTarget");
+        assert_eq!(
+            v["status"]["conditions"][0]["type"], "DisruptionTarget",
+            "{existing:?}"
+        );
     }
     // No condition patched: no order either.
     let v = status_patch(&pod("p", Phase::Running), false, now()).unwrap();
@@ -128,9 +147,7 @@ fn status_patch_keeps_the_existing_conditions_order() {
 
 #[tokio::test]
 async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
-    let mock = Mock::answering(&[200, 200]);
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[200, 200], Phase::Running, Pass::Orphaned).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(
         mock.calls(),
@@ -144,37 +161,32 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
         seen[0].content_type,
         "application/strategic-merge-patch+json"
     );
-    assert_eq!(seen[0].body, status_patch(&d.pod, true, now()).unwrap());
+    assert_eq!(
+        seen[0].body,
+        status_patch(&pod("p", Phase::Running), true, now()).unwrap()
+    );
     assert_eq!(seen[1].body["gracePeriodSeconds"], 0);
     assert_eq!(seen[1].body["preconditions"]["uid"], "uid-p");
 }
 
 #[tokio::test]
 async fn failed_patch_means_no_delete() {
-    let mock = Mock::answering(&[500]);
-    let d = deletion("p", Phase::Pending, Pass::Terminated);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[500], Phase::Pending, Pass::Terminated).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
 
 #[tokio::test]
 async fn other_invalid_patches_are_failures_not_skips() {
-    let mock = Mock::answering(&[421]);
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+    let (o, mock) = force_delete_answering(&[421], Phase::Running, Pass::Orphaned).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
 
 #[tokio::test]
 async fn final_pods_are_deleted_without_a_patch() {
-    let mock = Mock::answering(&[200]);
-    let d = deletion("p", Phase::Succeeded, Pass::Orphaned);
-    assert_eq!(
-        force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await,
-        Outcome::Deleted
-    );
+    let (o, mock) = force_delete_answering(&[200], Phase::Succeeded, Pass::Orphaned).await;
+    assert_eq!(o, Outcome::Deleted);
     assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
 }
 
@@ -189,9 +201,7 @@ async fn gone_and_recreated_pods_are_skipped() {
         (Phase::Running, vec![422], Skip::Recreated, 1),
     ];
     for (phase, codes, skip, calls) in table {
-        let mock = Mock::answering(&codes);
-        let d = deletion("p", phase, Pass::Orphaned);
-        let o = force_delete(&mock.client(), &Fence::unbounded(), &d, now()).await;
+        let (o, mock) = force_delete_answering(&codes, phase, Pass::Orphaned).await;
         assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
         assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
     }
@@ -199,7 +209,7 @@ async fn gone_and_recreated_pods_are_skipped() {
 
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
     Applier::new(
-        mock.client(),
+        Arc::new(writes(mock)),
         Metrics::new(),
         concurrency,
         dry_run,
@@ -293,7 +303,7 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
     }
     let d = deletion("p", Phase::Running, Pass::Orphaned);
     assert_eq!(
-        force_delete(&mock.client(), &standby, &d, now()).await,
+        force_delete(&writes(&mock), &standby, &d, now()).await,
         Outcome::Fenced
     );
     assert!(mock.calls().is_empty());
@@ -333,8 +343,8 @@ async fn a_loss_between_patch_and_delete_stops_the_delete() {
     let mock = Mock::default();
     let (tx, f) = fence(Term::Unbounded);
     let d = deletion("p", Phase::Running, Pass::Orphaned);
-    let client = mock.client();
-    let run = force_delete(&client, &f, &d, now());
+    let w = writes(&mock);
+    let run = force_delete(&w, &f, &d, now());
     // The first poll sends the patch; the loss lands while it is answered.
     let lose = async {
         tokio::task::yield_now().await;

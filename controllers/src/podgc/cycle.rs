@@ -1,21 +1,25 @@
-//! One PodGC cycle: snapshot the caches, run the four passes in upstream order (with the
-//! policy passes right after upstream's threshold pass, see `policy.rs`), confirm quarantined
-//! nodes gone with a live GET, apply, and summarise.
+//! One PodGC cycle: snapshot, passes, live node checks, deletes, summary.
+//!
+//! Snapshot the caches, run the four passes in upstream order (with the policy passes right
+//! after upstream's threshold pass, see `policy.rs`), confirm quarantined nodes gone with a
+//! live GET, apply, and summarise.
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    fmt,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use futures::{StreamExt, stream};
+use groundskeeper_plumbing::cache::Shared;
 use kube::{Api, Client};
 
 use super::{
     apply::{Applier, Tally},
     cache::Caches,
-    notice::{NamespaceEvents, Reported},
-    passes::{self, Pass, Snapshot},
+    decide::{self, Pass, Snapshot},
+    notice::Reported,
     policy::{self, NsPolicy, Policy},
     quarantine::Quarantine,
     wire::WireNode,
@@ -28,7 +32,6 @@ pub struct Cycle {
     pub threshold: i64,
     /// `--terminated-pod-ttl`; `None` is off.
     pub ttl: Option<Duration>,
-    pub events: Arc<dyn NamespaceEvents>,
     pub reported: Reported,
 }
 
@@ -40,13 +43,13 @@ pub struct Summary {
 }
 
 impl Cycle {
-    pub async fn run(&mut self, caches: &Mutex<Caches>) -> Summary {
-        let snap = caches.lock().expect("podgc cache lock").snapshot();
+    pub async fn run(&mut self, caches: &Shared<Caches>) -> Summary {
+        let snap = caches.lock().snapshot();
         let mut summary = Summary::default();
 
         // Upstream's threshold on every terminated pod, whatever the policies say; what it
         // chose is not chosen again by the policy passes.
-        let chosen = passes::terminated(&snap.pods, self.threshold);
+        let chosen = decide::terminated(&snap.pods, self.threshold);
         let taken: HashSet<Box<str>> = chosen.iter().map(|d| d.pod.uid.clone()).collect();
         summary.passes[Pass::Terminated as usize] = self.applier.apply(chosen).await;
 
@@ -69,11 +72,11 @@ impl Cycle {
         summary.passes[Pass::Ttl as usize] = self.applier.apply(ttl).await;
         summary.passes[Pass::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
 
-        let chosen = passes::out_of_service(&snap);
-        summary.passes[1] = self.applier.apply(chosen).await;
+        let chosen = decide::out_of_service(&snap);
+        summary.passes[Pass::OutOfService as usize] = self.applier.apply(chosen).await;
 
         let now = Instant::now();
-        for node in passes::missing_nodes(&snap) {
+        for node in decide::missing_nodes(&snap) {
             if self.quarantine.observe(&node, now) {
                 tracing::info!(node = %node, quarantine = ?self.quarantine.delay(), "pods are bound to a node missing from the cache; quarantined before a live check");
             }
@@ -82,11 +85,11 @@ impl Cycle {
         let due = self.quarantine.take_due(now, &in_cache);
         let gone = self.confirm_gone(due).await;
         summary.nodes_gone = gone.len();
-        let chosen = passes::orphaned(&snap.pods, &gone);
-        summary.passes[2] = self.applier.apply(chosen).await;
+        let chosen = decide::orphaned(&snap.pods, &gone);
+        summary.passes[Pass::Orphaned as usize] = self.applier.apply(chosen).await;
 
-        let chosen = passes::unscheduled(&snap.pods);
-        summary.passes[3] = self.applier.apply(chosen).await;
+        let chosen = decide::unscheduled(&snap.pods);
+        summary.passes[Pass::Unscheduled as usize] = self.applier.apply(chosen).await;
         summary
     }
 
@@ -98,15 +101,10 @@ impl Cycle {
                 namespace = %ns, annotation, value,
                 "malformed PodGC policy annotation; that rule is suspended in this namespace until it is fixed"
             );
-            if self.applier.dry_run {
-                continue;
-            }
             let note = format!(
                 "{annotation}: {value:?} is not valid; this rule is off in the namespace until it is fixed (TTL: a duration such as 30m or 24h; threshold: a whole number)"
             );
-            if let Err(e) = self.events.warn(&ns, note).await {
-                tracing::warn!(namespace = %ns, error = %e, "recording the policy Event failed");
-            }
+            self.applier.warn_namespace(&ns, note).await;
         }
     }
 
@@ -149,30 +147,9 @@ impl Summary {
             tracing::debug!(quarantined, seconds, "podgc cycle: nothing to do");
             return;
         }
-        let total = self.passes.iter().fold(Tally::default(), |mut acc, t| {
-            acc.deleted += t.deleted;
-            acc.would_delete += t.would_delete;
-            acc.skipped += t.skipped;
-            acc.failed += t.failed;
-            acc.fenced += t.fenced;
-            acc
-        });
-        let chosen = |p: Pass| {
-            let t = &self.passes[p as usize];
-            t.deleted + t.would_delete + t.skipped + t.failed + t.fenced
-        };
         tracing::info!(
-            terminated = chosen(Pass::Terminated),
-            ttl = chosen(Pass::Ttl),
-            namespace_threshold = chosen(Pass::NamespaceThreshold),
-            out_of_service = chosen(Pass::OutOfService),
-            orphaned = chosen(Pass::Orphaned),
-            unscheduled = chosen(Pass::Unscheduled),
-            deleted = total.deleted,
-            would_delete = total.would_delete,
-            skipped = total.skipped,
-            failed = total.failed,
-            fenced = total.fenced,
+            chosen = %Chosen(self),
+            outcomes = %self.passes.iter().sum::<Tally>(),
             nodes_gone = self.nodes_gone,
             quarantined,
             seconds,
@@ -181,24 +158,45 @@ impl Summary {
     }
 }
 
+/// The pods each pass chose, by the pass's name: `terminated=2 out-of-service=0 ...`.
+struct Chosen<'a>(&'a Summary);
+
+impl fmt::Display for Chosen<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in Pass::EVERY.into_iter().enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(
+                f,
+                "{sep}{}={}",
+                p.name(),
+                self.0.passes[p as usize].chosen()
+            )?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
+    use futures::future::BoxFuture;
     use kube::runtime::watcher::Event;
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::podgc::{metrics::Metrics, mock_api::Mock, wire::WirePod};
+    use crate::podgc::{
+        apply::{KubeWrites, Writes},
+        facts::PodFacts,
+        metrics::Metrics,
+        mock_api::Mock,
+        wire::WirePod,
+    };
 
-    fn caches(pods: &[(&str, &str)], nodes: &[&str]) -> Mutex<Caches> {
+    fn caches(pods: &[(&str, &str)], nodes: &[&str]) -> Shared<Caches> {
         let mut c = Caches::default();
-        let mut fold_pod = |ev| {
-            let u = c.pod_update(ev).unwrap();
-            c.pods.update(u);
-        };
-        fold_pod(Event::Init);
+        c.fold_pod(Event::Init);
         for (name, node) in pods {
             let p: WirePod = serde_json::from_value(json!({
                 "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
@@ -207,45 +205,63 @@ mod tests {
                 "status": {"phase": "Running"}
             }))
             .unwrap();
-            fold_pod(Event::InitApply(p));
+            c.fold_pod(Event::InitApply(p));
         }
-        fold_pod(Event::InitDone);
-        let mut fold_node = |ev| {
-            let u = c.node_update(ev).unwrap();
-            c.nodes.update(u);
-        };
-        fold_node(Event::Init);
+        c.fold_pod(Event::InitDone);
+        c.fold_node(Event::Init);
         for n in nodes {
             let node = serde_json::from_value(json!({"metadata": {"name": n}})).unwrap();
-            fold_node(Event::InitApply(node));
+            c.fold_node(Event::InitApply(node));
         }
-        fold_node(Event::InitDone);
-        Mutex::new(c)
+        c.fold_node(Event::InitDone);
+        Shared::new(c)
     }
 
-    /// Records the Events it is asked for.
-    #[derive(Default)]
-    struct Events(std::sync::Mutex<Vec<(String, String)>>);
+    /// The pod writes go to the scripted API; the Events it is asked for are recorded.
+    struct Events {
+        pods: KubeWrites,
+        seen: std::sync::Mutex<Vec<(String, String)>>,
+    }
 
-    impl NamespaceEvents for Events {
-        fn warn(
-            &self,
-            namespace: &str,
+    impl Events {
+        fn new(mock: &Mock) -> Arc<Self> {
+            Arc::new(Self {
+                pods: KubeWrites::new(mock.client(), mock.client()),
+                seen: Default::default(),
+            })
+        }
+    }
+
+    impl Writes for Events {
+        fn patch_status<'a>(
+            &'a self,
+            pod: &'a PodFacts,
+            patch: serde_json::Value,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.pods.patch_status(pod, patch)
+        }
+
+        fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.pods.delete(pod)
+        }
+
+        fn warn_namespace<'a>(
+            &'a self,
+            namespace: &'a str,
             note: String,
-        ) -> futures::future::BoxFuture<'_, Result<(), kube::Error>> {
-            self.0.lock().unwrap().push((namespace.into(), note));
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.seen.lock().unwrap().push((namespace.into(), note));
             Box::pin(async { Ok(()) })
         }
     }
 
-    fn cycle(mock: &Mock, quarantine: Duration) -> Cycle {
+    fn cycle_with(mock: &Mock, quarantine: Duration, events: Arc<Events>) -> Cycle {
         Cycle {
             ttl: None,
-            events: Arc::new(Events::default()),
             reported: Reported::default(),
             client: mock.client(),
             applier: Applier::new(
-                mock.client(),
+                events,
                 Metrics::new(),
                 4,
                 false,
@@ -255,6 +271,10 @@ mod tests {
             quarantine: Quarantine::new(quarantine),
             threshold: 12500,
         }
+    }
+
+    fn cycle(mock: &Mock, quarantine: Duration) -> Cycle {
+        cycle_with(mock, quarantine, Events::new(mock))
     }
 
     #[tokio::test]
@@ -308,8 +328,7 @@ mod tests {
 
     fn terminated_pods(c: &mut Caches, pods: &[(&str, &str, &str, Option<&str>)]) {
         let mut fold = |ev| {
-            let u = c.pod_update(ev).unwrap();
-            c.pods.update(u);
+            c.fold_pod(ev);
         };
         fold(Event::Init);
         for (ns, name, phase, finished) in pods {
@@ -334,16 +353,14 @@ mod tests {
             "metadata": {"name": ns, "annotations": annotations}
         }))
         .unwrap();
-        if let Some(u) = c.namespace_update(Event::Apply(meta)) {
-            c.namespaces.update(u);
-        }
+        c.fold_namespace(Event::Apply(meta));
     }
 
     #[tokio::test]
     async fn ttl_deletes_only_old_finished_pods_and_malformed_is_reported_once() {
         let caches = caches(&[], &["live"]);
         {
-            let mut c = caches.lock().unwrap();
+            let mut c = caches.lock();
             terminated_pods(
                 &mut c,
                 &[
@@ -361,10 +378,9 @@ mod tests {
             );
         }
         let mock = Mock::default();
-        let events = Arc::new(Events::default());
-        let mut c = cycle(&mock, Duration::from_secs(3600));
+        let events = Events::new(&mock);
+        let mut c = cycle_with(&mock, Duration::from_secs(3600), events.clone());
         c.ttl = Some(Duration::from_secs(3600));
-        c.events = events.clone();
         let summary = c.run(&caches).await;
         assert_eq!(
             mock.calls(),
@@ -374,7 +390,7 @@ mod tests {
         assert_eq!(summary.passes[Pass::Ttl as usize].deleted, 1);
         assert_eq!(c.applier.metrics.terminated_count("ttl"), 1);
         c.run(&caches).await;
-        let events = events.0.lock().unwrap().clone();
+        let events = events.seen.lock().unwrap().clone();
         assert_eq!(events.len(), 1, "one Event for one bad value: {events:?}");
         assert_eq!(events[0].0, "bad");
         assert!(events[0].1.contains("\"1 week\""), "{}", events[0].1);
@@ -384,18 +400,17 @@ mod tests {
     async fn dry_run_reports_malformed_annotations_without_an_event() {
         let caches = caches(&[], &["live"]);
         annotate(
-            &mut caches.lock().unwrap(),
+            &mut caches.lock(),
             "bad",
             json!({crate::podgc::policy::THRESHOLD_ANNOTATION: "-3"}),
         );
         let mock = Mock::default();
-        let events = Arc::new(Events::default());
-        let mut c = cycle(&mock, Duration::from_secs(3600));
+        let events = Events::new(&mock);
+        let mut c = cycle_with(&mock, Duration::from_secs(3600), events.clone());
         c.applier.dry_run = true;
-        c.events = events.clone();
         c.run(&caches).await;
         assert!(
-            events.0.lock().unwrap().is_empty(),
+            events.seen.lock().unwrap().is_empty(),
             "dry-run writes nothing"
         );
     }

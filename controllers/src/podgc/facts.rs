@@ -1,12 +1,13 @@
-//! The compact facts PodGC keeps per Pod and Node: exactly what the passes and the status
-//! patch read. Namespace and node names are interned, so 50k pods on 5k nodes share a few
-//! thousand strings.
+//! The compact facts PodGC keeps per Pod and Node.
+//!
+//! Exactly what the passes and the status patch read. Namespace and node names are interned,
+//! so 50k pods on 5k nodes share a few thousand strings.
 
 use std::{collections::HashSet, sync::Arc};
 
 use jiff::Timestamp;
 
-use super::wire::{WireCondition, WireNode, WirePod, WirePodStatus};
+use super::wire::{WireNode, WirePod, WirePodStatus};
 
 /// `status.phase`. Anything unrecognised (including `""`) counts as terminated, as upstream's
 /// "not Pending, Running or Unknown" does.
@@ -175,6 +176,14 @@ impl PodFacts {
     }
 }
 
+impl PodFacts {
+    /// The node the pod is bound to, `""` when it was never scheduled (for log lines and
+    /// reasons).
+    pub fn node(&self) -> &str {
+        self.node_name.as_deref().unwrap_or_default()
+    }
+}
+
 /// When a pod terminated, from its own status: the latest `state.terminated.finishedAt` over
 /// its containers and init containers (the last one to stop ends the pod). Without any, the
 /// latest `lastTransitionTime` of a `Ready` or `ContainersReady` condition that is `False`
@@ -205,24 +214,54 @@ pub fn terminated_at(status: &WirePodStatus) -> Option<Timestamp> {
 
 impl NodeFacts {
     pub fn from_wire(node: &WireNode) -> Self {
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .find(|c: &&WireCondition| c.type_ == "Ready")
-            .is_some_and(|c| c.status == "True");
-        let out_of_service = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key == OUT_OF_SERVICE_TAINT);
         Self {
-            ready,
-            out_of_service,
+            ready: node
+                .conditions()
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .is_some_and(|c| c.status == "True"),
+            out_of_service: node.taints().iter().any(|t| t.key == OUT_OF_SERVICE_TAINT),
+        }
+    }
+}
+
+/// Pods for the tests of the passes and the applier, written once.
+#[cfg(test)]
+pub mod example {
+    use super::*;
+
+    /// `secs` after a fixed instant (2023-11-14T22:13:20Z).
+    pub fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    /// A pod `namespace/name` (UID `uid-<name>`) in `phase`, unscheduled, created at [`at`]`(0)`,
+    /// generation 1, not evicted nor terminating, without conditions or end.
+    pub fn pod(namespace: &str, name: &str, phase: Phase) -> PodFacts {
+        PodFacts {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: format!("uid-{name}").into(),
+            node_name: None,
+            phase,
+            evicted: false,
+            terminating: false,
+            created: at(0),
+            generation: Some(1),
+            disruption_target_true: None,
+            condition_types: Box::default(),
+            terminated_at: None,
+        }
+    }
+
+    pub fn evicted(p: PodFacts) -> PodFacts {
+        PodFacts { evicted: true, ..p }
+    }
+
+    pub fn terminating(p: PodFacts) -> PodFacts {
+        PodFacts {
+            terminating: true,
+            ..p
         }
     }
 }

@@ -1,5 +1,6 @@
-//! How many force-deletes PodGC keeps in flight, adapted to what the apiserver answers: an
-//! AIMD limit (additive increase, multiplicative decrease, as TCP and Netflix's
+//! How many force-deletes PodGC keeps in flight, adapted to what the apiserver answers.
+//!
+//! An AIMD limit (additive increase, multiplicative decrease, as TCP and Netflix's
 //! concurrency-limits do). kube-controller-manager starts one goroutine per pod and collects
 //! 7,500 pods with thousands of 429s; here a 429 halves the limit and pauses new starts for the
 //! server's `Retry-After`, a latency well above the best seen recently trims it by a tenth,

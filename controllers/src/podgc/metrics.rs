@@ -1,10 +1,13 @@
-//! PodGC's metrics: the two upstream counters, byte for byte (NotFound counts as an error, as
-//! upstream), a groundskeeper counter of real failures, a cycle histogram, deletions of
-//! terminated pods by the rule that chose them, and the apiserver's 429s.
+//! PodGC's Prometheus metrics.
+//!
+//! The two upstream counters, byte for byte (NotFound counts as an error, as upstream), a
+//! groundskeeper counter of real failures, a cycle histogram, deletions of terminated pods by
+//! the rule that chose them, and the apiserver's 429s.
 
+use groundskeeper_plumbing::metrics::register_all;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
-use super::passes::Pass;
+use super::decide::Pass;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -79,13 +82,18 @@ impl Metrics {
     }
 
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        registry.register(Box::new(self.deleted.clone()))?;
-        registry.register(Box::new(self.errors.clone()))?;
-        registry.register(Box::new(self.failures.clone()))?;
-        registry.register(Box::new(self.terminated_deleted.clone()))?;
-        registry.register(Box::new(self.throttled.clone()))?;
-        registry.register(Box::new(self.concurrency_limit.clone()))?;
-        registry.register(Box::new(self.cycle_seconds.clone()))
+        register_all(
+            registry,
+            [
+                Box::new(self.deleted.clone()) as _,
+                Box::new(self.errors.clone()) as _,
+                Box::new(self.failures.clone()) as _,
+                Box::new(self.terminated_deleted.clone()) as _,
+                Box::new(self.throttled.clone()) as _,
+                Box::new(self.concurrency_limit.clone()) as _,
+                Box::new(self.cycle_seconds.clone()) as _,
+            ],
+        )
     }
 
     pub fn deleted(&self, namespace: &str, pass: Pass) {

@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use http::{Request, Response};
+use http::Request;
 use kube::{Client, client::Body};
 use serde_json::{Value, json};
 
@@ -102,13 +102,7 @@ impl Mock {
                 };
                 let code = if code == 421 { 422 } else { code };
                 m.in_flight.fetch_sub(1, Ordering::SeqCst);
-                Ok::<_, std::convert::Infallible>(
-                    Response::builder()
-                        .status(code)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                )
+                Ok::<_, std::convert::Infallible>(testkit::api::reply(code, &body))
             }
         });
         Client::new(svc, "default")

@@ -1,45 +1,48 @@
-//! PodGC: force-deletes pods nobody else will clean up, as kube-controller-manager's PodGC
-//! does (v1.36): terminated pods above a threshold, terminating pods on out-of-service nodes,
-//! pods whose node is gone, and terminating pods that were never scheduled. Beyond upstream:
+//! PodGC's flags and `run`: force-deletes pods nobody else will clean up.
+//!
+//! As kube-controller-manager's PodGC does (v1.36): terminated pods above a threshold,
+//! terminating pods on out-of-service nodes, pods whose node is gone, and terminating pods that
+//! were never scheduled. Beyond upstream:
 //! compact caches, UID preconditions on every delete, parallel deletes under a limit that
 //! adapts to the apiserver's answers, and an opt-in policy for terminated pods (a TTL and
 //! per-namespace overrides, `policy.rs`).
 
 pub mod apply;
+#[cfg(test)]
+mod apply_tests;
 pub mod cache;
 pub mod cycle;
+pub mod decide;
+#[cfg(test)]
+mod decide_tests;
 pub mod facts;
 pub mod limit;
 pub mod metrics;
 #[cfg(test)]
 pub(crate) mod mock_api;
 pub mod notice;
-pub mod passes;
 pub mod policy;
+#[cfg(test)]
+mod policy_tests;
 pub mod quarantine;
 pub mod wire;
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use clap::Args;
 use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
-use kube::runtime::watcher;
 
 use crate::context::Context;
-use apply::Applier;
-use cache::Caches;
+use apply::{Applier, KubeWrites};
 use cycle::Cycle;
 use metrics::Metrics;
 use quarantine::Quarantine;
 
 /// How soon a cycle skipped on stale caches is tried again.
 const STALE_RECHECK: Duration = Duration::from_secs(1);
-
-/// Pods per list page: a page is the most that is ever decoded at once.
-const LIST_PAGE_SIZE: u32 = 500;
 
 #[derive(Args, Debug, Clone)]
 pub struct PodGcArgs {
@@ -88,21 +91,12 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     metrics.register(&ctx.base.registry)?;
-    let caches = Arc::new(Mutex::new(Caches::default()));
-    let ready = (
-        ctx.base.readiness.register("podgc/pods"),
-        ctx.base.readiness.register("podgc/nodes"),
-        ctx.base.readiness.register("podgc/namespaces"),
-    );
-    // The namespace cache holds the policy annotations: a stale one could miss an opt-out.
-    let health = [ready.0.clone(), ready.1.clone(), ready.2.clone()];
-    let (mut synced, watches) = cache::start(
-        ctx.base.client.clone(),
-        caches.clone(),
-        watcher::Config::default().page_size(LIST_PAGE_SIZE),
-        ready,
-        ctx.base.token.clone(),
-    );
+    let cache::Watches {
+        caches,
+        flags: health,
+        mut synced,
+        task: watches,
+    } = cache::start(&ctx.base);
 
     // Orphan detection must never run on a node cache that has not listed once.
     let gate = async {
@@ -128,7 +122,10 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let mut cycle = Cycle {
         client: ctx.base.client.clone(),
         applier: Applier::new(
-            ctx.base.unretried_client.clone(),
+            Arc::new(KubeWrites::new(
+                ctx.base.unretried_client.clone(),
+                ctx.base.client.clone(),
+            )),
             metrics.clone(),
             args.gc_concurrency as usize,
             ctx.base.dry_run,
@@ -138,12 +135,12 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
         ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
-        events: Arc::new(notice::KubeEvents::new(ctx.base.client.clone())),
         reported: notice::Reported::default(),
     };
     loop {
         // Every pass deletes on what the caches say (a pod count over the threshold, a node's
-        // out-of-service taint): not while a watch is failing or relisting and they may be stale.
+        // out-of-service taint, a namespace's opt-out): not while a watch is failing or
+        // relisting and they may be stale.
         let wait = if health.iter().all(ReadyFlag::is_healthy) {
             let started = Instant::now();
             let summary = cycle.run(&caches).await;
@@ -174,18 +171,9 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    #[derive(Parser, Debug)]
-    struct Cli {
-        #[command(flatten)]
-        podgc: PodGcArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<PodGcArgs, String> {
-        Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
-            .map(|c| c.podgc)
-            .map_err(|e| groundskeeper_plumbing::cli::one_line(&e))
+    fn parse(flags: &[&str]) -> Result<PodGcArgs, String> {
+        testkit::cli::args::<PodGcArgs>(flags)
     }
 
     #[test]

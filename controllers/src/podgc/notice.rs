@@ -1,11 +1,12 @@
-//! Reporting malformed policy annotations: a log line and a Warning Event on the Namespace,
-//! once per distinct bad value (not every cycle). The Event is the only write, behind a trait
-//! so the once-only bookkeeping is tested without a cluster.
+//! Reporting malformed policy annotations, once per distinct bad value.
+//!
+//! A log line and a Warning Event on the Namespace, not every cycle. The Event is written
+//! through `apply::Writes` (`KubeWrites` uses [`KubeEvents`]), so the once-only bookkeeping is
+//! tested without a cluster.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event as K8sEvent},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
@@ -15,10 +16,6 @@ use kube::{Api, Client, api::PostParams};
 use super::policy::{NsAnnotations, malformed};
 
 pub const REASON: &str = "InvalidPodGCPolicy";
-
-pub trait NamespaceEvents: Send + Sync {
-    fn warn(&self, namespace: &str, note: String) -> BoxFuture<'_, Result<(), kube::Error>>;
-}
 
 /// Creates each Event itself: kube's `Recorder` folds events with the same reason and object
 /// into one series that keeps the first note, which would hide a second bad value.
@@ -43,8 +40,12 @@ impl KubeEvents {
 
 const CONTROLLER: &str = "groundskeeper.dev/podgc";
 
-impl NamespaceEvents for KubeEvents {
-    fn warn(&self, namespace: &str, note: String) -> BoxFuture<'_, Result<(), kube::Error>> {
+impl KubeEvents {
+    pub fn warn(
+        &self,
+        namespace: &str,
+        note: String,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send + '_ {
         let now = jiff::Timestamp::now();
         let ev = K8sEvent {
             metadata: ObjectMeta {
@@ -66,12 +67,12 @@ impl NamespaceEvents for KubeEvents {
             reporting_instance: Some(self.instance.clone()),
             ..K8sEvent::default()
         };
-        Box::pin(async move {
+        async move {
             self.api
                 .create(&PostParams::default(), &ev)
                 .await
                 .map(|_| ())
-        })
+        }
     }
 }
 

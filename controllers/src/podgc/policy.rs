@@ -1,7 +1,9 @@
-//! groundskeeper's policy for terminated pods, on top of upstream's cluster-wide threshold:
-//! a TTL since termination (`--terminated-pod-ttl`) and per-namespace overrides through two
-//! Namespace annotations. Pure: the cycle hands in the pods the upstream threshold left, the
-//! parsed namespace policies and the time.
+//! groundskeeper's policy for terminated pods: a TTL and per-namespace thresholds.
+//!
+//! On top of upstream's cluster-wide threshold: a TTL since termination
+//! (`--terminated-pod-ttl`) and per-namespace overrides through two Namespace annotations.
+//! Pure: the cycle hands in the pods the upstream threshold left, the parsed namespace policies
+//! and the time.
 //!
 //! Order of evaluation, per cycle (docs/podgc.md):
 //! 1. upstream's threshold pass on every terminated pod in the cluster, whatever the policies;
@@ -21,8 +23,8 @@ use groundskeeper_plumbing::client::parse_duration;
 use jiff::Timestamp;
 
 use super::{
+    decide::{Deletion, Pass, eviction_then_age, excess, phase_note},
     facts::PodFacts,
-    passes::{Deletion, Pass, eviction_then_age, over_threshold},
 };
 
 pub const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
@@ -185,36 +187,29 @@ pub fn policy_passes(
     ttl_chosen.sort_by(|a, b| eviction_then_age(a.0, b.0));
     let ttl = ttl_chosen
         .into_iter()
-        .map(|(p, ttl)| Deletion {
-            why: format!(
+        .map(|(p, ttl)| {
+            let why = format!(
                 "phase {:?} and terminated at {} (TTL {})",
                 p.phase.as_str(),
                 p.terminated_at.map(|t| t.to_string()).unwrap_or_default(),
                 humantime(ttl)
-            ),
-            pod: p.clone(),
-            pass: Pass::Ttl,
+            );
+            Deletion::new(p, Pass::Ttl, why)
         })
         .collect();
 
     let mut namespaces: Vec<_> = per_ns.into_iter().collect();
     namespaces.sort_by(|a, b| a.0.cmp(b.0));
     let mut ns_threshold = Vec::new();
-    for (ns, (n, mut done)) in namespaces {
+    for (ns, (n, done)) in namespaces {
         let total = done.len();
-        let count = over_threshold(total, i64::try_from(n).unwrap_or(i64::MAX));
-        if count == 0 {
-            continue;
-        }
-        done.sort_by(|a, b| eviction_then_age(a, b));
-        ns_threshold.extend(done.into_iter().take(count).map(|p| Deletion {
-            why: format!(
-                "phase {:?}{}; {total} terminated pods in namespace {ns} exceed its threshold of {n}",
-                p.phase.as_str(),
-                if p.evicted { " (evicted)" } else { "" }
-            ),
-            pod: p.clone(),
-            pass: Pass::NamespaceThreshold,
+        let chosen = excess(done, i64::try_from(n).unwrap_or(i64::MAX));
+        ns_threshold.extend(chosen.into_iter().map(|p| {
+            let why = format!(
+                "{}; {total} terminated pods in namespace {ns} exceed its threshold of {n}",
+                phase_note(p)
+            );
+            Deletion::new(p, Pass::NamespaceThreshold, why)
         }));
     }
     (ttl, ns_threshold)
@@ -248,7 +243,3 @@ pub fn malformed(a: &NsAnnotations) -> Vec<(&'static str, &str)> {
     }
     out
 }
-
-#[cfg(test)]
-#[path = "policy_tests.rs"]
-mod tests;

@@ -1,33 +1,31 @@
-use super::*;
-use crate::podgc::{facts::Phase, passes::terminated};
+//! The policy passes and annotation parsing, table by table.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use super::policy::*;
+use crate::podgc::{
+    decide::{Deletion, Pass, terminated},
+    facts::{
+        Phase, PodFacts,
+        example::{self, at, evicted},
+    },
+};
 
 const H: Duration = Duration::from_secs(3600);
 
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_700_000_000 + secs).unwrap()
-}
-
-/// A pod in `ns`, created at `created`, terminated at `ended` (seconds from the epoch above).
+/// A pod in `ns`, created at `created`, terminated at `ended` (seconds from [`at`]'s epoch).
 fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> PodFacts {
     PodFacts {
-        namespace: ns.into(),
-        name: name.into(),
         uid: format!("uid-{ns}-{name}").into(),
         node_name: Some("n".into()),
-        phase,
-        evicted: false,
-        terminating: false,
         created: at(created),
-        generation: Some(1),
-        disruption_target_true: None,
         terminated_at: ended.map(at),
-        condition_types: Box::default(),
+        ..example::pod(ns, name, phase)
     }
-}
-
-fn evicted(mut p: PodFacts) -> PodFacts {
-    p.evicted = true;
-    p
 }
 
 fn names(ds: &[Deletion]) -> Vec<String> {

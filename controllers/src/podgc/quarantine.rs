@@ -1,6 +1,7 @@
-//! Orphan quarantine: a node name missing from the cache waits `--orphan-quarantine` before it
-//! is checked with a live GET, like upstream's delaying queue `orphaned_pods_nodes`. The clock
-//! is passed in, so tests drive it.
+//! Orphan quarantine: how long a node missing from the cache waits before a live check.
+//!
+//! A missing node name waits `--orphan-quarantine` before it is checked with a live GET, like
+//! upstream's delaying queue `orphaned_pods_nodes`. The clock is passed in, so tests drive it.
 
 use std::{
     collections::{HashMap, HashSet},

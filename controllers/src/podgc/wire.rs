@@ -1,6 +1,8 @@
-//! The Pod and Node shapes PodGC reads off the wire. serde skips every other field while
-//! parsing (containers, volumes, managedFields, annotations, node images...), so a full object
-//! is never built, not even briefly: that is most of the memory difference with upstream.
+//! The Pod and Node shapes PodGC reads off the wire.
+//!
+//! serde skips every other field while parsing (containers, volumes, managedFields,
+//! annotations, node images...), so a full object is never built, not even briefly: that is
+//! most of the memory difference with upstream.
 
 use std::borrow::Cow;
 
@@ -11,16 +13,23 @@ use k8s_openapi::{
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
-/// A Pod as PodGC sees it.
+/// A core/v1 object as PodGC sees it: the slim metadata, and of `spec` and `status` only the
+/// fields `Spec` and `Status` declare.
 #[derive(Deserialize, Clone, Debug, Default)]
-pub struct WirePod {
+pub struct WireObject<Spec, Status> {
     #[serde(deserialize_with = "slim_meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
-    pub spec: Option<WirePodSpec>,
+    pub spec: Option<Spec>,
     #[serde(default)]
-    pub status: Option<WirePodStatus>,
+    pub status: Option<Status>,
 }
+
+/// A Pod as PodGC sees it.
+pub type WirePod = WireObject<WirePodSpec, WirePodStatus>;
+
+/// A Node as PodGC sees it: readiness and taint keys.
+pub type WireNode = WireObject<WireNodeSpec, WireNodeStatus>;
 
 #[derive(Deserialize, Clone, Debug, Default)]
 #[serde(rename_all = "camelCase")]
@@ -68,17 +77,6 @@ pub struct WireCondition {
     pub last_transition_time: Option<Time>,
 }
 
-/// A Node as PodGC sees it: readiness and taint keys.
-#[derive(Deserialize, Clone, Debug, Default)]
-pub struct WireNode {
-    #[serde(deserialize_with = "slim_meta")]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: Option<WireNodeSpec>,
-    #[serde(default)]
-    pub status: Option<WireNodeStatus>,
-}
-
 #[derive(Deserialize, Clone, Debug, Default)]
 pub struct WireNodeSpec {
     #[serde(default)]
@@ -94,6 +92,22 @@ pub struct WireTaint {
 pub struct WireNodeStatus {
     #[serde(default)]
     pub conditions: Option<Vec<WireCondition>>,
+}
+
+impl WireNode {
+    /// `status.conditions`, empty when absent.
+    pub fn conditions(&self) -> &[WireCondition] {
+        let status = self.status.as_ref();
+        status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// `spec.taints`, empty when absent.
+    pub fn taints(&self) -> &[WireTaint] {
+        let spec = self.spec.as_ref();
+        spec.and_then(|s| s.taints.as_deref()).unwrap_or_default()
+    }
 }
 
 /// The metadata fields PodGC and the watcher (resourceVersion) use.

@@ -1,6 +1,7 @@
-//! The four passes of one PodGC cycle, in upstream order, as pure functions of a snapshot.
-//! The only input that needs I/O — which quarantined nodes a live GET confirmed gone — is
-//! passed in by the cycle.
+//! PodGC's decisions: the four upstream passes, pure functions of a snapshot.
+//!
+//! The only input that needs I/O (which quarantined nodes a live GET confirmed gone) is
+//! passed in by the cycle; the policy passes built on these live in `policy.rs`.
 
 use std::{
     cmp::Ordering,
@@ -103,6 +104,16 @@ pub struct Deletion {
     pub why: String,
 }
 
+impl Deletion {
+    pub fn new(pod: &PodFacts, pass: Pass, why: String) -> Self {
+        Self {
+            pod: pod.clone(),
+            pass,
+            why,
+        }
+    }
+}
+
 /// Upstream's `byEvictionAndCreationTimestamp`: evicted first, then oldest, then by name.
 pub fn eviction_then_age(a: &PodFacts, b: &PodFacts) -> Ordering {
     b.evicted
@@ -120,29 +131,43 @@ pub fn over_threshold(terminated: usize, threshold: i64) -> usize {
     excess.max(0) as usize
 }
 
+/// What a threshold deletes of `done` (terminated pods): the ones above `threshold`, evicted
+/// first, then oldest. Upstream's cluster-wide pass and the namespace thresholds both.
+pub fn excess(mut done: Vec<&PodFacts>, threshold: i64) -> Vec<&PodFacts> {
+    let count = over_threshold(done.len(), threshold);
+    if count == 0 {
+        return Vec::new();
+    }
+    done.sort_by(|a, b| eviction_then_age(a, b));
+    done.truncate(count);
+    done
+}
+
+/// How a threshold's reason names the pod's state: `phase "Failed" (evicted)`.
+pub fn phase_note(p: &PodFacts) -> String {
+    format!(
+        "phase {:?}{}",
+        p.phase.as_str(),
+        if p.evicted { " (evicted)" } else { "" }
+    )
+}
+
 /// Pass 1: the oldest terminated pods above `threshold` (evicted ones first). Terminating pods
 /// still count and can be chosen again, as in v1.36.
 pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
     if threshold <= 0 {
         return Vec::new();
     }
-    let mut done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
-    let count = over_threshold(done.len(), threshold);
-    if count == 0 {
-        return Vec::new();
-    }
+    let done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
     let total = done.len();
-    done.sort_by(|a, b| eviction_then_age(a, b));
-    done.truncate(count);
-    done.into_iter()
-        .map(|p| Deletion {
-            why: format!(
-                "phase {:?}{}; {total} terminated pods exceed the threshold of {threshold}",
-                p.phase.as_str(),
-                if p.evicted { " (evicted)" } else { "" }
-            ),
-            pod: p.clone(),
-            pass: Pass::Terminated,
+    excess(done, threshold)
+        .into_iter()
+        .map(|p| {
+            let why = format!(
+                "{}; {total} terminated pods exceed the threshold of {threshold}",
+                phase_note(p)
+            );
+            Deletion::new(p, Pass::Terminated, why)
         })
         .collect()
 }
@@ -164,13 +189,12 @@ pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
     chosen.sort_by(|a, b| eviction_then_age(a, b));
     chosen
         .into_iter()
-        .map(|p| Deletion {
-            why: format!(
+        .map(|p| {
+            let why = format!(
                 "terminating on node {} which is not Ready and has the out-of-service taint",
-                p.node_name.as_deref().unwrap_or_default()
-            ),
-            pod: p.clone(),
-            pass: Pass::OutOfService,
+                p.node()
+            );
+            Deletion::new(p, Pass::OutOfService, why)
         })
         .collect()
 }
@@ -193,13 +217,9 @@ pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
     }
     pods.iter()
         .filter(|p| p.node_name.as_ref().is_some_and(|n| gone.contains(n)))
-        .map(|p| Deletion {
-            why: format!(
-                "node {} no longer exists",
-                p.node_name.as_deref().unwrap_or_default()
-            ),
-            pod: p.clone(),
-            pass: Pass::Orphaned,
+        .map(|p| {
+            let why = format!("node {} no longer exists", p.node());
+            Deletion::new(p, Pass::Orphaned, why)
         })
         .collect()
 }
@@ -208,14 +228,9 @@ pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
 pub fn unscheduled(pods: &[PodFacts]) -> Vec<Deletion> {
     pods.iter()
         .filter(|p| p.terminating && p.node_name.is_none())
-        .map(|p| Deletion {
-            why: "terminating and never scheduled to a node".into(),
-            pod: p.clone(),
-            pass: Pass::Unscheduled,
+        .map(|p| {
+            let why = "terminating and never scheduled to a node".into();
+            Deletion::new(p, Pass::Unscheduled, why)
         })
         .collect()
 }
-
-#[cfg(test)]
-#[path = "passes_tests.rs"]
-mod tests;

@@ -1,36 +1,19 @@
-use super::*;
-use crate::podgc::facts::Phase;
-use jiff::Timestamp;
+//! The four upstream passes, on hand-built snapshots.
 
-fn at(secs: i64) -> Timestamp {
-    Timestamp::from_second(1_700_000_000 + secs).unwrap()
-}
+use std::{collections::HashSet, sync::Arc};
+
+use super::decide::*;
+use crate::podgc::facts::{
+    NodeFacts, Phase, PodFacts,
+    example::{self, at, evicted, terminating},
+};
 
 fn pod(name: &str, phase: Phase, node: Option<&str>, created: i64) -> PodFacts {
     PodFacts {
-        namespace: "ns".into(),
-        name: name.into(),
-        uid: format!("uid-{name}").into(),
         node_name: node.map(Arc::from),
-        phase,
-        evicted: false,
-        terminating: false,
         created: at(created),
-        generation: Some(1),
-        disruption_target_true: None,
-        condition_types: Box::default(),
-        terminated_at: None,
+        ..example::pod("ns", name, phase)
     }
-}
-
-fn evicted(mut p: PodFacts) -> PodFacts {
-    p.evicted = true;
-    p
-}
-
-fn terminating(mut p: PodFacts) -> PodFacts {
-    p.terminating = true;
-    p
 }
 
 fn names(ds: &[Deletion]) -> Vec<&str> {
