@@ -1,5 +1,6 @@
-//! The one way every component watches: kube-runtime's `watcher`, with a short capped backoff,
-//! a full relist after every error, and the watch's health kept in its [`ReadyFlag`].
+//! The watch under every cache (`crate::cache::follow`): kube-runtime's `watcher`, with a short
+//! capped backoff, a full relist after every error, and the watch's health kept in its
+//! [`ReadyFlag`].
 //!
 //! Why not `default_backoff()`: it grows to 30 s (and only resets after 120 s without
 //! errors), so after a 30 s apiserver outage a watch could wait another half minute before
@@ -24,7 +25,6 @@ use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{
     Api, Resource,
     runtime::{
-        reflector::{self, Store},
         watcher::{self, Event, watcher},
     },
 };
@@ -90,8 +90,8 @@ const LIST_DEADLINE_MAX: Duration = Duration::from_secs(60);
 
 /// Watches `api` for ever: the events of kube-runtime's `watcher`, never an error (errors are
 /// logged, counted and retried here, and turn the flag unhealthy until the next full list).
-/// The item type stays a `Result` so the stream feeds `reflector` and `WatchStreamExt` as is.
-pub fn watch<K>(
+/// Components do not call this: they watch through [`crate::cache::follow`], which keeps a store.
+pub(crate) fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
     flag: ReadyFlag,
@@ -166,29 +166,6 @@ where
             }
         }
     })
-}
-
-/// [`watch`] into a kube-runtime reflector store: a relist is buffered and swapped in whole at
-/// `InitDone` (a reader never sees half a list), and each event reaches the returned stream
-/// after the store has applied it. The flag turns healthy only once the consumer has taken the
-/// `InitDone` and comes back for more.
-pub fn watch_store<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    flag: ReadyFlag,
-) -> (
-    Store<K>,
-    impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static,
-)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
-{
-    let (reader, writer) = reflector::store();
-    (
-        reader,
-        reflector::reflector(writer, watch(api, config, flag)),
-    )
 }
 
 /// A watch error with a hint for the one cause an operator fixes by hand.
