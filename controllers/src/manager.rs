@@ -118,14 +118,11 @@ impl ElectionArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(args: &[&str]) -> Result<Cli, String> {
-        testkit::cli::cli(args)
-    }
+    use testkit::cli::CommandLine;
 
     #[test]
     fn defaults_match_client_go() {
-        let cli = parse(&[]).unwrap();
+        let cli = Cli::from_command_line(&[]).unwrap();
         assert!(cli.election.leader_elect);
         assert_eq!(
             cli.election.leader_elect_lease_duration,
@@ -147,19 +144,23 @@ mod tests {
     #[test]
     fn controllers_selection() {
         assert_eq!(
-            parse(&["--controllers="]).unwrap().controllers,
+            Cli::from_command_line(&["--controllers="])
+                .unwrap()
+                .controllers,
             Selection(vec![])
         );
         assert_eq!(
-            parse(&["--controllers", "podgc"]).unwrap().controllers,
+            Cli::from_command_line(&["--controllers", "podgc"])
+                .unwrap()
+                .controllers,
             Selection(vec!["podgc"])
         );
-        assert!(parse(&["--controllers", "podgc,nope"]).is_err());
+        assert!(Cli::from_command_line(&["--controllers", "podgc,nope"]).is_err());
     }
 
     #[test]
     fn inconsistent_timings_are_named() {
-        let cli = parse(&["--leader-elect-renew-deadline", "20s"]).unwrap();
+        let cli = Cli::from_command_line(&["--leader-elect-renew-deadline", "20s"]).unwrap();
         let e = cli.election.validate().unwrap_err();
         assert!(
             e.contains("--leader-elect-lease-duration") && e.contains("20s"),
@@ -170,7 +171,7 @@ mod tests {
     #[test]
     fn leader_elect_can_be_turned_off() {
         assert!(
-            !parse(&["--leader-elect=false"])
+            !Cli::from_command_line(&["--leader-elect=false"])
                 .unwrap()
                 .election
                 .leader_elect

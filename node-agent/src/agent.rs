@@ -72,22 +72,23 @@ impl AgentArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use testkit::cli::CommandLine;
 
     #[test]
     fn node_name_is_required_and_not_blank() {
-        let cli = testkit::cli::cli::<Cli>(&["--node-name", "  "]).unwrap();
+        let cli = Cli::from_command_line(&["--node-name", "  "]).unwrap();
         let e = cli.require_node_name().unwrap_err();
         assert!(
             e.contains("NODE_NAME") && e.contains("spec.nodeName"),
             "{e}"
         );
-        let cli = testkit::cli::cli::<Cli>(&["--node-name", "worker-1"]).unwrap();
+        let cli = Cli::from_command_line(&["--node-name", "worker-1"]).unwrap();
         assert_eq!(cli.require_node_name().unwrap(), "worker-1");
     }
 
     #[test]
     fn conntrack_sysctls_subcommand_takes_the_sysctl_flags() {
-        let cli = testkit::cli::cli::<Cli>(&[
+        let cli = Cli::from_command_line(&[
             "--dry-run=true",
             "conntrack-sysctls",
             "--conntrack-max-per-core=32768",
@@ -101,7 +102,7 @@ mod tests {
         assert_eq!(a.conntrack_max_per_core, Some(32768));
         assert!(a.conntrack_tcp_be_liberal);
         assert!(
-            testkit::cli::cli::<Cli>(&["conntrack-sysctls", "--conntrack-udp-timeout=0s"]).is_err()
+            Cli::from_command_line(&["conntrack-sysctls", "--conntrack-udp-timeout=0s"]).is_err()
         );
     }
 }

@@ -24,9 +24,7 @@ use std::{
 use futures::{Stream, StreamExt, stream::BoxStream};
 use kube::{
     Api, Resource,
-    runtime::{
-        watcher::{self, Event, watcher},
-    },
+    runtime::watcher::{self, Event, watcher},
 };
 use serde::de::DeserializeOwned;
 

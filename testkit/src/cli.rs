@@ -38,3 +38,25 @@ pub fn refused(bin: &str, args: &[&str]) -> String {
     assert!(!err.contains("panicked"), "{args:?}: {err}");
     err
 }
+
+/// `XArgs::from_flags(&["--flag=value"])` in a component's tests: [`args`] as a method.
+pub trait Flags: Sized {
+    fn from_flags(flags: &[&str]) -> Result<Self, String>;
+}
+
+impl<A: Args> Flags for A {
+    fn from_flags(flags: &[&str]) -> Result<Self, String> {
+        args(flags)
+    }
+}
+
+/// `Cli::from_command_line(&["--flag", "sub"])`: [`cli`] as a method.
+pub trait CommandLine: Sized {
+    fn from_command_line(flags: &[&str]) -> Result<Self, String>;
+}
+
+impl<P: Parser> CommandLine for P {
+    fn from_command_line(flags: &[&str]) -> Result<Self, String> {
+        cli(flags)
+    }
+}

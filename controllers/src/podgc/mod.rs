@@ -171,14 +171,11 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(flags: &[&str]) -> Result<PodGcArgs, String> {
-        testkit::cli::args::<PodGcArgs>(flags)
-    }
+    use testkit::cli::Flags;
 
     #[test]
     fn defaults_match_upstream() {
-        let a = parse(&[]).unwrap();
+        let a = PodGcArgs::from_flags(&[]).unwrap();
         assert_eq!(a.gc_period, Duration::from_secs(20));
         assert_eq!(a.terminated_pod_gc_threshold, 12500);
         assert_eq!(a.orphan_quarantine, Duration::from_secs(40));
@@ -188,7 +185,7 @@ mod tests {
 
     #[test]
     fn values_parse() {
-        let a = parse(&[
+        let a = PodGcArgs::from_flags(&[
             "--gc-period=1s",
             "--terminated-pod-gc-threshold=-1",
             "--orphan-quarantine=0s",
@@ -214,7 +211,7 @@ mod tests {
             (&["--terminated-pod-ttl=1w"][..], "1w"),
             (&["--terminated-pod-ttl=-1h"][..], "-1h"),
         ] {
-            let e = parse(args).unwrap_err();
+            let e = PodGcArgs::from_flags(args).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
     }

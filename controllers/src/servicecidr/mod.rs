@@ -114,23 +114,25 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::ServiceCidrArgs;
-
-    fn parse(flags: &[&str]) -> Result<ServiceCidrArgs, String> {
-        testkit::cli::args::<ServiceCidrArgs>(flags)
-    }
+    use testkit::cli::Flags;
 
     #[test]
     fn workers_default_to_five_and_bad_counts_are_named() {
-        assert_eq!(parse(&[]).unwrap().service_cidr_workers, 5);
         assert_eq!(
-            parse(&["--service-cidr-workers", "12"])
+            ServiceCidrArgs::from_flags(&[])
+                .unwrap()
+                .service_cidr_workers,
+            5
+        );
+        assert_eq!(
+            ServiceCidrArgs::from_flags(&["--service-cidr-workers", "12"])
                 .unwrap()
                 .service_cidr_workers,
             12
         );
         for bad in ["0", "65", "-1", "many"] {
             let arg = format!("--service-cidr-workers={bad}");
-            let e = parse(&[&arg]).unwrap_err();
+            let e = ServiceCidrArgs::from_flags(&[&arg]).unwrap_err();
             assert!(
                 e.contains(bad) && e.contains("--service-cidr-workers"),
                 "{e}"

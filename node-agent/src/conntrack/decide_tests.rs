@@ -1,3 +1,5 @@
+//! Table tests of the staleness rules in `decide.rs`: which flows a model makes stale, and why.
+
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;

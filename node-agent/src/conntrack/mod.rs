@@ -157,14 +157,11 @@ impl schedule::Rounds for Cleanup {
 #[cfg(test)]
 mod tests {
     use super::ConntrackArgs;
-
-    fn parse(flags: &[&str]) -> Result<ConntrackArgs, String> {
-        testkit::cli::args(flags)
-    }
+    use testkit::cli::Flags;
 
     #[test]
     fn flags_as_the_chart_passes_them() {
-        let cli = parse(&[
+        let cli = ConntrackArgs::from_flags(&[
             "--conntrack-min-interval=2s",
             "--conntrack-gc-min=10s",
             "--conntrack-gc-max=5m",
@@ -185,19 +182,22 @@ mod tests {
 
     #[test]
     fn bad_intervals_are_rejected_naming_the_value() {
-        let e = parse(&["--conntrack-gc-min=soon"]).err().unwrap();
+        let e = ConntrackArgs::from_flags(&["--conntrack-gc-min=soon"])
+            .err()
+            .unwrap();
         assert!(e.contains("soon"), "{e}");
-        let cli = parse(&["--conntrack-gc-min=10m", "--conntrack-gc-max=5m"]).unwrap();
+        let cli = ConntrackArgs::from_flags(&["--conntrack-gc-min=10m", "--conntrack-gc-max=5m"])
+            .unwrap();
         let e = cli.validate().unwrap_err();
         assert!(e.contains("600s") && e.contains("300s"), "{e}");
-        let cli = parse(&["--conntrack-gc-min=0s"]).unwrap();
+        let cli = ConntrackArgs::from_flags(&["--conntrack-gc-min=0s"]).unwrap();
         assert!(cli.validate().is_err());
     }
 
     #[test]
     fn deleted_frontends_are_remembered_ten_minutes_or_two_gc_max() {
         for (gc_max, want) in [("5m", 600), ("1h", 7200), ("10s", 600)] {
-            let cli = parse(&[
+            let cli = ConntrackArgs::from_flags(&[
                 "--conntrack-gc-min=1s",
                 &format!("--conntrack-gc-max={gc_max}"),
             ])
@@ -208,7 +208,7 @@ mod tests {
                 "gc-max {gc_max}"
             );
         }
-        let cli = parse(&[]).unwrap();
+        let cli = ConntrackArgs::from_flags(&[]).unwrap();
         assert_eq!(cli.conntrack_orphan_grace.as_secs(), 60, "default grace");
     }
 }

@@ -1,3 +1,5 @@
+//! Tests of the UDP service model built from Services, EndpointSlices, ServiceCIDRs and the Node.
+
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::{Value, json};

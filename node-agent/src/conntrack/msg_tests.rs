@@ -1,3 +1,5 @@
+//! Tests of the netlink encoding and decoding in `msg.rs`, malformed input included.
+
 use std::net::IpAddr;
 
 use super::family::Family;

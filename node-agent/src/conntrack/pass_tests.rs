@@ -1,3 +1,5 @@
+//! Tests of one pass against a fake table: retries, aborts, fallbacks and what is deleted.
+
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
