@@ -14,15 +14,16 @@ pub fn registry() -> Registry {
     registry
 }
 
-/// Registers a component's collectors, stopping at the first that clashes (a name registered
-/// twice is a wiring bug, reported with the name).
-pub fn register_all(
-    registry: &Registry,
-    collectors: impl IntoIterator<Item = Box<dyn prometheus::core::Collector>>,
-) -> prometheus::Result<()> {
-    collectors
-        .into_iter()
-        .try_for_each(|c| registry.register(c))
+/// `metric`, registered in `registry`: a component's metrics struct is built field by field
+/// with this, so no metric is left unregistered and no list repeats the fields. A name
+/// registered twice is a wiring bug, reported with the name.
+pub fn registered<M>(registry: &Registry, metric: prometheus::Result<M>) -> prometheus::Result<M>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
 
 /// Renders the registry in the Prometheus text format.
@@ -52,11 +53,11 @@ mod tests {
     }
 
     #[test]
-    fn register_all_stops_at_a_clash() {
+    fn registered_twice_is_an_error() {
         let r = Registry::new();
-        let a = prometheus::IntCounter::new("groundskeeper_a_total", "a").unwrap();
-        let b = prometheus::IntCounter::new("groundskeeper_b_total", "b").unwrap();
-        register_all(&r, [Box::new(a.clone()) as _, Box::new(b) as _]).unwrap();
-        assert!(register_all(&r, [Box::new(a) as _]).is_err());
+        let new = || prometheus::IntCounter::new("groundskeeper_a_total", "a");
+        registered(&r, new()).unwrap().inc();
+        assert!(registered(&r, new()).is_err());
+        assert!(render(&r).contains("groundskeeper_a_total 1"));
     }
 }

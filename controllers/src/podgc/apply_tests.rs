@@ -210,7 +210,7 @@ async fn gone_and_recreated_pods_are_skipped() {
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
     Applier::new(
         Arc::new(writes(mock)),
-        Metrics::new(),
+        Metrics::register(&prometheus::Registry::new()).unwrap(),
         concurrency,
         dry_run,
         CancellationToken::new(),

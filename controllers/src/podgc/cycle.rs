@@ -262,7 +262,7 @@ mod tests {
             client: mock.client(),
             applier: Applier::new(
                 events,
-                Metrics::new(),
+                Metrics::register(&prometheus::Registry::new()).unwrap(),
                 4,
                 false,
                 CancellationToken::new(),

@@ -4,7 +4,7 @@
 //! groundskeeper counter of real failures, a cycle histogram, deletions of terminated pods by
 //! the rule that chose them, and the apiserver's 429s.
 
-use groundskeeper_plumbing::metrics::register_all;
+use groundskeeper_plumbing::metrics::registered;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 use super::decide::Pass;
@@ -23,77 +23,76 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let labels = &["namespace", "reason"];
-        Self {
-            deleted: IntCounterVec::new(
-                Opts::new(
-                    "pod_gc_collector_force_delete_pods_total",
-                    "Number of pods that are being forcefully deleted since the Pod GC Controller started.",
+        Ok(Self {
+            deleted: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "pod_gc_collector_force_delete_pods_total",
+                        "Number of pods that are being forcefully deleted since the Pod GC Controller started.",
+                    ),
+                    labels,
                 ),
-                labels,
-            )
-            .expect("valid metric"),
-            errors: IntCounterVec::new(
-                Opts::new(
-                    "pod_gc_collector_force_delete_pod_errors_total",
-                    "Number of errors encountered when forcefully deleting the pods since the Pod GC Controller started.",
+            )?,
+            errors: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "pod_gc_collector_force_delete_pod_errors_total",
+                        "Number of errors encountered when forcefully deleting the pods since the Pod GC Controller started.",
+                    ),
+                    labels,
                 ),
-                labels,
-            )
-            .expect("valid metric"),
-            failures: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_podgc_delete_errors_total",
-                    "Force-deletions that failed (status patch or delete), not counting pods already gone or recreated.",
+            )?,
+            failures: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_podgc_delete_errors_total",
+                        "Force-deletions that failed (status patch or delete), not counting pods already gone or recreated.",
+                    ),
+                    labels,
                 ),
-                labels,
-            )
-            .expect("valid metric"),
-            terminated_deleted: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_podgc_terminated_deleted_total",
-                    "Terminated pods PodGC deleted, by the rule that chose them: threshold (upstream's cluster-wide count), ttl, namespace-threshold.",
+            )?,
+            terminated_deleted: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_podgc_terminated_deleted_total",
+                        "Terminated pods PodGC deleted, by the rule that chose them: threshold (upstream's cluster-wide count), ttl, namespace-threshold.",
+                    ),
+                    &["reason"],
                 ),
-                &["reason"],
-            )
-            .expect("valid metric"),
-            throttled: IntCounter::new(
-                "groundskeeper_podgc_api_throttled_total",
-                "HTTP 429 (Too Many Requests) answers to PodGC's status patches and deletes, including those the client retried.",
-            )
-            .expect("valid metric"),
-            concurrency_limit: prometheus::Gauge::new(
-                "groundskeeper_podgc_delete_concurrency_limit",
-                "Force-deletes PodGC allows in flight, adapted to the apiserver's answers (AIMD, at most --gc-concurrency).",
-            )
-            .expect("valid metric"),
-            cycle_seconds: Histogram::with_opts(
-                HistogramOpts::new(
-                    "groundskeeper_podgc_cycle_duration_seconds",
-                    "Wall time of one PodGC cycle (all four passes, including API calls).",
-                )
-                .buckets(vec![
-                    0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-                ]),
-            )
-            .expect("valid metric"),
-        }
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        register_all(
-            registry,
-            [
-                Box::new(self.deleted.clone()) as _,
-                Box::new(self.errors.clone()) as _,
-                Box::new(self.failures.clone()) as _,
-                Box::new(self.terminated_deleted.clone()) as _,
-                Box::new(self.throttled.clone()) as _,
-                Box::new(self.concurrency_limit.clone()) as _,
-                Box::new(self.cycle_seconds.clone()) as _,
-            ],
-        )
+            )?,
+            throttled: registered(
+                registry,
+                IntCounter::new(
+                    "groundskeeper_podgc_api_throttled_total",
+                    "HTTP 429 (Too Many Requests) answers to PodGC's status patches and deletes, including those the client retried.",
+                ),
+            )?,
+            concurrency_limit: registered(
+                registry,
+                prometheus::Gauge::new(
+                    "groundskeeper_podgc_delete_concurrency_limit",
+                    "Force-deletes PodGC allows in flight, adapted to the apiserver's answers (AIMD, at most --gc-concurrency).",
+                ),
+            )?,
+            cycle_seconds: registered(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "groundskeeper_podgc_cycle_duration_seconds",
+                        "Wall time of one PodGC cycle (all four passes, including API calls).",
+                    )
+                    .buckets(vec![
+                        0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+                    ]),
+                ),
+            )?,
+        })
     }
 
     pub fn deleted(&self, namespace: &str, pass: Pass) {
@@ -140,11 +139,5 @@ impl Metrics {
             self.deleted.with_label_values(&l).get(),
             self.errors.with_label_values(&l).get(),
         )
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
     }
 }

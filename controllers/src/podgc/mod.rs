@@ -89,8 +89,7 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 /// Runs PodGC until `ctx.base.token` is cancelled. Caches fill on every replica; cycles run only
 /// on the leader.
 pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    metrics.register(&ctx.base.registry)?;
+    let metrics = Metrics::register(&ctx.base.registry)?;
     let cache::Watches {
         caches,
         flags: health,

@@ -1,6 +1,6 @@
 //! The controller's metrics (upstream exports none of its own; ours carry the project prefix).
 
-use groundskeeper_plumbing::metrics::register_all;
+use groundskeeper_plumbing::metrics::registered;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
@@ -18,68 +18,62 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
-        Self {
-            reconciles: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_servicecidr_reconciles_total",
-                    "ServiceCIDR syncs by result (success or error).",
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            reconciles: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_servicecidr_reconciles_total",
+                        "ServiceCIDR syncs by result (success or error).",
+                    ),
+                    &["result"],
                 ),
-                &["result"],
-            )
-            .expect("valid metric"),
-            reconcile_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "groundskeeper_servicecidr_reconcile_duration_seconds",
-                    "Time one ServiceCIDR sync took, API calls included, by result.",
-                )
-                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 15).expect("valid buckets")),
-                &["result"],
-            )
-            .expect("valid metric"),
-            blocked_deletions: IntGauge::new(
-                "groundskeeper_servicecidr_blocked_deletions",
-                "ServiceCIDRs being deleted that wait because IPAddresses only they contain still exist.",
-            )
-            .expect("valid metric"),
-            dropped_keys: IntCounter::new(
-                "groundskeeper_servicecidr_dropped_keys_total",
-                "ServiceCIDRs given up on after 15 failed retries (re-synced on their next change).",
-            )
-            .expect("valid metric"),
-            foreign_writes: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_servicecidr_foreign_writes_total",
-                    "Writes to ServiceCIDRs by another ServiceCIDR controller (kube-controller-manager's), by kind.",
+            )?,
+            reconcile_duration: registered(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "groundskeeper_servicecidr_reconcile_duration_seconds",
+                        "Time one ServiceCIDR sync took, API calls included, by result.",
+                    )
+                    .buckets(
+                        prometheus::exponential_buckets(0.0005, 2.0, 15).expect("valid buckets"),
+                    ),
+                    &["result"],
                 ),
-                &["kind"],
-            )
-            .expect("valid metric"),
-            conflicting_controller: IntGauge::new(
-                "groundskeeper_servicecidr_conflicting_controller_detected",
-                "1 once another ServiceCIDR controller was seen writing since start: disable one of them.",
-            )
-            .expect("valid metric"),
-        }
-    }
-
-    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        register_all(
-            registry,
-            [
-                Box::new(self.reconciles.clone()) as _,
-                Box::new(self.reconcile_duration.clone()) as _,
-                Box::new(self.blocked_deletions.clone()) as _,
-                Box::new(self.dropped_keys.clone()) as _,
-                Box::new(self.foreign_writes.clone()) as _,
-                Box::new(self.conflicting_controller.clone()) as _,
-            ],
-        )
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
+            )?,
+            blocked_deletions: registered(
+                registry,
+                IntGauge::new(
+                    "groundskeeper_servicecidr_blocked_deletions",
+                    "ServiceCIDRs being deleted that wait because IPAddresses only they contain still exist.",
+                ),
+            )?,
+            dropped_keys: registered(
+                registry,
+                IntCounter::new(
+                    "groundskeeper_servicecidr_dropped_keys_total",
+                    "ServiceCIDRs given up on after 15 failed retries (re-synced on their next change).",
+                ),
+            )?,
+            foreign_writes: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_servicecidr_foreign_writes_total",
+                        "Writes to ServiceCIDRs by another ServiceCIDR controller (kube-controller-manager's), by kind.",
+                    ),
+                    &["kind"],
+                ),
+            )?,
+            conflicting_controller: registered(
+                registry,
+                IntGauge::new(
+                    "groundskeeper_servicecidr_conflicting_controller_detected",
+                    "1 once another ServiceCIDR controller was seen writing since start: disable one of them.",
+                ),
+            )?,
+        })
     }
 }

@@ -49,8 +49,7 @@ pub struct ServiceCidrArgs {
 /// Watches ServiceCIDRs and allocator-managed IPAddresses on every replica; syncs only while
 /// leading; returns once `ctx.base.token` is cancelled and in-flight syncs finished.
 pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    metrics.register(&ctx.base.registry)?;
+    let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::<Cache>::default();
     let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
 

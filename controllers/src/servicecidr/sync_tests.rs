@@ -96,7 +96,13 @@ fn syncer(
 ) -> (Syncer<Arc<Recorded>>, Shared<Cache>, WorkQueue<String>) {
     let cache = Shared::<Cache>::default();
     let queue = WorkQueue::new(RateLimit::default());
-    let s = Syncer::new(cache.clone(), queue.clone(), w, Metrics::new(), dry_run);
+    let s = Syncer::new(
+        cache.clone(),
+        queue.clone(),
+        w,
+        Metrics::register(&prometheus::Registry::new()).unwrap(),
+        dry_run,
+    );
     (s, cache, queue)
 }
 

@@ -1,8 +1,7 @@
 //! The cleanup's Prometheus metrics: kube-proxy's names for what kube-proxy also measures,
 //! groundskeeper's for the rest. Names and labels do not change.
 
-use groundskeeper_plumbing::metrics::register_all;
-use prometheus::core::Collector;
+use groundskeeper_plumbing::metrics::registered;
 use prometheus::{
     Gauge, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, exponential_buckets,
 };
@@ -19,60 +18,66 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let m = Self {
-            sync_duration: HistogramVec::new(
-                HistogramOpts::new(
-                    "kubeproxy_conntrack_reconciler_sync_duration_seconds",
-                    "ReconcileConntrackFlowsLatency latency in seconds",
-                )
-                .buckets(exponential_buckets(0.001, 2.0, 15)?),
-                &["ip_family"],
-            )?,
-            deleted: IntCounterVec::new(
-                Opts::new(
-                    "kubeproxy_conntrack_reconciler_deleted_entries_total",
-                    "Cumulative conntrack flows deleted by conntrack reconciler",
+        Ok(Self {
+            sync_duration: registered(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                        "ReconcileConntrackFlowsLatency latency in seconds",
+                    )
+                    .buckets(exponential_buckets(0.001, 2.0, 15)?),
+                    &["ip_family"],
                 ),
-                &["ip_family"],
             )?,
-            scanned: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_conntrack_entries_scanned_total",
-                    "Conntrack entries read and judged by cleanup passes (UDP only when the kernel filters)",
+            deleted: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                        "Cumulative conntrack flows deleted by conntrack reconciler",
+                    ),
+                    &["ip_family"],
                 ),
-                &["ip_family"],
             )?,
-            failures: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_conntrack_pass_failures_total",
-                    "Cleanup passes that failed to list (nothing deleted) or to delete",
+            scanned: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_conntrack_entries_scanned_total",
+                        "Conntrack entries read and judged by cleanup passes (UDP only when the kernel filters)",
+                    ),
+                    &["ip_family"],
                 ),
-                &["ip_family"],
             )?,
-            fill_ratio: Gauge::new(
-                "groundskeeper_conntrack_table_fill_ratio",
-                "nf_conntrack_count / nf_conntrack_max, read at each cleanup pass",
-            )?,
-            skipped: IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_conntrack_passes_skipped_total",
-                    "Cleanup passes not run, by reason (stale-model: a Service/EndpointSlice watch was failing or relisting)",
+            failures: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_conntrack_pass_failures_total",
+                        "Cleanup passes that failed to list (nothing deleted) or to delete",
+                    ),
+                    &["ip_family"],
                 ),
-                &["reason"],
             )?,
-        };
-        register_all(
-            registry,
-            [
-                Box::new(m.sync_duration.clone()) as Box<dyn Collector>,
-                Box::new(m.deleted.clone()),
-                Box::new(m.scanned.clone()),
-                Box::new(m.failures.clone()),
-                Box::new(m.fill_ratio.clone()),
-                Box::new(m.skipped.clone()),
-            ],
-        )?;
-        Ok(m)
+            fill_ratio: registered(
+                registry,
+                Gauge::new(
+                    "groundskeeper_conntrack_table_fill_ratio",
+                    "nf_conntrack_count / nf_conntrack_max, read at each cleanup pass",
+                ),
+            )?,
+            skipped: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_conntrack_passes_skipped_total",
+                        "Cleanup passes not run, by reason (stale-model: a Service/EndpointSlice watch was failing or relisting)",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Pods checked, rejected (by reason and mode), and started pods the policy would forbid.
 
-use groundskeeper_plumbing::metrics::register_all;
+use groundskeeper_plumbing::metrics::registered;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 #[derive(Clone)]
@@ -14,32 +14,33 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn register(registry: &Registry) -> anyhow::Result<Self> {
-        let checked = IntCounter::new(
-            "groundskeeper_sysctl_pods_checked_total",
-            "Pods bound to this node whose sysctls were checked (once per change of sysctls or outcome).",
-        )?;
-        let rejected = IntCounterVec::new(
-            Opts::new(
-                "groundskeeper_sysctl_pods_rejected_total",
-                "Pods found to use forbidden sysctls, by reason and mode (Enforce: failed; Audit: warned).",
-            ),
-            &["reason", "mode"],
-        )?;
-        let started_forbidden = IntCounterVec::new(
-            Opts::new(
-                "groundskeeper_sysctl_started_pods_forbidden_total",
-                "Started pods (kubelet admitted them) that the node's policy would forbid, by the mode \
-                 in force; they are never failed, only reported. Counted per agent process.",
-            ),
-            &["mode"],
-        )?;
-        register_all(
+        let checked = registered(
             registry,
-            [
-                Box::new(checked.clone()) as _,
-                Box::new(rejected.clone()) as _,
-                Box::new(started_forbidden.clone()) as _,
-            ],
+            IntCounter::new(
+                "groundskeeper_sysctl_pods_checked_total",
+                "Pods bound to this node whose sysctls were checked (once per change of sysctls or outcome).",
+            ),
+        )?;
+        let rejected = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_pods_rejected_total",
+                    "Pods found to use forbidden sysctls, by reason and mode (Enforce: failed; Audit: warned).",
+                ),
+                &["reason", "mode"],
+            ),
+        )?;
+        let started_forbidden = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_started_pods_forbidden_total",
+                    "Started pods (kubelet admitted them) that the node's policy would forbid, by the mode \
+                 in force; they are never failed, only reported. Counted per agent process.",
+                ),
+                &["mode"],
+            ),
         )?;
         Ok(Self {
             checked,
