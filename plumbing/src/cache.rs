@@ -227,19 +227,23 @@ impl<C> Shared<C> {
 /// its lock and says what the component must react to; the stream yields that after the lock
 /// is released. The watch's flag, registered as `component/kind` (`podgc/pods`), is returned
 /// with the stream and turns healthy as soon as a full list has been folded in.
-pub fn follow<W, C, R>(
+pub fn follow<W, C, R, F>(
     readiness: &Readiness,
     component: &str,
     api: Api<W>,
     config: watcher::Config,
     cache: Shared<C>,
-    mut fold: impl FnMut(&mut C, Event<W>) -> R + Send + 'static,
-) -> (ReadyFlag, impl Stream<Item = R> + Send + 'static)
+    mut fold: F,
+) -> (
+    ReadyFlag,
+    impl Stream<Item = R> + Send + 'static + use<W, C, R, F>,
+)
 where
     W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     W::DynamicType: Default,
     C: Send + 'static,
     R: Send + 'static,
+    F: FnMut(&mut C, Event<W>) -> R + Send + 'static,
 {
     let kind = W::plural(&W::DynamicType::default()).into_owned();
     let flag = readiness.register(format!("{component}/{kind}"));
@@ -263,6 +267,56 @@ where
         std::future::ready(out)
     });
     (flag, stream)
+}
+
+/// The watches of one component into its one cache: each kind listed cluster-wide (narrowed by
+/// its config's selectors), its flag named `component/kind`. Built once per component, so the
+/// calls name only what differs: the selectors and the fold.
+pub struct Watches<C> {
+    readiness: Readiness,
+    component: &'static str,
+    client: kube::Client,
+    cache: Shared<C>,
+}
+
+impl<C: Send + 'static> Watches<C> {
+    pub fn new(
+        readiness: &Readiness,
+        component: &'static str,
+        client: &kube::Client,
+        cache: &Shared<C>,
+    ) -> Self {
+        Self {
+            readiness: readiness.clone(),
+            component,
+            client: client.clone(),
+            cache: cache.clone(),
+        }
+    }
+
+    /// [`follow`] every `W` that `config` selects.
+    pub fn follow<W, R, F>(
+        &self,
+        config: watcher::Config,
+        fold: F,
+    ) -> (
+        ReadyFlag,
+        impl Stream<Item = R> + Send + 'static + use<W, R, F, C>,
+    )
+    where
+        W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        R: Send + 'static,
+        F: FnMut(&mut C, Event<W>) -> R + Send + 'static,
+    {
+        follow(
+            &self.readiness,
+            self.component,
+            Api::all(self.client.clone()),
+            config,
+            self.cache.clone(),
+            fold,
+        )
+    }
 }
 
 #[cfg(test)]

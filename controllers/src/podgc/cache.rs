@@ -8,12 +8,12 @@ use std::{fmt::Debug, sync::Arc};
 use futures::{Stream, StreamExt, stream};
 use groundskeeper_plumbing::{
     ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, follow},
+    cache::{Applied, Kept, Shared, Store, Watches},
     process::Base,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Resource,
+    Resource,
     core::PartialObjectMeta,
     runtime::watcher::{self, Event},
 };
@@ -130,7 +130,7 @@ impl Synced {
 }
 
 /// PodGC's watches, running.
-pub struct Watches {
+pub struct Watched {
     pub caches: Shared<Caches>,
     /// Pods, nodes, namespaces: a cycle deletes on what they say, so it runs only while all
     /// are healthy.
@@ -141,11 +141,12 @@ pub struct Watches {
 }
 
 /// Watches pods, nodes and namespaces into one [`Caches`] until `base.token` is cancelled.
-pub fn start(base: &Base) -> Watches {
+pub fn start(base: &Base) -> Watched {
     let caches = Shared::<Caches>::default();
-    let (pods, pod_events) = follow_into(base, &caches, Caches::fold_pod);
-    let (nodes, node_events) = follow_into(base, &caches, Caches::fold_node);
-    let (namespaces, ns_events) = follow_into(base, &caches, Caches::fold_namespace);
+    let watches = Watches::new(&base.readiness, COMPONENT, &base.client, &caches);
+    let (pods, pod_events) = follow_into(&watches, Caches::fold_pod);
+    let (nodes, node_events) = follow_into(&watches, Caches::fold_node);
+    let (namespaces, ns_events) = follow_into(&watches, Caches::fold_namespace);
     let (tx, rx) = watch::channel(false);
     let events = stream::select(pod_events, stream::select(node_events, ns_events));
     let token = base.token.clone();
@@ -155,7 +156,7 @@ pub fn start(base: &Base) -> Watches {
             _ = signal_listed(events, tx) => {}
         }
     });
-    Watches {
+    Watched {
         caches,
         flags: [pods, nodes, namespaces],
         synced: Synced(rx),
@@ -166,28 +167,18 @@ pub fn start(base: &Base) -> Watches {
 /// Follows every `W` into `caches` with `fold`; each item of the stream says whether every
 /// cache has listed by now.
 fn follow_into<W, A>(
-    base: &Base,
-    caches: &Shared<Caches>,
+    watches: &Watches<Caches>,
     fold: fn(&mut Caches, Event<W>) -> A,
 ) -> (ReadyFlag, impl Stream<Item = bool> + Send + 'static)
 where
-    W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    W::DynamicType: Default,
+    W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     A: 'static,
 {
     let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-    let api = Api::<W>::all(base.client.clone());
-    follow(
-        &base.readiness,
-        COMPONENT,
-        api,
-        config,
-        caches.clone(),
-        move |c, ev| {
-            fold(c, ev);
-            c.listed()
-        },
-    )
+    watches.follow(config, move |c, ev| {
+        fold(c, ev);
+        c.listed()
+    })
 }
 
 /// Drives the watch streams (each item: every cache has listed by now) and turns `synced`

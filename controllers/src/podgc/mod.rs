@@ -90,7 +90,7 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 /// on the leader.
 pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
-    let cache::Watches {
+    let cache::Watched {
         caches,
         flags: health,
         mut synced,

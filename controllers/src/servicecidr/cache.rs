@@ -8,11 +8,11 @@ use std::{collections::BTreeSet, sync::Arc};
 use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Update, follow},
+    cache::{Applied, Kept, Shared, Store, Update, Watches},
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{
-    Api, Client, ResourceExt,
+    Client, ResourceExt,
     runtime::watcher::{self, Event},
 };
 
@@ -46,26 +46,14 @@ pub fn watch(
     [ReadyFlag; 2],
     impl Stream<Item = Vec<String>> + Send + 'static,
 ) {
-    let (cidr_flag, cidrs) = follow(
-        readiness,
-        COMPONENT,
-        Api::<ServiceCIDR>::all(client.clone()),
-        watcher::Config::default(),
-        cache.clone(),
-        Cache::cidr_event,
-    );
+    let watches = Watches::new(readiness, COMPONENT, &client, &cache);
+    let (cidr_flag, cidrs) = watches.follow(watcher::Config::default(), Cache::cidr_event);
+
     // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
     // loses the label leaves the selection and arrives as a delete.
     let ip_config =
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
-    let (ip_flag, ips) = follow(
-        readiness,
-        COMPONENT,
-        Api::<IPAddress>::all(client),
-        ip_config,
-        cache,
-        Cache::ip_event,
-    );
+    let (ip_flag, ips) = watches.follow(ip_config, Cache::ip_event);
     ([cidr_flag, ip_flag], futures::stream::select(cidrs, ips))
 }
 

@@ -11,12 +11,12 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use groundskeeper_plumbing::ReadyFlag;
-use groundskeeper_plumbing::cache::{Kept, Shared, Store, follow};
+use groundskeeper_plumbing::cache::{Kept, Shared, Store, Watches};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use kube::Resource;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
@@ -63,32 +63,17 @@ fn all<K>(store: &Objects<K>) -> Vec<Arc<K>> {
     store.values().cloned().collect()
 }
 
-/// Starts the watches of one cache.
-struct Watch<'a> {
-    ctx: &'a Context,
-    cache: &'a Shared<Cache>,
-}
-
-impl Watch<'_> {
-    /// Watches every `K` selected by `config` into the part of the cache `store` picks.
-    fn kind<K>(
-        &self,
-        config: watcher::Config,
-        store: fn(&mut Cache) -> &mut Objects<K>,
-    ) -> (ReadyFlag, BoxStream<'static, bool>)
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    {
-        let (flag, events) = follow(
-            &self.ctx.base.readiness,
-            "conntrack",
-            Api::<K>::all(self.ctx.base.client.clone()),
-            config,
-            self.cache.clone(),
-            move |c: &mut Cache, ev| fold(store(c), ev),
-        );
-        (flag, events.boxed())
-    }
+/// Watches every `K` selected by `config` into the part of the cache `store` picks.
+fn kind<K>(
+    watches: &Watches<Cache>,
+    config: watcher::Config,
+    store: fn(&mut Cache) -> &mut Objects<K>,
+) -> (ReadyFlag, BoxStream<'static, bool>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (flag, events) = watches.follow(config, move |c: &mut Cache, ev| fold(store(c), ev));
+    (flag, events.boxed())
 }
 
 /// Services, EndpointSlices, ServiceCIDRs, IPAddresses, this Node.
@@ -144,13 +129,14 @@ impl Watched {
     ) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let cache = Shared::<Cache>::default();
         let any = watcher::Config::default;
-        let watch = Watch { ctx, cache: &cache };
+        let watch = Watches::new(&ctx.base.readiness, "conntrack", &ctx.base.client, &cache);
         let watches = [
             // All services, also those another proxy handles (service-proxy-name): their
             // frontends are recorded as foreign, so a label change is not mistaken for a
             // deletion.
-            watch.kind::<Service>(any(), |c| &mut c.services),
-            watch.kind::<EndpointSlice>(
+            kind::<Service>(&watch, any(), |c| &mut c.services),
+            kind::<EndpointSlice>(
+                &watch,
                 any().labels(&format!(
                     "!{},!{}",
                     model::LABEL_SERVICE_PROXY_NAME,
@@ -158,9 +144,10 @@ impl Watched {
                 )),
                 |c| &mut c.slices,
             ),
-            watch.kind::<ServiceCIDR>(any(), |c| &mut c.cidrs),
-            watch.kind::<IPAddress>(any(), |c| &mut c.addresses),
-            watch.kind::<Node>(
+            kind::<ServiceCIDR>(&watch, any(), |c| &mut c.cidrs),
+            kind::<IPAddress>(&watch, any(), |c| &mut c.addresses),
+            kind::<Node>(
+                &watch,
                 any().fields(&format!("metadata.name={}", ctx.node_name)),
                 |c| &mut c.nodes,
             ),

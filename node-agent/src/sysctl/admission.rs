@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::allowlist::FORBIDDEN_REASON;
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, PodKey, Watches};
+use super::cache::{Cache, Change, Health, PodKey};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide, outcome};
 use super::metrics::Metrics;
@@ -55,7 +55,7 @@ pub struct Admission<W> {
     settings: Settings,
     cache: Shared<Cache>,
     /// This task's own watches; other tasks' readiness must not hold admission back.
-    watches: Watches,
+    watches: Health,
     writer: Writer<W>,
     metrics: Metrics,
     policy: Option<NodePolicy>,
@@ -69,7 +69,7 @@ impl<W: Writes> Admission<W> {
     pub fn new(
         settings: Settings,
         cache: Shared<Cache>,
-        watches: Watches,
+        watches: Health,
         writer: Writer<W>,
         metrics: Metrics,
     ) -> Self {

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::admission::{Admission, Settings, status_offset};
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, Labels, PodKey, Watches};
+use super::cache::{Cache, Change, Health, Labels, PodKey};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::metrics::Metrics;
 
@@ -151,7 +151,7 @@ fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 struct Rig {
     admission: Admission<Fake>,
     cache: Shared<Cache>,
-    watches: Watches,
+    watches: Health,
     fake: Fake,
     metrics: Metrics,
 }
@@ -159,7 +159,7 @@ struct Rig {
 impl Rig {
     async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let readiness = Readiness::default();
-        let watches = Watches {
+        let watches = Health {
             pods: readiness.register("sysctl/pods"),
             policies: readiness.register("sysctl/sysctlpolicies"),
             node: readiness.register("sysctl/nodes"),

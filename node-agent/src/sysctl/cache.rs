@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Kept, Shared, Store, follow},
+    cache::{Kept, Shared, Store, Watches},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, ResourceExt};
 
 use super::crd::SysctlPolicy;
 
@@ -69,13 +69,13 @@ pub enum Change {
 
 /// The health of the three watches.
 #[derive(Clone)]
-pub struct Watches {
+pub struct Health {
     pub pods: ReadyFlag,
     pub policies: ReadyFlag,
     pub node: ReadyFlag,
 }
 
-impl Watches {
+impl Health {
     fn all(&self) -> [&ReadyFlag; 3] {
         [&self.pods, &self.policies, &self.node]
     }
@@ -97,42 +97,23 @@ pub fn follow_all(
     client: &kube::Client,
     node: &str,
     cache: &Shared<Cache>,
-) -> (Watches, impl Stream<Item = Change> + Send + 'static) {
+) -> (Health, impl Stream<Item = Change> + Send + 'static) {
     let config = || watcher::Config::default().any_semantic();
-    let (pods_flag, pods) = follow(
-        readiness,
-        COMPONENT,
-        Api::<Pod>::all(client.clone()),
-        config().fields(&format!("spec.nodeName={node}")),
-        cache.clone(),
-        fold_pod,
-    );
-    let (policies_flag, policies) = follow(
-        readiness,
-        COMPONENT,
-        Api::<SysctlPolicy>::all(client.clone()),
-        config(),
-        cache.clone(),
-        fold_policy,
-    );
-    let (node_flag, nodes) = follow(
-        readiness,
-        COMPONENT,
-        Api::<Node>::all(client.clone()),
-        config().fields(&format!("metadata.name={node}")),
-        cache.clone(),
-        fold_node,
-    );
+    let watches = Watches::new(readiness, COMPONENT, client, cache);
+    let on_node = |field: &str| config().fields(&format!("{field}={node}"));
+    let (pods_flag, pods) = watches.follow::<Pod, _, _>(on_node("spec.nodeName"), fold_pod);
+    let (policies_flag, policies) = watches.follow::<SysctlPolicy, _, _>(config(), fold_policy);
+    let (node_flag, nodes) = watches.follow::<Node, _, _>(on_node("metadata.name"), fold_node);
     let changes = futures::stream::select(
         pods.boxed(),
         futures::stream::select(policies.boxed(), nodes.boxed()),
     );
-    let watches = Watches {
+    let health = Health {
         pods: pods_flag,
         policies: policies_flag,
         node: node_flag,
     };
-    (watches, changes)
+    (health, changes)
 }
 
 fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
