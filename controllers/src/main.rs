@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use futures::FutureExt;
 use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
@@ -147,16 +148,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
-    let mut set = Tasks::default();
-    let on = |name| cli.controllers.has(name);
-    set.spawn_if(on("servicecidr"), "servicecidr", || {
-        servicecidr::run(ctx.clone(), cli.service_cidr.clone())
-    });
-    set.spawn_if(on("podgc"), "podgc", || {
-        podgc::run(ctx.clone(), cli.podgc.clone())
-    });
-    set.warn_if_empty("no controllers are enabled; the manager only holds the lease");
-    set
+    let servicecidr = servicecidr::run(ctx.clone(), cli.service_cidr.clone());
+    let podgc = podgc::run(ctx, cli.podgc.clone());
+    Tasks::start_selected(
+        &cli.controllers,
+        vec![
+            ("servicecidr", servicecidr.boxed()),
+            ("podgc", podgc.boxed()),
+        ],
+        "no controllers are enabled; the manager only holds the lease",
+    )
 }
 
 fn hostname() -> String {

@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 
+use futures::FutureExt;
+
 use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctl};
@@ -76,14 +78,11 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 }
 
 fn start_tasks(cli: &Cli, ctx: Context) -> Tasks {
-    let mut set = Tasks::default();
-    let on = |name| cli.tasks.has(name);
-    set.spawn_if(on("conntrack"), "conntrack-cleanup", || {
-        conntrack::run(ctx.clone(), cli.conntrack.clone())
-    });
-    set.spawn_if(on("sysctl"), "sysctl", || {
-        sysctl::run(ctx.clone(), cli.sysctl.clone())
-    });
-    set.warn_if_empty("no node tasks are enabled");
-    set
+    let conntrack = conntrack::run(ctx.clone(), cli.conntrack.clone());
+    let sysctl = sysctl::run(ctx, cli.sysctl.clone());
+    Tasks::start_selected(
+        &cli.tasks,
+        vec![("conntrack", conntrack.boxed()), ("sysctl", sysctl.boxed())],
+        "no node tasks are enabled",
+    )
 }

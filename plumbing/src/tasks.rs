@@ -20,21 +20,27 @@ impl Tasks {
         self.set.spawn(async move { (name, task.await) });
     }
 
-    /// Starts the task `make` builds when the flag that selects the binary's parts chose it.
-    pub fn spawn_if<F>(&mut self, selected: bool, name: &'static str, make: impl FnOnce() -> F)
-    where
-        F: Future<Output = anyhow::Result<()>> + Send + 'static,
-    {
-        if selected {
-            self.spawn(name, make());
+    /// The binary's parts that `selection` chose (`--controllers`, `--tasks`), each started
+    /// under its selection name; says so when the selection left nothing to run (the process
+    /// still serves its endpoints, and a manager still holds its lease).
+    pub fn start_selected(
+        selection: &crate::cli::Selection,
+        parts: Vec<(
+            &'static str,
+            futures::future::BoxFuture<'static, anyhow::Result<()>>,
+        )>,
+        nothing: &str,
+    ) -> Self {
+        let mut set = Self::default();
+        for (name, part) in parts {
+            if selection.has(name) {
+                set.spawn(name, part);
+            }
         }
-    }
-
-    /// Says so when the selection left nothing to run (the process still serves its endpoints).
-    pub fn warn_if_empty(&self, what: &str) {
-        if self.is_empty() {
-            tracing::warn!("{what}");
+        if set.is_empty() {
+            tracing::warn!("{nothing}");
         }
+        set
     }
 
     pub fn is_empty(&self) -> bool {
