@@ -7,6 +7,7 @@ use std::{sync::Arc, sync::atomic::Ordering};
 
 use jiff::Timestamp;
 use serde_json::json;
+use testkit::api::Mock;
 use tokio_util::sync::CancellationToken;
 
 use super::apply::*;
@@ -15,7 +16,6 @@ use crate::podgc::{
     decide::{Deletion, Pass},
     facts::{Phase, PodFacts, example},
     metrics::Metrics,
-    mock_api::Mock,
 };
 
 /// The real writes, against the scripted apiserver.

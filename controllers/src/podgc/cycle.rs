@@ -190,9 +190,9 @@ mod tests {
         apply::{KubeWrites, Writes},
         facts::PodFacts,
         metrics::Metrics,
-        mock_api::Mock,
         wire::WirePod,
     };
+    use testkit::api::Mock;
 
     fn caches(pods: &[(&str, &str)], nodes: &[&str]) -> Shared<Caches> {
         let mut c = Caches::default();

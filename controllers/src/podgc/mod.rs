@@ -18,8 +18,6 @@ mod decide_tests;
 pub mod facts;
 pub mod limit;
 pub mod metrics;
-#[cfg(test)]
-pub(crate) mod mock_api;
 pub mod notice;
 pub mod policy;
 #[cfg(test)]

@@ -250,10 +250,8 @@ impl Writes for KubeWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        leader::{Fence, Term},
-        podgc::mock_api::Mock,
-    };
+    use crate::leader::{Fence, Term};
+    use testkit::api::Mock;
 
     fn reporter() -> Reporter {
         Reporter {
