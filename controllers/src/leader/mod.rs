@@ -368,5 +368,4 @@ pub fn identity(pod_name: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "elector_tests.rs"]
 mod elector_tests;
