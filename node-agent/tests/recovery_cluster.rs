@@ -6,7 +6,7 @@
 //! the agent knew is gone).
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::msg::{
@@ -14,12 +14,12 @@ use groundskeeper_node_agent::conntrack::msg::{
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use testkit::control_plane::Outage;
+use testkit::services::{self, endpoint_list};
 use testkit::{Binary, free_addr, http_get, status, wait_for};
 
 /// The bound the issue sets: acting again within 5 s of the apiserver answering.
@@ -65,28 +65,9 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         return Ok(());
     };
     let ns_name = c.namespace("recovery").await?;
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns"},
-        "spec": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }))?;
-    let svc = c.create(&svc).await?;
-    let cluster_ip: IpAddr = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| anyhow::anyhow!("no clusterIP allocated"))?
-        .parse()?;
-    let endpoints = |ips: &[String]| -> serde_json::Value {
-        ips.iter().map(|ip| json!({"addresses": [ip]})).collect()
-    };
     let ep = |i: u8| format!("10.244.1.{i}");
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns-1",
-                     "labels": {"kubernetes.io/service-name": "dns"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
-        "endpoints": endpoints(&[ep(5), ep(6), ep(7), ep(8)]),
-    }))?;
-    c.create(&slice).await?;
+    let cluster_ip =
+        services::udp_service(&c, &ns_name, "dns", &[&ep(5), &ep(6), &ep(7), &ep(8)]).await?;
 
     let netns = NetNs::create("recovery")?;
     let frontend = SocketAddr::new(cluster_ip, 53);
@@ -227,7 +208,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             .patch(
                 "dns-1",
                 &PatchParams::default(),
-                &Patch::Merge(json!({"endpoints": endpoints(&serving)})),
+                &Patch::Merge(json!({"endpoints": endpoint_list(&serving)})),
             )
             .await?;
         let gone = wait_for(

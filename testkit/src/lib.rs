@@ -16,6 +16,7 @@ pub mod control_plane;
 pub mod networking;
 pub mod proxy;
 mod rbac;
+pub mod services;
 
 pub use binary::Binary;
 pub use control_plane::ControlPlane;
