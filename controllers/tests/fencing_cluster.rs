@@ -18,11 +18,11 @@ use std::{
 };
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
+use testkit::leases::{LEADER_GAUGE, holder, leads};
 use testkit::{Binary, Cluster, audit, free_addr, metric, proxy::Proxy, unique_name, wait_for};
 
-const LEADER_GAUGE: &str = "groundskeeper_leader_election_is_leader";
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The scenarios share the control plane (and PodGC is cluster-wide): one at a time.
@@ -73,19 +73,6 @@ fn replica(
     )
     .expect("start controller-manager");
     Replica { admin, bin }
-}
-
-async fn holder(c: &Cluster, ns: &str, lease: &str) -> anyhow::Result<String> {
-    let api: Api<Lease> = Api::namespaced(c.client.clone(), ns);
-    Ok(api
-        .get_opt(lease)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .unwrap_or_default())
-}
-
-async fn leads(r: &Replica) -> bool {
-    matches!(metric(r.admin, LEADER_GAUGE).await, Ok(Some(v)) if v == 1.0)
 }
 
 /// Creates a pod bound to `node` (which does not exist) every 100 ms until aborted.
@@ -292,7 +279,7 @@ async fn scenario(
         Ok(metric(b.admin, LEADER_GAUGE).await?.is_some())
     })
     .await?;
-    assert!(leads(&a).await && !leads(&b).await);
+    assert!(leads(a.admin).await && !leads(b.admin).await);
 
     // Work for whoever leads; wait until A has been deleting for longer than a renew deadline
     // with its budget exhausted, and still leads.
@@ -307,7 +294,7 @@ async fn scenario(
     })
     .await?;
     assert!(
-        leads(&a).await
+        leads(a.admin).await
             && holder(c, &ns, &lease)
                 .await?
                 .starts_with(&format!("{a_name}_")),
