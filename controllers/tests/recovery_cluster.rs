@@ -66,27 +66,11 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
     .enumerate()
     {
         let up = if let Outage::FrozenThroughCompaction = outage {
-            manager.signal("STOP").await?;
-            cp.stop_apiserver();
-            let rev = cp.compact_etcd()?;
-            println!("{outage:?}: etcd compacted at revision {rev}");
-            cp.start_apiserver()?;
-            manager.signal("CONT").await?;
-            Instant::now()
+            cp.restart_while_frozen(&manager, outage).await?
         } else {
             cp.stop_apiserver();
             let down = Instant::now();
-            if matches!(outage, Outage::RestartAfterCompaction) {
-                let rev = cp.compact_etcd()?;
-                println!("{outage:?}: etcd compacted at revision {rev}");
-            }
-            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
-                .await
-                .is_some();
-            assert!(
-                saw_503,
-                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-            );
+            cp.ride_out(outage, admin, down, OUTAGE).await?;
             assert!(
                 manager.logs().contains("podgc cycle skipped"),
                 "{outage:?}: PodGC cycles (every 500 ms) ran on stale caches during the outage"

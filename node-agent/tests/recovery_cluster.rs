@@ -130,13 +130,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         (Outage::FrozenThroughCompaction, 8),
     ] {
         let up = if let Outage::FrozenThroughCompaction = outage {
-            agent.signal("STOP").await?;
-            cp.stop_apiserver();
-            let rev = cp.compact_etcd()?;
-            println!("{outage:?}: etcd compacted at revision {rev}");
-            cp.start_apiserver()?;
-            agent.signal("CONT").await?;
-            Instant::now()
+            cp.restart_while_frozen(&agent, outage).await?
         } else {
             let skipped_before = sample(
                 admin,
@@ -159,17 +153,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
                 &[Entry::dnat(IPPROTO_UDP, client(port), frontend, unknown)],
             );
             let before = flows(&netns);
-            if matches!(outage, Outage::RestartAfterCompaction) {
-                let rev = cp.compact_etcd()?;
-                println!("{outage:?}: etcd compacted at revision {rev}");
-            }
-            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
-                .await
-                .is_some();
-            assert!(
-                saw_503,
-                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-            );
+            cp.ride_out(outage, admin, down, OUTAGE).await?;
             assert_eq!(
                 flows(&netns),
                 before,
