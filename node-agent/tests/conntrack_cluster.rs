@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use testkit::services::{self, endpoint_list};
-use testkit::{Binary, free_addr, http_get, wait_for};
+use testkit::{Binary, http_get, wait_for};
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
@@ -141,18 +141,9 @@ fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
 
 /// Starts the agent on `netns` and waits for its first pass.
 async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
-    let admin = free_addr();
-    let admin_s = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &admin_s,
-        "--tasks",
-        "conntrack",
-        "--conntrack-netns",
-        &netns.name,
-    ];
+    let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", &netns.name];
     args.extend_from_slice(extra);
-    let agent = Binary::start(
+    let (agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-conntrack",
         &args,

@@ -12,8 +12,8 @@ pub mod audit;
 mod binary;
 pub mod chart;
 pub mod cli;
-pub mod leases;
 pub mod control_plane;
+pub mod leases;
 pub mod networking;
 pub mod proxy;
 mod rbac;
@@ -225,6 +225,24 @@ impl Cluster {
             Err(e) => return Err(e.into()),
         }
         Ok(created.name_any())
+    }
+
+    /// A fresh namespace (as [`Cluster::namespace`]) once its default ServiceAccount is
+    /// served, waited for up to `within`: pods are admitted only then, and with a cluster named
+    /// by `KUBECONFIG` it may be kube-controller-manager's copy that arrives.
+    pub async fn namespace_for_pods(
+        &self,
+        prefix: &str,
+        within: Duration,
+    ) -> anyhow::Result<String> {
+        let ns = self.namespace(prefix).await?;
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &ns);
+        wait_for(within, "the default ServiceAccount", || async {
+            Ok(sas.get_opt("default").await?.is_some())
+        })
+        .await?;
+        Ok(ns)
     }
 }
 
