@@ -20,8 +20,8 @@ use std::{
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
-use testkit::leases::{LEADER_GAUGE, holder, leads};
-use testkit::{Binary, Cluster, audit, free_addr, metric, proxy::Proxy, unique_name, wait_for};
+use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
+use testkit::{Binary, Cluster, audit, metric, proxy::Proxy, unique_name, wait_for};
 
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -41,31 +41,22 @@ fn replica(
     kubeconfig: Option<&Path>,
     extra: &[&str],
 ) -> Replica {
-    let admin = free_addr();
     let mut env = vec![("POD_NAME", name.to_string())];
     if let Some(k) = kubeconfig {
         env.push(("KUBECONFIG", k.display().to_string()));
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let admin_addr = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &admin_addr,
-        "--leader-elect-lease-name",
-        lease,
-        "--leader-elect-namespace",
-        ns,
-        "--leader-elect-identity",
-        name,
+    let mut args = election_args(lease, ns, name).to_vec();
+    args.extend_from_slice(&[
         "--controllers",
         "podgc",
         "--gc-period",
         "300ms",
         "--orphan-quarantine",
         "0s",
-    ];
+    ]);
     args.extend_from_slice(extra);
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         &format!("controller-manager-{name}"),
         &args,

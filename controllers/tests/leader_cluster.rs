@@ -4,8 +4,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use testkit::leases::{LEADER_GAUGE, holder, leads};
-use testkit::{Binary, free_addr, metric, wait_for};
+use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
+use testkit::{Binary, metric, wait_for};
 
 struct Replica {
     name: &'static str,
@@ -14,20 +14,10 @@ struct Replica {
 }
 
 fn replica(name: &'static str, lease: &str, ns: &str) -> Replica {
-    let admin = free_addr();
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         &format!("controller-manager-{name}"),
-        &[
-            "--admin-addr",
-            &admin.to_string(),
-            "--leader-elect-lease-name",
-            lease,
-            "--leader-elect-namespace",
-            ns,
-            "--leader-elect-identity",
-            name,
-        ],
+        &election_args(lease, ns, name),
         &[],
     )
     .expect("start controller-manager");
