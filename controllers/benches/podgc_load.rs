@@ -27,7 +27,7 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::json;
-use testkit::{Binary, http_get, unique_name, wait_for};
+use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 96;
 
@@ -452,10 +452,7 @@ async fn main() -> anyhow::Result<()> {
         // Run 1: the default QPS budget (20/30).
         let run = Run::start(&bin, &["--gc-period=5s"])?;
         let t0 = Instant::now();
-        wait_for(Duration::from_secs(600), "podgc ready", || async {
-            Ok(http_get(run.admin, "/readyz").await.map(|(c, _)| c == 200).unwrap_or(false))
-        })
-        .await?;
+        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
         let listed = t0.elapsed();
         run.wait_cycles(1.0).await?;
         // Settle, then measure a few cycles' CPU (the process is otherwise idle).
@@ -490,10 +487,7 @@ async fn main() -> anyhow::Result<()> {
             &bin,
             &["--gc-period=5s", "--kube-api-qps", &qps, "--kube-api-burst", &burst, "--gc-concurrency=64"],
         )?;
-        wait_for(Duration::from_secs(600), "podgc ready", || async {
-            Ok(http_get(run.admin, "/readyz").await.map(|(c, _)| c == 200).unwrap_or(false))
-        })
-        .await?;
+        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
         run.wait_cycles(1.0).await?;
         let fast = &node_names[slow_nodes..slow_nodes + fast_nodes];
         let rate = orphan_rate(&client, &run, &ns, fast, fast.len() * per_node).await?;

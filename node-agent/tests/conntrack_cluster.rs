@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use testkit::services::{self, endpoint_list};
-use testkit::{Binary, http_get, wait_for};
+use testkit::{Binary, wait_for, wait_ready};
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
@@ -149,10 +149,7 @@ async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
         &args,
         &[("NODE_NAME", "conntrack-test-node")],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))))
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
     agent
         .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
         .await?;

@@ -20,7 +20,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use testkit::control_plane::Outage;
 use testkit::services::{self, endpoint_list};
-use testkit::{Binary, free_addr, http_get, status, wait_for};
+use testkit::{Binary, http_get, wait_for, wait_ready};
 
 /// The bound the issue sets: acting again within 5 s of the apiserver answering.
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
@@ -84,15 +84,11 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         ],
     );
 
-    let admin = free_addr();
-    let admin_s = admin.to_string();
     let kubeconfig = cp.kubeconfig.display().to_string();
-    let agent = Binary::start(
+    let (agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-recovery",
         &[
-            "--admin-addr",
-            &admin_s,
             "--tasks",
             "conntrack",
             "--conntrack-netns",
@@ -107,10 +103,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             ("KUBECONFIG", &kubeconfig),
         ],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(status(admin, "/readyz").await == 200)
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
     agent
         .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
         .await?;
@@ -213,10 +206,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             );
         }
         let acted = up.elapsed();
-        wait_for(RECOVERY_BOUND, "/readyz 200 after the outage", || async {
-            Ok(status(admin, "/readyz").await == 200)
-        })
-        .await?;
+        wait_ready(admin, RECOVERY_BOUND, "/readyz 200 after the outage").await?;
         let ready = up.elapsed();
         // Serving endpoints' flows and TCP are never touched.
         let now = flows(&netns);

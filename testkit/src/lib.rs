@@ -383,6 +383,19 @@ pub async fn status(admin: std::net::SocketAddr, path: &str) -> u16 {
     http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
 }
 
+/// Waits up to `within` until `/readyz` on a child's admin server answers 200 (a child not
+/// listening yet is simply not ready); `what` names the wait when it times out.
+pub async fn wait_ready(
+    admin: std::net::SocketAddr,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<Duration> {
+    wait_for(within, what, || async {
+        Ok(status(admin, "/readyz").await == 200)
+    })
+    .await
+}
+
 /// Polls a child's admin server from `down` until `outage` has passed, while its apiserver is
 /// away: `/healthz` must answer 200 at every poll (liveness stays up, no restart storm).
 /// Returns how long after `down` `/readyz` first answered 503, if it did.
