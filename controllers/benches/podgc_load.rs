@@ -21,13 +21,13 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::json;
-use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
+use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 96;
 
@@ -82,6 +82,39 @@ fn node_json(name: &str) -> serde_json::Value {
     })
 }
 
+/// Creates a bench Node per name, both rows' fleet.
+async fn create_nodes(nodes: &Api<Node>, names: &[String]) -> anyhow::Result<()> {
+    let nodes = nodes.clone();
+    create_all("nodes", names.to_vec(), move |name| {
+        let nodes = nodes.clone();
+        Box::pin(async move {
+            let n: Node = serde_json::from_value(node_json(&name)).expect("node json");
+            nodes.create(&PostParams::default(), &n).await.map(|_| ())
+        })
+    })
+    .await
+}
+
+/// Creates pods `load-0`..`load-<n-1>` in `ns`, spread round robin over `node_names`.
+async fn create_pods(
+    what: &str,
+    pods: &Api<Pod>,
+    ns: &str,
+    n: usize,
+    node_names: &[String],
+) -> anyhow::Result<()> {
+    let (pods, ns, names) = (pods.clone(), ns.to_string(), node_names.to_vec());
+    create_all(what, (0..n).collect(), move |i| {
+        let pods = pods.clone();
+        let v = pod_json(&ns, i, &names[i % names.len()]);
+        Box::pin(async move {
+            let p: Pod = serde_json::from_value(v).expect("pod json");
+            pods.create(&PostParams::default(), &p).await.map(|_| ())
+        })
+    })
+    .await
+}
+
 async fn create_all<T, F>(what: &str, items: Vec<T>, create: F) -> anyhow::Result<()>
 where
     F: Fn(T) -> futures::future::BoxFuture<'static, Result<(), kube::Error>>,
@@ -120,17 +153,13 @@ struct Run {
 
 impl Run {
     fn start(path: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        let admin = free_addr();
-        let addr = admin.to_string();
         let mut args = vec![
             "--leader-elect=false",
             "--controllers=podgc",
-            "--admin-addr",
-            &addr,
             "--orphan-quarantine=1s",
         ];
         args.extend_from_slice(extra);
-        let bin = Binary::start(path, "podgc-bench", &args, &[])?;
+        let (bin, admin) = Binary::start_with_admin(path, "podgc-bench", &args, &[])?;
         Ok(Self { bin, admin })
     }
 
@@ -217,39 +246,16 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
     let n_pods = env_num("PODGC_BENCH_TTL_PODS", 10_000);
     let n_nodes = env_num("PODGC_BENCH_TTL_NODES", 1_000).max(1);
     let expired = env_num("PODGC_BENCH_TTL_EXPIRED", 7_500).min(n_pods);
-    let ns = cluster.namespace("podgc-bench-ttl").await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    wait_for(
-        Duration::from_secs(60),
-        "default ServiceAccount",
-        || async { Ok(sas.get_opt("default").await?.is_some()) },
-    )
-    .await?;
+    let ns = cluster
+        .namespace_for_pods("podgc-bench-ttl", Duration::from_secs(60))
+        .await?;
     let prefix = unique_name("gk-bench-ttl-node");
     let node_names: Vec<String> = (0..n_nodes).map(|i| format!("{prefix}-{i}")).collect();
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let result = async {
-        create_all("nodes", node_names.clone(), |name| {
-            let nodes = nodes.clone();
-            Box::pin(async move {
-                let n: Node = serde_json::from_value(node_json(&name)).expect("node json");
-                nodes.create(&PostParams::default(), &n).await.map(|_| ())
-            })
-        })
-        .await?;
-        let names = node_names.clone();
-        let ns2 = ns.clone();
-        let api = pods.clone();
-        create_all("ttl pods", (0..n_pods).collect(), move |i| {
-            let pods = api.clone();
-            let v = pod_json(&ns2, i, &names[i % names.len()]);
-            Box::pin(async move {
-                let p: Pod = serde_json::from_value(v).expect("pod json");
-                pods.create(&PostParams::default(), &p).await.map(|_| ())
-            })
-        })
-        .await?;
+        create_nodes(&nodes, &node_names).await?;
+        create_pods("ttl pods", &pods, &ns, n_pods, &node_names).await?;
         let api = pods.clone();
         create_all("finished statuses", (0..n_pods).collect(), move |i| {
             let pods = api.clone();
@@ -431,48 +437,22 @@ async fn main() -> anyhow::Result<()> {
     let client = cluster.client.clone();
     eprintln!("podgc_load: {n_pods} pods on {n_nodes} nodes, binary {bin}");
 
-    let ns = cluster.namespace("podgc-bench").await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    wait_for(
-        Duration::from_secs(60),
-        "default ServiceAccount",
-        || async { Ok(sas.get_opt("default").await?.is_some()) },
-    )
-    .await?;
+    let ns = cluster
+        .namespace_for_pods("podgc-bench", Duration::from_secs(60))
+        .await?;
     let prefix = unique_name("gk-bench-node");
     let node_names: Vec<String> = (0..n_nodes).map(|i| format!("{prefix}-{i}")).collect();
     let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
     let result = async {
-        create_all("nodes", node_names.clone(), |name| {
-            let nodes = nodes.clone();
-            Box::pin(async move {
-                let n: Node = serde_json::from_value(node_json(&name)).expect("node json");
-                nodes.create(&PostParams::default(), &n).await.map(|_| ())
-            })
-        })
-        .await?;
-        let specs: Vec<usize> = (0..n_pods).collect();
-        let names = node_names.clone();
-        let ns2 = ns.clone();
-        create_all("pods", specs, move |i| {
-            let pods = pods.clone();
-            let v = pod_json(&ns2, i, &names[i % names.len()]);
-            Box::pin(async move {
-                let p: Pod = serde_json::from_value(v).expect("pod json");
-                pods.create(&PostParams::default(), &p).await.map(|_| ())
-            })
-        })
-        .await?;
+        create_nodes(&nodes, &node_names).await?;
+        create_pods("pods", &pods, &ns, n_pods, &node_names).await?;
 
         // Run 1: the default QPS budget (20/30).
         let run = Run::start(&bin, &["--gc-period=5s"])?;
         let t0 = Instant::now();
-        wait_for(Duration::from_secs(600), "podgc ready", || async {
-            Ok(http_get(run.admin, "/readyz").await.map(|(c, _)| c == 200).unwrap_or(false))
-        })
-        .await?;
+        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
         let listed = t0.elapsed();
         run.wait_cycles(1.0).await?;
         // Settle, then measure a few cycles' CPU (the process is otherwise idle).
@@ -507,10 +487,7 @@ async fn main() -> anyhow::Result<()> {
             &bin,
             &["--gc-period=5s", "--kube-api-qps", &qps, "--kube-api-burst", &burst, "--gc-concurrency=64"],
         )?;
-        wait_for(Duration::from_secs(600), "podgc ready", || async {
-            Ok(http_get(run.admin, "/readyz").await.map(|(c, _)| c == 200).unwrap_or(false))
-        })
-        .await?;
+        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
         run.wait_cycles(1.0).await?;
         let fast = &node_names[slow_nodes..slow_nodes + fast_nodes];
         let rate = orphan_rate(&client, &run, &ns, fast, fast.len() * per_node).await?;

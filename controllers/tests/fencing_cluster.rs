@@ -18,11 +18,11 @@ use std::{
 };
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
-use testkit::{Binary, Cluster, audit, free_addr, metric, proxy::Proxy, unique_name, wait_for};
+use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
+use testkit::{Binary, Cluster, audit, metric, proxy::Proxy, unique_name, wait_for};
 
-const LEADER_GAUGE: &str = "groundskeeper_leader_election_is_leader";
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The scenarios share the control plane (and PodGC is cluster-wide): one at a time.
@@ -41,31 +41,22 @@ fn replica(
     kubeconfig: Option<&Path>,
     extra: &[&str],
 ) -> Replica {
-    let admin = free_addr();
     let mut env = vec![("POD_NAME", name.to_string())];
     if let Some(k) = kubeconfig {
         env.push(("KUBECONFIG", k.display().to_string()));
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let admin_addr = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &admin_addr,
-        "--leader-elect-lease-name",
-        lease,
-        "--leader-elect-namespace",
-        ns,
-        "--leader-elect-identity",
-        name,
+    let mut args = election_args(lease, ns, name).to_vec();
+    args.extend_from_slice(&[
         "--controllers",
         "podgc",
         "--gc-period",
         "300ms",
         "--orphan-quarantine",
         "0s",
-    ];
+    ]);
     args.extend_from_slice(extra);
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         &format!("controller-manager-{name}"),
         &args,
@@ -73,19 +64,6 @@ fn replica(
     )
     .expect("start controller-manager");
     Replica { admin, bin }
-}
-
-async fn holder(c: &Cluster, ns: &str, lease: &str) -> anyhow::Result<String> {
-    let api: Api<Lease> = Api::namespaced(c.client.clone(), ns);
-    Ok(api
-        .get_opt(lease)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .unwrap_or_default())
-}
-
-async fn leads(r: &Replica) -> bool {
-    matches!(metric(r.admin, LEADER_GAUGE).await, Ok(Some(v)) if v == 1.0)
 }
 
 /// Creates a pod bound to `node` (which does not exist) every 100 ms until aborted.
@@ -292,7 +270,7 @@ async fn scenario(
         Ok(metric(b.admin, LEADER_GAUGE).await?.is_some())
     })
     .await?;
-    assert!(leads(&a).await && !leads(&b).await);
+    assert!(leads(a.admin).await && !leads(b.admin).await);
 
     // Work for whoever leads; wait until A has been deleting for longer than a renew deadline
     // with its budget exhausted, and still leads.
@@ -307,7 +285,7 @@ async fn scenario(
     })
     .await?;
     assert!(
-        leads(&a).await
+        leads(a.admin).await
             && holder(c, &ns, &lease)
                 .await?
                 .starts_with(&format!("{a_name}_")),

@@ -4,11 +4,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
-use testkit::{Binary, Cluster, free_addr, metric, wait_for};
-
-const LEADER_GAUGE: &str = "groundskeeper_leader_election_is_leader";
+use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
+use testkit::{Binary, metric, wait_for};
 
 struct Replica {
     name: &'static str,
@@ -17,42 +14,19 @@ struct Replica {
 }
 
 fn replica(name: &'static str, lease: &str, ns: &str) -> Replica {
-    let admin = free_addr();
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         &format!("controller-manager-{name}"),
-        &[
-            "--admin-addr",
-            &admin.to_string(),
-            "--leader-elect-lease-name",
-            lease,
-            "--leader-elect-namespace",
-            ns,
-            "--leader-elect-identity",
-            name,
-        ],
+        &election_args(lease, ns, name),
         &[],
     )
     .expect("start controller-manager");
     Replica { name, admin, bin }
 }
 
-async fn holder(c: &Cluster, ns: &str, lease: &str) -> anyhow::Result<String> {
-    let api: Api<Lease> = Api::namespaced(c.client.clone(), ns);
-    Ok(api
-        .get_opt(lease)
-        .await?
-        .and_then(|l| l.spec?.holder_identity)
-        .unwrap_or_default())
-}
-
-async fn leads(r: &Replica) -> bool {
-    matches!(metric(r.admin, LEADER_GAUGE).await, Ok(Some(v)) if v == 1.0)
-}
-
 /// Fails if both replicas report leading right now.
 async fn never_both(a: &Replica, b: &Replica) -> anyhow::Result<()> {
-    if leads(a).await && leads(b).await {
+    if leads(a.admin).await && leads(b.admin).await {
         anyhow::bail!("{} and {} both report leading", a.name, b.name);
     }
     Ok(())
@@ -86,7 +60,7 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
     wait_for(
         Duration::from_secs(10),
         "the holder's gauge to say it leads",
-        || async { Ok(leads(&leader).await) },
+        || async { Ok(leads(leader.admin).await) },
     )
     .await?;
     for _ in 0..10 {
@@ -94,7 +68,7 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
-        !leads(&follower).await,
+        !leads(follower.admin).await,
         "the follower must not lead while the lease is held"
     );
 
@@ -113,7 +87,7 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
     println!("takeover after SIGKILL: {took:?}");
     assert!(took <= Duration::from_secs(17), "took {took:?}");
     wait_for(Duration::from_secs(5), "the new leader's gauge", || async {
-        Ok(leads(&follower).await)
+        Ok(leads(follower.admin).await)
     })
     .await?;
     drop(leader);
@@ -127,7 +101,7 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
         || async { Ok(metric(standby.admin, LEADER_GAUGE).await?.is_some()) },
     )
     .await?;
-    assert!(!leads(&standby).await);
+    assert!(!leads(standby.admin).await);
     let mut old = follower;
     old.bin.signal("TERM").await?;
     let code = old.bin.wait_exit(Duration::from_secs(25)).await?;

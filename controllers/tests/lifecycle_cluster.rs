@@ -3,30 +3,21 @@
 
 use std::time::{Duration, Instant};
 
-use testkit::{Binary, free_addr, http_get, wait_for};
+use testkit::{Binary, http_get, wait_ready};
 
 #[tokio::test]
 async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> {
     let Some(_c) = testkit::cluster("ready_after_first_lists_and_sigterm_exits_zero").await else {
         return Ok(());
     };
-    let admin = free_addr();
-    let mut manager = Binary::start(
+    let (mut manager, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-lifecycle",
         // Dry run: this test shares the cluster with others and must change nothing.
-        &[
-            "--admin-addr",
-            &admin.to_string(),
-            "--leader-elect=false",
-            "--dry-run",
-        ],
+        &["--leader-elect=false", "--dry-run"],
         &[],
     )?;
-    wait_for(Duration::from_secs(120), "/readyz 200", || async {
-        Ok(http_get(admin, "/readyz").await?.0 == 200)
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(120), "/readyz 200").await?;
     let (_, metrics) = http_get(admin, "/metrics").await?;
     for family in [
         "groundskeeper_leader_election_is_leader",

@@ -12,7 +12,7 @@ use groundskeeper_controllers::podgc::{
     wire::WirePod,
 };
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod, ServiceAccount},
+    core::v1::{Namespace, Node, Pod},
     events::v1::Event,
 };
 use kube::{
@@ -21,7 +21,7 @@ use kube::{
     core::WatchEvent,
 };
 use serde_json::json;
-use testkit::{Binary, Cluster, free_addr, holds_for, http_get, unique_name, wait_for};
+use testkit::{Binary, Cluster, holds_for, http_get, unique_name, wait_for};
 use tokio::sync::Mutex;
 
 /// PodGC acts on the whole cluster: one manager at a time.
@@ -35,15 +35,11 @@ struct Manager {
 }
 
 async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
-    let admin = free_addr();
-    let addr = admin.to_string();
     // A large budget: other namespaces' leftovers (pods stuck on deleted nodes) must not hold
     // this test's pods back.
     let mut args = vec![
         "--leader-elect=false",
         "--controllers=podgc",
-        "--admin-addr",
-        &addr,
         "--kube-api-qps=500",
         "--kube-api-burst=1000",
         "--gc-concurrency=64",
@@ -55,7 +51,7 @@ async fn manager(extra: &[&str]) -> anyhow::Result<Manager> {
         }
     }
     args.extend_from_slice(extra);
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-podgc",
         &args,
@@ -100,17 +96,6 @@ impl Manager {
             .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
             .unwrap_or(0.0))
     }
-}
-
-/// A namespace whose default ServiceAccount exists (pods are admitted only then).
-async fn namespace(c: &Cluster, prefix: &str) -> anyhow::Result<String> {
-    let ns = c.namespace(prefix).await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(c.client.clone(), &ns);
-    wait_for(WAIT, "the default ServiceAccount", || async {
-        Ok(sas.get_opt("default").await?.is_some())
-    })
-    .await?;
-    Ok(ns)
 }
 
 /// A Node object; `ready: None` leaves it without a Ready condition. The out-of-service taint
@@ -252,7 +237,7 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-orphan").await?;
+    let ns = c.namespace_for_pods("podgc-orphan", WAIT).await?;
     let doomed_node = node(&c, Some(true), false).await?;
     let live_node = node(&c, Some(true), false).await?;
     pod(&c, &ns, "orphan", Some(&doomed_node), false).await?;
@@ -349,7 +334,7 @@ async fn node_back_during_quarantine_keeps_its_pods() -> anyhow::Result<()> {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-back").await?;
+    let ns = c.namespace_for_pods("podgc-back", WAIT).await?;
     let flaky = node(&c, Some(true), false).await?;
     pod(&c, &ns, "stays", Some(&flaky), false).await?;
     set_phase(&c, &ns, "stays", "Running", None).await;
@@ -382,7 +367,7 @@ async fn threshold_deletes_the_oldest_terminated_and_keeps_the_newest() -> anyho
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-threshold").await?;
+    let ns = c.namespace_for_pods("podgc-threshold", WAIT).await?;
     let n = node(&c, Some(true), false).await?;
     // Evicted pods sort first, so with the threshold set just below the cluster's count only
     // this test's pods are chosen; another namespace's evicted pods would break that.
@@ -434,7 +419,7 @@ async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Resul
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-oos").await?;
+    let ns = c.namespace_for_pods("podgc-oos", WAIT).await?;
     let oos = node(&c, Some(false), true).await?;
     let no_ready_condition = node(&c, None, true).await?;
     let ready_tainted = node(&c, Some(true), true).await?;
@@ -486,7 +471,7 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> any
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-unscheduled").await?;
+    let ns = c.namespace_for_pods("podgc-unscheduled", WAIT).await?;
     // A finalizer holds the deleted pod, so PodGC's work stays visible.
     pod(&c, &ns, "held", None, true).await?;
     pod(&c, &ns, "pending", None, false).await?;
@@ -543,7 +528,7 @@ async fn dry_run_logs_every_pass_and_touches_nothing() -> anyhow::Result<()> {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-dry").await?;
+    let ns = c.namespace_for_pods("podgc-dry", WAIT).await?;
     let gone = node(&c, Some(true), false).await?;
     let oos = node(&c, Some(false), true).await?;
     pod(&c, &ns, "orphan", Some(&gone), false).await?;
@@ -601,7 +586,7 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-recreated").await?;
+    let ns = c.namespace_for_pods("podgc-recreated", WAIT).await?;
     let wire: Api<WirePod> = Api::namespaced(c.client.clone(), &ns);
     for (phase_before, pass) in [("Running", Pass::Orphaned), ("Succeeded", Pass::Terminated)] {
         let name = format!("same-name-{}", phase_before.to_lowercase());
@@ -722,7 +707,7 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-ttl").await?;
+    let ns = c.namespace_for_pods("podgc-ttl", WAIT).await?;
     let n = node(&c, Some(true), false).await?;
     let hours = |h: u64| Some(Duration::from_secs(h * 3600));
     for (name, phase, ago, finalizer) in [
@@ -781,7 +766,7 @@ async fn ttl_dry_run_deletes_nothing() -> anyhow::Result<()> {
         return Ok(());
     };
     let _serial = SERIAL.lock().await;
-    let ns = namespace(&c, "podgc-ttl-dry").await?;
+    let ns = c.namespace_for_pods("podgc-ttl-dry", WAIT).await?;
     let n = node(&c, Some(true), false).await?;
     pod(&c, &ns, "old", Some(&n), false).await?;
     finish(&c, &ns, "old", "Succeeded", Some(Duration::from_secs(7200))).await;
@@ -806,7 +791,7 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     let hours2 = Some(Duration::from_secs(7200));
 
     // counted: its own threshold of 2 (no finish times: only the count acts).
-    let counted = namespace(&c, "podgc-ns-threshold").await?;
+    let counted = c.namespace_for_pods("podgc-ns-threshold", WAIT).await?;
     annotate(&c, &counted, THRESHOLD_ANNOTATION, Some("2")).await;
     for name in ["c-0", "c-1", "c-2", "c-3"] {
         pod(&c, &counted, name, Some(&n), false).await?;
@@ -814,7 +799,7 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
     // short: its own TTL of 10m, shorter than the cluster's 24h.
-    let short = namespace(&c, "podgc-ns-ttl").await?;
+    let short = c.namespace_for_pods("podgc-ns-ttl", WAIT).await?;
     annotate(&c, &short, TTL_ANNOTATION, Some("10m")).await;
     pod(&c, &short, "finished-20m-ago", Some(&n), false).await?;
     finish(
@@ -835,7 +820,7 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     )
     .await;
     // bad: malformed values suspend both rules there, even the cluster's TTL...
-    let bad = namespace(&c, "podgc-ns-bad").await?;
+    let bad = c.namespace_for_pods("podgc-ns-bad", WAIT).await?;
     annotate(&c, &bad, TTL_ANNOTATION, Some("1 week")).await;
     annotate(&c, &bad, THRESHOLD_ANNOTATION, Some("-1")).await;
     for name in ["b-0", "b-1"] {
@@ -850,7 +835,7 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         .await;
     }
     // plain: no policy; finished 2h ago, under the cluster's 24h TTL and the global threshold.
-    let plain = namespace(&c, "podgc-ns-plain").await?;
+    let plain = c.namespace_for_pods("podgc-ns-plain", WAIT).await?;
     pod(&c, &plain, "p-0", Some(&n), false).await?;
     finish(&c, &plain, "p-0", "Succeeded", hours2).await;
 
@@ -978,9 +963,9 @@ async fn global_threshold_counts_every_pod_and_policies_act_on_the_rest() -> any
         anyhow::bail!("another namespace holds evicted pods: this test could choose them");
     }
     // x keeps 1 of its own; y has no policy.
-    let x = namespace(&c, "podgc-global-x").await?;
+    let x = c.namespace_for_pods("podgc-global-x", WAIT).await?;
     annotate(&c, &x, THRESHOLD_ANNOTATION, Some("1")).await;
-    let y = namespace(&c, "podgc-global-y").await?;
+    let y = c.namespace_for_pods("podgc-global-y", WAIT).await?;
     pod(&c, &x, "x-evicted", Some(&n), false).await?;
     set_phase(&c, &x, "x-evicted", "Failed", Some("Evicted")).await;
     for name in ["x-0", "x-1"] {
@@ -1052,7 +1037,7 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     else {
         return Ok(());
     };
-    let ns = namespace(&c, "podgc-429").await?;
+    let ns = c.namespace_for_pods("podgc-429", WAIT).await?;
     let n = node(&c, Some(true), false).await?;
     let names: Vec<String> = (0..120).map(|i| format!("done-{i}")).collect();
     futures::stream::iter(&names)
@@ -1085,16 +1070,12 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     };
     restart?;
 
-    let admin = free_addr();
-    let addr = admin.to_string();
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-podgc-429",
         &[
             "--leader-elect=false",
             "--controllers=podgc",
-            "--admin-addr",
-            &addr,
             "--kube-api-qps=1000",
             "--kube-api-burst=2000",
             "--gc-concurrency=64",

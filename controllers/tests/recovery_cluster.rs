@@ -13,7 +13,7 @@ use k8s_openapi::api::{
 };
 use kube::{Api, ResourceExt, api::ObjectMeta};
 use testkit::control_plane::Outage;
-use testkit::{Binary, free_addr, status, unique_name, wait_for};
+use testkit::{Binary, unique_name, wait_for, wait_ready};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
@@ -27,29 +27,20 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
         return Ok(());
     };
     let ns = c.namespace("recovery").await?;
-    let admin = free_addr();
-    let admin_s = admin.to_string();
     let kubeconfig = cp.kubeconfig.display().to_string();
-    let manager = Binary::start(
+    let (manager, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-recovery",
         &[
             "--leader-elect=false",
             "--controllers=servicecidr,podgc",
-            "--admin-addr",
-            &admin_s,
             "--gc-period=500ms",
             "--orphan-quarantine=0s",
             "--watch-stale-after=5s",
         ],
         &[("KUBECONFIG", &kubeconfig)],
     )?;
-    wait_for(
-        Duration::from_secs(30),
-        "controller-manager ready",
-        || async { Ok(status(admin, "/readyz").await == 200) },
-    )
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "controller-manager ready").await?;
     manager
         .wait_for_log("podgc running", Duration::from_secs(30))
         .await?;
@@ -66,27 +57,11 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
     .enumerate()
     {
         let up = if let Outage::FrozenThroughCompaction = outage {
-            manager.signal("STOP").await?;
-            cp.stop_apiserver();
-            let rev = cp.compact_etcd()?;
-            println!("{outage:?}: etcd compacted at revision {rev}");
-            cp.start_apiserver()?;
-            manager.signal("CONT").await?;
-            Instant::now()
+            cp.restart_while_frozen(&manager, outage).await?
         } else {
             cp.stop_apiserver();
             let down = Instant::now();
-            if matches!(outage, Outage::RestartAfterCompaction) {
-                let rev = cp.compact_etcd()?;
-                println!("{outage:?}: etcd compacted at revision {rev}");
-            }
-            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
-                .await
-                .is_some();
-            assert!(
-                saw_503,
-                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-            );
+            cp.ride_out(outage, admin, down, OUTAGE).await?;
             assert!(
                 manager.logs().contains("podgc cycle skipped"),
                 "{outage:?}: PodGC cycles (every 500 ms) ran on stale caches during the outage"
@@ -146,10 +121,7 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
                 manager.logs()
             ),
         };
-        wait_for(RECOVERY_BOUND, "/readyz 200 after the outage", || async {
-            Ok(status(admin, "/readyz").await == 200)
-        })
-        .await?;
+        wait_ready(admin, RECOVERY_BOUND, "/readyz 200 after the outage").await?;
         let ready = up.elapsed();
         println!(
             "RECOVERY controller-manager {outage:?}: apiserver ready -> orphan pod deleted in {:.2}s, ServiceCIDR finalizer in {:.2}s, /readyz 200 in {:.2}s",

@@ -17,7 +17,7 @@ use kube::{
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
 };
 use testkit::{
-    Binary, Cluster, free_addr, holds_for, metric,
+    Binary, Cluster, holds_for, metric,
     networking::{LABEL_FAMILY, LABEL_MANAGED_BY, ip_address, service_cidr},
     unique_name, wait_for,
 };
@@ -39,24 +39,15 @@ fn octet() -> u8 {
 }
 
 fn controller(extra: &[&str]) -> (Binary, std::net::SocketAddr) {
-    let admin = free_addr();
-    let mut args = vec![
-        "--admin-addr".to_string(),
-        admin.to_string(),
-        "--leader-elect=false".into(),
-        "--controllers".into(),
-        "servicecidr".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let bin = Binary::start(
+    let mut args = vec!["--leader-elect=false", "--controllers", "servicecidr"];
+    args.extend_from_slice(extra);
+    Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-servicecidr",
-        &refs,
+        &args,
         &[],
     )
-    .expect("start controller-manager");
-    (bin, admin)
+    .expect("start controller-manager")
 }
 
 async fn create_cidr(c: &Cluster, name: &str, cidrs: &[String]) -> anyhow::Result<ServiceCIDR> {

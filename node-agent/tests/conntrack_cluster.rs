@@ -18,7 +18,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use testkit::{Binary, free_addr, http_get, wait_for};
+use testkit::services::{self, endpoint_list};
+use testkit::{Binary, wait_for, wait_ready};
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
@@ -41,85 +42,31 @@ async fn dry_run_logs_the_stale_flows_and_deletes_nothing() -> anyhow::Result<()
 }
 
 async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster(name).await else {
+    let Some((c, ns_name)) = setup(name).await? else {
         return Ok(());
     };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(());
-    }
-    let ns_name = c.namespace("conntrack").await?;
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns"},
-        "spec": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }))?;
-    let svc = c.create(&svc).await?;
-    let cluster_ip: IpAddr = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| anyhow::anyhow!("no clusterIP allocated"))?
-        .parse()?;
-    if !cluster_ip.is_ipv4() {
+    let Some(cluster_ip) = udp_service(&c, &ns_name, "dns", &["10.244.1.5", "10.244.1.6"]).await?
+    else {
         testkit::skipped(name, "cluster allocates IPv6 ClusterIPs");
         return Ok(());
-    }
-    let endpoints = |ips: &[&str]| -> serde_json::Value {
-        ips.iter().map(|ip| json!({"addresses": [ip]})).collect()
     };
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns-1",
-                     "labels": {"kubernetes.io/service-name": "dns"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
-        "endpoints": endpoints(&["10.244.1.5", "10.244.1.6"]),
-    }))?;
-    c.create(&slice).await?;
 
     let netns = NetNs::create("cluster")?;
     let frontend = SocketAddr::new(cluster_ip, 53);
     let (kept_ep, removed_ep): (SocketAddr, SocketAddr) =
         ("10.244.1.5:5353".parse()?, "10.244.1.6:5353".parse()?);
-    let client = |port: u16| SocketAddr::new("10.0.0.1".parse().unwrap(), port);
-    let entries = vec![
-        Entry::dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
-        Entry::dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
-        Entry::dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
-        Entry::dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
-    ];
-    netns.run(|| {
-        let r = Conntrack::open()
-            .unwrap()
-            .create(&entries, 600, STATUS_SEEN_REPLY | STATUS_ASSURED)
-            .unwrap();
-        assert_eq!(r.ok, entries.len(), "{r:?}");
-    })?;
-
-    let admin = free_addr();
-    let admin_s = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &admin_s,
-        "--tasks",
-        "conntrack",
-        "--conntrack-netns",
-        &netns.name,
-    ];
-    if dry_run {
-        args.push("--dry-run");
-    }
-    let agent = Binary::start(
-        env!("CARGO_BIN_EXE_node-agent"),
-        "node-agent-conntrack",
-        &args,
-        &[("NODE_NAME", "conntrack-test-node")],
+    fill(
+        &netns,
+        &[
+            Entry::dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
+            Entry::dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
+            Entry::dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
+            Entry::dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
+        ],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))))
-    })
-    .await?;
-    agent
-        .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
-        .await?;
+
+    let extra: &[&str] = if dry_run { &["--dry-run"] } else { &[] };
+    let agent = agent_on(&netns, extra).await?;
     assert_eq!(
         flows(&netns).len(),
         4,
@@ -130,7 +77,7 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
     api.patch(
         "dns-1",
         &PatchParams::default(),
-        &Patch::Merge(json!({"endpoints": endpoints(&["10.244.1.5"])})),
+        &Patch::Merge(json!({"endpoints": endpoint_list(&["10.244.1.5"])})),
     )
     .await?;
     if dry_run {
@@ -140,25 +87,33 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
         assert_eq!(flows(&netns).len(), 4, "dry run deleted something");
         return Ok(());
     }
-    let want: BTreeSet<(u8, u16, SocketAddr)> = [
+    let want = [
         (IPPROTO_UDP, 1000, kept_ep),
         (IPPROTO_TCP, 1003, removed_ep),
     ]
     .into();
-    let res = wait_for(
+    expect_table(
+        &netns,
+        &agent,
         Duration::from_secs(2),
         "UDP flows to the removed endpoint deleted",
-        || async { Ok(flows(&netns) == want) },
+        &want,
     )
-    .await;
-    if let Err(e) = res {
-        anyhow::bail!(
-            "{e}; table now {:?}; agent log:\n{}",
-            flows(&netns),
-            agent.logs()
-        );
+    .await
+}
+
+/// The cluster and a fresh namespace, or `None` (after the skip line) when the cluster or the
+/// network namespaces this file's tests need are not there.
+async fn setup(name: &str) -> anyhow::Result<Option<(testkit::Cluster, String)>> {
+    let Some(c) = testkit::cluster(name).await else {
+        return Ok(None);
+    };
+    if let Some(why) = netns::unavailable() {
+        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
+        return Ok(None);
     }
-    Ok(())
+    let ns_name = c.namespace("conntrack").await?;
+    Ok(Some((c, ns_name)))
 }
 
 /// A UDP service on port 53 (ClusterIP allocated by the apiserver) with one IPv4 slice on
@@ -169,32 +124,8 @@ async fn udp_service(
     name: &str,
     endpoints: &[&str],
 ) -> anyhow::Result<Option<IpAddr>> {
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }))?;
-    let svc = c.create(&svc).await?;
-    let ip: IpAddr = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| anyhow::anyhow!("no clusterIP allocated"))?
-        .parse()?;
-    if !ip.is_ipv4() {
-        return Ok(None);
-    }
-    let eps: Vec<serde_json::Value> = endpoints
-        .iter()
-        .map(|ip| json!({"addresses": [ip]}))
-        .collect();
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"namespace": ns, "name": format!("{name}-1"),
-                     "labels": {"kubernetes.io/service-name": name}},
-        "addressType": "IPv4",
-        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
-        "endpoints": eps,
-    }))?;
-    c.create(&slice).await?;
-    Ok(Some(ip))
+    let ip = services::udp_service(c, ns, name, endpoints).await?;
+    Ok(ip.is_ipv4().then_some(ip))
 }
 
 fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
@@ -210,27 +141,15 @@ fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
 
 /// Starts the agent on `netns` and waits for its first pass.
 async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
-    let admin = free_addr();
-    let admin_s = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &admin_s,
-        "--tasks",
-        "conntrack",
-        "--conntrack-netns",
-        &netns.name,
-    ];
+    let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", &netns.name];
     args.extend_from_slice(extra);
-    let agent = Binary::start(
+    let (agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-conntrack",
         &args,
         &[("NODE_NAME", "conntrack-test-node")],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))))
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
     agent
         .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
         .await?;
@@ -263,14 +182,9 @@ fn client(port: u16) -> SocketAddr {
 #[tokio::test]
 async fn a_service_losing_every_endpoint_loses_its_udp_flows() -> anyhow::Result<()> {
     let name = "a_service_losing_every_endpoint_loses_its_udp_flows";
-    let Some(c) = testkit::cluster(name).await else {
+    let Some((c, ns_name)) = setup(name).await? else {
         return Ok(());
     };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(());
-    }
-    let ns_name = c.namespace("conntrack").await?;
     let Some(ip) = udp_service(&c, &ns_name, "dns", &["10.244.3.5"]).await? else {
         testkit::skipped(name, "cluster allocates IPv6 ClusterIPs");
         return Ok(());
@@ -319,14 +233,9 @@ async fn a_service_losing_every_endpoint_loses_its_udp_flows() -> anyhow::Result
 #[tokio::test]
 async fn deleting_a_service_removes_its_udp_flows_not_a_neighbours() -> anyhow::Result<()> {
     let name = "deleting_a_service_removes_its_udp_flows_not_a_neighbours";
-    let Some(c) = testkit::cluster(name).await else {
+    let Some((c, ns_name)) = setup(name).await? else {
         return Ok(());
     };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(());
-    }
-    let ns_name = c.namespace("conntrack").await?;
     // Both services are served by the same backend IP:port.
     let Some(gone_ip) = udp_service(&c, &ns_name, "gone", &["10.244.4.5"]).await? else {
         testkit::skipped(name, "cluster allocates IPv6 ClusterIPs");
@@ -369,14 +278,9 @@ async fn deleting_a_service_removes_its_udp_flows_not_a_neighbours() -> anyhow::
 #[tokio::test]
 async fn flows_to_a_service_ip_deleted_before_the_agent_started_go() -> anyhow::Result<()> {
     let name = "flows_to_a_service_ip_deleted_before_the_agent_started_go";
-    let Some(c) = testkit::cluster(name).await else {
+    let Some((c, ns_name)) = setup(name).await? else {
         return Ok(());
     };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(());
-    }
-    let ns_name = c.namespace("conntrack").await?;
     let Some(old_ip) = udp_service(&c, &ns_name, "old", &["10.244.5.5"]).await? else {
         testkit::skipped(name, "cluster allocates IPv6 ClusterIPs");
         return Ok(());

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ObjectMeta;
-use testkit::{Binary, free_addr, http_get, wait_for};
+use testkit::{Binary, http_get, wait_for, wait_ready};
 
 #[tokio::test]
 async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> {
@@ -25,17 +25,10 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         })
         .await?;
     let node_name = node.metadata.name.clone().unwrap();
-    let admin = free_addr();
-    let mut agent = Binary::start(
+    let (mut agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-lifecycle",
-        &[
-            "--admin-addr",
-            &admin.to_string(),
-            "--tasks",
-            "sysctl",
-            "--dry-run",
-        ],
+        &["--tasks", "sysctl", "--dry-run"],
         &[("NODE_NAME", node_name.as_str())],
     )?;
     wait_for(Duration::from_secs(10), "/healthz", || async {
@@ -45,10 +38,7 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
             .unwrap_or(false))
     })
     .await?;
-    wait_for(Duration::from_secs(60), "/readyz 200", || async {
-        Ok(http_get(admin, "/readyz").await?.0 == 200)
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(60), "/readyz 200").await?;
     let (code, metrics) = http_get(admin, "/metrics").await?;
     assert_eq!(code, 200);
     assert!(

@@ -8,7 +8,7 @@ use std::{path::PathBuf, time::Duration};
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
 use kube::{Api, api::ObjectMeta};
-use testkit::{Binary, free_addr, http_get, unique_name, wait_for};
+use testkit::{Binary, free_addr, unique_name, wait_for, wait_ready};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -66,10 +66,7 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
             ("NODE_NAME", node.as_str()),
         ],
     )?;
-    wait_for(WAIT, "readyz as the ServiceAccount", || async {
-        Ok(http_get(admin, "/readyz").await?.0 == 200)
-    })
-    .await?;
+    wait_ready(admin, WAIT, "readyz as the ServiceAccount").await?;
 
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     let name = unique_name("forbidden");

@@ -6,7 +6,7 @@
 //! the agent knew is gone).
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::msg::{
@@ -14,13 +14,13 @@ use groundskeeper_node_agent::conntrack::msg::{
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
-use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use testkit::control_plane::Outage;
-use testkit::{Binary, free_addr, http_get, status, wait_for};
+use testkit::services::{self, endpoint_list};
+use testkit::{Binary, http_get, wait_for, wait_ready};
 
 /// The bound the issue sets: acting again within 5 s of the apiserver answering.
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
@@ -65,28 +65,9 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         return Ok(());
     };
     let ns_name = c.namespace("recovery").await?;
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns"},
-        "spec": {"ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
-    }))?;
-    let svc = c.create(&svc).await?;
-    let cluster_ip: IpAddr = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .ok_or_else(|| anyhow::anyhow!("no clusterIP allocated"))?
-        .parse()?;
-    let endpoints = |ips: &[String]| -> serde_json::Value {
-        ips.iter().map(|ip| json!({"addresses": [ip]})).collect()
-    };
     let ep = |i: u8| format!("10.244.1.{i}");
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {"namespace": ns_name, "name": "dns-1",
-                     "labels": {"kubernetes.io/service-name": "dns"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
-        "endpoints": endpoints(&[ep(5), ep(6), ep(7), ep(8)]),
-    }))?;
-    c.create(&slice).await?;
+    let cluster_ip =
+        services::udp_service(&c, &ns_name, "dns", &[&ep(5), &ep(6), &ep(7), &ep(8)]).await?;
 
     let netns = NetNs::create("recovery")?;
     let frontend = SocketAddr::new(cluster_ip, 53);
@@ -103,15 +84,11 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         ],
     );
 
-    let admin = free_addr();
-    let admin_s = admin.to_string();
     let kubeconfig = cp.kubeconfig.display().to_string();
-    let agent = Binary::start(
+    let (agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-recovery",
         &[
-            "--admin-addr",
-            &admin_s,
             "--tasks",
             "conntrack",
             "--conntrack-netns",
@@ -126,10 +103,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             ("KUBECONFIG", &kubeconfig),
         ],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(status(admin, "/readyz").await == 200)
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
     agent
         .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
         .await?;
@@ -149,13 +123,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
         (Outage::FrozenThroughCompaction, 8),
     ] {
         let up = if let Outage::FrozenThroughCompaction = outage {
-            agent.signal("STOP").await?;
-            cp.stop_apiserver();
-            let rev = cp.compact_etcd()?;
-            println!("{outage:?}: etcd compacted at revision {rev}");
-            cp.start_apiserver()?;
-            agent.signal("CONT").await?;
-            Instant::now()
+            cp.restart_while_frozen(&agent, outage).await?
         } else {
             let skipped_before = sample(
                 admin,
@@ -178,17 +146,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
                 &[Entry::dnat(IPPROTO_UDP, client(port), frontend, unknown)],
             );
             let before = flows(&netns);
-            if matches!(outage, Outage::RestartAfterCompaction) {
-                let rev = cp.compact_etcd()?;
-                println!("{outage:?}: etcd compacted at revision {rev}");
-            }
-            let saw_503 = testkit::ride_out_outage(admin, down, OUTAGE)
-                .await
-                .is_some();
-            assert!(
-                saw_503,
-                "{outage:?}: /readyz stayed 200 through an {OUTAGE:?} outage"
-            );
+            cp.ride_out(outage, admin, down, OUTAGE).await?;
             assert_eq!(
                 flows(&netns),
                 before,
@@ -227,7 +185,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             .patch(
                 "dns-1",
                 &PatchParams::default(),
-                &Patch::Merge(json!({"endpoints": endpoints(&serving)})),
+                &Patch::Merge(json!({"endpoints": endpoint_list(&serving)})),
             )
             .await?;
         let gone = wait_for(
@@ -248,10 +206,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             );
         }
         let acted = up.elapsed();
-        wait_for(RECOVERY_BOUND, "/readyz 200 after the outage", || async {
-            Ok(status(admin, "/readyz").await == 200)
-        })
-        .await?;
+        wait_ready(admin, RECOVERY_BOUND, "/readyz 200 after the outage").await?;
         let ready = up.elapsed();
         // Serving endpoints' flows and TCP are never touched.
         let now = flows(&netns);

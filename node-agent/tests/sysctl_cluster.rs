@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use testkit::{Binary, Cluster, free_addr, http_get, metric, unique_name, wait_for};
+use testkit::{Binary, Cluster, metric, unique_name, wait_for, wait_ready};
 
 const WAIT: Duration = Duration::from_secs(30);
 const NODE_LABEL: &str = "groundskeeper.dev/sysctl-test-node";
@@ -56,28 +56,17 @@ struct Agent {
 }
 
 async fn agent(node: &str, extra: &[&str]) -> anyhow::Result<Agent> {
-    let admin = free_addr();
-    let addr = admin.to_string();
-    let mut args = vec![
-        "--admin-addr",
-        &addr,
-        "--tasks",
-        "sysctl",
-        "--kernel-version",
-        "6.1.0-18-amd64",
-    ];
+    let mut args = vec!["--tasks", "sysctl", "--kernel-version", "6.1.0-18-amd64"];
     args.extend_from_slice(extra);
-    let bin = Binary::start(
+    let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-sysctl",
         &args,
         &[("NODE_NAME", node)],
     )?;
-    wait_for(WAIT, "node-agent /readyz", || async {
-        Ok(matches!(http_get(admin, "/readyz").await, Ok((200, _))))
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", bin.logs()))?;
+    wait_ready(admin, WAIT, "node-agent /readyz")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", bin.logs()))?;
     Ok(Agent { admin, bin })
 }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::ObjectMeta;
-use testkit::{Binary, free_addr, status, unique_name, wait_for};
+use testkit::{Binary, unique_name, wait_for, wait_ready};
 
 const NODE_LABEL: &str = "groundskeeper.dev/sysctl-test-node";
 const OUTAGE: Duration = Duration::from_secs(35);
@@ -51,27 +51,15 @@ async fn forbidden_pod_is_rejected_within_5s_after_a_35s_control_plane_outage() 
     ))
     .await?;
 
-    let admin = free_addr();
-    let admin_s = admin.to_string();
     let kubeconfig = cp.kubeconfig.display().to_string();
     // Default watch flags: --watch-stale-after=30s, --watch-backoff-max=2s.
-    let agent = Binary::start(
+    let (agent, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_node-agent"),
         "node-agent-sysctl-recovery",
-        &[
-            "--admin-addr",
-            &admin_s,
-            "--tasks",
-            "sysctl",
-            "--kernel-version",
-            "6.1.0-18-amd64",
-        ],
+        &["--tasks", "sysctl", "--kernel-version", "6.1.0-18-amd64"],
         &[("NODE_NAME", &node), ("KUBECONFIG", &kubeconfig)],
     )?;
-    wait_for(Duration::from_secs(30), "node-agent ready", || async {
-        Ok(status(admin, "/readyz").await == 200)
-    })
-    .await?;
+    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
     agent
         .wait_for_log("sysctl policy for this node", Duration::from_secs(10))
         .await?;
@@ -132,10 +120,7 @@ async fn forbidden_pod_is_rejected_within_5s_after_a_35s_control_plane_outage() 
         rejected <= RECOVERY_BOUND.max(policies_served + Duration::from_secs(2)),
         "rejected {rejected:?} after the apiserver was ready, policies served after {policies_served:?}"
     );
-    wait_for(RECOVERY_BOUND, "/readyz 200 after the outage", || async {
-        Ok(status(admin, "/readyz").await == 200)
-    })
-    .await?;
+    wait_ready(admin, RECOVERY_BOUND, "/readyz 200 after the outage").await?;
     println!(
         "RECOVERY node-agent sysctl after a {OUTAGE:?} etcd+apiserver outage: /readyz 503 after {:.1}s; apiserver ready -> SysctlPolicies served in {:.2}s, forbidden pod rejected in {:.2}s, /readyz 200 in {:.2}s",
         first_503.as_secs_f64(),

@@ -2,6 +2,7 @@
 //! exactly as `make run` runs them.
 
 use std::{
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Stdio,
     time::Duration,
@@ -48,6 +49,21 @@ impl Binary {
             .map_err(|e| anyhow::anyhow!("starting {path}: {e}"))?;
         println!("{name}: pid {:?}, log {}", child.id(), log.display());
         Ok(Self { child, log })
+    }
+
+    /// [`Binary::start`] with `--admin-addr` on a free loopback port put before `args`;
+    /// returns that address too, since the tests read `/readyz` and `/metrics` there.
+    pub fn start_with_admin(
+        path: &str,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<(Self, SocketAddr)> {
+        let admin = crate::free_addr();
+        let admin_s = admin.to_string();
+        let mut all = vec!["--admin-addr", &admin_s];
+        all.extend_from_slice(args);
+        Ok((Self::start(path, name, &all, env)?, admin))
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -265,6 +265,48 @@ impl ControlPlane {
     }
 }
 
+/// The two halves of an [`Outage`] every recovery test goes through the same way.
+impl ControlPlane {
+    /// [`Outage::FrozenThroughCompaction`]: `bin` is frozen through an apiserver restart after
+    /// an etcd compaction, and resumed once the apiserver answers. Returns when it was resumed:
+    /// the moment recovery is measured from.
+    pub async fn restart_while_frozen(
+        &self,
+        bin: &crate::Binary,
+        outage: Outage,
+    ) -> anyhow::Result<Instant> {
+        bin.signal("STOP").await?;
+        self.stop_apiserver();
+        let rev = self.compact_etcd()?;
+        println!("{outage:?}: etcd compacted at revision {rev}");
+        self.start_apiserver()?;
+        bin.signal("CONT").await?;
+        Ok(Instant::now())
+    }
+
+    /// With the apiserver stopped at `down`: compacts etcd when `outage` is
+    /// [`Outage::RestartAfterCompaction`], then rides the outage out for `length` on the child's
+    /// `admin` server ([`crate::ride_out_outage`]) and asserts `/readyz` went 503 meanwhile.
+    pub async fn ride_out(
+        &self,
+        outage: Outage,
+        admin: std::net::SocketAddr,
+        down: Instant,
+        length: Duration,
+    ) -> anyhow::Result<()> {
+        if matches!(outage, Outage::RestartAfterCompaction) {
+            let rev = self.compact_etcd()?;
+            println!("{outage:?}: etcd compacted at revision {rev}");
+        }
+        let saw_503 = crate::ride_out_outage(admin, down, length).await.is_some();
+        assert!(
+            saw_503,
+            "{outage:?}: /readyz stayed 200 through an {length:?} outage"
+        );
+        Ok(())
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop_apiserver();

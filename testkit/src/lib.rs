@@ -13,9 +13,11 @@ mod binary;
 pub mod chart;
 pub mod cli;
 pub mod control_plane;
+pub mod leases;
 pub mod networking;
 pub mod proxy;
 mod rbac;
+pub mod services;
 
 pub use binary::Binary;
 pub use control_plane::ControlPlane;
@@ -224,6 +226,24 @@ impl Cluster {
         }
         Ok(created.name_any())
     }
+
+    /// A fresh namespace (as [`Cluster::namespace`]) once its default ServiceAccount is
+    /// served, waited for up to `within`: pods are admitted only then, and with a cluster named
+    /// by `KUBECONFIG` it may be kube-controller-manager's copy that arrives.
+    pub async fn namespace_for_pods(
+        &self,
+        prefix: &str,
+        within: Duration,
+    ) -> anyhow::Result<String> {
+        let ns = self.namespace(prefix).await?;
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), &ns);
+        wait_for(within, "the default ServiceAccount", || async {
+            Ok(sas.get_opt("default").await?.is_some())
+        })
+        .await?;
+        Ok(ns)
+    }
 }
 
 impl Drop for Cluster {
@@ -361,6 +381,19 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<
 /// The status code of `path` on a child's admin server; 0 when it does not answer.
 pub async fn status(admin: std::net::SocketAddr, path: &str) -> u16 {
     http_get(admin, path).await.map(|(c, _)| c).unwrap_or(0)
+}
+
+/// Waits up to `within` until `/readyz` on a child's admin server answers 200 (a child not
+/// listening yet is simply not ready); `what` names the wait when it times out.
+pub async fn wait_ready(
+    admin: std::net::SocketAddr,
+    within: Duration,
+    what: &str,
+) -> anyhow::Result<Duration> {
+    wait_for(within, what, || async {
+        Ok(status(admin, "/readyz").await == 200)
+    })
+    .await
 }
 
 /// Polls a child's admin server from `down` until `outage` has passed, while its apiserver is
