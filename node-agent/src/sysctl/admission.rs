@@ -101,7 +101,13 @@ impl<W: Writes> Admission<W> {
             Change::PodGone(uid) => self.memory.forget(&uid),
             Change::PodsListed => {
                 self.forget_gone();
-                self.evaluate_all().await
+                if self.policy.is_none() {
+                    // The pods can be the last of the three watches to list, and no Node or
+                    // policy event may follow for a long time: merge now (that judges every pod).
+                    self.policies_changed().await
+                } else {
+                    self.evaluate_all().await
+                }
             }
             Change::Policy(policy) => {
                 self.schedule_status(&policy);

@@ -158,6 +158,14 @@ struct Rig {
 
 impl Rig {
     async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
+        let mut rig = Self::unlisted(node, default_mode, dry_run);
+        rig.set_healthy(true);
+        rig.admission.on_change(Change::Merge).await;
+        rig
+    }
+
+    /// The Node in the cache, but no watch listed yet.
+    fn unlisted(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let readiness = Readiness::default();
         let watches = Health {
             pods: readiness.register("sysctl/pods"),
@@ -178,7 +186,7 @@ impl Rig {
             default_mode,
         };
         let writer = Writer::new(fake.clone(), dry_run, node.into());
-        let mut rig = Rig {
+        Rig {
             admission: Admission::new(
                 settings,
                 cache.clone(),
@@ -190,10 +198,7 @@ impl Rig {
             watches,
             fake,
             metrics,
-        };
-        rig.set_healthy(true);
-        rig.admission.on_change(Change::Merge).await;
-        rig
+        }
     }
 
     fn set_healthy(&self, healthy: bool) {
@@ -271,6 +276,39 @@ async fn a_pending_forbidden_pod_is_failed_in_enforce_and_only_warned_in_audit()
     r.pod(&pod("ok", &["kernel.shm_rmid_forced"])).await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 2);
+}
+
+/// The three watches list in any order. When the pods list last, no Node or policy event may
+/// follow for a long time: the policy must be merged then, or admission never starts (seen
+/// under load in rbac_cluster before this was fixed).
+#[tokio::test]
+async fn admission_starts_whichever_watch_lists_last() {
+    for order in [
+        ["nodes", "policies", "pods"],
+        ["pods", "nodes", "policies"],
+        ["policies", "pods", "nodes"],
+    ] {
+        let mut r = Rig::unlisted("node-a", Mode::Enforce, false);
+        let p = pod("web", &["kernel.msgmax"]);
+        r.cache
+            .lock()
+            .pods
+            .apply(Update::Apply(PodKey::of(&p), p.clone()));
+        for watch in order {
+            let (flag, change) = match watch {
+                "nodes" => (&r.watches.node, Change::Merge),
+                "policies" => (&r.watches.policies, Change::Merge),
+                _ => (&r.watches.pods, Change::PodsListed),
+            };
+            flag.mark_ready();
+            r.admission.on_change(change).await;
+        }
+        assert_eq!(
+            r.fake.take(),
+            [failed("web"), event("web", "Reject", MSG)],
+            "lists in the order {order:?}"
+        );
+    }
 }
 
 #[tokio::test]
