@@ -67,7 +67,7 @@ impl Notifier {
             recorder: Recorder::new(
                 client,
                 Reporter {
-                    controller: "groundskeeper-node-agent".into(),
+                    controller: crate::context::MANAGER.into(),
                     instance: Some(node_name.into()),
                 },
             ),
