@@ -62,6 +62,15 @@ fn assert_none(what: &str, offenders: Vec<String>) {
     );
 }
 
+/// Fails naming every source file for which `breaks(path, text)` says what rule it breaks.
+fn check(rule: &str, breaks: impl Fn(&str, &str) -> Option<String>) {
+    let offenders = sources()
+        .into_iter()
+        .filter_map(|(path, text)| breaks(&path, &text).map(|why| format!("{path}{why}")))
+        .collect();
+    assert_none(rule, offenders);
+}
+
 #[test]
 fn every_component_has_the_same_files() {
     let mut missing = Vec::new();
@@ -80,88 +89,67 @@ fn every_component_has_the_same_files() {
 
 #[test]
 fn only_plumbing_watches() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(path, _)| !path.starts_with("plumbing/"))
-        .flat_map(|(path, text)| {
-            [
+    check(
+        "a watch outside plumbing::cache (use Watches::follow)",
+        |path, text| {
+            let needles = [
                 "watcher(",
                 "watcher::watcher",
                 "reflector",
                 "watch_store",
                 "watch::watch(",
-            ]
-            .into_iter()
-            .filter(|needle| text.contains(needle))
-            .map(|needle| format!("{path}: {needle}"))
-            .collect::<Vec<_>>()
-        })
-        .collect();
-    assert_none(
-        "a watch outside plumbing::cache (use Watches::follow)",
-        offenders,
+            ];
+            let found: Vec<&str> = needles.into_iter().filter(|n| text.contains(n)).collect();
+            (!path.starts_with("plumbing/") && !found.is_empty()).then(|| format!(": {found:?}"))
+        },
     );
 }
 
 #[test]
 fn components_depend_on_their_context_not_the_wiring() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(path, _)| COMPONENTS.iter().any(|c| path.starts_with(c)))
-        .filter(|(_, text)| text.contains("crate::manager") || text.contains("crate::agent"))
-        .map(|(path, _)| path)
-        .collect();
-    assert_none(
+    check(
         "a component imports the binary's wiring (an import cycle)",
-        offenders,
+        |path, text| {
+            let wiring = text.contains("crate::manager") || text.contains("crate::agent");
+            (COMPONENTS.iter().any(|c| path.starts_with(c)) && wiring).then(String::new)
+        },
     );
 }
 
 #[test]
 fn no_product_file_over_600_lines() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(path, _)| !is_test_file(path) && !path.starts_with("testkit/"))
-        .filter_map(|(path, text)| {
-            let lines = text.lines().count();
-            (lines > MAX_LINES).then(|| format!("{path}: {lines} lines"))
-        })
-        .collect();
-    assert_none(
+    check(
         "product files over 600 lines (split by domain, or move tests to <file>_tests.rs)",
-        offenders,
+        |path, text| {
+            let lines = text.lines().count();
+            let product = !is_test_file(path) && !path.starts_with("testkit/");
+            (product && lines > MAX_LINES).then(|| format!(": {lines} lines"))
+        },
     );
 }
 
 #[test]
 fn every_file_says_what_it_is_for() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(_, text)| !text.starts_with("//! "))
-        .map(|(path, _)| path)
-        .collect();
-    assert_none("files not opening with a one-line `//!`", offenders);
+    check("files not opening with a one-line `//!`", |_, text| {
+        (!text.starts_with("//! ")).then(String::new)
+    });
 }
 
 #[test]
 fn sibling_test_files_are_declared_not_pathed() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(_, text)| text.contains("#[path"))
-        .map(|(path, _)| path)
-        .collect();
-    assert_none(
+    check(
         "#[path] module declarations (declare <file>_tests.rs from the parent)",
-        offenders,
+        |_, text| text.contains("#[path").then(String::new),
     );
 }
 
 #[test]
 fn one_dry_run_log_style() {
-    let offenders = sources()
-        .into_iter()
-        .filter(|(_, text)| text.contains("\"dry run") || text.contains("dry_run = true, \"would"))
-        .map(|(path, _)| path)
-        .collect();
-    assert_none("dry-run lines not written as `dry-run: would …`", offenders);
+    check(
+        "dry-run lines not written as `dry-run: would …`",
+        |_, text| {
+            let old = text.contains("\"dry run") || text.contains("dry_run = true, \"would");
+            old.then(String::new)
+        },
+    );
 }
