@@ -124,7 +124,10 @@ impl Scheduler {
     /// Rebuilds the model when that is due, then says whether a round is.
     pub fn on_wake(&mut self, now: Instant, models: &impl Models) -> Due {
         // A periodic round also rebuilds: remembered deleted frontends expire with time alone.
-        if self.gc_at <= now {
+        // A round that is due never waits out a debounce: it would run on a model older than
+        // an event already seen (a backend back, whose flows it would delete).
+        let round_due = self.gc_at <= now || self.pass_at.is_some_and(|t| t <= now);
+        if self.gc_at <= now || (round_due && self.rebuild_at.is_some()) {
             self.rebuild_at = Some(now);
         }
         if self.rebuild_at.is_some_and(|t| t <= now) {

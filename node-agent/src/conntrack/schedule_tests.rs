@@ -325,3 +325,35 @@ async fn cancellation_stops_the_scheduler_with_a_round_pending() {
     assert!(ran.is_empty());
     assert_eq!(start.elapsed(), ms(50), "stopped at once");
 }
+
+/// What must NOT happen: a round due while an event is still in its debounce runs on the
+/// model from before that event. Here a backend goes, its round is due at 1.1 s, and the
+/// backend comes back at 1.05 s: the round must see it serving, not delete its flows.
+#[tokio::test(start_paused = true)]
+async fn a_due_round_never_runs_on_a_model_older_than_an_event_seen() {
+    let w = World::new(dns(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(ms(300)).await;
+            w.watches.set_model(dns(&[5]));
+            w.changed.notify_one();
+            sleep(ms(750)).await; // 1.05 s: 6 is back, 50 ms before the round is due
+            w.watches.set_model(dns(&[5, 6]));
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+        })
+        .await;
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(
+        ran[1].model,
+        dns(&[5, 6]),
+        "the round waits for no debounce: it rebuilds first"
+    );
+    let six: IpAddr = "10.244.1.6".parse().unwrap();
+    assert!(
+        ran[1].focus.as_ref().is_none_or(|f| !f[V4].contains(&six)),
+        "{:?}",
+        ran[1].focus
+    );
+}
