@@ -141,14 +141,19 @@ where
             match next {
                 Some(Ok(ev)) => {
                     match &ev {
-                        // Emitted before the list request: no proof the server answers, so it
-                        // does not reset the backoff.
+                        // Emitted before the list request: no proof the server answers.
                         Event::Init => d.flag.relist_started(),
                         _ => {
-                            d.backoff.reset();
                             d.awaiting_answer = false;
                             d.list_deadline = LIST_DEADLINE;
                             d.listed |= matches!(ev, Event::InitDone);
+                            // Only an event from the watch itself proves the watch works: were a
+                            // good list enough, a watch refused right after it (RBAC granting
+                            // list but not watch, a proxy cutting streams) would relist every
+                            // 200 ms for ever, on every node.
+                            if matches!(ev, Event::Apply(_) | Event::Delete(_)) {
+                                d.backoff.reset();
+                            }
                         }
                     }
                     return Some((Ok(ev), d));
@@ -312,6 +317,26 @@ mod tests {
             text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
             "{text}"
         );
+    }
+
+    /// What must NOT happen: lists that succeed while every watch is refused relisting at the
+    /// shortest delay for ever. The backoff grows to its cap instead.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_refused_after_every_good_list_backs_off_to_the_cap() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let flag = crate::Readiness::default().register("test/configmaps");
+        let api: Api<ConfigMap> = Api::namespaced(fake_apiserver(lists.clone()), "default");
+        let stream = watch(api, watcher::Config::default(), flag);
+        let mut stream = std::pin::pin!(stream);
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            stream.next().await;
+        }
+        let n = lists.load(std::sync::atomic::Ordering::SeqCst);
+        // 0.2, 0.4, 0.8, 1.6, then 2 s (each jittered down to half at most): about 10-20
+        // lists in 20 s. Resetting after each good list made it about 130.
+        assert!((8..=25).contains(&n), "{n} lists in 20 s");
     }
 
     #[tokio::test(start_paused = true)]
