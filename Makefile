@@ -44,7 +44,8 @@ fmt:
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-unit:
+# The chart tests among them need helm: fetch it first, or they print SKIPPED.
+unit: tools
 	$(CARGO) test --workspace
 
 # Against KUBECONFIG's cluster, or else a throwaway control plane when KUBE_APISERVER is set.
