@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::leader::Fence;
 
 use super::{
+    cache::SnapshotHealth,
     decide::Deletion,
     facts::{DISRUPTION_TARGET, PodFacts},
     limit::{Aimd, Signal},
@@ -341,6 +342,8 @@ pub struct Applier {
     pub limit: Arc<Mutex<Aimd>>,
     /// On leadership loss no new deletion starts and those in flight are dropped.
     pub fence: Fence,
+    /// Once a watch the snapshot came from fails or relists, no new deletion starts.
+    pub snapshot_health: SnapshotHealth,
 }
 
 impl Applier {
@@ -362,6 +365,7 @@ impl Applier {
             token,
             limit: Arc::new(Mutex::new(limit)),
             fence,
+            snapshot_health: SnapshotHealth::default(),
         }
     }
 
@@ -414,6 +418,12 @@ impl Applier {
                 });
             }
             if in_flight.is_empty() && (queue.is_empty() || self.stopped()) {
+                if !queue.is_empty() && !self.snapshot_health.unchanged() {
+                    tracing::warn!(
+                        not_started = queue.len(),
+                        "podgc pass stopped: a pod, node or namespace watch failed or relisted since the cycle's snapshot; the next cycle decides again"
+                    );
+                }
                 break;
             }
             let resumed = async {
@@ -440,9 +450,10 @@ impl Applier {
         tally
     }
 
-    /// No new deletion starts on shutdown or once this replica no longer leads.
+    /// No new deletion starts on shutdown, once this replica no longer leads, or once the
+    /// caches the cycle decided on may be stale.
     fn stopped(&self) -> bool {
-        self.token.is_cancelled() || !self.fence.is_valid()
+        self.token.is_cancelled() || !self.fence.is_valid() || !self.snapshot_health.unchanged()
     }
 
     /// Feeds one answer to the limit.

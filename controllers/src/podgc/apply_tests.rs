@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::apply::*;
 use crate::leader::{Fence, Term};
 use crate::podgc::{
+    cache::SnapshotHealth,
     decide::{Deletion, Pass},
     facts::{Phase, PodFacts, example},
     metrics::Metrics,
@@ -398,4 +399,48 @@ async fn terminated_deletions_are_counted_by_rule_and_only_when_deleted() {
     }
     // The upstream-named counter sees them under upstream's reason.
     assert_eq!(a.metrics.counts("ns", Pass::Ttl).0, 3);
+}
+
+/// What must NOT happen: deletions decided on a snapshot keep starting after a watch it came
+/// from failed or relisted (a node back, a namespace opted out, unseen).
+#[tokio::test]
+async fn no_deletion_starts_once_a_watch_of_the_snapshot_relisted() {
+    let readiness = groundskeeper_plumbing::Readiness::default();
+    let flags = [
+        readiness.register("podgc/pods"),
+        readiness.register("podgc/nodes"),
+    ];
+    flags.iter().for_each(|f| f.mark_ready());
+    let ds = || -> Vec<_> {
+        (0..3)
+            .map(|i| deletion(&format!("p{i}"), Phase::Running, Pass::OutOfService))
+            .collect()
+    };
+
+    let mock = Mock::default();
+    let mut a = Applier {
+        snapshot_health: SnapshotHealth::new(&flags),
+        ..applier(&mock, false, 1)
+    };
+    assert!(
+        a.snapshot_health.stamp(),
+        "all healthy: the cycle may start"
+    );
+    assert_eq!(a.apply(ds()).await.deleted, 3, "unchanged: the pass runs");
+
+    let mock = Mock::default();
+    let mut a = Applier {
+        snapshot_health: SnapshotHealth::new(&flags),
+        ..applier(&mock, false, 1)
+    };
+    assert!(a.snapshot_health.stamp());
+    flags[1].relist_started(); // the node watch relists after the snapshot
+    let tally = a.apply(ds()).await;
+    assert_eq!(tally.deleted, 0, "{tally:?}");
+    assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+    flags[1].mark_ready(); // listed again: a new epoch, still not the snapshot's
+    assert!(
+        !a.snapshot_health.unchanged(),
+        "the next cycle decides again"
+    );
 }

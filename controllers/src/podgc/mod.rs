@@ -31,7 +31,7 @@ use std::{
 };
 
 use clap::Args;
-use groundskeeper_plumbing::{ReadyFlag, client::parse_duration};
+use groundskeeper_plumbing::client::parse_duration;
 
 use crate::context::Context;
 use apply::{Applier, KubeWrites};
@@ -118,17 +118,20 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
 
     let mut cycle = Cycle {
         client: ctx.base.client.clone(),
-        applier: Applier::new(
-            Arc::new(KubeWrites::new(
-                ctx.base.unretried_client.clone(),
-                ctx.base.client.clone(),
-            )),
-            metrics.clone(),
-            args.gc_concurrency as usize,
-            ctx.base.dry_run,
-            ctx.base.token.clone(),
-            ctx.leadership.fence(),
-        ),
+        applier: Applier {
+            snapshot_health: cache::SnapshotHealth::new(&health),
+            ..Applier::new(
+                Arc::new(KubeWrites::new(
+                    ctx.base.unretried_client.clone(),
+                    ctx.base.client.clone(),
+                )),
+                metrics.clone(),
+                args.gc_concurrency as usize,
+                ctx.base.dry_run,
+                ctx.base.token.clone(),
+                ctx.leadership.fence(),
+            )
+        },
         quarantine: Quarantine::new(args.orphan_quarantine),
         threshold: args.terminated_pod_gc_threshold,
         ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
@@ -137,8 +140,9 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     loop {
         // Every pass deletes on what the caches say (a pod count over the threshold, a node's
         // out-of-service taint, a namespace's opt-out): not while a watch is failing or
-        // relisting and they may be stale.
-        let wait = if health.iter().all(ReadyFlag::is_healthy) {
+        // relisting and they may be stale, nor once one does mid-cycle (the stamp, checked
+        // before each deletion starts).
+        let wait = if cycle.applier.snapshot_health.stamp() {
             let started = Instant::now();
             let summary = cycle.run(&caches).await;
             let seconds = started.elapsed().as_secs_f64();
