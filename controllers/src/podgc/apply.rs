@@ -380,8 +380,17 @@ impl Applier {
             tracing::info!(namespace, note, "dry-run: would record a Namespace Event");
             return;
         };
-        if let Err(e) = writes.warn_namespace(namespace, note).await {
-            tracing::warn!(namespace, error = %e, "recording the policy Event failed");
+        // Fenced like the deletes: a deposed leader writes nothing, Events included.
+        match self
+            .fence
+            .guard(writes.warn_namespace(namespace, note))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(namespace, error = %e, "recording the policy Event failed")
+            }
+            Err(_) => tracing::info!(namespace, "policy Event not recorded: no longer leading"),
         }
     }
 
