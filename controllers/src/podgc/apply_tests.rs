@@ -303,7 +303,11 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
         assert_eq!(a.metrics.counts("ns", p), (0, 0));
     }
     a.warn_namespace("ns", "bad annotation".into()).await;
-    assert!(mock.calls().is_empty(), "no Event either: {:?}", mock.calls());
+    assert!(
+        mock.calls().is_empty(),
+        "no Event either: {:?}",
+        mock.calls()
+    );
     let d = deletion("p", Phase::Running, Pass::Orphaned);
     assert_eq!(
         force_delete(&writes(&mock), &standby, &d, now()).await,
