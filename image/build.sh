@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# `make image`: the release binaries in groundskeeper's root filesystem, packed as a one-layer
+# OCI archive (target/image/groundskeeper.oci.tar) with no container daemon and no base-image
+# pull. Tagged as the chart's default image, so `ctr images import` of this file is what a
+# default `helm install` runs. The last line printed is the image digest.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+out=$target/image
+tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/charts/groundskeeper/Chart.yaml")
+repo=$(sed -n 's/^  repository: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
+name=${IMAGE:-$repo:$tag}
+
+cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent >&2
+bash "$root/image/rootfs.sh" "$out/rootfs" "$out/debs" >&2
+install -D -m 0755 "$target/release/controller-manager" "$out/rootfs/usr/local/bin/controller-manager"
+install -D -m 0755 "$target/release/node-agent" "$out/rootfs/usr/local/bin/node-agent"
+python3 "$root/image/oci.py" "$out/rootfs" "$out/groundskeeper.oci.tar" "$name" \
+  --entrypoint /usr/local/bin/controller-manager --user 65532:65532
