@@ -1,11 +1,13 @@
 //! Spotting a second ServiceCIDR controller (kube-controller-manager's) writing our objects.
 //!
-//! Its status applies use the same field manager name as ours, so the manager name
-//! alone proves nothing. Two cheap signs in `managedFields`, read from the cached object:
+//! Every write of groundskeeper's, from whichever replica, is made under one field manager,
+//! `groundskeeper-controller-manager`, so a replica never takes its predecessor's writes for a
+//! stranger's (an earlier version applied status under kube-controller-manager's own name and
+//! compared times with this process's start: every failover raised a false alarm). Two cheap
+//! signs in `managedFields`, read from the cached object:
 //!
-//! * the status apply entry of `service-cidr-controller` carries a time that none of our own
-//!   applies produced (we record the time the apiserver returned for each of ours), later than
-//!   our start: someone else applied under our name;
+//! * a status apply by `service-cidr-controller`, kube-controller-manager's manager name, later
+//!   than our start (any time not among our own recorded applies);
 //! * the finalizer is owned by an Update from a manager named `kube-controller-manager…` at a
 //!   time later than our start: kube-controller-manager's controller added it (ours patches
 //!   with its own field manager, so it never shows up under that name).
@@ -20,9 +22,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 use super::decide::FINALIZER;
 
-pub const FIELD_MANAGER: &str = "service-cidr-controller";
-/// The field manager of our finalizer patches.
-pub const PATCH_FIELD_MANAGER: &str = "groundskeeper-controller-manager";
+/// Our field manager, for status applies and finalizer patches alike, in every replica.
+pub const FIELD_MANAGER: &str = "groundskeeper-controller-manager";
+/// The field manager of our finalizer patches (the same name: one owner for all our writes).
+pub const PATCH_FIELD_MANAGER: &str = FIELD_MANAGER;
+/// kube-controller-manager's ServiceCIDR controller applies status under this name; we never do.
+pub const KCM_FIELD_MANAGER: &str = "service-cidr-controller";
+/// The Events' reporting controller: upstream's name, so existing Event filters keep working.
+pub const REPORTER: &str = "service-cidr-controller";
 const KCM_MANAGER_PREFIX: &str = "kube-controller-manager";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +64,15 @@ pub fn our_apply_time(entries: &[ManagedFieldsEntry]) -> Option<Timestamp> {
 }
 
 fn is_status_apply(e: &ManagedFieldsEntry) -> bool {
-    e.manager.as_deref() == Some(FIELD_MANAGER)
+    is_status_apply_by(e, FIELD_MANAGER)
+}
+
+fn is_kcm_status_apply(e: &ManagedFieldsEntry) -> bool {
+    is_status_apply_by(e, KCM_FIELD_MANAGER)
+}
+
+fn is_status_apply_by(e: &ManagedFieldsEntry, manager: &str) -> bool {
+    e.manager.as_deref() == Some(manager)
         && e.operation.as_deref() == Some("Apply")
         && e.subresource.as_deref() == Some("status")
 }
@@ -87,7 +102,7 @@ pub fn foreign_writes(
         if at < started {
             continue;
         }
-        if is_status_apply(e) && !ours.contains(&at) {
+        if is_kcm_status_apply(e) && !ours.contains(&at) {
             out.push(ForeignWrite::StatusApply { at });
         }
         let manager = e.manager.as_deref().unwrap_or_default();
@@ -145,6 +160,11 @@ mod tests {
         entry(FIELD_MANAGER, "Apply", Some("status"), at, status_fields())
     }
 
+    /// kube-controller-manager's status apply at `at`.
+    fn kcm_status_apply(at: &str) -> ManagedFieldsEntry {
+        entry(KCM_FIELD_MANAGER, "Apply", Some("status"), at, status_fields())
+    }
+
     /// An Update by `manager` at `at` that owns the finalizer.
     fn finalizer_update(manager: &str, at: &str) -> ManagedFieldsEntry {
         entry(manager, "Update", None, at, finalizer_fields())
@@ -167,10 +187,21 @@ mod tests {
         assert_eq!(our_apply_time(&entries), Some(ts("2026-01-01T00:00:05Z")));
     }
 
+    /// The failover case: the previous leader (another replica, or this pod before a restart)
+    /// applied status after this process started, at a time this process did not record.
+    #[test]
+    fn another_replicas_applies_are_not_reported() {
+        let entries = vec![
+            status_apply("2026-01-01T00:00:09Z"),
+            finalizer_update(PATCH_FIELD_MANAGER, "2026-01-01T00:00:08Z"),
+        ];
+        assert_eq!(foreign_writes(&entries, &[], ts(START)), vec![]);
+    }
+
     #[test]
     fn foreign_status_apply_and_kcm_finalizer_are_reported() {
         let entries = vec![
-            status_apply("2026-01-01T00:00:07Z"),
+            kcm_status_apply("2026-01-01T00:00:07Z"),
             finalizer_update("kube-controller-manager", "2026-01-01T00:00:06Z"),
         ];
         let got = foreign_writes(&entries, &[ts("2026-01-01T00:00:05Z")], ts(START));
@@ -209,7 +240,7 @@ mod tests {
             ),
             finalizer_update("kube-apiserver", "2026-01-01T00:00:07Z"),
             entry(
-                FIELD_MANAGER,
+                KCM_FIELD_MANAGER,
                 "Update",
                 Some("status"),
                 "2026-01-01T00:00:07Z",

@@ -28,7 +28,7 @@ use crate::{
 };
 use apply::KubeWrites;
 use cache::Cache;
-use conflict::FIELD_MANAGER;
+use conflict::REPORTER;
 use metrics::Metrics;
 use sync::{Syncer, work};
 
@@ -73,7 +73,7 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
 
     let writes = KubeWrites::new(
         ctx.base.client.clone(),
-        ctx.reporter(FIELD_MANAGER),
+        ctx.reporter(REPORTER),
         ctx.leadership.fence(),
     );
     let syncer = Arc::new(

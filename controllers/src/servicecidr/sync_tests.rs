@@ -20,7 +20,7 @@ use testkit::networking::{allocated_ip, service_cidr};
 use super::{
     apply::{Notice, Writes},
     cache::Cache,
-    conflict::FIELD_MANAGER,
+    conflict::KCM_FIELD_MANAGER,
     decide::{FINALIZER, ReadyCondition},
     metrics::Metrics,
     sync::{EVENT_DELETION_BLOCKED, EVENT_STATUS_ERROR, MAX_RETRIES, Syncer},
@@ -293,7 +293,7 @@ async fn foreign_status_apply_is_counted_once() {
     let (s, cache, _) = syncer(w.clone(), false);
     let mut o = cidr("x", &["10.0.1.0/24"], None);
     o.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
-        manager: Some(FIELD_MANAGER.into()),
+        manager: Some(KCM_FIELD_MANAGER.into()),
         operation: Some("Apply".into()),
         subresource: Some("status".into()),
         time: Some(Time(Timestamp::now() + jiff::SignedDuration::from_secs(1))),

@@ -1,0 +1,87 @@
+# Helpers of the end-to-end suite (sourced by e2e/suite.sh). Everything runs inside the node's
+# network namespace with KUBECONFIG set by e2e/node.sh; NODE_STATE is the node's state dir.
+
+NS=${GK_NAMESPACE:-groundskeeper}
+RELEASE=gk
+NODE=${NODE_NAME:-gk-node}
+NODE_IP=172.30.0.2
+CTR="ctr --address $NODE_STATE/containerd.sock -n k8s.io"
+
+k() { kubectl "$@"; }
+say() { echo "    $*"; }
+fail() {
+  echo "    FAIL: $*"
+  return 1
+}
+
+# until SECONDS_MAX CMD...: CMD until it succeeds, polling every 0.25 s.
+until_ok() {
+  local max=$1 t0=$EPOCHREALTIME
+  shift
+  while ! "$@" >/dev/null 2>&1; do
+    awk -v t0="$t0" -v now="$EPOCHREALTIME" -v max="$max" 'BEGIN { exit !(now - t0 > max) }' && return 1
+    sleep 0.25
+  done
+}
+
+# Seconds since t0 (from $EPOCHREALTIME), three decimals.
+since() { awk -v t0="$1" -v now="$EPOCHREALTIME" 'BEGIN { printf "%.3f", now - t0 }'; }
+
+cm_pods() { k -n "$NS" get pods -l app.kubernetes.io/component=controller-manager -o jsonpath='{.items[*].metadata.name}'; }
+agent_pod() { k -n "$NS" get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}'; }
+
+# The Lease holder's pod (the identity is the pod name plus a random suffix).
+leader_pod() {
+  local id
+  id=$(k -n "$NS" get lease groundskeeper-controller-manager -o jsonpath='{.spec.holderIdentity}' 2>/dev/null) || return 1
+  [ -n "$id" ] || return 1
+  local p
+  for p in $(cm_pods); do
+    case $id in "$p"*) echo "$p"; return 0 ;; esac
+  done
+  return 1
+}
+
+# A pod's /metrics through the apiserver's pod proxy.
+metrics() { # pod port
+  k get --raw "/api/v1/namespaces/$NS/pods/$1:$2/proxy/metrics"
+}
+metric() { # pod port series-prefix: the sum of the matching samples
+  metrics "$1" "$2" | awk -v m="$3" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
+}
+cm_metric() { metric "$1" 8080 "$2"; }
+agent_metric() { metric "$(agent_pod)" 9808 "$1"; }
+
+# How many controller-manager replicas report themselves leader.
+leaders_now() {
+  local p n=0
+  for p in $(cm_pods); do
+    [ "$(k -n "$NS" get pod "$p" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ] || continue
+    [ "$(cm_metric "$p" groundskeeper_leader_election_is_leader 2>/dev/null)" = 1 ] && n=$((n + 1))
+  done
+  echo "$n"
+}
+
+rollout() {
+  k -n "$NS" rollout status deployment/"$RELEASE"-groundskeeper-controller-manager --timeout=120s >/dev/null \
+    && k -n "$NS" rollout status daemonset/"$RELEASE"-groundskeeper-node-agent --timeout=120s >/dev/null
+}
+
+# A namespace of the test's own, deleted when the suite ends.
+test_namespace() {
+  local n="e2e-$1-$RANDOM"
+  k create namespace "$n" >/dev/null
+  echo "$n"
+}
+
+# Pods' RSS as the kernel counts it (VmRSS of the container's first process), by name.
+rss() {
+  local pod=$1 ns=${2:-$NS} cid pid
+  cid=$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
+  pid=$($CTR tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
+  [ -n "$pid" ] || { echo "?"; return; }
+  # ctr reports the PID in the node's PID namespace; the host's /proc knows it by its host PID.
+  local host
+  host=$(awk -v p="$pid" '/^NSpid:/ { if ($NF == p) { print FILENAME } }' /proc/[0-9]*/status 2>/dev/null | head -n 1)
+  [ -n "$host" ] && awk '/^VmRSS:/ { printf "%.1f MiB", $2 / 1024 }' "$host" || echo "?"
+}

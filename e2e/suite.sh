@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The end-to-end tests: groundskeeper installed with `helm install` on a real node (e2e/node.sh)
+# and tested the user's way, through its real pods, a real kubelet, scheduler and kube-proxy.
+# Runs inside the node's network namespace (e2e/run.sh starts it there). Each test_* function
+# is one test; the last line is "N passed, M failed".
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+HELM=${HELM:-$root/.tools/bin/helm}
+# shellcheck source=e2e/lib.sh
+. "$here/lib.sh"
+for t in "$here"/tests/*.sh; do
+  # shellcheck source=/dev/null
+  . "$t"
+done
+
+install_chart() {
+  local t0=$EPOCHREALTIME
+  "$HELM" install "$RELEASE" "$root/charts/groundskeeper" -n "$NS" --create-namespace \
+    -f "$here/values.yaml" --wait --timeout 180s >/dev/null || fail "helm install" || return 1
+  rollout || fail "rollout" || return 1
+  say "chart Ready $(since "$t0") s after helm install"
+}
+
+passed=0 failed=0 failed_names=()
+run() {
+  local name=$1 t0=$EPOCHREALTIME
+  echo "--- $name"
+  if ( set -e; "$name" ); then
+    passed=$((passed + 1))
+    echo "ok  $name ($(since "$t0") s)"
+  else
+    failed=$((failed + 1))
+    failed_names+=("$name")
+    echo "FAILED $name ($(since "$t0") s)"
+    # What a person would look at first.
+    k -n "$NS" get pods -o wide 2>&1 | sed 's/^/    | /'
+    for p in $(cm_pods) $(agent_pod); do
+      k -n "$NS" logs "$p" --tail=15 2>&1 | sed "s/^/    | $p: /"
+    done
+  fi
+}
+
+# In this order: the leader tests replace the pods whose logs the log test reads, and uninstall
+# takes the product away.
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_rss ops_audit leader ops_helm_upgrade zz_"
+all=$(declare -F | awk '{print $3}' | grep '^test_')
+tests=""
+for group in $order; do tests="$tests $(echo "$all" | grep "^test_$group")"; done
+for t in $all; do case " $tests " in *" $t "*) ;; *) tests="$tests $t" ;; esac; done
+[ -z "${E2E_TESTS:-}" ] || tests=$E2E_TESTS
+run install_chart
+if [ "$failed" -eq 0 ]; then
+  for t in $tests; do run "$t"; done
+fi
+echo
+[ ${#failed_names[@]} -eq 0 ] || echo "failed: ${failed_names[*]}"
+echo "e2e: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,118 @@
+# Conntrack cleanup with kube-proxy's real rules, as upstream's test/e2e/network/conntrack.go:
+# UDP clients keep one flow each (fixed source port) to a Service, through its ClusterIP and
+# through its NodePort; the server pod is replaced, then removed.
+
+udp_setup() { # ns
+  k -n "$1" apply -f - >/dev/null <<Y
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: udp-server}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: udp-server}}
+  template:
+    metadata: {labels: {app: udp-server}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: s
+        image: gk.local/tools:1
+        command: [udp-probe, serve, "9000"]
+        ports: [{containerPort: 9000, protocol: UDP}]
+        readinessProbe: {exec: {command: [sh, -c, "true"]}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: udp}
+spec:
+  type: NodePort
+  selector: {app: udp-server}
+  ports: [{name: udp, port: 9000, protocol: UDP, targetPort: 9000}]
+Y
+  k -n "$1" rollout status deployment/udp-server --timeout=60s >/dev/null || fail "the UDP server did not start"
+  local vip np
+  vip=$(k -n "$1" get svc udp -o jsonpath='{.spec.clusterIP}')
+  np=$(k -n "$1" get svc udp -o jsonpath='{.spec.ports[0].nodePort}')
+  k -n "$1" apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: client-clusterip}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$vip:9000", "5000", "100"]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client-nodeport}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$NODE_IP:$np", "5001", "100"]}]
+Y
+  k -n "$1" wait pod/client-clusterip pod/client-nodeport --for=condition=Ready --timeout=60s >/dev/null \
+    || fail "the UDP clients did not start"
+}
+
+server_pod() { k -n "$1" get pods -l app=udp-server --field-selector=status.phase=Running -o jsonpath='{.items[?(@.metadata.deletionTimestamp)]}{range .items[*]}{.metadata.name} {end}'; }
+
+# The first answer from SERVER in CLIENT's log, in ms since the epoch.
+first_answer_from() { # ns client server
+  k -n "$1" logs "$2" 2>/dev/null | awk -v s="$3" '$2 == "answer" && $3 == s { print $1; exit }'
+}
+
+test_conntrack_server_replaced_new_server_reached_within_1s() {
+  local ns old new t_ready
+  ns=$(test_namespace conntrack)
+  udp_setup "$ns"
+  old=$(k -n "$ns" get pods -l app=udp-server -o jsonpath='{.items[0].metadata.name}')
+  until_ok 20 sh -c "kubectl -n $ns logs client-clusterip | grep -q 'answer $old'" || fail "the ClusterIP client never reached $old"
+  until_ok 20 sh -c "kubectl -n $ns logs client-nodeport | grep -q 'answer $old'" || fail "the NodePort client never reached $old"
+  k -n "$ns" delete pod "$old" --wait=false >/dev/null
+  # The replacement's endpoint is serving from this moment (polled every 0.1 s).
+  new=""
+  for _ in $(seq 600); do
+    new=$(k -n "$ns" get endpointslices -l kubernetes.io/service-name=udp \
+      -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.targetRef.name} {end}' | tr ' ' '\n' | grep -v "^$old$" | grep . | head -n 1) \
+      && [ -n "$new" ] && break
+    sleep 0.1
+  done
+  [ -n "$new" ] || fail "no new server became ready"
+  t_ready=$(awk -v t="$EPOCHREALTIME" 'BEGIN { printf "%d", t * 1000 }')
+  local c first lag
+  for c in client-clusterip client-nodeport; do
+    until_ok 15 sh -c "kubectl -n $ns logs $c | grep -q 'answer $new'" || fail "$c never reached the new server $new"
+    first=$(first_answer_from "$ns" "$c" "$new")
+    lag=$((first - t_ready))
+    say "$c: first answer from the new server ${lag} ms after its endpoint was ready"
+    [ "$lag" -le 1000 ] || fail "$c reached the new server only after ${lag} ms (goal: 1000 ms)"
+  done
+  k delete namespace "$ns" --wait=false >/dev/null
+}
+
+# Flows DNATed to an endpoint that is gone, with no endpoint left: kube-proxy v1.36 keeps them
+# until an endpoint returns (kubernetes#139629); the agent removes them at once. TCP flows and
+# flows that are not the service's stay.
+test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
+  local ns ip before after t0
+  ns=$(test_namespace conntrack)
+  udp_setup "$ns"
+  ip=$(k -n "$ns" get pods -l app=udp-server -o jsonpath='{.items[0].status.podIP}')
+  until_ok 20 sh -c "conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" || fail "no UDP flow to the server $ip"
+  # A flow that is not kube-proxy's: a UDP entry between two addresses of no Service.
+  conntrack -I -p udp -s 10.244.0.250 -d 10.244.0.251 --sport 4000 --dport 4001 -t 300 -u ASSURED >/dev/null 2>&1 \
+    || fail "could not insert the bystander flow"
+  before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  k -n "$ns" scale deployment/udp-server --replicas=0 >/dev/null
+  until_ok 30 sh -c "[ -z \"\$(kubectl -n $ns get endpointslices -l kubernetes.io/service-name=udp -o jsonpath='{.items[*].endpoints[*].addresses[*]}')\" ]" \
+    || fail "the server's endpoint did not go"
+  t0=$EPOCHREALTIME
+  until_ok 10 sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
+    || fail "flows DNATed to the removed endpoint $ip are still there 10 s after it went: $(conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"
+  say "flows to the removed endpoint gone $(since "$t0") s after the endpoint"
+  after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  say "agent's kubeproxy_conntrack_reconciler_deleted_entries_total: $before -> $after"
+  awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "the agent's deletion counter did not move: something else removed the flows"
+  k -n "$NS" logs "$(agent_pod)" --since=60s | grep 'conntrack cleanup pass' | grep -v 'deleted=0' | tail -n 2 | sed 's/^/    log: /'
+  conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | grep -q sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"
+  conntrack -D -p udp -s 10.244.0.250 -d 10.244.0.251 >/dev/null 2>&1
+  k delete namespace "$ns" --wait=false >/dev/null
+}

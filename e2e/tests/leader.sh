@@ -1,0 +1,50 @@
+# Leader election of the controller-manager's two replicas, the way an admin disturbs it.
+
+# Samples, every 0.5 s for SECONDS, how many replicas say they lead; fails on two at once.
+never_two_leaders() { # seconds
+  local end=$((SECONDS + $1)) n
+  while [ $SECONDS -lt $end ]; do
+    n=$(leaders_now)
+    [ "$n" -le 1 ] || { fail "$n replicas lead at once"; return 1; }
+    sleep 0.5
+  done
+}
+
+test_leader_delete_pod_other_replica_takes_over() {
+  local old new t0
+  until_ok 30 leader_pod || fail "no leader"
+  old=$(leader_pod)
+  t0=$EPOCHREALTIME
+  k -n "$NS" delete pod "$old" --wait=false >/dev/null
+  until_ok 30 sh -c ". $here/lib.sh; p=\$(leader_pod) && [ \"\$p\" != $old ]" || fail "no other replica took over from $old"
+  new=$(leader_pod)
+  say "$new took over from $old $(since "$t0") s after the delete"
+  never_two_leaders 10
+  rollout || fail "the Deployment did not come back"
+}
+
+test_leader_sigkill_takeover_within_lease() {
+  local old cid t0 took
+  until_ok 30 leader_pod || fail "no leader"
+  old=$(leader_pod)
+  cid=$(k -n "$NS" get pod "$old" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
+  t0=$EPOCHREALTIME
+  $CTR tasks kill -s SIGKILL "$cid" >/dev/null || fail "could not SIGKILL the leader's container"
+  until_ok 30 sh -c ". $here/lib.sh; id=\$(kubectl -n $NS get lease groundskeeper-controller-manager -o jsonpath='{.spec.holderIdentity}'); case \$id in $old*) exit 1;; '') exit 1;; esac" \
+    || fail "nobody took over within 30 s of the SIGKILL"
+  took=$(since "$t0")
+  say "takeover $took s after SIGKILL of $old (lease 15 s)"
+  awk -v t="$took" 'BEGIN { exit !(t <= 17) }' || fail "takeover took $took s, more than the lease (15 s) + retry/2"
+  never_two_leaders 6
+  rollout || fail "the Deployment did not come back"
+}
+
+test_leader_no_false_conflict_alarm_after_failover() {
+  local p
+  for p in $(cm_pods); do
+    k -n "$NS" logs "$p" | grep -q 'another ServiceCIDR controller writes' && fail "$p reports a foreign ServiceCIDR controller after failover"
+    [ "$(cm_metric "$p" groundskeeper_servicecidr_conflicting_controller_detected)" = 0 ] \
+      || fail "$p: groundskeeper_servicecidr_conflicting_controller_detected is not 0"
+  done
+  return 0
+}

@@ -1,0 +1,71 @@
+# Day-2 operations: helm test, helm upgrade, logs, memory, helm uninstall (last: it takes the
+# product away).
+
+test_ops_helm_test() {
+  "$HELM" test "$RELEASE" -n "$NS" --timeout 120s >/dev/null || fail "helm test failed"
+}
+
+test_ops_logs_one_line_per_decision() {
+  local p
+  p=$(leader_pod) || fail "no leader"
+  # The ServiceCIDR and PodGC tests ran: each decision left one line naming its object.
+  k -n "$NS" logs "$p" | grep -E 'servicecidr=' | grep -q 'finalizer' || fail "no finalizer decision logged by the leader"
+  k -n "$NS" logs "$p" | grep -E 'pod=' | grep -qi 'delet' || fail "no pod deletion logged by the leader"
+  # Plain logs carry plain values, not Rust's Debug (Some(..), quoted strings).
+  ! k -n "$NS" logs "$p" | grep -E '=Some\(' | head -n 3 | grep . || fail "Debug formatting in the logs"
+}
+
+test_ops_rss() {
+  local p
+  for p in $(cm_pods) $(agent_pod); do say "$p RSS $(rss "$p")"; done
+}
+
+test_ops_helm_upgrade_one_leader_throughout() {
+  "$HELM" upgrade "$RELEASE" "$root/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" \
+    --set logLevel=info >/dev/null || fail "helm upgrade"
+  never_two_leaders 25
+  rollout || fail "the upgrade did not roll out"
+  until_ok 30 leader_pod || fail "no leader after the upgrade"
+}
+
+# Pods of the real node that groundskeeper had no reason to touch were not: every pod delete it
+# made is of a test's garbage (an orphan or a terminated pod), none of a running pod.
+test_ops_audit_no_running_pod_deleted() {
+  local audit=$NODE_STATE/logs/audit.log
+  python3 - "$audit" <<'PY' || fail "groundskeeper deleted pods it must not have"
+import json, sys
+bad = []
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    u = e.get("user", {}).get("username", "")
+    r = e.get("objectRef", {})
+    if e.get("verb") == "delete" and r.get("resource") == "pods" and "groundskeeper" in u:
+        ok = r.get("name", "").startswith(("orphan", "done-")) or r.get("namespace", "").startswith("e2e-")
+        if not ok:
+            bad.append(f'{r.get("namespace")}/{r.get("name")} by {u}')
+        elif r.get("name") in ("alive", "runner"):
+            bad.append(f'{r.get("namespace")}/{r.get("name")} (running) by {u}')
+print("    pod deletes by groundskeeper:", sum(1 for l in open(sys.argv[1]) if '"delete"' in l and '"pods"' in l and 'groundskeeper' in l))
+for b in bad:
+    print("    deleted:", b)
+sys.exit(1 if bad else 0)
+PY
+}
+
+test_zz_ops_helm_uninstall_leaves_nothing() {
+  "$HELM" uninstall "$RELEASE" -n "$NS" --wait --timeout 120s >/dev/null || fail "helm uninstall"
+  until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -o name)\" ]" || fail "pods left after uninstall"
+  local left
+  left=$(k get clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings -o name | grep groundskeeper || true)
+  [ -z "$left" ] || fail "left after uninstall: $left"
+  # A ServiceCIDR can still be deleted, and the namespace too.
+  local cidr=e2e-after-$RANDOM
+  k apply -f - >/dev/null <<Y
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: $cidr}
+spec: {cidrs: ["10.98.0.0/24"]}
+Y
+  k delete servicecidr "$cidr" --timeout=30s >/dev/null || fail "a ServiceCIDR cannot be deleted after uninstall"
+  k delete namespace "$NS" --timeout=60s >/dev/null || fail "the release namespace cannot be deleted after uninstall"
+}
