@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The images the real node runs besides groundskeeper's own, built here (no registry is
 # reachable): `pause`, the sandbox image, from Debian's static catatonit run as `catatonit -P`;
-# `tools`, groundskeeper's root filesystem with Debian's static busybox (sh, wget) for `helm
-# test` and testkit's udp-probe, the UDP server and client of the conntrack tests.
+# `tools`, Debian's static busybox (sh, wget) for `helm test`, and testkit's udp-probe, the UDP
+# server and client of the conntrack tests (Debian's busybox has no UDP netcat).
 # Usage: images.sh pause|tools|all OUT_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,13 +25,21 @@ if [ "$what" = tools ] || [ "$what" = all ]; then
   root=$(cd "$here/.." && pwd)
   probe=${CARGO_TARGET_DIR:-$root/target}/debug/udp-probe
   (cd "$root" && cargo build -q -p testkit --bin udp-probe)
-  bash "$root/image/rootfs.sh" "$work/tools" "${CARGO_TARGET_DIR:-$root/target}/image/debs"
-  mkdir -p "$work/tools/bin"
+  mkdir -p "$work/tools/bin" "$work/tools/tmp" "$work/tools/etc" "$work/tools/opt/probe/lib"
+  chmod 1777 "$work/tools/tmp"
+  printf 'root:x:0:0:root:/:/bin/sh\nnonroot:x:65532:65532:nonroot:/:/bin/sh\n' > "$work/tools/etc/passwd"
   install -m 0755 "$busybox" "$work/tools/bin/busybox"
-  install -m 0755 "$probe" "$work/tools/bin/udp-probe"
-  for applet in sh wget sleep echo cat date hostname ls grep sed seq timeout nslookup; do
+  for applet in sh wget sleep echo cat date hostname ls grep sed seq timeout nslookup true; do
     ln -s busybox "$work/tools/bin/$applet"
   done
+  # udp-probe is dynamically linked; its glibc stays out of the default library paths, where
+  # static busybox's resolver would dlopen it and crash (a static glibc cannot load a shared
+  # one), and is named by the wrapper instead.
+  install -m 0755 "$probe" "$work/tools/opt/probe/udp-probe"
+  for lib in $(ldd "$probe" | grep -o '/[^ ]*'); do cp -L "$lib" "$work/tools/opt/probe/lib/"; done
+  printf '#!/bin/sh\nexec /opt/probe/lib/ld-linux-x86-64.so.2 --library-path /opt/probe/lib /opt/probe/udp-probe "$@"\n' \
+    > "$work/tools/bin/udp-probe"
+  chmod 0755 "$work/tools/bin/udp-probe"
   python3 "$here/../image/oci.py" "$work/tools" "$out/tools.tar" gk.local/tools:1 \
-    --cmd /bin/sh --env PATH=/bin:/usr/bin
+    --cmd /bin/sh --env PATH=/bin
 fi

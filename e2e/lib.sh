@@ -82,6 +82,7 @@ rss() {
   [ -n "$pid" ] || { echo "?"; return; }
   # ctr reports the PID in the node's PID namespace; the host's /proc knows it by its host PID.
   local host
-  host=$(awk -v p="$pid" '/^NSpid:/ { if ($NF == p) { print FILENAME } }' /proc/[0-9]*/status 2>/dev/null | head -n 1)
+  # NSpid: host PID, the node's, then the container's own.
+  host=$(awk -v p="$pid" '/^NSpid:/ && NF >= 3 && $3 == p { print FILENAME }' /proc/[0-9]*/status 2>/dev/null | head -n 1)
   [ -n "$host" ] && awk '/^VmRSS:/ { printf "%.1f MiB", $2 / 1024 }' "$host" || echo "?"
 }

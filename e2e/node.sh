@@ -497,7 +497,8 @@ case $cmd in
     prepare "$s" "$imgs"
     s=$(cd "$s" && pwd)
     # Detached: it stays up for a person after this shell goes; `node.sh down` stops it.
-    start "$s" setsid
+    start "$s" setsid </dev/null >>"$s/node.log" 2>&1 || { cat "$s/node.log" >&2; exit 1; }
+    tail -n 1 "$s/node.log" >&2
     echo "export KUBECONFIG=$s/admin.kubeconfig   # use it inside the node: $0 exec $s -- kubectl get nodes"
     ;;
   exec)

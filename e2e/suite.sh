@@ -26,7 +26,10 @@ passed=0 failed=0 failed_names=()
 run() {
   local name=$1 t0=$EPOCHREALTIME
   echo "--- $name"
-  if ( set -e; "$name" ); then
+  # Not in an `if`: bash ignores errexit in a condition, also inside the subshell, and a
+  # test's first failed check must end it.
+  ( set -e; "$name" )
+  if [ $? -eq 0 ]; then
     passed=$((passed + 1))
     echo "ok  $name ($(since "$t0") s)"
   else
@@ -43,10 +46,14 @@ run() {
 
 # In this order: the leader tests replace the pods whose logs the log test reads, and uninstall
 # takes the product away.
-order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_rss ops_audit leader ops_helm_upgrade zz_"
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_rss ops_audit leader_delete leader_sigkill leader ops_helm_upgrade zz_"
 all=$(declare -F | awk '{print $3}' | grep '^test_')
 tests=""
-for group in $order; do tests="$tests $(echo "$all" | grep "^test_$group")"; done
+for group in $order; do
+  for t in $(echo "$all" | grep "^test_$group"); do
+    case " $tests " in *" $t "*) ;; *) tests="$tests $t" ;; esac
+  done
+done
 for t in $all; do case " $tests " in *" $t "*) ;; *) tests="$tests $t" ;; esac; done
 [ -z "${E2E_TESTS:-}" ] || tests=$E2E_TESTS
 run install_chart
