@@ -11,7 +11,7 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(TOOLS)/kubectl)
 DRY_RUN ?= true
 NODE_NAME ?= $(shell $(KUBECTL) get nodes -o jsonpath='{.items[0].metadata.name}' 2>/dev/null)
 
-.PHONY: all build run run-binaries test fmt lint unit chart-check tools crds bench clean
+.PHONY: all build run run-binaries test fmt lint unit chart-check tools crds bench clean image e2e node
 
 all: build
 
@@ -35,8 +35,10 @@ run-binaries:
 	  trap 'kill -TERM $$cm $$na 2>/dev/null' INT TERM; \
 	  wait $$cm $$na; wait $$cm $$na 2>/dev/null; true
 
-## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG is set), chart checks.
-test: fmt lint unit chart-check
+## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
+## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root,
+## with shared/'s node binaries; see README "Try it on a real node").
+test: fmt lint unit chart-check e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -56,6 +58,20 @@ chart-check: tools
 
 tools:
 	@bash .ci/tools.sh >/dev/null
+
+## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
+## the last line printed is its digest.
+image:
+	@bash image/build.sh
+
+## e2e: a real single-node cluster, the image loaded into it, `helm install`, every end-to-end
+## test through real pods, teardown; the last line is "e2e: N passed, M failed".
+e2e: tools
+	bash e2e/run.sh
+
+## node: a real node with the chart installed, left running for you (state in /tmp/gk-node).
+node: tools
+	bash e2e/try.sh
 
 ## crds: regenerate the committed CRD YAML (crds/ and the chart) from the Rust types.
 crds:

@@ -68,7 +68,7 @@ rollout() {
 }
 
 # A namespace of the test's own, deleted when the suite ends.
-test_namespace() {
+new_namespace() {
   local n="e2e-$1-$RANDOM"
   k create namespace "$n" >/dev/null
   echo "$n"

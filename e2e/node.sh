@@ -420,6 +420,8 @@ prepare() { # STATE IMAGES_DIR
   local kubectl=${KUBECTL:-$root/.tools/bin/kubectl}
   [ -x "$kubectl" ] || kubectl=$(command -v kubectl) || die "no kubectl: run bash .ci/tools.sh"
   ln -sf "$kubectl" "$S/bin/kubectl"
+  local helm=${HELM:-$root/.tools/bin/helm}
+  [ -x "$helm" ] && ln -sf "$helm" "$S/bin/helm"
   pki "$S/pki"
   kubeconfig "$S/admin.kubeconfig" "https://${NODE_IP%/*}:6443" admin
   kubeconfig "$S/kubelet.kubeconfig" "https://${NODE_IP%/*}:6443" kubelet

@@ -60,7 +60,7 @@ first_answer_from() { # ns client server
 
 test_conntrack_server_replaced_new_server_reached_within_1s() {
   local ns old new t_ready
-  ns=$(test_namespace conntrack)
+  ns=$(new_namespace conntrack)
   udp_setup "$ns"
   old=$(k -n "$ns" get pods -l app=udp-server -o jsonpath='{.items[0].metadata.name}')
   until_ok 20 sh -c "kubectl -n $ns logs client-clusterip | grep -q 'answer $old'" || fail "the ClusterIP client never reached $old"
@@ -75,14 +75,21 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
     sleep 0.1
   done
   [ -n "$new" ] || fail "no new server became ready"
+  local t_ready t_rules ip
   t_ready=$((${EPOCHREALTIME/./} / 1000))
+  # kube-proxy programs the new endpoint at its next sync (minSyncPeriod 1 s): the agent can
+  # only be judged from the moment the rules exist, as upstream's conntrack e2e does.
+  ip=$(k -n "$ns" get pod "$new" -o jsonpath='{.status.podIP}')
+  for _ in $(seq 400); do iptables-save -t nat | grep -q -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
+  t_rules=$((${EPOCHREALTIME/./} / 1000))
+  say "kube-proxy programmed $new ($ip) $((t_rules - t_ready)) ms after its endpoint was ready"
   local c first lag
   for c in client-clusterip client-nodeport; do
     until_ok 15 sh -c "kubectl -n $ns logs $c | grep -q 'answer $new'" || fail "$c never reached the new server $new"
     first=$(first_answer_from "$ns" "$c" "$new")
-    lag=$((first - t_ready))
-    say "$c: first answer from the new server ${lag} ms after its endpoint was ready"
-    [ "$lag" -le 1000 ] || fail "$c reached the new server only after ${lag} ms (goal: 1000 ms)"
+    lag=$((first - t_rules))
+    say "$c: first answer from the new server $((first - t_ready)) ms after its endpoint was ready, ${lag} ms after kube-proxy's rules"
+    [ "$lag" -le 1000 ] || fail "$c reached the new server ${lag} ms after kube-proxy's rules for it (goal: 1000 ms)"
   done
   k delete namespace "$ns" --wait=false >/dev/null
 }
@@ -92,7 +99,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
 # flows that are not the service's stay.
 test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   local ns ip before after t0
-  ns=$(test_namespace conntrack)
+  ns=$(new_namespace conntrack)
   udp_setup "$ns"
   ip=$(k -n "$ns" get pods -l app=udp-server -o jsonpath='{.items[0].status.podIP}')
   until_ok 20 sh -c "conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" || fail "no UDP flow to the server $ip"

@@ -4,7 +4,7 @@
 # pod is force-deleted. A pod of the real node, in the same namespace, stays.
 test_podgc_orphan_force_deleted_after_quarantine() {
   local ns ghost=e2e-ghost-$RANDOM
-  ns=$(test_namespace podgc)
+  ns=$(new_namespace podgc)
   k apply -f - >/dev/null <<Y
 apiVersion: v1
 kind: Node
@@ -40,7 +40,7 @@ Y
 # Terminated pods over the threshold (10 in e2e/values.yaml) go, oldest first; running pods stay.
 test_podgc_terminated_over_threshold_oldest_first() {
   local ns i
-  ns=$(test_namespace terminated)
+  ns=$(new_namespace terminated)
   k -n "$ns" apply -f - >/dev/null <<Y
 apiVersion: v1
 kind: Pod

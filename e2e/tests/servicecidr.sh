@@ -18,7 +18,7 @@ spec: {cidrs: ["10.97.0.0/24"]}
 Y
   until_ok 30 sh -c "kubectl get servicecidr $cidr -o jsonpath='{.metadata.finalizers}{.status.conditions[?(@.type==\"Ready\")].status}' | grep -q 'finalizer.*True'" \
     || fail "$cidr: no finalizer or not Ready"
-  ns=$(test_namespace cidr)
+  ns=$(new_namespace cidr)
   k -n "$ns" create service clusterip "$svc" --tcp=80 --clusterip=10.97.0.10 >/dev/null
   k delete servicecidr "$cidr" --wait=false >/dev/null
   # The IP 10.97.0.10 would be orphaned: the finalizer stays, with a Warning Event saying why.

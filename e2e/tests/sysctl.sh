@@ -19,7 +19,7 @@ ran() { # ns pod
 
 test_sysctl_audit_fails_nothing() {
   local ns i
-  ns=$(test_namespace sysctl-audit)
+  ns=$(new_namespace sysctl-audit)
   # No SysctlPolicy: Audit. kernel.msgmax is not in the agent's allowlist, but kubelet's.
   for i in 1 2 3; do sysctl_pod "$ns" "audit-$i" kernel.msgmax | k apply -f - >/dev/null; done
   k -n "$ns" wait pod -l e2e=sysctl --for=condition=Ready --timeout=60s >/dev/null || fail "Audit: a pod did not run"
@@ -32,7 +32,7 @@ test_sysctl_audit_fails_nothing() {
 
 test_sysctl_allowed_sysctl_runs_under_enforce() {
   local ns
-  ns=$(test_namespace sysctl-allowed)
+  ns=$(new_namespace sysctl-allowed)
   k apply -f - >/dev/null <<Y
 apiVersion: groundskeeper.dev/v1alpha1
 kind: SysctlPolicy
@@ -60,7 +60,7 @@ Y
 # container; and no pod kubelet started is ever failed.
 test_sysctl_enforce_measured() {
   local ns i n=0 ran_n=0 failed_started=0
-  ns=$(test_namespace sysctl-enforce)
+  ns=$(new_namespace sysctl-enforce)
   k apply -f - >/dev/null <<Y
 apiVersion: groundskeeper.dev/v1alpha1
 kind: SysctlPolicy
