@@ -4,11 +4,11 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use super::decide::Stale;
 use super::family::Family;
-use super::msg::Entry;
+use super::msg::{Entry, Select};
 use super::socket::{self, BatchReport, Conntrack, DumpError};
 
 /// What one dump asks the table for.
@@ -17,9 +17,9 @@ pub enum Dump {
     /// One family's entries; with a protocol, the kernel returns only those (a caller still
     /// checks: a table that cannot filter returns everything).
     Family(Family, Option<u8>),
-    /// The IPv4 entries of a protocol whose reply source (where they were DNATed to) is this
-    /// address.
-    ReplySource(u8, Ipv4Addr),
+    /// The entries of a family and protocol that a selection picks (a triggered pass), the
+    /// kernel filtering them.
+    Select(Family, u8, Select),
 }
 
 /// What a pass needs from the conntrack table.
@@ -57,7 +57,7 @@ impl Table for Kernel {
         let socket = self.socket()?;
         let r = match what {
             Dump::Family(family, only_proto) => socket.dump(family, only_proto, visit),
-            Dump::ReplySource(proto, src) => socket.dump_reply_src(proto, src, visit),
+            Dump::Select(family, proto, select) => socket.dump_select(family, proto, select, visit),
         };
         // An interrupted dump was read to its end and a rejected filter answered at once:
         // the socket is clean after both.

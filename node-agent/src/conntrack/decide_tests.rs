@@ -464,9 +464,9 @@ fn removed_backends_are_what_a_change_took_away() {
             vec!["10.244.1.5"],
         ),
         (
-            "no endpoint left: the frontend IP too (flows never DNATed)",
+            "no endpoint left (flows never DNATed are in scope as flows to the frontend)",
             with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
-            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3", "10.96.0.10"],
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
         ),
         (
             "service gone (or deleted, or foreign)",
@@ -493,8 +493,25 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
         .frontends
         .insert(sa("10.96.0.11:53"), HashSet::new());
     let f = Focus::between(&old, &new).expect("an IP allocated: focused");
-    assert_eq!(f[V4], [ip("10.244.1.5"), ip("10.96.0.11")].into());
+    assert_eq!(
+        f[V4],
+        Scope {
+            frontends: [sa("10.96.0.11:53")].into(),
+            node_ports: HashSet::new(),
+            backends: [ip("10.244.1.5")].into(),
+        }
+    );
     assert!(f[V6].is_empty());
+    let mut other_node_ips = new.clone();
+    other_node_ips[V4].node_ips.insert(ip("192.168.0.8"));
+    assert_eq!(
+        Focus::between(&old, &other_node_ips),
+        None,
+        "other Node addresses: full"
+    );
+    let mut other_cidrs = new.clone();
+    other_cidrs[V6].service_cidrs = vec![Cidr::parse("fd00::/112").unwrap()];
+    assert_eq!(Focus::between(&old, &other_cidrs), None, "another ServiceCIDR: full");
     new[V4].allocated.remove(&ip("10.96.0.10"));
     assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
 }

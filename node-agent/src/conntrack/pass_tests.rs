@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::io;
 
 use super::apply::{DryRun, Dump, Table};
-use super::decide::Stale;
+use super::decide::{Scope, Stale};
 use super::family::Family::V4;
 use super::model::FamilyModel;
 use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
@@ -92,14 +92,14 @@ impl Table for Fake {
                 }
                 res.map(|()| n).map_err(|f| f())
             }
-            Dump::ReplySource(proto, src) => {
+            Dump::Select(family, proto, select) => {
                 self.reply_dumps += 1;
                 if self.reply_filter_rejected {
                     return Err(rejected());
                 }
                 let mut n = 0;
                 for e in &self.entries {
-                    if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                    if e.orig.family() == family && e.orig.proto == proto && select.matches(e) {
                         n += 1;
                         visit(e);
                     }
@@ -348,7 +348,10 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
 
 #[test]
 fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
-    let focus: HashSet<IpAddr> = ["10.244.9.9".parse().unwrap()].into();
+    let focus = Scope {
+        backends: ["10.244.9.9".parse().unwrap()].into(),
+        ..Scope::default()
+    };
     for rejected in [false, true] {
         let mut t = Fake::new(table(), vec![(4, Ok(()))]);
         t.reply_filter_rejected = rejected;
@@ -360,7 +363,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
             vec![2],
             "rejected={rejected}: only the focused stale entry"
         );
-        assert_eq!(state.reply_filter, !rejected, "rejected={rejected}");
+        assert_eq!(state.select_filter, !rejected, "rejected={rejected}");
         assert_eq!(
             t.attempts,
             usize::from(rejected),
@@ -381,7 +384,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         V4,
         &model(),
         &mut PassState::default(),
-        Some(&HashSet::new()),
+        Some(&Scope::default()),
     )
     .unwrap();
     assert!(r.skipped);

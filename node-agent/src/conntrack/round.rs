@@ -28,6 +28,9 @@ pub struct RoundSummary {
     pub deleted: usize,
     /// The table's fill, read at the start of the round (None when unreadable).
     pub fill: Option<Fill>,
+    /// Flows to orphaned service IPs were kept for their grace: a full round in this long
+    /// deletes them.
+    pub recheck_in: Option<Duration>,
 }
 
 struct Request {
@@ -177,9 +180,10 @@ impl Round {
                 .inc_by(report.scanned as u64);
             summary.scanned += report.scanned;
             summary.deleted += report.deleted;
+            summary.recheck_in = summary.recheck_in.into_iter().chain(report.orphans_due_in).min();
             report.log(&PassContext {
                 family: fam,
-                focused_sources: focus.map(|f| f.len()),
+                scope: focus.map(|s| (s.frontends.len(), s.node_ports.len(), s.backends.len())),
                 dry_run: self.dry_run,
                 kernel_filter: self.state[fam].kernel_filter,
                 elapsed,

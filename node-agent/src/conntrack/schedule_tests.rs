@@ -11,7 +11,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
 use super::cache::Stamp;
-use super::decide::Focus;
+use super::decide::{Focus, Scope};
 use super::family::Family::V4;
 use super::model::Model;
 use super::round::RoundSummary;
@@ -117,7 +117,7 @@ impl Rounds for Recorder {
         RoundSummary {
             scanned,
             deleted,
-            fill: None,
+            ..RoundSummary::default()
         }
     }
 }
@@ -187,10 +187,15 @@ impl World {
     }
 }
 
+/// The focus of a round after a change to the DNS service that took `ips` away.
 fn focus(ips: &[&str]) -> Option<Focus> {
     let v4: HashSet<IpAddr> = ips.iter().map(|s| s.parse().unwrap()).collect();
     let mut f = Focus::default();
-    f[V4] = v4;
+    f[V4] = Scope {
+        frontends: ["10.96.0.10:53".parse().unwrap()].into(),
+        node_ports: HashSet::new(),
+        backends: v4,
+    };
     Some(f)
 }
 
@@ -352,7 +357,7 @@ async fn a_due_round_never_runs_on_a_model_older_than_an_event_seen() {
     );
     let six: IpAddr = "10.244.1.6".parse().unwrap();
     assert!(
-        ran[1].focus.as_ref().is_none_or(|f| !f[V4].contains(&six)),
+        ran[1].focus.as_ref().is_none_or(|f| !f[V4].backends.contains(&six)),
         "{:?}",
         ran[1].focus
     );
