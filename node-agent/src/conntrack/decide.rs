@@ -63,8 +63,7 @@ pub fn stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> 
     let dst = canonical(entry.orig.dst);
     let frontend = SocketAddr::new(dst, entry.orig.dst_port);
     let dnated = dnated(entry);
-    if model.foreign_frontends.contains(&frontend) || model.settling_frontends.contains(&frontend)
-    {
+    if model.foreign_frontends.contains(&frontend) || model.settling_frontends.contains(&frontend) {
         return None;
     }
     if let Some(serving) = model.frontends.get(&frontend) {

@@ -511,7 +511,11 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
     );
     let mut other_cidrs = new.clone();
     other_cidrs[V6].service_cidrs = vec![Cidr::parse("fd00::/112").unwrap()];
-    assert_eq!(Focus::between(&old, &other_cidrs), None, "another ServiceCIDR: full");
+    assert_eq!(
+        Focus::between(&old, &other_cidrs),
+        None,
+        "another ServiceCIDR: full"
+    );
     new[V4].allocated.remove(&ip("10.96.0.10"));
     assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
 }

@@ -20,6 +20,8 @@ pub mod sysctls;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
+mod focus_tests;
+#[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
 mod model_tests;
@@ -265,6 +267,10 @@ mod tests {
         }
         let cli = ConntrackArgs::from_flags(&[]).unwrap();
         assert_eq!(cli.conntrack_orphan_grace.as_secs(), 5, "default grace");
-        assert_eq!(cli.conntrack_no_endpoint_settle.as_secs(), 5, "default settle");
+        assert_eq!(
+            cli.conntrack_no_endpoint_settle.as_secs(),
+            5,
+            "default settle"
+        );
     }
 }

@@ -97,7 +97,7 @@ pub enum ParseError {
 }
 
 /// One direction of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -107,7 +107,7 @@ pub struct Tuple {
 }
 
 /// The part of a conntrack entry the cleanup reads, and what it needs to delete exactly it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Entry {
     pub orig: Tuple,
     pub reply: Tuple,
@@ -517,7 +517,9 @@ impl Encoder {
         let (orig, reply) = match select {
             None => (0, 0),
             Some(Select::ReplySource(_)) => (0, CTA_FILTER_FLAG_IP_SRC),
-            Some(Select::OrigDst(..)) => (CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_DST_PORT, 0),
+            Some(Select::OrigDst(..)) => {
+                (CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_DST_PORT, 0)
+            }
             Some(Select::OrigDstPort(_)) => (CTA_FILTER_FLAG_PROTO_DST_PORT, 0),
         };
         self.nest(CTA_FILTER);

@@ -180,7 +180,11 @@ impl Round {
                 .inc_by(report.scanned as u64);
             summary.scanned += report.scanned;
             summary.deleted += report.deleted;
-            summary.recheck_in = summary.recheck_in.into_iter().chain(report.orphans_due_in).min();
+            summary.recheck_in = summary
+                .recheck_in
+                .into_iter()
+                .chain(report.orphans_due_in)
+                .min();
             report.log(&PassContext {
                 family: fam,
                 scope: focus.map(|s| (s.frontends.len(), s.node_ports.len(), s.backends.len())),

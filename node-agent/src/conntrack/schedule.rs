@@ -128,10 +128,10 @@ impl Scheduler {
             self.recheck_at,
             Some(self.gc_at),
         ]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(self.gc_at)
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(self.gc_at)
     }
 
     /// The periodic interval now.

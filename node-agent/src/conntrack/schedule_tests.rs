@@ -357,7 +357,10 @@ async fn a_due_round_never_runs_on_a_model_older_than_an_event_seen() {
     );
     let six: IpAddr = "10.244.1.6".parse().unwrap();
     assert!(
-        ran[1].focus.as_ref().is_none_or(|f| !f[V4].backends.contains(&six)),
+        ran[1]
+            .focus
+            .as_ref()
+            .is_none_or(|f| !f[V4].backends.contains(&six)),
         "{:?}",
         ran[1].focus
     );

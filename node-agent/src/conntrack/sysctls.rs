@@ -409,12 +409,7 @@ mod tests {
             return;
         }
         let (dir, roots, _) = fixture("gk-sysctl-cpus", "sys");
-        let a = args(&[
-            "--conntrack-max-per-core",
-            "100000",
-            "--conntrack-min",
-            "1",
-        ]);
+        let a = args(&["--conntrack-max-per-core", "100000", "--conntrack-min", "1"]);
         let written = std::thread::scope(|s| {
             s.spawn(|| {
                 // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread only.
