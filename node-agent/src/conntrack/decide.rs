@@ -161,8 +161,9 @@ impl Scope {
         self.node_ports.extend(c.node_port);
     }
 
-    /// What changed between `old` and `new` in one family (see [`Focus::between`]).
-    pub fn between(old: &FamilyModel, new: &FamilyModel) -> Self {
+    /// What changed between `old` and `new` in one family (see [`Focus::between`]); `changed`
+    /// names the services whose claims differ in either family.
+    pub fn between(old: &FamilyModel, new: &FamilyModel, changed: &BTreeSet<&String>) -> Self {
         let mut scope = Scope {
             backends: removed_backends(old, new),
             ..Scope::default()
@@ -199,20 +200,30 @@ impl Scope {
                 .into_iter()
                 .filter(|p| node_port_judgment(old, p) != node_port_judgment(new, p)),
         );
-        // Every frontend and nodePort, old and new, of a service whose claims changed
-        // (endpoints, ports, addresses, settling), or that is new or gone.
-        let names: BTreeSet<&String> = old.services.keys().chain(new.services.keys()).collect();
-        for name in names {
-            let (was, now) = (old.services.get(name), new.services.get(name));
-            if was == now {
-                continue;
-            }
+        // Every frontend and nodePort, old and new, of a service whose claims changed in either
+        // family (endpoints, ports, addresses, settling), or that is new or gone.
+        for name in changed {
+            let (was, now) = (old.services.get(*name), new.services.get(*name));
             for c in was.into_iter().chain(now).flat_map(|ports| ports.values()) {
                 scope.claim(c);
             }
         }
         scope
     }
+}
+
+/// The services whose claims differ between `old` and `new` in either family.
+fn changed_services<'a>(old: &'a Model, new: &'a Model) -> BTreeSet<&'a String> {
+    let mut out = BTreeSet::new();
+    for f in Family::ALL {
+        let (o, n) = (&old[f].services, &new[f].services);
+        out.extend(
+            o.keys()
+                .chain(n.keys())
+                .filter(|name| o.get(*name) != n.get(*name)),
+        );
+    }
+    out
 }
 
 type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
@@ -246,8 +257,9 @@ impl Focus {
     /// over `new` deletes at the least every entry that a full pass over `new` would delete
     /// among the entries that touch what changed, and nothing else. What changed: every
     /// frontend (ClusterIP, ExternalIP, LB VIP on the service port) and nodePort (on any
-    /// address) of every service whose serving endpoints, ports, addresses or settling state
-    /// differ between the two models (new and deleted services included), every key whose
+    /// address), in both families, of every service whose serving endpoints, ports, addresses
+    /// or settling state differ between the two models in either family (new and deleted
+    /// services included), every key whose
     /// judgment differs (served by another set, settling, foreign, deleted), and the backends
     /// taken away ([`removed_backends`]). An entry that touches none of these is judged the
     /// same by both models (its key and its nodePort are judged alike, its reply source was
@@ -264,8 +276,9 @@ impl Focus {
         if Family::ALL.into_iter().any(global) {
             return None;
         }
+        let changed = changed_services(old, new);
         Some(PerFamily(
-            Family::ALL.map(|f| Scope::between(&old[f], &new[f])),
+            Family::ALL.map(|f| Scope::between(&old[f], &new[f], &changed)),
         ))
     }
 }

@@ -413,9 +413,12 @@ impl Touched {
         let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
         for name in names {
             let (was, now) = (old.get(name), new.get(name));
-            let nothing = |s: Option<&Svc>| s.is_none_or(|s| s.claims(fam).0.is_empty());
-            if was.map(|s| s.view(fam)) == now.map(|s| s.view(fam)) || nothing(was) && nothing(now)
-            {
+            // Changed in either family, as the UDP cleanup sees it.
+            let changed = Family::ALL.into_iter().any(|f| {
+                let nothing = |s: Option<&Svc>| s.is_none_or(|s| s.claims(f).0.is_empty());
+                was.map(|s| s.view(f)) != now.map(|s| s.view(f)) && !(nothing(was) && nothing(now))
+            });
+            if !changed {
                 continue;
             }
             for s in was.into_iter().chain(now) {
