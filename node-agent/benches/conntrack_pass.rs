@@ -12,7 +12,8 @@
 //! must judge (its scope: the service's frontend, nodePort and removed backends), against the
 //! one dump of the service's frontend alone, and against the UDP dump. Up to
 //! `MAX_FOCUSED_DUMPS` selections the kernel filters each dump, beyond that one UDP dump is
-//! filtered here.
+//! filtered here. Each triggered-pass figure is the best of 5 runs taken in turn with its
+//! baselines (the stale flows put back before each).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
@@ -35,6 +36,8 @@ use serde_json::json;
 use groundskeeper_node_agent::conntrack::socket::Conntrack;
 
 const SERVICES: u32 = 100;
+/// Each triggered-pass figure is the best of this many runs (with its baselines, in turn).
+const REPEATS: usize = 5;
 
 fn ip(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
@@ -288,10 +291,9 @@ fn main() {
 
             // Triggered passes, each after a change built into two models the way the agent
             // builds them; the stale flows are put back before each.
+            // The machine may be shared: each figure is the best of REPEATS, taken in turn.
             let mut focused = vec![];
             for (what, change) in changes() {
-                ct.create(&stale, 3600, STATUS_SEEN_REPLY | STATUS_ASSURED)
-                    .expect("recreate");
                 let (m0, m1) = (services_model(&[]), services_model(&change));
                 let focus = Focus::between(&m0, &m1).expect("a focused change");
                 let scope = &focus[V4];
@@ -309,28 +311,39 @@ fn main() {
                     (t.elapsed(), matched)
                 };
                 let all = scope_selections(scope);
-                let (bare_all, matched) = bare(&mut ct, &all);
-                let (bare_frontend, _) = bare(&mut ct, &all[..1]);
-                let t = Instant::now();
-                let r = run_focused_pass(
-                    &mut cleaned,
-                    V4,
-                    &m1[V4],
-                    &mut PassState::default(),
-                    Some(scope),
-                )
-                .expect("focused pass");
-                focused.push(Triggered {
-                    what,
-                    took: t.elapsed(),
-                    report: r,
-                    walks: selections.as_ref().map_or(1, Vec::len),
-                    filtered_here: selections.is_none(),
-                    bare_all,
-                    bare_dumps: all.len(),
-                    bare_frontend,
-                    matched,
-                });
+                let mut best: Option<Triggered> = None;
+                for _ in 0..REPEATS {
+                    // The stale flows are back (those still there answer EEXIST).
+                    ct.create(&stale, 3600, STATUS_SEEN_REPLY | STATUS_ASSURED)
+                        .expect("recreate");
+                    let (bare_all, matched) = bare(&mut ct, &all);
+                    let (bare_frontend, _) = bare(&mut ct, &all[..1]);
+                    let t = Instant::now();
+                    let r = run_focused_pass(
+                        &mut cleaned,
+                        V4,
+                        &m1[V4],
+                        &mut PassState::default(),
+                        Some(scope),
+                    )
+                    .expect("focused pass");
+                    let took = t.elapsed();
+                    let b = best.get_or_insert(Triggered {
+                        what,
+                        took,
+                        report: r,
+                        walks: selections.as_ref().map_or(1, Vec::len),
+                        filtered_here: selections.is_none(),
+                        bare_all,
+                        bare_dumps: all.len(),
+                        bare_frontend,
+                        matched,
+                    });
+                    b.took = b.took.min(took);
+                    b.bare_all = b.bare_all.min(bare_all);
+                    b.bare_frontend = b.bare_frontend.min(bare_frontend);
+                }
+                focused.push(best.expect("REPEATS > 0"));
             }
             (
                 raw_dump, udp, pass, report, hwm, rss_before, raw_delete, focused,
