@@ -19,21 +19,21 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::apply::Kernel;
-use groundskeeper_node_agent::conntrack::family::Family::V4;
+use groundskeeper_node_agent::conntrack::apply::{Kernel, Select};
 use groundskeeper_node_agent::conntrack::decide::{Focus, Scope};
+use groundskeeper_node_agent::conntrack::family::Family::V4;
 use groundskeeper_node_agent::conntrack::model::{self, FamilyModel, Model};
 use groundskeeper_node_agent::conntrack::msg::{
-    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Select, Tuple,
+    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
 };
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::pass::{
     self, PassReport, PassState, run_focused_pass, run_pass,
 };
+use groundskeeper_node_agent::conntrack::socket::Conntrack;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
-use groundskeeper_node_agent::conntrack::socket::Conntrack;
 
 const SERVICES: u32 = 100;
 /// Each triggered-pass figure is the best of this many runs (with its baselines, in turn).
@@ -109,9 +109,12 @@ fn model() -> FamilyModel {
 
 /// The changes a triggered pass is measured after: (what, per changed service, its endpoints
 /// after the change: `ep` octets of 10.244.ep.svc; before, every service has 0, 1, 2 and 99).
-fn changes() -> Vec<(&'static str, Vec<(u8, Vec<u8>)>)> {
+fn changes() -> Vec<(&'static str, Vec<Endpoints>)> {
     vec![
-        ("1 service, an endpoint added:", vec![(0, vec![0, 1, 2, 99, 5])]),
+        (
+            "1 service, an endpoint added:",
+            vec![(0, vec![0, 1, 2, 99, 5])],
+        ),
         ("1 service, an endpoint removed:", vec![(10, vec![0, 1, 2])]),
         (
             "1 NodePort service, an endpoint removed:",
@@ -124,12 +127,15 @@ fn changes() -> Vec<(&'static str, Vec<(u8, Vec<u8>)>)> {
     ]
 }
 
+/// A service (by number) and its endpoints (octets of 10.244.ep.svc).
+type Endpoints = (u8, Vec<u8>);
+
 /// The service with a nodePort (30000 + its number).
 const NODE_PORT_SERVICE: u8 = 40;
 
 /// The model of the bench's 100 UDP services (ClusterIP 10.96.0.s:53, endpoints 10.244.{0,1,2,99}.s:53)
 /// with `changed` services' endpoints replaced, built as the agent builds it.
-fn services_model(changed: &[(u8, Vec<u8>)]) -> Model {
+fn services_model(changed: &[Endpoints]) -> Model {
     let mut objects: Vec<(Service, EndpointSlice)> = Vec::new();
     for s in 0..SERVICES as u8 {
         let eps = changed
@@ -153,7 +159,10 @@ fn services_model(changed: &[(u8, Vec<u8>)]) -> Model {
         .unwrap();
         objects.push((svc, slice));
     }
-    model::build(objects.iter().map(|(s, _)| s), objects.iter().map(|(_, e)| e))
+    model::build(
+        objects.iter().map(|(s, _)| s),
+        objects.iter().map(|(_, e)| e),
+    )
 }
 
 /// Every kernel selection of the scope's entries, the frontend's first (what the triggered pass
@@ -384,7 +393,11 @@ fn main() {
             f.what,
             ms(f.took),
             f.walks,
-            if f.filtered_here { ", one UDP dump filtered here" } else { "" },
+            if f.filtered_here {
+                ", one UDP dump filtered here"
+            } else {
+                ""
+            },
             r.scanned,
             r.deleted,
         );

@@ -116,15 +116,15 @@ async fn row(
     // Every event in (bounded: a lost one shows as a missing sample).
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let a = addresses.lock().unwrap();
-        let s = services.lock().unwrap();
-        if created
-            .iter()
-            .all(|(ip, _)| a.contains_key(ip) && s.contains_key(ip))
-        {
+        let all_in = {
+            let (a, s) = (addresses.lock().unwrap(), services.lock().unwrap());
+            created
+                .iter()
+                .all(|(ip, _)| a.contains_key(ip) && s.contains_key(ip))
+        };
+        if all_in {
             break;
         }
-        drop((a, s));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (a, s) = (addresses.lock().unwrap(), services.lock().unwrap());
@@ -166,7 +166,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let ns = c.namespace("lag").await?;
-    let (services, mut s_ready) = watch(Api::<Service>::all(c.client.clone()), |s| cluster_ip(s));
+    let (services, mut s_ready) = watch(Api::<Service>::all(c.client.clone()), cluster_ip);
     let (addresses, mut a_ready) = watch(Api::<IPAddress>::all(c.client.clone()), |a| {
         a.metadata.name.clone()
     });

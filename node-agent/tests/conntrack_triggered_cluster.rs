@@ -8,12 +8,16 @@
 //! 3. a slice whose port name matches no service port: the service has no endpoints;
 //! 4. an un-NATed flow to this node's own IP on a nodePort goes;
 //! 5. after a restart, flows to the ClusterIP of a service deleted meanwhile go within 10 s;
-//! A. a Service claiming kube-dns's ClusterIP as an ExternalIP does not cut DNS flows;
-//! B. an EndpointSlice deleted and re-created cuts no flow of its live service; a deleted
-//!    service's flows still go at once.
+//!
+//! And never someone else's flows:
+//!
+//! - A: a Service claiming kube-dns's ClusterIP as an ExternalIP does not cut DNS flows;
+//! - B: an EndpointSlice deleted and re-created cuts no flow of its live service; a deleted
+//!   service's flows still go at once.
 //!
 //! Every change is made after the agent's first (full) pass, and the flows it must delete are
-//! created after that pass too: only the triggered pass can delete them within the bound.
+//! created after that pass too (case 1: before it, while the service is settling and nothing is
+//! judged; case 5 is about that first pass): only the triggered pass can delete them.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

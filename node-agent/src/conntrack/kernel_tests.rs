@@ -9,12 +9,12 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-use super::apply::{self, Kernel};
+use super::apply::{self, Kernel, Select};
 use super::family::Family::{self, V4};
 use super::model::Model;
 use super::model::{self, LABEL_SERVICE_NAME};
 use super::msg::{
-    Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Select,
+    Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};

@@ -7,11 +7,11 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::apply::{Dump, Table};
+use super::apply::{Dump, Select, Table};
 use super::decide::{Scope, Stale, stale};
 use super::family::Family;
 use super::model::{FamilyModel, canonical};
-use super::msg::{Entry, IPPROTO_UDP, Select};
+use super::msg::{Entry, IPPROTO_UDP};
 use super::socket::DumpError;
 
 /// upstream `MaxAttemptsEINTR`.

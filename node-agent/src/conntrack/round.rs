@@ -35,7 +35,7 @@ pub struct RoundSummary {
 
 struct Request {
     model: Arc<Model>,
-    /// Only entries from these reply sources (a triggered round); `None`: every entry.
+    /// Only the entries in each family's scope (a triggered round); `None`: every entry.
     focus: Option<Focus>,
     reply: oneshot::Sender<RoundSummary>,
 }
@@ -89,7 +89,7 @@ impl Rounds {
     }
 
     /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
-    /// judges only entries from that family's reply sources.
+    /// judges only the entries in that family's scope.
     pub async fn run(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.as_ref().is_some_and(|tx| {

@@ -1,5 +1,5 @@
 //! When rounds run: soon after the UDP model changes (watch events debounced, at most one
-//! triggered round per --conntrack-min-interval, focused on what the change took away), and on
+//! triggered round per --conntrack-min-interval, scoped to what the change touched), and on
 //! Cilium's adaptive periodic timer; never on a stale model, and a round skipped for that is
 //! owed until a current model exists. A state machine over explicit instants, driven by [`run`].
 
@@ -69,7 +69,7 @@ pub enum Due {
     /// A round over `model`; `focus` narrows a triggered one to what the change touched.
     Round {
         model: Arc<Model>,
-        focus: Option<Focus>,
+        focus: Option<Box<Focus>>,
         periodic: bool,
     },
 }
@@ -183,7 +183,7 @@ impl Scheduler {
             .then(|| {
                 self.judged
                     .as_deref()
-                    .and_then(|j| Focus::between(j, &model))
+                    .and_then(|j| Focus::between(j, &model).map(Box::new))
             })
             .flatten();
         self.judged = Some(model.clone());
@@ -268,7 +268,7 @@ pub async fn run(
                 focus,
                 periodic,
             } => {
-                let summary = rounds.round(model, focus).await;
+                let summary = rounds.round(model, focus.map(|f| *f)).await;
                 scheduler.on_round(Instant::now(), periodic, &summary);
                 tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
             }

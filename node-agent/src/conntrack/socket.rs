@@ -7,8 +7,9 @@ use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use super::apply::Select;
 use super::family::Family;
-use super::msg::{self, Encoder, Entry, Message, ParseError, Select};
+use super::msg::{self, Encoder, Entry, Message, ParseError};
 
 const NETLINK_NETFILTER: libc::c_int = 12;
 const NETLINK_CAP_ACK: libc::c_int = 10;
