@@ -519,3 +519,26 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
     new[V4].allocated.remove(&ip("10.96.0.10"));
     assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
 }
+
+#[test]
+fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
+    let mut m = model();
+    let c = "10.0.0.1:40000";
+    let dead = flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.9.9:53");
+    let to_node = flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.9.9:53");
+    assert_eq!(stale(&dead, &m, &host()), Some(Stale::Frontend));
+    assert_eq!(stale(&to_node, &m, &host()), Some(Stale::NodePort));
+    // Another proxy's service claims the same frontend and nodePort: not ours to judge.
+    m.foreign_frontends.insert(sa("10.96.0.10:53"));
+    m.foreign_node_ports.insert(30053);
+    assert_eq!(stale(&dead, &m, &host()), None);
+    assert_eq!(stale(&to_node, &m, &host()), None);
+    // A claimant without endpoints for less than the settle time: not judged either.
+    let mut m = model();
+    m.frontends.remove(&sa("10.96.0.10:53"));
+    m.settling_frontends.insert(sa("10.96.0.10:53"));
+    m.node_ports.remove(&30053);
+    m.settling_node_ports.insert(30053);
+    assert_eq!(stale(&dead, &m, &host()), None);
+    assert_eq!(stale(&to_node, &m, &host()), None);
+}

@@ -390,3 +390,65 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
     assert!(r.skipped);
     assert_eq!((t.attempts, t.reply_dumps), (0, 0));
 }
+
+#[test]
+fn selections_ask_the_kernel_for_the_scope_in_few_walks() {
+    use super::apply::Select::{OrigDst, OrigDstPort, ReplySource};
+    use super::family::Family::V6;
+    let scope = |f: &[&str], n: &[u16], b: &[&str]| Scope {
+        frontends: f.iter().map(|s| sa(s)).collect(),
+        node_ports: n.iter().copied().collect(),
+        backends: b.iter().map(|s| s.parse().unwrap()).collect(),
+    };
+    let v4 = |s: &str| s.parse().unwrap();
+    let cases = [
+        (
+            "one frontend and its removed backend",
+            V4,
+            scope(&["10.96.0.10:53"], &[], &["10.244.1.5"]),
+            Some(vec![
+                ReplySource(v4("10.244.1.5")),
+                OrigDst(v4("10.96.0.10"), 53),
+            ]),
+        ),
+        (
+            "a port with several addresses is one walk on the port",
+            V4,
+            scope(&["10.96.0.10:53", "192.0.2.1:53"], &[], &[]),
+            Some(vec![OrigDstPort(53)]),
+        ),
+        (
+            "a nodePort equal to a frontend port covers it",
+            V4,
+            scope(&["10.96.0.10:30053"], &[30053], &[]),
+            Some(vec![OrigDstPort(30053)]),
+        ),
+        (
+            "an IPv6 backend is not an IPv4 entry's reply source",
+            V4,
+            scope(&["10.96.0.10:53"], &[], &["fd00::5"]),
+            Some(vec![OrigDst(v4("10.96.0.10"), 53)]),
+        ),
+        (
+            "IPv6 frontends by port (the kernel inverts IPv6 address matches)",
+            V6,
+            scope(&["[fd00::a]:53"], &[30053], &[]),
+            Some(vec![OrigDstPort(53), OrigDstPort(30053)]),
+        ),
+        (
+            "an IPv6 backend: one UDP dump filtered here",
+            V6,
+            scope(&["[fd00::a]:53"], &[], &["fd00::5"]),
+            None,
+        ),
+        (
+            "three walks cost more than one UDP dump",
+            V4,
+            scope(&["10.96.0.10:53"], &[30053], &["10.244.1.5"]),
+            None,
+        ),
+    ];
+    for (name, fam, s, want) in cases {
+        assert_eq!(selections(fam, &s), want, "{name}");
+    }
+}
