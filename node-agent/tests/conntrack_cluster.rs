@@ -203,7 +203,7 @@ async fn a_service_losing_every_endpoint_loses_its_udp_flows() -> anyhow::Result
             Entry::dnat(IPPROTO_UDP, client(1003), remote, remote),
         ],
     )?;
-    let agent = agent_on(&netns, &[]).await?;
+    let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=1s"]).await?;
     assert_eq!(
         flows(&netns).len(),
         4,
@@ -223,8 +223,8 @@ async fn a_service_losing_every_endpoint_loses_its_udp_flows() -> anyhow::Result
     expect_table(
         &netns,
         &agent,
-        Duration::from_secs(3),
-        "UDP flows of the endpoint-less service deleted",
+        Duration::from_secs(4),
+        "UDP flows of the endpoint-less service deleted, once the settle time has passed",
         &want,
     )
     .await

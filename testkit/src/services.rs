@@ -51,3 +51,67 @@ pub fn endpoint_list(ips: &[impl AsRef<str>]) -> serde_json::Value {
         .map(|ip| json!({"addresses": [ip.as_ref()]}))
         .collect()
 }
+
+/// Creates Service `ns/name` from `spec` (merged over a dual-stack UDP port 53 named `dns`), and
+/// returns it as the apiserver stored it (ClusterIPs and nodePorts allocated), tracked for
+/// cleanup.
+pub async fn dual_stack_service(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> anyhow::Result<Service> {
+    let mut full = json!({
+        "ipFamilyPolicy": "RequireDualStack",
+        "ipFamilies": ["IPv4", "IPv6"],
+        "ports": [{"name": "dns", "port": SERVICE_PORT, "protocol": "UDP"}],
+    });
+    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+        full.extend(extra.clone());
+    }
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": name},
+        "spec": full,
+    }))?;
+    c.create(&svc).await
+}
+
+/// The ClusterIPs of a stored Service, in its families' order.
+pub fn cluster_ips(svc: &Service) -> Vec<IpAddr> {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// The nodePort allocated to a stored Service's first port.
+pub fn node_port(svc: &Service) -> Option<u16> {
+    svc.spec
+        .as_ref()?
+        .ports
+        .as_ref()?
+        .first()?
+        .node_port
+        .and_then(|p| u16::try_from(p).ok())
+}
+
+/// An EndpointSlice `<svc>-<family>` of Service `ns/svc` on UDP port 5353 named `port_name`,
+/// holding one serving address per entry of `ips` (their family decides `addressType`; an
+/// empty list is IPv4).
+pub fn slice(ns: &str, svc: &str, port_name: &str, ips: &[&str]) -> anyhow::Result<EndpointSlice> {
+    let family = if ips.first().is_some_and(|i| i.contains(':')) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    Ok(serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": format!("{svc}-{}", family.to_lowercase()),
+                     "labels": {"kubernetes.io/service-name": svc}},
+        "addressType": family,
+        "ports": [{"name": port_name, "port": ENDPOINT_PORT, "protocol": "UDP"}],
+        "endpoints": endpoint_list(ips),
+    }))?)
+}

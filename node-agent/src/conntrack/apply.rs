@@ -17,9 +17,32 @@ pub enum Dump {
     /// One family's entries; with a protocol, the kernel returns only those (a caller still
     /// checks: a table that cannot filter returns everything).
     Family(Family, Option<u8>),
-    /// The IPv4 entries of a protocol whose reply source (where they were DNATed to) is this
-    /// address.
-    ReplySource(u8, Ipv4Addr),
+    /// The entries of a family and protocol that a selection picks (a triggered pass), the
+    /// kernel filtering them.
+    Select(Family, u8, Select),
+}
+
+/// Which entries a kernel-filtered dump returns (beside the protocol), for a triggered pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Select {
+    /// IPv4 entries whose reply comes from this address (where they were DNATed to).
+    ReplySource(Ipv4Addr),
+    /// IPv4 entries originally addressed to this address and port (a frontend).
+    OrigDst(Ipv4Addr, u16),
+    /// Entries originally addressed to this port, any address (a nodePort, or a frontend
+    /// port on several addresses or in IPv6).
+    OrigDstPort(u16),
+}
+
+impl Select {
+    /// Whether `e` is one the kernel returns for this selection.
+    pub fn matches(&self, e: &Entry) -> bool {
+        match *self {
+            Select::ReplySource(ip) => e.reply.src == IpAddr::V4(ip),
+            Select::OrigDst(ip, port) => e.orig.dst == IpAddr::V4(ip) && e.orig.dst_port == port,
+            Select::OrigDstPort(port) => e.orig.dst_port == port,
+        }
+    }
 }
 
 /// What a pass needs from the conntrack table.
@@ -57,7 +80,7 @@ impl Table for Kernel {
         let socket = self.socket()?;
         let r = match what {
             Dump::Family(family, only_proto) => socket.dump(family, only_proto, visit),
-            Dump::ReplySource(proto, src) => socket.dump_reply_src(proto, src, visit),
+            Dump::Select(family, proto, select) => socket.dump_select(family, proto, select, visit),
         };
         // An interrupted dump was read to its end and a rejected filter answered at once:
         // the socket is clean after both.

@@ -20,7 +20,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use super::model::{self, Model, Tombstones};
+use super::model::{self, Model, Settle, Tombstones};
 use super::schedule::Models;
 use crate::context::Context;
 
@@ -117,6 +117,7 @@ pub struct Watched {
     /// endpoints look removed, so passes need all of them healthy.
     ready: [ReadyFlag; WATCHES],
     tombstones: Mutex<Tombstones>,
+    settle: Mutex<Settle>,
 }
 
 impl Watched {
@@ -125,6 +126,7 @@ impl Watched {
     pub fn start(
         ctx: &Context,
         retention: Duration,
+        settle: Duration,
         changed: Arc<Notify>,
     ) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let cache = Shared::<Cache>::default();
@@ -165,9 +167,14 @@ impl Watched {
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("one flag per watch")),
             tombstones: Mutex::new(Tombstones::new(retention)),
+            settle: Mutex::new(Settle::new(settle)),
         };
         (watched, run)
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Models for Watched {
@@ -199,8 +206,13 @@ impl Models for Watched {
         if self.health() != before {
             return None;
         }
-        let mut t = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
-        Some((t.apply(m, std::time::Instant::now()), before))
+        let now = std::time::Instant::now();
+        let m = lock(&self.settle).apply(m, now);
+        Some((lock(&self.tombstones).apply(m, now), before))
+    }
+
+    fn changes_in(&self) -> Option<Duration> {
+        lock(&self.settle).next_change(std::time::Instant::now())
     }
 
     /// The watches that are not healthy, with how long, for the skip warning.

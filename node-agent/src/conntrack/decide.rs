@@ -1,12 +1,12 @@
 //! The pure decisions: is one conntrack entry stale for a service model, what a triggered pass
 //! looks at after a model change, and when the next periodic pass runs.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::family::{Family, PerFamily};
-use super::model::{FamilyModel, Model, canonical};
+use super::model::{Claim, FamilyModel, Model, canonical};
 use super::msg::{Entry, IPPROTO_UDP};
 
 /// Why an entry is stale, for the log line.
@@ -38,9 +38,10 @@ pub fn dnated(entry: &Entry) -> bool {
 ///
 /// Order, first match decides:
 /// 1. only UDP entries are ever stale;
-/// 2. a live frontend (`dst IP:port`): stale when the reply source is not one of its serving
-///    endpoints (none serving: every flow through it is stale, kubernetes#139629); another
-///    proxy's frontend: never; a deleted frontend: stale when DNATed (kubernetes#141371; a
+/// 2. another proxy's frontend (`dst IP:port`), or one whose service has had no serving
+///    endpoint for less than the settle time: never; a live frontend: stale when the reply
+///    source is not one of its serving endpoints (of any service claiming it; none serving:
+///    every flow through it is stale, kubernetes#139629); a deleted frontend: stale when DNATed (kubernetes#141371; a
 ///    flow that was not translated is someone's own traffic to that address now), unless it
 ///    is a ClusterIP an IPAddress holds again;
 /// 3. a destination inside a ServiceCIDR is a ClusterIP, never a NodePort destination:
@@ -50,6 +51,7 @@ pub fn dnated(entry: &Entry) -> bool {
 ///    address of this host or of its Node object, and a flow that was not DNATed is judged
 ///    only when the host owns the address (it reached a local socket before the rules were
 ///    in place). A pod's traffic to a remote host on the same port number is never judged.
+///    Foreign and settling nodePorts are never stale, as in rule 2.
 ///
 /// Deliberate difference from upstream: there the NodePort rule also applies after a frontend
 /// matched and its backend serves; here a matching frontend decides alone.
@@ -61,11 +63,11 @@ pub fn stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> 
     let dst = canonical(entry.orig.dst);
     let frontend = SocketAddr::new(dst, entry.orig.dst_port);
     let dnated = dnated(entry);
+    if model.foreign_frontends.contains(&frontend) || model.settling_frontends.contains(&frontend) {
+        return None;
+    }
     if let Some(serving) = model.frontends.get(&frontend) {
         return (!serving.contains(&backend)).then_some(Stale::Frontend);
-    }
-    if model.foreign_frontends.contains(&frontend) {
-        return None;
     }
     if model.deleted_frontends.contains(&frontend) {
         // A ClusterIP that an IPAddress holds again was handed to a new service whose Service
@@ -82,11 +84,11 @@ pub fn stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> 
     if !(host_owned || dnated && model.node_ips.contains(&dst)) {
         return None;
     }
+    if model.foreign_node_ports.contains(&port) || model.settling_node_ports.contains(&port) {
+        return None;
+    }
     if let Some(serving) = model.node_ports.get(&port) {
         return (!serving.contains(&backend)).then_some(Stale::NodePort);
-    }
-    if model.foreign_node_ports.contains(&port) {
-        return None;
     }
     (dnated && model.deleted_node_ports.contains(&port)).then_some(Stale::DeletedNodePort)
 }
@@ -95,42 +97,188 @@ pub fn is_stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) 
     stale(entry, model, host_ips).is_some()
 }
 
-/// The reply sources a model change may have made stale: backends that a frontend or nodePort
-/// of `old` served and the same key in `new` does not (all of them when the key is no longer
-/// live), and the frontend IPs whose last serving endpoint went (flows to them that were
-/// never DNATed). A triggered pass looks only at entries from these; the periodic pass looks
-/// at everything.
+/// Reply sources a model change took away: backends that a frontend or nodePort of `old`
+/// served and the same key in `new` does not (all of them when the key is no longer live), and
+/// for every service of `old`, the backends it served and serves no more (also when another
+/// service claiming the same frontend still serves them). A key that is settling or foreign in
+/// `new` takes nothing away: its flows are not judged.
 pub fn removed_backends(old: &FamilyModel, new: &FamilyModel) -> HashSet<IpAddr> {
     let mut out = HashSet::new();
     let none = HashSet::new();
     for (key, was) in &old.frontends {
+        if new.settling_frontends.contains(key) || new.foreign_frontends.contains(key) {
+            continue;
+        }
         let now = new.frontends.get(key).unwrap_or(&none);
         out.extend(was.difference(now).map(|b| b.ip()));
-        if now.is_empty() && !was.is_empty() && new.frontends.contains_key(key) {
-            out.insert(key.ip());
-        }
     }
     for (port, was) in &old.node_ports {
+        if new.settling_node_ports.contains(port) || new.foreign_node_ports.contains(port) {
+            continue;
+        }
         let now = new.node_ports.get(port).unwrap_or(&none);
         out.extend(was.difference(now).map(|b| b.ip()));
+    }
+    let nothing = BTreeMap::new();
+    for (svc, ports) in &old.services {
+        let now_ports = new.services.get(svc).unwrap_or(&nothing);
+        for (name, was) in ports {
+            let now: BTreeSet<SocketAddr> = now_ports
+                .get(name)
+                .map(|c| c.serving.clone())
+                .unwrap_or_default();
+            out.extend(was.serving.difference(&now).map(|b| b.ip()));
+        }
     }
     out
 }
 
-/// Per family, the reply sources a triggered pass looks at.
-pub type Focus = PerFamily<HashSet<IpAddr>>;
+/// What a triggered pass looks at in one family: entries whose original destination is one of
+/// `frontends`, or whose destination port is one of `node_ports` (on any address: the NodePort
+/// rule decides which addresses count), or whose reply source is one of `backends`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Scope {
+    pub frontends: HashSet<SocketAddr>,
+    pub node_ports: HashSet<u16>,
+    pub backends: HashSet<IpAddr>,
+}
+
+impl Scope {
+    pub fn is_empty(&self) -> bool {
+        self.frontends.is_empty() && self.node_ports.is_empty() && self.backends.is_empty()
+    }
+
+    /// Whether `entry` is one the triggered pass judges.
+    pub fn touches(&self, entry: &Entry) -> bool {
+        let dst = SocketAddr::new(canonical(entry.orig.dst), entry.orig.dst_port);
+        self.frontends.contains(&dst)
+            || self.node_ports.contains(&entry.orig.dst_port)
+            || self.backends.contains(&canonical(entry.reply.src))
+    }
+
+    fn claim(&mut self, c: &Claim) {
+        self.frontends.extend(&c.frontends);
+        self.node_ports.extend(c.node_port);
+    }
+
+    /// What changed between `old` and `new` in one family (see [`Focus::between`]); `changed`
+    /// names the services whose claims differ in either family.
+    pub fn between(old: &FamilyModel, new: &FamilyModel, changed: &BTreeSet<&String>) -> Self {
+        let mut scope = Scope {
+            backends: removed_backends(old, new),
+            ..Scope::default()
+        };
+        // Keys whose judgment may differ: served by another set, settling, foreign or deleted
+        // in one model and not the other (a foreign service appearing, a tombstone going).
+        let frontends: HashSet<&SocketAddr> = [old, new]
+            .iter()
+            .flat_map(|m| {
+                m.frontends
+                    .keys()
+                    .chain(&m.settling_frontends)
+                    .chain(&m.foreign_frontends)
+                    .chain(&m.deleted_frontends)
+            })
+            .collect();
+        scope.frontends.extend(
+            frontends
+                .into_iter()
+                .filter(|k| frontend_judgment(old, k) != frontend_judgment(new, k)),
+        );
+        let node_ports: HashSet<&u16> = [old, new]
+            .iter()
+            .flat_map(|m| {
+                m.node_ports
+                    .keys()
+                    .chain(&m.settling_node_ports)
+                    .chain(&m.foreign_node_ports)
+                    .chain(&m.deleted_node_ports)
+            })
+            .collect();
+        scope.node_ports.extend(
+            node_ports
+                .into_iter()
+                .filter(|p| node_port_judgment(old, p) != node_port_judgment(new, p)),
+        );
+        // Every frontend and nodePort, old and new, of a service whose claims changed in either
+        // family (endpoints, ports, addresses, settling), or that is new or gone.
+        for name in changed {
+            let (was, now) = (old.services.get(*name), new.services.get(*name));
+            for c in was.into_iter().chain(now).flat_map(|ports| ports.values()) {
+                scope.claim(c);
+            }
+        }
+        scope
+    }
+}
+
+/// The services whose claims differ between `old` and `new` in either family.
+fn changed_services<'a>(old: &'a Model, new: &'a Model) -> BTreeSet<&'a String> {
+    let mut out = BTreeSet::new();
+    for f in Family::ALL {
+        let (o, n) = (&old[f].services, &new[f].services);
+        out.extend(
+            o.keys()
+                .chain(n.keys())
+                .filter(|name| o.get(*name) != n.get(*name)),
+        );
+    }
+    out
+}
+
+type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
+
+fn frontend_judgment<'a>(m: &'a FamilyModel, k: &SocketAddr) -> Judgment<'a> {
+    (
+        m.frontends.get(k),
+        m.settling_frontends.contains(k),
+        m.foreign_frontends.contains(k),
+        m.deleted_frontends.contains(k),
+    )
+}
+
+fn node_port_judgment<'a>(m: &'a FamilyModel, p: &u16) -> Judgment<'a> {
+    (
+        m.node_ports.get(p),
+        m.settling_node_ports.contains(p),
+        m.foreign_node_ports.contains(p),
+        m.deleted_node_ports.contains(p),
+    )
+}
+
+/// Per family, what a triggered pass looks at.
+pub type Focus = PerFamily<Scope>;
 
 impl Focus {
-    /// What a triggered pass after `old` -> `new` must look at; `None` when it must look at
-    /// everything: an IP was released (its IPAddress went), which unblocks deleted ClusterIP
-    /// frontends whose backends the model no longer knows.
+    /// What a triggered pass after `old` -> `new` looks at; `None` when it must look at
+    /// everything.
+    ///
+    /// The invariant, which the property tests in `focus_tests.rs` check: a triggered pass
+    /// over `new` deletes at the least every entry that a full pass over `new` would delete
+    /// among the entries that touch what changed, and nothing else. What changed: every
+    /// frontend (ClusterIP, ExternalIP, LB VIP on the service port) and nodePort (on any
+    /// address), in both families, of every service whose serving endpoints, ports, addresses
+    /// or settling state differ between the two models in either family (new and deleted
+    /// services included), every key whose
+    /// judgment differs (served by another set, settling, foreign, deleted), and the backends
+    /// taken away ([`removed_backends`]). An entry that touches none of these is judged the
+    /// same by both models (its key and its nodePort are judged alike, its reply source was
+    /// not taken away), except where the models differ globally: a released service IP (its
+    /// IPAddress went, which unblocks deleted ClusterIP frontends whose backends the model no
+    /// longer knows), another ServiceCIDR, other Node addresses. Those make the pass a full
+    /// one. Orphaned service IPs are left to full passes (their grace is measured across them).
     pub fn between(old: &Model, new: &Model) -> Option<Self> {
-        let released = |f: Family| !old[f].allocated.is_subset(&new[f].allocated);
-        if Family::ALL.into_iter().any(released) {
+        let global = |f: Family| {
+            !old[f].allocated.is_subset(&new[f].allocated)
+                || old[f].service_cidrs != new[f].service_cidrs
+                || old[f].node_ips != new[f].node_ips
+        };
+        if Family::ALL.into_iter().any(global) {
             return None;
         }
+        let changed = changed_services(old, new);
         Some(PerFamily(
-            Family::ALL.map(|f| removed_backends(&old[f], &new[f])),
+            Family::ALL.map(|f| Scope::between(&old[f], &new[f], &changed)),
         ))
     }
 }

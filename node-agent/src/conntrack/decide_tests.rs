@@ -464,9 +464,9 @@ fn removed_backends_are_what_a_change_took_away() {
             vec!["10.244.1.5"],
         ),
         (
-            "no endpoint left: the frontend IP too (flows never DNATed)",
+            "no endpoint left (flows never DNATed are in scope as flows to the frontend)",
             with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
-            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3", "10.96.0.10"],
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
         ),
         (
             "service gone (or deleted, or foreign)",
@@ -493,8 +493,52 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
         .frontends
         .insert(sa("10.96.0.11:53"), HashSet::new());
     let f = Focus::between(&old, &new).expect("an IP allocated: focused");
-    assert_eq!(f[V4], [ip("10.244.1.5"), ip("10.96.0.11")].into());
+    assert_eq!(
+        f[V4],
+        Scope {
+            frontends: [sa("10.96.0.11:53")].into(),
+            node_ports: HashSet::new(),
+            backends: [ip("10.244.1.5")].into(),
+        }
+    );
     assert!(f[V6].is_empty());
+    let mut other_node_ips = new.clone();
+    other_node_ips[V4].node_ips.insert(ip("192.168.0.8"));
+    assert_eq!(
+        Focus::between(&old, &other_node_ips),
+        None,
+        "other Node addresses: full"
+    );
+    let mut other_cidrs = new.clone();
+    other_cidrs[V6].service_cidrs = vec![Cidr::parse("fd00::/112").unwrap()];
+    assert_eq!(
+        Focus::between(&old, &other_cidrs),
+        None,
+        "another ServiceCIDR: full"
+    );
     new[V4].allocated.remove(&ip("10.96.0.10"));
     assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
+}
+
+#[test]
+fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
+    let mut m = model();
+    let c = "10.0.0.1:40000";
+    let dead = flow(IPPROTO_UDP, c, "10.96.0.10:53", "10.244.9.9:53");
+    let to_node = flow(IPPROTO_UDP, c, "192.168.0.7:30053", "10.244.9.9:53");
+    assert_eq!(stale(&dead, &m, &host()), Some(Stale::Frontend));
+    assert_eq!(stale(&to_node, &m, &host()), Some(Stale::NodePort));
+    // Another proxy's service claims the same frontend and nodePort: not ours to judge.
+    m.foreign_frontends.insert(sa("10.96.0.10:53"));
+    m.foreign_node_ports.insert(30053);
+    assert_eq!(stale(&dead, &m, &host()), None);
+    assert_eq!(stale(&to_node, &m, &host()), None);
+    // A claimant without endpoints for less than the settle time: not judged either.
+    let mut m = model();
+    m.frontends.remove(&sa("10.96.0.10:53"));
+    m.settling_frontends.insert(sa("10.96.0.10:53"));
+    m.node_ports.remove(&30053);
+    m.settling_node_ports.insert(30053);
+    assert_eq!(stale(&dead, &m, &host()), None);
+    assert_eq!(stale(&to_node, &m, &host()), None);
 }

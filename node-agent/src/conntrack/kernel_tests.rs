@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-use super::apply::{self, Kernel};
+use super::apply::{self, Kernel, Select};
 use super::family::Family::{self, V4};
 use super::model::Model;
 use super::model::{self, LABEL_SERVICE_NAME};
@@ -784,18 +784,18 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
 }
 
 #[test]
-fn kernel_filters_a_dump_by_reply_source() {
-    if skip("kernel_filters_a_dump_by_reply_source") {
+fn kernel_filters_dumps_by_reply_source_and_original_destination() {
+    if skip("kernel_filters_dumps_by_reply_source_and_original_destination") {
         return;
     }
-    let ns = NetNs::create("replysrc").unwrap();
+    let ns = NetNs::create("select").unwrap();
     ns.run(|| {
         let mut ct = Conntrack::open().unwrap();
         let all = [
             udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.9.9:5353"),
             udp("10.0.0.1:1001", "10.96.0.11:53", "10.244.9.9:53"),
             udp("10.0.0.1:1002", "10.96.0.10:53", "10.244.1.5:5353"),
-            // The address as a client or an original destination is not a match.
+            // The address as a client or an original destination is not a reply source.
             udp("10.244.9.9:1003", "10.96.0.10:53", "10.244.1.5:5353"),
             udp("10.0.0.1:1004", "10.244.9.9:53", "10.244.9.8:53"),
             dnat(
@@ -805,17 +805,37 @@ fn kernel_filters_a_dump_by_reply_source() {
                 "10.244.9.9:5353",
             ),
             udp("[2001:db8::1]:1006", "[fd00::a]:53", "[fd00:1::9]:5353"),
+            udp("10.0.0.1:1007", "10.96.0.10:5300", "10.244.9.9:5353"),
+            udp("[2001:db8::1]:1008", "[fd00::a]:5300", "[fd00:1::9]:5353"),
         ];
         assert_eq!(
             ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
             all.len()
         );
-        let mut got = BTreeSet::new();
-        ct.dump_reply_src(IPPROTO_UDP, "10.244.9.9".parse().unwrap(), &mut |e| {
-            got.insert(e.orig.src_port);
-        })
-        .unwrap();
-        assert_eq!(got, [1000, 1001].into());
+        let cases: [(Family, Select, &[u16]); 5] = [
+            (
+                V4,
+                Select::ReplySource("10.244.9.9".parse().unwrap()),
+                &[1000, 1001, 1007],
+            ),
+            (
+                V4,
+                Select::OrigDst("10.96.0.10".parse().unwrap(), 53),
+                &[1000, 1002, 1003],
+            ),
+            (V4, Select::OrigDstPort(53), &[1000, 1001, 1002, 1003, 1004]),
+            (V4, Select::OrigDstPort(5300), &[1007]),
+            (Family::V6, Select::OrigDstPort(53), &[1006]),
+        ];
+        for (fam, select, want) in cases {
+            let mut got = BTreeSet::new();
+            ct.dump_select(fam, IPPROTO_UDP, select, &mut |e| {
+                assert!(select.matches(e), "{select:?} returned {e}");
+                got.insert(e.orig.src_port);
+            })
+            .unwrap();
+            assert_eq!(got, want.iter().copied().collect(), "{fam} {select:?}");
+        }
     })
     .unwrap();
 }
@@ -867,8 +887,10 @@ fn focused_pass_judges_only_the_given_reply_sources() {
                 ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
                 all.len()
             );
-            let focus: std::collections::HashSet<std::net::IpAddr> =
-                sources.iter().map(|s| s.parse().unwrap()).collect();
+            let focus = super::decide::Scope {
+                backends: sources.iter().map(|s| s.parse().unwrap()).collect(),
+                ..Default::default()
+            };
             let mut reports = vec![];
             let mut cleaned = Kernel::default();
             for fam in Family::ALL {

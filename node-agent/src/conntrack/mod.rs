@@ -20,6 +20,8 @@ pub mod sysctls;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
+mod focus_tests;
+#[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
 mod model_tests;
@@ -42,6 +44,13 @@ use crate::context::Context;
 
 pub use metrics::Metrics;
 
+/// Bounds of --conntrack-no-endpoint-settle.
+const MIN_SETTLE: Duration = Duration::from_secs(1);
+const MAX_SETTLE: Duration = Duration::from_secs(600);
+/// Least --conntrack-orphan-grace: the IPAddress watch's lag, measured in milliseconds
+/// (benches/ipaddress_watch_lag.rs), with a wide margin for a loaded apiserver.
+const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
 #[derive(Args, Debug, Clone)]
 pub struct ConntrackArgs {
     /// Least time between two cleanup passes triggered by endpoint changes (kube-proxy's
@@ -59,8 +68,14 @@ pub struct ConntrackArgs {
 
     /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
     /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
-    #[arg(long, env = "CONNTRACK_ORPHAN_GRACE", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub conntrack_orphan_grace: Duration,
+
+    /// How long a live service port must have had no serving endpoint before every UDP flow
+    /// through its frontends is deleted (kubernetes#139629); an EndpointSlice deleted and
+    /// re-created within it cuts nothing. A deleted service's flows go at once.
+    #[arg(long, env = "CONNTRACK_NO_ENDPOINT_SETTLE", default_value = "5s", value_parser = parse_duration)]
+    pub conntrack_no_endpoint_settle: Duration,
 
     /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
     /// of the agent's own. For tests and agents not running on the host network.
@@ -81,6 +96,21 @@ impl ConntrackArgs {
             return Err(format!(
                 "--conntrack-gc-min ({:?}) is above --conntrack-gc-max ({:?})",
                 self.conntrack_gc_min, self.conntrack_gc_max
+            ));
+        }
+        let settle = self.conntrack_no_endpoint_settle;
+        if !(MIN_SETTLE..=MAX_SETTLE).contains(&settle) {
+            return Err(format!(
+                "--conntrack-no-endpoint-settle ({settle:?}) must be between {MIN_SETTLE:?} \
+                 (an EndpointSlice re-created within a shorter gap would cut a live service's \
+                 flows) and {MAX_SETTLE:?} (one-way senders stay blackholed meanwhile)"
+            ));
+        }
+        if self.conntrack_orphan_grace < MIN_ORPHAN_GRACE {
+            return Err(format!(
+                "--conntrack-orphan-grace ({:?}) must be at least {MIN_ORPHAN_GRACE:?}: it covers \
+                 the lag of the IPAddress watch",
+                self.conntrack_orphan_grace
             ));
         }
         Ok(())
@@ -106,7 +136,12 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
     };
     let changed = Arc::new(Notify::new());
-    let (watched, watches) = cache::Watched::start(&ctx, deleted_retention(&args), changed.clone());
+    let (watched, watches) = cache::Watched::start(
+        &ctx,
+        deleted_retention(&args),
+        args.conntrack_no_endpoint_settle,
+        changed.clone(),
+    );
     let timing = schedule::Timing {
         min_interval: args.conntrack_min_interval,
         gc_min: args.conntrack_gc_min,
@@ -195,6 +230,28 @@ mod tests {
     }
 
     #[test]
+    fn settle_and_grace_out_of_bounds_are_rejected_naming_the_value() {
+        let cases = [
+            ("--conntrack-no-endpoint-settle=500ms", "500ms"),
+            ("--conntrack-no-endpoint-settle=11m", "660s"),
+            ("--conntrack-no-endpoint-settle=0s", "0ns"),
+            ("--conntrack-orphan-grace=100ms", "100ms"),
+        ];
+        for (flag, shown) in cases {
+            let cli = ConntrackArgs::from_flags(&[flag]).unwrap();
+            let e = cli.validate().unwrap_err();
+            let name = flag.split('=').next().unwrap();
+            assert!(e.contains(name) && e.contains(shown), "{flag}: {e}");
+        }
+        let cli = ConntrackArgs::from_flags(&["--conntrack-no-endpoint-settle=10m"]).unwrap();
+        assert!(cli.validate().is_ok());
+        let e = ConntrackArgs::from_flags(&["--conntrack-no-endpoint-settle=soon"])
+            .err()
+            .unwrap();
+        assert!(e.contains("soon"), "{e}");
+    }
+
+    #[test]
     fn deleted_frontends_are_remembered_ten_minutes_or_two_gc_max() {
         for (gc_max, want) in [("5m", 600), ("1h", 7200), ("10s", 600)] {
             let cli = ConntrackArgs::from_flags(&[
@@ -209,6 +266,11 @@ mod tests {
             );
         }
         let cli = ConntrackArgs::from_flags(&[]).unwrap();
-        assert_eq!(cli.conntrack_orphan_grace.as_secs(), 60, "default grace");
+        assert_eq!(cli.conntrack_orphan_grace.as_secs(), 5, "default grace");
+        assert_eq!(
+            cli.conntrack_no_endpoint_settle.as_secs(),
+            5,
+            "default settle"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! CleanStaleEntries (spec 3.2, last part), plus ServiceCIDRs, IPAddresses, the Node and the
 //! remembered deleted frontends.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -25,14 +25,25 @@ pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FamilyModel {
     /// `frontend IP:port -> serving endpoints IP:port` (ClusterIP, ExternalIPs, LB VIPs) of
-    /// live services. An empty set: the service has no serving endpoint.
+    /// live services. Several services claiming one frontend: the union of their serving
+    /// endpoints (a flow is kept when any of them would keep it). An empty set: no claimant has
+    /// a serving endpoint.
     pub frontends: HashMap<SocketAddr, HashSet<SocketAddr>>,
-    /// `nodePort -> serving endpoints IP:port` of live services.
+    /// `nodePort -> serving endpoints IP:port` of live services (a union, as above).
     pub node_ports: HashMap<u16, HashSet<SocketAddr>>,
+    /// Frontends and nodePorts of a live service port that has had no serving endpoint for
+    /// less than the settle time (see [`Settle`]): never judged, as kube-proxy v1.36 skips a
+    /// service without endpoints. Disjoint from `frontends` and `node_ports`.
+    pub settling_frontends: HashSet<SocketAddr>,
+    pub settling_node_ports: HashSet<u16>,
     /// Frontends of live services that another proxy handles (`service-proxy-name`): never
-    /// judged, and they stop the later rules (another proxy's DNAT is not ours to undo).
+    /// judged, and they stop the later rules (another proxy's DNAT is not ours to undo). One
+    /// of them claiming a frontend keeps every flow through it, whoever else claims it.
     pub foreign_frontends: HashSet<SocketAddr>,
     pub foreign_node_ports: HashSet<u16>,
+    /// What each live service of ours claims, by `namespace/name` then service port name: a
+    /// triggered pass looks at every frontend of a service whose claims changed.
+    pub services: BTreeMap<String, BTreeMap<String, Claim>>,
     /// Frontends and nodePorts no live service holds any more, remembered for a while after
     /// they went (see `model::Tombstones`). A live or foreign frontend with the same key wins.
     pub deleted_frontends: HashSet<SocketAddr>,
@@ -44,6 +55,17 @@ pub struct FamilyModel {
     /// This node's addresses from its Node object (`status.addresses`); the host's own
     /// addresses are read at each pass and passed to `decide::stale` beside the model.
     pub node_ips: HashSet<IpAddr>,
+}
+
+/// What one UDP service port claims in one family.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// ClusterIP, ExternalIPs and LB VIPs, on the service port.
+    pub frontends: BTreeSet<SocketAddr>,
+    pub node_port: Option<u16>,
+    pub serving: BTreeSet<SocketAddr>,
+    /// No serving endpoint, for less than the settle time: its frontends are not judged yet.
+    pub settling: bool,
 }
 
 impl FamilyModel {
@@ -256,22 +278,38 @@ fn build_family(
         let svc_slices = slices.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
         for (port, frontends, node_port) in udp_frontends(svc, fam) {
             // No serving endpoint (or no slice port matching this one) is an empty set: every
-            // flow through the frontend is stale (kubernetes#139629).
+            // flow through the frontend is stale (kubernetes#139629), once that has held for
+            // the settle time (`Settle`). Several services claiming one frontend: the union,
+            // never the last one's set alone (a Service declaring kube-dns's ClusterIP as an
+            // ExternalIP must not make every DNS flow stale).
             let serving = serving_endpoints(svc_slices, port, fam);
-            for f in frontends {
-                m.frontends.insert(f, serving.clone());
+            for f in &frontends {
+                m.frontends.entry(*f).or_default().extend(&serving);
             }
             if let Some(np) = node_port {
-                m.node_ports.insert(np, serving);
+                m.node_ports.entry(np).or_default().extend(&serving);
             }
+            m.services
+                .entry(format!("{ns}/{name}"))
+                .or_default()
+                .insert(
+                    port_name(&port.name).to_string(),
+                    Claim {
+                        frontends: frontends.into_iter().collect(),
+                        node_port,
+                        serving: serving.into_iter().collect(),
+                        settling: false,
+                    },
+                );
         }
     }
     m
 }
 
-/// Builds both families' models. Services are visited in namespace/name order, so when two
-/// write the same frontend the later one wins deterministically. Services labelled with a
-/// proxy name are another proxy's: their frontends are recorded as foreign (never judged).
+/// Builds both families' models. Services claiming the same frontend or nodePort share it:
+/// its serving set is the union of theirs. Services labelled with a proxy name are another
+/// proxy's: their frontends are recorded as foreign (never judged). Every service port without
+/// a serving endpoint is judged at once (an empty set); [`Settle`] holds them back for a while.
 pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -371,8 +409,18 @@ enum Key {
 fn live_keys(m: &Model) -> (HashSet<Key>, HashSet<Key>) {
     let (mut ours, mut foreign) = (HashSet::new(), HashSet::new());
     for (fam, fm) in m.iter() {
-        ours.extend(fm.frontends.keys().map(|f| Key::Frontend(*f)));
-        ours.extend(fm.node_ports.keys().map(|p| Key::NodePort(fam, *p)));
+        ours.extend(
+            fm.frontends
+                .keys()
+                .chain(&fm.settling_frontends)
+                .map(|f| Key::Frontend(*f)),
+        );
+        ours.extend(
+            fm.node_ports
+                .keys()
+                .chain(&fm.settling_node_ports)
+                .map(|p| Key::NodePort(fam, *p)),
+        );
         foreign.extend(fm.foreign_frontends.iter().map(|f| Key::Frontend(*f)));
         foreign.extend(fm.foreign_node_ports.iter().map(|p| Key::NodePort(fam, *p)));
     }
@@ -426,5 +474,73 @@ impl Tombstones {
         }
         self.prev = Some(ours);
         m
+    }
+}
+
+/// Holds back the zero-endpoint rule (kubernetes#139629) for a live service port until "no
+/// serving endpoint" has held for `after`: an EndpointSlice deleted and re-created (by hand, by
+/// a controller resync) leaves a live service without endpoints for a moment, and judging its
+/// flows then would cut every healthy one. Until then the port's frontends and nodePort are
+/// `settling` (not judged, as kube-proxy v1.36 skips such a service). A deleted service is not
+/// held back: its frontends become deleted ones at once (`Tombstones`).
+#[derive(Debug)]
+pub struct Settle {
+    after: Duration,
+    /// (service, port name, family) -> first build that saw it without a serving endpoint.
+    since: HashMap<(String, String, Family), Instant>,
+}
+
+impl Settle {
+    pub fn new(after: Duration) -> Self {
+        Self {
+            after,
+            since: HashMap::new(),
+        }
+    }
+
+    /// Takes the model built from the live lists at `now`: a port without a serving endpoint
+    /// for less than `after` becomes settling; a port served again is forgotten.
+    pub fn apply(&mut self, mut m: Model, now: Instant) -> Model {
+        let mut seen = HashSet::new();
+        for fam in Family::ALL {
+            let fm = &mut m[fam];
+            let mut held: Vec<Claim> = Vec::new();
+            for (svc, ports) in &mut fm.services {
+                for (port, claim) in ports.iter_mut() {
+                    if !claim.serving.is_empty() {
+                        continue;
+                    }
+                    let key = (svc.clone(), port.clone(), fam);
+                    let since = *self.since.entry(key.clone()).or_insert(now);
+                    seen.insert(key);
+                    if now.saturating_duration_since(since) < self.after {
+                        claim.settling = true;
+                        held.push(claim.clone());
+                    }
+                }
+            }
+            for claim in held {
+                for f in claim.frontends {
+                    fm.frontends.remove(&f);
+                    fm.settling_frontends.insert(f);
+                }
+                if let Some(np) = claim.node_port {
+                    fm.node_ports.remove(&np);
+                    fm.settling_node_ports.insert(np);
+                }
+            }
+        }
+        self.since.retain(|k, _| seen.contains(k));
+        m
+    }
+
+    /// How long after `now` the next settling port settles: the model changes then by time
+    /// alone, and must be rebuilt for the zero-endpoint rule to apply.
+    pub fn next_change(&self, now: Instant) -> Option<Duration> {
+        self.since
+            .values()
+            .map(|since| (*since + self.after).saturating_duration_since(now))
+            .filter(|d| !d.is_zero())
+            .min()
     }
 }

@@ -297,7 +297,7 @@ fn unnamed_ports_and_several_slices() {
 }
 
 #[test]
-fn later_service_overwrites_the_same_frontend() {
+fn services_claiming_one_frontend_share_it() {
     let a = svc(
         "a",
         json!({"clusterIP": "10.96.0.30", "externalIPs": ["192.0.2.9"],
@@ -317,15 +317,69 @@ fn later_service_overwrites_the_same_frontend() {
         )
     };
     let slices = [sl("a", "10.244.0.1"), sl("b", "10.244.0.2")];
-    // Input order does not matter: namespace/name order decides.
+    // A flow through the shared frontend is kept when either service would keep it, in any
+    // order; each ClusterIP is its own service's alone.
     for (name, order) in [("b first", [&b, &a]), ("a first", [&a, &b])] {
         let m = build(order, &slices);
         assert_eq!(
             m[V4].frontends[&sa("192.0.2.9:53")],
-            [sa("10.244.0.2:53")].into(),
+            [sa("10.244.0.1:53"), sa("10.244.0.2:53")].into(),
             "{name}"
         );
+        assert_eq!(
+            m[V4].frontends[&sa("10.96.0.31:53")],
+            [sa("10.244.0.2:53")].into()
+        );
+        assert_eq!(m[V4].services.len(), 2);
     }
+    // A claimant without endpoints adds nothing: the other's flows stay.
+    let m = build([&a, &b], &slices[..1]);
+    assert_eq!(
+        m[V4].frontends[&sa("192.0.2.9:53")],
+        [sa("10.244.0.1:53")].into()
+    );
+    assert_eq!(m[V4].frontends[&sa("10.96.0.31:53")], HashSet::new());
+}
+
+#[test]
+fn a_port_without_endpoints_settles_before_it_is_judged() {
+    use std::time::{Duration, Instant};
+    let a = svc(
+        "a",
+        json!({"clusterIP": "10.96.0.30", "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053}]}),
+    );
+    let served = [slice(
+        "a",
+        "IPv4",
+        json!([{"name": "dns", "port": 53, "protocol": "UDP"}]),
+        json!([{"addresses": ["10.244.0.1"]}]),
+    )];
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut settle = Settle::new(s(5));
+    let live = settle.apply(build([&a], &served), t0);
+    assert_eq!(live, build([&a], &served), "served: nothing held back");
+    assert_eq!(settle.next_change(t0), None);
+    // The slice goes: for 5 s the frontends are settling (not judged), then judged empty.
+    let bare = build([&a], &[]);
+    let m = settle.apply(bare.clone(), t0 + s(1));
+    assert!(m[V4].frontends.is_empty() && m[V4].node_ports.is_empty());
+    assert_eq!(m[V4].settling_frontends, [sa("10.96.0.30:53")].into());
+    assert_eq!(m[V4].settling_node_ports, [30053].into());
+    assert!(m[V4].services["ns/a"]["dns"].settling);
+    assert_eq!(settle.next_change(t0 + s(2)), Some(s(4)));
+    let m = settle.apply(bare.clone(), t0 + s(6));
+    assert_eq!(m, bare, "settled: the zero-endpoint rule applies");
+    assert_eq!(settle.next_change(t0 + s(6)), None);
+    // Served again, then bare again: the settle starts over.
+    settle.apply(build([&a], &served), t0 + s(7));
+    let m = settle.apply(bare.clone(), t0 + s(8));
+    assert_eq!(m[V4].settling_frontends, [sa("10.96.0.30:53")].into());
+    // Settling frontends are live ones: no tombstone for them.
+    let mut t = Tombstones::new(s(600));
+    t.apply(build([&a], &served), t0);
+    let m = t.apply(m, t0 + s(8));
+    assert!(m[V4].deleted_frontends.is_empty() && m[V4].deleted_node_ports.is_empty());
 }
 
 #[test]

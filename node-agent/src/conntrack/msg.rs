@@ -6,6 +6,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use super::apply::Select;
 use super::family::Family;
 
 pub const NLMSG_HDRLEN: usize = 16;
@@ -55,7 +56,9 @@ pub(super) const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 pub(super) const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 pub(super) const CTA_FILTER_REPLY_FLAGS: u16 = 2;
 pub(super) const CTA_FILTER_FLAG_IP_SRC: u32 = 1 << 0;
+pub(super) const CTA_FILTER_FLAG_IP_DST: u32 = 1 << 1;
 pub(super) const CTA_FILTER_FLAG_PROTO_NUM: u32 = 1 << 3;
+pub(super) const CTA_FILTER_FLAG_PROTO_DST_PORT: u32 = 1 << 5;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -95,7 +98,7 @@ pub enum ParseError {
 }
 
 /// One direction of a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tuple {
     pub src: IpAddr,
     pub dst: IpAddr,
@@ -105,7 +108,7 @@ pub struct Tuple {
 }
 
 /// The part of a conntrack entry the cleanup reads, and what it needs to delete exactly it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Entry {
     pub orig: Tuple,
     pub reply: Tuple,
@@ -477,41 +480,49 @@ impl Encoder {
         self.end();
     }
 
-    /// A dump of the IPv4 entries of `proto` whose reply tuple comes from `reply_src` (where
-    /// they were DNATed to), both filtered by the kernel. IPv4 only: kernel 6.18 inverts the
-    /// CTA_FILTER match on IPv6 addresses, so IPv6 is filtered by the caller.
-    pub fn dump_reply_src(&mut self, seq: u32, proto: u8, reply_src: std::net::Ipv4Addr) {
-        self.begin(
-            IPCTNL_MSG_CT_GET,
-            NLM_F_REQUEST | NLM_F_DUMP,
-            seq,
-            Family::V4,
-        );
-        self.filter(proto, Some(reply_src));
+    /// A dump of the `family` entries of `proto` that `select` picks, both filtered by the
+    /// kernel. Address selections are IPv4 only: kernel 6.18 inverts the CTA_FILTER match on
+    /// IPv6 addresses (a port alone is fine in both families).
+    pub fn dump_select(&mut self, seq: u32, family: Family, proto: u8, select: Select) {
+        self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
+        self.filter(proto, Some(select));
         self.end();
     }
 
-    /// CTA_FILTER on the original tuple's protocol and, with `reply_src`, on the reply tuple's
-    /// IPv4 source, followed by the values to match.
-    fn filter(&mut self, proto: u8, reply_src: Option<std::net::Ipv4Addr>) {
+    /// CTA_FILTER on the original tuple's protocol and what `select` adds, followed by the
+    /// values to match (the kernel reads only the attributes the flags name).
+    fn filter(&mut self, proto: u8, select: Option<Select>) {
+        let (orig, reply) = match select {
+            None => (0, 0),
+            Some(Select::ReplySource(_)) => (0, CTA_FILTER_FLAG_IP_SRC),
+            Some(Select::OrigDst(..)) => {
+                (CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_DST_PORT, 0)
+            }
+            Some(Select::OrigDstPort(_)) => (CTA_FILTER_FLAG_PROTO_DST_PORT, 0),
+        };
         self.nest(CTA_FILTER);
         self.put(
             CTA_FILTER_ORIG_FLAGS,
-            &CTA_FILTER_FLAG_PROTO_NUM.to_ne_bytes(),
+            &(CTA_FILTER_FLAG_PROTO_NUM | orig).to_ne_bytes(),
         );
-        if reply_src.is_some() {
-            self.put(
-                CTA_FILTER_REPLY_FLAGS,
-                &CTA_FILTER_FLAG_IP_SRC.to_ne_bytes(),
-            );
+        if reply != 0 {
+            self.put(CTA_FILTER_REPLY_FLAGS, &reply.to_ne_bytes());
         }
         self.unnest();
         self.nest(CTA_TUPLE_ORIG);
+        if let Some(Select::OrigDst(ip, _)) = select {
+            self.nest(CTA_TUPLE_IP);
+            self.put(CTA_IP_V4_DST, &ip.octets());
+            self.unnest();
+        }
         self.nest(CTA_TUPLE_PROTO);
         self.put(CTA_PROTO_NUM, &[proto]);
+        if let Some(Select::OrigDst(_, port) | Select::OrigDstPort(port)) = select {
+            self.put(CTA_PROTO_DST_PORT, &port.to_be_bytes());
+        }
         self.unnest();
         self.unnest();
-        if let Some(src) = reply_src {
+        if let Some(Select::ReplySource(src)) = select {
             self.nest(CTA_TUPLE_REPLY);
             self.nest(CTA_TUPLE_IP);
             self.put(CTA_IP_V4_SRC, &src.octets());

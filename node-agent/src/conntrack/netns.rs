@@ -93,17 +93,31 @@ impl NetNs {
     pub fn ipv4_flows(
         &self,
     ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
+        self.flows_of(&[super::family::Family::V4])
+    }
+
+    /// [`NetNs::ipv4_flows`] of both families.
+    pub fn flows(&self) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
+        self.flows_of(&super::family::Family::ALL)
+    }
+
+    fn flows_of(
+        &self,
+        families: &[super::family::Family],
+    ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
         self.run(|| {
             let mut ct = super::socket::Conntrack::open()?;
             let mut out = std::collections::BTreeSet::new();
-            ct.dump(super::family::Family::V4, None, &mut |e| {
-                out.insert((
-                    e.orig.proto,
-                    e.orig.src_port,
-                    std::net::SocketAddr::new(e.reply.src, e.reply.src_port),
-                ));
-            })
-            .map_err(|e| io::Error::other(format!("{e}")))?;
+            for fam in families {
+                ct.dump(*fam, None, &mut |e| {
+                    out.insert((
+                        e.orig.proto,
+                        e.orig.src_port,
+                        std::net::SocketAddr::new(e.reply.src, e.reply.src_port),
+                    ));
+                })
+                .map_err(|e| io::Error::other(format!("{e}")))?;
+            }
             Ok(out)
         })?
     }

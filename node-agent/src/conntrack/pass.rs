@@ -2,13 +2,13 @@
 //! decide per entry, then delete the stale entries by tuple + ID. Works against the `Table`
 //! trait so the retry and abort rules are tested without a kernel.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::apply::{Dump, Table};
-use super::decide::{Stale, stale};
+use super::apply::{Dump, Select, Table};
+use super::decide::{Scope, Stale, stale};
 use super::family::Family;
 use super::model::{FamilyModel, canonical};
 use super::msg::{Entry, IPPROTO_UDP};
@@ -29,8 +29,9 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct PassState {
     pub kernel_filter: bool,
-    /// Whether the kernel accepts the filter on the reply source (focused passes).
-    pub reply_filter: bool,
+    /// Whether the kernel accepts the filters of a triggered pass (reply source, original
+    /// destination and port).
+    pub select_filter: bool,
     pub orphan_grace: Duration,
     /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
     /// soon as a pass no longer sees it orphaned.
@@ -41,7 +42,7 @@ impl Default for PassState {
     fn default() -> Self {
         Self {
             kernel_filter: true,
-            reply_filter: true,
+            select_filter: true,
             orphan_grace: ORPHAN_GRACE,
             orphans: HashMap::new(),
         }
@@ -65,14 +66,16 @@ pub struct PassReport {
     /// Flows to orphaned ServiceCIDR IPs kept this time: the IP has not looked orphaned for
     /// the grace period yet.
     pub orphans_pending: usize,
+    /// When the first of those finishes its grace.
+    pub orphans_due_in: Option<Duration>,
 }
 
 /// What the summary line of a pass says beside its report.
 #[derive(Debug, Clone, Copy)]
 pub struct PassContext {
     pub family: Family,
-    /// A triggered pass: how many reply sources it looked at.
-    pub focused_sources: Option<usize>,
+    /// A triggered pass: how many frontends, nodePorts and removed backends it looked at.
+    pub scope: Option<(usize, usize, usize)>,
     pub dry_run: bool,
     pub kernel_filter: bool,
     pub elapsed: Duration,
@@ -93,11 +96,13 @@ impl PassReport {
         } = *self;
         let PassContext {
             family,
-            focused_sources,
+            scope,
             dry_run,
             kernel_filter,
             elapsed,
         } = *cx;
+        let triggered = scope.is_some();
+        let (scope_frontends, scope_node_ports, scope_backends) = scope.unwrap_or_default();
         tracing::info!(
             ip_family = family.label(),
             scanned,
@@ -107,7 +112,10 @@ impl PassReport {
             failed = failed_deletes,
             partial,
             orphans_pending,
-            focused_sources,
+            triggered,
+            scope_frontends,
+            scope_node_ports,
+            scope_backends,
             dry_run,
             kernel_filter,
             elapsed_ms = elapsed.as_millis() as u64,
@@ -139,28 +147,68 @@ pub fn run_pass(
     run_focused_pass(table, family, model, state, None)
 }
 
-/// At most this many kernel-filtered dumps (one per reply source) in a focused pass; more
-/// sources are cheaper as one UDP dump filtered here. The kernel walks the whole table for
-/// each filtered dump: on a 250k-entry table (50k UDP) one took 76 ms and a UDP dump 211 ms,
-/// 16 filtered dumps 1045 ms (benches/conntrack_pass.rs).
+/// At most this many kernel-filtered dumps in a triggered pass; a scope that needs more is
+/// cheaper as one UDP dump filtered here. The kernel walks the whole table for each filtered
+/// dump but copies out only what matches: on a 250k-entry table (50k UDP) one filtered dump
+/// took 64 ms and a UDP dump 143 ms (benches/conntrack_pass.rs), so two filtered dumps still
+/// cost less than the UDP dump and its judging, three more.
 pub const MAX_FOCUSED_DUMPS: usize = 2;
 
-/// A pass that judges only entries whose reply source (where they were DNATed to) is in
-/// `focus` (`None`: every entry). A triggered pass is focused on the backends the last model
-/// change took away, so the kernel returns only their entries (IPv4: one dump per backend
-/// filtered on the reply source; IPv6, or more than [`MAX_FOCUSED_DUMPS`] backends: one UDP
-/// dump filtered here). It deletes a subset of what a full pass would; orphaned service IPs
-/// are left to full passes (their grace is measured across those).
+/// The kernel-filtered dumps that return every entry of `family` that `scope` touches (and
+/// possibly more: the pass still checks each entry against the scope), or `None` when one UDP
+/// dump filtered here is cheaper: more than [`MAX_FOCUSED_DUMPS`] of them, or an IPv6 backend
+/// (kernel 6.18 inverts the CTA_FILTER match on IPv6 addresses, so IPv6 selections are by
+/// port only). A frontend port with several addresses is one dump on the port: one walk of the
+/// table copying a few more entries costs less than a walk per address.
+pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
+    let mut out = BTreeSet::new();
+    for port in &scope.node_ports {
+        out.insert(Select::OrigDstPort(*port));
+    }
+    let mut by_port: BTreeMap<u16, BTreeSet<IpAddr>> = BTreeMap::new();
+    for f in &scope.frontends {
+        by_port
+            .entry(f.port())
+            .or_default()
+            .insert(canonical(f.ip()));
+    }
+    for (port, ips) in by_port {
+        if scope.node_ports.contains(&port) {
+            continue;
+        }
+        let mut ips = ips.into_iter();
+        match (family, ips.next(), ips.next()) {
+            (Family::V4, Some(IpAddr::V4(ip)), None) => out.insert(Select::OrigDst(ip, port)),
+            _ => out.insert(Select::OrigDstPort(port)),
+        };
+    }
+    for b in &scope.backends {
+        match (family, canonical(*b)) {
+            (Family::V4, IpAddr::V4(ip)) => out.insert(Select::ReplySource(ip)),
+            // No IPv4 entry comes from an IPv6 address.
+            (Family::V4, IpAddr::V6(_)) => false,
+            (Family::V6, _) => return None,
+        };
+    }
+    (out.len() <= MAX_FOCUSED_DUMPS).then(|| out.into_iter().collect())
+}
+
+/// A pass that judges only the entries `scope` touches (`None`: every entry). A triggered pass
+/// is scoped to what the last model change touched ([`Scope::between`]): the kernel returns only
+/// those entries when a few filtered dumps can ask for them ([`selections`]), else one UDP dump
+/// is filtered here. It deletes exactly what a full pass would among the entries in scope,
+/// except flows to orphaned service IPs, left to full passes (their grace is measured across
+/// those).
 pub fn run_focused_pass(
     table: &mut dyn Table,
     family: Family,
     model: &FamilyModel,
     state: &mut PassState,
-    focus: Option<&HashSet<IpAddr>>,
+    scope: Option<&Scope>,
 ) -> Result<PassReport, PassError> {
     let mut report = PassReport::default();
     // The one check for nothing to judge: the table is not even opened.
-    if model.is_empty() || focus.is_some_and(HashSet::is_empty) {
+    if model.is_empty() || scope.is_some_and(Scope::is_empty) {
         report.skipped = true;
         return Ok(report);
     }
@@ -174,34 +222,24 @@ pub fn run_focused_pass(
     };
     let now = Instant::now();
     let decide = |e: &Entry| -> Option<Stale> {
-        let why = stale(e, model, &host_ips)?;
-        match focus {
-            None => Some(why),
-            Some(f) => (why != Stale::OrphanedServiceIp && f.contains(&canonical(e.reply.src)))
-                .then_some(why),
+        match scope {
+            None => stale(e, model, &host_ips),
+            Some(s) if !s.touches(e) => None,
+            Some(_) => stale(e, model, &host_ips).filter(|why| *why != Stale::OrphanedServiceIp),
         }
     };
     // Only the stale entries are kept, never the table.
     let mut marked: Vec<(Entry, Stale)> = Vec::new();
-    let per_source: Option<Vec<std::net::Ipv4Addr>> = focus
-        .filter(|f| family == Family::V4 && state.reply_filter && f.len() <= MAX_FOCUSED_DUMPS)
-        .map(|f| {
-            f.iter()
-                .filter_map(|ip| match canonical(*ip) {
-                    IpAddr::V4(v4) => Some(v4),
-                    IpAddr::V6(_) => None,
-                })
-                .collect()
-        });
+    let selected = scope
+        .filter(|_| state.select_filter)
+        .and_then(|s| selections(family, s));
     let mut done = false;
-    if let Some(sources) = per_source {
-        let mut scanned = 0;
-        let mut attempts = 0;
-        let mut rejected = false;
-        for src in sources {
+    if let Some(selections) = selected {
+        let (mut scanned, mut attempts, mut rejected) = (0, 0, false);
+        for select in selections {
             let mut part = PassReport::default();
             let r = dump_retrying(&mut part, family, &mut marked, &decide, &mut |visit| {
-                table.dump(Dump::ReplySource(IPPROTO_UDP, src), visit)
+                table.dump(Dump::Select(family, IPPROTO_UDP, select), visit)
             });
             scanned += part.scanned;
             attempts += part.dump_attempts;
@@ -209,8 +247,8 @@ pub fn run_focused_pass(
             match r {
                 Ok(()) => {}
                 Err(DumpError::FilterRejected(e)) => {
-                    tracing::warn!(error = %e, "kernel rejects the conntrack dump filter on the reply source; filtering here");
-                    state.reply_filter = false;
+                    tracing::warn!(error = %e, ?select, "kernel rejects the conntrack dump filter of a triggered pass; filtering here");
+                    state.select_filter = false;
                     rejected = true;
                     break;
                 }
@@ -221,6 +259,9 @@ pub fn run_focused_pass(
             marked.clear();
             report.partial = false;
         } else {
+            // An entry two selections return (its frontend and its backend) is deleted once.
+            let mut seen = HashSet::new();
+            marked.retain(|(e, _)| seen.insert((e.orig, e.zone, e.id)));
             report.scanned = scanned;
             report.dump_attempts = attempts;
             done = true;
@@ -243,7 +284,7 @@ pub fn run_focused_pass(
             Err(e) => return Err(PassError::Dump(e)),
         }
     }
-    if focus.is_none() {
+    if scope.is_none() {
         apply_orphan_grace(&mut marked, state, now, &mut report);
     }
     report.stale = marked.len();
@@ -294,6 +335,11 @@ fn apply_orphan_grace(
                 .is_some_and(|since| now.saturating_duration_since(*since) >= grace)
     });
     report.orphans_pending = before - marked.len();
+    report.orphans_due_in = orphans
+        .values()
+        .map(|since| (*since + grace).saturating_duration_since(now))
+        .filter(|d| !d.is_zero())
+        .min();
 }
 
 /// Runs one dump, handing each entry to the visitor.

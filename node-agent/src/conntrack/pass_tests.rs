@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::io;
 
 use super::apply::{DryRun, Dump, Table};
-use super::decide::Stale;
+use super::decide::{Scope, Stale};
 use super::family::Family::V4;
 use super::model::FamilyModel;
 use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
@@ -92,14 +92,14 @@ impl Table for Fake {
                 }
                 res.map(|()| n).map_err(|f| f())
             }
-            Dump::ReplySource(proto, src) => {
+            Dump::Select(family, proto, select) => {
                 self.reply_dumps += 1;
                 if self.reply_filter_rejected {
                     return Err(rejected());
                 }
                 let mut n = 0;
                 for e in &self.entries {
-                    if e.orig.proto == proto && e.reply.src == IpAddr::V4(src) {
+                    if e.orig.family() == family && e.orig.proto == proto && select.matches(e) {
                         n += 1;
                         visit(e);
                     }
@@ -348,7 +348,10 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
 
 #[test]
 fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
-    let focus: HashSet<IpAddr> = ["10.244.9.9".parse().unwrap()].into();
+    let focus = Scope {
+        backends: ["10.244.9.9".parse().unwrap()].into(),
+        ..Scope::default()
+    };
     for rejected in [false, true] {
         let mut t = Fake::new(table(), vec![(4, Ok(()))]);
         t.reply_filter_rejected = rejected;
@@ -360,7 +363,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
             vec![2],
             "rejected={rejected}: only the focused stale entry"
         );
-        assert_eq!(state.reply_filter, !rejected, "rejected={rejected}");
+        assert_eq!(state.select_filter, !rejected, "rejected={rejected}");
         assert_eq!(
             t.attempts,
             usize::from(rejected),
@@ -381,9 +384,71 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         V4,
         &model(),
         &mut PassState::default(),
-        Some(&HashSet::new()),
+        Some(&Scope::default()),
     )
     .unwrap();
     assert!(r.skipped);
     assert_eq!((t.attempts, t.reply_dumps), (0, 0));
+}
+
+#[test]
+fn selections_ask_the_kernel_for_the_scope_in_few_walks() {
+    use super::apply::Select::{OrigDst, OrigDstPort, ReplySource};
+    use super::family::Family::V6;
+    let scope = |f: &[&str], n: &[u16], b: &[&str]| Scope {
+        frontends: f.iter().map(|s| sa(s)).collect(),
+        node_ports: n.iter().copied().collect(),
+        backends: b.iter().map(|s| s.parse().unwrap()).collect(),
+    };
+    let v4 = |s: &str| s.parse().unwrap();
+    let cases = [
+        (
+            "one frontend and its removed backend",
+            V4,
+            scope(&["10.96.0.10:53"], &[], &["10.244.1.5"]),
+            Some(vec![
+                ReplySource(v4("10.244.1.5")),
+                OrigDst(v4("10.96.0.10"), 53),
+            ]),
+        ),
+        (
+            "a port with several addresses is one walk on the port",
+            V4,
+            scope(&["10.96.0.10:53", "192.0.2.1:53"], &[], &[]),
+            Some(vec![OrigDstPort(53)]),
+        ),
+        (
+            "a nodePort equal to a frontend port covers it",
+            V4,
+            scope(&["10.96.0.10:30053"], &[30053], &[]),
+            Some(vec![OrigDstPort(30053)]),
+        ),
+        (
+            "an IPv6 backend is not an IPv4 entry's reply source",
+            V4,
+            scope(&["10.96.0.10:53"], &[], &["fd00::5"]),
+            Some(vec![OrigDst(v4("10.96.0.10"), 53)]),
+        ),
+        (
+            "IPv6 frontends by port (the kernel inverts IPv6 address matches)",
+            V6,
+            scope(&["[fd00::a]:53"], &[30053], &[]),
+            Some(vec![OrigDstPort(53), OrigDstPort(30053)]),
+        ),
+        (
+            "an IPv6 backend: one UDP dump filtered here",
+            V6,
+            scope(&["[fd00::a]:53"], &[], &["fd00::5"]),
+            None,
+        ),
+        (
+            "three walks cost more than one UDP dump",
+            V4,
+            scope(&["10.96.0.10:53"], &[30053], &["10.244.1.5"]),
+            None,
+        ),
+    ];
+    for (name, fam, s, want) in cases {
+        assert_eq!(selections(fam, &s), want, "{name}");
+    }
 }

@@ -28,11 +28,14 @@ pub struct RoundSummary {
     pub deleted: usize,
     /// The table's fill, read at the start of the round (None when unreadable).
     pub fill: Option<Fill>,
+    /// Flows to orphaned service IPs were kept for their grace: a full round in this long
+    /// deletes them.
+    pub recheck_in: Option<Duration>,
 }
 
 struct Request {
     model: Arc<Model>,
-    /// Only entries from these reply sources (a triggered round); `None`: every entry.
+    /// Only the entries in each family's scope (a triggered round); `None`: every entry.
     focus: Option<Focus>,
     reply: oneshot::Sender<RoundSummary>,
 }
@@ -86,7 +89,7 @@ impl Rounds {
     }
 
     /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
-    /// judges only entries from that family's reply sources.
+    /// judges only the entries in that family's scope.
     pub async fn run(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.as_ref().is_some_and(|tx| {
@@ -177,9 +180,14 @@ impl Round {
                 .inc_by(report.scanned as u64);
             summary.scanned += report.scanned;
             summary.deleted += report.deleted;
+            summary.recheck_in = summary
+                .recheck_in
+                .into_iter()
+                .chain(report.orphans_due_in)
+                .min();
             report.log(&PassContext {
                 family: fam,
-                focused_sources: focus.map(|f| f.len()),
+                scope: focus.map(|s| (s.frontends.len(), s.node_ports.len(), s.backends.len())),
                 dry_run: self.dry_run,
                 kernel_filter: self.state[fam].kernel_filter,
                 elapsed,

@@ -1,5 +1,5 @@
 //! When rounds run: soon after the UDP model changes (watch events debounced, at most one
-//! triggered round per --conntrack-min-interval, focused on what the change took away), and on
+//! triggered round per --conntrack-min-interval, scoped to what the change touched), and on
 //! Cilium's adaptive periodic timer; never on a stale model, and a round skipped for that is
 //! owed until a current model exists. A state machine over explicit instants, driven by [`run`].
 
@@ -41,6 +41,11 @@ pub trait Models {
     fn health(&self) -> Stamp;
     /// The unhealthy watches, named, for the skip warning.
     fn unhealthy(&self) -> Vec<String>;
+    /// How long until the last model built changes by time alone (a service port without
+    /// endpoints settles): the model is rebuilt then.
+    fn changes_in(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// What runs a round: the kernel passes (and the fill Event), or a test's fake.
@@ -61,10 +66,10 @@ pub enum Due {
         skip: Skip,
         periodic: bool,
     },
-    /// A round over `model`; `focus` narrows a triggered one to what the change took away.
+    /// A round over `model`; `focus` narrows a triggered one to what the change touched.
     Round {
         model: Arc<Model>,
-        focus: Option<Focus>,
+        focus: Option<Box<Focus>>,
         periodic: bool,
     },
 }
@@ -81,6 +86,11 @@ pub struct Scheduler {
     /// The model the last round judged (a triggered round looks at what changed since).
     judged: Option<Arc<Model>>,
     gc_at: Instant,
+    /// When the model changes by time alone (see [`Models::changes_in`]).
+    settle_at: Option<Instant>,
+    /// When flows to orphaned service IPs that a round kept finish their grace: a full round
+    /// then deletes them instead of waiting for the periodic one.
+    recheck_at: Option<Instant>,
     /// A round was skipped on a stale model: run one as soon as a current model exists, even
     /// if it equals the old one (what the skipped round would have cleaned is still there).
     owed: bool,
@@ -98,6 +108,8 @@ impl Scheduler {
             last_pass: None,
             judged: None,
             gc_at: now + interval,
+            settle_at: None,
+            recheck_at: None,
             owed: false,
         }
     }
@@ -109,11 +121,17 @@ impl Scheduler {
 
     /// The next instant something may be due.
     pub fn next_wake(&self) -> Instant {
-        [self.rebuild_at, self.pass_at, Some(self.gc_at)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(self.gc_at)
+        [
+            self.rebuild_at,
+            self.pass_at,
+            self.settle_at,
+            self.recheck_at,
+            Some(self.gc_at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(self.gc_at)
     }
 
     /// The periodic interval now.
@@ -126,20 +144,27 @@ impl Scheduler {
         // A periodic round also rebuilds: remembered deleted frontends expire with time alone.
         // A round that is due never waits out a debounce: it would run on a model older than
         // an event already seen (a backend back, whose flows it would delete).
-        let round_due = self.gc_at <= now || self.pass_at.is_some_and(|t| t <= now);
-        if self.gc_at <= now || (round_due && self.rebuild_at.is_some()) {
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        let full = self.gc_at <= now || due(self.recheck_at);
+        let round_due = full || due(self.pass_at);
+        if full || due(self.settle_at) || (round_due && self.rebuild_at.is_some()) {
             self.rebuild_at = Some(now);
         }
-        if self.rebuild_at.is_some_and(|t| t <= now) {
+        if due(self.rebuild_at) {
             self.rebuild_at = None;
+            // Consumed even if the watches are not healthy: their recovery asks for a rebuild.
+            self.settle_at = None;
             if let Some((m, stamp)) = models.model() {
                 self.rebuilt(now, m, stamp);
+                self.settle_at = models.changes_in().map(|d| now + d);
             }
         }
         let periodic = self.gc_at <= now;
-        if !(periodic || self.pass_at.is_some_and(|t| t <= now)) {
+        let recheck = due(self.recheck_at);
+        if !(periodic || recheck || due(self.pass_at)) {
             return Due::Nothing;
         }
+        self.recheck_at = None;
         let Some((model, stamp)) = self.current.clone() else {
             self.gc_at = now + self.interval; // not listed yet
             return Due::Nothing;
@@ -152,13 +177,13 @@ impl Scheduler {
             return Due::Skipped { skip, periodic };
         }
         self.last_pass = Some(now);
-        // A triggered round looks only at the backends the change took away since the model
-        // the last round judged; a periodic round (and the first) at everything.
-        let focus = (!periodic)
+        // A triggered round looks only at what changed since the model the last round judged;
+        // a periodic round, an orphan recheck and the first round at everything.
+        let focus = (!periodic && !recheck)
             .then(|| {
                 self.judged
                     .as_deref()
-                    .and_then(|j| Focus::between(j, &model))
+                    .and_then(|j| Focus::between(j, &model).map(Box::new))
             })
             .flatten();
         self.judged = Some(model.clone());
@@ -204,6 +229,9 @@ impl Scheduler {
             );
         }
         self.gc_at = now + self.interval;
+        if let Some(d) = summary.recheck_in {
+            self.recheck_at = Some(now + d);
+        }
     }
 }
 
@@ -240,7 +268,7 @@ pub async fn run(
                 focus,
                 periodic,
             } => {
-                let summary = rounds.round(model, focus).await;
+                let summary = rounds.round(model, focus.map(|f| *f)).await;
                 scheduler.on_round(Instant::now(), periodic, &summary);
                 tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
             }

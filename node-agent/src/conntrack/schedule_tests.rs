@@ -11,7 +11,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
 use super::cache::Stamp;
-use super::decide::Focus;
+use super::decide::{Focus, Scope};
 use super::family::Family::V4;
 use super::model::Model;
 use super::round::RoundSummary;
@@ -45,6 +45,8 @@ struct Watches {
     model: Mutex<Option<Model>>,
     health: Mutex<Stamp>,
     builds: Mutex<usize>,
+    /// What `changes_in` says after the next build.
+    changes_in: Mutex<Option<Duration>>,
 }
 
 impl Watches {
@@ -53,6 +55,7 @@ impl Watches {
             model: Mutex::new(Some(model)),
             health: Mutex::new(HEALTHY),
             builds: Mutex::new(0),
+            changes_in: Mutex::new(None),
         }
     }
 
@@ -86,6 +89,10 @@ impl Models for Watches {
     fn unhealthy(&self) -> Vec<String> {
         vec!["conntrack/endpointslices (1s)".into()]
     }
+
+    fn changes_in(&self) -> Option<Duration> {
+        self.changes_in.lock().unwrap().take()
+    }
 }
 
 /// One round as the fake saw it: when (since the start), periodic or not (the scheduler's
@@ -102,6 +109,8 @@ struct Recorder {
     ran: Arc<Mutex<Vec<Ran>>>,
     /// What each round reports, in order; the last one repeats.
     summaries: Vec<(usize, usize)>,
+    /// What the first round says of orphans kept for their grace.
+    recheck_in: Option<Duration>,
 }
 
 impl Rounds for Recorder {
@@ -117,7 +126,8 @@ impl Rounds for Recorder {
         RoundSummary {
             scanned,
             deleted,
-            fill: None,
+            recheck_in: self.recheck_in.take(),
+            ..RoundSummary::default()
         }
     }
 }
@@ -136,6 +146,7 @@ struct World {
     changed: Notify,
     skipped: IntCounterVec,
     timing: Timing,
+    recheck_in: Option<Duration>,
 }
 
 impl World {
@@ -145,6 +156,7 @@ impl World {
             changed: Notify::new(),
             skipped: IntCounterVec::new(Opts::new("skipped", "skipped"), &["reason"]).unwrap(),
             timing: FLAGS,
+            recheck_in: None,
         }
     }
 
@@ -165,6 +177,7 @@ impl World {
             start,
             ran: ran.clone(),
             summaries,
+            recheck_in: self.recheck_in,
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let stop = async move {
@@ -187,10 +200,15 @@ impl World {
     }
 }
 
+/// The focus of a round after a change to the DNS service that took `ips` away.
 fn focus(ips: &[&str]) -> Option<Focus> {
     let v4: HashSet<IpAddr> = ips.iter().map(|s| s.parse().unwrap()).collect();
     let mut f = Focus::default();
-    f[V4] = v4;
+    f[V4] = Scope {
+        frontends: ["10.96.0.10:53".parse().unwrap()].into(),
+        node_ports: HashSet::new(),
+        backends: v4,
+    };
     Some(f)
 }
 
@@ -352,8 +370,56 @@ async fn a_due_round_never_runs_on_a_model_older_than_an_event_seen() {
     );
     let six: IpAddr = "10.244.1.6".parse().unwrap();
     assert!(
-        ran[1].focus.as_ref().is_none_or(|f| !f[V4].contains(&six)),
+        ran[1]
+            .focus
+            .as_ref()
+            .is_none_or(|f| !f[V4].backends.contains(&six)),
         "{:?}",
         ran[1].focus
     );
+}
+
+/// A service port without endpoints settles by time alone: the scheduler rebuilds the model
+/// when `changes_in` says, without any watch event, and the change runs a triggered round.
+#[tokio::test(start_paused = true)]
+async fn a_model_that_changes_by_time_alone_is_rebuilt_then() {
+    let w = World::new(dns(&[5, 6]));
+    *w.watches.changes_in.lock().unwrap() = Some(secs(5));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            // What the next build will say, with no event (the port has settled by then).
+            w.watches.set_model(dns(&[5]));
+            sleep(secs(5)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(at, [COALESCE, COALESCE + secs(5)], "{ran:?}");
+    assert_eq!(ran[1].model, dns(&[5]));
+    assert_eq!(ran[1].focus, focus(&["10.244.1.6"]));
+    assert_eq!(
+        w.watches.builds(),
+        2,
+        "one build at the settle, none in between"
+    );
+}
+
+/// Flows to an orphaned service IP kept for their grace are deleted by a full round when the
+/// grace ends, not one periodic interval later.
+#[tokio::test(start_paused = true)]
+async fn orphans_kept_for_their_grace_are_rechecked_when_it_ends() {
+    let w = World {
+        recheck_in: Some(secs(5)),
+        ..World::new(dns(&[5]))
+    };
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(10)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(at, [COALESCE, COALESCE + secs(5)]);
+    assert!(ran.iter().all(|r| r.focus.is_none()), "both full rounds");
 }

@@ -7,6 +7,7 @@ use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use super::apply::Select;
 use super::family::Family;
 use super::msg::{self, Encoder, Entry, Message, ParseError};
 
@@ -205,17 +206,18 @@ impl Conntrack {
         })
     }
 
-    /// Streams the IPv4 entries of `proto` whose reply source is `reply_src`, filtered by the
-    /// kernel (see [`Encoder::dump_reply_src`]). A kernel that rejects the filter reports
+    /// Streams the `family` entries of `proto` that `select` picks, filtered by the kernel (see
+    /// [`Encoder::dump_select`]). A kernel that rejects the filter reports
     /// [`DumpError::FilterRejected`].
-    pub fn dump_reply_src(
+    pub fn dump_select(
         &mut self,
+        family: Family,
         proto: u8,
-        reply_src: std::net::Ipv4Addr,
+        select: Select,
         visit: &mut dyn FnMut(&Entry),
     ) -> Result<usize, DumpError> {
         self.request_dump(true, visit, |enc, seq| {
-            enc.dump_reply_src(seq, proto, reply_src)
+            enc.dump_select(seq, family, proto, select)
         })
     }
 

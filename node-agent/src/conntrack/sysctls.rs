@@ -18,6 +18,13 @@ pub struct ConntrackSysctlArgs {
     #[arg(long, env = "CONNTRACK_MIN", default_value_t = 131072)]
     pub conntrack_min: u32,
 
+    /// Lets --conntrack-max-per-core lower an nf_conntrack_max that is already higher than the
+    /// computed value (someone raised it on purpose; lowering it drops flows once full).
+    /// false: a higher value is left alone.
+    #[arg(long, env = "CONNTRACK_MAX_ALLOW_LOWER", default_value_t = false, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub conntrack_max_allow_lower: bool,
+
     /// Sets nf_conntrack_tcp_timeout_established (e.g. 24h). Unset: left alone.
     #[arg(long, env = "CONNTRACK_TCP_TIMEOUT_ESTABLISHED", value_parser = whole_seconds)]
     pub conntrack_tcp_timeout_established: Option<Duration>,
@@ -71,7 +78,9 @@ pub fn conntrack_max(per_core: u32, min: u32, cores: usize) -> u64 {
 
 /// What to write, given the current values (`None` = unreadable). Like kube-proxy, a value
 /// already in place is not rewritten, and the hash table is grown to max/4 buckets only when
-/// it has fewer (hashsize is writable only from the initial network namespace).
+/// it has fewer (hashsize is writable only from the initial network namespace). Unlike
+/// kube-proxy, an nf_conntrack_max already above the computed one is not lowered unless
+/// --conntrack-max-allow-lower says so.
 pub fn plan(
     args: &ConntrackSysctlArgs,
     cores: usize,
@@ -91,7 +100,10 @@ pub fn plan(
         .conntrack_max_per_core
         .map(|pc| conntrack_max(pc, args.conntrack_min, cores));
     if let Some(max) = max {
-        set(NF_CONNTRACK_MAX, max);
+        let higher = current(NF_CONNTRACK_MAX, false).is_some_and(|cur| cur > max);
+        if !higher || args.conntrack_max_allow_lower {
+            set(NF_CONNTRACK_MAX, max);
+        }
     }
     let timeouts = [
         (
@@ -208,9 +220,48 @@ pub fn apply(
     (done, errors)
 }
 
+/// The machine's online CPUs, as kube-proxy counts them for nf_conntrack_max: not
+/// `available_parallelism`, which honours the container's CPU quota and affinity, so a CPU
+/// limit on the agent would shrink the node's whole table.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n >= 1 {
+        return n as usize;
+    }
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| count_cpu_list(&s))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Counts a kernel CPU list (`0-3,8,10-11`); `None` when it is not one.
+pub fn count_cpu_list(s: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in s.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+        n += b.checked_sub(a)? + 1;
+    }
+    (n > 0).then_some(n)
+}
+
 /// Applies and logs the outcome; in dry-run only logs what it would write.
 pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -> Vec<Write> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = online_cpus();
+    if let Some(max) = args
+        .conntrack_max_per_core
+        .map(|pc| conntrack_max(pc, args.conntrack_min, cores))
+        && !args.conntrack_max_allow_lower
+        && let Some(cur) = roots.read(NF_CONNTRACK_MAX, false).filter(|c| *c > max)
+    {
+        tracing::info!(
+            nf_conntrack_max = cur,
+            computed = max,
+            cores,
+            "nf_conntrack_max is already higher than --conntrack-max-per-core x cores; left alone (--conntrack-max-allow-lower lowers it)"
+        );
+    }
     if dry_run {
         let planned = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
         for w in &planned {
@@ -296,6 +347,93 @@ mod tests {
         // A hash table already big enough is left alone.
         let w = plan(&a, 4, |p, _| (p == HASHSIZE).then_some(65536));
         assert!(w.iter().all(|w| w.path != HASHSIZE));
+    }
+
+    #[test]
+    fn a_higher_max_is_left_alone_unless_lowering_is_allowed() {
+        let flags = ["--conntrack-max-per-core", "32768"];
+        // 4 cores: computed 131072 (the floor); the node runs with 1048576.
+        let current = |p: &str, _| match p {
+            NF_CONNTRACK_MAX => Some(1_048_576),
+            HASHSIZE => Some(262_144),
+            _ => None,
+        };
+        let w = plan(&args(&flags), 4, current);
+        assert!(w.is_empty(), "nothing lowered: {w:?}");
+        let lower = args(&[flags[0], flags[1], "--conntrack-max-allow-lower"]);
+        let w = plan(&lower, 4, current);
+        assert_eq!(
+            w,
+            vec![Write {
+                path: NF_CONNTRACK_MAX,
+                value: 131072,
+                sysfs: false
+            }]
+        );
+        // A lower current value is raised either way; an unreadable one is written.
+        for a in [args(&flags), lower] {
+            let w = plan(&a, 8, |p, _| (p == NF_CONNTRACK_MAX).then_some(65536));
+            assert_eq!(w[0].value, 262144);
+            let w = plan(&a, 8, |_, _| None);
+            assert_eq!(w[0].value, 262144);
+        }
+    }
+
+    #[test]
+    fn cpu_lists_are_counted_like_the_kernel_writes_them() {
+        let cases = [
+            ("0", Some(1)),
+            ("0-1\n", Some(2)),
+            ("0-3,8,10-11", Some(7)),
+            ("", None),
+            ("3-1", None),
+            ("a-b", None),
+        ];
+        for (list, want) in cases {
+            assert_eq!(count_cpu_list(list), want, "{list:?}");
+        }
+        assert!(online_cpus() >= 1);
+    }
+
+    /// A CPU limit on the agent (here its affinity, as a cpuset or a CPU manager gives it; a
+    /// CFS quota acts on `available_parallelism` the same way) must not shrink the node's
+    /// table: nf_conntrack_max counts the machine's online CPUs, as kube-proxy does.
+    #[test]
+    fn a_cpu_limit_on_the_agent_does_not_shrink_the_table() {
+        let online = online_cpus();
+        if online < 2 {
+            testkit::skipped(
+                "a_cpu_limit_on_the_agent_does_not_shrink_the_table",
+                "needs 2 online CPUs",
+            );
+            return;
+        }
+        let (dir, roots, _) = fixture("gk-sysctl-cpus", "sys");
+        let a = args(&["--conntrack-max-per-core", "100000", "--conntrack-min", "1"]);
+        let written = std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread only.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(0, &mut set);
+                    assert_eq!(
+                        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+                        0
+                    );
+                }
+                assert_eq!(
+                    std::thread::available_parallelism().unwrap().get(),
+                    1,
+                    "the limit is in place"
+                );
+                apply_and_log(&a, &roots, false);
+                roots.read(NF_CONNTRACK_MAX, false)
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(written, Some(100000 * online as u64));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
