@@ -20,6 +20,10 @@ install_chart() {
     -f "$here/values.yaml" --wait --timeout 180s >/dev/null || fail "helm install" || return 1
   rollout || fail "rollout" || return 1
   say "chart Ready $(since "$t0") s after helm install"
+  # A clean start says nothing alarming: no probe failure.
+  local unhealthy
+  unhealthy=$(k -n "$NS" get events --field-selector reason=Unhealthy -o jsonpath='{range .items[*]}{.involvedObject.name}: {.message}{"\n"}{end}')
+  [ -z "$unhealthy" ] || fail "probe failures at start: $unhealthy"
 }
 
 passed=0 failed=0 failed_names=()

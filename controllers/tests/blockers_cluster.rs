@@ -1,6 +1,6 @@
 //! `controller-manager servicecidr blockers NAME` against a real apiserver: every blocking
-//! IPAddress (more than the Event's 10) with its owner, exit 1; nothing blocking once another
-//! ServiceCIDR covers it, exit 0; a ServiceCIDR that does not exist, exit 2.
+//! IPAddress (more than the Event's 10) with its owner, exit 0 (1 with `--exit-code`); nothing
+//! blocking once another ServiceCIDR covers it, exit 0; a ServiceCIDR that does not exist, exit 2.
 
 use testkit::{
     Cluster,
@@ -32,8 +32,17 @@ async fn ip(c: &Cluster, ip: &str, managed: bool, service: &str) -> anyhow::Resu
 }
 
 async fn blockers(c: &Cluster, name: &str) -> anyhow::Result<(i32, String, String)> {
+    blockers_with(c, name, &[]).await
+}
+
+async fn blockers_with(
+    c: &Cluster,
+    name: &str,
+    flags: &[&str],
+) -> anyhow::Result<(i32, String, String)> {
     let out = tokio::process::Command::new(BIN)
         .args(["servicecidr", "blockers", name])
+        .args(flags)
         .env("KUBECONFIG", &c.kubeconfig)
         .output()
         .await?;
@@ -60,8 +69,12 @@ async fn blockers_lists_every_blocking_ip_and_exits_by_outcome() -> anyhow::Resu
     ip(&c, &format!("10.206.{o}.100"), false, "manual").await?;
     ip(&c, &format!("10.206.{o}.0"), true, "network").await?;
 
+    // A report of blockers is a successful answer; --exit-code makes it 1 for scripts.
     let (code, out, err) = blockers(&c, &name).await?;
-    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    let (code, scripted, err) = blockers_with(&c, &name, &["--exit-code"]).await?;
+    assert_eq!(code, 1, "stdout: {scripted}\nstderr: {err}");
+    assert_eq!(scripted, out);
     assert!(out.contains("12 IPAddress(es)"), "{out}");
     for i in 1..=12 {
         let line = format!("10.206.{o}.{i}\tservices team-a/web-{i}");
@@ -73,7 +86,7 @@ async fn blockers_lists_every_blocking_ip_and_exits_by_outcome() -> anyhow::Resu
     // A covering ServiceCIDR: nothing blocks any more.
     let parent = unique_name("gk-blockers-parent");
     cidr(&c, &parent, "10.206.0.0/16").await?;
-    let (code, out, err) = blockers(&c, &name).await?;
+    let (code, out, err) = blockers_with(&c, &name, &["--exit-code"]).await?;
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("nothing blocks"), "{out}");
 

@@ -18,6 +18,10 @@ use super::index::{Blocker, CidrSet, IpIndex};
 pub struct BlockersArgs {
     /// The ServiceCIDR's name.
     pub name: String,
+    /// Exit 1 when something blocks (as `git diff --exit-code`), for scripts; without it a
+    /// successful report exits 0 whatever it says.
+    #[arg(long)]
+    pub exit_code: bool,
 }
 
 /// What keeps (or would keep) the ServiceCIDR's deletion waiting.
@@ -81,12 +85,15 @@ pub fn render(name: &str, cidrs: &[String], deleting: bool, v: &Verdict) -> Stri
     out
 }
 
-/// Lists, decides, prints. Exit code: 0 nothing blocks, 1 something blocks, 2 on errors.
+/// Lists, decides, prints. Exit code: 0 when the report was made (whatever it says; with
+/// `--exit-code`, 1 when something blocks), 2 on errors. A report of blockers is an answer,
+/// not a failure: `kubectl exec` users (the chart's NOTES) saw "command terminated with exit
+/// code 1" under a correct answer.
 pub async fn run(client: Client, args: &BlockersArgs) -> u8 {
     match report(client, &args.name).await {
         Ok((text, blocked)) => {
             print!("{text}");
-            u8::from(blocked)
+            u8::from(blocked && args.exit_code)
         }
         Err(e) => {
             eprintln!("servicecidr blockers {}: {e:#}", args.name);

@@ -162,7 +162,13 @@ mod tests {
 
     /// kube-controller-manager's status apply at `at`.
     fn kcm_status_apply(at: &str) -> ManagedFieldsEntry {
-        entry(KCM_FIELD_MANAGER, "Apply", Some("status"), at, status_fields())
+        entry(
+            KCM_FIELD_MANAGER,
+            "Apply",
+            Some("status"),
+            at,
+            status_fields(),
+        )
     }
 
     /// An Update by `manager` at `at` that owns the finalizer.

@@ -149,7 +149,7 @@ pub struct SysctlError {
     pub path: PathBuf,
     pub value: u64,
     pub source: std::io::Error,
-    hint: &'static str,
+    hint: String,
 }
 
 /// Where the files live; tests point these at a temp dir.
@@ -201,13 +201,14 @@ pub fn apply(
         match std::fs::write(&path, format!("{}\n", w.value)) {
             Ok(()) => done.push(w),
             Err(source) => {
-                let hint = match source.raw_os_error() {
-                    Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) => {
-                        " (read-only or not permitted: node-agent needs a privileged container \
-                         with /proc/sys and /sys writable to set conntrack sysctls)"
-                    }
-                    _ => "",
-                };
+                let hint = write_hint(
+                    source.raw_os_error(),
+                    std::fs::metadata(&path).ok().map(|m| {
+                        use std::os::unix::fs::PermissionsExt;
+                        m.permissions().mode()
+                    }),
+                    effective_caps(),
+                );
                 errors.push(SysctlError {
                     path,
                     value: w.value,
@@ -218,6 +219,49 @@ pub fn apply(
         }
     }
     (done, errors)
+}
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// Why a write failed, from what was tried and what the process can see: the old hint blamed
+/// privileges even in a privileged container, where the cause was the kernel's (a sysctl that
+/// is read-only outside the host's network namespace).
+fn write_hint(errno: Option<i32>, mode: Option<u32>, caps: Option<u64>) -> String {
+    let has = |cap: u32| caps.map(|c| c & (1 << cap) != 0);
+    match errno {
+        Some(libc::EROFS) => " (this container's /proc/sys or /sys is mounted read-only: only a \
+            privileged container gets them writable, as the chart's init container is)"
+            .into(),
+        Some(libc::EACCES) | Some(libc::EPERM) if mode.is_some_and(|m| m & 0o222 == 0) => {
+            format!(
+                " (the kernel makes this file read-only here, mode {:o}: nf_conntrack_max is \
+                 writable only in the host's initial network namespace, so the writer must run \
+                 with hostNetwork on a real host, not inside another network namespace)",
+                mode.unwrap_or(0) & 0o777
+            )
+        }
+        Some(libc::EACCES) | Some(libc::EPERM) => match (has(CAP_NET_ADMIN), has(CAP_SYS_ADMIN)) {
+            (Some(false), _) => " (not permitted: the process lacks CAP_NET_ADMIN)".into(),
+            (_, Some(false)) => {
+                " (not permitted: the process lacks CAP_SYS_ADMIN, which /sys writes need)".into()
+            }
+            _ => " (not permitted although the process holds CAP_NET_ADMIN and CAP_SYS_ADMIN: \
+                 a security module (AppArmor, SELinux, seccomp) or a user namespace refused it)"
+                .into(),
+        },
+        _ => String::new(),
+    }
+}
+
+/// The effective capability set from /proc/self/status, if it can be read.
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))?
+        .trim();
+    u64::from_str_radix(hex, 16).ok()
 }
 
 /// The machine's online CPUs, as kube-proxy counts them for nf_conntrack_max: not
@@ -285,6 +329,24 @@ pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_failed_write_says_what_was_tried_and_why() {
+        let all = Some(u64::MAX);
+        let no_net_admin = Some(u64::MAX & !(1 << CAP_NET_ADMIN));
+        let ro = write_hint(Some(libc::EROFS), Some(0o100644), all);
+        assert!(ro.contains("mounted read-only"), "{ro}");
+        // Privileged, but the kernel's file is 0444: not a privilege problem.
+        let kernel = write_hint(Some(libc::EACCES), Some(0o100444), all);
+        assert!(kernel.contains("read-only here, mode 444"), "{kernel}");
+        assert!(!kernel.contains("lacks"), "{kernel}");
+        let caps = write_hint(Some(libc::EPERM), Some(0o100644), no_net_admin);
+        assert!(caps.contains("lacks CAP_NET_ADMIN"), "{caps}");
+        let other = write_hint(Some(libc::EPERM), Some(0o100644), all);
+        assert!(other.contains("security module"), "{other}");
+        assert_eq!(write_hint(Some(libc::ENOENT), None, all), "");
+    }
+
     use std::collections::HashMap;
 
     use super::*;

@@ -15,10 +15,17 @@ use std::{
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["serve", port] => serve(port),
         ["send", target, source_port, interval_ms] => send(target, source_port, interval_ms),
-        _ => Err("usage: udp-probe serve PORT | udp-probe send HOST:PORT SOURCE_PORT INTERVAL_MS".into()),
+        _ => Err(
+            "usage: udp-probe serve PORT | udp-probe send HOST:PORT SOURCE_PORT INTERVAL_MS".into(),
+        ),
     };
     if let Err(e) = result {
         eprintln!("udp-probe: {e}");
@@ -33,30 +40,42 @@ fn hostname() -> String {
 }
 
 fn millis() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 fn serve(port: &str) -> Result<(), String> {
-    let port: u16 = port.parse().map_err(|_| format!("port {port:?} is not a port number"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("port {port:?} is not a port number"))?;
     let socket = UdpSocket::bind(("0.0.0.0", port)).map_err(|e| format!("binding :{port}: {e}"))?;
     let me = hostname();
     println!("serving on :{port} as {me}");
     let mut buf = [0u8; 1500];
     loop {
-        let (n, peer) = socket.recv_from(&mut buf).map_err(|e| format!("receiving: {e}"))?;
-        println!("{} from {peer}: {}", millis(), String::from_utf8_lossy(&buf[..n]).trim());
+        let (n, peer) = socket
+            .recv_from(&mut buf)
+            .map_err(|e| format!("receiving: {e}"))?;
+        println!(
+            "{} from {peer}: {}",
+            millis(),
+            String::from_utf8_lossy(&buf[..n]).trim()
+        );
         // An answer that cannot be sent is the client's problem, not a reason to stop serving.
         let _ = socket.send_to(me.as_bytes(), peer);
     }
 }
 
 fn send(target: &str, source_port: &str, interval_ms: &str) -> Result<(), String> {
-    let source_port: u16 =
-        source_port.parse().map_err(|_| format!("source port {source_port:?} is not a port number"))?;
-    let interval: u64 =
-        interval_ms.parse().map_err(|_| format!("interval {interval_ms:?} is not a number of milliseconds"))?;
-    let socket =
-        UdpSocket::bind(("0.0.0.0", source_port)).map_err(|e| format!("binding :{source_port}: {e}"))?;
+    let source_port: u16 = source_port
+        .parse()
+        .map_err(|_| format!("source port {source_port:?} is not a port number"))?;
+    let interval: u64 = interval_ms
+        .parse()
+        .map_err(|_| format!("interval {interval_ms:?} is not a number of milliseconds"))?;
+    let socket = UdpSocket::bind(("0.0.0.0", source_port))
+        .map_err(|e| format!("binding :{source_port}: {e}"))?;
     socket
         .set_read_timeout(Some(Duration::from_millis(interval.max(10))))
         .map_err(|e| e.to_string())?;
