@@ -7,7 +7,7 @@ use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
-    podgc, servicecidr,
+    podgc, servicecidr, uninstall,
 };
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 use prometheus::IntGauge;
@@ -16,14 +16,20 @@ use prometheus::IntGauge;
 async fn main() -> ExitCode {
     let cli = Cli::parse_as(manager::NAME, manager::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
-    if let Some(Command::Servicecidr(ServiceCidrCommand::Blockers(args))) = &cli.command {
-        return match cli.common.kube.client().await {
-            Ok(client) => ExitCode::from(servicecidr::blockers::run(client, args).await),
+    if let Some(command) = &cli.command {
+        let client = match cli.common.kube.client().await {
+            Ok(client) => client,
             Err(e) => {
                 eprintln!("{e}");
-                ExitCode::from(2)
+                return ExitCode::from(2);
             }
         };
+        return ExitCode::from(match command {
+            Command::Servicecidr(ServiceCidrCommand::Blockers(args)) => {
+                servicecidr::blockers::run(client, args).await
+            }
+            Command::Uninstall(args) => uninstall::run(client, args, cli.common.dry_run).await,
+        });
     }
     cli.common.log.init();
     if let Err(e) = cli.election.validate() {

@@ -38,13 +38,17 @@ pub enum Command {
     /// ServiceCIDR tools.
     #[command(subcommand)]
     Servicecidr(ServiceCidrCommand),
+    /// Remove what the controller-manager leaves behind once its replicas are gone: the Lease,
+    /// and its finalizer on ServiceCIDRs where no IP would be orphaned (the chart's post-delete
+    /// hook runs it). Exit 0 when done, 2 on errors.
+    Uninstall(crate::uninstall::UninstallArgs),
 }
 
 #[derive(Subcommand, Debug)]
 pub enum ServiceCidrCommand {
     /// Print every IPAddress that blocks (or would block) the deletion of ServiceCIDR NAME, and
-    /// who owns it, as the controller decides it. Exit 0 when nothing blocks, 1 when something
-    /// blocks, 2 on errors (no such ServiceCIDR, API unreachable).
+    /// who owns it, as the controller decides it. Exit 0 when reported (with --exit-code: 1 when
+    /// something blocks), 2 on errors (no such ServiceCIDR, API unreachable).
     Blockers(crate::servicecidr::blockers::BlockersArgs),
 }
 

@@ -59,6 +59,10 @@ test_zz_ops_helm_uninstall_leaves_nothing() {
   local left
   left=$(k get clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings -o name | grep groundskeeper || true)
   [ -z "$left" ] || fail "left after uninstall: $left"
+  ! k -n "$NS" get lease groundskeeper-controller-manager >/dev/null 2>&1 || fail "the Lease is left after uninstall"
+  local fin
+  fin=$(k get servicecidrs -o jsonpath='{range .items[*]}{.metadata.name}: {.metadata.finalizers}{"\n"}{end}' | grep service-cidr-finalizer || true)
+  [ -z "$fin" ] || fail "ServiceCIDR finalizers left after uninstall: $fin"
   # A ServiceCIDR can still be deleted, and the namespace too.
   local cidr=e2e-after-$RANDOM
   k apply -f - >/dev/null <<Y

@@ -102,7 +102,8 @@ pub async fn run(client: Client, args: &BlockersArgs) -> u8 {
     }
 }
 
-async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
+/// The report on ServiceCIDR `name` and whether something blocks its deletion.
+pub async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
     let all = Api::<ServiceCIDR>::all(client.clone())
         .list(&ListParams::default())
         .await?;
