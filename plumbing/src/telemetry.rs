@@ -1,7 +1,15 @@
 //! Structured logs: plain text for people by default, one JSON object per line for log pipelines.
 
+use std::fmt::Write as _;
+
 use clap::{Args, ValueEnum};
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::{
+    EnvFilter,
+    field::{MakeVisitor, VisitFmt, VisitOutput},
+    fmt::{self, format::Writer},
+    prelude::*,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -27,14 +35,27 @@ fn parse_filter(s: &str) -> Result<String, String> {
         .map_err(|e| format!("not a log level or tracing filter: {e}"))
 }
 
+/// kube-client's HTTP layer logs every failed request at ERROR, with no word of which watch or
+/// call it was: about 45 lines in 5 s during an apiserver outage. Our own code logs each failure
+/// once, with context (a watch names itself), so that target is silenced unless the filter
+/// names it.
+const QUIET: &str = "kube_client::client::builder=off";
+
 impl LogArgs {
     fn filter(&self) -> EnvFilter {
+        let with_quiet = |f: &str| {
+            if f.contains("kube_client::client::builder") {
+                f.to_string()
+            } else {
+                format!("{f},{QUIET}")
+            }
+        };
         match std::env::var("RUST_LOG") {
-            Ok(v) if !v.is_empty() => EnvFilter::try_new(&v).unwrap_or_else(|e| {
+            Ok(v) if !v.is_empty() => EnvFilter::try_new(with_quiet(&v)).unwrap_or_else(|e| {
                 eprintln!("RUST_LOG={v:?} is not a valid filter ({e}); using --log-level");
-                EnvFilter::new(&self.log_level)
+                EnvFilter::new(with_quiet(&self.log_level))
             }),
-            _ => EnvFilter::new(&self.log_level),
+            _ => EnvFilter::new(with_quiet(&self.log_level)),
         }
     }
 
@@ -47,6 +68,7 @@ impl LogArgs {
                 .with(
                     fmt::layer()
                         .with_target(true)
+                        .fmt_fields(PlainFields)
                         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
                 )
                 .init(),
@@ -59,6 +81,150 @@ impl LogArgs {
                         .with_span_list(false),
                 )
                 .init(),
+        }
+    }
+}
+
+/// Plain log fields as logfmt writes them: `key=value`, a text value bare unless it needs
+/// quotes (empty, or holding a space, a quote or `=`), so `ip_family=IPv4`, not
+/// `ip_family="IPv4"`; the message first, unlabelled.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlainFields;
+
+impl<'w> MakeVisitor<Writer<'w>> for PlainFields {
+    type Visitor = PlainVisitor<'w>;
+
+    fn make_visitor(&self, target: Writer<'w>) -> Self::Visitor {
+        PlainVisitor {
+            writer: target,
+            first: true,
+            result: Ok(()),
+        }
+    }
+}
+
+pub struct PlainVisitor<'w> {
+    writer: Writer<'w>,
+    first: bool,
+    result: std::fmt::Result,
+}
+
+impl PlainVisitor<'_> {
+    fn sep(&mut self) -> &'static str {
+        if std::mem::take(&mut self.first) {
+            ""
+        } else {
+            " "
+        }
+    }
+
+    fn pair(&mut self, field: &Field, value: &str, quote_always: bool) {
+        if self.result.is_err() {
+            return;
+        }
+        let sep = self.sep();
+        self.result = if field.name() == "message" {
+            write!(self.writer, "{sep}{value}")
+        } else if quote_always || needs_quotes(value) {
+            write!(self.writer, "{sep}{}={value:?}", field.name())
+        } else {
+            write!(self.writer, "{sep}{}={value}", field.name())
+        };
+    }
+}
+
+/// A value that would read as two fields, or as nothing, unquoted.
+pub fn needs_quotes(v: &str) -> bool {
+    v.is_empty()
+        || v.chars()
+            .any(|c| c.is_whitespace() || c == '"' || c == '=' || c.is_control())
+}
+
+impl Visit for PlainVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.pair(field, value, false);
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.pair(field, &value.to_string(), false);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        // Display values (`%x`) arrive here too, already as their text.
+        let mut text = String::new();
+        let _ = write!(text, "{value:?}");
+        self.pair(field, &text, false);
+    }
+}
+
+impl VisitOutput<std::fmt::Result> for PlainVisitor<'_> {
+    fn finish(self) -> std::fmt::Result {
+        self.result
+    }
+}
+
+impl VisitFmt for PlainVisitor<'_> {
+    fn writer(&mut self) -> &mut dyn std::fmt::Write {
+        &mut self.writer
+    }
+}
+
+#[cfg(test)]
+mod plain_tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn render(f: impl FnOnce()) -> String {
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub = tracing_subscriber::registry().with(
+            fmt::layer()
+                .fmt_fields(PlainFields)
+                .without_time()
+                .with_target(false)
+                .with_ansi(false)
+                .with_writer(move || out.clone()),
+        );
+        tracing::subscriber::with_default(sub, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn text_values_are_bare_unless_they_need_quotes() {
+        let line = render(|| {
+            tracing::info!(ip_family = "IPv4", reason = "a b", empty = "", n = 3, shown = %"x=y", "pass done");
+        });
+        assert!(line.contains(" pass done ip_family=IPv4 "), "{line}");
+        assert!(line.contains(r#"reason="a b""#), "{line}");
+        assert!(line.contains(r#"empty="""#), "{line}");
+        assert!(line.contains(" n=3"), "{line}");
+        assert!(line.contains(r#"shown="x=y""#), "{line}");
+    }
+
+    #[test]
+    fn quoting_rule() {
+        for (v, q) in [
+            ("IPv4", false),
+            ("", true),
+            ("a b", true),
+            ("k=v", true),
+            ("say \"hi\"", true),
+            ("10.0.0.1:53", false),
+        ] {
+            assert_eq!(needs_quotes(v), q, "{v:?}");
         }
     }
 }
