@@ -137,7 +137,7 @@ impl Elector {
                 _ = tokio::time::sleep_until(deadline) => None,
                 // SIGTERM does not wait for a hung round: released (or not) at the top.
                 _ = token.cancelled() => continue,
-                r = self.round(observed.clone(), current.clone(), now, deadline) => Some(r),
+                r = self.round(observed.clone(), current.clone(), deadline) => Some(r),
             };
             let Some((round, seen, lease)) = round else {
                 tracing::warn!(lease = %c.lease_name, deadline = ?c.renew_deadline, "lease read/write did not finish before the deadline");
@@ -198,13 +198,20 @@ impl Elector {
         &self,
         mut observed: Option<Observation>,
         mut current: Option<Lease>,
-        now: Instant,
         deadline: Instant,
     ) -> (Round, Option<Observation>, Option<Lease>) {
         let c = &self.cfg;
-        match self.api.get_opt(&c.lease_name).await {
+        let read = self.api.get_opt(&c.lease_name).await;
+        // A follower times the holder's term from when it saw the record: when the answer
+        // arrived, not when it was asked for (client-go records observedTime after the Get).
+        // A GET held for seconds may answer with a renewal made at its very end; timed from
+        // the ask, the standby would take over that much before the holder's term ends.
+        // (A leader's term is timed the other way, from the round's start in `run`: never
+        // later than when the apiserver recorded the renewal.)
+        let seen_at = Instant::now();
+        match read {
             Ok(Some(lease)) => {
-                observed = Some(observe(observed, record_of(&lease), now));
+                observed = Some(observe(observed, record_of(&lease), seen_at));
                 current = Some(lease);
             }
             Ok(None) => {
@@ -220,7 +227,7 @@ impl Elector {
                 return (round, observed, current);
             }
         }
-        let step = decide(&c.identity, observed.as_ref(), now);
+        let step = decide(&c.identity, observed.as_ref(), seen_at);
         // Checked on the clock, not only by the racing timer: after a process stop the timer
         // may not have fired yet when this runs again.
         if Instant::now() >= deadline {
@@ -282,7 +289,7 @@ impl Elector {
     fn spec(&self, acquire: MicroTime, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.cfg.identity.clone()),
-            lease_duration_seconds: Some(self.cfg.lease_duration.as_secs() as i32),
+            lease_duration_seconds: Some(lease_duration_seconds(self.cfg.lease_duration)),
             acquire_time: Some(acquire),
             renew_time: Some(MicroTime(Timestamp::now())),
             lease_transitions: Some(transitions),
@@ -358,6 +365,14 @@ fn record_of(lease: &Lease) -> Record {
         renew_time: spec.renew_time.map(|t| t.0.to_string()),
         transitions: spec.lease_transitions.unwrap_or(0),
     }
+}
+
+/// The Lease's `leaseDurationSeconds` for `d`: rounded up, never down. Standbys wait this
+/// long after a renewal, so a value rounded down (10.9 s written as 10) would eat into the
+/// margin between the leader's renew deadline and their takeover, or reverse it.
+pub fn lease_duration_seconds(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX).max(1)
 }
 
 /// `<pod name>_<random suffix>`: unique even when a pod restarts under the same name.
