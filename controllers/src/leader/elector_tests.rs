@@ -140,7 +140,7 @@ async fn leading(
 
 fn term_end(l: &Leadership) -> Instant {
     match l.fence().term() {
-        Term::Until(end) => end,
+        Term::Until(end) => end.at,
         t => panic!("not leading: {t:?}"),
     }
 }

@@ -2,6 +2,7 @@
 //! writes carry the resourceVersion read, expiry is judged by local time, a leader that can not
 //! renew within the renew deadline stops, and a leader that is shut down releases the lease.
 
+pub mod clock;
 pub mod decide;
 pub mod fence;
 
@@ -17,6 +18,7 @@ use prometheus::IntGauge;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
 pub use fence::{Fence, Fenced, Term};
 
@@ -112,20 +114,19 @@ impl Elector {
         let mut current: Option<Lease> = None;
         // When the last successful renewal (or acquisition) started: before its read, so never
         // later than when the apiserver recorded it and others began timing it.
-        let mut last_renewed: Option<Instant> = None;
+        let mut last_renewed: Option<Stamp> = None;
         tracing::info!(lease = %c.lease_name, namespace = %c.namespace, identity = %c.identity, "campaigning for leadership");
         loop {
             if token.is_cancelled() {
                 // A lease past its term is left alone: it may already be someone else's.
-                if last_renewed
-                    .is_some_and(|t| !renewal_overdue(t, Instant::now(), c.renew_deadline))
+                if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
                 {
                     self.release(current).await;
                 }
                 self.set_term(Term::Standby);
                 return Ok(());
             }
-            let now = Instant::now();
+            let now = Stamp::now();
             if let Some(t) = last_renewed
                 && renewal_overdue(t, now, c.renew_deadline)
             {
@@ -134,7 +135,7 @@ impl Elector {
             let deadline = attempt_deadline(last_renewed, now, c.renew_deadline);
             let round = tokio::select! {
                 biased;
-                _ = tokio::time::sleep_until(deadline) => None,
+                _ = tokio::time::sleep_until(deadline.wake_instant()) => None,
                 // SIGTERM does not wait for a hung round: released (or not) at the top.
                 _ = token.cancelled() => continue,
                 r = self.round(observed.clone(), current.clone(), deadline) => Some(r),
@@ -162,8 +163,8 @@ impl Elector {
                         tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
                     }
                     last_renewed = Some(now);
-                    self.set_term(Term::Until(now + c.renew_deadline));
-                    observed = Some(observe(observed, record_of(&lease), now));
+                    self.set_term(Term::Until(now.plus(c.renew_deadline)));
+                    observed = Some(observe(observed, record_of(&lease), now.at));
                     current = Some(lease);
                 }
                 (step, Some(Err(e))) => {
@@ -184,11 +185,11 @@ impl Elector {
                 _ => c.retry_period,
             };
             // A leader whose term ends during the pause wakes then, and gives up at the top.
-            let term_end = last_renewed.map(|t| t + c.renew_deadline);
+            let term_end = last_renewed.map(|t| t.plus(c.renew_deadline).wake_instant());
             tokio::select! {
                 _ = token.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
-                _ = tokio::time::sleep_until(term_end.unwrap_or(deadline)), if term_end.is_some() => {}
+                _ = tokio::time::sleep_until(term_end.unwrap_or(deadline.wake_instant())), if term_end.is_some() => {}
             }
         }
     }
@@ -198,7 +199,7 @@ impl Elector {
         &self,
         mut observed: Option<Observation>,
         mut current: Option<Lease>,
-        deadline: Instant,
+        deadline: Stamp,
     ) -> (Round, Option<Observation>, Option<Lease>) {
         let c = &self.cfg;
         let read = self.api.get_opt(&c.lease_name).await;
@@ -230,7 +231,7 @@ impl Elector {
         let step = decide(&c.identity, observed.as_ref(), seen_at);
         // Checked on the clock, not only by the racing timer: after a process stop the timer
         // may not have fired yet when this runs again.
-        if Instant::now() >= deadline {
+        if Stamp::now().reached(deadline) {
             let round = Round {
                 step: Some(step),
                 write: Some(Err("deadline passed before the write".into())),
@@ -257,9 +258,9 @@ impl Elector {
 
     /// Stop acting first (the fences close, in-flight writes are dropped), then report the loss
     /// so the caller drains and exits.
-    fn give_up(&self, last_renewed: Instant) -> LeaderError {
+    fn give_up(&self, last_renewed: Stamp) -> LeaderError {
         self.set_term(Term::Standby);
-        let since = last_renewed.elapsed();
+        let since = Stamp::now().since(last_renewed);
         tracing::error!(
             lease = %self.cfg.lease_name,
             since_last_renewal_ms = since.as_millis() as u64,
@@ -273,7 +274,7 @@ impl Elector {
     }
 
     fn set_term(&self, term: Term) {
-        self.is_leader.set(i64::from(term.valid_at(Instant::now())));
+        self.is_leader.set(i64::from(term.valid_at(Stamp::now())));
         self.tx.send_replace(term);
     }
 

@@ -11,7 +11,7 @@ use testkit::api::Mock;
 use tokio_util::sync::CancellationToken;
 
 use super::apply::*;
-use crate::leader::{Fence, Term};
+use crate::leader::{Fence, Stamp, Term};
 use crate::podgc::{
     cache::SnapshotHealth,
     decide::{Deletion, Pass},
@@ -323,7 +323,9 @@ async fn in_flight_writes_are_dropped_when_the_term_ends() {
     let mock = Mock::default();
     mock.hang.store(true, Ordering::SeqCst);
     let t0 = tokio::time::Instant::now();
-    let (_tx, f) = fence(Term::Until(t0 + std::time::Duration::from_secs(3)));
+    let (_tx, f) = fence(Term::Until(Stamp::at(
+        t0 + std::time::Duration::from_secs(3),
+    )));
     let a = Applier {
         fence: f,
         ..applier(&mock, false, 2)
