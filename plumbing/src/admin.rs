@@ -138,6 +138,7 @@ mod tests {
         let readiness = crate::Readiness::new(crate::WatchSettings {
             stale_after: std::time::Duration::from_millis(50),
             backoff_max: std::time::Duration::from_secs(1),
+            ..crate::WatchSettings::default()
         });
         let flag = readiness.register("podgc/nodes");
         flag.mark_ready();

@@ -15,6 +15,8 @@ pub mod tasks;
 pub mod telemetry;
 pub mod timeout;
 pub mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;
