@@ -127,19 +127,6 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
     Ok(())
 }
 
-/// The apiserver's address from a kubeconfig (`https://<ip>:<port>`), for a proxy in front of
-/// it; None when the server is named by host name.
-fn apiserver_addr(kubeconfig: &std::path::Path) -> anyhow::Result<Option<SocketAddr>> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let server = kc
-        .clusters
-        .first()
-        .and_then(|c| c.cluster.as_ref())
-        .and_then(|c| c.server.clone())
-        .unwrap_or_default();
-    Ok(server.trim_start_matches("https://").parse().ok())
-}
-
 /// Item 1 of issue 21, black-box: a standby whose GET of the Lease is held (its connection
 /// frozen behind a proxy for 7 s, under the 10 s round deadline) while the leader renews and
 /// then dies must take over no earlier than lease duration (15 s) after that GET was answered,
@@ -151,7 +138,7 @@ async fn a_standby_whose_lease_read_is_held_times_it_from_the_answer() -> anyhow
     let Some(c) = testkit::cluster(test).await else {
         return Ok(());
     };
-    let Some(apiserver) = apiserver_addr(&c.kubeconfig)? else {
+    let Some(apiserver) = testkit::proxy::apiserver_addr(&c.kubeconfig)? else {
         testkit::skipped(test, "the kubeconfig names the apiserver by host name");
         return Ok(());
     };
