@@ -237,6 +237,14 @@ impl<W: Writes> Writer<W> {
         self.writes.apply_policy_status(policy, status).await
     }
 
+    /// A Warning Event on `pod` saying a write about it keeps being refused (once per note).
+    pub async fn warn_pod(&self, pod: &Pod, note: &str, revision: u64) -> Result<(), kube::Error> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.publish_once(pod, "WriteRefused", note, revision).await
+    }
+
     /// Creates the pod's report event under its derived name (`report_event_name`); an
     /// existing one (409) means it was already reported, by this process or an earlier one.
     async fn publish_once(
