@@ -7,6 +7,7 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;

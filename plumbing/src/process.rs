@@ -13,6 +13,7 @@ use crate::{
     admin::{self, AdminArgs},
     client::{KubeArgs, parse_duration},
     metrics,
+    metrics_auth::{Delegated, MetricsAuth},
     telemetry::LogArgs,
 };
 
@@ -127,10 +128,15 @@ impl Process {
         let readiness = Readiness::new(args.watch_settings());
         registry.register(readiness.collector())?;
         let (client, unretried_client) = kube.clients().await?;
+        let auth = match args.admin.metrics_auth {
+            MetricsAuth::None => None,
+            MetricsAuth::Kubernetes => Some(Delegated::new(client.clone())),
+        };
         let (admin_addr, serve) = admin::bind(
             admin_addr,
             registry.clone(),
             readiness.clone(),
+            auth,
             shutdown.token(),
         )
         .await?;
