@@ -28,7 +28,7 @@ use super::{
     cache::{Caches, SnapshotHealth},
     decide::{Deletion, Pass, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
-    limit::{Aimd, Signal},
+    limit::{Aimd, RETRY_AFTER_MAX, Signal},
     metrics::Metrics,
     notice::KubeEvents,
     wire::WirePod,
@@ -493,6 +493,10 @@ impl Applier {
         let signal = match o {
             Outcome::Throttled(after) => {
                 self.metrics.throttled.inc();
+                if let Some(asked) = after.filter(|a| *a > RETRY_AFTER_MAX) {
+                    self.metrics.retry_after_capped.inc();
+                    tracing::warn!(retry_after = ?asked, pausing = ?RETRY_AFTER_MAX, "429 with a Retry-After longer than PodGC waits; pausing new deletes for the cap instead");
+                }
                 Signal::Throttled(*after)
             }
             _ => Signal::Answered(took),
