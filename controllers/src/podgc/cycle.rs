@@ -67,8 +67,14 @@ impl Cycle {
                 cluster_ttl: self.ttl,
                 namespaces: &namespaces,
                 now: jiff::Timestamp::now(),
+                local_now: Instant::now(),
             },
         );
+        let node_clock_only = ttl.iter().filter(|d| d.pod.seen_final.is_none()).count();
+        self.applier
+            .metrics
+            .ttl_node_clock_only
+            .inc_by(node_clock_only as u64);
         summary.passes[Pass::Ttl as usize] = self.applier.apply(ttl).await;
         summary.passes[Pass::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
 
@@ -389,6 +395,11 @@ mod tests {
         );
         assert_eq!(summary.passes[Pass::Ttl as usize].deleted, 1);
         assert_eq!(c.applier.metrics.terminated_count("ttl"), 1);
+        assert_eq!(
+            c.applier.metrics.ttl_node_clock_only.get(),
+            1,
+            "listed already terminated: chosen on the node's clock alone"
+        );
         c.run(&caches).await;
         let events = events.seen.lock().unwrap().clone();
         assert_eq!(events.len(), 1, "one Event for one bad value: {events:?}");

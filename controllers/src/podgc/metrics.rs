@@ -19,6 +19,8 @@ pub struct Metrics {
     pub throttled: IntCounter,
     /// 429s whose Retry-After was longer than PodGC waits.
     pub retry_after_capped: IntCounter,
+    /// TTL deletions chosen on the node's `finishedAt` alone (never seen becoming final here).
+    pub ttl_node_clock_only: IntCounter,
     /// The force-delete concurrency the apiserver's answers currently allow.
     pub concurrency_limit: prometheus::Gauge,
     pub cycle_seconds: Histogram,
@@ -80,6 +82,13 @@ impl Metrics {
                 IntCounter::new(
                     "groundskeeper_podgc_retry_after_capped_total",
                     "429 answers whose Retry-After was longer than PodGC waits (60 s): it paused new deletes for 60 s instead.",
+                ),
+            )?,
+            ttl_node_clock_only: registered(
+                registry,
+                IntCounter::new(
+                    "groundskeeper_podgc_ttl_node_clock_only_total",
+                    "Pods the TTL chose on their kubelet's finishedAt alone (node clock): already terminated when this process first listed them, so it could not also time the TTL itself.",
                 ),
             )?,
             concurrency_limit: registered(
