@@ -18,7 +18,7 @@ use super::allowlist::FORBIDDEN_REASON;
 use super::apply::{Writer, Writes};
 use super::cache::{Cache, Change, Health, PodKey};
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::decide::{Action, Memory, Outcome, PodFacts, decide, outcome};
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge};
 
@@ -256,6 +256,23 @@ impl<W: Writes> Admission<W> {
                     self.retry_next_tick(key, refused);
                     return;
                 }
+                // The three watches arrive separately: a policy change or a relabel made before
+                // the pod may not have arrived yet. Failing only on a fresh read that agrees.
+                if !started && mode == Mode::Enforce {
+                    match self.confirmed(pod).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::info!(pod = %name, namespace = %ns, "not failing pod: the policies and Node read fresh do not forbid it (the watches are behind); judging it again");
+                            self.retry_next_tick(key, refused);
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "not failing pod: reading the policies and Node fresh failed; will retry");
+                            self.retry_next_tick(key, refused);
+                            return;
+                        }
+                    }
+                }
                 let written = self
                     .writer
                     .forbidden(pod, mode, &message, started, revision)
@@ -289,6 +306,25 @@ impl<W: Writes> Admission<W> {
         self.metrics.checked.inc();
         self.retry.remove(&PodKey::of(pod));
         self.memory.remember(&facts, out);
+    }
+
+    /// Whether the policies and the Node read fresh from the apiserver fail `pod` in Enforce
+    /// too (a Node that is gone fails nothing: nothing is decided without its labels).
+    async fn confirmed(&self, pod: &Pod) -> Result<bool, kube::Error> {
+        let (policies, labels) = self.writer.read_fresh().await?;
+        let Some(labels) = labels else {
+            return Ok(false);
+        };
+        let s = &self.settings;
+        let policies: Vec<&SysctlPolicy> = policies.iter().collect();
+        let fresh = merge(&s.safe, &s.flag, s.default_mode, &policies, &labels);
+        Ok(matches!(
+            outcome(&fresh.allowlist, fresh.mode, pod),
+            Outcome::Reject {
+                mode: Mode::Enforce,
+                ..
+            }
+        ))
     }
 
     fn retry_next_tick(&mut self, key: PodKey, refused: u32) {

@@ -46,6 +46,10 @@ struct Fake {
     refuse_fail_patches: Arc<Mutex<Option<u16>>>,
     /// When each fail patch was sent, refused or not.
     fail_patches: Arc<Mutex<Vec<tokio::time::Instant>>>,
+    /// What a fresh read finds: the rig's cache (the watches are current), unless set.
+    cache: Arc<Mutex<Option<Shared<Cache>>>>,
+    fresh: Arc<Mutex<Option<(Vec<SysctlPolicy>, Option<Labels>)>>>,
+    fresh_reads: Arc<Mutex<usize>>,
 }
 
 impl Fake {
@@ -116,6 +120,22 @@ impl Writes for Fake {
             policy: name.into(),
             status: status.clone(),
         })
+    }
+
+    async fn read_fresh(
+        &self,
+        _node: &str,
+    ) -> Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error> {
+        *self.fresh_reads.lock().unwrap() += 1;
+        if let Some(fresh) = self.fresh.lock().unwrap().clone() {
+            return Ok(fresh);
+        }
+        let cache = self.cache.lock().unwrap().clone().expect("the rig's cache");
+        let c = cache.lock();
+        Ok((
+            c.policies.values().cloned().collect(),
+            c.nodes.values().next().cloned(),
+        ))
     }
 }
 
@@ -193,6 +213,7 @@ impl Rig {
             .nodes
             .apply(Update::Apply(node.into(), Labels::new()));
         let fake = Fake::default();
+        *fake.cache.lock().unwrap() = Some(cache.clone());
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let settings = Settings {
             node_name: node.into(),
@@ -610,4 +631,43 @@ fn pod_retry_delays_double_up_to_the_cap() {
             "{refused}"
         );
     }
+}
+
+/// Issue 21, item 6: the pod arrives before a policy change (or a Node relabel) that allows it,
+/// which was made earlier but has not come through its watch yet. The fresh read disagrees
+/// with the cache: the pod is not failed. When the fresh read agrees, it is.
+#[tokio::test]
+async fn a_pod_is_failed_only_when_a_fresh_read_agrees() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    // On the apiserver: a policy selecting every node, allowing kernel.msg*, in Enforce.
+    let mut allows = policy("allow-msg", Mode::Enforce);
+    allows.spec.allowed_unsafe_sysctls = vec!["kernel.msg*".into()];
+    *r.fake.fresh.lock().unwrap() = Some((vec![allows.clone()], Some(Labels::new())));
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), [], "not failed: the fresh policies allow it");
+    assert_eq!(*r.fake.fresh_reads.lock().unwrap(), 1);
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // The policy arrives through its watch: allowed, nothing written.
+    r.policy(&allows).await;
+    r.admission.on_tick().await;
+    assert!(
+        r.fake
+            .take()
+            .iter()
+            .all(|w| matches!(w, Write::Status { .. })),
+        "no pod write"
+    );
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // The Node is gone on the apiserver: nothing is failed without its labels.
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    *r.fake.fresh.lock().unwrap() = Some((vec![], None));
+    r.pod(&pod("db", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), []);
+
+    // The fresh read agrees (the watches were current): failed as before.
+    *r.fake.fresh.lock().unwrap() = None;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
 }
