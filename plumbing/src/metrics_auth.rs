@@ -41,11 +41,14 @@ const CACHED_MAX: usize = 256;
 /// A refusal: the status to answer and why.
 pub type Refusal = (StatusCode, String);
 
+/// Each token's verdict, and until when it holds.
+type Verdicts = HashMap<String, (Instant, Result<(), Refusal>)>;
+
 /// Checks callers of `/metrics` against the apiserver.
 #[derive(Clone)]
 pub struct Delegated {
     client: kube::Client,
-    verdicts: Arc<Mutex<HashMap<String, (Instant, Result<(), Refusal>)>>>,
+    verdicts: Arc<Mutex<Verdicts>>,
 }
 
 impl Delegated {
@@ -95,7 +98,7 @@ impl Delegated {
         verdict
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Result<(), Refusal>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
         self.verdicts.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -37,6 +37,9 @@ enum Write {
     },
 }
 
+/// The policies and the Node's labels a fresh read finds.
+type FreshView = (Vec<SysctlPolicy>, Option<Labels>);
+
 /// Records the writes that succeed; the next writes fail with the queued HTTP codes.
 #[derive(Clone, Default)]
 struct Fake {
@@ -48,7 +51,7 @@ struct Fake {
     fail_patches: Arc<Mutex<Vec<tokio::time::Instant>>>,
     /// What a fresh read finds: the rig's cache (the watches are current), unless set.
     cache: Arc<Mutex<Option<Shared<Cache>>>>,
-    fresh: Arc<Mutex<Option<(Vec<SysctlPolicy>, Option<Labels>)>>>,
+    fresh: Arc<Mutex<Option<FreshView>>>,
     fresh_reads: Arc<Mutex<usize>>,
 }
 
