@@ -97,12 +97,23 @@ pub struct ElectionArgs {
     pub leader_elect_kubeconfig: Option<std::path::PathBuf>,
 }
 
+/// Least lease duration − renew deadline accepted.
+const MIN_MARGIN: Duration = Duration::from_secs(1);
+
 impl ElectionArgs {
     /// client-go's rule: lease duration > renew deadline > retry period.
     pub fn validate(&self) -> Result<(), String> {
         if self.leader_elect_lease_duration <= self.leader_elect_renew_deadline {
             return Err(format!(
                 "--leader-elect-lease-duration {:?} must be greater than --leader-elect-renew-deadline {:?}",
+                self.leader_elect_lease_duration, self.leader_elect_renew_deadline
+            ));
+        }
+        // The margin is all a write already on the wire has to land before a standby may take
+        // over; the Lease carries whole seconds, so under a second it is no margin at all.
+        if self.leader_elect_lease_duration - self.leader_elect_renew_deadline < MIN_MARGIN {
+            return Err(format!(
+                "--leader-elect-lease-duration {:?} must exceed --leader-elect-renew-deadline {:?} by at least {MIN_MARGIN:?} (the margin for a leader's last writes to land before a standby takes over)",
                 self.leader_elect_lease_duration, self.leader_elect_renew_deadline
             ));
         }
@@ -170,6 +181,36 @@ mod tests {
             e.contains("--leader-elect-lease-duration") && e.contains("20s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_margin_under_a_second_is_refused_naming_both_flags() {
+        for (lease, renew, ok) in [
+            ("15s", "10s", true),
+            ("11s", "10s", true),
+            ("10.5s", "10s", false),
+            ("10900ms", "10s", false),
+        ] {
+            let cli = Cli::from_command_line(&[
+                "--leader-elect-lease-duration",
+                lease,
+                "--leader-elect-renew-deadline",
+                renew,
+            ])
+            .unwrap();
+            match cli.election.validate() {
+                Ok(()) => assert!(ok, "{lease}/{renew} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{lease}/{renew} refused: {e}");
+                    assert!(
+                        e.contains("--leader-elect-lease-duration")
+                            && e.contains("--leader-elect-renew-deadline")
+                            && e.contains("margin"),
+                        "{e}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Leader election against a real apiserver: one replica leads, a SIGKILLed leader is replaced
-//! within lease duration + retry period, a SIGTERMed leader hands over at once, and two
-//! replicas never lead at the same time.
+//! within lease duration + retry period, a SIGTERMed leader hands over at once, two replicas
+//! never lead at the same time, and a standby whose Lease read is held (a frozen proxy) times
+//! the lease from when the answer arrived.
 
 use std::{net::SocketAddr, time::Duration};
 
 use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
-use testkit::{Binary, metric, wait_for};
+use testkit::{Binary, metric, proxy::Proxy, wait_for};
 
 struct Replica {
     name: &'static str,
@@ -123,5 +124,75 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
         standby.bin.wait_exit(Duration::from_secs(25)).await?,
         Some(0)
     );
+    Ok(())
+}
+
+/// Item 1 of issue 21, black-box: a standby whose GET of the Lease is held (its connection
+/// frozen behind a proxy for 7 s, under the 10 s round deadline) while the leader renews and
+/// then dies must take over no earlier than lease duration (15 s) after that GET was answered,
+/// which is after the proxy resumed. Timed from when it asked, it took over about 8 s after the
+/// answer: inside the dead leader's term, had it been merely partitioned.
+#[tokio::test]
+async fn a_standby_whose_lease_read_is_held_times_it_from_the_answer() -> anyhow::Result<()> {
+    let test = "a_standby_whose_lease_read_is_held_times_it_from_the_answer";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let Some(apiserver) = testkit::proxy::apiserver_addr(&c.kubeconfig)? else {
+        testkit::skipped(test, "the kubeconfig names the apiserver by host name");
+        return Ok(());
+    };
+    let ns = c.namespace("leader-held").await?;
+    let lease = testkit::unique_name("gk-held");
+    let quiet = ["--controllers="];
+    let start = |name: &str, env: &[(&str, &str)]| {
+        let mut args = election_args(&lease, &ns, name).to_vec();
+        args.extend_from_slice(&quiet);
+        Binary::start_with_admin(
+            env!("CARGO_BIN_EXE_controller-manager"),
+            &format!("controller-manager-{name}"),
+            &args,
+            env,
+        )
+    };
+    let (leader, _) = start("held-a", &[])?;
+    wait_for(Duration::from_secs(20), "A to take the lease", || async {
+        Ok(holder(&c, &ns, &lease).await?.starts_with("held-a_"))
+    })
+    .await?;
+    // B talks to the apiserver only through the proxy.
+    let proxy = Proxy::start(apiserver).await?;
+    let via_proxy = testkit::proxy::kubeconfig_with_server(&c.kubeconfig, &proxy.url())?;
+    let via_proxy = via_proxy.display().to_string();
+    let (standby, b_admin) = start("held-b", &[("KUBECONFIG", via_proxy.as_str())])?;
+    wait_for(Duration::from_secs(20), "B's admin server", || async {
+        Ok(metric(b_admin, LEADER_GAUGE).await?.is_some())
+    })
+    .await?;
+    // B is following (it reads the Lease every second) when its connection freezes: its next
+    // read is held. A keeps renewing for 6 s, then is killed (no release); 1 s later the proxy
+    // resumes and B's read is answered with A's last renewal.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!leads(b_admin).await, "B must be a standby");
+    proxy.freeze();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    leader.signal("KILL").await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy.resume();
+    let resumed = std::time::Instant::now();
+    let took = wait_for(Duration::from_secs(30), "B to take the lease", || async {
+        Ok(holder(&c, &ns, &lease).await?.starts_with("held-b_"))
+    })
+    .await?;
+    let since_answer = resumed.elapsed();
+    println!(
+        "B took the lease {since_answer:?} after its held read was let through ({took:?} of waiting)"
+    );
+    assert!(
+        since_answer >= Duration::from_secs(15),
+        "B took over {since_answer:?} after the answer to its held read (lease duration 15 s); log:\n{}",
+        standby.logs()
+    );
+    drop(standby);
     Ok(())
 }

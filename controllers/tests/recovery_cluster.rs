@@ -3,7 +3,9 @@
 //! apiserver is back both controllers act again within 5 s (PodGC deletes a new orphan pod,
 //! the ServiceCIDR controller puts its finalizer on a new ServiceCIDR). Twice: a plain
 //! apiserver crash and restart, then a restart after etcd was compacted (every resourceVersion
-//! the manager knew is gone).
+//! the manager knew is gone). And a watch whose connection stays up while nothing comes
+//! through it (a frozen proxy): PodGC stops and `/readyz` goes 503 within
+//! `--watch-silent-after`, and both come back once bytes flow again.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,7 @@ use k8s_openapi::api::{
 };
 use kube::{Api, ResourceExt, api::ObjectMeta};
 use testkit::control_plane::Outage;
-use testkit::{Binary, unique_name, wait_for, wait_ready};
+use testkit::{Binary, metric, proxy::Proxy, unique_name, wait_for, wait_ready};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const RECOVERY_BOUND: Duration = Duration::from_secs(5);
@@ -142,5 +144,108 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
     drop(manager);
     drop(c);
     drop(cp);
+    Ok(())
+}
+
+/// Item 4 of issue 21, black-box: the manager reaches the apiserver through a proxy that stops
+/// forwarding (connections stay open, nothing comes through: no event, no bookmark, no error).
+/// Within `--watch-silent-after` (10 s) the watches count as failed: `/readyz` answers 503, the
+/// error counter moves, and PodGC skips its cycles instead of deleting on caches that stopped
+/// moving. When bytes flow again, it is ready and deleting within seconds.
+#[tokio::test]
+async fn a_watch_that_goes_silent_stops_podgc_and_readiness_until_it_recovers() -> anyhow::Result<()>
+{
+    let name = "a_watch_that_goes_silent_stops_podgc_and_readiness_until_it_recovers";
+    let Some(c) = testkit::cluster(name).await else {
+        return Ok(());
+    };
+    let Some(apiserver) = testkit::proxy::apiserver_addr(&c.kubeconfig)? else {
+        testkit::skipped(name, "the kubeconfig names the apiserver by host name");
+        return Ok(());
+    };
+    const SILENT_AFTER: Duration = Duration::from_secs(10);
+    let ns = c.namespace("silent").await?;
+    let proxy = Proxy::start(apiserver).await?;
+    let via_proxy = testkit::proxy::kubeconfig_with_server(&c.kubeconfig, &proxy.url())?;
+    let via_proxy = via_proxy.display().to_string();
+    let (manager, admin) = Binary::start_with_admin(
+        env!("CARGO_BIN_EXE_controller-manager"),
+        "controller-manager-silent",
+        &[
+            "--leader-elect=false",
+            "--controllers=podgc",
+            "--gc-period=500ms",
+            "--orphan-quarantine=0s",
+            "--watch-silent-after=10s",
+            "--watch-stale-after=5s",
+            "--kube-api-timeout=5s",
+        ],
+        &[("KUBECONFIG", &via_proxy)],
+    )?;
+    wait_ready(admin, Duration::from_secs(30), "controller-manager ready").await?;
+    manager
+        .wait_for_log("podgc running", Duration::from_secs(30))
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let orphan = |name: &str| testkit::bound_pod(&ns, name, &unique_name("gone-node"));
+    c.create(&orphan("before")).await?;
+    wait_for(
+        Duration::from_secs(10),
+        "PodGC to delete an orphan",
+        || async { Ok(pods.get_opt("before").await?.is_none()) },
+    )
+    .await?;
+    // Quiet watches stay healthy: their bookmarks keep them alive past the bound.
+    tokio::time::sleep(SILENT_AFTER + Duration::from_secs(2)).await;
+    let errors = r#"groundskeeper_watch_errors_total{watch="podgc/nodes"}"#;
+    assert_eq!(
+        metric(admin, errors).await?,
+        Some(0.0),
+        "a quiet watch was failed"
+    );
+
+    proxy.freeze();
+    let frozen = Instant::now();
+    wait_for(
+        SILENT_AFTER + Duration::from_secs(3),
+        "/readyz 503 once the watches are silent past the bound",
+        || async { Ok(testkit::status(admin, "/readyz").await == 503) },
+    )
+    .await?;
+    let not_ready = frozen.elapsed();
+    assert!(
+        metric(admin, errors).await?.unwrap_or_default() >= 1.0,
+        "the silence is counted as a watch error"
+    );
+    // An orphan the frozen caches do not see; and PodGC says it deletes nothing meanwhile.
+    c.create(&orphan("during")).await?;
+    manager
+        .wait_for_log("podgc cycle skipped", Duration::from_secs(5))
+        .await?;
+    let logs = manager.logs();
+    assert!(logs.contains("no event or bookmark for"), "log:\n{logs}");
+
+    proxy.resume();
+    let resumed = Instant::now();
+    wait_ready(
+        admin,
+        Duration::from_secs(30),
+        "/readyz 200 after the proxy resumed",
+    )
+    .await?;
+    let ready = resumed.elapsed();
+    wait_for(
+        Duration::from_secs(30),
+        "PodGC to delete the orphan made meanwhile",
+        || async { Ok(pods.get_opt("during").await?.is_none()) },
+    )
+    .await?;
+    println!(
+        "SILENT WATCH: /readyz 503 {:.1}s after the freeze (bound {SILENT_AFTER:?}); ready {:.1}s and orphan deleted {:.1}s after the resume",
+        not_ready.as_secs_f64(),
+        ready.as_secs_f64(),
+        resumed.elapsed().as_secs_f64()
+    );
+    drop(manager);
     Ok(())
 }

@@ -1,30 +1,52 @@
 //! The admin HTTP server: `/healthz` (the process serves), `/readyz` (every watch has listed
 //! and none has been failing for longer than `--watch-stale-after`), `/metrics` (Prometheus
-//! text).
+//! text; open, or only to authorized callers with `--metrics-auth=kubernetes`).
 
 use std::net::SocketAddr;
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+};
 use clap::Args;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Readiness, metrics};
+use crate::{
+    Readiness, metrics,
+    metrics_auth::{Delegated, MetricsAuth},
+};
 
 #[derive(Args, Clone, Debug)]
 pub struct AdminArgs {
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
     #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
+
+    /// Who may read /metrics: `none` (anyone who reaches the port), or `kubernetes` (a bearer
+    /// token the apiserver authenticates, whose user may `get` the non-resource URL /metrics:
+    /// TokenReview and SubjectAccessReview, which this process's credentials must be allowed
+    /// to create). /healthz and /readyz stay open for kubelet's probes.
+    #[arg(long, env = "METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
+    pub metrics_auth: MetricsAuth,
 }
 
 #[derive(Clone)]
 struct AdminState {
     registry: Registry,
     readiness: Readiness,
+    auth: Option<Delegated>,
 }
 
 pub fn router(registry: Registry, readiness: Readiness) -> Router {
+    router_with(registry, readiness, None)
+}
+
+/// [`router`], with `/metrics` only for the callers `auth` lets through.
+pub fn router_with(registry: Registry, readiness: Readiness, auth: Option<Delegated>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/livez", get(|| async { "ok\n" }))
@@ -33,6 +55,7 @@ pub fn router(registry: Registry, readiness: Readiness) -> Router {
         .with_state(AdminState {
             registry,
             readiness,
+            auth,
         })
 }
 
@@ -49,7 +72,12 @@ async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
+async fn metrics_handler(State(s): State<AdminState>, headers: HeaderMap) -> Response {
+    if let Some(auth) = &s.auth
+        && let Err(refusal) = auth.check(&headers).await
+    {
+        return refusal.into_response();
+    }
     (
         [(
             http::header::CONTENT_TYPE,
@@ -57,6 +85,7 @@ async fn metrics_handler(State(s): State<AdminState>) -> impl IntoResponse {
         )],
         metrics::render(&s.registry),
     )
+        .into_response()
 }
 
 /// Binds the admin address now (so a port clash fails start-up, not later) and returns the
@@ -65,6 +94,7 @@ pub async fn bind(
     addr: SocketAddr,
     registry: Registry,
     readiness: Readiness,
+    auth: Option<Delegated>,
     token: CancellationToken,
 ) -> std::io::Result<(
     SocketAddr,
@@ -74,7 +104,7 @@ pub async fn bind(
         std::io::Error::new(e.kind(), format!("--admin-addr {addr}: cannot listen: {e}"))
     })?;
     let local = listener.local_addr()?;
-    let app = router(registry, readiness);
+    let app = router_with(registry, readiness, auth);
     let serve = async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { token.cancelled().await })
@@ -89,9 +119,15 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(addr: SocketAddr, path: &str) -> String {
+        get_with(addr, path, "").await
+    }
+
+    /// A GET with `headers` (each line ending in \r\n).
+    async fn get_with(addr: SocketAddr, path: &str, headers: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await
         .unwrap();
@@ -111,6 +147,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             registry,
             readiness,
+            None,
             token.clone(),
         )
         .await
@@ -138,6 +175,7 @@ mod tests {
         let readiness = crate::Readiness::new(crate::WatchSettings {
             stale_after: std::time::Duration::from_millis(50),
             backoff_max: std::time::Duration::from_secs(1),
+            ..crate::WatchSettings::default()
         });
         let flag = readiness.register("podgc/nodes");
         flag.mark_ready();
@@ -146,6 +184,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             metrics::registry(),
             readiness,
+            None,
             token.clone(),
         )
         .await
@@ -164,5 +203,127 @@ mod tests {
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
         token.cancel();
         server.await.unwrap().unwrap();
+    }
+
+    /// An apiserver that knows two tokens: `reader` (a user allowed to get /metrics) and
+    /// `other` (one that is not); counts the reviews it answers.
+    fn reviewing_apiserver(
+        reviews: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> kube::Client {
+        use kube::client::Body;
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let reviews = reviews.clone();
+            async move {
+                reviews.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let path = req.uri().path().to_string();
+                let body: serde_json::Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                let answer = if path.ends_with("/tokenreviews") {
+                    let user = match body["spec"]["token"].as_str() {
+                        Some("reader") => Some("system:serviceaccount:monitoring:prometheus"),
+                        Some("other") => Some("system:serviceaccount:default:someone"),
+                        _ => None,
+                    };
+                    let mut r = body.clone();
+                    r["status"] = match user {
+                        Some(u) => serde_json::json!({"authenticated": true,
+                            "user": {"username": u, "groups": ["system:serviceaccounts"]}}),
+                        None => serde_json::json!({"authenticated": false}),
+                    };
+                    r
+                } else {
+                    let allowed = body["spec"]["user"]
+                        == "system:serviceaccount:monitoring:prometheus"
+                        && body["spec"]["nonResourceAttributes"]["path"] == "/metrics"
+                        && body["spec"]["nonResourceAttributes"]["verb"] == "get";
+                    let mut r = body.clone();
+                    r["status"] = serde_json::json!({"allowed": allowed});
+                    r
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Body::from(answer.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// Item 11 of issue 21: with `--metrics-auth=kubernetes`, /metrics answers only a token the
+    /// apiserver authenticates whose user may get /metrics; the probes' endpoints stay open;
+    /// a scraper's verdict is reused, not asked again at every scrape.
+    #[tokio::test]
+    async fn metrics_only_to_authorized_callers_probes_open() {
+        let reviews = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let readiness = Readiness::default();
+        let token = CancellationToken::new();
+        let (addr, serve) = bind(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics::registry(),
+            readiness,
+            Some(Delegated::new(reviewing_apiserver(reviews.clone()))),
+            token.clone(),
+        )
+        .await
+        .unwrap();
+        let server = tokio::spawn(serve);
+        for (headers, want) in [
+            ("", "HTTP/1.1 401"),
+            ("Authorization: Basic eDp5\r\n", "HTTP/1.1 401"),
+            ("Authorization: Bearer forged\r\n", "HTTP/1.1 401"),
+            ("Authorization: Bearer other\r\n", "HTTP/1.1 403"),
+            ("Authorization: Bearer reader\r\n", "HTTP/1.1 200"),
+        ] {
+            let r = get_with(addr, "/metrics", headers).await;
+            assert!(r.starts_with(want), "{headers:?}: {r}");
+            assert_eq!(
+                r.contains("process_resident_memory_bytes"),
+                want.ends_with("200"),
+                "{headers:?}: metrics only when allowed"
+            );
+        }
+        for path in ["/healthz", "/livez", "/readyz"] {
+            assert!(
+                get(addr, path).await.starts_with("HTTP/1.1 200"),
+                "{path} open to kubelet's probes"
+            );
+        }
+        let asked = reviews.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..5 {
+            let r = get_with(addr, "/metrics", "Authorization: Bearer reader\r\n").await;
+            assert!(r.starts_with("HTTP/1.1 200"));
+        }
+        assert_eq!(
+            reviews.load(std::sync::atomic::Ordering::SeqCst),
+            asked,
+            "scrapes within a minute reuse the verdict"
+        );
+        token.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn metrics_are_open_unless_asked() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            admin: AdminArgs,
+        }
+        use clap::Parser;
+        let parse =
+            |a: &[&str]| Cli::try_parse_from(std::iter::once("bin").chain(a.iter().copied()));
+        assert_eq!(parse(&[]).unwrap().admin.metrics_auth, MetricsAuth::None);
+        assert_eq!(
+            parse(&["--metrics-auth=kubernetes"])
+                .unwrap()
+                .admin
+                .metrics_auth,
+            MetricsAuth::Kubernetes
+        );
+        let e = parse(&["--metrics-auth=basic"]).err().unwrap().to_string();
+        assert!(e.contains("basic"), "{e}");
     }
 }

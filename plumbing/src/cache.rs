@@ -18,7 +18,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use kube::{
-    Api, Resource,
+    Resource,
     runtime::watcher::{self, Event},
 };
 use serde::de::DeserializeOwned;
@@ -222,15 +222,16 @@ impl<C> Shared<C> {
     }
 }
 
-/// Watches `api` into `cache` for ever through [`crate::watch::watch`] (capped backoff, relist
-/// after errors, errors logged and counted there). `fold` applies each event to the cache under
+/// Watches every `W` (cluster-wide, narrowed by `config`'s selectors) into `cache` for ever
+/// through [`crate::watch::watch`] (capped backoff, relist after errors and after a silence,
+/// errors logged and counted there). `fold` applies each event to the cache under
 /// its lock and says what the component must react to; the stream yields that after the lock
 /// is released. The watch's flag, registered as `component/kind` (`podgc/pods`), is returned
 /// with the stream and turns healthy as soon as a full list has been folded in.
 pub fn follow<W, C, R, F>(
     readiness: &Readiness,
     component: &str,
-    api: Api<W>,
+    client: kube::Client,
     config: watcher::Config,
     cache: Shared<C>,
     mut fold: F,
@@ -247,7 +248,7 @@ where
 {
     let kind = W::plural(&W::DynamicType::default()).into_owned();
     let flag = readiness.register(format!("{component}/{kind}"));
-    let events = crate::watch::watch(api, config, flag.clone());
+    let events = crate::watch::watch(client, config, flag.clone());
     let ready = flag.clone();
     let mut first = true;
     let stream = events.filter_map(move |ev| {
@@ -311,7 +312,7 @@ impl<C: Send + 'static> Watches<C> {
         follow(
             &self.readiness,
             self.component,
-            Api::all(self.client.clone()),
+            self.client.clone(),
             config,
             self.cache.clone(),
             fold,
@@ -423,13 +424,13 @@ mod tests {
                     .unwrap(),
             )
         });
-        let api: Api<ConfigMap> = Api::all(kube::Client::new(service, "default"));
+        let client = kube::Client::new(service, "default");
         let readiness = Readiness::default();
         let cache: Shared<Store<String, ()>> = Shared::default();
         let (flag, stream) = follow(
             &readiness,
             "test",
-            api,
+            client,
             watcher::Config::default(),
             cache.clone(),
             |s, ev| s.apply_event(ev, |c: ConfigMap| Kept::Yes(c.name_any(), ())),

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;
@@ -15,6 +16,8 @@ pub mod tasks;
 pub mod telemetry;
 pub mod timeout;
 pub mod watch;
+#[cfg(test)]
+mod watch_tests;
 
 pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;

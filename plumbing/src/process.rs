@@ -13,6 +13,7 @@ use crate::{
     admin::{self, AdminArgs},
     client::{KubeArgs, parse_duration},
     metrics,
+    metrics_auth::{Delegated, MetricsAuth},
     telemetry::LogArgs,
 };
 
@@ -47,6 +48,28 @@ pub struct CommonArgs {
     /// of it). Bounds how long after the apiserver returns a watch is back.
     #[arg(long, env = "WATCH_BACKOFF_MAX", default_value = "2s", value_parser = parse_duration)]
     pub watch_backoff_max: Duration,
+
+    /// A watch that delivers neither an event nor a bookmark for this long is treated as
+    /// failed (counted, relisted; its cache stale since it was last heard from), however
+    /// healthy its connection looks. The apiserver sends a bookmark about every minute; below
+    /// 70 s watches are also asked to end every half of this, each ending preceded by a
+    /// bookmark. 0 turns the check off (an apiserver without a watch cache sends none).
+    #[arg(long, env = "WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
+    pub watch_silent_after: Duration,
+}
+
+/// Least `--watch-silent-after` (other than 0): a watch asked to end after half of it gets its
+/// bookmark 2 s before the end only when the end is a few seconds away.
+const SILENT_AFTER_MIN: Duration = Duration::from_secs(6);
+
+fn parse_silent_after(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !d.is_zero() && d < SILENT_AFTER_MIN {
+        return Err(format!(
+            "{s:?} is too short: at least {SILENT_AFTER_MIN:?}, or 0 to turn the check off"
+        ));
+    }
+    Ok(d)
 }
 
 impl CommonArgs {
@@ -54,6 +77,7 @@ impl CommonArgs {
         crate::WatchSettings {
             stale_after: self.watch_stale_after,
             backoff_max: self.watch_backoff_max,
+            silent_after: self.watch_silent_after,
         }
     }
 }
@@ -104,10 +128,15 @@ impl Process {
         let readiness = Readiness::new(args.watch_settings());
         registry.register(readiness.collector())?;
         let (client, unretried_client) = kube.clients().await?;
+        let auth = match args.admin.metrics_auth {
+            MetricsAuth::None => None,
+            MetricsAuth::Kubernetes => Some(Delegated::new(client.clone())),
+        };
         let (admin_addr, serve) = admin::bind(
             admin_addr,
             registry.clone(),
             readiness.clone(),
+            auth,
             shutdown.token(),
         )
         .await?;
@@ -168,5 +197,20 @@ mod tests {
         assert_eq!(c.watch_settings().stale_after, Duration::from_secs(60));
         assert_eq!(c.watch_settings().backoff_max, Duration::from_millis(500));
         assert!(parse(&["--watch-stale-after=soon"]).is_err());
+    }
+
+    #[test]
+    fn watch_silent_after() {
+        let silent = |a: &[&str]| parse(a).map(|c| c.watch_settings().silent_after);
+        assert_eq!(silent(&[]).unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            silent(&["--watch-silent-after=10s"]).unwrap(),
+            Duration::from_secs(10)
+        );
+        assert_eq!(silent(&["--watch-silent-after=0"]).unwrap(), Duration::ZERO);
+        let e = silent(&["--watch-silent-after=2s"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2s") && e.contains("too short"), "{e}");
     }
 }

@@ -30,6 +30,9 @@ pub struct WatchSettings {
     pub stale_after: Duration,
     /// Longest wait between two attempts to re-establish a failed watch.
     pub backoff_max: Duration,
+    /// A watch that has delivered neither an event nor a bookmark for this long has failed
+    /// (its connection is up but nothing comes through); zero turns the check off.
+    pub silent_after: Duration,
 }
 
 impl Default for WatchSettings {
@@ -37,6 +40,7 @@ impl Default for WatchSettings {
         Self {
             stale_after: Duration::from_secs(30),
             backoff_max: Duration::from_secs(2),
+            silent_after: Duration::from_secs(90),
         }
     }
 }
@@ -159,9 +163,23 @@ impl ReadyFlag {
     /// The watch failed; it stays unhealthy until a full list completes. Logged here, one way
     /// for every watch: a warning when the failure starts and every 10 s while it lasts.
     pub fn failed(&self, error: &dyn fmt::Display, retry_in: Duration) {
+        self.fail(error, retry_in, None);
+    }
+
+    /// The watch has delivered nothing (no event, no bookmark) since `last_heard`: it failed
+    /// then, not now. Its cache has been stale since, which is what `/readyz` and
+    /// `groundskeeper_watch_stale_seconds` report from here on.
+    pub fn silent_since(&self, error: &dyn fmt::Display, last_heard: Instant) {
+        self.fail(error, Duration::ZERO, Some(last_heard));
+    }
+
+    fn fail(&self, error: &dyn fmt::Display, retry_in: Duration, since: Option<Instant>) {
         self.watch.errors.inc();
         self.change(|s| {
             s.failing = true;
+            if let Some(since) = since {
+                s.unhealthy_since = Some(s.unhealthy_since.map_or(since, |u| u.min(since)));
+            }
             let now = Instant::now();
             let failing_for = s.unhealthy_since.map_or(Duration::ZERO, |t| now - t);
             if s.last_warned.is_none_or(|t| now - t >= Duration::from_secs(10)) {
@@ -351,7 +369,7 @@ mod tests {
     async fn a_watch_failing_past_the_bound_makes_the_binary_not_ready() {
         let r = Readiness::new(WatchSettings {
             stale_after: Duration::from_secs(30),
-            backoff_max: Duration::from_secs(2),
+            ..WatchSettings::default()
         });
         let w = r.register("podgc/pods");
         w.mark_ready();
@@ -390,6 +408,40 @@ mod tests {
             "a list confirmed twice changes nothing"
         );
         assert_eq!(w.stale_for(), Duration::ZERO);
+    }
+
+    /// A watch found silent at 90 s has been stale since it was last heard from: the binary is
+    /// not ready at once (30 s bound), and the metrics say 90 s, not 0.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_watch_is_stale_since_it_was_last_heard_from() {
+        let r = Readiness::default();
+        let registry = prometheus::Registry::new();
+        registry.register(r.collector()).unwrap();
+        let w = r.register("podgc/nodes");
+        w.mark_ready();
+        let healthy = w.health().expect("listed");
+        let last_heard = Instant::now();
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert!(r.is_ready(), "nobody knows yet");
+        w.silent_since(&"no event or bookmark for 90s", last_heard);
+        assert_eq!(w.health(), None, "the passes built on it stop");
+        assert_ne!(Some(healthy), w.health());
+        assert_eq!(
+            r.not_ready(),
+            vec![NotReady::Stale(
+                "podgc/nodes".into(),
+                Duration::from_secs(90)
+            )]
+        );
+        let text = crate::metrics::render(&registry);
+        for want in [
+            "groundskeeper_watch_errors_total{watch=\"podgc/nodes\"} 1",
+            "groundskeeper_watch_stale_seconds{watch=\"podgc/nodes\"} 90",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        w.mark_ready();
+        assert!(r.is_ready(), "a relist ends it");
     }
 
     #[tokio::test(start_paused = true)]

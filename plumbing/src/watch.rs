@@ -14,10 +14,21 @@
 //! ends with `InitDone`, which does prove it. client-go's reflector also lists again after
 //! most watch errors; with the apiserver's watch cache a list is cheap, and after an apiserver
 //! restart the old resourceVersion is usually gone anyway (410).
+//!
+//! Why a watch that is merely quiet can fail: a connection can stay up while nothing comes
+//! through it (a stuck proxy or load balancer, a half-open TCP connection), and kube-runtime
+//! notices only after its 295 s idle timeout, then resumes without a word. Every watch asks
+//! for bookmarks, which the apiserver sends about every minute on a quiet watch; one that has
+//! delivered neither an event nor a bookmark for `--watch-silent-after` is failed like any
+//! other: counted, relisted, and its cache stale since it was last heard from. kube-runtime
+//! keeps bookmarks to itself, so what the server sends is seen on the way in ([`Heard`]).
 
 use std::{
     fmt::Debug,
     hash::{BuildHasher, RandomState},
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -27,11 +38,12 @@ use kube::{
     runtime::watcher::{self, Event, watcher},
 };
 use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
 use crate::ReadyFlag;
 
 /// First retry delay; doubled per consecutive failure up to the cap.
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(200);
 
 /// Exponential backoff from [`BACKOFF_MIN`] to `max`, each delay drawn in [d/2, d].
 #[derive(Debug, Clone)]
@@ -66,6 +78,10 @@ struct Driver<K: Resource + Clone + 'static> {
     api: Api<K>,
     config: watcher::Config,
     flag: ReadyFlag,
+    /// When the server last sent this watch anything.
+    heard: Heard,
+    /// `--watch-silent-after`; `None` when off.
+    silent_after: Option<Duration>,
     inner: Option<BoxStream<'static, watcher::Result<Event<K>>>>,
     backoff: Backoff,
     /// `InitDone` was handed out: the watch becomes healthy when the consumer asks for the
@@ -83,25 +99,56 @@ struct Driver<K: Resource + Clone + 'static> {
 /// 1 s); a connection that went dead silently would hold one for the 295 s read timeout.
 /// Doubled after each such timeout up to [`LIST_DEADLINE_MAX`], so a list that legitimately
 /// takes long still gets through.
-const LIST_DEADLINE: Duration = Duration::from_secs(3);
+pub(crate) const LIST_DEADLINE: Duration = Duration::from_secs(3);
 const LIST_DEADLINE_MAX: Duration = Duration::from_secs(60);
 
-/// Watches `api` for ever: the events of kube-runtime's `watcher`, never an error (errors are
-/// logged, counted and retried here, and turn the flag unhealthy until the next full list).
-/// Components do not call this: they watch through [`crate::cache::follow`], which keeps a store.
+/// The apiserver sends a bookmark on a quiet watch about this often (the cacher's
+/// `bookmarkFrequency`; measured on v1.36: 60-61 s), and one 2 s before a watch's timeout.
+const BOOKMARK_PERIOD: Duration = Duration::from_secs(60);
+
+/// Bookmarks asked for; when `silent_after` is too short for the periodic bookmark to arrive
+/// within it, the watch is asked to end after half of it, so that the bookmark sent before each
+/// end does (the watcher resumes from the last resourceVersion, no relist).
+pub(crate) fn with_bookmarks(
+    mut config: watcher::Config,
+    silent_after: Option<Duration>,
+) -> watcher::Config {
+    config.bookmarks = true;
+    if let Some(bound) = silent_after
+        && bound < BOOKMARK_PERIOD + Duration::from_secs(10)
+    {
+        let half = u32::try_from(bound.as_secs() / 2)
+            .unwrap_or(u32::MAX)
+            .max(3);
+        config.timeout = Some(config.timeout.map_or(half, |t| t.min(half)));
+    }
+    config
+}
+
+/// Watches every `K` for ever (cluster-wide): the events of kube-runtime's `watcher`, never an
+/// error (errors are logged, counted and retried here, and turn the flag unhealthy until the
+/// next full list). Components do not call this: they watch through [`crate::cache::follow`],
+/// which keeps a store.
 pub(crate) fn watch<K>(
-    api: Api<K>,
+    client: kube::Client,
     config: watcher::Config,
     flag: ReadyFlag,
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
 {
-    let backoff = Backoff::new(flag.settings().backoff_max);
+    let settings = flag.settings();
+    let backoff = Backoff::new(settings.backoff_max);
+    let silent_after = Some(settings.silent_after).filter(|d| !d.is_zero());
+    let heard = Heard::default();
+    let api = Api::all_with(heard.client(client), &K::DynamicType::default());
     let driver = Driver {
         api,
-        config,
+        config: with_bookmarks(config, silent_after),
         flag,
+        heard,
+        silent_after,
         inner: None,
         backoff,
         listed: false,
@@ -115,6 +162,7 @@ where
         loop {
             if d.inner.is_none() {
                 d.awaiting_answer = true;
+                d.heard.now();
             }
             let inner = d
                 .inner
@@ -131,6 +179,35 @@ where
                         d.flag.failed(
                             &format_args!("no answer to the list within {waited:?}; asking again"),
                             Duration::ZERO,
+                        );
+                        continue;
+                    }
+                }
+            } else if let Some(bound) = d.silent_after {
+                let mut next = inner.next();
+                let silent = loop {
+                    let last = d.heard.last();
+                    tokio::select! {
+                        biased;
+                        n = &mut next => break Ok(n),
+                        _ = tokio::time::sleep_until(last + bound) => {
+                            // A bookmark kube-runtime kept to itself may have come meanwhile.
+                            if d.heard.last() == last {
+                                break Err(last);
+                            }
+                        }
+                    }
+                };
+                match silent {
+                    Ok(n) => n,
+                    Err(last) => {
+                        d.inner = None;
+                        d.flag.silent_since(
+                            &format_args!(
+                                "no event or bookmark for {:?} (--watch-silent-after {bound:?}); relisting",
+                                last.elapsed()
+                            ),
+                            last,
                         );
                         continue;
                     }
@@ -171,8 +248,74 @@ where
     })
 }
 
+/// When the server last sent one watch anything: response headers or a body frame (an event,
+/// a bookmark, a list page). Shared by the watch's client, which records it, and its driver.
+#[derive(Clone)]
+struct Heard(Arc<Mutex<Instant>>);
+
+impl Default for Heard {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(Instant::now())))
+    }
+}
+
+impl Heard {
+    fn now(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn last(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `client`, recording here whatever its responses bring in.
+    fn client(&self, client: kube::Client) -> kube::Client {
+        let ns = client.default_namespace().to_string();
+        let heard = self.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let (client, heard) = (client.clone(), heard.clone());
+            async move {
+                let res = client.send(req).await?;
+                heard.now();
+                Ok::<_, kube::Error>(res.map(|body| HeardBody { body, heard }))
+            }
+        });
+        kube::Client::new(service, ns)
+    }
+}
+
+/// A response body that records in [`Heard`] each frame it yields.
+struct HeardBody {
+    body: kube::client::Body,
+    heard: Heard,
+}
+
+impl http_body::Body for HeardBody {
+    type Data = bytes::Bytes;
+    type Error = kube::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            self.heard.now();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// A watch error with a hint for the one cause an operator fixes by hand.
-struct Explained<'a>(&'a watcher::Error);
+pub(crate) struct Explained<'a>(pub(crate) &'a watcher::Error);
 
 impl std::fmt::Display for Explained<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -183,202 +326,5 @@ impl std::fmt::Display for Explained<'_> {
             write!(f, " (the resource is not served: is its CRD installed?)")?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_resource_is_explained() {
-        let err = |code| {
-            watcher::Error::InitialListFailed(kube::Error::Api(
-                kube::core::Status::failure(
-                    "the server could not find the requested resource",
-                    "NotFound",
-                )
-                .with_code(code)
-                .boxed(),
-            ))
-        };
-        let text = Explained(&err(404)).to_string();
-        assert!(text.contains("is its CRD installed?"), "{text}");
-        let text = Explained(&err(500)).to_string();
-        assert!(!text.contains("CRD"), "{text}");
-    }
-
-    #[test]
-    fn backoff_is_capped_jittered_and_reset() {
-        let mut b = Backoff::new(Duration::from_secs(2));
-        let first = b.next_delay();
-        assert!(
-            first >= Duration::from_millis(100) && first <= BACKOFF_MIN,
-            "{first:?}"
-        );
-        for _ in 0..20 {
-            let d = b.next_delay();
-            assert!(d <= Duration::from_secs(2), "{d:?}");
-        }
-        let late = b.next_delay();
-        assert!(
-            late >= Duration::from_secs(1),
-            "at the cap, jitter halves at most: {late:?}"
-        );
-        b.reset();
-        assert!(b.next_delay() <= BACKOFF_MIN);
-        let tiny = Backoff::new(Duration::from_millis(50)).next_delay();
-        assert!(
-            tiny <= Duration::from_millis(50),
-            "a cap below the minimum wins"
-        );
-    }
-
-    /// A fake apiserver: lists return one ConfigMap (a, then b), the first watch answers 410
-    /// Gone as the apiserver does when the resourceVersion was compacted away.
-    fn fake_apiserver(lists: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> kube::Client {
-        use kube::client::Body;
-        use std::sync::atomic::Ordering;
-        let service = tower::service_fn(move |req: http::Request<Body>| {
-            let lists = lists.clone();
-            async move {
-                let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
-                let body = if watch {
-                    serde_json::json!({"type": "ERROR", "object": {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {},
-                        "status": "Failure", "reason": "Expired", "code": 410,
-                        "message": "too old resource version: 1 (20)"}})
-                    .to_string()
-                        + "\n"
-                } else {
-                    let n = lists.fetch_add(1, Ordering::SeqCst);
-                    let name = if n == 0 { "a" } else { "b" };
-                    serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
-                        "metadata": {"resourceVersion": "1"},
-                        "items": [{"metadata": {"name": name, "namespace": "default",
-                                                "resourceVersion": "1"}}]})
-                    .to_string()
-                };
-                Ok::<_, std::convert::Infallible>(
-                    http::Response::builder()
-                        .status(200)
-                        .body(Body::from(body.into_bytes()))
-                        .unwrap(),
-                )
-            }
-        });
-        kube::Client::new(service, "default")
-    }
-
-    #[tokio::test]
-    async fn a_410_gone_turns_the_watch_unhealthy_and_relists_after_a_short_backoff() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::ResourceExt;
-        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let readiness = crate::Readiness::default();
-        let registry = prometheus::Registry::new();
-        registry.register(readiness.collector()).unwrap();
-        let flag = readiness.register("test/configmaps");
-        let api: Api<ConfigMap> = Api::namespaced(fake_apiserver(lists.clone()), "default");
-        let mut stream = std::pin::pin!(watch(api, watcher::Config::default(), flag.clone()));
-        let mut next = async || match stream.next().await {
-            Some(Ok(Event::Init)) => "init".to_string(),
-            Some(Ok(Event::InitApply(o))) => format!("init-apply {}", o.name_any()),
-            Some(Ok(Event::InitDone)) => "init-done".to_string(),
-            other => format!("unexpected {other:?}"),
-        };
-        assert_eq!(next().await, "init");
-        assert_eq!(next().await, "init-apply a");
-        assert_eq!(next().await, "init-done");
-        assert!(
-            !flag.is_ready(),
-            "marked only once the consumer comes back, i.e. has applied the list"
-        );
-        let started = std::time::Instant::now();
-        // Asking for the next event marks the list applied; the watch then gets its 410.
-        assert_eq!(next().await, "init");
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "{:?}",
-            started.elapsed()
-        );
-        assert!(
-            flag.is_ready(),
-            "the first list counts for start-up readiness"
-        );
-        assert!(!flag.is_healthy(), "failed, relisting");
-        assert_eq!(next().await, "init-apply b");
-        assert_eq!(next().await, "init-done");
-        assert_eq!(lists.load(std::sync::atomic::Ordering::SeqCst), 2);
-        flag.mark_ready();
-        assert!(flag.is_healthy());
-        let text = crate::metrics::render(&registry);
-        assert!(
-            text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
-            "{text}"
-        );
-    }
-
-    /// What must NOT happen: lists that succeed while every watch is refused relisting at the
-    /// shortest delay for ever. The backoff grows to its cap instead.
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_refused_after_every_good_list_backs_off_to_the_cap() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let flag = crate::Readiness::default().register("test/configmaps");
-        let api: Api<ConfigMap> = Api::namespaced(fake_apiserver(lists.clone()), "default");
-        let stream = watch(api, watcher::Config::default(), flag);
-        let mut stream = std::pin::pin!(stream);
-        let started = tokio::time::Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            stream.next().await;
-        }
-        let n = lists.load(std::sync::atomic::Ordering::SeqCst);
-        // 0.2, 0.4, 0.8, 1.6, then 2 s (each jittered down to half at most): about 10-20
-        // lists in 20 s. Resetting after each good list made it about 130.
-        assert!((8..=25).contains(&n), "{n} lists in 20 s");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_list_left_unanswered_is_asked_again() {
-        use k8s_openapi::api::core::v1::ConfigMap;
-        use kube::client::Body;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let lists = std::sync::Arc::new(AtomicUsize::new(0));
-        let seen = lists.clone();
-        // The first list is held for ever, as a starting apiserver holds early requests.
-        let service = tower::service_fn(move |_req: http::Request<Body>| {
-            let n = seen.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    std::future::pending::<()>().await;
-                }
-                let body = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
-                    "metadata": {"resourceVersion": "1"}, "items": []})
-                .to_string();
-                Ok::<_, std::convert::Infallible>(
-                    http::Response::builder()
-                        .status(200)
-                        .body(Body::from(body.into_bytes()))
-                        .unwrap(),
-                )
-            }
-        });
-        let flag = crate::Readiness::default().register("test/configmaps");
-        let api: Api<ConfigMap> = Api::namespaced(kube::Client::new(service, "default"), "default");
-        let mut stream = std::pin::pin!(watch(api, watcher::Config::default(), flag.clone()));
-        let started = tokio::time::Instant::now();
-        assert!(matches!(stream.next().await, Some(Ok(Event::Init))));
-        assert!(
-            matches!(stream.next().await, Some(Ok(Event::Init))),
-            "asked again"
-        );
-        assert!(matches!(stream.next().await, Some(Ok(Event::InitDone))));
-        let took = started.elapsed();
-        assert!(
-            took >= LIST_DEADLINE && took <= LIST_DEADLINE + Duration::from_millis(50),
-            "{took:?}"
-        );
-        assert_eq!(lists.load(Ordering::SeqCst), 2);
     }
 }

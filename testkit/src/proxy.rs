@@ -121,6 +121,16 @@ pub fn kubeconfig_with_server(
     Ok(path)
 }
 
+/// The apiserver's address in `kubeconfig` (`https://<ip>:<port>`), to put a [`Proxy`] in
+/// front of; `None` when the server is named by host name.
+pub fn apiserver_addr(kubeconfig: &std::path::Path) -> anyhow::Result<Option<SocketAddr>> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let server = doc["clusters"][0]["cluster"]["server"]
+        .as_str()
+        .unwrap_or_default();
+    Ok(server.trim_start_matches("https://").parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

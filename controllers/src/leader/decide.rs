@@ -8,6 +8,8 @@
 use std::time::Duration;
 use tokio::time::Instant;
 
+use super::clock::Stamp;
+
 /// The parts of a Lease the election reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
@@ -71,9 +73,10 @@ pub fn decide(identity: &str, observed: Option<&Observation>, now: Instant) -> S
 }
 
 /// A leader that has not renewed within the renew deadline must stop acting: after
-/// `lease_duration` (> renew deadline) another replica may take over.
-pub fn renewal_overdue(last_renewed: Instant, now: Instant, renew_deadline: Duration) -> bool {
-    now.saturating_duration_since(last_renewed) >= renew_deadline
+/// `lease_duration` (> renew deadline) another replica may take over. Time the machine spent
+/// suspended counts: the standbys' clocks did not stop.
+pub fn renewal_overdue(last_renewed: Stamp, now: Stamp, renew_deadline: Duration) -> bool {
+    now.since(last_renewed) >= renew_deadline
 }
 
 /// When the round starting at `now` must have finished. A leader's whole round (read and write)
@@ -81,13 +84,13 @@ pub fn renewal_overdue(last_renewed: Instant, now: Instant, renew_deadline: Dura
 /// takes: client-go bounds the renewal attempt the same way, so a leader can not outlive its
 /// term by waiting on a hung request. A candidate's round is bounded by one renew deadline.
 pub fn attempt_deadline(
-    last_renewed: Option<Instant>,
-    now: Instant,
+    last_renewed: Option<Stamp>,
+    now: Stamp,
     renew_deadline: Duration,
-) -> Instant {
+) -> Stamp {
     match last_renewed {
-        Some(t) => t + renew_deadline,
-        None => now + renew_deadline,
+        Some(t) => t.plus(renew_deadline),
+        None => now.plus(renew_deadline),
     }
 }
 
@@ -218,14 +221,28 @@ mod tests {
         assert_eq!(decide("me", Some(&frozen), t0 + LEASE), Step::Acquire);
     }
 
+    fn awake(at: Instant) -> Stamp {
+        Stamp {
+            at,
+            asleep: Duration::ZERO,
+        }
+    }
+
     #[test]
     fn renew_deadline() {
         let t0 = Instant::now();
         let d = Duration::from_secs(10);
-        assert!(!renewal_overdue(t0, t0 + Duration::from_secs(9), d));
-        assert!(renewal_overdue(t0, t0 + d, d));
+        let s = Duration::from_secs;
+        assert!(!renewal_overdue(awake(t0), awake(t0 + s(9)), d));
+        assert!(renewal_overdue(awake(t0), awake(t0 + d), d));
         // A monotonic clock never goes back, but saturate rather than panic if it looks like it.
-        assert!(!renewal_overdue(t0 + d, t0, d));
+        assert!(!renewal_overdue(awake(t0 + d), awake(t0), d));
+        // 1 s awake after a 60 s suspend: overdue, though CLOCK_MONOTONIC says 1 s.
+        let woke = Stamp {
+            at: t0 + s(1),
+            asleep: s(60),
+        };
+        assert!(renewal_overdue(awake(t0), woke, d));
     }
 
     #[test]
@@ -243,7 +260,11 @@ mod tests {
             (Some(t0), t0 + s(8), t0 + d),
             (Some(t0), t0 + s(12), t0 + d),
         ] {
-            assert_eq!(attempt_deadline(last, now, d), want, "{last:?} {now:?}");
+            assert_eq!(
+                attempt_deadline(last.map(awake), awake(now), d),
+                awake(want),
+                "{last:?} {now:?}"
+            );
         }
     }
 }

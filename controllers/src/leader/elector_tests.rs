@@ -22,6 +22,13 @@ struct LeaseServer {
     lease: Arc<Mutex<Option<Value>>>,
     hang_reads: Arc<AtomicBool>,
     hang_writes: Arc<AtomicBool>,
+    /// Reads are answered this long after they arrive, with the Lease as it is then (an
+    /// overloaded apiserver).
+    read_delay: Arc<Mutex<Duration>>,
+    /// When each read arrived.
+    reads: Arc<Mutex<Vec<Instant>>>,
+    /// When each write was stored, and the holder it wrote.
+    writes: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
 fn status(code: u16, reason: &str) -> Value {
@@ -41,6 +48,11 @@ impl LeaseServer {
                 let hang = if write { &s.hang_writes } else { &s.hang_reads };
                 if hang.load(Ordering::SeqCst) {
                     tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                if !write {
+                    s.reads.lock().unwrap().push(Instant::now());
+                    let delay = *s.read_delay.lock().unwrap();
+                    tokio::time::sleep(delay).await;
                 }
                 let (code, body) = s.answer(parts.method.as_str(), &bytes);
                 Ok::<_, std::convert::Infallible>(testkit::api::reply(code, &body))
@@ -73,6 +85,11 @@ impl LeaseServer {
                 new["metadata"]["resourceVersion"] = json!(next.to_string());
                 new["apiVersion"] = json!("coordination.k8s.io/v1");
                 new["kind"] = json!("Lease");
+                let holder = new["spec"]["holderIdentity"].as_str().unwrap_or_default();
+                self.writes
+                    .lock()
+                    .unwrap()
+                    .push((Instant::now(), holder.to_string()));
                 *stored = Some(new.clone());
                 (if method == "POST" { 201 } else { 200 }, new)
             }
@@ -123,7 +140,7 @@ async fn leading(
 
 fn term_end(l: &Leadership) -> Instant {
     match l.fence().term() {
-        Term::Until(end) => end,
+        Term::Until(end) => end.at,
         t => panic!("not leading: {t:?}"),
     }
 }
@@ -239,4 +256,110 @@ async fn shutdown_does_not_wait_for_a_hung_round() {
     assert!(t.elapsed() <= Duration::from_secs(10), "{:?}", t.elapsed());
     assert_eq!(leadership.fence().term(), Term::Standby);
     assert_eq!(g.get(), 0);
+}
+
+/// Another replica's renewal, as the apiserver stores it.
+fn renew_as(server: &LeaseServer, holder: &str, renew_time: &str) {
+    let mut l = server.lease.lock().unwrap();
+    let rv = l.as_ref().map_or(0, |l| {
+        l["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    });
+    *l = Some(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": NAME, "namespace": NS, "resourceVersion": (rv + 1).to_string()},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                 "renewTime": renew_time, "leaseTransitions": 0},
+    }));
+}
+
+/// A standby whose GET is held for seconds (an overloaded apiserver) while the holder renews
+/// one last time and then dies: the standby times the lease from when the answer arrived, so it
+/// takes over no earlier than lease duration after that answer, and so after the holder's term
+/// (its renew deadline, 10 s) is over. Timed from when it asked, it took over 9 s after the
+/// holder's last renewal: while the holder still led.
+#[tokio::test(start_paused = true)]
+async fn a_standby_times_the_lease_from_the_answer_not_the_question() {
+    let lease = Duration::from_secs(15);
+    let hold = Duration::from_secs(7);
+    let server = LeaseServer::default();
+    renew_as(&server, "other_2", "2026-01-01T00:00:00.000000Z");
+    let (elector, leadership) = Elector::new(server.client(), config(), gauge());
+    let task = tokio::spawn(elector.run(CancellationToken::new()));
+    // The standby follows a live holder for a while (the holder renews every 2 s).
+    for i in 1..=5 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        renew_as(
+            &server,
+            "other_2",
+            &format!("2026-01-01T00:00:{:02}.000000Z", 2 * i),
+        );
+    }
+    assert!(!leadership.is_leading());
+    // The standby's next read is held 7 s (the reads after it are not). While it is held, the
+    // holder renews a last time (6 s into the hold), then dies.
+    *server.read_delay.lock().unwrap() = hold;
+    let asked = server.reads.lock().unwrap().len();
+    let read_at = loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(t) = server.reads.lock().unwrap().get(asked) {
+            break *t;
+        }
+    };
+    *server.read_delay.lock().unwrap() = Duration::ZERO;
+    tokio::time::sleep_until(read_at + Duration::from_secs(6)).await;
+    renew_as(&server, "other_2", "2026-01-01T00:01:00.000000Z");
+    let last_renewal = Instant::now();
+    let answered = read_at + hold;
+
+    leadership.acquired().await;
+    let acquired = server
+        .writes
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(_, h)| h == "me_1")
+        .map(|(t, _)| *t)
+        .expect("the standby wrote the lease");
+    assert!(
+        acquired >= answered + lease,
+        "took over {:?} after the answer that showed the last renewal (lease duration {lease:?})",
+        acquired - answered
+    );
+    assert!(
+        acquired >= last_renewal + lease,
+        "took over {:?} after the holder's last renewal",
+        acquired - last_renewal
+    );
+    task.abort();
+}
+
+/// The lease duration written for standbys to wait is rounded up: 10.5 s rounded down to 10 s
+/// would leave a standby 0.5 s less than the leader's term needs.
+#[tokio::test(start_paused = true)]
+async fn the_lease_duration_written_is_rounded_up() {
+    for (flag, want) in [
+        (Duration::from_secs(15), 15),
+        (Duration::from_millis(10_500), 11),
+        (Duration::from_millis(10_001), 11),
+        (Duration::from_millis(500), 1),
+    ] {
+        assert_eq!(lease_duration_seconds(flag), want, "{flag:?}");
+    }
+    let server = LeaseServer::default();
+    let cfg = ElectionConfig {
+        lease_duration: Duration::from_millis(10_500),
+        renew_deadline: Duration::from_millis(9_500),
+        ..config()
+    };
+    let (elector, leadership) = Elector::new(server.client(), cfg, gauge());
+    let task = tokio::spawn(elector.run(CancellationToken::new()));
+    leadership.acquired().await;
+    let written =
+        server.lease.lock().unwrap().as_ref().unwrap()["spec"]["leaseDurationSeconds"].clone();
+    assert_eq!(written, json!(11));
+    task.abort();
 }

@@ -1,7 +1,8 @@
 //! The fence every controller write passes through: a write is started only while this replica
 //! holds a valid lease, and is abandoned in flight the moment that validity ends.
 //!
-//! Validity is judged on the local monotonic clock against an instant the elector publishes
+//! Validity is judged on the local clock (monotonic, plus time suspended: `clock.rs`) against an
+//! instant the elector publishes
 //! (the start of the last successful renewal + the renew deadline), not against a flag the
 //! elector has to flip in time: a hung elector, a stopped process that wakes up, or a timer that
 //! has not fired yet can not make a write look allowed once that instant has passed. A standby
@@ -11,25 +12,27 @@
 
 use std::{future::Future, task::Poll};
 
-use tokio::{sync::watch, time::Instant};
+use tokio::sync::watch;
+
+use super::clock::Stamp;
 
 /// How long this replica may act.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Term {
     /// Not leading: a standby, or a leader that lost (or gave up) its lease.
     Standby,
-    /// Leading while the monotonic clock is before this instant.
-    Until(Instant),
+    /// Leading until this stamp is reached, time suspended included.
+    Until(Stamp),
     /// `--leader-elect=false`: the only replica, always acting.
     Unbounded,
 }
 
 impl Term {
     /// The lease-validity predicate.
-    pub fn valid_at(self, now: Instant) -> bool {
+    pub fn valid_at(self, now: Stamp) -> bool {
         match self {
             Term::Standby => false,
-            Term::Until(end) => now < end,
+            Term::Until(end) => !now.reached(end),
             Term::Unbounded => true,
         }
     }
@@ -67,7 +70,7 @@ impl Fence {
 
     /// True if a write may start now.
     pub fn is_valid(&self) -> bool {
-        self.term().valid_at(Instant::now())
+        self.term().valid_at(Stamp::now())
     }
 
     /// Resolves once this replica may no longer act: the term became Standby, its instant
@@ -79,12 +82,12 @@ impl Fence {
             match term {
                 Term::Standby => return,
                 Term::Until(end) => {
-                    if Instant::now() >= end {
+                    if Stamp::now().reached(end) {
                         return;
                     }
                     tokio::select! {
                         // A renewal may have moved the instant on meanwhile: look again.
-                        _ = tokio::time::sleep_until(end) => {}
+                        _ = tokio::time::sleep_until(end.wake_instant()) => {}
                         changed = rx.changed() => if changed.is_err() { return },
                     }
                 }
@@ -128,11 +131,13 @@ mod tests {
         time::Duration,
     };
 
+    use tokio::time::Instant;
+
     use super::*;
 
     /// A fence whose term ends 10 s after `t0`, and the elector's end of it.
     fn term_of_10s(t0: Instant) -> (watch::Sender<Term>, Fence) {
-        let (tx, rx) = watch::channel(Term::Until(t0 + Duration::from_secs(10)));
+        let (tx, rx) = watch::channel(Term::Until(Stamp::at(t0 + Duration::from_secs(10))));
         (tx, Fence::new(rx))
     }
 
@@ -140,20 +145,44 @@ mod tests {
     fn validity_table() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        for (term, now, want) in [
-            (Term::Standby, t0, false),
-            (Term::Unbounded, t0 + s(1_000_000), true),
-            (Term::Until(t0 + s(10)), t0, true),
+        // The machine had been suspended 100 s in all when the term was granted.
+        let awake = |at: Instant| Stamp { at, asleep: s(100) };
+        let until = Term::Until(awake(t0 + s(10)));
+        for (name, term, now, want) in [
+            ("standby", Term::Standby, awake(t0), false),
+            ("unbounded", Term::Unbounded, awake(t0 + s(1_000_000)), true),
+            ("start", until, awake(t0), true),
             (
-                Term::Until(t0 + s(10)),
-                t0 + s(10) - Duration::from_nanos(1),
+                "just before the end",
+                until,
+                awake(t0 + s(10) - Duration::from_nanos(1)),
                 true,
             ),
             // The instant itself is already outside the term.
-            (Term::Until(t0 + s(10)), t0 + s(10), false),
-            (Term::Until(t0 + s(10)), t0 + s(3600), false),
+            ("the end", until, awake(t0 + s(10)), false),
+            ("long after", until, awake(t0 + s(3600)), false),
+            // CLOCK_MONOTONIC says 1 s passed, but the machine slept a minute meanwhile: a
+            // standby elsewhere took over long ago.
+            (
+                "1 s awake after a 60 s suspend",
+                until,
+                Stamp {
+                    at: t0 + s(1),
+                    asleep: s(160),
+                },
+                false,
+            ),
+            (
+                "1 s awake after a 5 s suspend",
+                until,
+                Stamp {
+                    at: t0 + s(1),
+                    asleep: s(105),
+                },
+                true,
+            ),
         ] {
-            assert_eq!(term.valid_at(now), want, "{term:?} at +{:?}", now - t0);
+            assert_eq!(term.valid_at(now), want, "{name}");
         }
     }
 
@@ -189,7 +218,7 @@ mod tests {
         // Renewed at +8 s (until +18 s), then lost at +12 s.
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(8)).await;
-            tx.send_replace(Term::Until(t0 + Duration::from_secs(18)));
+            tx.send_replace(Term::Until(Stamp::at(t0 + Duration::from_secs(18))));
             tokio::time::sleep(Duration::from_secs(4)).await;
             tx.send_replace(Term::Standby);
             tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -235,7 +264,8 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let (_tx, rx) = watch::channel(Term::Until(Instant::now() + Duration::from_millis(20)));
+            let (_tx, rx) =
+                watch::channel(Term::Until(Stamp::now().plus(Duration::from_millis(20))));
             let fence = Fence::new(rx);
             std::thread::sleep(Duration::from_millis(30));
             assert!(!fence.is_valid());

@@ -2,6 +2,7 @@
 //! writes carry the resourceVersion read, expiry is judged by local time, a leader that can not
 //! renew within the renew deadline stops, and a leader that is shut down releases the lease.
 
+pub mod clock;
 pub mod decide;
 pub mod fence;
 
@@ -17,6 +18,7 @@ use prometheus::IntGauge;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
+pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
 pub use fence::{Fence, Fenced, Term};
 
@@ -112,20 +114,19 @@ impl Elector {
         let mut current: Option<Lease> = None;
         // When the last successful renewal (or acquisition) started: before its read, so never
         // later than when the apiserver recorded it and others began timing it.
-        let mut last_renewed: Option<Instant> = None;
+        let mut last_renewed: Option<Stamp> = None;
         tracing::info!(lease = %c.lease_name, namespace = %c.namespace, identity = %c.identity, "campaigning for leadership");
         loop {
             if token.is_cancelled() {
                 // A lease past its term is left alone: it may already be someone else's.
-                if last_renewed
-                    .is_some_and(|t| !renewal_overdue(t, Instant::now(), c.renew_deadline))
+                if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
                 {
                     self.release(current).await;
                 }
                 self.set_term(Term::Standby);
                 return Ok(());
             }
-            let now = Instant::now();
+            let now = Stamp::now();
             if let Some(t) = last_renewed
                 && renewal_overdue(t, now, c.renew_deadline)
             {
@@ -134,10 +135,10 @@ impl Elector {
             let deadline = attempt_deadline(last_renewed, now, c.renew_deadline);
             let round = tokio::select! {
                 biased;
-                _ = tokio::time::sleep_until(deadline) => None,
+                _ = tokio::time::sleep_until(deadline.wake_instant()) => None,
                 // SIGTERM does not wait for a hung round: released (or not) at the top.
                 _ = token.cancelled() => continue,
-                r = self.round(observed.clone(), current.clone(), now, deadline) => Some(r),
+                r = self.round(observed.clone(), current.clone(), deadline) => Some(r),
             };
             let Some((round, seen, lease)) = round else {
                 tracing::warn!(lease = %c.lease_name, deadline = ?c.renew_deadline, "lease read/write did not finish before the deadline");
@@ -162,8 +163,8 @@ impl Elector {
                         tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
                     }
                     last_renewed = Some(now);
-                    self.set_term(Term::Until(now + c.renew_deadline));
-                    observed = Some(observe(observed, record_of(&lease), now));
+                    self.set_term(Term::Until(now.plus(c.renew_deadline)));
+                    observed = Some(observe(observed, record_of(&lease), now.at));
                     current = Some(lease);
                 }
                 (step, Some(Err(e))) => {
@@ -184,11 +185,11 @@ impl Elector {
                 _ => c.retry_period,
             };
             // A leader whose term ends during the pause wakes then, and gives up at the top.
-            let term_end = last_renewed.map(|t| t + c.renew_deadline);
+            let term_end = last_renewed.map(|t| t.plus(c.renew_deadline).wake_instant());
             tokio::select! {
                 _ = token.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
-                _ = tokio::time::sleep_until(term_end.unwrap_or(deadline)), if term_end.is_some() => {}
+                _ = tokio::time::sleep_until(term_end.unwrap_or(deadline.wake_instant())), if term_end.is_some() => {}
             }
         }
     }
@@ -198,13 +199,20 @@ impl Elector {
         &self,
         mut observed: Option<Observation>,
         mut current: Option<Lease>,
-        now: Instant,
-        deadline: Instant,
+        deadline: Stamp,
     ) -> (Round, Option<Observation>, Option<Lease>) {
         let c = &self.cfg;
-        match self.api.get_opt(&c.lease_name).await {
+        let read = self.api.get_opt(&c.lease_name).await;
+        // A follower times the holder's term from when it saw the record: when the answer
+        // arrived, not when it was asked for (client-go records observedTime after the Get).
+        // A GET held for seconds may answer with a renewal made at its very end; timed from
+        // the ask, the standby would take over that much before the holder's term ends.
+        // (A leader's term is timed the other way, from the round's start in `run`: never
+        // later than when the apiserver recorded the renewal.)
+        let seen_at = Instant::now();
+        match read {
             Ok(Some(lease)) => {
-                observed = Some(observe(observed, record_of(&lease), now));
+                observed = Some(observe(observed, record_of(&lease), seen_at));
                 current = Some(lease);
             }
             Ok(None) => {
@@ -220,10 +228,10 @@ impl Elector {
                 return (round, observed, current);
             }
         }
-        let step = decide(&c.identity, observed.as_ref(), now);
+        let step = decide(&c.identity, observed.as_ref(), seen_at);
         // Checked on the clock, not only by the racing timer: after a process stop the timer
         // may not have fired yet when this runs again.
-        if Instant::now() >= deadline {
+        if Stamp::now().reached(deadline) {
             let round = Round {
                 step: Some(step),
                 write: Some(Err("deadline passed before the write".into())),
@@ -250,9 +258,9 @@ impl Elector {
 
     /// Stop acting first (the fences close, in-flight writes are dropped), then report the loss
     /// so the caller drains and exits.
-    fn give_up(&self, last_renewed: Instant) -> LeaderError {
+    fn give_up(&self, last_renewed: Stamp) -> LeaderError {
         self.set_term(Term::Standby);
-        let since = last_renewed.elapsed();
+        let since = Stamp::now().since(last_renewed);
         tracing::error!(
             lease = %self.cfg.lease_name,
             since_last_renewal_ms = since.as_millis() as u64,
@@ -266,7 +274,7 @@ impl Elector {
     }
 
     fn set_term(&self, term: Term) {
-        self.is_leader.set(i64::from(term.valid_at(Instant::now())));
+        self.is_leader.set(i64::from(term.valid_at(Stamp::now())));
         self.tx.send_replace(term);
     }
 
@@ -282,7 +290,7 @@ impl Elector {
     fn spec(&self, acquire: MicroTime, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.cfg.identity.clone()),
-            lease_duration_seconds: Some(self.cfg.lease_duration.as_secs() as i32),
+            lease_duration_seconds: Some(lease_duration_seconds(self.cfg.lease_duration)),
             acquire_time: Some(acquire),
             renew_time: Some(MicroTime(Timestamp::now())),
             lease_transitions: Some(transitions),
@@ -358,6 +366,14 @@ fn record_of(lease: &Lease) -> Record {
         renew_time: spec.renew_time.map(|t| t.0.to_string()),
         transitions: spec.lease_transitions.unwrap_or(0),
     }
+}
+
+/// The Lease's `leaseDurationSeconds` for `d`: rounded up, never down. Standbys wait this
+/// long after a renewal, so a value rounded down (10.9 s written as 10) would eat into the
+/// margin between the leader's renew deadline and their takeover, or reverse it.
+pub fn lease_duration_seconds(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX).max(1)
 }
 
 /// `<pod name>_<random suffix>`: unique even when a pod restarts under the same name.

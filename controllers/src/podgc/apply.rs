@@ -22,11 +22,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::leader::Fence;
 
+use groundskeeper_plumbing::cache::Shared;
+
 use super::{
-    cache::SnapshotHealth,
-    decide::Deletion,
+    cache::{Caches, SnapshotHealth},
+    decide::{Deletion, Pass, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
-    limit::{Aimd, Signal},
+    limit::{Aimd, RETRY_AFTER_MAX, Signal},
     metrics::Metrics,
     notice::KubeEvents,
     wire::WirePod,
@@ -60,6 +62,9 @@ const THROTTLED_ATTEMPTS: u32 = 5;
 pub enum Skip {
     Gone,
     Recreated,
+    /// Out-of-service pass: the live node cache no longer says not Ready and tainted. Not an
+    /// attempt: nothing is sent, nothing counted.
+    NodeBack,
 }
 
 impl Skip {
@@ -67,6 +72,9 @@ impl Skip {
         match self {
             Skip::Gone => "pod already gone",
             Skip::Recreated => "pod was recreated under the same name (UID precondition)",
+            Skip::NodeBack => {
+                "its node is Ready again or lost the out-of-service taint since the cycle's snapshot"
+            }
         }
     }
 }
@@ -344,6 +352,9 @@ pub struct Applier {
     pub fence: Fence,
     /// Once a watch the snapshot came from fails or relists, no new deletion starts.
     pub snapshot_health: SnapshotHealth,
+    /// The live caches: what a deletion decided on the cycle's snapshot (minutes old by the
+    /// out-of-service pass at a low QPS) is checked against right before it starts.
+    pub live: Option<Shared<Caches>>,
 }
 
 impl Applier {
@@ -366,7 +377,19 @@ impl Applier {
             limit: Arc::new(Mutex::new(limit)),
             fence,
             snapshot_health: SnapshotHealth::default(),
+            live: None,
         }
+    }
+
+    /// Whether the live cache still agrees with the snapshot a deletion was decided on. Only
+    /// the out-of-service pass depends on state an admin changes by hand to take a node back
+    /// (its taint, its readiness): upstream reads its node lister at pass time.
+    fn still_due(&self, d: &Deletion) -> bool {
+        let (Some(live), Pass::OutOfService) = (&self.live, d.pass) else {
+            return true;
+        };
+        let caches = live.lock();
+        out_of_service_node(d.pod.node_name.as_ref().and_then(|n| caches.nodes.get(n)))
     }
 
     /// The one place `--dry-run` is decided: the writes to make, or none.
@@ -470,6 +493,10 @@ impl Applier {
         let signal = match o {
             Outcome::Throttled(after) => {
                 self.metrics.throttled.inc();
+                if let Some(asked) = after.filter(|a| *a > RETRY_AFTER_MAX) {
+                    self.metrics.retry_after_capped.inc();
+                    tracing::warn!(retry_after = ?asked, pausing = ?RETRY_AFTER_MAX, "429 with a Retry-After longer than PodGC waits; pausing new deletes for the cap instead");
+                }
                 Signal::Throttled(*after)
             }
             _ => Signal::Answered(took),
@@ -481,6 +508,9 @@ impl Applier {
 
     /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
     async fn attempt(&self, d: &Deletion, attempt: u32) -> Outcome {
+        if !self.still_due(d) {
+            return Outcome::Skipped(Skip::NodeBack);
+        }
         let Some(writes) = self.writes() else {
             return Outcome::WouldDelete;
         };
@@ -503,8 +533,12 @@ impl Applier {
 
     /// Counts a pod's final outcome (dry-run counts nothing).
     fn count(&self, d: &Deletion, o: &Outcome) {
-        // Dry-run and fenced pods were never attempted: neither errors nor deletions.
-        if matches!(o, Outcome::WouldDelete | Outcome::Fenced) {
+        // Dry-run, fenced and reconsidered pods were never attempted: neither errors nor
+        // deletions.
+        if matches!(
+            o,
+            Outcome::WouldDelete | Outcome::Fenced | Outcome::Skipped(Skip::NodeBack)
+        ) {
             return;
         }
         let ns = &d.pod.namespace;

@@ -11,7 +11,7 @@ use testkit::api::Mock;
 use tokio_util::sync::CancellationToken;
 
 use super::apply::*;
-use crate::leader::{Fence, Term};
+use crate::leader::{Fence, Stamp, Term};
 use crate::podgc::{
     cache::SnapshotHealth,
     decide::{Deletion, Pass},
@@ -323,7 +323,9 @@ async fn in_flight_writes_are_dropped_when_the_term_ends() {
     let mock = Mock::default();
     mock.hang.store(true, Ordering::SeqCst);
     let t0 = tokio::time::Instant::now();
-    let (_tx, f) = fence(Term::Until(t0 + std::time::Duration::from_secs(3)));
+    let (_tx, f) = fence(Term::Until(Stamp::at(
+        t0 + std::time::Duration::from_secs(3),
+    )));
     let a = Applier {
         fence: f,
         ..applier(&mock, false, 2)
@@ -449,4 +451,92 @@ async fn no_deletion_starts_once_a_watch_of_the_snapshot_relisted() {
         !a.snapshot_health.unchanged(),
         "the next cycle decides again"
     );
+}
+
+/// Answers the first delete 429 with `retryAfterSeconds` in its Status body; the rest 200.
+struct AsksToWait {
+    seconds: i32,
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl Writes for AsksToWait {
+    fn patch_status<'a>(
+        &'a self,
+        _: &'a PodFacts,
+        _: serde_json::Value,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        _: &'a PodFacts,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        let first = !self.asked.swap(true, Ordering::SeqCst);
+        let seconds = self.seconds;
+        Box::pin(async move {
+            if !first {
+                return Ok(());
+            }
+            let mut status =
+                kube::core::Status::failure("slow down", "TooManyRequests").with_code(429);
+            status.details =
+                Some(serde_json::from_value(json!({ "retryAfterSeconds": seconds })).unwrap());
+            Err(kube::Error::Api(status.boxed()))
+        })
+    }
+
+    fn warn_namespace<'a>(
+        &'a self,
+        _: &'a str,
+        _: String,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Item 9 of issue 21: a 429 asking to wait a day pauses new deletes for the cap (60 s), and
+/// says so in a counter; a Retry-After within the cap is not counted.
+#[tokio::test]
+async fn a_retry_after_of_a_day_is_capped_and_counted() {
+    use crate::podgc::limit::RETRY_AFTER_MAX;
+    for (seconds, capped) in [(86_400, true), (3, false)] {
+        let a = Applier::new(
+            Arc::new(AsksToWait {
+                seconds,
+                asked: false.into(),
+            }),
+            Metrics::register(&prometheus::Registry::new()).unwrap(),
+            1,
+            false,
+            CancellationToken::new(),
+            Fence::unbounded(),
+        );
+        let run = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                a.apply(vec![deletion("p", Phase::Succeeded, Pass::Terminated)])
+                    .await
+            })
+        };
+        let asked_at = std::time::Instant::now();
+        let paused = loop {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            if let Some(t) = a.limit.lock().unwrap().paused(std::time::Instant::now()) {
+                break t;
+            }
+        };
+        assert!(
+            paused <= asked_at + RETRY_AFTER_MAX + std::time::Duration::from_secs(1),
+            "{seconds} s asked: paused {:?}",
+            paused - asked_at
+        );
+        assert_eq!(a.metrics.throttled.get(), 1);
+        assert_eq!(
+            a.metrics.retry_after_capped.get(),
+            u64::from(capped),
+            "{seconds} s"
+        );
+        run.abort();
+    }
 }

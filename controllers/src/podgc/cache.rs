@@ -3,12 +3,12 @@
 //! Each kind goes through `plumbing::cache::follow` (flags `podgc/pods`, `podgc/nodes`,
 //! `podgc/namespaces`) into one [`Caches`]; [`Synced`] says when all three have listed once.
 
-use std::{fmt::Debug, sync::Arc};
+use std::{fmt::Debug, sync::Arc, time::Instant};
 
 use futures::{Stream, StreamExt, stream};
 use groundskeeper_plumbing::{
     ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Watches},
+    cache::{Applied, Kept, Shared, Store, Update, Watches},
     process::Base,
 };
 use k8s_openapi::api::core::v1::Namespace;
@@ -67,14 +67,24 @@ impl Caches {
 
     pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<PodKey, PodFacts> {
         let names = &mut self.names;
-        self.pods
-            .apply_event(ev, |p| match PodFacts::from_wire(p, names) {
-                Ok(f) => Kept::Yes((f.namespace.clone(), f.name.clone()), f),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring pod");
-                    Kept::Unusable
-                }
-            })
+        let update = Update::from_event(ev, |p| match PodFacts::from_wire(p, names) {
+            Ok(f) => Kept::Yes((f.namespace.clone(), f.name.clone()), f),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring pod");
+                Kept::Unusable
+            }
+        });
+        let Some(mut update) = update else {
+            return Applied::Nothing;
+        };
+        let watched = matches!(update, Update::Apply(..));
+        if let Update::Apply(key, f) | Update::InitApply(key, f) = &mut update
+            && f.phase.is_final()
+        {
+            let old = self.pods.get(key).filter(|old| old.uid == f.uid);
+            f.seen_final = seen_final(old, watched);
+        }
+        self.pods.apply(update)
     }
 
     pub fn fold_node(&mut self, ev: Event<WireNode>) -> Applied<Arc<str>, NodeFacts> {
@@ -113,6 +123,21 @@ impl Caches {
                 Kept::Yes(key, policy)
             }
         })
+    }
+}
+
+/// When this process saw a pod that is now final become final. Kept from the live map across
+/// updates and relists (a relist is buffered while the live map still holds the pod). Seen
+/// turning final, or appearing final through the watch: now. Already final in a list with no
+/// earlier state (the first list after start, or created and ended while the watch was down):
+/// unknown, `None`, and the TTL goes by the node's `finishedAt` alone (counted in
+/// `groundskeeper_podgc_ttl_node_clock_only_total`).
+pub fn seen_final(old: Option<&PodFacts>, watched: bool) -> Option<Instant> {
+    match old {
+        Some(old) if old.phase.is_final() => old.seen_final,
+        Some(_) => Some(Instant::now()),
+        None if watched => Some(Instant::now()),
+        None => None,
     }
 }
 
@@ -313,6 +338,55 @@ mod tests {
         assert_eq!(snap.pods[0].node_name.as_deref(), Some("n1"));
         c.fold_pod(Event::Delete(pod("p")));
         assert!(c.pods.is_empty());
+    }
+
+    /// Item 8 of issue 21: when this process saw each pod become final, kept across updates
+    /// and relists; unknown for a pod already final when first listed.
+    #[test]
+    fn the_time_a_pod_was_seen_final_is_kept() {
+        let with_phase = |name: &str, uid: &str, phase: &str| -> WirePod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid},
+                "spec": {"nodeName": "n1"}, "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let seen = |c: &Caches, name: &str| {
+            c.pods
+                .get(&(Arc::from("ns"), Arc::from(name)))
+                .unwrap()
+                .seen_final
+        };
+        let mut c = Caches::default();
+        c.fold_pod(Event::Init);
+        c.fold_pod(Event::InitApply(with_phase("listed-final", "u1", "Failed")));
+        c.fold_pod(Event::InitApply(with_phase("runs", "u2", "Running")));
+        c.fold_pod(Event::InitDone);
+        assert_eq!(seen(&c, "listed-final"), None, "final before we looked");
+        assert_eq!(seen(&c, "runs"), None, "not final");
+
+        c.fold_pod(Event::Apply(with_phase("runs", "u2", "Succeeded")));
+        let t = seen(&c, "runs").expect("seen turning final");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        c.fold_pod(Event::Apply(with_phase("runs", "u2", "Succeeded")));
+        assert_eq!(seen(&c, "runs"), Some(t), "an update keeps it");
+        c.fold_pod(Event::Init);
+        c.fold_pod(Event::InitApply(with_phase("runs", "u2", "Succeeded")));
+        c.fold_pod(Event::InitApply(with_phase("listed-final", "u1", "Failed")));
+        c.fold_pod(Event::InitDone);
+        assert_eq!(seen(&c, "runs"), Some(t), "a relist keeps it");
+        assert_eq!(seen(&c, "listed-final"), None, "still unknown");
+
+        c.fold_pod(Event::Apply(with_phase("runs", "u3", "Succeeded")));
+        assert!(
+            seen(&c, "runs").is_some_and(|t3| t3 > t),
+            "a new pod under the same name starts again"
+        );
+        c.fold_pod(Event::Apply(with_phase("born-final", "u4", "Failed")));
+        assert!(
+            seen(&c, "born-final").is_some(),
+            "appeared final while watched"
+        );
     }
 
     #[test]

@@ -67,8 +67,14 @@ impl Cycle {
                 cluster_ttl: self.ttl,
                 namespaces: &namespaces,
                 now: jiff::Timestamp::now(),
+                local_now: Instant::now(),
             },
         );
+        let node_clock_only = ttl.iter().filter(|d| d.pod.seen_final.is_none()).count();
+        self.applier
+            .metrics
+            .ttl_node_clock_only
+            .inc_by(node_clock_only as u64);
         summary.passes[Pass::Ttl as usize] = self.applier.apply(ttl).await;
         summary.passes[Pass::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
 
@@ -389,11 +395,131 @@ mod tests {
         );
         assert_eq!(summary.passes[Pass::Ttl as usize].deleted, 1);
         assert_eq!(c.applier.metrics.terminated_count("ttl"), 1);
+        assert_eq!(
+            c.applier.metrics.ttl_node_clock_only.get(),
+            1,
+            "listed already terminated: chosen on the node's clock alone"
+        );
         c.run(&caches).await;
         let events = events.seen.lock().unwrap().clone();
         assert_eq!(events.len(), 1, "one Event for one bad value: {events:?}");
         assert_eq!(events[0].0, "bad");
         assert!(events[0].1.contains("\"1 week\""), "{}", events[0].1);
+    }
+
+    fn node(name: &str, ready: bool, out_of_service: bool) -> WireNode {
+        let taints = if out_of_service {
+            json!([{"key": crate::podgc::facts::OUT_OF_SERVICE_TAINT, "effect": "NoExecute"}])
+        } else {
+            json!([])
+        };
+        let status = if ready { "True" } else { "False" };
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"taints": taints},
+            "status": {"conditions": [{"type": "Ready", "status": status}]}
+        }))
+        .unwrap()
+    }
+
+    /// Makes the pod writes on the scripted API; while the first pass deletes `done`, the
+    /// admin brings node `n1` back (untainted, Ready) and the node watch folds it in, if
+    /// `comes_back`.
+    struct NodeComesBack {
+        pods: KubeWrites,
+        caches: Shared<Caches>,
+        comes_back: bool,
+    }
+
+    impl Writes for NodeComesBack {
+        fn patch_status<'a>(
+            &'a self,
+            pod: &'a PodFacts,
+            patch: serde_json::Value,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.pods.patch_status(pod, patch)
+        }
+
+        fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+            if self.comes_back && &*pod.name == "done" {
+                self.caches
+                    .lock()
+                    .fold_node(Event::Apply(node("n1", true, false)));
+            }
+            self.pods.delete(pod)
+        }
+
+        fn warn_namespace<'a>(
+            &'a self,
+            _: &'a str,
+            _: String,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Item 5 of issue 21: the out-of-service pass runs behind the threshold and TTL passes,
+    /// minutes after the cycle's snapshot at a low QPS. A node the admin took back meanwhile
+    /// (taint removed, Ready) must keep its terminating pods, as upstream's lister read at pass
+    /// time would; one still out of service loses them.
+    #[tokio::test]
+    async fn out_of_service_deletions_read_the_live_node_not_the_snapshot() {
+        for (comes_back, want) in [
+            (true, vec!["DELETE /api/v1/namespaces/ns/pods/done"]),
+            (
+                false,
+                vec![
+                    "DELETE /api/v1/namespaces/ns/pods/done",
+                    "PATCH /api/v1/namespaces/ns/pods/stuck/status",
+                    "DELETE /api/v1/namespaces/ns/pods/stuck",
+                ],
+            ),
+        ] {
+            let caches = caches(&[], &[]);
+            {
+                let mut c = caches.lock();
+                c.fold_node(Event::Apply(node("n1", false, true)));
+                c.fold_node(Event::Apply(node("n2", true, false)));
+                let pods = [
+                    json!({"metadata": {"name": "done", "namespace": "ns", "uid": "u-done",
+                        "creationTimestamp": "2026-01-01T00:00:00Z"},
+                        "spec": {"nodeName": "n2"}, "status": {"phase": "Succeeded"}}),
+                    json!({"metadata": {"name": "kept", "namespace": "ns", "uid": "u-kept",
+                        "creationTimestamp": "2026-01-02T00:00:00Z"},
+                        "spec": {"nodeName": "n2"}, "status": {"phase": "Succeeded"}}),
+                    json!({"metadata": {"name": "stuck", "namespace": "ns", "uid": "u-stuck",
+                        "creationTimestamp": "2026-01-01T00:00:00Z",
+                        "deletionTimestamp": "2026-01-03T00:00:00Z"},
+                        "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}),
+                ];
+                for p in pods {
+                    c.fold_pod(Event::Apply(serde_json::from_value(p).unwrap()));
+                }
+            }
+            let mock = Mock::default();
+            let mut c = cycle(&mock, Duration::from_secs(3600));
+            c.threshold = 1;
+            c.applier.live = Some(caches.clone());
+            let writes: Arc<dyn Writes> = Arc::new(NodeComesBack {
+                pods: KubeWrites::new(mock.client(), mock.client()),
+                caches: caches.clone(),
+                comes_back,
+            });
+            c.applier.writes = writes;
+            let summary = c.run(&caches).await;
+            assert_eq!(mock.calls(), want, "node taken back: {comes_back}");
+            let oos = &summary.passes[Pass::OutOfService as usize];
+            assert_eq!(
+                (oos.deleted, oos.skipped),
+                if comes_back { (0, 1) } else { (1, 0) },
+                "node taken back: {comes_back}"
+            );
+            assert_eq!(
+                c.applier.metrics.counts("ns", Pass::OutOfService),
+                if comes_back { (0, 0) } else { (1, 0) },
+                "a pod left alone is neither a deletion nor an error"
+            );
+        }
     }
 
     #[tokio::test]

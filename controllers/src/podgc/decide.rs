@@ -172,19 +172,21 @@ pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
         .collect()
 }
 
+/// The out-of-service pass's rule for a node: known, not Ready, and tainted out-of-service. An
+/// unknown node (or none) does not qualify, like upstream's failed lister Get.
+pub fn out_of_service_node(node: Option<&NodeFacts>) -> bool {
+    node.is_some_and(|n| !n.ready && n.out_of_service)
+}
+
 /// Pass 2: terminating pods on a node that is not Ready and carries the out-of-service taint.
-/// Pods whose node is unknown (or empty) are skipped, like upstream's failed lister Get.
+/// Pods whose node is unknown (or empty) are skipped, like upstream's failed lister Get. The
+/// applier asks [`out_of_service_node`] again of the live cache right before each delete.
 pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
     let mut chosen: Vec<&PodFacts> = snapshot
         .pods
         .iter()
         .filter(|p| p.terminating)
-        .filter(|p| {
-            p.node_name
-                .as_ref()
-                .and_then(|n| snapshot.nodes.get(n))
-                .is_some_and(|n| !n.ready && n.out_of_service)
-        })
+        .filter(|p| out_of_service_node(p.node_name.as_ref().and_then(|n| snapshot.nodes.get(n))))
         .collect();
     chosen.sort_by(|a, b| eviction_then_age(a, b));
     chosen

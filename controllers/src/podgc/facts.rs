@@ -83,6 +83,11 @@ pub struct PodFacts {
     /// When the pod terminated, for the TTL: see [`terminated_at`]. `None` means the TTL
     /// never applies to it.
     pub terminated_at: Option<Timestamp>,
+    /// When this process first saw the pod Succeeded or Failed, on its own monotonic clock
+    /// (set by the cache, kept across updates and relists). `terminated_at` is the node's
+    /// clock: a node an hour behind would make its pods look an hour older; the TTL also
+    /// needs this much time to have passed here.
+    pub seen_final: Option<std::time::Instant>,
 }
 
 /// What PodGC knows about one node.
@@ -172,6 +177,7 @@ impl PodFacts {
             disruption_target_true,
             condition_types,
             terminated_at,
+            seen_final: None,
         })
     }
 }
@@ -185,20 +191,27 @@ impl PodFacts {
 }
 
 /// When a pod terminated, from its own status: the latest `state.terminated.finishedAt` over
-/// its containers and init containers (the last one to stop ends the pod). Without any, the
+/// its containers and init containers (the last one to stop ends the pod; a sidecar init
+/// container stops after the main ones), once a main container has terminated: a pod whose
+/// main containers never ran to an end (an init container failed) does not age from an init
+/// container's end, which can be long before the pod failed. Without any, the
 /// latest `lastTransitionTime` of a `Ready` or `ContainersReady` condition that is `False`
 /// (the kubelet flips them when the pod completes; for a pod that never became ready this is
 /// earlier than its end, which only matters for pods that never ran a container to the end).
 /// Neither: `None`, and the TTL never deletes the pod; a missing timestamp never makes a pod
 /// old. Only read for Succeeded and Failed pods.
 pub fn terminated_at(status: &WirePodStatus) -> Option<Timestamp> {
-    let finished = [&status.container_statuses, &status.init_container_statuses]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
-        .map(|t| t.0)
-        .max();
+    let finished = |cs: &Option<Vec<_>>| {
+        cs.iter()
+            .flatten()
+            .filter_map(|c: &super::wire::WireContainerStatus| {
+                c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref()
+            })
+            .map(|t| t.0)
+            .max()
+    };
+    let main = finished(&status.container_statuses);
+    let finished = main.map(|m| m.max(finished(&status.init_container_statuses).unwrap_or(m)));
     finished.or_else(|| {
         status
             .conditions
@@ -251,6 +264,7 @@ pub mod example {
             disruption_target_true: None,
             condition_types: Box::default(),
             terminated_at: None,
+            seen_final: None,
         }
     }
 
@@ -347,10 +361,26 @@ mod tests {
                 t("2026-01-01T00:00:30Z"),
             ),
             (
-                "an init container can be the last to finish",
+                "a sidecar init container can be the last to finish",
+                json!({"initContainerStatuses": [fin("2026-01-01T00:01:00Z")],
+                       "containerStatuses": [fin("2026-01-01T00:00:50Z")]}),
+                t("2026-01-01T00:01:00Z"),
+            ),
+            (
+                // Issue 21, item 8: failed in init, long after the first init container
+                // ended; its main containers never ran. Aged from that, it lost its TTL early.
+                "main containers never terminated: not an init container's end",
+                json!({"initContainerStatuses": [fin("2026-01-01T00:01:00Z")],
+                       "containerStatuses": [{"state": {"waiting": {}}}],
+                       "conditions": [{"type": "Ready", "status": "False",
+                                       "lastTransitionTime": "2026-01-01T05:00:00Z"}]}),
+                t("2026-01-01T05:00:00Z"),
+            ),
+            (
+                "main containers never terminated, no condition either: no end",
                 json!({"initContainerStatuses": [fin("2026-01-01T00:01:00Z")],
                        "containerStatuses": [{"state": {"waiting": {}}}]}),
-                t("2026-01-01T00:01:00Z"),
+                None,
             ),
             (
                 "no finishedAt: Ready/ContainersReady False transition, the latest",

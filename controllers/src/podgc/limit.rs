@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 /// Without a Retry-After (the apiserver's max-inflight and APF filters send it as a header the
 /// client does not surface), a 429 pauses new starts this long.
 pub const DEFAULT_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause a Retry-After gets. The apiserver asks for a second or a few; a webhook or
+/// a proxy may ask for hours, which would stop every PodGC pass while `/readyz` says 200.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 /// Latency counts as "rising" above this multiple of the recent best...
 const LATENCY_FACTOR: f64 = 4.0;
 /// ...and only above this absolute floor, so a fast local apiserver's jitter is not load.
@@ -85,7 +88,7 @@ impl Aimd {
     pub fn observe(&mut self, s: Signal, now: Instant) {
         match s {
             Signal::Throttled(retry_after) => {
-                let pause = retry_after.unwrap_or(DEFAULT_PAUSE);
+                let pause = retry_after.unwrap_or(DEFAULT_PAUSE).min(RETRY_AFTER_MAX);
                 let until = now + pause;
                 self.pause_until = Some(self.pause_until.map_or(until, |t| t.max(until)));
                 let hold = until + pause;
@@ -226,6 +229,28 @@ mod tests {
             now -= tick;
             assert_eq!(a.allowed(), r.allowed, "{}: limit {}", r.what, a.limit());
             assert_eq!(a.paused(now).map(|t| t - now), r.paused_for, "{}", r.what);
+        }
+    }
+
+    /// Item 9 of issue 21: a Retry-After of a day (a webhook, a proxy) paused every new delete
+    /// for a day. It is capped; one within the cap is honoured as given.
+    #[test]
+    fn a_huge_retry_after_pauses_no_longer_than_the_cap() {
+        let t0 = Instant::now();
+        for (asked, want) in [
+            (None, DEFAULT_PAUSE),
+            (Some(Duration::from_secs(5)), Duration::from_secs(5)),
+            (Some(RETRY_AFTER_MAX), RETRY_AFTER_MAX),
+            (Some(Duration::from_secs(86_400)), RETRY_AFTER_MAX),
+            (
+                Some(Duration::from_secs(u64::from(u32::MAX))),
+                RETRY_AFTER_MAX,
+            ),
+        ] {
+            let mut a = Aimd::new(8);
+            a.observe(Signal::Throttled(asked), t0);
+            assert_eq!(a.paused(t0), Some(t0 + want), "{asked:?}");
+            assert_eq!(a.paused(t0 + want), None, "{asked:?}: resumes");
         }
     }
 }

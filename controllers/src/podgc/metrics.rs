@@ -2,7 +2,7 @@
 //!
 //! The two upstream counters, byte for byte (NotFound counts as an error, as upstream), a
 //! groundskeeper counter of real failures, a cycle histogram, deletions of terminated pods by
-//! the rule that chose them, and the apiserver's 429s.
+//! the rule that chose them, and the apiserver's 429s (and the Retry-Afters that were capped).
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
@@ -17,6 +17,10 @@ pub struct Metrics {
     terminated_deleted: IntCounterVec,
     /// 429 answers to PodGC's writes, counted by the client (each retry's too).
     pub throttled: IntCounter,
+    /// 429s whose Retry-After was longer than PodGC waits.
+    pub retry_after_capped: IntCounter,
+    /// TTL deletions chosen on the node's `finishedAt` alone (never seen becoming final here).
+    pub ttl_node_clock_only: IntCounter,
     /// The force-delete concurrency the apiserver's answers currently allow.
     pub concurrency_limit: prometheus::Gauge,
     pub cycle_seconds: Histogram,
@@ -71,6 +75,20 @@ impl Metrics {
                 IntCounter::new(
                     "groundskeeper_podgc_api_throttled_total",
                     "HTTP 429 (Too Many Requests) answers to PodGC's status patches and deletes, including those the client retried.",
+                ),
+            )?,
+            retry_after_capped: registered(
+                registry,
+                IntCounter::new(
+                    "groundskeeper_podgc_retry_after_capped_total",
+                    "429 answers whose Retry-After was longer than PodGC waits (60 s): it paused new deletes for 60 s instead.",
+                ),
+            )?,
+            ttl_node_clock_only: registered(
+                registry,
+                IntCounter::new(
+                    "groundskeeper_podgc_ttl_node_clock_only_total",
+                    "Pods the TTL chose on their kubelet's finishedAt alone (node clock): already terminated when this process first listed them, so it could not also time the TTL itself.",
                 ),
             )?,
             concurrency_limit: registered(

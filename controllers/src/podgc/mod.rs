@@ -120,6 +120,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         client: ctx.base.client.clone(),
         applier: Applier {
             snapshot_health: cache::SnapshotHealth::new(&health),
+            live: Some(caches.clone()),
             ..Applier::new(
                 Arc::new(KubeWrites::new(
                     ctx.base.unretried_client.clone(),

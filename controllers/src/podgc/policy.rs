@@ -128,6 +128,8 @@ pub struct Policy<'a> {
     /// Parsed policies of the namespaces that carry an annotation; others inherit.
     pub namespaces: &'a HashMap<Arc<str>, NsPolicy>,
     pub now: Timestamp,
+    /// This process's monotonic now, for how long it has itself seen a pod terminated.
+    pub local_now: std::time::Instant,
 }
 
 impl Policy<'_> {
@@ -137,9 +139,19 @@ impl Policy<'_> {
 }
 
 /// Whether `p` terminated at least `ttl` ago. Only Succeeded and Failed pods with a known end
-/// qualify; an end in the future (clock skew) is not old.
-pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp) -> bool {
+/// qualify; an end in the future (clock skew) is not old. The end is the kubelet's, on the
+/// node's clock: so when this process saw the pod become final (`seen_final`, its own clock),
+/// the TTL must also have passed since then, and a node an hour behind can not make the pod
+/// look an hour older. A pod already final when first listed has no such time (requiring one
+/// would restart every TTL at every restart and rollout, and a TTL longer than the time
+/// between restarts would never fire): its end is the node's word alone, which is counted.
+pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp, local_now: std::time::Instant) -> bool {
     if !p.phase.is_final() {
+        return false;
+    }
+    if p.seen_final
+        .is_some_and(|seen| local_now.saturating_duration_since(seen) < ttl)
+    {
         return false;
     }
     let Some(end) = p.terminated_at else {
@@ -170,7 +182,7 @@ pub fn policy_passes(
         }
         let ns = policy.of(&p.namespace);
         if let Some(ttl) = ns.ttl(policy.cluster_ttl)
-            && expired(p, ttl, policy.now)
+            && expired(p, ttl, policy.now, policy.local_now)
         {
             ttl_chosen.push((p, ttl));
             continue;
@@ -189,10 +201,15 @@ pub fn policy_passes(
         .into_iter()
         .map(|(p, ttl)| {
             let why = format!(
-                "phase {:?} and terminated at {} (TTL {})",
+                "phase {:?} and terminated at {} (TTL {}{})",
                 p.phase.as_str(),
                 p.terminated_at.map(|t| t.to_string()).unwrap_or_default(),
-                humantime(ttl)
+                humantime(ttl),
+                if p.seen_final.is_none() {
+                    "; by the node's clock alone: already terminated when first listed"
+                } else {
+                    ""
+                }
             );
             Deletion::new(p, Pass::Ttl, why)
         })

@@ -3,7 +3,7 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use super::policy::*;
@@ -17,13 +17,26 @@ use crate::podgc::{
 
 const H: Duration = Duration::from_secs(3600);
 
-/// A pod in `ns`, created at `created`, terminated at `ended` (seconds from [`at`]'s epoch).
+/// When the pods of these tables were first seen terminated by this process (its own clock).
+fn seen() -> Instant {
+    static SEEN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *SEEN.get_or_init(Instant::now)
+}
+
+/// Long after [`seen`]: the rows that are not about this process's own clock.
+fn much_later() -> Instant {
+    seen() + 1000 * H
+}
+
+/// A pod in `ns`, created at `created`, terminated at `ended` (seconds from [`at`]'s epoch),
+/// seen terminated here at [`seen`].
 fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> PodFacts {
     PodFacts {
         uid: format!("uid-{ns}-{name}").into(),
         node_name: Some("n".into()),
         created: at(created),
         terminated_at: ended.map(at),
+        seen_final: Some(seen()),
         ..example::pod(ns, name, phase)
     }
 }
@@ -166,7 +179,49 @@ fn expiry() {
     ];
     for (what, phase, ended, want) in table {
         let p = pod("ns", "p", phase, 0, ended);
-        assert_eq!(expired(&p, H, now), want, "{what}");
+        assert_eq!(expired(&p, H, now, much_later()), want, "{what}");
+    }
+}
+
+/// Item 8 of issue 21: the end is the node's clock. A node an hour behind writes finishedAt
+/// an hour early, and the pod looked expired as soon as this controller saw it terminate. The
+/// TTL must also have passed since this process saw the pod become final, when it did.
+#[test]
+fn expiry_needs_the_ttl_on_this_processs_own_clock_too() {
+    let now = at(10_000);
+    let node_says_2h_ago = Some(10_000 - 7200);
+    let minute = Duration::from_secs(60);
+    for (what, seen_final, local_now, want) in [
+        (
+            "seen terminated 30 min ago (the node's clock says 2 h)",
+            Some(seen()),
+            seen() + 30 * minute,
+            false,
+        ),
+        (
+            "seen terminated a second short of the TTL",
+            Some(seen()),
+            seen() + H - Duration::from_secs(1),
+            false,
+        ),
+        (
+            "seen terminated the TTL ago",
+            Some(seen()),
+            seen() + H,
+            true,
+        ),
+        (
+            "already terminated when first listed: the node's clock alone",
+            None,
+            seen(),
+            true,
+        ),
+    ] {
+        let p = PodFacts {
+            seen_final,
+            ..pod("ns", "p", Phase::Failed, 0, node_says_2h_ago)
+        };
+        assert_eq!(expired(&p, H, now, local_now), want, "{what}");
     }
 }
 
@@ -324,6 +379,7 @@ fn order_of_evaluation() {
             cluster_ttl: r.cluster_ttl,
             namespaces: &namespaces,
             now,
+            local_now: much_later(),
         };
         let (ttl, ns_threshold) = policy_passes(&r.pods, &taken, &policy);
         assert_eq!(names(&step1), r.threshold, "{}: threshold", r.what);

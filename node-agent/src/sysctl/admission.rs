@@ -18,7 +18,7 @@ use super::allowlist::FORBIDDEN_REASON;
 use super::apply::{Writer, Writes};
 use super::cache::{Cache, Change, Health, PodKey};
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::decide::{Action, Memory, Outcome, PodFacts, decide, outcome};
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge};
 
@@ -29,6 +29,28 @@ pub const TICK: Duration = Duration::from_secs(1);
 const STATUS_SPREAD_MS: u64 = 5_000;
 /// A failed status write is tried again after this long.
 const STATUS_RETRY: Duration = Duration::from_secs(5);
+/// A pod write the apiserver keeps refusing (a 403 from an admission policy, a webhook) is
+/// tried again at the next tick, then after 2 s, 4 s, ... up to this.
+pub const POD_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// When a pod's write is tried again, and how many times in a row the apiserver refused it.
+#[derive(Clone, Copy, Debug)]
+struct Retry {
+    due: Instant,
+    refused: u32,
+}
+
+/// The wait before the next attempt after `refused` refusals in a row: the next tick, then
+/// doubling from 2 s up to [`POD_RETRY_MAX`]. (Waiting for stale watches or re-judging after a
+/// 409 is not a refusal: every tick.)
+pub fn pod_retry_delay(refused: u32) -> Duration {
+    match refused {
+        0 | 1 => Duration::ZERO,
+        n => TICK
+            .saturating_mul(1u32.checked_shl(n - 1).unwrap_or(u32::MAX))
+            .min(POD_RETRY_MAX),
+    }
+}
 
 /// How long this node waits before writing a policy's status: the same for a node every time,
 /// spread over [`STATUS_SPREAD_MS`] across nodes.
@@ -60,7 +82,7 @@ pub struct Admission<W> {
     metrics: Metrics,
     policy: Option<NodePolicy>,
     memory: Memory,
-    retry: HashSet<PodKey>,
+    retry: HashMap<PodKey, Retry>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
 }
@@ -82,7 +104,7 @@ impl<W: Writes> Admission<W> {
             metrics,
             policy: None,
             memory: Memory::default(),
-            retry: HashSet::new(),
+            retry: HashMap::new(),
             status_due: HashMap::new(),
             status_offset,
         }
@@ -119,16 +141,25 @@ impl<W: Writes> Admission<W> {
         }
     }
 
-    /// Retries the pods whose writes failed and writes the statuses that came due.
+    /// Retries the pods whose writes failed (those that came due) and writes the statuses
+    /// that came due.
     pub async fn on_tick(&mut self) {
-        let retry: Vec<PodKey> = self.retry.drain().collect();
-        for key in retry {
+        let now = Instant::now();
+        let due: Vec<PodKey> = self
+            .retry
+            .iter()
+            .filter(|(_, r)| r.due <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
             let pod = self.cache.lock().pods.get(&key).cloned();
-            if let Some(pod) = pod {
-                self.evaluate(&pod).await;
+            match pod {
+                Some(pod) => self.evaluate(&pod).await,
+                None => {
+                    self.retry.remove(&key);
+                }
             }
         }
-        let now = Instant::now();
         let due: Vec<String> = self
             .status_due
             .iter()
@@ -200,37 +231,62 @@ impl<W: Writes> Admission<W> {
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let started = matches!(action, Action::ReportStarted { .. });
         match action {
-            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => {
+                // Nothing (more) to write: whatever was to be retried is over.
+                self.retry.remove(&PodKey::of(pod));
+                return;
+            }
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
             }
             // Counted once the write is done: a refused fail patch (409: the pod moved on,
             // perhaps started) is not a rejection.
             Action::Reject { mode, message } | Action::ReportStarted { mode, message } => {
+                let key = PodKey::of(pod);
+                // Refused before: not again before its backoff ends, whatever brings the pod
+                // back (an update, a policy change).
+                let refused = self.retry.get(&key).map_or(0, |r| r.refused);
+                if refused > 0 && self.retry.get(&key).is_some_and(|r| r.due > Instant::now()) {
+                    return;
+                }
                 // Failing a pod is destructive: not on a policy, Node or pod list that may be
                 // stale (a watch failing or relisting). Retried each tick until they are current.
                 if !started && mode == Mode::Enforce && !self.watches.healthy() {
                     tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
-                    self.retry.insert(PodKey::of(pod));
+                    self.retry_next_tick(key, refused);
                     return;
+                }
+                // The three watches arrive separately: a policy change or a relabel made before
+                // the pod may not have arrived yet. Failing only on a fresh read that agrees.
+                if !started && mode == Mode::Enforce {
+                    match self.confirmed(pod).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::info!(pod = %name, namespace = %ns, "not failing pod: the policies and Node read fresh do not forbid it (the watches are behind); judging it again");
+                            self.retry_next_tick(key, refused);
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "not failing pod: reading the policies and Node fresh failed; will retry");
+                            self.retry_next_tick(key, refused);
+                            return;
+                        }
+                    }
                 }
                 let written = self
                     .writer
                     .forbidden(pod, mode, &message, started, revision)
                     .await;
                 if let Err(e) = written {
-                    match &e {
-                        _ if started => {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry")
-                        }
-                        kube::Error::Api(s) if s.code == 409 => {
-                            tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again")
-                        }
-                        _ => {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry")
-                        }
+                    if let kube::Error::Api(s) = &e
+                        && s.code == 409
+                        && !started
+                    {
+                        tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again");
+                        self.retry_next_tick(key, refused);
+                        return;
                     }
-                    self.retry.insert(PodKey::of(pod));
+                    self.refused(pod, &e, refused + 1, revision).await;
                     return;
                 }
                 let mode = mode.to_string();
@@ -250,6 +306,58 @@ impl<W: Writes> Admission<W> {
         self.metrics.checked.inc();
         self.retry.remove(&PodKey::of(pod));
         self.memory.remember(&facts, out);
+    }
+
+    /// Whether the policies and the Node read fresh from the apiserver fail `pod` in Enforce
+    /// too (a Node that is gone fails nothing: nothing is decided without its labels).
+    async fn confirmed(&self, pod: &Pod) -> Result<bool, kube::Error> {
+        let (policies, labels) = self.writer.read_fresh().await?;
+        let Some(labels) = labels else {
+            return Ok(false);
+        };
+        let s = &self.settings;
+        let policies: Vec<&SysctlPolicy> = policies.iter().collect();
+        let fresh = merge(&s.safe, &s.flag, s.default_mode, &policies, &labels);
+        Ok(matches!(
+            outcome(&fresh.allowlist, fresh.mode, pod),
+            Outcome::Reject {
+                mode: Mode::Enforce,
+                ..
+            }
+        ))
+    }
+
+    fn retry_next_tick(&mut self, key: PodKey, refused: u32) {
+        let due = Instant::now();
+        self.retry.insert(key, Retry { due, refused });
+    }
+
+    /// A write about `pod` failed for the `refused`th time in a row: counted by HTTP code,
+    /// retried after [`pod_retry_delay`], and once the retry was refused too (not a blip) said
+    /// on the pod in an Event: an operator looking at a pod that should have been failed sees
+    /// why it was not.
+    async fn refused(&mut self, pod: &Pod, e: &kube::Error, refused: u32, revision: u64) {
+        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let code = match e {
+            kube::Error::Api(s) => s.code,
+            _ => 0,
+        };
+        self.metrics
+            .pod_write_failures
+            .with_label_values(&[&code.to_string()])
+            .inc();
+        let retry_in = pod_retry_delay(refused).max(TICK);
+        tracing::warn!(pod = %name, namespace = %ns, error = %e, code, refused, retry_in = ?retry_in, "writing to the pod failed; retrying with backoff");
+        let due = Instant::now() + pod_retry_delay(refused);
+        self.retry.insert(PodKey::of(pod), Retry { due, refused });
+        if refused == 2 && code != 0 {
+            let note = format!(
+                "groundskeeper could not act on this pod: the apiserver answered {code} ({e}); retrying with exponential backoff, at most every {POD_RETRY_MAX:?}"
+            );
+            if let Err(e) = self.writer.warn_pod(pod, &note, revision).await {
+                tracing::debug!(pod = %name, namespace = %ns, error = %e, "the Event about it failed too");
+            }
+        }
     }
 
     fn schedule_status(&mut self, policy: &SysctlPolicy) {

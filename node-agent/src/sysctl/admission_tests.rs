@@ -37,11 +37,22 @@ enum Write {
     },
 }
 
+/// The policies and the Node's labels a fresh read finds.
+type FreshView = (Vec<SysctlPolicy>, Option<Labels>);
+
 /// Records the writes that succeed; the next writes fail with the queued HTTP codes.
 #[derive(Clone, Default)]
 struct Fake {
     written: Arc<Mutex<Vec<Write>>>,
     failures: Arc<Mutex<VecDeque<u16>>>,
+    /// Every fail patch is answered with this code while set (an admission policy's 403).
+    refuse_fail_patches: Arc<Mutex<Option<u16>>>,
+    /// When each fail patch was sent, refused or not.
+    fail_patches: Arc<Mutex<Vec<tokio::time::Instant>>>,
+    /// What a fresh read finds: the rig's cache (the watches are current), unless set.
+    cache: Arc<Mutex<Option<Shared<Cache>>>>,
+    fresh: Arc<Mutex<Option<FreshView>>>,
+    fresh_reads: Arc<Mutex<usize>>,
 }
 
 impl Fake {
@@ -73,6 +84,17 @@ impl Writes for Fake {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
+        self.fail_patches
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        if let Some(code) = *self.refuse_fail_patches.lock().unwrap() {
+            return Err(kube::Error::Api(
+                kube::core::Status::failure("denied by the own-node policy", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            ));
+        }
         self.record(Write::Failed {
             pod: name.into(),
             resource_version: patch["metadata"]["resourceVersion"]
@@ -101,6 +123,22 @@ impl Writes for Fake {
             policy: name.into(),
             status: status.clone(),
         })
+    }
+
+    async fn read_fresh(
+        &self,
+        _node: &str,
+    ) -> Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error> {
+        *self.fresh_reads.lock().unwrap() += 1;
+        if let Some(fresh) = self.fresh.lock().unwrap().clone() {
+            return Ok(fresh);
+        }
+        let cache = self.cache.lock().unwrap().clone().expect("the rig's cache");
+        let c = cache.lock();
+        Ok((
+            c.policies.values().cloned().collect(),
+            c.nodes.values().next().cloned(),
+        ))
     }
 }
 
@@ -178,6 +216,7 @@ impl Rig {
             .nodes
             .apply(Update::Apply(node.into(), Labels::new()));
         let fake = Fake::default();
+        *fake.cache.lock().unwrap() = Some(cache.clone());
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let settings = Settings {
             node_name: node.into(),
@@ -492,4 +531,146 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
         .apply(Update::Apply("p".into(), with_status));
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), []);
+}
+
+/// Item 10 of issue 21: a fail patch answered 403 (the own-node admission policy) was retried
+/// every second for ever. It backs off (next tick, then 2 s, 4 s ... 5 min), each refusal is
+/// counted by code, one Event on the pod says why it is not failed, and once the apiserver
+/// accepts the patch the pod is failed.
+#[tokio::test(start_paused = true)]
+async fn a_refused_fail_patch_is_retried_with_exponential_backoff_and_reported() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    *r.fake.refuse_fail_patches.lock().unwrap() = Some(403);
+    let start = tokio::time::Instant::now();
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    // Ten minutes of ticks, and pod updates (kubelet writing its status) meanwhile.
+    for i in 1..=600 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        if i % 7 == 0 {
+            let mut p = pod("web", &["kernel.msgmax"]);
+            p.metadata.resource_version = Some(format!("{}", 7 + i));
+            r.pod(&p).await;
+        }
+        r.admission.on_tick().await;
+    }
+    let attempts: Vec<Duration> = r
+        .fake
+        .fail_patches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| *t - start)
+        .collect();
+    // 0, 1, 3, 7, 15, 31, 63, 127, 255, 511 s: ten, where every tick made 601.
+    assert!(
+        (8..=12).contains(&attempts.len()),
+        "{} attempts: {attempts:?}",
+        attempts.len()
+    );
+    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.windows(2).all(|g| g[1] >= g[0]),
+        "the waits never shrink: {gaps:?}"
+    );
+    assert!(
+        gaps.iter()
+            .all(|g| *g <= super::admission::POD_RETRY_MAX + Duration::from_secs(1)),
+        "capped: {gaps:?}"
+    );
+    let refused = r
+        .metrics
+        .pod_write_failures
+        .with_label_values(&["403"])
+        .get();
+    assert_eq!(refused as usize, attempts.len(), "each refusal counted");
+    assert_eq!(
+        r.rejected(Mode::Enforce),
+        0,
+        "not failed, not counted as such"
+    );
+    let written = r.fake.take();
+    let events: Vec<&Write> = written
+        .iter()
+        .filter(|w| matches!(w, Write::Event { action, .. } if action == "WriteRefused"))
+        .collect();
+    assert_eq!(events.len(), 1, "one Event: {written:?}");
+    let Write::Event { note, .. } = events[0] else {
+        unreachable!()
+    };
+    assert!(note.contains("403") && note.contains("backoff"), "{note}");
+
+    // The policy is fixed: the next attempt (within the cap) fails the pod.
+    *r.fake.refuse_fail_patches.lock().unwrap() = None;
+    for _ in 0..=300 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        r.admission.on_tick().await;
+    }
+    assert_eq!(r.rejected(Mode::Enforce), 1);
+    let written = r.fake.take();
+    assert!(
+        written
+            .iter()
+            .any(|w| matches!(w, Write::Failed { pod, .. } if pod == "web")),
+        "{written:?}"
+    );
+}
+
+#[test]
+fn pod_retry_delays_double_up_to_the_cap() {
+    let s = Duration::from_secs;
+    for (refused, want) in [
+        (0, s(0)),
+        (1, s(0)),
+        (2, s(2)),
+        (3, s(4)),
+        (9, s(256)),
+        (10, s(300)),
+        (40, s(300)),
+        (u32::MAX, s(300)),
+    ] {
+        assert_eq!(
+            super::admission::pod_retry_delay(refused),
+            want,
+            "{refused}"
+        );
+    }
+}
+
+/// Issue 21, item 6: the pod arrives before a policy change (or a Node relabel) that allows it,
+/// which was made earlier but has not come through its watch yet. The fresh read disagrees
+/// with the cache: the pod is not failed. When the fresh read agrees, it is.
+#[tokio::test]
+async fn a_pod_is_failed_only_when_a_fresh_read_agrees() {
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    // On the apiserver: a policy selecting every node, allowing kernel.msg*, in Enforce.
+    let mut allows = policy("allow-msg", Mode::Enforce);
+    allows.spec.allowed_unsafe_sysctls = vec!["kernel.msg*".into()];
+    *r.fake.fresh.lock().unwrap() = Some((vec![allows.clone()], Some(Labels::new())));
+    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), [], "not failed: the fresh policies allow it");
+    assert_eq!(*r.fake.fresh_reads.lock().unwrap(), 1);
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // The policy arrives through its watch: allowed, nothing written.
+    r.policy(&allows).await;
+    r.admission.on_tick().await;
+    assert!(
+        r.fake
+            .take()
+            .iter()
+            .all(|w| matches!(w, Write::Status { .. })),
+        "no pod write"
+    );
+    assert_eq!(r.rejected(Mode::Enforce), 0);
+
+    // The Node is gone on the apiserver: nothing is failed without its labels.
+    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    *r.fake.fresh.lock().unwrap() = Some((vec![], None));
+    r.pod(&pod("db", &["kernel.msgmax"])).await;
+    assert_eq!(r.fake.take(), []);
+
+    // The fresh read agrees (the watches were current): failed as before.
+    *r.fake.fresh.lock().unwrap() = None;
+    r.admission.on_tick().await;
+    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
 }

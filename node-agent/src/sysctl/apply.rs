@@ -2,18 +2,21 @@
 //!
 //! The writes (fail a pod's status, post a pod's report Event, apply a policy's status) are
 //! behind [`Writes`] (the kube one here, a recording fake in the tests); [`Writer`] carries out
-//! what admission decided and is the one place `--dry-run` is decided.
+//! what admission decided and is the one place `--dry-run` is decided. The one read admission
+//! makes outside its watches goes with them: the fresh view of the policies and the Node it
+//! takes right before failing a pod ([`Writes::read_fresh`]).
 
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
 use super::allowlist::FORBIDDEN_REASON;
+use super::cache::Labels;
 use super::crd::{Mode, SysctlPolicy, SysctlPolicyStatus};
 use super::decide::report_event_name;
 use crate::context::MANAGER;
@@ -38,6 +41,13 @@ pub trait Writes: Send + Sync {
         name: &str,
         status: &SysctlPolicyStatus,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Every SysctlPolicy and the labels of Node `node` (`None`: no such Node), read from the
+    /// apiserver now, not from the watches: lists without a resourceVersion, which the
+    /// apiserver answers with what etcd holds now (a quorum read).
+    fn read_fresh(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error>> + Send;
 }
 
 pub struct KubeWrites {
@@ -69,6 +79,25 @@ impl Writes for KubeWrites {
             .create(&PostParams::default(), event)
             .await
             .map(|_| ())
+    }
+
+    /// A list of the one Node by name rather than a GET: the agent may list nodes, not get them.
+    async fn read_fresh(
+        &self,
+        node: &str,
+    ) -> Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error> {
+        let policies = Api::<SysctlPolicy>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let labels = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("metadata.name={node}")))
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .map(|n| n.metadata.labels.unwrap_or_default());
+        Ok((policies, labels))
     }
 
     /// One field manager shared by all agents: they all compute the same content from the
@@ -235,6 +264,19 @@ impl<W: Writes> Writer<W> {
             return Ok(());
         }
         self.writes.apply_policy_status(policy, status).await
+    }
+
+    /// The fresh view of the policies and this node's labels (a read: made in dry-run too).
+    pub async fn read_fresh(&self) -> Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error> {
+        self.writes.read_fresh(&self.node_name).await
+    }
+
+    /// A Warning Event on `pod` saying a write about it keeps being refused (once per note).
+    pub async fn warn_pod(&self, pod: &Pod, note: &str, revision: u64) -> Result<(), kube::Error> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.publish_once(pod, "WriteRefused", note, revision).await
     }
 
     /// Creates the pod's report event under its derived name (`report_event_name`); an

@@ -15,6 +15,9 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use super::allowlist::{Admission, Allowlist};
 use super::crd::Mode;
 
+/// kubelet's annotation on the mirror pod of a static pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 /// What admission reads of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
@@ -23,6 +26,10 @@ pub struct PodFacts {
     pub terminal: bool,
     /// Being deleted: failing it would change nothing, so it is left alone.
     pub deleting: bool,
+    /// A mirror pod (annotation [`MIRROR_ANNOTATION`]): the API's copy of a static pod, which
+    /// kubelet alone admits and runs from its manifest. Never judged: recreated for a running
+    /// static pod, it has no status for a few seconds and would look not started.
+    pub mirror: bool,
     /// kubelet has admitted and begun running it (see [`started`]): never failed.
     pub started: bool,
     /// What the verdict depends on: the sysctls in order, hostNetwork, hostIPC.
@@ -51,6 +58,11 @@ impl PodFacts {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             terminal: matches!(phase, Some("Succeeded" | "Failed")),
             deleting: pod.metadata.deletion_timestamp.is_some(),
+            mirror: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
             started: pod.status.as_ref().is_some_and(started),
             fingerprint: h.finish(),
         }
@@ -223,7 +235,7 @@ pub fn outcome(allowlist: &Allowlist, mode: Mode, pod: &Pod) -> Outcome {
 /// node's policy was chosen (`chosen`: a SysctlPolicy selects the node, or the default mode
 /// was set to Enforce).
 pub fn decide(facts: &PodFacts, outcome: Outcome, memory: &Memory, chosen: bool) -> Action {
-    if facts.terminal || facts.deleting || facts.uid.is_empty() {
+    if facts.terminal || facts.deleting || facts.mirror || facts.uid.is_empty() {
         return Action::Skip;
     }
     if let Some((fp, done)) = memory.get(&facts.uid)

@@ -489,3 +489,33 @@ fn changed_sysctls_are_evaluated_again() {
         Action::Reject { .. }
     ));
 }
+
+/// Issue 21, item 7: a mirror pod (the API's copy of a static pod) is kubelet's alone to admit.
+/// Recreated for a static pod that is running, it has no status for a few seconds and looked
+/// not started: under Enforce it was failed. It is never judged, in any mode or state.
+#[test]
+fn mirror_pods_are_never_judged() {
+    for (phase, mode) in [
+        ("", Mode::Enforce),
+        ("Pending", Mode::Enforce),
+        ("Pending", Mode::Audit),
+        ("Running", Mode::Enforce),
+    ] {
+        let mut p = pod("mirror", &["kernel.msgmax"], phase);
+        p.status = (!phase.is_empty()).then(|| p.status.take()).flatten();
+        p.metadata.annotations = Some(
+            [(MIRROR_ANNOTATION.to_string(), "8f2a".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        let mut m = Memory::default();
+        assert_eq!(run(&p, mode, &mut m), Action::Skip, "{phase:?} {mode}");
+        assert!(m.is_empty(), "nothing remembered");
+    }
+    // The same pod without the annotation is judged.
+    let p = pod("static-looking", &["kernel.msgmax"], "Pending");
+    assert!(matches!(
+        run(&p, Mode::Enforce, &mut Memory::default()),
+        Action::Reject { .. }
+    ));
+}

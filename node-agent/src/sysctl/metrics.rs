@@ -1,6 +1,7 @@
 //! Admission's Prometheus metrics.
 //!
-//! Pods checked, rejected (by reason and mode), and started pods the policy would forbid.
+//! Pods checked, rejected (by reason and mode), started pods the policy would forbid, and
+//! writes about pods the apiserver refused.
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
@@ -10,6 +11,7 @@ pub struct Metrics {
     pub checked: IntCounter,
     pub rejected: IntCounterVec,
     pub started_forbidden: IntCounterVec,
+    pub pod_write_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -42,10 +44,22 @@ impl Metrics {
                 &["mode"],
             ),
         )?;
+        let pod_write_failures = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_pod_write_failures_total",
+                    "Writes about a pod (its fail patch, its report Event) that failed, by HTTP code (0: no answer). \
+                 Each is retried at the next tick, then after 2 s, 4 s, ... up to 5 min.",
+                ),
+                &["code"],
+            ),
+        )?;
         Ok(Self {
             checked,
             rejected,
             started_forbidden,
+            pod_write_failures,
         })
     }
 }
