@@ -50,7 +50,41 @@ metric() { # pod port series-prefix: the sum of the matching samples
   metrics "$1" "$2" | awk -v m="$3" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
 }
 cm_metric() { metric "$1" 8080 "$2"; }
-agent_metric() { metric "$(agent_pod)" 9808 "$1"; }
+
+# GET URL with an optional bearer token; the body on stdout, the HTTP code of a refusal on
+# stderr and exit 1.
+http_get() { # url [token]
+  python3 - "$1" "${2:-}" <<'PY'
+import sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[1])
+if sys.argv[2]:
+    req.add_header("Authorization", "Bearer " + sys.argv[2])
+try:
+    with urllib.request.urlopen(req, timeout=5) as r:
+        sys.stdout.write(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+# The node-agent serves /metrics only to an authorized caller (the chart's metricsAuth:
+# kubernetes), as Prometheus would scrape it: a ServiceAccount bound to the chart's
+# metrics-reader ClusterRole, its token.
+scraper_token() {
+  local f=$NODE_STATE/scraper.token
+  if [ ! -s "$f" ]; then
+    k -n default create serviceaccount e2e-scraper >/dev/null 2>&1 || true
+    k create clusterrolebinding e2e-scraper --clusterrole="$RELEASE-groundskeeper-metrics-reader" \
+      --serviceaccount=default:e2e-scraper >/dev/null 2>&1 || true
+    k -n default create token e2e-scraper --duration=2h > "$f"
+  fi
+  cat "$f"
+}
+agent_metric() {
+  http_get "http://$NODE_IP:9808/metrics" "$(scraper_token)" \
+    | awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
+}
 
 # How many controller-manager replicas report themselves leader.
 leaders_now() {

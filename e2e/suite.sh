@@ -50,7 +50,7 @@ run() {
 
 # In this order: the leader tests replace the pods whose logs the log test reads, and uninstall
 # takes the product away.
-order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_rss ops_audit leader_delete leader_sigkill leader ops_helm_upgrade zz_"
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_agent_metrics ops_rss ops_audit leader_delete leader_sigkill leader ops_helm_upgrade zz_"
 all=$(declare -F | awk '{print $3}' | grep '^test_')
 tests=""
 for group in $order; do

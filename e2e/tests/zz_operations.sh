@@ -15,6 +15,19 @@ test_ops_logs_one_line_per_decision() {
   ! k -n "$NS" logs "$p" | grep -E '=Some\(' | head -n 3 | grep . || fail "Debug formatting in the logs"
 }
 
+# The node-agent's /metrics on the host network: refused without a token and to a token whose
+# user may not read it, served to the metrics reader; the probes' endpoints stay open.
+test_ops_agent_metrics_need_an_authorized_token() {
+  local url=http://$NODE_IP:9808 code
+  http_get "$url/readyz" >/dev/null || fail "/readyz is not open to the kubelet's probes"
+  code=$(http_get "$url/metrics" 2>&1 >/dev/null) && fail "/metrics answered without a token"
+  [ "$code" = 401 ] || fail "/metrics without a token: $code, not 401"
+  k -n default create serviceaccount e2e-nobody >/dev/null 2>&1 || true
+  code=$(http_get "$url/metrics" "$(k -n default create token e2e-nobody)" 2>&1 >/dev/null) && fail "/metrics answered a token without RBAC"
+  [ "$code" = 403 ] || fail "/metrics with an unauthorized token: $code, not 403"
+  http_get "$url/metrics" "$(scraper_token)" | grep -q '^groundskeeper_' || fail "/metrics refused the metrics reader"
+}
+
 test_ops_rss() {
   local p
   for p in $(cm_pods) $(agent_pod); do say "$p RSS $(rss "$p")"; done
