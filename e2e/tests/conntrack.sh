@@ -89,7 +89,12 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
     first=$(first_answer_from "$ns" "$c" "$new")
     lag=$((first - t_rules))
     say "$c: first answer from the new server $((first - t_ready)) ms after its endpoint was ready, ${lag} ms after kube-proxy's rules"
-    [ "$lag" -le 1000 ] || fail "$c reached the new server ${lag} ms after kube-proxy's rules for it (goal: 1000 ms)"
+    if [ "$lag" -gt 1000 ]; then
+      # What the client saw around the switch, relative to kube-proxy's rules for the new server.
+      k -n "$ns" logs "$c" | awk -v t="$t_rules" '$1 > t - 1500 && $1 < t + 3000 { $1 = $1 - t; print "    client: " $0 }' | head -n 40
+      conntrack -L -p udp 2>/dev/null | grep -E 'dport=9000|dport='"$(k -n "$ns" get svc udp -o jsonpath='{.spec.ports[0].nodePort}')" | sed 's/^/    ct: /'
+      fail "$c reached the new server ${lag} ms after kube-proxy's rules for it (goal: 1000 ms)"
+    fi
   done
   k delete namespace "$ns" --wait=false >/dev/null
 }
@@ -113,7 +118,12 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   t0=$EPOCHREALTIME
   until_ok 10 sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
     || fail "flows DNATed to the removed endpoint $ip are still there 10 s after it went: $(conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"
-  say "flows to the removed endpoint gone $(since "$t0") s after the endpoint"
+  local took
+  took=$(since "$t0")
+  say "flows to the removed endpoint gone $took s after the endpoint"
+  # The settle (1 s: an EndpointSlice re-created is not a service without endpoints) plus at
+  # most one --conntrack-min-interval (1 s).
+  awk -v t="$took" 'BEGIN { exit !(t <= 3) }' || fail "the flows went $took s after the endpoint, more than settle + min interval"
   after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
   say "agent's kubeproxy_conntrack_reconciler_deleted_entries_total: $before -> $after"
   awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "the agent's deletion counter did not move: something else removed the flows"

@@ -74,7 +74,7 @@ pub struct ConntrackArgs {
     /// How long a live service port must have had no serving endpoint before every UDP flow
     /// through its frontends is deleted (kubernetes#139629); an EndpointSlice deleted and
     /// re-created within it cuts nothing. A deleted service's flows go at once.
-    #[arg(long, env = "CONNTRACK_NO_ENDPOINT_SETTLE", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "CONNTRACK_NO_ENDPOINT_SETTLE", default_value = "1s", value_parser = parse_duration)]
     pub conntrack_no_endpoint_settle: Duration,
 
     /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
