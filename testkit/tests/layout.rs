@@ -32,7 +32,7 @@ fn sources() -> Vec<(String, String)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "controllers", "node-agent", "testkit"] {
+    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
         walk(&repo().join(krate).join("src"), &mut files);
     }
     files.sort();

@@ -113,19 +113,7 @@ pub fn started(status: &PodStatus) -> bool {
             .any(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()))
 }
 
-/// FNV-1a, 64 bits: a hash that is the same in every build and process, for names that must
-/// come out the same after a restart (std's `DefaultHasher` promises no such thing).
-pub fn stable_hash(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        // A separator byte that can not occur in the parts keeps ["ab","c"] apart from ["a","bc"].
-        for b in part.bytes().chain(std::iter::once(0xff)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
+pub use groundskeeper_sysctl::verdict::stable_hash;
 
 /// The name of the one Warning event that reports a forbidden pod the agent does not fail
 /// (Audit, or already started), for this pod UID, policy revision and verdict. Being derived,
