@@ -5,4 +5,5 @@ pub mod leader;
 pub mod manager;
 pub mod podgc;
 pub mod servicecidr;
+pub mod sysctlwebhook;
 pub mod workqueue;

@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-/// The four components, each with the files every component has.
+/// The components, each with the files every component has.
 const COMPONENTS: &[&str] = &[
     "controllers/src/servicecidr",
     "controllers/src/podgc",
+    "controllers/src/sysctlwebhook",
     "node-agent/src/conntrack",
     "node-agent/src/sysctl",
 ];
