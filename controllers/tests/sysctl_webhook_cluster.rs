@@ -364,3 +364,82 @@ async fn the_failure_policy_decides_while_the_webhook_is_down() -> anyhow::Resul
     let _ = w.addr;
     Ok(())
 }
+
+/// Two replicas issue and rotate one certificate (60 s lifetime: renewal staged at 40 s,
+/// served 2 s after the caBundle holds it). Under failurePolicy Fail, a call the apiserver
+/// could not make (an untrusted certificate) would refuse a pod: none is refused across the
+/// renewal, and the replaced CA stays trusted.
+#[tokio::test]
+async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
+    let test = "certificates_rotate_without_a_refused_call";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let rotate = ["--webhook-cert-validity=60s", "--webhook-cert-grace=2s"];
+    let Some(w) = webhook(&c, test, "enforce", "Fail", &rotate).await? else {
+        return Ok(());
+    };
+    // A second replica on another port (the configuration calls the first): it races the
+    // first for every write.
+    let mut other = w.args.clone();
+    for a in other.iter_mut().filter(|a| a.starts_with("--webhook-addr=")) {
+        *a = format!("--webhook-addr={}", free_addr());
+    }
+    let (second, second_admin) = start(&other, &w.ns)?;
+    wait_ready(second_admin, WAIT, "second replica /readyz").await?;
+
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), &w.ns);
+    let data = |s: Secret| s.data.unwrap_or_default();
+    let first = data(secrets.get(&w.secret).await?);
+    let node = unique_name("gk-rotate");
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0"))).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
+    let allowed = bound_pod(&w.ns, "rotate", &node, &["kernel.shm_rmid_forced"]);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let steps = |admin| async move {
+        let (_, body) = http_get(admin, "/metrics").await?;
+        anyhow::Ok(
+            body.lines()
+                .filter(|l| l.starts_with("groundskeeper_sysctl_webhook_certificate_steps_total{step=\"promote\"}"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>(),
+        )
+    };
+    let start = std::time::Instant::now();
+    let mut calls = 0;
+    loop {
+        pods.create(&dry, &allowed).await.map_err(|e| {
+            anyhow::anyhow!(
+                "call {calls} refused {:?} into the test: {e}\nlog:\n{}",
+                start.elapsed(),
+                w.bin.logs()
+            )
+        })?;
+        calls += 1;
+        if steps(w.admin).await? + steps(second_admin).await? >= 1.0 {
+            break;
+        }
+        anyhow::ensure!(start.elapsed() < Duration::from_secs(90), "no promotion after 90 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The new certificate is served (the replica reloads it from the Secret) and still trusted.
+    let now = data(secrets.get(&w.secret).await?);
+    assert_ne!(now.get("tls.crt"), first.get("tls.crt"), "renewed");
+    assert_eq!(now.get("previous-ca.crt"), first.get("tls-ca.crt"), "the replaced CA is kept");
+    wait_for(WAIT, "the serving replica to load the renewed certificate", || async {
+        Ok(w.bin.logs().matches("serving certificate loaded").count() >= 2)
+    })
+    .await?;
+    for _ in 0..20 {
+        pods.create(&dry, &allowed).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(w.reviews("pod", Some("allowed")).await? >= calls as f64);
+    for bin in [&w.bin, &second] {
+        assert!(!bin.logs().contains("can not be served"), "{}", bin.logs());
+    }
+    Ok(())
+}
