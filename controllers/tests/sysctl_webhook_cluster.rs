@@ -33,6 +33,7 @@ struct Webhook {
     secret: String,
     ns: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// Starts a controller-manager serving only the webhook on a free port, registers the chart's
@@ -44,16 +45,31 @@ async fn webhook(
     failure_policy: &str,
     extra: &[&str],
 ) -> anyhow::Result<Option<Webhook>> {
-    c.ensure_crd(&crd_yaml()).await?;
     let ns = c.namespace_for_pods("gk-webhook", WAIT).await?;
+    let names = (unique_name("gk-sysctl-test"), unique_name("gk-webhook-tls"));
+    let mut args = vec![format!("--sysctl-default-mode={default_mode}")];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    webhook_in(c, test, &ns, names, failure_policy, args, None).await
+}
+
+/// [`webhook`] in namespace `ns`, with the configuration and Secret named `names`, acting as
+/// `kubeconfig` (the tests' own when None).
+async fn webhook_in(
+    c: &Cluster,
+    test: &str,
+    ns: &str,
+    (config, secret): (String, String),
+    failure_policy: &str,
+    extra: Vec<String>,
+    kubeconfig: Option<String>,
+) -> anyhow::Result<Option<Webhook>> {
+    c.ensure_crd(&crd_yaml()).await?;
     let addr = free_addr();
-    let config = unique_name("gk-sysctl-test");
-    let Some(vwc) = webhook::chart_configuration(&config, addr, &ns, failure_policy) else {
+    let Some(vwc) = webhook::chart_configuration(&config, addr, ns, failure_policy) else {
         testkit::skipped(test, "helm not installed (run .ci/tools.sh)");
         return Ok(None);
     };
     c.create(&vwc).await?;
-    let secret = unique_name("gk-webhook-tls");
     let mut args: Vec<String> = [
         "--leader-elect=false",
         "--controllers=",
@@ -62,34 +78,39 @@ async fn webhook(
         "--webhook-cert-hosts=127.0.0.1",
         &format!("--webhook-configuration={config}"),
         &format!("--webhook-tls-secret={secret}"),
-        &format!("--sysctl-default-mode={default_mode}"),
         &format!("--allowed-unsafe-sysctls={}", cases::FLAG.join(",")),
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let (bin, admin) = start(&args, &ns)?;
+    args.extend(extra);
+    let mut env = vec![("POD_NAMESPACE".to_string(), ns.to_string())];
+    if let Some(k) = kubeconfig {
+        env.push(("KUBECONFIG".into(), k));
+    }
+    let (bin, admin) = start(&args, &env)?;
     let w = Webhook {
         bin,
         admin,
         addr,
         config,
         secret,
-        ns,
+        ns: ns.to_string(),
         args,
+        env,
     };
     w.wait_called(c).await?;
     Ok(Some(w))
 }
 
-fn start(args: &[String], ns: &str) -> anyhow::Result<(Binary, SocketAddr)> {
+fn start(args: &[String], env: &[(String, String)]) -> anyhow::Result<(Binary, SocketAddr)> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
         "controller-manager-webhook",
         &args,
-        &[("POD_NAMESPACE", ns)],
+        &env,
     )
 }
 
@@ -353,7 +374,7 @@ async fn the_failure_policy_decides_while_the_webhook_is_down() -> anyhow::Resul
     assert_eq!(pods.get(&p.name_any()).await?.spec.and_then(|s| s.node_name), None);
 
     // Back: the same certificate, judged again (an allowed pod binds, the forbidden one not).
-    let (bin, admin) = start(&w.args, &w.ns)?;
+    let (bin, admin) = start(&w.args, &w.env)?;
     (w.bin, w.admin) = (bin, admin);
     w.wait_called(&c).await?;
     assert_eq!(cert(secrets.get(&w.secret).await?), served, "the Secret was reused");
@@ -385,7 +406,7 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
     for a in other.iter_mut().filter(|a| a.starts_with("--webhook-addr=")) {
         *a = format!("--webhook-addr={}", free_addr());
     }
-    let (second, second_admin) = start(&other, &w.ns)?;
+    let (second, second_admin) = start(&other, &w.env)?;
     wait_ready(second_admin, WAIT, "second replica /readyz").await?;
 
     let secrets = Api::<Secret>::namespaced(c.client.clone(), &w.ns);
@@ -441,5 +462,67 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
     for bin in [&w.bin, &second] {
         assert!(!bin.logs().contains("can not be served"), "{}", bin.logs());
     }
+    Ok(())
+}
+
+/// The chart's own rules (rendered, resourceNames and all: the Secret and the configuration by
+/// name, list/watch of them through a metadata.name field selector) are enough for the webhook
+/// to issue its certificate, patch the caBundles, watch what it judges and deny a binding.
+#[tokio::test]
+async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    let test = "the_charts_rules_are_enough_for_the_webhook";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let ns = c.namespace_for_pods("gk-webhook-rbac", WAIT).await?;
+    let release = unique_name("gk");
+    let Some(docs) = testkit::chart::render_release(&release, &["-n", &ns]) else {
+        testkit::skipped(test, "helm not installed (run .ci/tools.sh)");
+        return Ok(());
+    };
+    let rules = |kind: &str| -> Vec<PolicyRule> {
+        docs.iter()
+            .filter(|d| {
+                d["kind"].as_str() == Some(kind)
+                    && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                        == Some("controller-manager")
+            })
+            .flat_map(|d| {
+                serde_yaml::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
+            })
+            .collect()
+    };
+    let kubeconfig = c
+        .as_service_account_with(&ns, rules("ClusterRole"), rules("Role"))
+        .await?;
+    let full = format!("{release}-groundskeeper");
+    let names = (format!("{full}-sysctl"), format!("{full}-webhook-tls"));
+    let Some(w) = webhook_in(
+        &c,
+        test,
+        &ns,
+        names,
+        "Fail",
+        vec!["--sysctl-default-mode=enforce".into()],
+        Some(kubeconfig.display().to_string()),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let node = unique_name("gk-rbac");
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0"))).await?;
+    let p = c.create(&unbound_pod(&w.ns, "rbac", &["kernel.msgmax"])).await?;
+    wait_for(WAIT, "a forbidden binding to be denied", || async {
+        match webhook::bind(&c.client, &w.ns, &p, &node).await {
+            Err(kube::Error::Api(e)) => Ok(e.message.contains("not allowlisted")),
+            Ok(()) => anyhow::bail!("bound"),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await?;
+    w.bin.assert_no_api_refusals();
+    assert!(!w.bin.logs().contains("403"), "{}", w.bin.logs());
     Ok(())
 }

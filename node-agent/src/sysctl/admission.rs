@@ -1,9 +1,10 @@
 //! Admission's state machine: driven by watch changes and a tick, it acts through `apply`.
 //!
-//! It keeps the node's merged policy, what was done per pod (`decide::Memory`), the pods whose
-//! writes are retried, and the policy status writes coming due, and carries out what `decide`
-//! says through `apply::Writer`: fail a pod that has not started and warn in Enforce, warn in
-//! Audit, only report a started pod, and keep each policy's status current.
+//! It keeps the node's merged policy and since when it is in force, what was done per pod
+//! (`decide::Memory`), the pods whose reports are retried, and the policy status writes coming
+//! due, and carries out what `decide` says through `apply::Writer`: report a started pod that
+//! the node's policy forbids (ran despite Enforce, audited, or started before the policy), and
+//! keep each policy's status current. It writes no pod.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -14,11 +15,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::allowlist::FORBIDDEN_REASON;
-use super::apply::{Writer, Writes};
+use groundskeeper_sysctl::verdict::Verdict;
+
+use super::apply::{Report, Writer, Writes};
 use super::cache::{Cache, Change, Health, PodKey};
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, PodFacts, decide, outcome};
+use super::decide::{Action, Memory, PodFacts, decide};
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge};
 
@@ -59,6 +61,8 @@ pub struct Admission<W> {
     writer: Writer<W>,
     metrics: Metrics,
     policy: Option<NodePolicy>,
+    /// When `policy` came into force here: pods kubelet started later started under it.
+    policy_since: jiff::Timestamp,
     memory: Memory,
     retry: HashSet<PodKey>,
     status_due: HashMap<String, Instant>,
@@ -81,6 +85,7 @@ impl<W: Writes> Admission<W> {
             writer,
             metrics,
             policy: None,
+            policy_since: jiff::Timestamp::now(),
             memory: Memory::default(),
             retry: HashSet::new(),
             status_due: HashMap::new(),
@@ -166,6 +171,7 @@ impl<W: Writes> Admission<W> {
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
             self.policy = Some(merged);
+            self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;
         }
     }
@@ -193,63 +199,54 @@ impl<W: Writes> Admission<W> {
         let Some(policy) = self.policy.as_ref() else {
             return;
         };
-        let (revision, chosen) = (policy.revision, policy.chosen);
+        let (revision, chosen, since) = (policy.revision, policy.chosen, self.policy_since);
         let facts = PodFacts::of(pod);
-        let out = outcome(&policy.allowlist, policy.mode, pod);
-        let action = decide(&facts, out.clone(), &self.memory, chosen);
+        let verdict = policy.judge(pod.spec.as_ref());
+        let action = decide(&facts, verdict.clone(), &self.memory, chosen, since);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let started = matches!(action, Action::ReportStarted { .. });
-        match action {
+        let (report, message) = match action {
             Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
+                self.done(pod, &facts, verdict);
+                return;
             }
-            // Counted once the write is done: a refused fail patch (409: the pod moved on,
-            // perhaps started) is not a rejection.
-            Action::Reject { mode, message } | Action::ReportStarted { mode, message } => {
-                // Failing a pod is destructive: not on a policy, Node or pod list that may be
-                // stale (a watch failing or relisting). Retried each tick until they are current.
-                if !started && mode == Mode::Enforce && !self.watches.healthy() {
-                    tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
-                    self.retry.insert(PodKey::of(pod));
-                    return;
-                }
-                let written = self
-                    .writer
-                    .forbidden(pod, mode, &message, started, revision)
-                    .await;
-                if let Err(e) = written {
-                    match &e {
-                        _ if started => {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting started pod failed; will retry")
-                        }
-                        kube::Error::Api(s) if s.code == 409 => {
-                            tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again")
-                        }
-                        _ => {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "rejecting pod failed; will retry")
-                        }
-                    }
-                    self.retry.insert(PodKey::of(pod));
-                    return;
-                }
-                let mode = mode.to_string();
-                if started {
-                    self.metrics
-                        .started_forbidden
-                        .with_label_values(&[&mode])
-                        .inc();
+            Action::Await { mode, message } => {
+                if mode == Mode::Enforce {
+                    // Honest about what happened: the agent stops nothing. kubelet decides now.
+                    tracing::info!(pod = %name, namespace = %ns, forbidden = %message, "pod bound to this node although its Enforce sysctl policy forbids it (the admission webhook did not keep it off); waiting for kubelet's verdict, the agent does not fail pods");
                 } else {
-                    self.metrics
-                        .rejected
-                        .with_label_values(&[FORBIDDEN_REASON, &mode])
-                        .inc();
+                    tracing::debug!(pod = %name, namespace = %ns, forbidden = %message, "forbidden pod not started yet (audit mode)");
                 }
+                self.done(pod, &facts, verdict);
+                return;
             }
+            Action::ReportRan { message } => (Report::Ran, message),
+            Action::ReportAudit { message } => (Report::Audit, message),
+            Action::ReportStarted { mode, message } => (Report::StartedBefore(mode), message),
+        };
+        if let Err(e) = self.writer.report(pod, report, &message, revision).await {
+            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting pod failed; will retry");
+            self.retry.insert(PodKey::of(pod));
+            return;
         }
+        match report {
+            Report::Ran => self.metrics.ran_forbidden.with_label_values(&["Enforce"]).inc(),
+            Report::Audit => self.metrics.ran_forbidden.with_label_values(&["Audit"]).inc(),
+            Report::StartedBefore(mode) => self
+                .metrics
+                .started_forbidden
+                .with_label_values(&[&mode.to_string()])
+                .inc(),
+        }
+        self.done(pod, &facts, verdict);
+    }
+
+    /// The pod was handled under `verdict`: counted, no longer retried, remembered.
+    fn done(&mut self, pod: &Pod, facts: &PodFacts, verdict: Verdict) {
         self.metrics.checked.inc();
         self.retry.remove(&PodKey::of(pod));
-        self.memory.remember(&facts, out);
+        self.memory.remember(facts, verdict);
     }
 
     fn schedule_status(&mut self, policy: &SysctlPolicy) {

@@ -21,13 +21,9 @@ const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 /// One write as the apiserver would have taken it.
 #[derive(Clone, Debug, PartialEq)]
 enum Write {
-    Failed {
-        pod: String,
-        resource_version: String,
-        message: String,
-    },
     Event {
         pod: String,
+        reason: String,
         action: String,
         note: String,
     },
@@ -67,26 +63,11 @@ impl Fake {
 }
 
 impl Writes for Fake {
-    async fn fail_pod(
-        &self,
-        _namespace: &str,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<(), kube::Error> {
-        self.record(Write::Failed {
-            pod: name.into(),
-            resource_version: patch["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap()
-                .into(),
-            message: patch["status"]["message"].as_str().unwrap().into(),
-        })
-    }
-
     async fn create_event(&self, event: &Event) -> Result<(), kube::Error> {
         let regarding = event.regarding.as_ref().unwrap();
         self.record(Write::Event {
             pod: regarding.name.clone().unwrap(),
+            reason: event.reason.clone().unwrap(),
             action: event.action.clone().unwrap(),
             note: event.note.clone().unwrap(),
         })
@@ -125,11 +106,23 @@ fn pod(name: &str, sysctls: &[&str]) -> Pod {
     }
 }
 
-/// The pod as kubelet writes it once it has admitted and started it.
+/// The pod as kubelet writes it once it has admitted and started it, long before the tests'
+/// policies came into force (a pod seen pending first still started under them).
 fn started(mut p: Pod) -> Pod {
     let status = p.status.as_mut().unwrap();
     status.phase = Some("Running".into());
     status.start_time = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    p.metadata.resource_version = Some("8".into());
+    p
+}
+
+/// The pod as kubelet rejects it (`rejectPod`): its verdict, terminal.
+fn rejected_by_kubelet(mut p: Pod) -> Pod {
+    let status = p.status.as_mut().unwrap();
+    status.phase = Some("Failed".into());
+    status.reason = Some("SysctlForbidden".into());
+    status.message = Some(format!("Pod was rejected: {MSG}"));
+    status.start_time = Some(Time(jiff::Timestamp::now()));
     p.metadata.resource_version = Some("8".into());
     p
 }
@@ -238,44 +231,79 @@ impl Rig {
             .await;
     }
 
-    fn rejected(&self, mode: Mode) -> u64 {
-        let labels = ["SysctlForbidden", &mode.to_string()];
-        self.metrics.rejected.with_label_values(&labels).get()
+    fn ran(&self, mode: Mode) -> u64 {
+        let labels = [mode.to_string()];
+        self.metrics.ran_forbidden.with_label_values(&[&labels[0]]).get()
+    }
+
+    fn started_before(&self, mode: Mode) -> u64 {
+        let labels = [mode.to_string()];
+        self.metrics.started_forbidden.with_label_values(&[&labels[0]]).get()
     }
 }
 
-fn failed(pod: &str) -> Write {
-    Write::Failed {
-        pod: pod.into(),
-        resource_version: "7".into(),
-        message: format!("Pod was rejected: {MSG}"),
-    }
-}
-
-fn event(pod: &str, action: &str, note: &str) -> Write {
+fn event(pod: &str, reason: &str, action: &str, note: &str) -> Write {
     Write::Event {
         pod: pod.into(),
+        reason: reason.into(),
         action: action.into(),
         note: note.into(),
     }
 }
 
+fn ran_note() -> String {
+    format!(
+        "{MSG}: started on this node although its Enforce sysctl policy forbids it \
+         (the admission webhook did not keep it off); not stopped"
+    )
+}
+
+fn ran(pod: &str) -> Write {
+    event(pod, "SysctlForbiddenRan", "Ran", &ran_note())
+}
+
+fn audited(pod: &str) -> Write {
+    event(pod, "SysctlForbidden", "Audit", MSG)
+}
+
 #[tokio::test]
-async fn a_pending_forbidden_pod_is_failed_in_enforce_and_only_warned_in_audit() {
+async fn a_forbidden_pod_is_not_written_while_pending_and_reported_once_it_runs() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    assert_eq!(r.fake.take(), [], "no pod write, no event before kubelet's verdict");
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [ran("web")]);
+    assert_eq!((r.ran(Mode::Enforce), r.started_before(Mode::Enforce)), (1, 0));
 
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [event("web", "Audit", MSG)], "no fail patch");
-    assert_eq!(r.rejected(Mode::Audit), 1);
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    assert_eq!(r.fake.take(), []);
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [audited("web")]);
+    assert_eq!(r.ran(Mode::Audit), 1);
 
     // An allowed pod is remembered and counted, never written.
-    r.pod(&pod("ok", &["kernel.shm_rmid_forced"])).await;
+    let ok = pod("ok", &["kernel.shm_rmid_forced"]);
+    r.pod(&ok).await;
+    r.pod(&started(ok)).await;
     assert_eq!(r.fake.take(), []);
-    assert_eq!(r.metrics.checked.get(), 2);
+    assert_eq!(r.metrics.checked.get(), 4);
+}
+
+/// Pods kubelet forbids are kubelet's to reject: the agent writes nothing for them.
+#[tokio::test]
+async fn a_pod_kubelet_rejects_gets_nothing_from_the_agent() {
+    for mode in [Mode::Enforce, Mode::Audit] {
+        let mut r = Rig::new("node-a", mode, false).await;
+        let p = pod("web", &["kernel.msgmax"]);
+        r.pod(&p).await;
+        r.pod(&rejected_by_kubelet(p)).await;
+        r.admission.on_tick().await;
+        assert_eq!(r.fake.take(), [], "{mode}");
+        assert_eq!(r.ran(mode), 0, "{mode}");
+    }
 }
 
 /// The three watches list in any order. When the pods list last, no Node or policy event may
@@ -303,38 +331,22 @@ async fn admission_starts_whichever_watch_lists_last() {
             flag.mark_ready();
             r.admission.on_change(change).await;
         }
-        assert_eq!(
-            r.fake.take(),
-            [failed("web"), event("web", "Reject", MSG)],
-            "lists in the order {order:?}"
-        );
+        assert_eq!(r.metrics.checked.get(), 1, "lists in the order {order:?}");
+        r.pod(&started(p)).await;
+        assert_eq!(r.fake.take(), [ran("web")], "lists in the order {order:?}");
     }
 }
 
 #[tokio::test]
-async fn a_started_pod_is_never_failed_only_reported() {
-    let note =
-        format!("{MSG} (pod already started: not failed; Enforce applies to pods not yet started)");
+async fn a_pod_started_before_the_policy_is_never_written_only_reported() {
+    let note = format!(
+        "{MSG} (already started when this agent came to judge it under the Enforce \
+         policy that forbids it: not stopped)"
+    );
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
     r.pod(&started(pod("web", &["kernel.msgmax"]))).await;
-    assert_eq!(r.fake.take(), [event("web", "Audit", &note)]);
-    let labels = ["Enforce"];
-    assert_eq!(
-        r.metrics.started_forbidden.with_label_values(&labels).get(),
-        1
-    );
-    assert_eq!(r.rejected(Mode::Enforce), 0);
-
-    // Judged pending, failing it refused (409: kubelet started it meanwhile), judged again
-    // from the started version: reported, never failed.
-    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    r.fake.fail_next(409);
-    r.pod(&pod("raced", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), []);
-    r.pod(&started(pod("raced", &["kernel.msgmax"]))).await;
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [event("raced", "Audit", &note)]);
-    assert_eq!(r.rejected(Mode::Enforce), 0);
+    assert_eq!(r.fake.take(), [event("web", "SysctlForbidden", "Audit", &note)]);
+    assert_eq!((r.started_before(Mode::Enforce), r.ran(Mode::Enforce)), (1, 0));
 
     // Default install (Audit, no policy): a started pod is not even reported...
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
@@ -343,21 +355,17 @@ async fn a_started_pod_is_never_failed_only_reported() {
     assert_eq!(r.fake.take(), []);
     // ...until a policy selects the node, and then only reported.
     r.policy(&policy("audit-all", Mode::Audit)).await;
-    let audit_note = note.replace("Enforce applies", "Audit applies");
+    let audit_note = note.replace("under the Enforce", "under the Audit");
     let reported = r.fake.take();
-    assert!(
-        reported.contains(&event("web", "Audit", &audit_note)),
-        "{reported:?}"
-    );
-    assert!(!reported.iter().any(|w| matches!(w, Write::Failed { .. })));
+    assert_eq!(reported, [event("web", "SysctlForbidden", "Audit", &audit_note)]);
 }
 
 #[tokio::test]
 async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    let p = pod("web", &["kernel.msgmax"]);
+    let p = started(pod("web", &["kernel.msgmax"]));
     r.pod(&p).await;
-    assert_eq!(r.fake.take().len(), 2);
+    assert_eq!(r.fake.take().len(), 1);
     // The same pod again (a status update, a relist), a merge giving the same policy, a tick.
     let mut updated = p.clone();
     updated.metadata.resource_version = Some("9".into());
@@ -368,56 +376,40 @@ async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 1);
     // Other sysctls are a change: judged again.
-    r.pod(&pod("web", &["kernel.sem"])).await;
-    assert_eq!(r.fake.take().len(), 2);
+    r.pod(&started(pod("web", &["kernel.sem"]))).await;
+    assert_eq!(r.fake.take().len(), 1);
     // Deleted and forgotten: the same UID would be judged afresh.
     r.admission
         .on_change(Change::PodGone("uid-web".into()))
         .await;
     r.pod(&p).await;
-    assert_eq!(r.fake.take().len(), 2);
+    assert_eq!(r.fake.take().len(), 1);
 }
 
 #[tokio::test]
-async fn failed_writes_are_retried_on_the_tick() {
+async fn failed_reports_are_retried_on_the_tick() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
     r.fake.fail_next(500);
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [], "the fail patch was refused");
-    assert_eq!(
-        r.rejected(Mode::Enforce),
-        0,
-        "not counted before it is done"
-    );
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [], "the event was refused");
+    assert_eq!(r.ran(Mode::Enforce), 0, "not counted before it is done");
     r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    assert_eq!(r.fake.take(), [ran("web")], "retried, still as having run");
+    assert_eq!(r.ran(Mode::Enforce), 1);
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), [], "done: no more retries");
-
-    // While a watch is relisting, a pod is not failed; it is once the watches are current.
-    r.set_healthy(false);
-    r.pod(&pod("db", &["kernel.msgmax"])).await;
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), []);
-    r.set_healthy(true);
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
-
-    // A report that fails is retried too.
-    r.fake.fail_next(500);
-    r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
-    assert_eq!(r.fake.take(), []);
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take().len(), 1);
 }
 
 #[tokio::test]
 async fn an_existing_report_event_counts_as_reported() {
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
     r.fake.fail_next(409);
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.rejected(Mode::Audit), 1, "reported by an earlier process");
+    r.pod(&started(p)).await;
+    assert_eq!(r.ran(Mode::Audit), 1, "reported by an earlier process");
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), [], "not retried");
 }
@@ -425,14 +417,16 @@ async fn an_existing_report_event_counts_as_reported() {
 #[tokio::test(start_paused = true)]
 async fn dry_run_writes_nothing() {
     let mut r = Rig::new("node-a", Mode::Enforce, true).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    r.pod(&started(p)).await;
     r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
     r.policy(&policy("p", Mode::Enforce)).await;
     tokio::time::advance(Duration::from_secs(10)).await;
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), []);
     // Counted as done, as the cluster test reads it: what would have been.
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    assert_eq!(r.ran(Mode::Enforce), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,9 @@
 //! Admission's Prometheus metrics.
 //!
-//! Pods checked, rejected (by reason and mode), and started pods the policy would forbid.
+//! Pods checked; started pods the node's verdict forbade when they started (by mode: Enforce
+//! means the policy did not keep them off); started pods a later verdict forbids. The agent
+//! rejects nothing, so no metric of its says "rejected" (the webhook's does, for bindings it
+//! denied).
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
@@ -8,7 +11,7 @@ use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 #[derive(Clone)]
 pub struct Metrics {
     pub checked: IntCounter,
-    pub rejected: IntCounterVec,
+    pub ran_forbidden: IntCounterVec,
     pub started_forbidden: IntCounterVec,
 }
 
@@ -18,17 +21,19 @@ impl Metrics {
             registry,
             IntCounter::new(
                 "groundskeeper_sysctl_pods_checked_total",
-                "Pods bound to this node whose sysctls were checked (once per change of sysctls or outcome).",
+                "Pods bound to this node whose sysctls were checked (once per change of sysctls, verdict or start).",
             ),
         )?;
-        let rejected = registered(
+        let ran_forbidden = registered(
             registry,
             IntCounterVec::new(
                 Opts::new(
-                    "groundskeeper_sysctl_pods_rejected_total",
-                    "Pods found to use forbidden sysctls, by reason and mode (Enforce: failed; Audit: warned).",
+                    "groundskeeper_sysctl_pods_ran_forbidden_total",
+                    "Pods kubelet started on this node while the node's sysctl policy already forbade them, by \
+                     mode: Enforce (the admission webhook did not keep them off: it was down under failurePolicy \
+                     Ignore, bypassed or not installed) or Audit (reported as designed). Never stopped.",
                 ),
-                &["reason", "mode"],
+                &["mode"],
             ),
         )?;
         let started_forbidden = registered(
@@ -36,15 +41,16 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "groundskeeper_sysctl_started_pods_forbidden_total",
-                    "Started pods (kubelet admitted them) that the node's policy would forbid, by the mode \
-                 in force; they are never failed, only reported. Counted per agent process.",
+                    "Pods that had started before the node's policy came to forbid them (a policy created, \
+                     narrowed or moved onto the node later), by the mode in force; never stopped, only \
+                     reported. Counted per agent process.",
                 ),
                 &["mode"],
             ),
         )?;
         Ok(Self {
             checked,
-            rejected,
+            ran_forbidden,
             started_forbidden,
         })
     }
