@@ -121,10 +121,23 @@ impl Webhook {
         wait_ready(self.admin, WAIT, "controller-manager /readyz")
             .await
             .map_err(|e| anyhow::anyhow!("{e}\nlog:\n{}", self.bin.logs()))?;
-        let probe = bound_pod(&self.ns, "probe", "gk-probe-node", &["kernel.shm_rmid_forced"]);
+        let probe = bound_pod(
+            &self.ns,
+            "probe",
+            "gk-probe-node",
+            &["kernel.shm_rmid_forced"],
+        );
         let pods = Api::<Pod>::namespaced(c.client.clone(), &self.ns);
         wait_for(WAIT, "the apiserver to call the webhook", || async {
-            let _ = pods.create(&PostParams { dry_run: true, ..Default::default() }, &probe).await;
+            let _ = pods
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &probe,
+                )
+                .await;
             Ok(self.reviews("pod", None).await? > 0.0)
         })
         .await
@@ -160,7 +173,12 @@ fn unbound_pod(ns: &str, prefix: &str, sysctls: &[&str]) -> Pod {
 /// The rows' Nodes and SysctlPolicies, labelled `run`, each row's policies selecting only its
 /// node; then a barrier Node and Enforce policy, created last, that the webhook must have seen
 /// before any row is asked (each watch delivers in order, so then it has every row's objects).
-async fn scene(c: &Cluster, w: &Webhook, run: &str, rows: &[(usize, Case)]) -> anyhow::Result<Vec<String>> {
+async fn scene(
+    c: &Cluster,
+    w: &Webhook,
+    run: &str,
+    rows: &[(usize, Case)],
+) -> anyhow::Result<Vec<String>> {
     let mut nodes = Vec::new();
     for (i, case) in rows {
         let id = format!("{run}-{i}");
@@ -171,7 +189,10 @@ async fn scene(c: &Cluster, w: &Webhook, run: &str, rows: &[(usize, Case)]) -> a
         for mut p in case.policies() {
             // Same prefix for all of a row's policies: their order (and the message) is kept.
             p.metadata.name = Some(format!("{id}-{}", p.name_any()));
-            let sel = p.spec.node_selector.get_or_insert_with(LabelSelector::default);
+            let sel = p
+                .spec
+                .node_selector
+                .get_or_insert_with(LabelSelector::default);
             sel.match_labels
                 .get_or_insert_with(BTreeMap::new)
                 .insert(RUN_LABEL.into(), id.clone());
@@ -203,12 +224,25 @@ async fn scene(c: &Cluster, w: &Webhook, run: &str, rows: &[(usize, Case)]) -> a
     let probe = bound_pod(&w.ns, "barrier", &barrier, &["kernel.msgmax"]);
     let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
     let want = format!("SysctlPolicy {}", policy.name_any());
-    wait_for(WAIT, "the webhook to see every row's node and policies", || async {
-        match pods.create(&PostParams { dry_run: true, ..Default::default() }, &probe).await {
-            Err(kube::Error::Api(e)) => Ok(e.message.contains(&want)),
-            _ => Ok(false),
-        }
-    })
+    wait_for(
+        WAIT,
+        "the webhook to see every row's node and policies",
+        || async {
+            match pods
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &probe,
+                )
+                .await
+            {
+                Err(kube::Error::Api(e)) => Ok(e.message.contains(&want)),
+                _ => Ok(false),
+            }
+        },
+    )
     .await?;
     Ok(nodes)
 }
@@ -236,7 +270,10 @@ async fn table(test: &str, mode: Mode) -> anyhow::Result<()> {
     // yet bound, the first may not be (judged from a GET then).
     let mut created = Vec::new();
     for (i, case) in &rows {
-        created.push(c.create(&unbound_pod(&w.ns, &format!("row-{i}"), case.sysctls)).await?);
+        created.push(
+            c.create(&unbound_pod(&w.ns, &format!("row-{i}"), case.sysctls))
+                .await?,
+        );
     }
     for (((_, case), node), pod) in rows.iter().zip(&nodes).zip(&created) {
         let bound = webhook::bind(&c.client, &w.ns, pod, node).await;
@@ -245,7 +282,11 @@ async fn table(test: &str, mode: Mode) -> anyhow::Result<()> {
         check(case, "binding", "binding.sysctl.groundskeeper.dev", bound);
         match case.want {
             Want::Forbidden(Mode::Enforce, _) => {
-                assert_eq!(on, None, "{}: a denied binding leaves the pod unbound", case.name);
+                assert_eq!(
+                    on, None,
+                    "{}: a denied binding leaves the pod unbound",
+                    case.name
+                );
                 let phase = after.status.and_then(|s| s.phase);
                 assert_eq!(phase.as_deref(), Some("Pending"), "{}", case.name);
             }
@@ -267,6 +308,10 @@ async fn table(test: &str, mode: Mode) -> anyhow::Result<()> {
         .count() as f64;
     assert_eq!(w.reviews("binding", Some("denied")).await?, denied);
     w.bin.assert_no_api_refusals();
+    // SIGTERM: the webhook drains and the process exits 0.
+    let mut bin = w.bin;
+    bin.signal("TERM").await?;
+    assert_eq!(bin.wait_exit(WAIT).await?, Some(0), "{}", bin.logs());
     Ok(())
 }
 
@@ -275,8 +320,9 @@ fn check(case: &Case, what: &str, webhook: &str, result: Result<(), kube::Error>
     match (case.want, result) {
         (Want::Forbidden(Mode::Enforce, m), Err(kube::Error::Api(e))) => {
             assert!(
-                e.message.contains(&format!("admission webhook \"{webhook}\" denied the request"))
-                    && e.message.contains(m),
+                e.message.contains(&format!(
+                    "admission webhook \"{webhook}\" denied the request"
+                )) && e.message.contains(m),
                 "{}: {what} refused for another reason: {}",
                 case.name,
                 e.message
@@ -314,7 +360,8 @@ async fn the_failure_policy_decides_while_the_webhook_is_down() -> anyhow::Resul
         return Ok(());
     };
     let node = unique_name("gk-down");
-    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0"))).await?;
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0")))
+        .await?;
     let forbidden = || unbound_pod(&w.ns, "down", &["kernel.msgmax"]);
     let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
     let configs = Api::<ValidatingWebhookConfiguration>::all(c.client.clone());
@@ -342,7 +389,10 @@ async fn the_failure_policy_decides_while_the_webhook_is_down() -> anyhow::Resul
         .await
         .map_err(|e| anyhow::anyhow!("Ignore must bind while the webhook is down: {e}"))?;
     assert_eq!(
-        pods.get(&p.name_any()).await?.spec.and_then(|s| s.node_name),
+        pods.get(&p.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
         Some(node.clone())
     );
 
@@ -371,16 +421,30 @@ async fn the_failure_policy_decides_while_the_webhook_is_down() -> anyhow::Resul
         }
     })
     .await?;
-    assert_eq!(pods.get(&p.name_any()).await?.spec.and_then(|s| s.node_name), None);
+    assert_eq!(
+        pods.get(&p.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
+        None
+    );
 
     // Back: the same certificate, judged again (an allowed pod binds, the forbidden one not).
     let (bin, admin) = start(&w.args, &w.env)?;
     (w.bin, w.admin) = (bin, admin);
     w.wait_called(&c).await?;
-    assert_eq!(cert(secrets.get(&w.secret).await?), served, "the Secret was reused");
-    let err = webhook::bind(&c.client, &w.ns, &p, &node).await.unwrap_err();
+    assert_eq!(
+        cert(secrets.get(&w.secret).await?),
+        served,
+        "the Secret was reused"
+    );
+    let err = webhook::bind(&c.client, &w.ns, &p, &node)
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("not allowlisted"), "{err}");
-    let ok = c.create(&unbound_pod(&w.ns, "allowed", &["kernel.shm_rmid_forced"])).await?;
+    let ok = c
+        .create(&unbound_pod(&w.ns, "allowed", &["kernel.shm_rmid_forced"]))
+        .await?;
     webhook::bind(&c.client, &w.ns, &ok, &node).await?;
     let _ = w.addr;
     Ok(())
@@ -403,7 +467,10 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
     // A second replica on another port (the configuration calls the first): it races the
     // first for every write.
     let mut other = w.args.clone();
-    for a in other.iter_mut().filter(|a| a.starts_with("--webhook-addr=")) {
+    for a in other
+        .iter_mut()
+        .filter(|a| a.starts_with("--webhook-addr="))
+    {
         *a = format!("--webhook-addr={}", free_addr());
     }
     let (second, second_admin) = start(&other, &w.env)?;
@@ -413,7 +480,8 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
     let data = |s: Secret| s.data.unwrap_or_default();
     let first = data(secrets.get(&w.secret).await?);
     let node = unique_name("gk-rotate");
-    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0"))).await?;
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0")))
+        .await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
     let allowed = bound_pod(&w.ns, "rotate", &node, &["kernel.shm_rmid_forced"]);
     let dry = PostParams {
@@ -424,7 +492,11 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
         let (_, body) = http_get(admin, "/metrics").await?;
         anyhow::Ok(
             body.lines()
-                .filter(|l| l.starts_with("groundskeeper_sysctl_webhook_certificate_steps_total{step=\"promote\"}"))
+                .filter(|l| {
+                    l.starts_with(
+                        "groundskeeper_sysctl_webhook_certificate_steps_total{step=\"promote\"}",
+                    )
+                })
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>(),
         )
@@ -443,16 +515,25 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
         if steps(w.admin).await? + steps(second_admin).await? >= 1.0 {
             break;
         }
-        anyhow::ensure!(start.elapsed() < Duration::from_secs(90), "no promotion after 90 s");
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(90),
+            "no promotion after 90 s"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // The new certificate is served (the replica reloads it from the Secret) and still trusted.
     let now = data(secrets.get(&w.secret).await?);
     assert_ne!(now.get("tls.crt"), first.get("tls.crt"), "renewed");
-    assert_eq!(now.get("previous-ca.crt"), first.get("tls-ca.crt"), "the replaced CA is kept");
-    wait_for(WAIT, "the serving replica to load the renewed certificate", || async {
-        Ok(w.bin.logs().matches("serving certificate loaded").count() >= 2)
-    })
+    assert_eq!(
+        now.get("previous-ca.crt"),
+        first.get("tls-ca.crt"),
+        "the replaced CA is kept"
+    );
+    wait_for(
+        WAIT,
+        "the serving replica to load the renewed certificate",
+        || async { Ok(w.bin.logs().matches("serving certificate loaded").count() >= 2) },
+    )
     .await?;
     for _ in 0..20 {
         pods.create(&dry, &allowed).await?;
@@ -512,8 +593,11 @@ async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
         return Ok(());
     };
     let node = unique_name("gk-rbac");
-    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0"))).await?;
-    let p = c.create(&unbound_pod(&w.ns, "rbac", &["kernel.msgmax"])).await?;
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0")))
+        .await?;
+    let p = c
+        .create(&unbound_pod(&w.ns, "rbac", &["kernel.msgmax"]))
+        .await?;
     wait_for(WAIT, "a forbidden binding to be denied", || async {
         match webhook::bind(&c.client, &w.ns, &p, &node).await {
             Err(kube::Error::Api(e)) => Ok(e.message.contains("not allowlisted")),

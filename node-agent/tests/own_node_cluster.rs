@@ -139,7 +139,9 @@ async fn node_agent_token_writes_only_its_own_nodes_pods() -> anyhow::Result<()>
             .flatten()
             .any(|res| res.starts_with("pods/"))
             || r.resources.iter().flatten().any(|res| res == "pods")
-                && r.verbs.iter().any(|v| !["list", "watch"].contains(&v.as_str()))),
+                && r.verbs
+                    .iter()
+                    .any(|v| !["list", "watch"].contains(&v.as_str()))),
         "the chart grants the node-agent a pod write: {rules:?}"
     );
     rules.push(PolicyRule {

@@ -81,11 +81,15 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
     });
     c.create(&pod).await?;
     // kubelet (the test) starts it.
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     pods.patch_status(
         &name,
         &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Running", "startTime": now}})),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"status": {"phase": "Running", "startTime": now}}),
+        ),
     )
     .await?;
     let events: Api<Event> = Api::namespaced(c.client.clone(), &ns);
@@ -97,7 +101,9 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
             .iter()
             .any(|e| {
                 e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name)
-                    && e.reason.as_deref().is_some_and(|r| r.starts_with("SysctlForbidden"))
+                    && e.reason
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with("SysctlForbidden"))
             }))
     })
     .await?;

@@ -251,7 +251,8 @@ async fn wait_checked(agent: &Agent, n: f64) -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_forbidden_pod_is_never_failed_and_reported_once_it_ran() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("a_forbidden_pod_is_never_failed_and_reported_once_it_ran").await
+    let Some(c) =
+        testkit::cluster("a_forbidden_pod_is_never_failed_and_reported_once_it_ran").await
     else {
         return Ok(());
     };
@@ -304,7 +305,11 @@ async fn a_forbidden_pod_is_never_failed_and_reported_once_it_ran() -> anyhow::R
     wait_event(&c, &ns, &sem).await?;
     assert_eq!(forbidden_events(&c, &ns, &allowed).await?, vec![]);
     assert_untouched(&c, &ns, &safe).await?;
-    assert_eq!(forbidden_events(&c, &ns, &forbidden).await?.len(), 1, "once");
+    assert_eq!(
+        forbidden_events(&c, &ns, &forbidden).await?.len(),
+        1,
+        "once"
+    );
     assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, Some(2.0));
 
     // The policy's status says it is valid.
@@ -584,10 +589,8 @@ async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn default_install_touches_no_pod_and_reports_only_new_ones_that_run() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster(
-        "default_install_touches_no_pod_and_reports_only_new_ones_that_run",
-    )
-    .await
+    let Some(c) =
+        testkit::cluster("default_install_touches_no_pod_and_reports_only_new_ones_that_run").await
     else {
         return Ok(());
     };

@@ -119,16 +119,23 @@ async fn forbidden_pod_is_judged_within_5s_after_a_35s_control_plane_outage() ->
         "judged {judged:?} after the apiserver was ready, policies served after {policies_served:?}"
     );
     // kubelet starts it: it ran despite the Enforce policy, and is reported so; never failed.
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     pods.patch_status(
         &pod_name,
         &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Running", "startTime": now}})),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"status": {"phase": "Running", "startTime": now}}),
+        ),
     )
     .await?;
     wait_for(RECOVERY_BOUND, "the pod reported as having run", || async {
-        Ok(metric(admin, r#"groundskeeper_sysctl_pods_ran_forbidden_total{mode="Enforce"}"#)
-            .await?
+        Ok(metric(
+            admin,
+            r#"groundskeeper_sysctl_pods_ran_forbidden_total{mode="Enforce"}"#,
+        )
+        .await?
             == Some(1.0))
     })
     .await?;

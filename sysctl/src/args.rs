@@ -61,7 +61,8 @@ pub fn parse_pattern(s: &str) -> Result<String, String> {
 }
 
 pub fn parse_kernel_version(s: &str) -> Result<KernelVersion, String> {
-    s.parse().map_err(|e: ParseKernelVersionError| e.to_string())
+    s.parse()
+        .map_err(|e: ParseKernelVersionError| e.to_string())
 }
 
 #[cfg(test)]

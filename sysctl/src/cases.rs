@@ -92,11 +92,19 @@ pub fn cases() -> Vec<Case> {
         case("flag pattern allows", Enforce, &["net.core.somaxconn"]),
         Case {
             want: Want::Forbidden(Audit, msgmax),
-            ..case("unsafe, no policy, default audit", Audit, &["kernel.msgmax"])
+            ..case(
+                "unsafe, no policy, default audit",
+                Audit,
+                &["kernel.msgmax"],
+            )
         },
         Case {
             want: Want::Forbidden(Enforce, msgmax),
-            ..case("unsafe, no policy, default enforce", Enforce, &["kernel.msgmax"])
+            ..case(
+                "unsafe, no policy, default enforce",
+                Enforce,
+                &["kernel.msgmax"],
+            )
         },
         Case {
             policies: const { &[policy("db", &["kernel.msg*"], Some(DB), Enforce)] },
@@ -119,7 +127,11 @@ pub fn cases() -> Vec<Case> {
             labels: WEB,
             policies: const { &[policy("db", &["kernel.msg*"], Some(DB), Enforce)] },
             want: Want::Forbidden(Audit, msgmax),
-            ..case("a policy for other nodes does not apply", Audit, &["kernel.msgmax"])
+            ..case(
+                "a policy for other nodes does not apply",
+                Audit,
+                &["kernel.msgmax"],
+            )
         },
         Case {
             policies: const { &[policy("db", &["kernel.sem"], Some(DB), Audit)] },
@@ -127,41 +139,71 @@ pub fn cases() -> Vec<Case> {
             ..case("an audit policy only audits", Enforce, &["kernel.msgmax"])
         },
         Case {
-            policies: const { &[
-                policy("a-audit", &["kernel.msg*"], Some(DB), Audit),
-                policy("b-all", &[], None, Enforce),
-            ] },
+            policies: const {
+                &[
+                    policy("a-audit", &["kernel.msg*"], Some(DB), Audit),
+                    policy("b-all", &[], None, Enforce),
+                ]
+            },
             want: Want::Forbidden(Enforce, r#""kernel.sem" not allowlisted"#),
-            ..case("enforce wins, patterns are a union", Audit, &["kernel.msgmax", "kernel.sem"])
+            ..case(
+                "enforce wins, patterns are a union",
+                Audit,
+                &["kernel.msgmax", "kernel.sem"],
+            )
         },
         Case {
             policies: const { &[policy("all", &[], None, Audit)] },
             want: Want::Forbidden(Audit, msgmax),
-            ..case("a selecting policy decides, not the default", Enforce, &["kernel.msgmax"])
+            ..case(
+                "a selecting policy decides, not the default",
+                Enforce,
+                &["kernel.msgmax"],
+            )
         },
         Case {
             policies: const { &[policy("db", &["vm.swappiness"], Some(DB), Enforce)] },
             want: Want::Forbidden(Enforce, r#""vm.swappiness" not allowlisted"#),
-            ..case("an unnamespaced pattern allows nothing", Audit, &["vm.swappiness"])
+            ..case(
+                "an unnamespaced pattern allows nothing",
+                Audit,
+                &["vm.swappiness"],
+            )
         },
         Case {
             kernel: Some("5.15.0-75-generic"),
-            ..case("gated safe sysctl on a new kernel", Enforce, &["net.ipv4.tcp_rmem"])
+            ..case(
+                "gated safe sysctl on a new kernel",
+                Enforce,
+                &["net.ipv4.tcp_rmem"],
+            )
         },
         Case {
             kernel: Some("4.14.300"),
             want: Want::Forbidden(Enforce, r#""net.ipv4.tcp_rmem" not allowlisted"#),
-            ..case("gated safe sysctl on an old kernel", Enforce, &["net.ipv4.tcp_rmem"])
+            ..case(
+                "gated safe sysctl on an old kernel",
+                Enforce,
+                &["net.ipv4.tcp_rmem"],
+            )
         },
         Case {
             kernel: None,
             want: Want::Forbidden(Enforce, r#""net.ipv4.tcp_keepalive_time" not allowlisted"#),
-            ..case("kernel not reported: ungated only", Enforce, &["net.ipv4.tcp_keepalive_time"])
+            ..case(
+                "kernel not reported: ungated only",
+                Enforce,
+                &["net.ipv4.tcp_keepalive_time"],
+            )
         },
         Case {
             kernel: Some("linux"),
             want: Want::Forbidden(Enforce, r#""net.ipv4.tcp_fin_timeout" not allowlisted"#),
-            ..case("kernel unparseable: ungated only", Enforce, &["net.ipv4.tcp_fin_timeout"])
+            ..case(
+                "kernel unparseable: ungated only",
+                Enforce,
+                &["net.ipv4.tcp_fin_timeout"],
+            )
         },
         Case {
             host_network: true,
@@ -169,7 +211,11 @@ pub fn cases() -> Vec<Case> {
                 Enforce,
                 r#""net.core.somaxconn" not allowed with host Net enabled"#,
             ),
-            ..case("host network forbids Net sysctls", Enforce, &["net.core.somaxconn"])
+            ..case(
+                "host network forbids Net sysctls",
+                Enforce,
+                &["net.core.somaxconn"],
+            )
         },
         Case {
             host_ipc: true,
@@ -177,7 +223,11 @@ pub fn cases() -> Vec<Case> {
                 Enforce,
                 r#""kernel.shm_rmid_forced" not allowed with host IPC enabled"#,
             ),
-            ..case("host IPC forbids IPC sysctls", Enforce, &["kernel.shm_rmid_forced"])
+            ..case(
+                "host IPC forbids IPC sysctls",
+                Enforce,
+                &["kernel.shm_rmid_forced"],
+            )
         },
         Case {
             want: Want::Forbidden(Enforce, r#""kernel.sem" not allowlisted"#),

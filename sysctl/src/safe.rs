@@ -128,8 +128,14 @@ mod tests {
         assert_eq!(
             dropped(Some(&"4.14.300".parse().unwrap())),
             vec![
-                ("net.ipv4.tcp_rmem", "kernel version 4.14.300 is too old (needs 4.15)".to_string()),
-                ("net.ipv4.tcp_wmem", "kernel version 4.14.300 is too old (needs 4.15)".to_string()),
+                (
+                    "net.ipv4.tcp_rmem",
+                    "kernel version 4.14.300 is too old (needs 4.15)".to_string()
+                ),
+                (
+                    "net.ipv4.tcp_wmem",
+                    "kernel version 4.14.300 is too old (needs 4.15)".to_string()
+                ),
             ]
         );
     }

@@ -20,7 +20,10 @@ pub enum Verdict {
     Allowed,
     /// A sysctl the node does not allow; `mode` says whether the node enforces or audits it,
     /// `message` is kubelet's (`forbidden sysctl: "kernel.msgmax" not allowlisted`).
-    Forbidden { mode: Mode, message: String },
+    Forbidden {
+        mode: Mode,
+        message: String,
+    },
 }
 
 impl NodePolicy {

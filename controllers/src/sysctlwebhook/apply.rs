@@ -20,10 +20,16 @@ use super::review::Answer;
 /// The API writes of the certificate task, nothing decided here.
 pub trait Writes: Send + Sync {
     /// Creates the Secret; an existing one is the apiserver's 409.
-    fn create_secret(&self, secret: &Secret) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    fn create_secret(
+        &self,
+        secret: &Secret,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Replaces the Secret; its `metadata.resourceVersion` is the precondition (409 when
     /// another replica wrote first).
-    fn replace_secret(&self, secret: &Secret) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    fn replace_secret(
+        &self,
+        secret: &Secret,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Applies a JSON patch (see [`bundle_patch`]) to the webhook configuration.
     fn patch_configuration(
         &self,
@@ -69,9 +75,8 @@ impl Writes for KubeWrites {
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
         // kube's typed JSON patch needs the json-patch crate; the body is plain JSON anyway.
-        let url = format!(
-            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}"
-        );
+        let url =
+            format!("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}");
         let req = http::Request::patch(url)
             .header(http::header::CONTENT_TYPE, "application/json-patch+json")
             .body(serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?)
@@ -99,7 +104,7 @@ pub fn bundle_patch(webhooks: &WebhookBundles, bundle: &[u8]) -> Option<serde_js
             "value": ByteString(bundle.to_vec()),
         }));
     }
-    (!ops.is_empty()).then(|| serde_json::Value::Array(ops))
+    (!ops.is_empty()).then_some(serde_json::Value::Array(ops))
 }
 
 /// How a decision was answered, for the metrics.
@@ -177,7 +182,10 @@ mod tests {
     #[test]
     fn only_stale_bundles_are_patched_each_behind_a_name_test() {
         let webhooks = vec![
-            ("binding.sysctl.groundskeeper.dev".to_string(), b"old".to_vec()),
+            (
+                "binding.sysctl.groundskeeper.dev".to_string(),
+                b"old".to_vec(),
+            ),
             ("pod.sysctl.groundskeeper.dev".to_string(), b"new".to_vec()),
         ];
         let patch = bundle_patch(&webhooks, b"new").unwrap();
@@ -202,12 +210,33 @@ mod tests {
         assert_eq!(a.message.as_deref(), Some("forbidden sysctl: x"));
         let (a, o) = answer(deny(), true, "binding");
         assert_eq!((a.allowed, o), (true, Outcome::DryRun));
-        assert_eq!(a.warnings, vec!["groundskeeper dry-run: would deny: forbidden sysctl: x"]);
+        assert_eq!(
+            a.warnings,
+            vec!["groundskeeper dry-run: would deny: forbidden sysctl: x"]
+        );
         for dry_run in [false, true] {
-            let (a, o) = answer(Decision::Audit { message: "m".into() }, dry_run, "b");
-            assert_eq!((a.allowed, o, a.warnings.len()), (true, Outcome::Audited, 1));
+            let (a, o) = answer(
+                Decision::Audit {
+                    message: "m".into(),
+                },
+                dry_run,
+                "b",
+            );
+            assert_eq!(
+                (a.allowed, o, a.warnings.len()),
+                (true, Outcome::Audited, 1)
+            );
             let (a, o) = answer(Decision::Allow, dry_run, "b");
-            assert_eq!((a, o), (Answer { allowed: true, ..Default::default() }, Outcome::Allowed));
+            assert_eq!(
+                (a, o),
+                (
+                    Answer {
+                        allowed: true,
+                        ..Default::default()
+                    },
+                    Outcome::Allowed
+                )
+            );
         }
     }
 }

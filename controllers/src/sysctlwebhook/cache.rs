@@ -124,9 +124,9 @@ fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
 }
 
 fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
-    cache
-        .nodes
-        .apply_event(ev, |n: Node| by_name(n.metadata.name.clone(), NodeFacts::of(&n)));
+    cache.nodes.apply_event(ev, |n: Node| {
+        by_name(n.metadata.name.clone(), NodeFacts::of(&n))
+    });
     Change::None
 }
 
@@ -165,17 +165,19 @@ fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {
 }
 
 fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -> Change {
-    cache.webhooks.apply_event(ev, |c: ValidatingWebhookConfiguration| {
-        let bundles = c
-            .webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .map(|w| {
-                let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
-                (w.name, ca)
-            })
-            .collect();
-        by_name(c.metadata.name, bundles)
-    });
+    cache
+        .webhooks
+        .apply_event(ev, |c: ValidatingWebhookConfiguration| {
+            let bundles = c
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| {
+                    let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
+                    (w.name, ca)
+                })
+                .collect();
+            by_name(c.metadata.name, bundles)
+        });
     Change::Certificates
 }

@@ -209,7 +209,10 @@ impl<W: Writes> CertTask<W> {
                     .inc();
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(step = label, "webhook: another replica wrote the Secret first");
+                tracing::debug!(
+                    step = label,
+                    "webhook: another replica wrote the Secret first"
+                );
             }
             Err(e) => {
                 tracing::warn!(secret = %self.own.secret, step = label, error = %e, "webhook: writing the certificate Secret failed; will retry")

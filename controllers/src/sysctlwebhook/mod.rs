@@ -50,11 +50,20 @@ pub struct WebhookArgs {
     /// Who writes the TLS Secret: `self-signed` (the controller-manager issues and rotates a
     /// CA and certificate, and patches the caBundles of --webhook-configuration) or `secret`
     /// (cert-manager or an admin writes tls.crt/tls.key and the caBundles; it is only served).
-    #[arg(long, env = "WEBHOOK_CERTIFICATES", value_enum, default_value = "self-signed")]
+    #[arg(
+        long,
+        env = "WEBHOOK_CERTIFICATES",
+        value_enum,
+        default_value = "self-signed"
+    )]
     pub webhook_certificates: Source,
 
     /// The Secret holding the certificate, in --webhook-namespace.
-    #[arg(long, env = "WEBHOOK_TLS_SECRET", default_value = "groundskeeper-webhook-tls")]
+    #[arg(
+        long,
+        env = "WEBHOOK_TLS_SECRET",
+        default_value = "groundskeeper-webhook-tls"
+    )]
     pub webhook_tls_secret: String,
 
     /// The namespace of the TLS Secret (the pod's own).
@@ -122,17 +131,17 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
     let own = Own {
         namespace: args.webhook_namespace.clone(),
         secret: args.webhook_tls_secret.clone(),
-        configuration: args
-            .webhook_configuration
-            .clone()
-            .filter(|_| self_signed),
+        configuration: args.webhook_configuration.clone().filter(|_| self_signed),
     };
     let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
-    let listener =
-        TlsListener::bind(args.webhook_addr, tls::server_config(certs.clone())?, base.token.clone())
-            .await?;
+    let listener = TlsListener::bind(
+        args.webhook_addr,
+        tls::server_config(certs.clone())?,
+        base.token.clone(),
+    )
+    .await?;
     tracing::info!(addr = %axum::serve::Listener::local_addr(&listener)?, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = ?policy.allowed_unsafe_sysctls(), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
 
     let judge = Arc::new(Judge {
@@ -210,7 +219,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(a.hosts(), vec!["gk-webhook.gk.svc", "127.0.0.1"]);
-        assert!(a.validate().unwrap_err().contains("--webhook-cert-validity"));
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .contains("--webhook-cert-validity")
+        );
         let e = parse(&["--webhook-certificates=vault"]).unwrap_err();
         assert!(e.contains("vault"), "{e}");
     }

@@ -180,7 +180,12 @@ pub fn respond(uid: &str, answer: &Answer) -> serde_json::Value {
 mod tests {
     use super::*;
 
-    fn review(resource: &str, sub: Option<&str>, operation: &str, object: serde_json::Value) -> Vec<u8> {
+    fn review(
+        resource: &str,
+        sub: Option<&str>,
+        operation: &str,
+        object: serde_json::Value,
+    ) -> Vec<u8> {
         let mut req = json!({
             "uid": "u-1",
             "kind": {"group": "", "version": "v1", "kind": "Binding"},
@@ -215,7 +220,12 @@ mod tests {
                 node,
             } => {
                 assert_eq!(
-                    (namespace.as_str(), name.as_str(), uid.as_deref(), node.as_str()),
+                    (
+                        namespace.as_str(),
+                        name.as_str(),
+                        uid.as_deref(),
+                        node.as_str()
+                    ),
                     ("ns", "web-0", Some("pod-uid"), "n1"),
                     "the namespace comes from the request when the Binding has none"
                 );
@@ -247,7 +257,10 @@ mod tests {
             ("services", None, "CREATE"),
         ] {
             assert!(
-                matches!(read(&review(resource, sub, op, any.clone())).unwrap().1, Subject::Other(_)),
+                matches!(
+                    read(&review(resource, sub, op, any.clone())).unwrap().1,
+                    Subject::Other(_)
+                ),
                 "{resource} {sub:?} {op}"
             );
         }
@@ -262,7 +275,10 @@ mod tests {
                 review("pods", Some("binding"), "CREATE", json!({"target": 1})),
                 "not a Binding",
             ),
-            (review("pods", Some("binding"), "CREATE", json!({"target": {}})), "without a name"),
+            (
+                review("pods", Some("binding"), "CREATE", json!({"target": {}})),
+                "without a name",
+            ),
         ] {
             let e = read(&body).unwrap_err().to_string();
             assert!(e.contains(why), "{e}");

@@ -75,9 +75,12 @@ impl Stored {
         };
         let time = |k: &str| annotations.get(k).and_then(|v| v.parse::<Timestamp>().ok());
         let hosts = |k: &str| {
-            annotations
-                .get(k)
-                .map(|v| v.split(',').filter(|h| !h.is_empty()).map(String::from).collect())
+            annotations.get(k).map(|v| {
+                v.split(',')
+                    .filter(|h| !h.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
         };
         let generation = |ca: &str, cert: &str, key: &str, not_after: &str, h: &str| {
             Some(Generation {
@@ -223,15 +226,24 @@ pub fn apply(stored: &Stored, step: &Step, now: Timestamp, fresh: Option<Generat
 
 /// A new generation for `hosts` (DNS names or IP addresses), valid from a little before `now`
 /// for `validity`.
-pub fn issue(hosts: &[String], now: Timestamp, validity: Duration) -> Result<Generation, rcgen::Error> {
+pub fn issue(
+    hosts: &[String],
+    now: Timestamp,
+    validity: Duration,
+) -> Result<Generation, rcgen::Error> {
     let not_before = to_time(now - BACKDATE);
     let not_after = now + validity;
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("groundskeeper-webhook-ca-{}", now.as_second()));
+    ca.distinguished_name.push(
+        DnType::CommonName,
+        format!("groundskeeper-webhook-ca-{}", now.as_second()),
+    );
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     ca.not_before = not_before;
     ca.not_after = to_time(not_after);
     let ca_cert = ca.self_signed(&ca_key)?;
@@ -239,8 +251,10 @@ pub fn issue(hosts: &[String], now: Timestamp, validity: Duration) -> Result<Gen
 
     let key = KeyPair::generate()?;
     let mut leaf = CertificateParams::new(hosts.to_vec())?;
-    leaf.distinguished_name
-        .push(DnType::CommonName, hosts.first().cloned().unwrap_or_default());
+    leaf.distinguished_name.push(
+        DnType::CommonName,
+        hosts.first().cloned().unwrap_or_default(),
+    );
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     leaf.not_before = not_before;
@@ -303,11 +317,41 @@ mod tests {
             ..Default::default()
         };
         let grace = jiff::SignedDuration::from_secs(30);
-        let rows: Vec<(&str, Stored, Vec<String>, Timestamp, bool, Step)> = vec![
-            ("nothing stored", Stored::default(), hosts(), at(0), true, Step::Issue),
-            ("fresh", only.clone(), hosts(), at(1), true, Step::Wait(at(60))),
-            ("a third left: stage", only.clone(), hosts(), at(60), true, Step::Stage),
-            ("expired: issue at once", only.clone(), hosts(), at(90), true, Step::Issue),
+        /// (case, what is stored, hosts wanted, now, the caBundles trust the staged CA, step)
+        type Row = (&'static str, Stored, Vec<String>, Timestamp, bool, Step);
+        let rows: Vec<Row> = vec![
+            (
+                "nothing stored",
+                Stored::default(),
+                hosts(),
+                at(0),
+                true,
+                Step::Issue,
+            ),
+            (
+                "fresh",
+                only.clone(),
+                hosts(),
+                at(1),
+                true,
+                Step::Wait(at(60)),
+            ),
+            (
+                "a third left: stage",
+                only.clone(),
+                hosts(),
+                at(60),
+                true,
+                Step::Stage,
+            ),
+            (
+                "expired: issue at once",
+                only.clone(),
+                hosts(),
+                at(90),
+                true,
+                Step::Issue,
+            ),
             (
                 "hosts changed: stage",
                 only.clone(),
@@ -316,9 +360,30 @@ mod tests {
                 true,
                 Step::Stage,
             ),
-            ("staged, in grace", staged(at(60)), hosts(), at(60), true, Step::Wait(at(60) + grace)),
-            ("staged, grace over, trusted", staged(at(60)), hosts(), at(61), true, Step::Promote),
-            ("staged, grace over, not trusted", staged(at(60)), hosts(), at(61), false, Step::AwaitTrust),
+            (
+                "staged, in grace",
+                staged(at(60)),
+                hosts(),
+                at(60),
+                true,
+                Step::Wait(at(60) + grace),
+            ),
+            (
+                "staged, grace over, trusted",
+                staged(at(60)),
+                hosts(),
+                at(61),
+                true,
+                Step::Promote,
+            ),
+            (
+                "staged, grace over, not trusted",
+                staged(at(60)),
+                hosts(),
+                at(61),
+                false,
+                Step::AwaitTrust,
+            ),
             (
                 "staged for other hosts: stage again",
                 staged(at(60)),
@@ -353,7 +418,9 @@ mod tests {
                 assert!(cur.not_after > now, "{now}: serving an expired certificate");
                 let was_serving = stored.current.as_ref().map(|g| &g.ca);
                 assert!(
-                    bundle_seen.contains(&cur.ca) || step == Step::Issue || was_serving == Some(&cur.ca),
+                    bundle_seen.contains(&cur.ca)
+                        || step == Step::Issue
+                        || was_serving == Some(&cur.ca),
                     "{now}: {step:?} serves {} before the caBundle ({bundle_seen:?}) held it",
                     cur.ca
                 );
@@ -393,7 +460,10 @@ mod tests {
         let mut broken = annotations.clone();
         broken.insert(TLS_NOT_AFTER.into(), "soon".into());
         assert_eq!(Stored::read(&data, &broken).current, None);
-        assert_eq!(plan(&Stored::read(&data, &broken), &hosts(), at(1), T, |_| true), Step::Issue);
+        assert_eq!(
+            plan(&Stored::read(&data, &broken), &hosts(), at(1), T, |_| true),
+            Step::Issue
+        );
         let mut no_key = data.clone();
         no_key.remove(TLS_KEY);
         assert_eq!(Stored::read(&no_key, &annotations).current, None);
@@ -417,12 +487,24 @@ mod tests {
         let leaf = CertificateDer::from_pem_slice(g.cert.as_bytes()).unwrap();
         for host in ["gk-webhook.gk.svc", "127.0.0.1"] {
             verifier
-                .verify_server_cert(&leaf, &[], &ServerName::try_from(host).unwrap(), &[], UnixTime::now())
+                .verify_server_cert(
+                    &leaf,
+                    &[],
+                    &ServerName::try_from(host).unwrap(),
+                    &[],
+                    UnixTime::now(),
+                )
                 .unwrap_or_else(|e| panic!("{host}: {e}"));
         }
         assert!(
             verifier
-                .verify_server_cert(&leaf, &[], &ServerName::try_from("evil.svc").unwrap(), &[], UnixTime::now())
+                .verify_server_cert(
+                    &leaf,
+                    &[],
+                    &ServerName::try_from("evil.svc").unwrap(),
+                    &[],
+                    UnixTime::now()
+                )
                 .is_err()
         );
         // Another generation's CA does not vouch for it.

@@ -102,7 +102,11 @@ impl Judge {
         let (pod, view, node) = match subject {
             Subject::Other(what) => {
                 tracing::debug!(request = %what, "webhook: not judged, allowed");
-                return Ok(apply::answer(super::decide::Decision::Allow, self.dry_run, &what));
+                return Ok(apply::answer(
+                    super::decide::Decision::Allow,
+                    self.dry_run,
+                    &what,
+                ));
             }
             Subject::Pod { pod, node } => {
                 let name = format!(
@@ -138,7 +142,14 @@ impl Judge {
         let decision = {
             let c = self.cache.lock();
             let policies: Vec<&SysctlPolicy> = c.policies.values().collect();
-            decide(&self.args, &pod, &view, &node, c.nodes.get(&node), &policies)
+            decide(
+                &self.args,
+                &pod,
+                &view,
+                &node,
+                c.nodes.get(&node),
+                &policies,
+            )
         };
         let what = format!("pod {pod} onto node {node}");
         Ok(apply::answer(decision, self.dry_run, &what))

@@ -89,7 +89,10 @@ impl TlsListener {
         token: CancellationToken,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("--webhook-addr {addr}: cannot listen: {e}"))
+            std::io::Error::new(
+                e.kind(),
+                format!("--webhook-addr {addr}: cannot listen: {e}"),
+            )
         })?;
         let local = listener.local_addr()?;
         let (tx, handshaken) = mpsc::channel(64);

@@ -231,8 +231,16 @@ impl<W: Writes> Admission<W> {
             return;
         }
         match report {
-            Report::Ran => self.metrics.ran_forbidden.with_label_values(&["Enforce"]).inc(),
-            Report::Audit => self.metrics.ran_forbidden.with_label_values(&["Audit"]).inc(),
+            Report::Ran => self
+                .metrics
+                .ran_forbidden
+                .with_label_values(&["Enforce"])
+                .inc(),
+            Report::Audit => self
+                .metrics
+                .ran_forbidden
+                .with_label_values(&["Audit"])
+                .inc(),
             Report::StartedBefore(mode) => self
                 .metrics
                 .started_forbidden

@@ -233,12 +233,18 @@ impl Rig {
 
     fn ran(&self, mode: Mode) -> u64 {
         let labels = [mode.to_string()];
-        self.metrics.ran_forbidden.with_label_values(&[&labels[0]]).get()
+        self.metrics
+            .ran_forbidden
+            .with_label_values(&[&labels[0]])
+            .get()
     }
 
     fn started_before(&self, mode: Mode) -> u64 {
         let labels = [mode.to_string()];
-        self.metrics.started_forbidden.with_label_values(&[&labels[0]]).get()
+        self.metrics
+            .started_forbidden
+            .with_label_values(&[&labels[0]])
+            .get()
     }
 }
 
@@ -271,10 +277,17 @@ async fn a_forbidden_pod_is_not_written_while_pending_and_reported_once_it_runs(
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
     let p = pod("web", &["kernel.msgmax"]);
     r.pod(&p).await;
-    assert_eq!(r.fake.take(), [], "no pod write, no event before kubelet's verdict");
+    assert_eq!(
+        r.fake.take(),
+        [],
+        "no pod write, no event before kubelet's verdict"
+    );
     r.pod(&started(p)).await;
     assert_eq!(r.fake.take(), [ran("web")]);
-    assert_eq!((r.ran(Mode::Enforce), r.started_before(Mode::Enforce)), (1, 0));
+    assert_eq!(
+        (r.ran(Mode::Enforce), r.started_before(Mode::Enforce)),
+        (1, 0)
+    );
 
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
     let p = pod("web", &["kernel.msgmax"]);
@@ -345,8 +358,14 @@ async fn a_pod_started_before_the_policy_is_never_written_only_reported() {
     );
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
     r.pod(&started(pod("web", &["kernel.msgmax"]))).await;
-    assert_eq!(r.fake.take(), [event("web", "SysctlForbidden", "Audit", &note)]);
-    assert_eq!((r.started_before(Mode::Enforce), r.ran(Mode::Enforce)), (1, 0));
+    assert_eq!(
+        r.fake.take(),
+        [event("web", "SysctlForbidden", "Audit", &note)]
+    );
+    assert_eq!(
+        (r.started_before(Mode::Enforce), r.ran(Mode::Enforce)),
+        (1, 0)
+    );
 
     // Default install (Audit, no policy): a started pod is not even reported...
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
@@ -357,7 +376,10 @@ async fn a_pod_started_before_the_policy_is_never_written_only_reported() {
     r.policy(&policy("audit-all", Mode::Audit)).await;
     let audit_note = note.replace("under the Enforce", "under the Audit");
     let reported = r.fake.take();
-    assert_eq!(reported, [event("web", "SysctlForbidden", "Audit", &audit_note)]);
+    assert_eq!(
+        reported,
+        [event("web", "SysctlForbidden", "Audit", &audit_note)]
+    );
 }
 
 #[tokio::test]

@@ -137,19 +137,22 @@ impl<W: Writes> Writer<W> {
                         "report pod that ran despite the Enforce sysctl policy",
                         Mode::Enforce,
                     ),
-                    (Report::Audit, false) => {
-                        ("reporting pod with forbidden sysctls (audit mode)", Mode::Audit)
-                    }
-                    (Report::Audit, true) => {
-                        ("report pod with forbidden sysctls (audit mode)", Mode::Audit)
-                    }
+                    (Report::Audit, false) => (
+                        "reporting pod with forbidden sysctls (audit mode)",
+                        Mode::Audit,
+                    ),
+                    (Report::Audit, true) => (
+                        "report pod with forbidden sysctls (audit mode)",
+                        Mode::Audit,
+                    ),
                     (Report::StartedBefore(m), false) => (
                         "reporting pod started before the policy that forbids its sysctls (not stopped)",
                         m,
                     ),
-                    (Report::StartedBefore(m), true) => {
-                        ("report pod started before the policy that forbids its sysctls", m)
-                    }
+                    (Report::StartedBefore(m), true) => (
+                        "report pod started before the policy that forbids its sysctls",
+                        m,
+                    ),
                 };
                 tracing::info!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), forbidden = message, mode = %mode, "{would}{verb}");
             }

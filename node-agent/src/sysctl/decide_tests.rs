@@ -35,7 +35,9 @@ fn since() -> Timestamp {
 fn started_at(mut p: Pod, at: i64) -> Pod {
     let st = p.status.as_mut().unwrap();
     st.phase = Some("Running".into());
-    st.start_time = Some(Time(Timestamp::from_second(since().as_second() + at).unwrap()));
+    st.start_time = Some(Time(
+        Timestamp::from_second(since().as_second() + at).unwrap(),
+    ));
     st.container_statuses = Some(container(|c| c.state = Some(state(true, false))));
     p
 }
@@ -75,7 +77,11 @@ fn nothing_is_done_for_a_pod_kubelet_has_not_started() {
             },
             "{mode}"
         );
-        assert_eq!(run(&p, forbidden(mode), &mut m, true), Action::AlreadyDone, "{mode}");
+        assert_eq!(
+            run(&p, forbidden(mode), &mut m, true),
+            Action::AlreadyDone,
+            "{mode}"
+        );
     }
 }
 
@@ -101,7 +107,11 @@ fn seen_pending_then_started_ran_under_the_verdict() {
         // Even with a startTime from before `since` (clock doubt): it was seen pending.
         let ran = started_at(p, -10);
         assert_eq!(run(&ran, forbidden(mode), &mut m, false), want, "{mode}");
-        assert_eq!(run(&ran, forbidden(mode), &mut m, false), Action::AlreadyDone, "{mode}");
+        assert_eq!(
+            run(&ran, forbidden(mode), &mut m, false),
+            Action::AlreadyDone,
+            "{mode}"
+        );
     }
 }
 
@@ -109,7 +119,12 @@ fn seen_pending_then_started_ran_under_the_verdict() {
 fn started_after_the_policy_came_into_force_started_under_it() {
     let p = pod("u1", &["kernel.msgmax"], "Pending");
     assert_eq!(
-        run(&started_at(p.clone(), 5), forbidden(Mode::Enforce), &mut Memory::default(), true),
+        run(
+            &started_at(p.clone(), 5),
+            forbidden(Mode::Enforce),
+            &mut Memory::default(),
+            true
+        ),
         Action::ReportRan {
             message: MSG.into()
         }
@@ -117,7 +132,12 @@ fn started_after_the_policy_came_into_force_started_under_it() {
     // The same second as `since`, or before: doubt, so "started before" (only reported).
     for at in [0, -5] {
         assert_eq!(
-            run(&started_at(p.clone(), at), forbidden(Mode::Enforce), &mut Memory::default(), true),
+            run(
+                &started_at(p.clone(), at),
+                forbidden(Mode::Enforce),
+                &mut Memory::default(),
+                true
+            ),
             Action::ReportStarted {
                 mode: Mode::Enforce,
                 message: MSG.into()
@@ -125,7 +145,12 @@ fn started_after_the_policy_came_into_force_started_under_it() {
             "{at}"
         );
         assert_eq!(
-            run(&started_at(p.clone(), at), forbidden(Mode::Audit), &mut Memory::default(), false),
+            run(
+                &started_at(p.clone(), at),
+                forbidden(Mode::Audit),
+                &mut Memory::default(),
+                false
+            ),
             Action::LeaveStarted,
             "{at}: nobody chose a policy: silent"
         );
@@ -144,14 +169,22 @@ fn kubelets_verdict_and_deleting_pods_are_left_alone() {
     let mut m = Memory::default();
     for phase in ["Succeeded", "Failed"] {
         assert_eq!(
-            run(&pod("u1", &["kernel.msgmax"], phase), forbidden(Mode::Enforce), &mut m, true),
+            run(
+                &pod("u1", &["kernel.msgmax"], phase),
+                forbidden(Mode::Enforce),
+                &mut m,
+                true
+            ),
             Action::Skip,
             "{phase}"
         );
     }
     let mut p = started_at(pod("u2", &["kernel.msgmax"], "Pending"), 5);
     p.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-    assert_eq!(run(&p, forbidden(Mode::Enforce), &mut m, true), Action::Skip);
+    assert_eq!(
+        run(&p, forbidden(Mode::Enforce), &mut m, true),
+        Action::Skip
+    );
     assert!(m.is_empty());
 }
 
@@ -162,7 +195,10 @@ fn allowed_pods_are_only_remembered_and_changes_are_judged_again() {
     assert_eq!(run(&p, Verdict::Allowed, &mut m, true), Action::Admit);
     assert_eq!(run(&p, Verdict::Allowed, &mut m, true), Action::AlreadyDone);
     // Started and still allowed: remembered at the new stage, nothing reported.
-    assert_eq!(run(&started_at(p, 5), Verdict::Allowed, &mut m, true), Action::Admit);
+    assert_eq!(
+        run(&started_at(p, 5), Verdict::Allowed, &mut m, true),
+        Action::Admit
+    );
     // Other sysctls (a new fingerprint) are judged again.
     let other = pod("u1", &["kernel.msgmax"], "Pending");
     assert!(matches!(
@@ -195,10 +231,19 @@ fn every_shared_case_is_reported_as_its_verdict_says() {
         let ran = run(&started_at(p, 5), verdict, &mut m, node.chosen);
         match case.want {
             cases::Want::Allowed => {
-                assert_eq!((&pending, &ran), (&Action::Admit, &Action::Admit), "case {:?}", case.name)
+                assert_eq!(
+                    (&pending, &ran),
+                    (&Action::Admit, &Action::Admit),
+                    "case {:?}",
+                    case.name
+                )
             }
             cases::Want::Forbidden(mode, _) => {
-                assert!(matches!(pending, Action::Await { .. }), "case {:?}: {pending:?}", case.name);
+                assert!(
+                    matches!(pending, Action::Await { .. }),
+                    "case {:?}: {pending:?}",
+                    case.name
+                );
                 let want_ran = match mode {
                     Mode::Enforce => matches!(ran, Action::ReportRan { .. }),
                     Mode::Audit => matches!(ran, Action::ReportAudit { .. }),
@@ -249,8 +294,12 @@ fn reports_only_ever_follow_kubelets_start() {
                             | Action::ReportAudit { .. }
                             | Action::ReportStarted { .. }
                     );
-                    let ctx = format!("{what} {verdict:?} chosen={chosen} before={before:?}: {a:?}");
-                    assert!(*is_started || !report, "reported before kubelet started it: {ctx}");
+                    let ctx =
+                        format!("{what} {verdict:?} chosen={chosen} before={before:?}: {a:?}");
+                    assert!(
+                        *is_started || !report,
+                        "reported before kubelet started it: {ctx}"
+                    );
                     assert!(
                         !*is_started || !matches!(a, Action::Await { .. }),
                         "awaited a started pod: {ctx}"

@@ -49,7 +49,6 @@ fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
             .inspect_err(|e| tracing::warn!(error = %e, "kernel version unknown; kernel-gated safe sysctls are not allowed"))
             .ok(),
     }
-
 }
 
 /// Watches this node's pods, the SysctlPolicies and this Node, and admits until cancelled.
