@@ -151,7 +151,7 @@ impl<W: Writes> Admission<W> {
 
     /// Recomputes the node's policy once every watch has listed and the Node is known; pods are
     /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
-    /// policy selecting this node could allow what would otherwise be rejected.
+    /// policy selecting this node could allow what would otherwise be forbidden.
     async fn policies_changed(&mut self) {
         if !self.watches.listed() {
             return;

@@ -130,8 +130,9 @@ pub fn started(status: &PodStatus) -> bool {
 
 pub use groundskeeper_sysctl::verdict::stable_hash;
 
-/// The name of the one Warning event that reports a forbidden pod the agent does not fail
-/// (Audit, or already started), for this pod UID, policy revision and verdict. Being derived,
+/// The name of the one Warning event that reports a forbidden pod that started (ran despite
+/// Enforce, audited, or already started), for this pod UID, policy revision and the verdict's
+/// message: whichever report it is, a second one is not made. Being derived,
 /// it comes out the same after an agent restart: creating it again gets 409 AlreadyExists,
 /// which is how "already reported" survives restarts without any write to the pod.
 /// `<pod name, cut to fit>.sysctl-<16 hex>`, a valid DNS subdomain of at most 253 characters.

@@ -2,7 +2,7 @@
 //!
 //! Pods checked; started pods the node's verdict forbade when they started (by mode: Enforce
 //! means the policy did not keep them off); started pods a later verdict forbids. The agent
-//! rejects nothing, so no metric of its says "rejected" (the webhook's does, for bindings it
+//! rejects nothing, so no metric of its says "rejected" (the webhook counts the bindings it
 //! denied).
 
 use groundskeeper_plumbing::metrics::registered;

@@ -1,8 +1,9 @@
-//! Sysctl admission, kubelet-style: the flags and `run`.
+//! Sysctl reports, kubelet-style: the flags and `run`.
 //!
-//! A pod bound to this node whose sysctls the node does not allow is failed (Enforce) or
-//! reported (Audit). The allowlist is kubelet's, the extra patterns come from the agent's flag
-//! and SysctlPolicy objects.
+//! A pod bound to this node whose sysctls the node does not allow is reported once kubelet has
+//! started it (as having run despite Enforce, as audited, or as started before the policy);
+//! no pod is ever written. Keeping such pods off the node is the controller-manager's admission
+//! webhook's. The rules are the shared `groundskeeper_sysctl` crate's.
 
 pub mod admission;
 #[cfg(test)]
