@@ -36,7 +36,7 @@ grep -q -- "--sysctl-webhook=true$" "$out/default.yaml" || { echo "FAIL: the con
   || { echo "FAIL: allowedUnsafeSysctls must reach both the node-agent and the webhook"; exit 1; }
 vwc=$("$helm" template gk "$chart" -n groundskeeper --show-only templates/sysctl-webhook.yaml)
 [ "$(echo "$vwc" | grep -c "failurePolicy: Ignore$")" = 2 ] || { echo "FAIL: the webhooks must fail open by default"; exit 1; }
-for want in "resources: \[\"pods/binding\"\]" "- kube-system" "- groundskeeper$" "name: sets-sysctls" "name: bound-at-creation" \
+for want in "resources: \[\"pods/binding\", \"bindings\"\]" "- kube-system" "- groundskeeper$" "name: sets-sysctls" "name: bound-at-creation" \
   "name: not-a-mirror-pod" "targetPort: webhook" "sideEffects: None"; do
   echo "$vwc" | grep -q -- "$want" || { echo "FAIL: the webhook configuration lacks: $want"; exit 1; }
 done

@@ -610,3 +610,57 @@ async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
     assert!(!w.bin.logs().contains("403"), "{}", w.bin.logs());
     Ok(())
 }
+
+/// `POST .../namespaces/NS/bindings` binds a pod as `pods/binding` does: judged the same.
+#[tokio::test]
+async fn the_older_bindings_resource_is_judged_too() -> anyhow::Result<()> {
+    let test = "the_older_bindings_resource_is_judged_too";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let Some(w) = webhook(&c, test, "enforce", "Fail", &[]).await? else {
+        return Ok(());
+    };
+    let node = unique_name("gk-legacy");
+    c.create(&webhook::node(&node, BTreeMap::new(), Some("6.1.0")))
+        .await?;
+    let forbidden = c
+        .create(&unbound_pod(&w.ns, "legacy", &["kernel.msgmax"]))
+        .await?;
+    wait_for(WAIT, "a forbidden legacy binding to be denied", || async {
+        match webhook::bind_legacy(&c.client, &w.ns, &forbidden, &node).await {
+            Err(kube::Error::Api(e)) if e.message.contains("not known") => Ok(false),
+            Err(kube::Error::Api(e)) => {
+                assert!(
+                    e.message.contains("binding.sysctl.groundskeeper.dev")
+                        && e.message.contains("not allowlisted"),
+                    "{}",
+                    e.message
+                );
+                Ok(true)
+            }
+            other => anyhow::bail!("{other:?}"),
+        }
+    })
+    .await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
+    assert_eq!(
+        pods.get(&forbidden.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
+        None
+    );
+    let allowed = c
+        .create(&unbound_pod(&w.ns, "legacy", &["kernel.shm_rmid_forced"]))
+        .await?;
+    webhook::bind_legacy(&c.client, &w.ns, &allowed, &node).await?;
+    assert_eq!(
+        pods.get(&allowed.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
+        Some(node)
+    );
+    Ok(())
+}

@@ -90,7 +90,37 @@ pub async fn bind(
     node: &str,
 ) -> Result<(), kube::Error> {
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let binding = Binding {
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .create_subresource::<_, serde_json::Value>(
+            "binding",
+            &name,
+            &PostParams::default(),
+            &binding(namespace, pod, node),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// The same through the older `bindings` resource (`POST .../namespaces/NS/bindings`).
+pub async fn bind_legacy(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &Pod,
+    node: &str,
+) -> Result<(), kube::Error> {
+    // The answer is a Status, not a Binding: read as plain JSON.
+    let body =
+        serde_json::to_vec(&binding(namespace, pod, node)).map_err(kube::Error::SerdeError)?;
+    let req = http::Request::post(format!("/api/v1/namespaces/{namespace}/bindings"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .map_err(kube::Error::HttpError)?;
+    client.request::<serde_json::Value>(req).await.map(|_| ())
+}
+
+fn binding(namespace: &str, pod: &Pod, node: &str) -> Binding {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    Binding {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             namespace: Some(namespace.into()),
@@ -102,14 +132,5 @@ pub async fn bind(
             name: Some(node.into()),
             ..Default::default()
         },
-    };
-    Api::<Pod>::namespaced(client.clone(), namespace)
-        .create_subresource::<_, serde_json::Value>(
-            "binding",
-            &name,
-            &PostParams::default(),
-            &binding,
-        )
-        .await
-        .map(|_| ())
+    }
 }

@@ -1,7 +1,8 @@
 //! The AdmissionReview wire format (`admission.k8s.io/v1`), read into what the webhook judges.
 //!
-//! Two kinds of request reach it (see the chart's ValidatingWebhookConfiguration): a
-//! `pods/binding` CREATE, whose object is a `Binding` naming the pod and the node, and a pod
+//! Two kinds of request reach it (see the chart's ValidatingWebhookConfiguration): a binding
+//! CREATE, whose object is a `Binding` naming the pod and the node (`pods/binding`, as the
+//! scheduler binds, or the older `bindings` resource, which binds the same way), and a pod
 //! CREATE that already names its node (`spec.nodeName`). Anything else is answered "allowed".
 
 use k8s_openapi::api::core::v1::{Binding, Pod};
@@ -85,7 +86,17 @@ pub fn read(body: &[u8]) -> Result<(String, Subject), Unreadable> {
 
 fn subject(r: &Request) -> Result<Subject, Unreadable> {
     let sub = r.sub_resource.as_deref().unwrap_or_default();
-    if !r.resource.group.is_empty() || r.resource.resource != "pods" || r.operation != "CREATE" {
+    // POST .../bindings binds a pod exactly as POST .../pods/NAME/binding does.
+    let sub = match (r.resource.resource.as_str(), sub) {
+        ("bindings", "") => "binding",
+        ("bindings", _) => "other",
+        _ => sub,
+    };
+    let resource = match r.resource.resource.as_str() {
+        "bindings" => "pods",
+        other => other,
+    };
+    if !r.resource.group.is_empty() || resource != "pods" || r.operation != "CREATE" {
         return Ok(Subject::Other(format!(
             "{} {}/{} {sub}",
             r.operation, r.resource.group, r.resource.resource
@@ -232,6 +243,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_older_bindings_resource_is_a_binding_too() {
+        let body = review(
+            "bindings",
+            None,
+            "CREATE",
+            json!({"metadata": {"name": "web-0"}, "target": {"kind": "Node", "name": "n1"}}),
+        );
+        assert!(matches!(
+            read(&body).unwrap().1,
+            Subject::Binding { ref name, ref node, .. } if name == "web-0" && node == "n1"
+        ));
     }
 
     #[test]
