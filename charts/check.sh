@@ -25,6 +25,29 @@ for kind in ValidatingAdmissionPolicy ValidatingAdmissionPolicyBinding; do
 done
 grep -q -- "--sysctl-default-mode=audit$" "$out/default.yaml" || { echo "FAIL: default sysctl mode must be audit"; exit 1; }
 grep -q -- "--sysctl-default-mode=enforce$" "$out/all.yaml" || { echo "FAIL: sysctl.defaultMode=Enforce not passed to node-agent"; exit 1; }
+# The sysctl webhook: on by default, every replica; it judges with the node-agent's values.
+for kind in ValidatingWebhookConfiguration Service Role; do
+  grep -q "^kind: $kind$" "$out/default.yaml" || { echo "FAIL: default render has no $kind (sysctl webhook)"; exit 1; }
+done
+grep -q -- "--sysctl-webhook=true$" "$out/default.yaml" || { echo "FAIL: the controller-manager does not serve the sysctl webhook by default"; exit 1; }
+[ "$(grep -c -- "--sysctl-default-mode=enforce$" "$out/all.yaml")" = 2 ] \
+  || { echo "FAIL: sysctl.defaultMode must reach both the node-agent and the webhook"; exit 1; }
+[ "$(grep -c -- "--allowed-unsafe-sysctls=net.core.somaxconn,kernel.msg\*$" "$out/all.yaml")" = 2 ] \
+  || { echo "FAIL: allowedUnsafeSysctls must reach both the node-agent and the webhook"; exit 1; }
+vwc=$("$helm" template gk "$chart" -n groundskeeper --show-only templates/sysctl-webhook.yaml)
+[ "$(echo "$vwc" | grep -c "failurePolicy: Ignore$")" = 2 ] || { echo "FAIL: the webhooks must fail open by default"; exit 1; }
+for want in "resources: \[\"pods/binding\", \"bindings\"\]" "- kube-system" "- groundskeeper$" "name: sets-sysctls" "name: bound-at-creation" \
+  "name: not-a-mirror-pod" "targetPort: webhook" "sideEffects: None"; do
+  echo "$vwc" | grep -q -- "$want" || { echo "FAIL: the webhook configuration lacks: $want"; exit 1; }
+done
+"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.failurePolicy=Fail --show-only templates/sysctl-webhook.yaml \
+  | grep -q "failurePolicy: Fail$" || { echo "FAIL: failurePolicy=Fail not rendered"; exit 1; }
+cm=$("$helm" template gk "$chart" -n groundskeeper --set controllerManager.sysctlWebhook.certificates.source=cert-manager)
+echo "$cm" | grep -q "^kind: Certificate$" && echo "$cm" | grep -q "cert-manager.io/inject-ca-from: groundskeeper/gk-groundskeeper-webhook" \
+  && echo "$cm" | grep -q -- "--webhook-certificates=secret$" || { echo "FAIL: cert-manager mode"; exit 1; }
+echo "$cm" | grep -q "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | grep -q -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
+  && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
@@ -62,7 +85,9 @@ echo "$msg" | grep -q "gcPeriod" || { echo "FAIL: schema error does not name gcP
 for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type=Sometimes|strategy" \
   "metrics.prometheusRule.conntrackFillThreshold=2|conntrackFillThreshold" \
   "controllerManager.extraVolumeMounts[0].name=x|mountPath" "networkPolicy.metricsFrom=open|metricsFrom" \
-  "tests.image.tag=|tag" "nodeAgent.extraEnv[0].value=x|name"; do
+  "tests.image.tag=|tag" "nodeAgent.extraEnv[0].value=x|name" \
+  "controllerManager.sysctlWebhook.failurePolicy=Sometimes|failurePolicy" \
+  "controllerManager.sysctlWebhook.certificates.source=vault|source"; do
   bad=${case%|*} want=${case##*|}
   if msg=$("$helm" template gk "$chart" --set "$bad" 2>&1); then echo "FAIL: $bad was accepted"; exit 1; fi
   echo "$msg" | grep -q "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }
@@ -99,6 +124,8 @@ echo "chart: server-side dry-run apply passed"
   clusterrole/gk-groundskeeper-sysctlpolicies-view >/dev/null
 "$kubectl" get crd/sysctlpolicies.groundskeeper.dev >/dev/null
 "$kubectl" -n "$ns" get poddisruptionbudget/gk-groundskeeper-controller-manager role/gk-groundskeeper-controller-manager-leader-election >/dev/null
+"$kubectl" get validatingwebhookconfiguration/gk-groundskeeper-sysctl >/dev/null
+"$kubectl" -n "$ns" get service/gk-groundskeeper-webhook role/gk-groundskeeper-controller-manager-webhook-tls >/dev/null
 vap=gk-groundskeeper-node-agent-own-node-pods
 "$kubectl" get validatingadmissionpolicy/$vap validatingadmissionpolicybinding/$vap >/dev/null
 # kube-controller-manager's validatingadmissionpolicy-status-controller type-checks the policy's
@@ -117,4 +144,4 @@ if [ -n "$typed" ]; then
 else
   echo "chart: own-node policy has no type-check verdict (kube-controller-manager writes it and none runs here); own_node_cluster.rs runs its CEL on this apiserver"
 fi
-echo "chart: helm install created the workloads, RBAC, CRD and the own-node admission policy"
+echo "chart: helm install created the workloads, RBAC, CRD, the sysctl webhook and the own-node admission policy"

@@ -5,5 +5,6 @@ pub mod leader;
 pub mod manager;
 pub mod podgc;
 pub mod servicecidr;
+pub mod sysctlwebhook;
 pub mod uninstall;
 pub mod workqueue;

@@ -7,7 +7,7 @@ use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
-    podgc, servicecidr, uninstall,
+    podgc, servicecidr, sysctlwebhook, uninstall,
 };
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 use prometheus::IntGauge;
@@ -32,7 +32,11 @@ async fn main() -> ExitCode {
         });
     }
     cli.common.log.init();
-    if let Err(e) = cli.election.validate() {
+    if let Err(e) = cli
+        .election
+        .validate()
+        .and_then(|()| cli.webhook.validate())
+    {
         eprintln!("{e}");
         return ExitCode::from(2);
     }
@@ -89,28 +93,42 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         (None, Leadership::always())
     };
 
+    // The webhook serves on every replica, leader or not: its own token, cancelled only once
+    // the controllers have drained, so it answers for as long as the process is up.
+    let webhook_token = tokio_util::sync::CancellationToken::new();
+    let mut webhook = start_webhook(
+        &cli,
+        Context {
+            base: process.base(cli.common.dry_run, webhook_token.clone()),
+            leadership: leadership.clone(),
+        },
+    );
     let ctx = Context {
         base: process.base(cli.common.dry_run, controllers_token.clone()),
         leadership,
     };
     let mut controllers = start_controllers(&cli, ctx);
 
-    // Run until SIGTERM, a lost lease, or a controller that ends on its own.
+    // Run until SIGTERM, a lost lease, or a controller (or the webhook) that ends on its own.
     let mut elector_task = elector_task;
     let mut lost: Option<String> = None;
+    let mut webhook_failed: Option<anyhow::Error> = None;
     let failed = controllers
         .until_stopped(async {
-            match elector_task.as_mut() {
-                Some(task) => tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    res = task => lost = Some(match res {
-                        Ok(Err(e)) => e.to_string(),
-                        Ok(Ok(())) => "leader election stopped".into(),
-                        Err(join) => format!("leader election task failed: {join}"),
-                    }),
-                },
-                None => shutdown.cancelled().await,
-            }
+            let stop = async {
+                match elector_task.as_mut() {
+                    Some(task) => tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        res = task => lost = Some(match res {
+                            Ok(Err(e)) => e.to_string(),
+                            Ok(Ok(())) => "leader election stopped".into(),
+                            Err(join) => format!("leader election task failed: {join}"),
+                        }),
+                    },
+                    None => shutdown.cancelled().await,
+                }
+            };
+            webhook_failed = webhook.until_stopped(stop).await;
         })
         .await;
 
@@ -135,6 +153,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    // The webhook stops last: it answers until every controller has drained.
+    webhook_token.cancel();
+    if tokio::time::timeout(cli.common.shutdown_grace, webhook.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the webhook did not stop in time; exiting anyway");
+    }
     if lost.is_none()
         && let Some(task) = elector_task
     {
@@ -143,7 +169,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     shutdown.trigger();
     process.finish().await;
-    let reason = lost.or_else(|| failed.map(|e| format!("{e:#}")));
+    let reason = lost
+        .or_else(|| failed.map(|e| format!("{e:#}")))
+        .or_else(|| webhook_failed.map(|e| format!("{e:#}")));
     if let Some(reason) = reason {
         // As kube-controller-manager does: exit, and let the pod restart clean as a standby.
         tracing::error!(%reason, "stopped all controllers; exiting");
@@ -164,6 +192,17 @@ fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
         ],
         "no controllers are enabled; the manager only holds the lease",
     )
+}
+
+fn start_webhook(cli: &Cli, ctx: Context) -> Tasks {
+    let mut tasks = Tasks::default();
+    if cli.webhook.enabled {
+        tasks.spawn(
+            "sysctlwebhook",
+            sysctlwebhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone()),
+        );
+    }
+    tasks
 }
 
 fn hostname() -> String {

@@ -9,10 +9,12 @@ use groundskeeper_plumbing::{
     client::parse_duration,
 };
 
-use crate::{podgc::PodGcArgs, servicecidr::ServiceCidrArgs};
+use groundskeeper_sysctl::args::PolicyArgs;
+
+use crate::{podgc::PodGcArgs, servicecidr::ServiceCidrArgs, sysctlwebhook::WebhookArgs};
 
 pub const NAME: &str = "controller-manager";
-pub const ABOUT: &str = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease";
+pub const ABOUT: &str = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease; the sysctl admission webhook on every replica";
 
 pub type Cli = Binary<Command, ManagerArgs>;
 
@@ -25,6 +27,12 @@ pub struct ManagerArgs {
     pub service_cidr: ServiceCidrArgs,
     #[command(flatten)]
     pub podgc: PodGcArgs,
+    /// The sysctl admission webhook (every replica, not only the leader).
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+    /// The node policy flags the webhook judges by: the node-agent's, passed the same values.
+    #[command(flatten)]
+    pub sysctl: PolicyArgs,
 
     /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
     #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]

@@ -30,8 +30,27 @@ fn chart_args_parse() {
         cli.election
             .validate()
             .unwrap_or_else(|e| panic!("{case}: {e}"));
+        cli.webhook
+            .validate()
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert!(
+            cli.webhook.enabled,
+            "{case}: the sysctl webhook is on by default"
+        );
+        assert_eq!(
+            cli.webhook.webhook_cert_hosts,
+            vec!["gk-groundskeeper-webhook.default.svc"],
+            "{case}: the certificate is for the name the apiserver calls"
+        );
         match case {
-            "everything on" => assert!(cli.common.dry_run),
+            "everything on" => {
+                assert!(cli.common.dry_run);
+                assert_eq!(
+                    cli.sysctl.allowed_unsafe_sysctls(),
+                    vec!["net.core.somaxconn", "kernel.msg*"],
+                    "the webhook judges with the node-agent's values"
+                );
+            }
             "both controllers off" => assert!(cli.controllers.0.is_empty()),
             _ => assert!(
                 !cli.common.dry_run

@@ -24,6 +24,22 @@ fn unknown_controller_is_named() {
 }
 
 #[test]
+fn webhook_flags_are_refused_naming_the_flag() {
+    let err = testkit::cli::refused(BIN, &["--sysctl-webhook"]);
+    assert!(err.contains("--webhook-cert-hosts"), "{err}");
+    let err = testkit::cli::refused(BIN, &["--allowed-unsafe-sysctls", "vm.swappiness"]);
+    assert!(
+        err.contains("vm.swappiness") && err.contains("not known to be namespaced"),
+        "{err}"
+    );
+    let err = testkit::cli::refused(BIN, &["--webhook-addr", "nowhere"]);
+    assert!(
+        err.contains("--webhook-addr") && err.contains("nowhere"),
+        "{err}"
+    );
+}
+
+#[test]
 fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
     let out = Command::new(BIN)
         .args(["--log-format", "json", "--admin-addr", "127.0.0.1:0"])

@@ -57,7 +57,8 @@ Y
 }
 
 # The measurement of the Enforce issue: of N forbidden pods, paced and in a burst, how many ran a
-# container; and no pod kubelet started is ever failed.
+# container (the goal, met by the controller-manager's admission webhook refusing their
+# binding to the node: 0); and no pod kubelet started is ever failed.
 test_sysctl_enforce_measured() {
   local ns i n=0 ran_n=0 failed_started=0
   ns=$(new_namespace sysctl-enforce)
@@ -72,6 +73,17 @@ Y
   for i in $(seq 1 20); do sysctl_pod "$ns" "burst-$i"  kernel.msgmax; echo ---; done | k apply -f - >/dev/null
   n=$((n + 20))
   sleep 20
+  local unbound
+  unbound=$(k -n "$ns" get pods -o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}' | awk 'NF == 1' | wc -l)
+  say "$unbound of $n forbidden pods left Pending and unbound (the binding was refused)"
+  k -n "$ns" get events --field-selector reason=FailedScheduling -o jsonpath='{.items[0].message}' 2>/dev/null | cut -c1-200 | sed 's/^/    scheduler: /'
+  echo
+  # Created with its node already chosen: refused at creation, nothing to schedule.
+  local out
+  if out=$(sysctl_pod "$ns" direct kernel.msgmax | sed "s/^spec:/spec:\n  nodeName: $NODE/" | k apply -f - 2>&1); then
+    fail "a forbidden pod created with spec.nodeName was admitted: $out"
+  fi
+  say "created with nodeName: $(echo "$out" | cut -c1-160)"
   for p in $(k -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
     if ran "$ns" "$p"; then
       ran_n=$((ran_n + 1))

@@ -35,7 +35,7 @@ fn chart_args_parse() {
         } else {
             Mode::Audit
         };
-        assert_eq!(cli.sysctl.sysctl_default_mode, want, "{case}");
+        assert_eq!(cli.sysctl.policy.sysctl_default_mode, want, "{case}");
         // The sysctls go to the privileged init container only, never to the agent.
         assert_eq!(cli.conntrack.sysctls.conntrack_max_per_core, None, "{case}");
         if case == "everything on" {

@@ -7,6 +7,10 @@
 //! a TokenRequest bound to that pod, which is what kubelet mounts into the agent's pod. With that
 //! token, a status patch of a pod on Y is refused (403, naming the rule) and one on X allowed; a
 //! token of the same ServiceAccount not bound to a pod carries no node name and is refused too.
+//!
+//! The agent writes no pod any more (it reports), so the chart's RBAC grants no pod write at
+//! all; the test widens it the way a mistake or a later change would, and the policy still
+//! confines the writes to the agent's own node.
 
 use std::time::Duration;
 
@@ -17,7 +21,7 @@ use k8s_openapi::api::authentication::v1::{
     BoundObjectReference, SelfSubjectReview, TokenRequest, TokenRequestSpec,
 };
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config, ResourceExt};
@@ -127,6 +131,25 @@ async fn node_agent_token_writes_only_its_own_nodes_pods() -> anyhow::Result<()>
     let sa: ServiceAccount = one(&docs, "ServiceAccount");
     let sa = c.create(&sa).await?.name_any();
     let mut role: ClusterRole = one(&docs, "ClusterRole");
+    let rules = role.rules.get_or_insert_with(Vec::new);
+    assert!(
+        !rules.iter().any(|r| r
+            .resources
+            .iter()
+            .flatten()
+            .any(|res| res.starts_with("pods/"))
+            || r.resources.iter().flatten().any(|res| res == "pods")
+                && r.verbs
+                    .iter()
+                    .any(|v| !["list", "watch"].contains(&v.as_str()))),
+        "the chart grants the node-agent a pod write: {rules:?}"
+    );
+    rules.push(PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["pods/status".into()]),
+        verbs: vec!["patch".into()],
+        ..Default::default()
+    });
     let mut role_binding: ClusterRoleBinding = one(&docs, "ClusterRoleBinding");
     role.metadata.name = Some(format!("{}-{suffix}", role.name_any()));
     role_binding.metadata.name = Some(format!("{}-{suffix}", role_binding.name_any()));

@@ -76,6 +76,7 @@ async fn the_conntrack_task_reads_no_pod() {
     let (_watched, run) = conntrack::cache::Watched::start(
         &ctx,
         Duration::from_secs(60),
+        Duration::from_secs(1),
         Arc::new(tokio::sync::Notify::new()),
     );
     let _ = tokio::time::timeout(Duration::from_secs(2), run).await;

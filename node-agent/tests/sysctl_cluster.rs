@@ -1,14 +1,16 @@
-//! Sysctl admission against a real apiserver: the agent runs out of cluster as the node-agent
-//! of a Node the test creates (no kubelet, so pods stay Pending and the agent is the only one
-//! deciding). Pods are bound to that Node by spec.nodeName. Where a test needs a started pod,
-//! it plays kubelet and writes the pod's status (startTime, phase Running, a running container).
+//! Sysctl reporting against a real apiserver: the agent runs out of cluster as the node-agent
+//! of a Node the test creates. No kubelet: the test plays it, writing a pod's status as kubelet
+//! does when it starts the pod (startTime, phase Running, a running container) or rejects it.
+//! The agent writes no pod; it reports a forbidden pod once kubelet has started it: as having
+//! run despite an Enforce policy (SysctlForbiddenRan), as audited, or as started before the
+//! policy. (Keeping pods off the node is the webhook's: controllers/tests/sysctl_webhook_cluster.)
 //!
-//! Tests that expect pods to be failed without a SysctlPolicy run the agent with
+//! Tests that need Enforce without a SysctlPolicy run the agent with
 //! `--sysctl-default-mode=enforce`: the default is Audit, so that installing the agent changes
 //! nothing for workloads.
 //!
 //! No sleeps decide an outcome: the agent handles its node's pods in watch order, so once a
-//! later forbidden pod has been acted on, every earlier pod has been decided too.
+//! later pod has been reported, every earlier pod has been decided too.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -117,7 +119,7 @@ async fn status(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<(String, St
     ))
 }
 
-/// The SysctlForbidden events about a pod: (type, note).
+/// The SysctlForbidden and SysctlForbiddenRan events about a pod: (reason, note), all Warnings.
 async fn forbidden_events(
     c: &Cluster,
     ns: &str,
@@ -130,25 +132,19 @@ async fn forbidden_events(
         .items
         .into_iter()
         .filter(|e| {
-            e.reason.as_deref() == Some("SysctlForbidden")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+            matches!(
+                e.reason.as_deref(),
+                Some("SysctlForbidden" | "SysctlForbiddenRan")
+            ) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
         })
         .flat_map(|e| {
+            assert_eq!(e.type_.as_deref(), Some("Warning"), "{e:?}");
             // The recorder folds a repeated event into a series on the first object.
             let times = e.series.as_ref().map_or(1, |s| s.count.max(1)) as usize;
-            let item = (e.type_.unwrap_or_default(), e.note.unwrap_or_default());
+            let item = (e.reason.unwrap_or_default(), e.note.unwrap_or_default());
             std::iter::repeat_n(item, times)
         })
         .collect())
-}
-
-async fn wait_failed(c: &Cluster, ns: &str, name: &str, agent: &Agent) -> anyhow::Result<()> {
-    wait_for(WAIT, &format!("pod {name} to be Failed"), || async {
-        Ok(status(c, ns, name).await?.0 == "Failed")
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
-    Ok(())
 }
 
 async fn wait_event(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<()> {
@@ -172,17 +168,91 @@ async fn assert_untouched(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<(
     Ok(())
 }
 
-/// What the tests that fail pods without a policy pass: Enforce has to be chosen.
+/// What the tests that enforce without a policy pass: Enforce has to be chosen.
 const ENFORCE_BY_DEFAULT: &str = "--sysctl-default-mode=enforce";
 
-const ENFORCED: &str =
-    r#"groundskeeper_sysctl_pods_rejected_total{mode="Enforce",reason="SysctlForbidden"}"#;
-const AUDITED: &str =
-    r#"groundskeeper_sysctl_pods_rejected_total{mode="Audit",reason="SysctlForbidden"}"#;
+const RAN_ENFORCE: &str = r#"groundskeeper_sysctl_pods_ran_forbidden_total{mode="Enforce"}"#;
+const RAN_AUDIT: &str = r#"groundskeeper_sysctl_pods_ran_forbidden_total{mode="Audit"}"#;
+const CHECKED: &str = "groundskeeper_sysctl_pods_checked_total";
+const RAN: &str = "SysctlForbiddenRan";
+const FORBIDDEN: &str = "SysctlForbidden";
+
+/// The note of a pod that ran despite the Enforce policy.
+fn ran_note(message: &str) -> String {
+    format!(
+        "{message}: started on this node although its Enforce sysctl policy forbids it \
+         (the admission webhook did not keep it off); not stopped"
+    )
+}
+
+const STARTED_ENFORCE: &str =
+    r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Enforce"}"#;
+const STARTED_AUDIT: &str = r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Audit"}"#;
+const MSGMAX: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
+
+/// Plays kubelet having admitted and started the pod: status with startTime, phase Running and
+/// a running container. Returns the pod's resourceVersion after that write.
+async fn start_pod(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<String> {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let patch = serde_json::json!({"status": {
+        "phase": "Running",
+        "startTime": now,
+        "containerStatuses": [{
+            "name": "c",
+            "image": "registry.invalid/none",
+            "imageID": "",
+            "ready": true,
+            "started": true,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        }],
+    }});
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(p.resource_version().unwrap_or_default())
+}
+
+/// The pod must be exactly as kubelet (the test) left it: no write since `rv`, so Running.
+async fn assert_not_written(c: &Cluster, ns: &str, name: &str, rv: &str) -> anyhow::Result<()> {
+    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get(name)
+        .await?;
+    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+    anyhow::ensure!(
+        p.resource_version().as_deref() == Some(rv) && phase.as_deref() == Some("Running"),
+        "started pod {name} was written: resourceVersion {:?} (was {rv}), phase {phase:?}",
+        p.resource_version()
+    );
+    Ok(())
+}
+
+/// Waits until the agent's metric has this value (the agent has got that far).
+async fn wait_metric(agent: &Agent, name: &str, want: f64) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("{name} = {want}"), || async {
+        Ok(metric(agent.admin, name).await? == Some(want))
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
+    Ok(())
+}
+
+/// Waits until the agent has judged `n` pods (a pending one is judged without any write).
+async fn wait_checked(agent: &Agent, n: f64) -> anyhow::Result<()> {
+    wait_for(WAIT, &format!("{n} pods checked"), || async {
+        Ok(metric(agent.admin, CHECKED).await?.unwrap_or(0.0) >= n)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
+    Ok(())
+}
 
 #[tokio::test]
-async fn forbidden_pod_fails_allowed_pod_untouched_policy_allows() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("forbidden_pod_fails_allowed_pod_untouched_policy_allows").await
+async fn a_forbidden_pod_is_never_failed_and_reported_once_it_ran() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("a_forbidden_pod_is_never_failed_and_reported_once_it_ran").await
     else {
         return Ok(());
     };
@@ -207,42 +277,40 @@ async fn forbidden_pod_fails_allowed_pod_untouched_policy_allows() -> anyhow::Re
         &["kernel.shm_rmid_forced", "kernel.msgmax"],
     )
     .await?;
-    wait_failed(&c, &ns, &forbidden, &agent).await?;
-    let message = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
-    assert_eq!(
-        status(&c, &ns, &forbidden).await?,
-        (
-            "Failed".into(),
-            "SysctlForbidden".into(),
-            format!("Pod was rejected: {message}")
-        )
-    );
+    // Judged while pending: nothing written (the webhook, not the agent, keeps pods off).
+    wait_checked(&agent, 2.0).await?;
+    assert_untouched(&c, &ns, &forbidden).await?;
+    assert_untouched(&c, &ns, &safe).await?;
+
+    // kubelet admits it (its own allowlist allows it) and starts it: it ran despite Enforce.
+    let rv = start_pod(&c, &ns, &forbidden).await?;
     wait_event(&c, &ns, &forbidden).await?;
     assert_eq!(
         forbidden_events(&c, &ns, &forbidden).await?,
-        vec![("Warning".to_string(), message.to_string())]
+        vec![(RAN.to_string(), ran_note(MSGMAX))]
     );
-    assert_untouched(&c, &ns, &safe).await?;
+    assert_not_written(&c, &ns, &forbidden, &rv).await?;
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, Some(1.0));
 
     // A policy for this node allows kernel.msg*; kernel.sem stays forbidden.
     let p = policy(&c, &node, &["kernel.msg*"], Mode::Enforce).await?;
-    wait_for(WAIT, "the agent to apply the policy", || async {
-        Ok(agent.bin.logs().contains(&p.name_any()))
-    })
-    .await?;
+    wait_policy_log(&agent, &p.name_any()).await?;
     let allowed = pod(&c, &ns, &node, "allowed", &["kernel.msgmax"]).await?;
-    let still_forbidden = pod(&c, &ns, &node, "sem", &["kernel.sem"]).await?;
-    wait_failed(&c, &ns, &still_forbidden, &agent).await?;
-    assert_untouched(&c, &ns, &allowed).await?;
+    let sem = pod(&c, &ns, &node, "sem", &["kernel.sem"]).await?;
+    // safe, forbidden (pending, started, then allowed by the policy), allowed, sem: seen
+    // pending before kubelet starts them, so known to start under the policy.
+    wait_checked(&agent, 6.0).await?;
+    start_pod(&c, &ns, &allowed).await?;
+    start_pod(&c, &ns, &sem).await?;
+    wait_event(&c, &ns, &sem).await?;
+    assert_eq!(forbidden_events(&c, &ns, &allowed).await?, vec![]);
     assert_untouched(&c, &ns, &safe).await?;
-
-    // Idempotent: the first rejected pod got exactly one event and was patched once.
-    assert_eq!(forbidden_events(&c, &ns, &forbidden).await?.len(), 1);
-    assert_eq!(metric(agent.admin, ENFORCED).await?, Some(2.0));
     assert_eq!(
-        metric(agent.admin, "groundskeeper_sysctl_pods_checked_total").await?,
-        Some(4.0)
+        forbidden_events(&c, &ns, &forbidden).await?.len(),
+        1,
+        "once"
     );
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, Some(2.0));
 
     // The policy's status says it is valid.
     let api: Api<SysctlPolicy> = Api::all(c.client.clone());
@@ -255,12 +323,45 @@ async fn forbidden_pod_fails_allowed_pod_untouched_policy_allows() -> anyhow::Re
                 .any(|c| c.type_ == "Valid" && c.status == "True"))
     })
     .await?;
+    agent.bin.assert_no_api_refusals();
+    Ok(())
+}
+
+/// kubelet's own verdict stays: a pod kubelet rejects gets nothing from the agent.
+#[tokio::test]
+async fn a_pod_kubelet_rejects_is_kubelets_alone() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("a_pod_kubelet_rejects_is_kubelets_alone").await else {
+        return Ok(());
+    };
+    ensure_crd(&c).await?;
+    let node = node(&c).await?;
+    let ns = c.namespace("sysctl-kubelet").await?;
+    let agent = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
+    let refused = pod(&c, &ns, &node, "refused", &["kernel.msgmax"]).await?;
+    wait_checked(&agent, 1.0).await?;
+    // What kubelet's rejectPod writes.
+    let failed = serde_json::json!({"status": {
+        "phase": "Failed",
+        "reason": "SysctlForbidden",
+        "message": format!("Pod was rejected: {MSGMAX}"),
+        "startTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    }});
+    Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .patch_status(&refused, &PatchParams::default(), &Patch::Merge(&failed))
+        .await?;
+    // A later pod that runs: once it is reported, the rejected one has been seen too.
+    let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
+    wait_checked(&agent, 2.0).await?;
+    start_pod(&c, &ns, &barrier).await?;
+    wait_event(&c, &ns, &barrier).await?;
+    assert_eq!(forbidden_events(&c, &ns, &refused).await?, vec![]);
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, Some(1.0));
     Ok(())
 }
 
 #[tokio::test]
-async fn audit_mode_only_warns() -> anyhow::Result<()> {
-    let Some(c) = testkit::cluster("audit_mode_only_warns").await else {
+async fn audit_mode_reports_once_a_pod_runs() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("audit_mode_reports_once_a_pod_runs").await else {
         return Ok(());
     };
     ensure_crd(&c).await?;
@@ -270,9 +371,12 @@ async fn audit_mode_only_warns() -> anyhow::Result<()> {
     let agent = agent(&node, &[]).await?;
 
     let first = pod(&c, &ns, &node, "audited", &["kernel.msgmax"]).await?;
+    wait_checked(&agent, 1.0).await?;
+    assert_untouched(&c, &ns, &first).await?;
+    start_pod(&c, &ns, &first).await?;
     wait_event(&c, &ns, &first).await?;
     // Give the agent reasons to look at the first pod again: a pod update and a policy change
-    // that does not change its outcome. Neither may produce a second event.
+    // that does not change its verdict. Neither may produce a second event.
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
     pods.patch(
         &first,
@@ -281,32 +385,27 @@ async fn audit_mode_only_warns() -> anyhow::Result<()> {
     )
     .await?;
     let widened = policy(&c, &node, &["net.ipv4.tcp_wmem"], Mode::Audit).await?;
-    wait_for(WAIT, "the agent to apply the second policy", || async {
-        Ok(agent.bin.logs().contains(&widened.name_any()))
-    })
-    .await?;
+    wait_policy_log(&agent, &widened.name_any()).await?;
     let second = pod(&c, &ns, &node, "audited", &["net.core.somaxconn"]).await?;
+    wait_checked(&agent, 3.0).await?;
+    start_pod(&c, &ns, &second).await?;
     wait_event(&c, &ns, &second).await?;
 
     for (name, note) in [
-        (
-            &first,
-            r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#,
-        ),
+        (&first, MSGMAX),
         (
             &second,
             r#"forbidden sysctl: "net.core.somaxconn" not allowlisted"#,
         ),
     ] {
-        let (phase, reason, _) = status(&c, &ns, name).await?;
-        assert_eq!((phase.as_str(), reason.as_str()), ("Pending", ""), "{name}");
         assert_eq!(
             forbidden_events(&c, &ns, name).await?,
-            vec![("Warning".to_string(), note.to_string())]
+            vec![(FORBIDDEN.to_string(), note.to_string())],
+            "{name}"
         );
     }
-    assert_eq!(metric(agent.admin, AUDITED).await?, Some(2.0));
-    assert_eq!(metric(agent.admin, ENFORCED).await?, None);
+    assert_eq!(metric(agent.admin, RAN_AUDIT).await?, Some(2.0));
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, None);
     Ok(())
 }
 
@@ -340,27 +439,30 @@ async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()>
     )
     .await?;
     let forbidden = pod(&c, &ns, &node, "dry", &["kernel.msgmax"]).await?;
-    agent
-        .bin
-        .wait_for_log("dry-run: would fail pod", WAIT)
-        .await?;
+    wait_checked(&agent, 2.0).await?;
+    start_pod(&c, &ns, &allowed).await?;
+    start_pod(&c, &ns, &forbidden).await?;
+    let would_line = "dry-run: would report pod that ran despite the Enforce sysctl policy";
+    agent.bin.wait_for_log(would_line, WAIT).await?;
     // The forbidden pod comes after the allowed one, so both are decided by now.
     let would: Vec<serde_json::Value> = agent
         .bin
         .logs()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| l["message"] == "dry-run: would fail pod")
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("dry-run: would"))
+        })
         .collect();
     assert_eq!(would.len(), 1, "{would:?}");
+    assert_eq!(would[0]["message"], would_line);
     assert_eq!(would[0]["pod"], forbidden.as_str());
-    assert_eq!(
-        would[0]["rejection"],
-        r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#
-    );
-    assert_untouched(&c, &ns, &forbidden).await?;
-    assert_untouched(&c, &ns, &allowed).await?;
-    assert_eq!(metric(agent.admin, ENFORCED).await?, Some(1.0));
+    assert_eq!(would[0]["forbidden"], MSGMAX);
+    assert_eq!(forbidden_events(&c, &ns, &forbidden).await?, vec![]);
+    assert_eq!(forbidden_events(&c, &ns, &allowed).await?, vec![]);
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, Some(1.0));
     Ok(())
 }
 
@@ -459,7 +561,9 @@ async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
 
     // Not selected yet: forbidden.
     let before = pod(&c, &ns, &node, "before", &["kernel.msgmax"]).await?;
-    wait_failed(&c, &ns, &before, &agent).await?;
+    wait_checked(&agent, 1.0).await?;
+    start_pod(&c, &ns, &before).await?;
+    wait_event(&c, &ns, &before).await?;
 
     // Labelled into the pool: the policy now applies.
     Api::<Node>::all(c.client.clone())
@@ -471,77 +575,22 @@ async fn node_labels_decide_which_policies_apply() -> anyhow::Result<()> {
             })),
         )
         .await?;
-    wait_for(
-        WAIT,
-        "the agent to pick up the node's new label",
-        || async { Ok(agent.bin.logs().contains("kernel.msg*")) },
-    )
-    .await?;
+    wait_policy_log(&agent, "kernel.msg*").await?;
     let after = pod(&c, &ns, &node, "after", &["kernel.msgmax"]).await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.sem"]).await?;
-    wait_failed(&c, &ns, &barrier, &agent).await?;
-    assert_untouched(&c, &ns, &after).await?;
-    Ok(())
-}
-
-const STARTED_ENFORCE: &str =
-    r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Enforce"}"#;
-const STARTED_AUDIT: &str = r#"groundskeeper_sysctl_started_pods_forbidden_total{mode="Audit"}"#;
-const MSGMAX: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
-
-/// Plays kubelet having admitted and started the pod: status with startTime, phase Running and
-/// a running container. Returns the pod's resourceVersion after that write.
-async fn start_pod(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<String> {
-    let now = jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string();
-    let patch = serde_json::json!({"status": {
-        "phase": "Running",
-        "startTime": now,
-        "containerStatuses": [{
-            "name": "c",
-            "image": "registry.invalid/none",
-            "imageID": "",
-            "ready": true,
-            "started": true,
-            "restartCount": 0,
-            "state": {"running": {"startedAt": now}},
-        }],
-    }});
-    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(p.resource_version().unwrap_or_default())
-}
-
-/// The pod must be exactly as kubelet (the test) left it: no write since `rv`, so Running.
-async fn assert_not_written(c: &Cluster, ns: &str, name: &str, rv: &str) -> anyhow::Result<()> {
-    let p = Api::<Pod>::namespaced(c.client.clone(), ns)
-        .get(name)
-        .await?;
-    let phase = p.status.as_ref().and_then(|s| s.phase.clone());
-    anyhow::ensure!(
-        p.resource_version().as_deref() == Some(rv) && phase.as_deref() == Some("Running"),
-        "started pod {name} was written: resourceVersion {:?} (was {rv}), phase {phase:?}",
-        p.resource_version()
-    );
-    Ok(())
-}
-
-/// Waits until the agent's metric has this value (the agent has got that far).
-async fn wait_metric(agent: &Agent, name: &str, want: f64) -> anyhow::Result<()> {
-    wait_for(WAIT, &format!("{name} = {want}"), || async {
-        Ok(metric(agent.admin, name).await? == Some(want))
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}\nagent log:\n{}", agent.bin.logs()))?;
+    // before (pending, started, then allowed by the policy), after, barrier.
+    wait_checked(&agent, 5.0).await?;
+    start_pod(&c, &ns, &after).await?;
+    start_pod(&c, &ns, &barrier).await?;
+    wait_event(&c, &ns, &barrier).await?;
+    assert_eq!(forbidden_events(&c, &ns, &after).await?, vec![]);
     Ok(())
 }
 
 #[tokio::test]
-async fn default_install_touches_no_pod_and_only_audits_pending_ones() -> anyhow::Result<()> {
+async fn default_install_touches_no_pod_and_reports_only_new_ones_that_run() -> anyhow::Result<()> {
     let Some(c) =
-        testkit::cluster("default_install_touches_no_pod_and_only_audits_pending_ones").await
+        testkit::cluster("default_install_touches_no_pod_and_reports_only_new_ones_that_run").await
     else {
         return Ok(());
     };
@@ -556,21 +605,18 @@ async fn default_install_touches_no_pod_and_only_audits_pending_ones() -> anyhow
 
     // Created after the agent is ready, so handled after the running pod (watch order).
     let pending = pod(&c, &ns, &node, "pending", &["kernel.msgmax"]).await?;
+    wait_checked(&agent, 1.0).await?;
+    assert_untouched(&c, &ns, &pending).await?;
+    start_pod(&c, &ns, &pending).await?;
     wait_event(&c, &ns, &pending).await?;
-    let (phase, reason, _) = status(&c, &ns, &pending).await?;
-    assert_eq!(
-        (phase.as_str(), reason.as_str()),
-        ("Pending", ""),
-        "Audit by default: a forbidden pending pod is not failed"
-    );
     assert_eq!(
         forbidden_events(&c, &ns, &pending).await?,
-        vec![("Warning".to_string(), MSGMAX.to_string())]
+        vec![(FORBIDDEN.to_string(), MSGMAX.to_string())]
     );
-    assert_eq!(metric(agent.admin, AUDITED).await?, Some(1.0));
-    assert_eq!(metric(agent.admin, ENFORCED).await?, None);
+    assert_eq!(metric(agent.admin, RAN_AUDIT).await?, Some(1.0));
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, None);
 
-    // The started pod: not written, and no event either (nobody chose a policy).
+    // The pod that ran before: not written, and no event either (nobody chose a policy).
     assert_not_written(&c, &ns, &running, &rv).await?;
     assert_eq!(forbidden_events(&c, &ns, &running).await?, vec![]);
     assert_eq!(metric(agent.admin, STARTED_AUDIT).await?, None);
@@ -594,47 +640,41 @@ async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restart
     let rv = start_pod(&c, &ns, &running).await?;
     let agent1 = agent(&node, &[]).await?;
 
-    // An Enforce policy for this node appears while the pod runs.
+    // An Enforce policy for this node appears while the pod runs: reported as started before.
     let enforce = policy(&c, &node, &[], Mode::Enforce).await?;
     wait_metric(&agent1, STARTED_ENFORCE, 1.0).await?;
     wait_event(&c, &ns, &running).await?;
     let events = forbidden_events(&c, &ns, &running).await?;
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(
-        events[0].0 == "Warning"
+        events[0].0 == FORBIDDEN
             && events[0].1.starts_with(MSGMAX)
             && events[0].1.contains("already started"),
         "{events:?}"
     );
     assert_not_written(&c, &ns, &running, &rv).await?;
 
-    // A pod that has not started is failed under the explicit Enforce policy, as before.
-    let pending = pod(&c, &ns, &node, "pending", &["kernel.msgmax"]).await?;
-    wait_failed(&c, &ns, &pending, &agent1).await?;
+    // A pod bound under the policy and started by kubelet: not failed, reported as having run.
+    let ran = pod(&c, &ns, &node, "ran", &["kernel.msgmax"]).await?;
+    wait_checked(&agent1, 2.0).await?;
+    let ran_rv = start_pod(&c, &ns, &ran).await?;
+    wait_event(&c, &ns, &ran).await?;
     assert_eq!(
-        status(&c, &ns, &pending).await?,
-        (
-            "Failed".into(),
-            "SysctlForbidden".into(),
-            format!("Pod was rejected: {MSGMAX}")
-        )
+        forbidden_events(&c, &ns, &ran).await?,
+        vec![(RAN.to_string(), ran_note(MSGMAX))]
     );
-    wait_event(&c, &ns, &pending).await?;
-    assert_eq!(metric(agent1.admin, ENFORCED).await?, Some(1.0));
+    assert_eq!(metric(agent1.admin, RAN_ENFORCE).await?, Some(1.0));
 
     // The agent restarts under the same policy, and with a flag changed (Enforce by default
-    // now): it finds the started pod forbidden again (metric of the new process), but neither
-    // writes it nor reports it a second time.
+    // now): it finds both started pods forbidden again (metric of the new process), but
+    // neither writes them nor reports them a second time.
     drop(agent1);
     let agent2 = agent(&node, &[ENFORCE_BY_DEFAULT]).await?;
-    wait_metric(&agent2, STARTED_ENFORCE, 1.0).await?;
+    wait_metric(&agent2, STARTED_ENFORCE, 2.0).await?;
     assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    assert_eq!(forbidden_events(&c, &ns, &ran).await?.len(), 1);
     assert_not_written(&c, &ns, &running, &rv).await?;
-    assert_eq!(
-        forbidden_events(&c, &ns, &pending).await?.len(),
-        1,
-        "the failed pod is terminal: left alone"
-    );
+    assert_not_written(&c, &ns, &ran, &ran_rv).await?;
 
     // The policy goes away (the node is Enforce by the flag now): still nothing written.
     Api::<SysctlPolicy>::all(c.client.clone())
@@ -642,7 +682,9 @@ async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restart
         .await?;
     wait_policy_log(&agent2, "policies=[]").await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
-    wait_failed(&c, &ns, &barrier, &agent2).await?;
+    wait_checked(&agent2, 3.0).await?;
+    start_pod(&c, &ns, &barrier).await?;
+    wait_event(&c, &ns, &barrier).await?;
     assert_not_written(&c, &ns, &running, &rv).await?;
     assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
     Ok(())
@@ -679,7 +721,8 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
     let agent = agent(&node, &[]).await?;
     wait_policy_log(&agent, "kernel.msg*").await?;
 
-    // Narrowed: kernel.msgmax is no longer allowed. The running pod is reported, not failed.
+    // Narrowed: kernel.msgmax is no longer allowed. The running pod is reported, not failed,
+    // and not as having run despite the policy: it started before.
     Api::<SysctlPolicy>::all(c.client.clone())
         .patch(
             &p.name_any(),
@@ -689,7 +732,9 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
         .await?;
     wait_metric(&agent, STARTED_ENFORCE, 1.0).await?;
     assert_not_written(&c, &ns, &running, &rv).await?;
-    assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
+    let events = forbidden_events(&c, &ns, &running).await?;
+    assert!(events.len() == 1 && events[0].0 == FORBIDDEN, "{events:?}");
+    assert_eq!(metric(agent.admin, RAN_ENFORCE).await?, None);
 
     // Relabelled out of the policy's reach: default Audit, nobody's choice; still untouched,
     // and no further event.
@@ -704,48 +749,11 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
         .await?;
     wait_policy_log(&agent, "policies=[]").await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
+    // running (allowed, then forbidden), barrier.
+    wait_checked(&agent, 3.0).await?;
+    start_pod(&c, &ns, &barrier).await?;
     wait_event(&c, &ns, &barrier).await?;
-    assert_eq!(status(&c, &ns, &barrier).await?.0, "Pending");
     assert_not_written(&c, &ns, &running, &rv).await?;
     assert_eq!(forbidden_events(&c, &ns, &running).await?.len(), 1);
-    Ok(())
-}
-
-/// The agent's fail patch carries the resourceVersion it judged: built from a read taken before
-/// kubelet (the test) started the pod, the real apiserver refuses it with 409 and the started
-/// pod is not failed; built from a current read of a pod that has not started, it applies.
-#[tokio::test]
-async fn a_fail_patch_from_a_stale_read_is_refused_with_conflict() -> anyhow::Result<()> {
-    use groundskeeper_node_agent::sysctl::apply::fail_patch;
-    let Some(c) = testkit::cluster("a_fail_patch_from_a_stale_read_is_refused_with_conflict").await
-    else {
-        return Ok(());
-    };
-    let node = node(&c).await?;
-    let ns = c.namespace("sysctl-race").await?;
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
-
-    let raced = pod(&c, &ns, &node, "raced", &["kernel.msgmax"]).await?;
-    let judged = pods.get(&raced).await?;
-    let rv = start_pod(&c, &ns, &raced).await?;
-    let patch = fail_patch(&judged, MSGMAX).expect("a pod read from the apiserver has an rv");
-    match pods
-        .patch_status(&raced, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        other => anyhow::bail!("a stale fail patch must get 409 Conflict, got {other:?}"),
-    }
-    assert_not_written(&c, &ns, &raced, &rv).await?;
-
-    let fresh = pod(&c, &ns, &node, "fresh", &["kernel.msgmax"]).await?;
-    let current = pods.get(&fresh).await?;
-    pods.patch_status(
-        &fresh,
-        &PatchParams::default(),
-        &Patch::Merge(&fail_patch(&current, MSGMAX).unwrap()),
-    )
-    .await?;
-    assert_eq!(status(&c, &ns, &fresh).await?.0, "Failed");
     Ok(())
 }

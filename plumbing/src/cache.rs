@@ -18,7 +18,7 @@ use std::{
 
 use futures::{Stream, StreamExt};
 use kube::{
-    Resource,
+    Api, Resource,
     runtime::watcher::{self, Event},
 };
 use serde::de::DeserializeOwned;
@@ -234,7 +234,7 @@ pub fn follow<W, C, R, F>(
     client: kube::Client,
     config: watcher::Config,
     cache: Shared<C>,
-    mut fold: F,
+    fold: F,
 ) -> (
     ReadyFlag,
     impl Stream<Item = R> + Send + 'static + use<W, C, R, F>,
@@ -246,9 +246,42 @@ where
     R: Send + 'static,
     F: FnMut(&mut C, Event<W>) -> R + Send + 'static,
 {
+    follow_in(
+        readiness,
+        component,
+        client,
+        |c| Api::all_with(c, &W::DynamicType::default()),
+        config,
+        cache,
+        fold,
+    )
+}
+
+/// [`follow`] with the watch's scope chosen by `scope` (e.g. `|c| Api::namespaced(c, ns)` for a
+/// component whose RBAC covers one namespace).
+pub fn follow_in<W, C, R, F, S>(
+    readiness: &Readiness,
+    component: &str,
+    client: kube::Client,
+    scope: S,
+    config: watcher::Config,
+    cache: Shared<C>,
+    mut fold: F,
+) -> (
+    ReadyFlag,
+    impl Stream<Item = R> + Send + 'static + use<W, C, R, F, S>,
+)
+where
+    W: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    W::DynamicType: Default,
+    C: Send + 'static,
+    R: Send + 'static,
+    F: FnMut(&mut C, Event<W>) -> R + Send + 'static,
+    S: FnOnce(kube::Client) -> Api<W>,
+{
     let kind = W::plural(&W::DynamicType::default()).into_owned();
     let flag = readiness.register(format!("{component}/{kind}"));
-    let events = crate::watch::watch(client, config, flag.clone());
+    let events = crate::watch::watch(client, scope, config, flag.clone());
     let ready = flag.clone();
     let mut first = true;
     let stream = events.filter_map(move |ev| {

@@ -131,6 +131,7 @@ pub(crate) fn with_bookmarks(
 /// which keeps a store.
 pub(crate) fn watch<K>(
     client: kube::Client,
+    scope: impl FnOnce(kube::Client) -> Api<K>,
     config: watcher::Config,
     flag: ReadyFlag,
 ) -> impl Stream<Item = watcher::Result<Event<K>>> + Send + 'static
@@ -142,7 +143,7 @@ where
     let backoff = Backoff::new(settings.backoff_max);
     let silent_after = Some(settings.silent_after).filter(|d| !d.is_zero());
     let heard = Heard::default();
-    let api = Api::all_with(heard.client(client), &K::DynamicType::default());
+    let api = scope(heard.client(client));
     let driver = Driver {
         api,
         config: with_bookmarks(config, silent_after),

@@ -9,7 +9,10 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use kube::runtime::watcher::{self, Event};
+use kube::{
+    Api,
+    runtime::watcher::{self, Event},
+};
 use tokio::time::Instant;
 
 use crate::watch::*;
@@ -106,6 +109,7 @@ async fn a_410_gone_turns_the_watch_unhealthy_and_relists_after_a_short_backoff(
     let client = fake_apiserver(lists.clone());
     let mut stream = std::pin::pin!(watch::<ConfigMap>(
         client,
+        Api::all,
         watcher::Config::default(),
         flag.clone()
     ));
@@ -155,7 +159,7 @@ async fn a_watch_refused_after_every_good_list_backs_off_to_the_cap() {
     let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let flag = crate::Readiness::default().register("test/configmaps");
     let client = fake_apiserver(lists.clone());
-    let stream = watch::<ConfigMap>(client, watcher::Config::default(), flag);
+    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag);
     let mut stream = std::pin::pin!(stream);
     let started = tokio::time::Instant::now();
     while started.elapsed() < Duration::from_secs(20) {
@@ -262,7 +266,7 @@ async fn a_watch_silent_past_the_bound_is_failed_and_relisted() {
     registry.register(readiness.collector()).unwrap();
     let flag = readiness.register("test/configmaps");
     let client = quiet_apiserver(None, queries.clone());
-    let stream = watch::<ConfigMap>(client, watcher::Config::default(), flag.clone());
+    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
     let mut stream = std::pin::pin!(stream);
     until_listed(&mut stream).await;
     let listed = Instant::now();
@@ -302,7 +306,7 @@ async fn bookmarks_keep_a_quiet_watch_alive() {
     let readiness = silent_after_10s();
     let flag = readiness.register("test/configmaps");
     let client = quiet_apiserver(Some(Duration::from_secs(4)), queries.clone());
-    let stream = watch::<ConfigMap>(client, watcher::Config::default(), flag.clone());
+    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
     let mut stream = std::pin::pin!(stream);
     until_listed(&mut stream).await;
     let more = tokio::time::timeout(Duration::from_secs(120), stream.next()).await;
@@ -367,6 +371,7 @@ async fn a_list_left_unanswered_is_asked_again() {
     let client = kube::Client::new(service, "default");
     let mut stream = std::pin::pin!(watch::<ConfigMap>(
         client,
+        Api::all,
         watcher::Config::default(),
         flag.clone()
     ));

@@ -25,9 +25,14 @@ pub fn helm() -> Option<PathBuf> {
 /// `helm template gk charts/groundskeeper <extra>` as YAML documents; None without helm.
 /// Panics (failing the test) when helm refuses the chart.
 pub fn render(extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
+    render_release("gk", extra)
+}
+
+/// [`render`] under another release name (so cluster-scoped names do not clash).
+pub fn render_release(release: &str, extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
     let helm = helm()?;
     let out = Command::new(helm)
-        .args(["template", "gk"])
+        .args(["template", release])
         .arg(repo().join("charts/groundskeeper"))
         .args(extra)
         .output()

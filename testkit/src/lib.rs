@@ -18,6 +18,7 @@ pub mod networking;
 pub mod proxy;
 mod rbac;
 pub mod services;
+pub mod webhook;
 
 pub use binary::Binary;
 pub use control_plane::ControlPlane;

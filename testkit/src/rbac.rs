@@ -35,6 +35,22 @@ impl Cluster {
         rules_file: &Path,
     ) -> anyhow::Result<PathBuf> {
         let rules: Rules = serde_yaml::from_str(&std::fs::read_to_string(rules_file)?)?;
+        self.as_service_account_with(namespace, rules.cluster, rules.namespace)
+            .await
+    }
+
+    /// As [`Cluster::as_service_account`], with the rules given (for rules rendered by the
+    /// chart, resourceNames and all).
+    pub async fn as_service_account_with(
+        &self,
+        namespace: &str,
+        cluster: Vec<PolicyRule>,
+        namespaced: Vec<PolicyRule>,
+    ) -> anyhow::Result<PathBuf> {
+        let rules = Rules {
+            cluster,
+            namespace: namespaced,
+        };
         let name = crate::unique_name("gk-rbac");
         self.create(&ServiceAccount {
             metadata: meta(&name, Some(namespace)),

@@ -5,10 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-/// The four components, each with the files every component has.
+/// The components, each with the files every component has.
 const COMPONENTS: &[&str] = &[
     "controllers/src/servicecidr",
     "controllers/src/podgc",
+    "controllers/src/sysctlwebhook",
     "node-agent/src/conntrack",
     "node-agent/src/sysctl",
 ];
@@ -32,7 +33,7 @@ fn sources() -> Vec<(String, String)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "controllers", "node-agent", "testkit"] {
+    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
         walk(&repo().join(krate).join("src"), &mut files);
     }
     files.sort();

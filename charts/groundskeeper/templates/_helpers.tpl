@@ -74,3 +74,46 @@ readinessProbe:
 {{- if .Values.nodeAgent.sysctl.enabled }}{{ $t = append $t "sysctl" }}{{ end -}}
 {{- join "," $t -}}
 {{- end -}}
+
+{{/* The sysctl webhook's Service, the name the apiserver calls, its Secret and configuration. */}}
+{{- define "groundskeeper.webhookService" -}}
+{{ include "groundskeeper.fullname" . }}-webhook
+{{- end -}}
+
+{{- define "groundskeeper.webhookHost" -}}
+{{ include "groundskeeper.webhookService" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+
+{{- define "groundskeeper.webhookSecret" -}}
+{{ include "groundskeeper.fullname" . }}-webhook-tls
+{{- end -}}
+
+{{- define "groundskeeper.webhookConfiguration" -}}
+{{ include "groundskeeper.fullname" . }}-sysctl
+{{- end -}}
+
+{{/* What both webhooks share: include with (dict "ctx" $ "path" "/validate/..."). */}}
+{{- define "groundskeeper.webhookCommon" -}}
+{{- $wh := .ctx.Values.controllerManager.sysctlWebhook -}}
+clientConfig:
+  service:
+    name: {{ include "groundskeeper.webhookService" .ctx }}
+    namespace: {{ .ctx.Release.Namespace }}
+    path: {{ .path }}
+    port: 443
+failurePolicy: {{ $wh.failurePolicy }}
+timeoutSeconds: {{ $wh.timeoutSeconds }}
+sideEffects: None
+admissionReviewVersions: ["v1"]
+# Never the control plane's own namespace or groundskeeper's: neither waits for the webhook.
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        - kube-system
+        - {{ .ctx.Release.Namespace }}
+        {{- range $wh.exemptNamespaces }}
+        - {{ . }}
+        {{- end }}
+{{- end -}}

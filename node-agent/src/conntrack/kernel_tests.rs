@@ -764,7 +764,7 @@ fn read_only_sysctl_is_a_clear_error_naming_the_file() {
         let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         assert!(
             msgs.iter()
-                .any(|m| m.contains(path) && m.contains("read-only or not permitted")),
+                .any(|m| m.contains(path) && m.contains("read-only here")),
             "{msgs:?}"
         );
         // The per-namespace sysctl was still written.

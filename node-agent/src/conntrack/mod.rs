@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(cli.conntrack_orphan_grace.as_secs(), 5, "default grace");
         assert_eq!(
             cli.conntrack_no_endpoint_settle.as_secs(),
-            5,
+            1,
             "default settle"
         );
     }

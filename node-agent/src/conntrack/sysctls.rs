@@ -333,7 +333,7 @@ mod tests {
     #[test]
     fn a_failed_write_says_what_was_tried_and_why() {
         let all = Some(u64::MAX);
-        let no_net_admin = Some(u64::MAX & !(1 << CAP_NET_ADMIN));
+        let no_net_admin = Some(!(1u64 << CAP_NET_ADMIN));
         let ro = write_hint(Some(libc::EROFS), Some(0o100644), all);
         assert!(ro.contains("mounted read-only"), "{ro}");
         // Privileged, but the kernel's file is 0444: not a privilege problem.

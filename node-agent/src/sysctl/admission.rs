@@ -1,9 +1,10 @@
 //! Admission's state machine: driven by watch changes and a tick, it acts through `apply`.
 //!
-//! It keeps the node's merged policy, what was done per pod (`decide::Memory`), the pods whose
-//! writes are retried, and the policy status writes coming due, and carries out what `decide`
-//! says through `apply::Writer`: fail a pod that has not started and warn in Enforce, warn in
-//! Audit, only report a started pod, and keep each policy's status current.
+//! It keeps the node's merged policy and since when it is in force, what was done per pod
+//! (`decide::Memory`), the pods whose reports are retried, and the policy status writes coming
+//! due, and carries out what `decide` says through `apply::Writer`: report a started pod that
+//! the node's policy forbids (ran despite Enforce, audited, or started before the policy), and
+//! keep each policy's status current. It writes no pod.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -14,11 +15,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::allowlist::FORBIDDEN_REASON;
-use super::apply::{Writer, Writes};
+use groundskeeper_sysctl::verdict::Verdict;
+
+use super::apply::{Report, Writer, Writes};
 use super::cache::{Cache, Change, Health, PodKey};
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, Outcome, PodFacts, decide, outcome};
+use super::decide::{Action, Memory, PodFacts, decide};
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge};
 
@@ -29,28 +31,6 @@ pub const TICK: Duration = Duration::from_secs(1);
 const STATUS_SPREAD_MS: u64 = 5_000;
 /// A failed status write is tried again after this long.
 const STATUS_RETRY: Duration = Duration::from_secs(5);
-/// A pod write the apiserver keeps refusing (a 403 from an admission policy, a webhook) is
-/// tried again at the next tick, then after 2 s, 4 s, ... up to this.
-pub const POD_RETRY_MAX: Duration = Duration::from_secs(300);
-
-/// When a pod's write is tried again, and how many times in a row the apiserver refused it.
-#[derive(Clone, Copy, Debug)]
-struct Retry {
-    due: Instant,
-    refused: u32,
-}
-
-/// The wait before the next attempt after `refused` refusals in a row: the next tick, then
-/// doubling from 2 s up to [`POD_RETRY_MAX`]. (Waiting for stale watches or re-judging after a
-/// 409 is not a refusal: every tick.)
-pub fn pod_retry_delay(refused: u32) -> Duration {
-    match refused {
-        0 | 1 => Duration::ZERO,
-        n => TICK
-            .saturating_mul(1u32.checked_shl(n - 1).unwrap_or(u32::MAX))
-            .min(POD_RETRY_MAX),
-    }
-}
 
 /// How long this node waits before writing a policy's status: the same for a node every time,
 /// spread over [`STATUS_SPREAD_MS`] across nodes.
@@ -81,8 +61,10 @@ pub struct Admission<W> {
     writer: Writer<W>,
     metrics: Metrics,
     policy: Option<NodePolicy>,
+    /// When `policy` came into force here: pods kubelet started later started under it.
+    policy_since: jiff::Timestamp,
     memory: Memory,
-    retry: HashMap<PodKey, Retry>,
+    retry: HashSet<PodKey>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
 }
@@ -103,8 +85,9 @@ impl<W: Writes> Admission<W> {
             writer,
             metrics,
             policy: None,
+            policy_since: jiff::Timestamp::now(),
             memory: Memory::default(),
-            retry: HashMap::new(),
+            retry: HashSet::new(),
             status_due: HashMap::new(),
             status_offset,
         }
@@ -141,25 +124,16 @@ impl<W: Writes> Admission<W> {
         }
     }
 
-    /// Retries the pods whose writes failed (those that came due) and writes the statuses
-    /// that came due.
+    /// Retries the pods whose writes failed and writes the statuses that came due.
     pub async fn on_tick(&mut self) {
-        let now = Instant::now();
-        let due: Vec<PodKey> = self
-            .retry
-            .iter()
-            .filter(|(_, r)| r.due <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in due {
+        let retry: Vec<PodKey> = self.retry.drain().collect();
+        for key in retry {
             let pod = self.cache.lock().pods.get(&key).cloned();
-            match pod {
-                Some(pod) => self.evaluate(&pod).await,
-                None => {
-                    self.retry.remove(&key);
-                }
+            if let Some(pod) = pod {
+                self.evaluate(&pod).await;
             }
         }
+        let now = Instant::now();
         let due: Vec<String> = self
             .status_due
             .iter()
@@ -177,7 +151,7 @@ impl<W: Writes> Admission<W> {
 
     /// Recomputes the node's policy once every watch has listed and the Node is known; pods are
     /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
-    /// policy selecting this node could allow what would otherwise be rejected.
+    /// policy selecting this node could allow what would otherwise be forbidden.
     async fn policies_changed(&mut self) {
         if !self.watches.listed() {
             return;
@@ -197,6 +171,7 @@ impl<W: Writes> Admission<W> {
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
             self.policy = Some(merged);
+            self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;
         }
     }
@@ -224,140 +199,62 @@ impl<W: Writes> Admission<W> {
         let Some(policy) = self.policy.as_ref() else {
             return;
         };
-        let (revision, chosen) = (policy.revision, policy.chosen);
+        let (revision, chosen, since) = (policy.revision, policy.chosen, self.policy_since);
         let facts = PodFacts::of(pod);
-        let out = outcome(&policy.allowlist, policy.mode, pod);
-        let action = decide(&facts, out.clone(), &self.memory, chosen);
+        let verdict = policy.judge(pod.spec.as_ref());
+        let action = decide(&facts, verdict.clone(), &self.memory, chosen, since);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let started = matches!(action, Action::ReportStarted { .. });
-        match action {
-            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => {
-                // Nothing (more) to write: whatever was to be retried is over.
-                self.retry.remove(&PodKey::of(pod));
-                return;
-            }
+        let (report, message) = match action {
+            Action::Skip | Action::AlreadyDone | Action::LeaveStarted => return,
             Action::Admit => {
                 tracing::debug!(pod = %name, namespace = %ns, "sysctls allowed");
+                self.done(pod, &facts, verdict);
+                return;
             }
-            // Counted once the write is done: a refused fail patch (409: the pod moved on,
-            // perhaps started) is not a rejection.
-            Action::Reject { mode, message } | Action::ReportStarted { mode, message } => {
-                let key = PodKey::of(pod);
-                // Refused before: not again before its backoff ends, whatever brings the pod
-                // back (an update, a policy change).
-                let refused = self.retry.get(&key).map_or(0, |r| r.refused);
-                if refused > 0 && self.retry.get(&key).is_some_and(|r| r.due > Instant::now()) {
-                    return;
-                }
-                // Failing a pod is destructive: not on a policy, Node or pod list that may be
-                // stale (a watch failing or relisting). Retried each tick until they are current.
-                if !started && mode == Mode::Enforce && !self.watches.healthy() {
-                    tracing::info!(pod = %name, namespace = %ns, "not failing pod while a sysctl watch is failing or relisting; will retry");
-                    self.retry_next_tick(key, refused);
-                    return;
-                }
-                // The three watches arrive separately: a policy change or a relabel made before
-                // the pod may not have arrived yet. Failing only on a fresh read that agrees.
-                if !started && mode == Mode::Enforce {
-                    match self.confirmed(pod).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::info!(pod = %name, namespace = %ns, "not failing pod: the policies and Node read fresh do not forbid it (the watches are behind); judging it again");
-                            self.retry_next_tick(key, refused);
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(pod = %name, namespace = %ns, error = %e, "not failing pod: reading the policies and Node fresh failed; will retry");
-                            self.retry_next_tick(key, refused);
-                            return;
-                        }
-                    }
-                }
-                let written = self
-                    .writer
-                    .forbidden(pod, mode, &message, started, revision)
-                    .await;
-                if let Err(e) = written {
-                    if let kube::Error::Api(s) = &e
-                        && s.code == 409
-                        && !started
-                    {
-                        tracing::info!(pod = %name, namespace = %ns, "pod changed since it was judged (kubelet may have started it); judging it again");
-                        self.retry_next_tick(key, refused);
-                        return;
-                    }
-                    self.refused(pod, &e, refused + 1, revision).await;
-                    return;
-                }
-                let mode = mode.to_string();
-                if started {
-                    self.metrics
-                        .started_forbidden
-                        .with_label_values(&[&mode])
-                        .inc();
+            Action::Await { mode, message } => {
+                if mode == Mode::Enforce {
+                    // Honest about what happened: the agent stops nothing. kubelet decides now.
+                    tracing::info!(pod = %name, namespace = %ns, forbidden = %message, "pod bound to this node although its Enforce sysctl policy forbids it (the admission webhook did not keep it off); waiting for kubelet's verdict, the agent does not fail pods");
                 } else {
-                    self.metrics
-                        .rejected
-                        .with_label_values(&[FORBIDDEN_REASON, &mode])
-                        .inc();
+                    tracing::debug!(pod = %name, namespace = %ns, forbidden = %message, "forbidden pod not started yet (audit mode)");
                 }
+                self.done(pod, &facts, verdict);
+                return;
             }
+            Action::ReportRan { message } => (Report::Ran, message),
+            Action::ReportAudit { message } => (Report::Audit, message),
+            Action::ReportStarted { mode, message } => (Report::StartedBefore(mode), message),
+        };
+        if let Err(e) = self.writer.report(pod, report, &message, revision).await {
+            tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting pod failed; will retry");
+            self.retry.insert(PodKey::of(pod));
+            return;
         }
+        match report {
+            Report::Ran => self
+                .metrics
+                .ran_forbidden
+                .with_label_values(&["Enforce"])
+                .inc(),
+            Report::Audit => self
+                .metrics
+                .ran_forbidden
+                .with_label_values(&["Audit"])
+                .inc(),
+            Report::StartedBefore(mode) => self
+                .metrics
+                .started_forbidden
+                .with_label_values(&[&mode.to_string()])
+                .inc(),
+        }
+        self.done(pod, &facts, verdict);
+    }
+
+    /// The pod was handled under `verdict`: counted, no longer retried, remembered.
+    fn done(&mut self, pod: &Pod, facts: &PodFacts, verdict: Verdict) {
         self.metrics.checked.inc();
         self.retry.remove(&PodKey::of(pod));
-        self.memory.remember(&facts, out);
-    }
-
-    /// Whether the policies and the Node read fresh from the apiserver fail `pod` in Enforce
-    /// too (a Node that is gone fails nothing: nothing is decided without its labels).
-    async fn confirmed(&self, pod: &Pod) -> Result<bool, kube::Error> {
-        let (policies, labels) = self.writer.read_fresh().await?;
-        let Some(labels) = labels else {
-            return Ok(false);
-        };
-        let s = &self.settings;
-        let policies: Vec<&SysctlPolicy> = policies.iter().collect();
-        let fresh = merge(&s.safe, &s.flag, s.default_mode, &policies, &labels);
-        Ok(matches!(
-            outcome(&fresh.allowlist, fresh.mode, pod),
-            Outcome::Reject {
-                mode: Mode::Enforce,
-                ..
-            }
-        ))
-    }
-
-    fn retry_next_tick(&mut self, key: PodKey, refused: u32) {
-        let due = Instant::now();
-        self.retry.insert(key, Retry { due, refused });
-    }
-
-    /// A write about `pod` failed for the `refused`th time in a row: counted by HTTP code,
-    /// retried after [`pod_retry_delay`], and once the retry was refused too (not a blip) said
-    /// on the pod in an Event: an operator looking at a pod that should have been failed sees
-    /// why it was not.
-    async fn refused(&mut self, pod: &Pod, e: &kube::Error, refused: u32, revision: u64) {
-        let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let code = match e {
-            kube::Error::Api(s) => s.code,
-            _ => 0,
-        };
-        self.metrics
-            .pod_write_failures
-            .with_label_values(&[&code.to_string()])
-            .inc();
-        let retry_in = pod_retry_delay(refused).max(TICK);
-        tracing::warn!(pod = %name, namespace = %ns, error = %e, code, refused, retry_in = ?retry_in, "writing to the pod failed; retrying with backoff");
-        let due = Instant::now() + pod_retry_delay(refused);
-        self.retry.insert(PodKey::of(pod), Retry { due, refused });
-        if refused == 2 && code != 0 {
-            let note = format!(
-                "groundskeeper could not act on this pod: the apiserver answered {code} ({e}); retrying with exponential backoff, at most every {POD_RETRY_MAX:?}"
-            );
-            if let Err(e) = self.writer.warn_pod(pod, &note, revision).await {
-                tracing::debug!(pod = %name, namespace = %ns, error = %e, "the Event about it failed too");
-            }
-        }
+        self.memory.remember(facts, verdict);
     }
 
     fn schedule_status(&mut self, policy: &SysctlPolicy) {

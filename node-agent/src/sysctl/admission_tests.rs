@@ -21,13 +21,9 @@ const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 /// One write as the apiserver would have taken it.
 #[derive(Clone, Debug, PartialEq)]
 enum Write {
-    Failed {
-        pod: String,
-        resource_version: String,
-        message: String,
-    },
     Event {
         pod: String,
+        reason: String,
         action: String,
         note: String,
     },
@@ -37,22 +33,11 @@ enum Write {
     },
 }
 
-/// The policies and the Node's labels a fresh read finds.
-type FreshView = (Vec<SysctlPolicy>, Option<Labels>);
-
 /// Records the writes that succeed; the next writes fail with the queued HTTP codes.
 #[derive(Clone, Default)]
 struct Fake {
     written: Arc<Mutex<Vec<Write>>>,
     failures: Arc<Mutex<VecDeque<u16>>>,
-    /// Every fail patch is answered with this code while set (an admission policy's 403).
-    refuse_fail_patches: Arc<Mutex<Option<u16>>>,
-    /// When each fail patch was sent, refused or not.
-    fail_patches: Arc<Mutex<Vec<tokio::time::Instant>>>,
-    /// What a fresh read finds: the rig's cache (the watches are current), unless set.
-    cache: Arc<Mutex<Option<Shared<Cache>>>>,
-    fresh: Arc<Mutex<Option<FreshView>>>,
-    fresh_reads: Arc<Mutex<usize>>,
 }
 
 impl Fake {
@@ -78,37 +63,11 @@ impl Fake {
 }
 
 impl Writes for Fake {
-    async fn fail_pod(
-        &self,
-        _namespace: &str,
-        name: &str,
-        patch: &serde_json::Value,
-    ) -> Result<(), kube::Error> {
-        self.fail_patches
-            .lock()
-            .unwrap()
-            .push(tokio::time::Instant::now());
-        if let Some(code) = *self.refuse_fail_patches.lock().unwrap() {
-            return Err(kube::Error::Api(
-                kube::core::Status::failure("denied by the own-node policy", "Forbidden")
-                    .with_code(code)
-                    .boxed(),
-            ));
-        }
-        self.record(Write::Failed {
-            pod: name.into(),
-            resource_version: patch["metadata"]["resourceVersion"]
-                .as_str()
-                .unwrap()
-                .into(),
-            message: patch["status"]["message"].as_str().unwrap().into(),
-        })
-    }
-
     async fn create_event(&self, event: &Event) -> Result<(), kube::Error> {
         let regarding = event.regarding.as_ref().unwrap();
         self.record(Write::Event {
             pod: regarding.name.clone().unwrap(),
+            reason: event.reason.clone().unwrap(),
             action: event.action.clone().unwrap(),
             note: event.note.clone().unwrap(),
         })
@@ -123,22 +82,6 @@ impl Writes for Fake {
             policy: name.into(),
             status: status.clone(),
         })
-    }
-
-    async fn read_fresh(
-        &self,
-        _node: &str,
-    ) -> Result<(Vec<SysctlPolicy>, Option<Labels>), kube::Error> {
-        *self.fresh_reads.lock().unwrap() += 1;
-        if let Some(fresh) = self.fresh.lock().unwrap().clone() {
-            return Ok(fresh);
-        }
-        let cache = self.cache.lock().unwrap().clone().expect("the rig's cache");
-        let c = cache.lock();
-        Ok((
-            c.policies.values().cloned().collect(),
-            c.nodes.values().next().cloned(),
-        ))
     }
 }
 
@@ -163,11 +106,23 @@ fn pod(name: &str, sysctls: &[&str]) -> Pod {
     }
 }
 
-/// The pod as kubelet writes it once it has admitted and started it.
+/// The pod as kubelet writes it once it has admitted and started it, long before the tests'
+/// policies came into force (a pod seen pending first still started under them).
 fn started(mut p: Pod) -> Pod {
     let status = p.status.as_mut().unwrap();
     status.phase = Some("Running".into());
     status.start_time = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+    p.metadata.resource_version = Some("8".into());
+    p
+}
+
+/// The pod as kubelet rejects it (`rejectPod`): its verdict, terminal.
+fn rejected_by_kubelet(mut p: Pod) -> Pod {
+    let status = p.status.as_mut().unwrap();
+    status.phase = Some("Failed".into());
+    status.reason = Some("SysctlForbidden".into());
+    status.message = Some(format!("Pod was rejected: {MSG}"));
+    status.start_time = Some(Time(jiff::Timestamp::now()));
     p.metadata.resource_version = Some("8".into());
     p
 }
@@ -216,7 +171,6 @@ impl Rig {
             .nodes
             .apply(Update::Apply(node.into(), Labels::new()));
         let fake = Fake::default();
-        *fake.cache.lock().unwrap() = Some(cache.clone());
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let settings = Settings {
             node_name: node.into(),
@@ -277,44 +231,92 @@ impl Rig {
             .await;
     }
 
-    fn rejected(&self, mode: Mode) -> u64 {
-        let labels = ["SysctlForbidden", &mode.to_string()];
-        self.metrics.rejected.with_label_values(&labels).get()
+    fn ran(&self, mode: Mode) -> u64 {
+        let labels = [mode.to_string()];
+        self.metrics
+            .ran_forbidden
+            .with_label_values(&[&labels[0]])
+            .get()
+    }
+
+    fn started_before(&self, mode: Mode) -> u64 {
+        let labels = [mode.to_string()];
+        self.metrics
+            .started_forbidden
+            .with_label_values(&[&labels[0]])
+            .get()
     }
 }
 
-fn failed(pod: &str) -> Write {
-    Write::Failed {
-        pod: pod.into(),
-        resource_version: "7".into(),
-        message: format!("Pod was rejected: {MSG}"),
-    }
-}
-
-fn event(pod: &str, action: &str, note: &str) -> Write {
+fn event(pod: &str, reason: &str, action: &str, note: &str) -> Write {
     Write::Event {
         pod: pod.into(),
+        reason: reason.into(),
         action: action.into(),
         note: note.into(),
     }
 }
 
+fn ran_note() -> String {
+    format!(
+        "{MSG}: started on this node although its Enforce sysctl policy forbids it \
+         (the admission webhook did not keep it off); not stopped"
+    )
+}
+
+fn ran(pod: &str) -> Write {
+    event(pod, "SysctlForbiddenRan", "Ran", &ran_note())
+}
+
+fn audited(pod: &str) -> Write {
+    event(pod, "SysctlForbidden", "Audit", MSG)
+}
+
 #[tokio::test]
-async fn a_pending_forbidden_pod_is_failed_in_enforce_and_only_warned_in_audit() {
+async fn a_forbidden_pod_is_not_written_while_pending_and_reported_once_it_runs() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    assert_eq!(
+        r.fake.take(),
+        [],
+        "no pod write, no event before kubelet's verdict"
+    );
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [ran("web")]);
+    assert_eq!(
+        (r.ran(Mode::Enforce), r.started_before(Mode::Enforce)),
+        (1, 0)
+    );
 
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [event("web", "Audit", MSG)], "no fail patch");
-    assert_eq!(r.rejected(Mode::Audit), 1);
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    assert_eq!(r.fake.take(), []);
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [audited("web")]);
+    assert_eq!(r.ran(Mode::Audit), 1);
 
     // An allowed pod is remembered and counted, never written.
-    r.pod(&pod("ok", &["kernel.shm_rmid_forced"])).await;
+    let ok = pod("ok", &["kernel.shm_rmid_forced"]);
+    r.pod(&ok).await;
+    r.pod(&started(ok)).await;
     assert_eq!(r.fake.take(), []);
-    assert_eq!(r.metrics.checked.get(), 2);
+    assert_eq!(r.metrics.checked.get(), 4);
+}
+
+/// Pods kubelet forbids are kubelet's to reject: the agent writes nothing for them.
+#[tokio::test]
+async fn a_pod_kubelet_rejects_gets_nothing_from_the_agent() {
+    for mode in [Mode::Enforce, Mode::Audit] {
+        let mut r = Rig::new("node-a", mode, false).await;
+        let p = pod("web", &["kernel.msgmax"]);
+        r.pod(&p).await;
+        r.pod(&rejected_by_kubelet(p)).await;
+        r.admission.on_tick().await;
+        assert_eq!(r.fake.take(), [], "{mode}");
+        assert_eq!(r.ran(mode), 0, "{mode}");
+    }
 }
 
 /// The three watches list in any order. When the pods list last, no Node or policy event may
@@ -342,38 +344,28 @@ async fn admission_starts_whichever_watch_lists_last() {
             flag.mark_ready();
             r.admission.on_change(change).await;
         }
-        assert_eq!(
-            r.fake.take(),
-            [failed("web"), event("web", "Reject", MSG)],
-            "lists in the order {order:?}"
-        );
+        assert_eq!(r.metrics.checked.get(), 1, "lists in the order {order:?}");
+        r.pod(&started(p)).await;
+        assert_eq!(r.fake.take(), [ran("web")], "lists in the order {order:?}");
     }
 }
 
 #[tokio::test]
-async fn a_started_pod_is_never_failed_only_reported() {
-    let note =
-        format!("{MSG} (pod already started: not failed; Enforce applies to pods not yet started)");
+async fn a_pod_started_before_the_policy_is_never_written_only_reported() {
+    let note = format!(
+        "{MSG} (already started when this agent came to judge it under the Enforce \
+         policy that forbids it: not stopped)"
+    );
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
     r.pod(&started(pod("web", &["kernel.msgmax"]))).await;
-    assert_eq!(r.fake.take(), [event("web", "Audit", &note)]);
-    let labels = ["Enforce"];
     assert_eq!(
-        r.metrics.started_forbidden.with_label_values(&labels).get(),
-        1
+        r.fake.take(),
+        [event("web", "SysctlForbidden", "Audit", &note)]
     );
-    assert_eq!(r.rejected(Mode::Enforce), 0);
-
-    // Judged pending, failing it refused (409: kubelet started it meanwhile), judged again
-    // from the started version: reported, never failed.
-    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    r.fake.fail_next(409);
-    r.pod(&pod("raced", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), []);
-    r.pod(&started(pod("raced", &["kernel.msgmax"]))).await;
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [event("raced", "Audit", &note)]);
-    assert_eq!(r.rejected(Mode::Enforce), 0);
+    assert_eq!(
+        (r.started_before(Mode::Enforce), r.ran(Mode::Enforce)),
+        (1, 0)
+    );
 
     // Default install (Audit, no policy): a started pod is not even reported...
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
@@ -382,21 +374,20 @@ async fn a_started_pod_is_never_failed_only_reported() {
     assert_eq!(r.fake.take(), []);
     // ...until a policy selects the node, and then only reported.
     r.policy(&policy("audit-all", Mode::Audit)).await;
-    let audit_note = note.replace("Enforce applies", "Audit applies");
+    let audit_note = note.replace("under the Enforce", "under the Audit");
     let reported = r.fake.take();
-    assert!(
-        reported.contains(&event("web", "Audit", &audit_note)),
-        "{reported:?}"
+    assert_eq!(
+        reported,
+        [event("web", "SysctlForbidden", "Audit", &audit_note)]
     );
-    assert!(!reported.iter().any(|w| matches!(w, Write::Failed { .. })));
 }
 
 #[tokio::test]
 async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    let p = pod("web", &["kernel.msgmax"]);
+    let p = started(pod("web", &["kernel.msgmax"]));
     r.pod(&p).await;
-    assert_eq!(r.fake.take().len(), 2);
+    assert_eq!(r.fake.take().len(), 1);
     // The same pod again (a status update, a relist), a merge giving the same policy, a tick.
     let mut updated = p.clone();
     updated.metadata.resource_version = Some("9".into());
@@ -407,56 +398,40 @@ async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 1);
     // Other sysctls are a change: judged again.
-    r.pod(&pod("web", &["kernel.sem"])).await;
-    assert_eq!(r.fake.take().len(), 2);
+    r.pod(&started(pod("web", &["kernel.sem"]))).await;
+    assert_eq!(r.fake.take().len(), 1);
     // Deleted and forgotten: the same UID would be judged afresh.
     r.admission
         .on_change(Change::PodGone("uid-web".into()))
         .await;
     r.pod(&p).await;
-    assert_eq!(r.fake.take().len(), 2);
+    assert_eq!(r.fake.take().len(), 1);
 }
 
 #[tokio::test]
-async fn failed_writes_are_retried_on_the_tick() {
+async fn failed_reports_are_retried_on_the_tick() {
     let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
     r.fake.fail_next(500);
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [], "the fail patch was refused");
-    assert_eq!(
-        r.rejected(Mode::Enforce),
-        0,
-        "not counted before it is done"
-    );
+    r.pod(&started(p)).await;
+    assert_eq!(r.fake.take(), [], "the event was refused");
+    assert_eq!(r.ran(Mode::Enforce), 0, "not counted before it is done");
     r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [failed("web"), event("web", "Reject", MSG)]);
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    assert_eq!(r.fake.take(), [ran("web")], "retried, still as having run");
+    assert_eq!(r.ran(Mode::Enforce), 1);
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), [], "done: no more retries");
-
-    // While a watch is relisting, a pod is not failed; it is once the watches are current.
-    r.set_healthy(false);
-    r.pod(&pod("db", &["kernel.msgmax"])).await;
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), []);
-    r.set_healthy(true);
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
-
-    // A report that fails is retried too.
-    r.fake.fail_next(500);
-    r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
-    assert_eq!(r.fake.take(), []);
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take().len(), 1);
 }
 
 #[tokio::test]
 async fn an_existing_report_event_counts_as_reported() {
     let mut r = Rig::new("node-a", Mode::Audit, false).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
     r.fake.fail_next(409);
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.rejected(Mode::Audit), 1, "reported by an earlier process");
+    r.pod(&started(p)).await;
+    assert_eq!(r.ran(Mode::Audit), 1, "reported by an earlier process");
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), [], "not retried");
 }
@@ -464,14 +439,16 @@ async fn an_existing_report_event_counts_as_reported() {
 #[tokio::test(start_paused = true)]
 async fn dry_run_writes_nothing() {
     let mut r = Rig::new("node-a", Mode::Enforce, true).await;
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
+    let p = pod("web", &["kernel.msgmax"]);
+    r.pod(&p).await;
+    r.pod(&started(p)).await;
     r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
     r.policy(&policy("p", Mode::Enforce)).await;
     tokio::time::advance(Duration::from_secs(10)).await;
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), []);
     // Counted as done, as the cluster test reads it: what would have been.
-    assert_eq!(r.rejected(Mode::Enforce), 1);
+    assert_eq!(r.ran(Mode::Enforce), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -531,146 +508,4 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
         .apply(Update::Apply("p".into(), with_status));
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), []);
-}
-
-/// Item 10 of issue 21: a fail patch answered 403 (the own-node admission policy) was retried
-/// every second for ever. It backs off (next tick, then 2 s, 4 s ... 5 min), each refusal is
-/// counted by code, one Event on the pod says why it is not failed, and once the apiserver
-/// accepts the patch the pod is failed.
-#[tokio::test(start_paused = true)]
-async fn a_refused_fail_patch_is_retried_with_exponential_backoff_and_reported() {
-    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    *r.fake.refuse_fail_patches.lock().unwrap() = Some(403);
-    let start = tokio::time::Instant::now();
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    // Ten minutes of ticks, and pod updates (kubelet writing its status) meanwhile.
-    for i in 1..=600 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        if i % 7 == 0 {
-            let mut p = pod("web", &["kernel.msgmax"]);
-            p.metadata.resource_version = Some(format!("{}", 7 + i));
-            r.pod(&p).await;
-        }
-        r.admission.on_tick().await;
-    }
-    let attempts: Vec<Duration> = r
-        .fake
-        .fail_patches
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|t| *t - start)
-        .collect();
-    // 0, 1, 3, 7, 15, 31, 63, 127, 255, 511 s: ten, where every tick made 601.
-    assert!(
-        (8..=12).contains(&attempts.len()),
-        "{} attempts: {attempts:?}",
-        attempts.len()
-    );
-    let gaps: Vec<Duration> = attempts.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(
-        gaps.windows(2).all(|g| g[1] >= g[0]),
-        "the waits never shrink: {gaps:?}"
-    );
-    assert!(
-        gaps.iter()
-            .all(|g| *g <= super::admission::POD_RETRY_MAX + Duration::from_secs(1)),
-        "capped: {gaps:?}"
-    );
-    let refused = r
-        .metrics
-        .pod_write_failures
-        .with_label_values(&["403"])
-        .get();
-    assert_eq!(refused as usize, attempts.len(), "each refusal counted");
-    assert_eq!(
-        r.rejected(Mode::Enforce),
-        0,
-        "not failed, not counted as such"
-    );
-    let written = r.fake.take();
-    let events: Vec<&Write> = written
-        .iter()
-        .filter(|w| matches!(w, Write::Event { action, .. } if action == "WriteRefused"))
-        .collect();
-    assert_eq!(events.len(), 1, "one Event: {written:?}");
-    let Write::Event { note, .. } = events[0] else {
-        unreachable!()
-    };
-    assert!(note.contains("403") && note.contains("backoff"), "{note}");
-
-    // The policy is fixed: the next attempt (within the cap) fails the pod.
-    *r.fake.refuse_fail_patches.lock().unwrap() = None;
-    for _ in 0..=300 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        r.admission.on_tick().await;
-    }
-    assert_eq!(r.rejected(Mode::Enforce), 1);
-    let written = r.fake.take();
-    assert!(
-        written
-            .iter()
-            .any(|w| matches!(w, Write::Failed { pod, .. } if pod == "web")),
-        "{written:?}"
-    );
-}
-
-#[test]
-fn pod_retry_delays_double_up_to_the_cap() {
-    let s = Duration::from_secs;
-    for (refused, want) in [
-        (0, s(0)),
-        (1, s(0)),
-        (2, s(2)),
-        (3, s(4)),
-        (9, s(256)),
-        (10, s(300)),
-        (40, s(300)),
-        (u32::MAX, s(300)),
-    ] {
-        assert_eq!(
-            super::admission::pod_retry_delay(refused),
-            want,
-            "{refused}"
-        );
-    }
-}
-
-/// Issue 21, item 6: the pod arrives before a policy change (or a Node relabel) that allows it,
-/// which was made earlier but has not come through its watch yet. The fresh read disagrees
-/// with the cache: the pod is not failed. When the fresh read agrees, it is.
-#[tokio::test]
-async fn a_pod_is_failed_only_when_a_fresh_read_agrees() {
-    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    // On the apiserver: a policy selecting every node, allowing kernel.msg*, in Enforce.
-    let mut allows = policy("allow-msg", Mode::Enforce);
-    allows.spec.allowed_unsafe_sysctls = vec!["kernel.msg*".into()];
-    *r.fake.fresh.lock().unwrap() = Some((vec![allows.clone()], Some(Labels::new())));
-    r.pod(&pod("web", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), [], "not failed: the fresh policies allow it");
-    assert_eq!(*r.fake.fresh_reads.lock().unwrap(), 1);
-    assert_eq!(r.rejected(Mode::Enforce), 0);
-
-    // The policy arrives through its watch: allowed, nothing written.
-    r.policy(&allows).await;
-    r.admission.on_tick().await;
-    assert!(
-        r.fake
-            .take()
-            .iter()
-            .all(|w| matches!(w, Write::Status { .. })),
-        "no pod write"
-    );
-    assert_eq!(r.rejected(Mode::Enforce), 0);
-
-    // The Node is gone on the apiserver: nothing is failed without its labels.
-    let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-    *r.fake.fresh.lock().unwrap() = Some((vec![], None));
-    r.pod(&pod("db", &["kernel.msgmax"])).await;
-    assert_eq!(r.fake.take(), []);
-
-    // The fresh read agrees (the watches were current): failed as before.
-    *r.fake.fresh.lock().unwrap() = None;
-    r.admission.on_tick().await;
-    assert_eq!(r.fake.take(), [failed("db"), event("db", "Reject", MSG)]);
 }

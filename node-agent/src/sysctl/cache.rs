@@ -84,11 +84,6 @@ impl Health {
     pub fn listed(&self) -> bool {
         self.all().into_iter().all(ReadyFlag::is_ready)
     }
-
-    /// Every watch is current (listed, not failing, not relisting).
-    pub fn healthy(&self) -> bool {
-        self.all().into_iter().all(ReadyFlag::is_healthy)
-    }
 }
 
 /// The three watches feeding `cache`, with their flags and their changes in one stream.

@@ -28,17 +28,7 @@ pub struct CheckArgs {
     pub file: PathBuf,
 }
 
-pub fn parse_kernel_version(s: &str) -> Result<KernelVersion, String> {
-    s.parse()
-        .map_err(|e: super::kernel::ParseKernelVersionError| e.to_string())
-}
-
-/// A pattern as kubelet accepts it in `--allowed-unsafe-sysctls`.
-pub fn parse_pattern(s: &str) -> Result<String, String> {
-    super::allowlist::check_pattern(s)
-        .map(|_| s.to_string())
-        .map_err(|e| e.to_string())
-}
+pub use groundskeeper_sysctl::args::{parse_kernel_version, parse_pattern};
 
 /// The exit codes: all admitted, some rejected, input unusable.
 pub const EXIT_ADMITTED: u8 = 0;

@@ -1,18 +1,26 @@
-//! The admission decision for one pod bound to this node: plain values in, what to do out.
+//! What the agent does about one pod bound to its node: plain values in, what to do out.
 //!
-//! Its memory makes it happen once per change of the pod's sysctls or of the outcome.
+//! The agent never fails a pod. Keeping a forbidden pod off a node is the admission webhook's
+//! work, done before the binding (a Failed status written after it raced kubelet and lost: the
+//! pod ran anyway). The agent waits for kubelet's own verdict and reports what it sees:
 //!
-//! kubelet admits a pod once, before it starts it; a pod it has started is never re-admitted.
-//! The agent keeps to the same rule: only a pod that has not started can be failed
-//! ([`started`]). A started pod the policy forbids is only reported, once per pod and policy
-//! revision ([`report_event_name`]).
+//! - kubelet rejected the pod (Failed) or it is being deleted: kubelet's verdict; nothing;
+//! - kubelet admitted and started it ([`started`]) while the node's verdict already forbade it:
+//!   under Enforce it ran despite the policy ([`Action::ReportRan`]), under Audit it is the
+//!   audit report ([`Action::ReportAudit`]);
+//! - it had started before the verdict (a policy created, narrowed or moved onto the node
+//!   later): reported once as started before ([`Action::ReportStarted`]), never touched.
+//!
+//! Its memory makes each report happen once per change of the pod's sysctls, of the verdict,
+//! or of whether it has started.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use groundskeeper_sysctl::verdict::Verdict;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
-use super::allowlist::{Admission, Allowlist};
 use super::crd::Mode;
 
 /// kubelet's annotation on the mirror pod of a static pod.
@@ -28,10 +36,12 @@ pub struct PodFacts {
     pub deleting: bool,
     /// A mirror pod (annotation [`MIRROR_ANNOTATION`]): the API's copy of a static pod, which
     /// kubelet alone admits and runs from its manifest. Never judged: recreated for a running
-    /// static pod, it has no status for a few seconds and would look not started.
+    /// static pod, it has no status for a few seconds and would look seen-pending, then "ran".
     pub mirror: bool,
-    /// kubelet has admitted and begun running it (see [`started`]): never failed.
+    /// kubelet has admitted and begun running it (see [`started`]).
     pub started: bool,
+    /// `status.startTime`: when kubelet admitted it (its first status write).
+    pub started_at: Option<Timestamp>,
     /// What the verdict depends on: the sysctls in order, hostNetwork, hostIPC.
     pub fingerprint: u64,
 }
@@ -64,6 +74,11 @@ impl PodFacts {
                 .as_ref()
                 .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
             started: pod.status.as_ref().is_some_and(started),
+            started_at: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| t.0),
             fingerprint: h.finish(),
         }
     }
@@ -125,22 +140,11 @@ pub fn started(status: &PodStatus) -> bool {
             .any(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()))
 }
 
-/// FNV-1a, 64 bits: a hash that is the same in every build and process, for names that must
-/// come out the same after a restart (std's `DefaultHasher` promises no such thing).
-pub fn stable_hash(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        // A separator byte that can not occur in the parts keeps ["ab","c"] apart from ["a","bc"].
-        for b in part.bytes().chain(std::iter::once(0xff)) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
+pub use groundskeeper_sysctl::verdict::stable_hash;
 
-/// The name of the one Warning event that reports a forbidden pod the agent does not fail
-/// (Audit, or already started), for this pod UID, policy revision and verdict. Being derived,
+/// The name of the one Warning event that reports a forbidden pod that started (ran despite
+/// Enforce, audited, or already started), for this pod UID, policy revision and the verdict's
+/// message: whichever report it is, a second one is not made. Being derived,
 /// it comes out the same after an agent restart: creating it again gets 409 AlreadyExists,
 /// which is how "already reported" survives restarts without any write to the pod.
 /// `<pod name, cut to fit>.sysctl-<16 hex>`, a valid DNS subdomain of at most 253 characters.
@@ -159,44 +163,57 @@ pub fn report_event_name(pod_name: &str, uid: &str, policy_revision: u64, messag
     format!("{head}{suffix}")
 }
 
-/// A pod's verdict under the node's policy.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Admit,
-    Reject { mode: Mode, message: String },
-}
-
-/// What admission does for a pod.
+/// What the agent does for a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing to do, nothing to remember.
+    /// Nothing to do, nothing to remember: terminal (kubelet's verdict, or done), being
+    /// deleted, or unnamed.
     Skip,
-    /// Already handled with this outcome for these sysctls.
+    /// Already handled for these sysctls, this verdict and this stage.
     AlreadyDone,
     /// Allowed: remember, touch nothing.
     Admit,
-    /// Forbidden, not started: in Enforce fail the pod and warn; in Audit only warn.
-    Reject { mode: Mode, message: String },
-    /// Forbidden but already started: kubelet admitted it, so it is never failed; report it
-    /// (event once per pod and policy revision, metric) and touch nothing.
+    /// Forbidden and not started: nothing is written. Under Enforce the webhook should have
+    /// kept it off this node; kubelet's own admission decides now, and if kubelet starts it,
+    /// it is known to have started under this verdict.
+    Await { mode: Mode, message: String },
+    /// Forbidden under Enforce, and started while that verdict was in force: it ran despite
+    /// the policy. Reported (Event `SysctlForbiddenRan`, metric), never stopped.
+    ReportRan { message: String },
+    /// Forbidden under Audit, started while that verdict was in force: the audit report.
+    ReportAudit { message: String },
+    /// Forbidden, but it had started before this verdict: reported once where someone chose
+    /// the node's policy; never touched.
     ReportStarted { mode: Mode, message: String },
-    /// Forbidden, started, and nobody chose a policy for this node (no SysctlPolicy selects
-    /// it, default mode Audit): touch nothing, say nothing, remember nothing, so that a policy
-    /// created later does report it. A default install must not fill the cluster with events
-    /// about workloads kubelet already admitted.
+    /// As [`Action::ReportStarted`], on a node nobody chose a policy for (no SysctlPolicy
+    /// selects it, default mode Audit): nothing said, nothing remembered, so a policy created
+    /// later does report it. A default install must not fill the cluster with events about
+    /// workloads kubelet had already admitted.
     LeaveStarted,
 }
 
-/// What was done per pod UID: the fingerprint it was done for and the outcome.
+/// Whether the pod had started when it was last seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Pending,
+    Started,
+}
+
+/// What was done per pod UID: for which sysctls, under which verdict, at which stage.
 #[derive(Default, Debug)]
 pub struct Memory {
-    done: HashMap<String, (u64, Outcome)>,
+    done: HashMap<String, (u64, Verdict, Stage)>,
 }
 
 impl Memory {
-    pub fn remember(&mut self, facts: &PodFacts, outcome: Outcome) {
+    pub fn remember(&mut self, facts: &PodFacts, verdict: Verdict) {
+        let stage = if facts.started {
+            Stage::Started
+        } else {
+            Stage::Pending
+        };
         self.done
-            .insert(facts.uid.clone(), (facts.fingerprint, outcome));
+            .insert(facts.uid.clone(), (facts.fingerprint, verdict, stage));
     }
 
     pub fn forget(&mut self, uid: &str) {
@@ -215,41 +232,55 @@ impl Memory {
         self.done.is_empty()
     }
 
-    fn get(&self, uid: &str) -> Option<&(u64, Outcome)> {
-        self.done.get(uid)
+    /// This pod was seen not started, with these sysctls, under this verdict.
+    fn seen_pending(&self, facts: &PodFacts, verdict: &Verdict) -> bool {
+        self.done.get(&facts.uid).is_some_and(|(fp, v, stage)| {
+            *fp == facts.fingerprint && v == verdict && *stage == Stage::Pending
+        })
+    }
+
+    fn done(&self, facts: &PodFacts, verdict: &Verdict) -> bool {
+        let stage = if facts.started {
+            Stage::Started
+        } else {
+            Stage::Pending
+        };
+        self.done
+            .get(&facts.uid)
+            .is_some_and(|(fp, v, s)| *fp == facts.fingerprint && v == verdict && *s == stage)
     }
 }
 
-/// The outcome for a pod spec under this allowlist and mode.
-pub fn outcome(allowlist: &Allowlist, mode: Mode, pod: &Pod) -> Outcome {
-    match pod.spec.as_ref().map(|s| allowlist.admit(s)) {
-        None | Some(Admission::Admit) => Outcome::Admit,
-        Some(Admission::Reject { message, .. }) => Outcome::Reject { mode, message },
-    }
-}
-
-/// Decides for one pod. A pod is acted on when its outcome differs from what was last done
-/// for the same sysctls: so a pod is warned about once, failed once, and a policy change that
-/// turns Audit into Enforce does fail a pod that was only warned about, if it has not started.
-/// A started pod is never failed, whatever the policy says now; it is reported only when the
-/// node's policy was chosen (`chosen`: a SysctlPolicy selects the node, or the default mode
-/// was set to Enforce).
-pub fn decide(facts: &PodFacts, outcome: Outcome, memory: &Memory, chosen: bool) -> Action {
+/// Decides for one pod under the node's `verdict` for it. `since` is when the node's current
+/// policy came into force for this agent: a pod kubelet started after it (its startTime, on
+/// the same node's clock, is later), or that this agent saw not started under the same
+/// verdict, started under it. Doubt goes towards "started before", which only reports.
+/// `chosen`: a SysctlPolicy selects the node, or the default mode is Enforce.
+pub fn decide(
+    facts: &PodFacts,
+    verdict: Verdict,
+    memory: &Memory,
+    chosen: bool,
+    since: Timestamp,
+) -> Action {
     if facts.terminal || facts.deleting || facts.mirror || facts.uid.is_empty() {
         return Action::Skip;
     }
-    if let Some((fp, done)) = memory.get(&facts.uid)
-        && *fp == facts.fingerprint
-        && *done == outcome
-    {
+    if memory.done(facts, &verdict) {
         return Action::AlreadyDone;
     }
-    match outcome {
-        Outcome::Admit => Action::Admit,
-        Outcome::Reject { .. } if facts.started && !chosen => Action::LeaveStarted,
-        Outcome::Reject { mode, message } if facts.started => {
-            Action::ReportStarted { mode, message }
-        }
-        Outcome::Reject { mode, message } => Action::Reject { mode, message },
+    let Verdict::Forbidden { mode, message } = verdict.clone() else {
+        return Action::Admit;
+    };
+    if !facts.started {
+        return Action::Await { mode, message };
+    }
+    let under_verdict =
+        memory.seen_pending(facts, &verdict) || facts.started_at.is_some_and(|t| t > since);
+    match (under_verdict, mode) {
+        (true, Mode::Enforce) => Action::ReportRan { message },
+        (true, Mode::Audit) => Action::ReportAudit { message },
+        (false, _) if chosen => Action::ReportStarted { mode, message },
+        (false, _) => Action::LeaveStarted,
     }
 }

@@ -1,7 +1,9 @@
 //! Admission's Prometheus metrics.
 //!
-//! Pods checked, rejected (by reason and mode), started pods the policy would forbid, and
-//! writes about pods the apiserver refused.
+//! Pods checked; started pods the node's verdict forbade when they started (by mode: Enforce
+//! means the policy did not keep them off); started pods a later verdict forbids. The agent
+//! rejects nothing, so no metric of its says "rejected" (the webhook counts the bindings it
+//! denied).
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
@@ -9,9 +11,8 @@ use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 #[derive(Clone)]
 pub struct Metrics {
     pub checked: IntCounter,
-    pub rejected: IntCounterVec,
+    pub ran_forbidden: IntCounterVec,
     pub started_forbidden: IntCounterVec,
-    pub pod_write_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -20,17 +21,19 @@ impl Metrics {
             registry,
             IntCounter::new(
                 "groundskeeper_sysctl_pods_checked_total",
-                "Pods bound to this node whose sysctls were checked (once per change of sysctls or outcome).",
+                "Pods bound to this node whose sysctls were checked (once per change of sysctls, verdict or start).",
             ),
         )?;
-        let rejected = registered(
+        let ran_forbidden = registered(
             registry,
             IntCounterVec::new(
                 Opts::new(
-                    "groundskeeper_sysctl_pods_rejected_total",
-                    "Pods found to use forbidden sysctls, by reason and mode (Enforce: failed; Audit: warned).",
+                    "groundskeeper_sysctl_pods_ran_forbidden_total",
+                    "Pods kubelet started on this node while the node's sysctl policy already forbade them, by \
+                     mode: Enforce (the admission webhook did not keep them off: it was down under failurePolicy \
+                     Ignore, bypassed or not installed) or Audit (reported as designed). Never stopped.",
                 ),
-                &["reason", "mode"],
+                &["mode"],
             ),
         )?;
         let started_forbidden = registered(
@@ -38,28 +41,17 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "groundskeeper_sysctl_started_pods_forbidden_total",
-                    "Started pods (kubelet admitted them) that the node's policy would forbid, by the mode \
-                 in force; they are never failed, only reported. Counted per agent process.",
+                    "Pods that had started before the node's policy came to forbid them (a policy created, \
+                     narrowed or moved onto the node later), by the mode in force; never stopped, only \
+                     reported. Counted per agent process.",
                 ),
                 &["mode"],
             ),
         )?;
-        let pod_write_failures = registered(
-            registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_sysctl_pod_write_failures_total",
-                    "Writes about a pod (its fail patch, its report Event) that failed, by HTTP code (0: no answer). \
-                 Each is retried at the next tick, then after 2 s, 4 s, ... up to 5 min.",
-                ),
-                &["code"],
-            ),
-        )?;
         Ok(Self {
             checked,
-            rejected,
+            ran_forbidden,
             started_forbidden,
-            pod_write_failures,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The SysctlPolicy custom resource.
 //!
 //! Extra allowed sysctl patterns for the nodes a label selector picks, and whether a forbidden
-//! pod is failed (Enforce) or only reported (Audit).
+//! pod is kept off them (Enforce) or only reported (Audit).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
@@ -32,7 +32,7 @@ pub const CONDITION_VALID: &str = "Valid";
     plural = "sysctlpolicies",
     shortname = "sysctlpol",
     status = "SysctlPolicyStatus",
-    doc = "Allows unsafe sysctls on the nodes a label selector picks (node-agent sysctl admission).",
+    doc = "Allows unsafe sysctls on the nodes a label selector picks (groundskeeper sysctl policy).",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(
         name = "Patterns",
@@ -69,10 +69,10 @@ pub struct SysctlPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
 
-    /// Enforce: a forbidden pod that has not started yet is failed (phase Failed, reason
-    /// SysctlForbidden) like kubelet does. Audit: a Warning event and a metric only. A pod that
-    /// has started is never failed, in either mode. Where several policies select a node,
-    /// Enforce wins.
+    /// Enforce: the admission webhook keeps a pod whose sysctls are forbidden off the selected
+    /// nodes (its binding is denied; it stays Pending). Audit: it is allowed with a warning and
+    /// reported once it runs. A pod that has started is never failed, in either mode. Where
+    /// several policies select a node, Enforce wins.
     #[serde(default)]
     pub mode: Mode,
 }
@@ -149,7 +149,7 @@ pub struct SysctlPolicyStatus {
 pub fn crd_yaml() -> String {
     let crd = SysctlPolicy::crd();
     format!(
-        "# Generated from node-agent/src/sysctl/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
+        "# Generated from sysctl/src/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
         serde_yaml::to_string(&crd).expect("a CRD serializes to YAML")
     )
 }

@@ -43,34 +43,33 @@ pub const SAFE_SYSCTLS: [SafeSysctl; 12] = [
 ];
 
 /// The safe sysctls this kernel namespaces. An unknown kernel (`None`: the version could not be
-/// read or parsed) keeps only the ungated ones, as kubelet does; it never fails start-up.
+/// read or parsed) keeps only the ungated ones, as kubelet does; it never fails start-up. Pure:
+/// the webhook computes it per node and request; [`dropped`] says what to log once.
 pub fn safe_sysctls(kernel: Option<&KernelVersion>) -> Vec<&'static str> {
     SAFE_SYSCTLS
         .iter()
-        .filter(|s| match (s.min_kernel, kernel) {
-            (None, _) => true,
-            (Some((major, minor)), Some(k)) => {
-                let keep = k.at_least(&KernelVersion::new(&[major, minor]));
-                if !keep {
-                    tracing::info!(
-                        sysctl = s.name,
-                        kernel = %k,
-                        min_kernel = %format!("{major}.{minor}"),
-                        "kernel version is too old, dropping the sysctl from safe sysctl list"
-                    );
-                }
-                keep
-            }
-            (Some(_), None) => {
-                tracing::info!(
-                    sysctl = s.name,
-                    "kernel version is unknown, dropping the sysctl from safe sysctl list"
-                );
-                false
-            }
-        })
+        .filter(|s| gate(s, kernel).is_none())
         .map(|s| s.name)
         .collect()
+}
+
+/// The safe sysctls this kernel does not get, each with kubelet's reason ("kernel version is
+/// too old" with the gate, or "kernel version is unknown"), for the start-up log.
+pub fn dropped(kernel: Option<&KernelVersion>) -> Vec<(&'static str, String)> {
+    SAFE_SYSCTLS
+        .iter()
+        .filter_map(|s| gate(s, kernel).map(|why| (s.name, why)))
+        .collect()
+}
+
+/// Why `s` is not available on `kernel`, or None when it is.
+fn gate(s: &SafeSysctl, kernel: Option<&KernelVersion>) -> Option<String> {
+    match (s.min_kernel, kernel) {
+        (None, _) => None,
+        (Some((major, minor)), Some(k)) => (!k.at_least(&KernelVersion::new(&[major, minor])))
+            .then(|| format!("kernel version {k} is too old (needs {major}.{minor})")),
+        (Some(_), None) => Some("kernel version is unknown".into()),
+    }
 }
 
 #[cfg(test)]
@@ -120,5 +119,24 @@ mod tests {
     #[test]
     fn unknown_kernel_keeps_only_ungated() {
         assert_eq!(safe_sysctls(None), UNGATED.to_vec());
+        assert_eq!(dropped(None).len(), SAFE_SYSCTLS.len() - UNGATED.len());
+    }
+
+    #[test]
+    fn dropped_names_the_gate() {
+        assert!(dropped(Some(&"6.1".parse().unwrap())).is_empty());
+        assert_eq!(
+            dropped(Some(&"4.14.300".parse().unwrap())),
+            vec![
+                (
+                    "net.ipv4.tcp_rmem",
+                    "kernel version 4.14.300 is too old (needs 4.15)".to_string()
+                ),
+                (
+                    "net.ipv4.tcp_wmem",
+                    "kernel version 4.14.300 is too old (needs 4.15)".to_string()
+                ),
+            ]
+        );
     }
 }

@@ -1,0 +1,225 @@
+//! The certificate task: loads the Secret's `tls.crt`/`tls.key` into the server whenever it
+//! changes, and, when the controller-manager issues its own certificates, takes the rotation
+//! steps `rotation::plan` decides and keeps every webhook's caBundle equal to `ca.crt`.
+//!
+//! Every replica runs it; no leader is needed. Writes are conditional (create fails with 409 if
+//! the Secret exists, replace carries the resourceVersion read), so of replicas acting on the
+//! same state one wins and the others see its write through their watch and find nothing due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
+use jiff::Timestamp;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::ObjectMeta;
+
+use super::apply::{Writes, bundle_patch};
+use super::cache::{Cache, Own, SecretView};
+use super::metrics::Metrics;
+use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
+use super::tls::Certificates;
+
+/// Who writes the Secret.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The controller-manager issues a CA and certificate, rotates them, and patches the
+    /// caBundles.
+    SelfSigned,
+    /// Something else (cert-manager) writes `tls.crt`/`tls.key` and the caBundles; the
+    /// controller-manager only serves what the Secret holds.
+    Secret,
+}
+
+pub struct CertTask<W> {
+    source: Source,
+    own: Own,
+    hosts: Vec<String>,
+    timing: Timing,
+    cache: Shared<Cache>,
+    /// The Secret and configuration watches have listed: before that their absence means
+    /// nothing.
+    listed: Box<dyn Fn() -> bool + Send + Sync>,
+    writes: W,
+    certs: Arc<Certificates>,
+    serving: ReadyFlag,
+    metrics: Metrics,
+}
+
+impl<W: Writes> CertTask<W> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        source: Source,
+        own: Own,
+        hosts: Vec<String>,
+        timing: Timing,
+        cache: Shared<Cache>,
+        listed: Box<dyn Fn() -> bool + Send + Sync>,
+        writes: W,
+        certs: Arc<Certificates>,
+        serving: ReadyFlag,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            source,
+            own,
+            hosts,
+            timing,
+            cache,
+            listed,
+            writes,
+            certs,
+            serving,
+            metrics,
+        }
+    }
+
+    /// Serves what the Secret holds and takes what step is due. Errors are logged; the next
+    /// change or tick tries again.
+    pub async fn reconcile(&self) {
+        if !(self.listed)() {
+            return;
+        }
+        let (secret, webhooks) = {
+            let c = self.cache.lock();
+            (
+                c.secret.get(&self.own.secret).cloned(),
+                self.own
+                    .configuration
+                    .as_ref()
+                    .and_then(|n| c.webhooks.get(n).cloned()),
+            )
+        };
+        if let Some(s) = &secret {
+            self.serve(s);
+        }
+        if self.source != Source::SelfSigned {
+            return;
+        }
+        let stored = secret
+            .as_ref()
+            .map(|s| Stored::read(&s.data, &s.annotations))
+            .unwrap_or_default();
+        // A configuration that does not exist (yet) calls nobody with an old bundle.
+        let trusted = |ca: &str| {
+            webhooks.as_ref().is_none_or(|ws| {
+                ws.iter()
+                    .all(|(_, b)| String::from_utf8_lossy(b).contains(ca.trim_end()))
+            })
+        };
+        let now = Timestamp::now();
+        let step = rotation::plan(&stored, &self.hosts, now, self.timing, trusted);
+        if matches!(step, Step::Issue | Step::Stage | Step::Promote) {
+            let fresh = match step {
+                Step::Issue | Step::Stage => {
+                    match rotation::issue(&self.hosts, now, self.timing.validity) {
+                        Ok(g) => Some(g),
+                        Err(e) => {
+                            tracing::error!(error = %e, "webhook: issuing a certificate failed; will retry");
+                            return;
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let next = rotation::apply(&stored, &step, now, fresh);
+            self.write(secret.as_ref(), &step, &next).await;
+            return;
+        }
+        if let (Some(name), Some(ws), Some(s)) = (&self.own.configuration, &webhooks, &secret)
+            && let Some(bundle) = s.data.get(CA_BUNDLE)
+            && let Some(patch) = bundle_patch(ws, bundle)
+        {
+            match self.writes.patch_configuration(name, &patch).await {
+                Ok(()) => {
+                    tracing::info!(configuration = %name, "webhook: caBundles set to the Secret's ca.crt");
+                    self.metrics
+                        .certificate_steps
+                        .with_label_values(&["ca_bundle"])
+                        .inc();
+                }
+                Err(e) => {
+                    tracing::warn!(configuration = %name, error = %e, "webhook: patching the caBundles failed; will retry")
+                }
+            }
+        }
+    }
+
+    /// Loads the Secret's certificate when it changed.
+    fn serve(&self, s: &SecretView) {
+        let (Some(cert), Some(key)) = (s.data.get(TLS_CRT), s.data.get(TLS_KEY)) else {
+            return;
+        };
+        match self.certs.load(cert, key) {
+            Ok(false) => {}
+            Ok(true) => {
+                let expiry = s
+                    .annotations
+                    .get(rotation::TLS_NOT_AFTER)
+                    .and_then(|t| t.parse::<Timestamp>().ok());
+                tracing::info!(secret = %self.own.secret, not_after = ?expiry.map(|t| t.to_string()), "webhook: serving certificate loaded");
+                if let Some(t) = expiry {
+                    self.metrics.certificate_expiry.set(t.as_second());
+                }
+                self.serving.mark_ready();
+            }
+            Err(e) => {
+                tracing::warn!(secret = %self.own.secret, error = %e, "webhook: the Secret's certificate can not be served; keeping the one loaded")
+            }
+        }
+    }
+
+    async fn write(&self, current: Option<&SecretView>, step: &Step, stored: &Stored) {
+        let (data, annotations) = stored.write();
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(self.own.secret.clone()),
+                namespace: Some(self.own.namespace.clone()),
+                annotations: Some(annotations),
+                labels: Some(
+                    [(
+                        "app.kubernetes.io/managed-by".to_string(),
+                        "groundskeeper-controller-manager".to_string(),
+                    )]
+                    .into(),
+                ),
+                resource_version: current.map(|s| s.resource_version.clone()),
+                ..Default::default()
+            },
+            data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        let written = match current {
+            None => self.writes.create_secret(&secret).await,
+            Some(_) => self.writes.replace_secret(&secret).await,
+        };
+        let label = match step {
+            Step::Issue => "issue",
+            Step::Stage => "stage",
+            _ => "promote",
+        };
+        match written {
+            Ok(()) => {
+                tracing::info!(secret = %self.own.secret, step = label, hosts = ?self.hosts, "webhook: certificate Secret written");
+                self.metrics
+                    .certificate_steps
+                    .with_label_values(&[label])
+                    .inc();
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(
+                    step = label,
+                    "webhook: another replica wrote the Secret first"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(secret = %self.own.secret, step = label, error = %e, "webhook: writing the certificate Secret failed; will retry")
+            }
+        }
+    }
+}
+
+/// How often the task looks again without a change: renewals come due by the clock.
+pub const TICK: Duration = Duration::from_secs(5);

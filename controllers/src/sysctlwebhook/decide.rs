@@ -1,0 +1,296 @@
+//! Whether a pod may be bound to (or created on) a node: plain values in, the decision out.
+//!
+//! The verdict is the shared one (`groundskeeper_sysctl`, the same the node-agent reports by),
+//! for the node's labels and kernel (`status.nodeInfo.kernelVersion`), the SysctlPolicies and
+//! the flags. Only an Enforce verdict denies; an Audit one is allowed with a warning.
+
+use std::collections::BTreeMap;
+
+use groundskeeper_sysctl::args::PolicyArgs;
+use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
+use groundskeeper_sysctl::verdict::{Verdict, node_policy};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, PodSpec};
+
+/// The annotation kubelet puts on the API copy of a static pod.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// What the webhook reads of a pod.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PodView {
+    pub uid: String,
+    /// The sysctls and host namespaces (the rest of the spec is dropped); None when the pod
+    /// sets no sysctl.
+    pub spec: Option<PodSpec>,
+    /// A static pod's mirror: kubelet runs the static pod from its manifest whatever the API
+    /// says, so refusing the mirror would only hide a running pod.
+    pub mirror: bool,
+}
+
+impl PodView {
+    pub fn of(pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        let sysctls = spec
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.sysctls.clone())
+            .filter(|s| !s.is_empty());
+        PodView {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            spec: sysctls.map(|sysctls| PodSpec {
+                host_network: spec.and_then(|s| s.host_network),
+                host_ipc: spec.and_then(|s| s.host_ipc),
+                security_context: Some(PodSecurityContext {
+                    sysctls: Some(sysctls),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            mirror: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
+        }
+    }
+}
+
+/// What the webhook reads of a node.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct NodeFacts {
+    pub labels: BTreeMap<String, String>,
+    /// `status.nodeInfo.kernelVersion`, as kubelet reports it (`uname -r`).
+    pub kernel: Option<String>,
+}
+
+impl NodeFacts {
+    pub fn of(node: &Node) -> Self {
+        NodeFacts {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            kernel: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.kernel_version.clone())
+                .filter(|k| !k.is_empty()),
+        }
+    }
+}
+
+/// What to answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Allowed: no sysctl, all allowed, or not the webhook's to judge.
+    Allow,
+    /// Forbidden, but the node only audits: allowed, with this warning.
+    Audit { message: String },
+    /// Forbidden and the node enforces: denied with this message.
+    Deny { message: String },
+}
+
+/// The decision for pod `pod` (`namespace/name`, for messages) seen as `view`, onto node
+/// `node_name`, known as `node` (None: not in the cache), under `policies` and the flags.
+pub fn decide(
+    args: &PolicyArgs,
+    pod: &str,
+    view: &PodView,
+    node_name: &str,
+    node: Option<&NodeFacts>,
+    policies: &[&SysctlPolicy],
+) -> Decision {
+    let Some(spec) = view.spec.as_ref() else {
+        return Decision::Allow;
+    };
+    if view.mirror {
+        return Decision::Allow;
+    }
+    let Some(node) = node else {
+        // Without the node's labels its policy is unknown; a binding denied now is retried by
+        // the scheduler once the node is in the cache. Where nothing in the cluster enforces,
+        // no verdict could deny, so nothing is held up.
+        let enforcing = args.sysctl_default_mode == Mode::Enforce
+            || policies.iter().any(|p| p.spec.mode == Mode::Enforce);
+        if !enforcing {
+            return Decision::Allow;
+        }
+        return Decision::Deny {
+            message: format!(
+                "pod {pod} sets sysctls and node {node_name:?} is not known to groundskeeper yet, \
+                 so its SysctlPolicy can not be judged; retry once the node exists"
+            ),
+        };
+    };
+    let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
+    let policy = node_policy(args, kernel.as_ref(), policies, &node.labels);
+    match policy.judge(Some(spec)) {
+        Verdict::Allowed => Decision::Allow,
+        Verdict::Forbidden {
+            mode: Mode::Audit,
+            message,
+        } => Decision::Audit {
+            message: format!(
+                "{message} on node {node_name:?} (sysctl mode Audit{}): allowed, reported only",
+                by(&policy.policies)
+            ),
+        },
+        Verdict::Forbidden {
+            mode: Mode::Enforce,
+            message,
+        } => Decision::Deny {
+            message: format!(
+                "pod {pod} may not run on node {node_name:?}: {message} (sysctl mode Enforce{}); \
+                 keep such pods off such nodes with node affinity (groundskeeper docs/sysctl.md)",
+                by(&policy.policies)
+            ),
+        },
+    }
+}
+
+/// `, SysctlPolicy a, b` or `, no SysctlPolicy selects the node`.
+fn by(policies: &[String]) -> String {
+    if policies.is_empty() {
+        ", no SysctlPolicy selects the node: the default mode".into()
+    } else {
+        format!(", SysctlPolicy {}", policies.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use groundskeeper_sysctl::cases::{self, Case};
+
+    fn view(case: &Case) -> PodView {
+        PodView::of(&Pod {
+            spec: Some(case.pod_spec()),
+            ..Default::default()
+        })
+    }
+
+    fn node(case: &Case) -> NodeFacts {
+        NodeFacts {
+            labels: case.labels(),
+            kernel: case.kernel.map(String::from),
+        }
+    }
+
+    fn run(case: &Case, view: &PodView, node: Option<&NodeFacts>) -> Decision {
+        let policies = case.policies();
+        let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+        decide(&case.args(), "ns/p", view, "n1", node, &refs)
+    }
+
+    /// The shared table: the webhook denies exactly the Enforce verdicts, audits the Audit
+    /// ones, allows the rest, and quotes kubelet's message.
+    #[test]
+    fn every_shared_case_is_answered_by_its_verdict() {
+        for case in cases::cases() {
+            let got = run(&case, &view(&case), Some(&node(&case)));
+            match (case.want(), &got) {
+                (Verdict::Allowed, Decision::Allow) => {}
+                (
+                    Verdict::Forbidden {
+                        mode: Mode::Audit,
+                        message,
+                    },
+                    Decision::Audit { message: m },
+                )
+                | (
+                    Verdict::Forbidden {
+                        mode: Mode::Enforce,
+                        message,
+                    },
+                    Decision::Deny { message: m },
+                ) => assert!(m.contains(&message), "case {:?}: {m}", case.name),
+                (want, got) => panic!("case {:?}: want {want:?}, got {got:?}", case.name),
+            }
+        }
+    }
+
+    /// Whatever the node, policies and flags: a pod setting no sysctl, or a static pod's
+    /// mirror, is never denied.
+    #[test]
+    fn no_sysctls_or_a_mirror_is_never_denied() {
+        for case in cases::cases() {
+            let none = PodView::default();
+            let mut mirror = view(&case);
+            mirror.mirror = true;
+            for (what, v) in [("no sysctls", &none), ("mirror", &mirror)] {
+                for n in [None, Some(&node(&case))] {
+                    assert_eq!(
+                        run(&case, v, n),
+                        Decision::Allow,
+                        "case {:?}, {what}, node known: {}",
+                        case.name,
+                        n.is_some()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_node_is_denied_only_where_something_enforces() {
+        let cases = cases::cases();
+        let find = |name: &str| *cases.iter().find(|c| c.name == name).unwrap();
+        // Default Audit and no policy at all: nothing could deny.
+        let audit = find("unsafe, no policy, default audit");
+        assert_eq!(run(&audit, &view(&audit), None), Decision::Allow);
+        // Default Enforce, or an Enforce policy anywhere: the node might enforce.
+        for name in [
+            "unsafe, no policy, default enforce",
+            "a policy for other nodes does not apply",
+        ] {
+            let c = find(name);
+            let Decision::Deny { message } = run(&c, &view(&c), None) else {
+                panic!("{name}: not denied")
+            };
+            assert!(message.contains(r#"node "n1" is not known"#), "{message}");
+        }
+    }
+
+    #[test]
+    fn messages_name_pod_node_policies_and_the_way_out() {
+        let cases = cases::cases();
+        let c = *cases
+            .iter()
+            .find(|c| c.name == "enforce policy forbids what it does not list")
+            .unwrap();
+        let Decision::Deny { message } = run(&c, &view(&c), Some(&node(&c))) else {
+            panic!("not denied")
+        };
+        assert_eq!(
+            message,
+            r#"pod ns/p may not run on node "n1": forbidden sysctl: "kernel.msgmax" not allowlisted (sysctl mode Enforce, SysctlPolicy db); keep such pods off such nodes with node affinity (groundskeeper docs/sysctl.md)"#
+        );
+    }
+
+    #[test]
+    fn views_keep_only_what_the_rules_read() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": "u", "annotations": {MIRROR_ANNOTATION: "x"}},
+            "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": "i"}],
+                     "securityContext": {"runAsUser": 1, "sysctls": [{"name": "a.b", "value": "1"}]}},
+        }))
+        .unwrap();
+        let v = PodView::of(&pod);
+        assert!(v.mirror);
+        assert_eq!(v.uid, "u");
+        let spec = v.spec.unwrap();
+        assert!(spec.containers.is_empty());
+        assert_eq!(spec.host_network, Some(true));
+        assert_eq!(spec.security_context.unwrap().run_as_user, None);
+        pod.spec.as_mut().unwrap().security_context = None;
+        assert_eq!(PodView::of(&pod).spec, None);
+
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"pool": "db"}},
+            "status": {"nodeInfo": {"kernelVersion": "6.1.0-18-amd64", "machineID": "", "systemUUID": "",
+              "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "",
+              "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}},
+        }))
+        .unwrap();
+        let facts = NodeFacts::of(&node);
+        assert_eq!(facts.kernel.as_deref(), Some("6.1.0-18-amd64"));
+        assert_eq!(facts.labels["pool"], "db");
+        assert_eq!(NodeFacts::of(&Node::default()), NodeFacts::default());
+    }
+}

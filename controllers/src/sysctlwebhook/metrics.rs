@@ -1,0 +1,69 @@
+//! The webhook's Prometheus metrics.
+//!
+//! Reviews answered (by subject and result), how long they took, the served certificate's
+//! expiry, and the certificate steps taken.
+
+use groundskeeper_plumbing::metrics::registered;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub reviews: IntCounterVec,
+    pub duration: HistogramVec,
+    pub certificate_expiry: IntGauge,
+    pub certificate_steps: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn register(registry: &Registry) -> anyhow::Result<Self> {
+        let reviews = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_admission_reviews_total",
+                    "Admission reviews answered by the sysctl webhook, by subject (binding, pod) and result: \
+                     allowed, audited (forbidden, node in Audit: allowed with a warning), denied (forbidden, \
+                     node in Enforce: the pod was kept off the node), dry_run (would have been denied), \
+                     unavailable (caches not listed: HTTP 503, failurePolicy decides), unreadable, error.",
+                ),
+                &["subject", "result"],
+            ),
+        )?;
+        let duration = registered(
+            registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "groundskeeper_sysctl_admission_review_duration_seconds",
+                    "Time to answer one admission review, by subject (a binding whose pod is not cached yet \
+                     includes a GET of the pod).",
+                )
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+                &["subject"],
+            ),
+        )?;
+        let certificate_expiry = registered(
+            registry,
+            IntGauge::new(
+                "groundskeeper_sysctl_webhook_certificate_expiry_timestamp_seconds",
+                "When the certificate this replica serves expires (Unix seconds); 0 until one is loaded.",
+            ),
+        )?;
+        let certificate_steps = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_webhook_certificate_steps_total",
+                    "Certificate writes made by this replica (self-signed mode): issue, stage, promote, \
+                     ca_bundle (the webhook configuration's caBundles patched).",
+                ),
+                &["step"],
+            ),
+        )?;
+        Ok(Self {
+            reviews,
+            duration,
+            certificate_expiry,
+            certificate_steps,
+        })
+    }
+}

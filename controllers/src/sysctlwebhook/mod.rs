@@ -1,0 +1,230 @@
+//! The sysctl admission webhook's flags and `run`: keeps a pod off a node whose sysctl policy
+//! forbids it, before kubelet ever sees it.
+//!
+//! Served by every controller-manager replica, leader or not, on `pods/binding` CREATE (the
+//! scheduler binding a pod) and pod CREATE with `spec.nodeName`. A denied binding leaves the
+//! pod Pending; the scheduler retries it with backoff. The verdict is the shared one the
+//! node-agent reports by (`groundskeeper_sysctl`). TLS comes from a Secret, written by the
+//! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
+
+pub mod apply;
+pub mod cache;
+pub mod certs;
+pub mod decide;
+pub mod metrics;
+pub mod review;
+pub mod rotation;
+pub mod serve;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt;
+use groundskeeper_plumbing::{cache::Shared, client::parse_duration};
+use groundskeeper_sysctl::args::PolicyArgs;
+
+use crate::context::Context;
+use apply::KubeWrites;
+use cache::{COMPONENT, Change, Own};
+use certs::{CertTask, Source, TICK};
+use metrics::Metrics;
+use rotation::Timing;
+use serve::Judge;
+use tls::{Certificates, TlsListener};
+
+#[derive(Args, Debug, Clone)]
+pub struct WebhookArgs {
+    /// Serve the sysctl admission webhook (every replica, not only the leader). The chart's
+    /// ValidatingWebhookConfiguration sends it pod bindings and pods created on a node.
+    #[arg(long = "sysctl-webhook", env = "SYSCTL_WEBHOOK", default_value_t = false,
+          action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enabled: bool,
+
+    /// Where the webhook serves HTTPS.
+    #[arg(long, env = "WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+
+    /// Who writes the TLS Secret: `self-signed` (the controller-manager issues and rotates a
+    /// CA and certificate, and patches the caBundles of --webhook-configuration) or `secret`
+    /// (cert-manager or an admin writes tls.crt/tls.key and the caBundles; it is only served).
+    #[arg(
+        long,
+        env = "WEBHOOK_CERTIFICATES",
+        value_enum,
+        default_value = "self-signed"
+    )]
+    pub webhook_certificates: Source,
+
+    /// The Secret holding the certificate, in --webhook-namespace.
+    #[arg(
+        long,
+        env = "WEBHOOK_TLS_SECRET",
+        default_value = "groundskeeper-webhook-tls"
+    )]
+    pub webhook_tls_secret: String,
+
+    /// The namespace of the TLS Secret (the pod's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub webhook_namespace: String,
+
+    /// The ValidatingWebhookConfiguration whose webhooks' caBundles are kept equal to the
+    /// Secret's ca.crt (self-signed only).
+    #[arg(long, env = "WEBHOOK_CONFIGURATION")]
+    pub webhook_configuration: Option<String>,
+
+    /// Comma-separated DNS names and IP addresses the self-signed certificate is for: the
+    /// Service's name the apiserver calls (`<service>.<namespace>.svc`).
+    #[arg(long, env = "WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
+    pub webhook_cert_hosts: Vec<String>,
+
+    /// Lifetime of a self-signed generation (CA and certificate); renewal is staged with a
+    /// third of it left.
+    #[arg(long, env = "WEBHOOK_CERT_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
+    pub webhook_cert_validity: Duration,
+
+    /// How long a renewed CA is in the caBundles before its certificate is served (for the
+    /// apiserver to load the new bundle). Hidden: for tests of rotation.
+    #[arg(long, env = "WEBHOOK_CERT_GRACE", default_value = "30s", value_parser = parse_duration, hide = true)]
+    pub webhook_cert_grace: Duration,
+}
+
+impl WebhookArgs {
+    /// The flags that only make sense together, named when they do not.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.enabled || self.webhook_certificates != Source::SelfSigned {
+            return Ok(());
+        }
+        if self.hosts().is_empty() {
+            return Err(
+                "--webhook-cert-hosts must name the webhook Service's DNS name with --webhook-certificates=self-signed"
+                    .into(),
+            );
+        }
+        if self.webhook_cert_validity < Duration::from_secs(60) {
+            return Err(format!(
+                "--webhook-cert-validity {:?} is too short (at least 1m)",
+                self.webhook_cert_validity
+            ));
+        }
+        Ok(())
+    }
+
+    fn hosts(&self) -> Vec<String> {
+        self.webhook_cert_hosts
+            .iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect()
+    }
+}
+
+/// Serves the webhook until the context's token is cancelled.
+pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow::Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    let base = &ctx.base;
+    let metrics = Metrics::register(&base.registry)?;
+    let cache = Shared::default();
+    let self_signed = args.webhook_certificates == Source::SelfSigned;
+    let own = Own {
+        namespace: args.webhook_namespace.clone(),
+        secret: args.webhook_tls_secret.clone(),
+        configuration: args.webhook_configuration.clone().filter(|_| self_signed),
+    };
+    let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
+    let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
+    let certs = Arc::new(Certificates::default());
+    let listener = TlsListener::bind(
+        args.webhook_addr,
+        tls::server_config(certs.clone())?,
+        base.token.clone(),
+    )
+    .await?;
+    tracing::info!(addr = %axum::serve::Listener::local_addr(&listener)?, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = ?policy.allowed_unsafe_sysctls(), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+
+    let judge = Arc::new(Judge {
+        args: policy,
+        dry_run: base.dry_run,
+        cache: cache.clone(),
+        health: health.clone(),
+        client: base.client.clone(),
+        metrics: metrics.clone(),
+    });
+    let stop = base.token.clone();
+    let server = tokio::spawn(
+        axum::serve(listener, serve::router(judge))
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .into_future(),
+    );
+    let listed = health.clone();
+    let task = CertTask::new(
+        args.webhook_certificates,
+        own.clone(),
+        args.hosts(),
+        Timing {
+            validity: args.webhook_cert_validity,
+            grace: args.webhook_cert_grace,
+        },
+        cache,
+        Box::new(move || listed.listed()),
+        KubeWrites::new(base.client.clone(), own.namespace.clone()),
+        certs,
+        serving,
+        metrics,
+    );
+
+    let mut changes = std::pin::pin!(changes);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = base.token.cancelled() => break,
+            Some(change) = changes.next() => if change == Change::Certificates {
+                task.reconcile().await
+            },
+            _ = tick.tick() => task.reconcile().await,
+        }
+    }
+    server.await??;
+    tracing::info!("sysctl webhook stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_default_and_refusals_name_the_flag() {
+        let parse = testkit::cli::args::<WebhookArgs>;
+        let a = parse(&[]).unwrap();
+        assert!(!a.enabled);
+        assert_eq!(a.webhook_addr.to_string(), "0.0.0.0:9443");
+        assert_eq!(a.webhook_certificates, Source::SelfSigned);
+        assert_eq!(a.webhook_cert_validity, Duration::from_secs(90 * 86_400));
+        assert!(a.validate().is_ok(), "off: nothing to check");
+
+        let a = parse(&["--sysctl-webhook"]).unwrap();
+        let e = a.validate().unwrap_err();
+        assert!(e.contains("--webhook-cert-hosts"), "{e}");
+        let a = parse(&["--sysctl-webhook", "--webhook-certificates=secret"]).unwrap();
+        assert!(a.validate().is_ok(), "cert-manager names the hosts");
+        let a = parse(&[
+            "--sysctl-webhook=true",
+            "--webhook-cert-hosts",
+            "gk-webhook.gk.svc, 127.0.0.1,",
+            "--webhook-cert-validity=30s",
+        ])
+        .unwrap();
+        assert_eq!(a.hosts(), vec!["gk-webhook.gk.svc", "127.0.0.1"]);
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .contains("--webhook-cert-validity")
+        );
+        let e = parse(&["--webhook-certificates=vault"]).unwrap_err();
+        assert!(e.contains("vault"), "{e}");
+    }
+}

@@ -1,0 +1,146 @@
+//! TLS for the webhook server: the certificate every replica serves, swapped in place when its
+//! Secret changes, and a listener that hands axum connections whose handshake is done.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig};
+use rustls::sign::CertifiedKey;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_util::sync::CancellationToken;
+
+/// A handshake not done in this time is dropped, so a stalled client holds nothing for long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The certificate served, replaced whole when the Secret changes; none until it is loaded,
+/// and then handshakes fail (the replica is not ready meanwhile).
+#[derive(Debug, Default)]
+pub struct Certificates {
+    current: RwLock<Option<(Arc<CertifiedKey>, Vec<u8>)>>,
+}
+
+impl Certificates {
+    /// Loads a PEM certificate chain and key; returns whether the served certificate changed.
+    /// A pair that does not parse or match is refused with the reason and the old one kept.
+    pub fn load(&self, cert_pem: &[u8], key_pem: &[u8]) -> Result<bool, String> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("tls.crt: {e}"))?;
+        if chain.is_empty() {
+            return Err("tls.crt holds no certificate".into());
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("tls.key: {e}"))?;
+        let provider = rustls::crypto::ring::default_provider();
+        let certified = CertifiedKey::from_der(chain, key, &provider)
+            .map_err(|e| format!("tls.crt and tls.key: {e}"))?;
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if current.as_ref().is_some_and(|(_, pem)| pem == cert_pem) {
+            return Ok(false);
+        }
+        *current = Some((Arc::new(certified), cert_pem.to_vec()));
+        Ok(true)
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(k, _)| k.clone())
+    }
+}
+
+/// The server's TLS settings: the ring provider kube already uses, HTTP/1.1.
+pub fn server_config(certs: Arc<Certificates>) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_cert_resolver(certs);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Connections whose TLS handshake succeeded, for `axum::serve`.
+pub struct TlsListener {
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl TlsListener {
+    /// Binds `addr` now (a port clash fails start-up) and accepts until `token` is cancelled,
+    /// each handshake in its own task so a slow client does not hold the others up.
+    pub async fn bind(
+        addr: SocketAddr,
+        config: Arc<ServerConfig>,
+        token: CancellationToken,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("--webhook-addr {addr}: cannot listen: {e}"),
+            )
+        })?;
+        let local = listener.local_addr()?;
+        let (tx, handshaken) = mpsc::channel(64);
+        let acceptor = TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = tokio::select! {
+                    _ = token.cancelled() => return,
+                    r = listener.accept() => match r {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "webhook: accepting a connection failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    },
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed")
+                        }
+                        Err(_) => tracing::debug!(%peer, "webhook: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self { handshaken, local })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(c) => c,
+            // The accept loop ended (shutdown): nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}

@@ -1,0 +1,17 @@
+//! The sysctl rules, written once for the node-agent (which reports what ran) and the
+//! controller-manager's admission webhook (which keeps forbidden pods off nodes).
+//!
+//! Everything here is pure: kubelet's allowlist and messages (`allowlist`, `names`), the
+//! kernel-gated safe list (`safe`, `kernel`), the SysctlPolicy resource (`crd`), a node's merged
+//! policy (`policy`) and the verdict for one pod on one node (`verdict`). The table both
+//! binaries' decisions are tested against is `cases`.
+
+pub mod allowlist;
+pub mod args;
+pub mod cases;
+pub mod crd;
+pub mod kernel;
+pub mod names;
+pub mod policy;
+pub mod safe;
+pub mod verdict;
