@@ -51,6 +51,18 @@ pub enum Step {
     },
 }
 
+impl Step {
+    /// The step's name for logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Step::Create => "create",
+            Step::Acquire => "acquire",
+            Step::Renew => "renew",
+            Step::Follow { .. } => "follow",
+        }
+    }
+}
+
 pub fn decide(identity: &str, observed: Option<&Observation>, now: Instant) -> Step {
     let Some(o) = observed else {
         return Step::Create;

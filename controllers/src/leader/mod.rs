@@ -79,7 +79,31 @@ pub struct Elector {
 /// What one round's read-decide-write came to.
 struct Round {
     step: Option<Step>,
-    write: Option<Result<Lease, String>>,
+    write: Option<Result<Lease, WriteFailed>>,
+}
+
+/// Why a Lease write failed, and whether it was only a lost race (see [`lost_race`]).
+struct WriteFailed {
+    text: String,
+    lost_race: bool,
+}
+
+impl From<&str> for WriteFailed {
+    fn from(text: &str) -> Self {
+        Self {
+            text: text.into(),
+            lost_race: false,
+        }
+    }
+}
+
+impl From<kube::Error> for WriteFailed {
+    fn from(e: kube::Error) -> Self {
+        Self {
+            lost_race: lost_race(&e),
+            text: e.to_string(),
+        }
+    }
 }
 
 impl Elector {
@@ -168,7 +192,14 @@ impl Elector {
                     current = Some(lease);
                 }
                 (step, Some(Err(e))) => {
-                    tracing::warn!(lease = %c.lease_name, ?step, error = %e, "writing the lease failed")
+                    let step = step.as_ref().map_or("none", Step::label);
+                    if e.lost_race {
+                        // Another replica created or took the Lease between our read and our
+                        // write: the ordinary outcome of a race at start-up or takeover.
+                        tracing::debug!(lease = %c.lease_name, step, error = %e.text, "another replica wrote the lease first")
+                    } else {
+                        tracing::warn!(lease = %c.lease_name, step, error = %e.text, "writing the lease failed")
+                    }
                 }
                 // A read error left no object to write against; try again next round.
                 (_, None) => {}
@@ -251,7 +282,7 @@ impl Elector {
         };
         let round = Round {
             step: Some(step),
-            write: write.map(|w| w.map_err(|e| e.to_string())),
+            write: write.map(|w| w.map_err(WriteFailed::from)),
         };
         (round, observed, current)
     }
@@ -385,3 +416,36 @@ pub fn identity(pod_name: &str) -> String {
 
 #[cfg(test)]
 mod elector_tests;
+
+/// A Lease write refused because another replica wrote first: 409 (AlreadyExists on create,
+/// Conflict on a stale resourceVersion).
+fn lost_race(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+#[cfg(test)]
+mod race_tests {
+    use super::lost_race;
+
+    fn status(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("x", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// A standby that loses the create race at start-up logs it at debug, not as a failure.
+    #[test]
+    fn only_a_409_is_a_lost_race() {
+        assert!(lost_race(&status(409, "AlreadyExists")));
+        assert!(lost_race(&status(409, "Conflict")));
+        for (code, reason) in [
+            (403, "Forbidden"),
+            (500, "InternalError"),
+            (429, "TooManyRequests"),
+        ] {
+            assert!(!lost_race(&status(code, reason)), "{code}");
+        }
+    }
+}
