@@ -1,18 +1,25 @@
 # syntax=docker/dockerfile:1
-# One image, both binaries. Build: docker build -t groundskeeper:dev .
+# One image, both binaries: the same files, user and entrypoint as `make image` (image/build.sh),
+# for people who build with a container builder. Build: docker build -t groundskeeper:dev .
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins \
+    cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \
  && install -D -m 0755 target/release/controller-manager /out/controller-manager \
  && install -D -m 0755 target/release/node-agent /out/node-agent
 
-# distroless/cc: glibc and libgcc only, no shell. Non-root by default (uid 65532); the
-# node-agent DaemonSet runs it as uid 0 with NET_ADMIN only (see the chart).
-FROM gcr.io/distroless/cc-debian12:nonroot
+# The distroless-style root filesystem from Debian 12's own packages, laid out by the same
+# script as `make image`: glibc, libgcc, the CA bundle, netbase, passwd with nonroot (65532).
+FROM debian:12 AS rootfs
+COPY image/rootfs.sh /rootfs.sh
+RUN apt-get update -qq && bash /rootfs.sh /rootfs /debs
+
+FROM scratch
+COPY --from=rootfs /rootfs/ /
 COPY --from=build /out/controller-manager /out/node-agent /usr/local/bin/
+ENV PATH=/usr/local/bin:/usr/bin:/bin
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/controller-manager"]
