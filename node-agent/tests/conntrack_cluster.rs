@@ -19,7 +19,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use testkit::services::{self, endpoint_list};
-use testkit::{Binary, wait_for, wait_ready};
+use testkit::{Binary, wait_for};
 
 /// (proto, client port, endpoint) of every IPv4 entry in the namespace.
 fn flows(ns: &NetNs) -> BTreeSet<(u8, u16, SocketAddr)> {
@@ -141,19 +141,8 @@ fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
 
 /// Starts the agent on `netns` and waits for its first pass.
 async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
-    let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", &netns.name];
-    args.extend_from_slice(extra);
-    let (agent, admin) = Binary::start_with_admin(
-        env!("CARGO_BIN_EXE_node-agent"),
-        "node-agent-conntrack",
-        &args,
-        &[("NODE_NAME", "conntrack-test-node")],
-    )?;
-    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
-    agent
-        .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
-        .await?;
-    Ok(agent)
+    let bin = env!("CARGO_BIN_EXE_node-agent");
+    Binary::conntrack_agent(bin, "node-agent-conntrack", &netns.name, extra).await
 }
 
 /// Waits until the namespace's IPv4 table is exactly `want`.

@@ -35,7 +35,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use testkit::services::{cluster_ips, dual_stack_service, endpoint_list, node_port, slice};
-use testkit::{Binary, holds_for, wait_for, wait_ready};
+use testkit::{Binary, holds_for, wait_for};
 
 /// (proto, client port, reply source) of an entry: what the tests compare.
 type Flow = (u8, u16, SocketAddr);
@@ -119,19 +119,8 @@ fn netns_owning(tag: &str, addrs: &[&str]) -> anyhow::Result<NetNs> {
 
 /// Starts the agent on `netns` and waits for its first pass.
 async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
-    let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", &netns.name];
-    args.extend_from_slice(extra);
-    let (agent, admin) = Binary::start_with_admin(
-        env!("CARGO_BIN_EXE_node-agent"),
-        "node-agent-ct24",
-        &args,
-        &[("NODE_NAME", "conntrack-test-node")],
-    )?;
-    wait_ready(admin, Duration::from_secs(30), "node-agent ready").await?;
-    agent
-        .wait_for_log("conntrack cleanup pass", Duration::from_secs(10))
-        .await?;
-    Ok(agent)
+    let bin = env!("CARGO_BIN_EXE_node-agent");
+    Binary::conntrack_agent(bin, "node-agent-ct24", &netns.name, extra).await
 }
 
 /// Waits until the table is exactly `want`.

@@ -53,6 +53,25 @@ impl Binary {
 
     /// [`Binary::start`] with `--admin-addr` on a free loopback port put before `args`;
     /// returns that address too, since the tests read `/readyz` and `/metrics` there.
+    /// node-agent's conntrack task alone on the network namespace `netns` (`--conntrack-netns`),
+    /// ready and past its first pass: how every conntrack cluster test starts the agent.
+    pub async fn conntrack_agent(
+        path: &str,
+        name: &str,
+        netns: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", netns];
+        args.extend_from_slice(extra);
+        let (agent, admin) =
+            Self::start_with_admin(path, name, &args, &[("NODE_NAME", "conntrack-test-node")])?;
+        crate::wait_ready(admin, std::time::Duration::from_secs(30), "node-agent ready").await?;
+        agent
+            .wait_for_log("conntrack cleanup pass", std::time::Duration::from_secs(10))
+            .await?;
+        Ok(agent)
+    }
+
     pub fn start_with_admin(
         path: &str,
         name: &str,
