@@ -39,14 +39,14 @@ kind: Pod
 metadata: {name: client-clusterip}
 spec:
   terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$vip:9000", "5000", "100"]}]
+  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$vip:9000", "5000", "50"]}]
 ---
 apiVersion: v1
 kind: Pod
 metadata: {name: client-nodeport}
 spec:
   terminationGracePeriodSeconds: 0
-  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$NODE_IP:$np", "5001", "100"]}]
+  containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$NODE_IP:$np", "5001", "50"]}]
 Y
   k -n "$1" wait pod/client-clusterip pod/client-nodeport --for=condition=Ready --timeout=60s >/dev/null \
     || fail "the UDP clients did not start"

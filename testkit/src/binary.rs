@@ -65,7 +65,12 @@ impl Binary {
         args.extend_from_slice(extra);
         let (agent, admin) =
             Self::start_with_admin(path, name, &args, &[("NODE_NAME", "conntrack-test-node")])?;
-        crate::wait_ready(admin, std::time::Duration::from_secs(30), "node-agent ready").await?;
+        crate::wait_ready(
+            admin,
+            std::time::Duration::from_secs(30),
+            "node-agent ready",
+        )
+        .await?;
         agent
             .wait_for_log("conntrack cleanup pass", std::time::Duration::from_secs(10))
             .await?;
