@@ -85,6 +85,19 @@ impl LogArgs {
     }
 }
 
+/// A list as one log value, comma-separated: `a,b,c` in plain logs and one JSON string, where
+/// `?list` gave Rust's `["a", "b"]` and, in JSON logs, that text escaped inside a string.
+pub fn joined<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    let mut out = String::new();
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{item}");
+    }
+    out
+}
+
 /// Plain log fields as logfmt writes them: `key=value`, a text value bare unless it needs
 /// quotes (empty, or holding a space, a quote or `=`), so `ip_family=IPv4`, not
 /// `ip_family="IPv4"`; the message first, unlabelled.
@@ -212,6 +225,14 @@ mod plain_tests {
         assert!(line.contains(r#"empty="""#), "{line}");
         assert!(line.contains(" n=3"), "{line}");
         assert!(line.contains(r#"shown="x=y""#), "{line}");
+    }
+
+    #[test]
+    fn lists_are_joined_plainly() {
+        assert_eq!(joined(["a", "b"]), "a,b");
+        assert_eq!(joined(Vec::<String>::new()), "");
+        let line = render(|| tracing::info!(ips = %joined(["10.0.0.1", "10.0.0.2"]), "x"));
+        assert!(line.contains(" ips=10.0.0.1,10.0.0.2"), "{line}");
     }
 
     #[test]

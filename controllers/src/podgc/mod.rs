@@ -156,7 +156,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
                 .filter(|f| !f.is_healthy())
                 .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
                 .collect();
-            tracing::warn!(unhealthy_watches = ?stale, "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
+            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&stale), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
             // The skipped cycle runs as soon as the caches are current, not a period later.
             STALE_RECHECK.min(args.gc_period)
         };

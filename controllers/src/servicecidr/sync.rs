@@ -192,7 +192,7 @@ impl<W: Writes> Syncer<W> {
             Action::ApplyReady(c) => self.apply_ready(key, obj, &c, now).await?,
             Action::ReportBlocked(b) => {
                 let ips: Vec<&str> = b.found.iter().map(|x| &*x.entry.name).collect();
-                tracing::warn!(servicecidr = %key, blocking_ips = ?ips, more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
+                tracing::warn!(servicecidr = %key, blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
                     reason: EVENT_DELETION_BLOCKED.into(),

@@ -158,7 +158,7 @@ impl<W: Writes> CertTask<W> {
                     .annotations
                     .get(rotation::TLS_NOT_AFTER)
                     .and_then(|t| t.parse::<Timestamp>().ok());
-                tracing::info!(secret = %self.own.secret, not_after = ?expiry.map(|t| t.to_string()), "webhook: serving certificate loaded");
+                tracing::info!(secret = %self.own.secret, not_after = %expiry.map_or_else(|| "unknown".to_string(), |t| t.to_string()), "webhook: serving certificate loaded");
                 if let Some(t) = expiry {
                     self.metrics.certificate_expiry.set(t.as_second());
                 }
@@ -202,7 +202,7 @@ impl<W: Writes> CertTask<W> {
         };
         match written {
             Ok(()) => {
-                tracing::info!(secret = %self.own.secret, step = label, hosts = ?self.hosts, "webhook: certificate Secret written");
+                tracing::info!(secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
                 self.metrics
                     .certificate_steps
                     .with_label_values(&[label])

@@ -142,7 +142,7 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
         base.token.clone(),
     )
     .await?;
-    tracing::info!(addr = %axum::serve::Listener::local_addr(&listener)?, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = ?policy.allowed_unsafe_sysctls(), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(addr = %axum::serve::Listener::local_addr(&listener)?, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
 
     let judge = Arc::new(Judge {
         args: policy,

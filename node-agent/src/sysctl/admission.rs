@@ -169,7 +169,7 @@ impl<W: Writes> Admission<W> {
             merge(&s.safe, &s.flag, s.default_mode, &policies, labels)
         };
         if self.policy.as_ref() != Some(&merged) {
-            tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = ?merged.policies, patterns = ?merged.patterns, "sysctl policy for this node");
+            tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
             self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;

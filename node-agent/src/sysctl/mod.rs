@@ -60,7 +60,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
         tracing::info!(sysctl, reason = %why, "dropping the sysctl from the safe sysctl list");
     }
     let policy = &args.policy;
-    tracing::info!(kernel = ?kernel.as_ref().map(ToString::to_string), safe = ?safe, allowed_unsafe = ?policy.allowed_unsafe_sysctls(), default_mode = %policy.sysctl_default_mode, "sysctl admission starting");
+    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), safe = %groundskeeper_plumbing::telemetry::joined(&safe), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl admission starting");
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::default();
     let (watches, changes) = cache::follow_all(
