@@ -102,7 +102,7 @@ fn blockers_help_states_the_exit_codes() {
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(
-        help.contains("Exit 0 when nothing blocks, 1 when something")
+        help.contains("Exit 0 when reported (with --exit-code: 1 when something blocks)")
             && help.contains("2 on errors"),
         "{help}"
     );

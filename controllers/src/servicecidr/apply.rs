@@ -33,19 +33,30 @@ pub struct Notice {
     pub note: String,
 }
 
+/// What one of our writes left on the server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The object's resourceVersion after the write (None: gone, dry-run, or not reported).
+    pub resource_version: Option<String>,
+    /// The time the apiserver recorded for a status apply of ours.
+    pub applied_at: Option<Timestamp>,
+}
+
 pub trait Writes: Send + Sync + 'static {
     /// Merge-appends our finalizer; NotFound is success (the object is gone).
-    fn add_finalizer(&self, name: &str) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    fn add_finalizer(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Written, kube::Error>> + Send;
     /// Deletes our finalizer from the list; NotFound is success.
     fn remove_finalizer(&self, name: &str) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Server-side applies the Ready condition on the status subresource; returns the time the
-    /// apiserver recorded for our apply, if it reported one.
+    /// Server-side applies the Ready condition on the status subresource.
     fn apply_ready(
         &self,
         name: &str,
         condition: &ReadyCondition,
         now: Timestamp,
-    ) -> impl Future<Output = Result<Option<Timestamp>, kube::Error>> + Send;
+    ) -> impl Future<Output = Result<Written, kube::Error>> + Send;
     fn publish(
         &self,
         regarding: &ObjectReference,
@@ -74,13 +85,13 @@ impl<W: Writes> Apply<W> {
         Some(&self.writes)
     }
 
-    pub async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+    pub async fn add_finalizer(&self, name: &str) -> Result<Written, kube::Error> {
         let Some(w) = self.live(name, format_args!("add finalizer {FINALIZER}")) else {
-            return Ok(());
+            return Ok(Written::default());
         };
-        w.add_finalizer(name).await?;
+        let written = w.add_finalizer(name).await?;
         tracing::info!(servicecidr = %name, "added finalizer: ServiceCIDR is protected until its IPs are gone");
-        Ok(())
+        Ok(written)
     }
 
     pub async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
@@ -97,13 +108,13 @@ impl<W: Writes> Apply<W> {
         Ok(())
     }
 
-    /// The time the apiserver recorded for our apply, when there was one.
+    /// What our apply left (its time and resourceVersion), when there was one.
     pub async fn apply_ready(
         &self,
         name: &str,
         c: &ReadyCondition,
         now: Timestamp,
-    ) -> Result<Option<Timestamp>, kube::Error> {
+    ) -> Result<Written, kube::Error> {
         let Some(w) = self.live(
             name,
             format_args!(
@@ -111,11 +122,11 @@ impl<W: Writes> Apply<W> {
                 c.status, c.reason
             ),
         ) else {
-            return Ok(None);
+            return Ok(Written::default());
         };
-        let at = w.apply_ready(name, c, now).await?;
+        let written = w.apply_ready(name, c, now).await?;
         tracing::info!(servicecidr = %name, status = %c.status, reason = %c.reason, "applied Ready condition");
-        Ok(at)
+        Ok(written)
     }
 
     /// Records `notice` on `obj`; a failure is logged, never fatal to the sync.
@@ -157,14 +168,21 @@ impl KubeWrites {
         &self,
         name: &str,
         body: serde_json::Value,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<Written, kube::Error> {
         let params = PatchParams {
             field_manager: Some(PATCH_FIELD_MANAGER.into()),
             ..PatchParams::default()
         };
         let body = Patch::Strategic(body);
         let patch = self.api.patch(name, &params, &body);
-        not_found_is_ok(fenced(self.fence.guard(patch).await))
+        match fenced(self.fence.guard(patch).await) {
+            Ok(obj) => Ok(Written {
+                resource_version: obj.metadata.resource_version,
+                applied_at: None,
+            }),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Written::default()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -172,14 +190,6 @@ impl KubeWrites {
 /// is about to exit anyway, having lost its lease).
 fn fenced<T>(r: Result<Result<T, kube::Error>, crate::leader::Fenced>) -> Result<T, kube::Error> {
     r.unwrap_or_else(|f| Err(kube::Error::Service(Box::new(f))))
-}
-
-fn not_found_is_ok<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// The status apply body: only the Ready condition, as upstream's apply configuration.
@@ -199,14 +209,14 @@ pub fn ready_apply_body(name: &str, c: &ReadyCondition, now: Timestamp) -> serde
 }
 
 impl Writes for KubeWrites {
-    async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+    async fn add_finalizer(&self, name: &str) -> Result<Written, kube::Error> {
         self.patch_finalizers(name, json!({"metadata": {"finalizers": [FINALIZER]}}))
             .await
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
         let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
-        self.patch_finalizers(name, body).await
+        self.patch_finalizers(name, body).await.map(drop)
     }
 
     async fn apply_ready(
@@ -214,7 +224,7 @@ impl Writes for KubeWrites {
         name: &str,
         c: &ReadyCondition,
         now: Timestamp,
-    ) -> Result<Option<Timestamp>, kube::Error> {
+    ) -> Result<Written, kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let body = ready_apply_body(name, c, now);
         let obj = fenced(
@@ -222,9 +232,10 @@ impl Writes for KubeWrites {
                 .guard(self.api.patch_status(name, &params, &Patch::Apply(body)))
                 .await,
         )?;
-        Ok(our_apply_time(
-            obj.metadata.managed_fields.as_deref().unwrap_or_default(),
-        ))
+        Ok(Written {
+            applied_at: our_apply_time(obj.metadata.managed_fields.as_deref().unwrap_or_default()),
+            resource_version: obj.metadata.resource_version,
+        })
     }
 
     async fn publish(&self, regarding: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {

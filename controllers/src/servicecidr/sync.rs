@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use tokio::time::Instant;
 
 use super::{
-    apply::{Apply, Notice, Writes},
+    apply::{Apply, Notice, Writes, Written},
     cache::{Cache, cidr_state},
     conflict::foreign_writes,
     decide::{Action, ReadyCondition, decide},
@@ -50,6 +50,10 @@ pub struct Syncer<W> {
     /// Our start, below which managedFields times are history.
     pub started: Timestamp,
     own_applies: Mutex<HashMap<String, Vec<Timestamp>>>,
+    /// The resourceVersions our own writes left on each object, the latest last.
+    own_versions: Mutex<HashMap<String, Vec<String>>>,
+    /// The blockers last reported for each ServiceCIDR whose deletion is blocked.
+    reported_blockers: Mutex<HashMap<String, Vec<String>>>,
     reported: Mutex<HashSet<(String, Timestamp)>>,
     blocked: Mutex<HashSet<String>>,
     /// The watches feeding the cache; empty in tests that do not care.
@@ -94,6 +98,8 @@ impl<W: Writes> Syncer<W> {
             started: Timestamp::from_second(Timestamp::now().as_second())
                 .expect("whole seconds of now are a valid timestamp"),
             own_applies: Mutex::default(),
+            own_versions: Mutex::default(),
+            reported_blockers: Mutex::default(),
             reported: Mutex::default(),
             blocked: Mutex::default(),
             watches: Vec::new(),
@@ -154,8 +160,19 @@ impl<W: Writes> Syncer<W> {
                     .lock()
                     .expect("own applies lock")
                     .remove(key);
+                self.own_versions
+                    .lock()
+                    .expect("own versions lock")
+                    .remove(key);
                 return Ok(());
             };
+            if self.behind_own_writes(key, &obj) {
+                // The cache holds an object one of our own writes produced, not yet the one
+                // our latest write did: deciding on it would repeat that write (the Ready
+                // apply twice, 3 ms apart). The latest write's own event brings the key back.
+                tracing::debug!(servicecidr = %key, "cache behind our own writes; waiting for their events");
+                return Ok(());
+            }
             let actions = decide(&cidr_state(&obj), &cache.cidrs, &cache.ips, now);
             (obj, actions)
         };
@@ -181,17 +198,21 @@ impl<W: Writes> Syncer<W> {
     ) -> Result<(), SyncError> {
         match action {
             Action::AddFinalizer => {
-                self.apply
-                    .add_finalizer(key)
-                    .await
-                    .map_err(|source| SyncError::AddFinalizer {
+                let written = self.apply.add_finalizer(key).await.map_err(|source| {
+                    SyncError::AddFinalizer {
                         name: key.into(),
                         source,
-                    })?
+                    }
+                })?;
+                self.record_write(key, &written);
             }
             Action::ApplyReady(c) => self.apply_ready(key, obj, &c, now).await?,
             Action::ReportBlocked(b) => {
                 let ips: Vec<&str> = b.found.iter().map(|x| &*x.entry.name).collect();
+                if !self.blockers_changed(key, &ips) {
+                    // One report per set of blockers, not one per sync that finds them again.
+                    return Ok(());
+                }
                 tracing::warn!(servicecidr = %key, blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
@@ -231,8 +252,9 @@ impl<W: Writes> Syncer<W> {
         now: Timestamp,
     ) -> Result<(), SyncError> {
         match self.apply.apply_ready(key, c, now).await {
-            Ok(at) => {
-                if let Some(at) = at {
+            Ok(written) => {
+                self.record_write(key, &written);
+                if let Some(at) = written.applied_at {
                     let mut own = self.own_applies.lock().expect("own applies lock");
                     let times = own.entry(key.to_string()).or_default();
                     times.push(at);
@@ -262,12 +284,52 @@ impl<W: Writes> Syncer<W> {
         }
     }
 
+    /// Whether the cached `obj` is the result of one of our own writes but not of the latest.
+    fn behind_own_writes(&self, key: &str, obj: &ServiceCIDR) -> bool {
+        let Some(rv) = obj.metadata.resource_version.as_deref() else {
+            return false;
+        };
+        let own = self.own_versions.lock().expect("own versions lock");
+        own.get(key)
+            .is_some_and(|v| v.last().is_some_and(|l| l != rv) && v.iter().any(|w| w == rv))
+    }
+
+    fn record_write(&self, key: &str, written: &Written) {
+        let Some(rv) = &written.resource_version else {
+            return;
+        };
+        let mut own = self.own_versions.lock().expect("own versions lock");
+        let versions = own.entry(key.to_string()).or_default();
+        versions.push(rv.clone());
+        if versions.len() > OWN_APPLIES_KEPT {
+            versions.remove(0);
+        }
+    }
+
+    /// Whether `ips` differ from the blockers last reported for `key` (and remembers them).
+    fn blockers_changed(&self, key: &str, ips: &[&str]) -> bool {
+        let mut last = self
+            .reported_blockers
+            .lock()
+            .expect("reported blockers lock");
+        let now: Vec<String> = ips.iter().map(|s| s.to_string()).collect();
+        if last.get(key) == Some(&now) {
+            return false;
+        }
+        last.insert(key.to_string(), now);
+        true
+    }
+
     fn set_blocked(&self, key: &str, blocked: bool) {
         let mut set = self.blocked.lock().expect("blocked lock");
         if blocked {
             set.insert(key.to_string());
         } else {
             set.remove(key);
+            self.reported_blockers
+                .lock()
+                .expect("reported blockers lock")
+                .remove(key);
         }
         self.metrics.blocked_deletions.set(set.len() as i64);
     }

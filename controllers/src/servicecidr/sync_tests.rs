@@ -18,7 +18,7 @@ use kube::runtime::watcher::Event;
 use testkit::networking::{allocated_ip, service_cidr};
 
 use super::{
-    apply::{Notice, Writes},
+    apply::{Notice, Writes, Written},
     cache::Cache,
     conflict::KCM_FIELD_MANAGER,
     decide::{FINALIZER, ReadyCondition},
@@ -43,12 +43,15 @@ fn api_error() -> kube::Error {
 }
 
 impl Writes for Arc<Recorded> {
-    async fn add_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+    async fn add_finalizer(&self, name: &str) -> Result<Written, kube::Error> {
         self.calls
             .lock()
             .unwrap()
             .push(format!("add-finalizer {name}"));
-        Ok(())
+        Ok(Written {
+            resource_version: Some("101".into()),
+            applied_at: None,
+        })
     }
     async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
         self.calls
@@ -62,7 +65,7 @@ impl Writes for Arc<Recorded> {
         name: &str,
         c: &ReadyCondition,
         _now: Timestamp,
-    ) -> Result<Option<Timestamp>, kube::Error> {
+    ) -> Result<Written, kube::Error> {
         self.calls
             .lock()
             .unwrap()
@@ -70,7 +73,10 @@ impl Writes for Arc<Recorded> {
         if self.fail_apply {
             return Err(api_error());
         }
-        Ok(None)
+        Ok(Written {
+            resource_version: Some("102".into()),
+            applied_at: None,
+        })
     }
     async fn publish(&self, _r: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {
         self.events.lock().unwrap().push(n.clone());
@@ -311,4 +317,68 @@ async fn foreign_status_apply_is_counted_once() {
         1
     );
     assert_eq!(s.metrics.conflicting_controller.get(), 1);
+}
+
+/// One decision, one write: a sync that runs on the object our finalizer patch produced
+/// (resourceVersion 101), before the event of our Ready apply (102) arrived, writes nothing;
+/// once the cache holds 102, or a change of someone else's, it decides again.
+#[tokio::test(start_paused = true)]
+async fn a_cache_behind_our_own_writes_repeats_none_of_them() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), false);
+    let mut fresh = service_cidr("x", ["10.0.1.0/24"]);
+    fresh.metadata.resource_version = Some("100".into());
+    cache.lock().cidr_event(Event::Apply(fresh.clone()));
+    s.sync("x").await.unwrap();
+    assert_eq!(
+        *w.calls.lock().unwrap(),
+        vec!["add-finalizer x", "apply x True "]
+    );
+
+    // The event of our finalizer patch: the finalizer, not yet the Ready condition.
+    let mut ours = fresh.clone();
+    ours.metadata.resource_version = Some("101".into());
+    ours.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    cache.lock().cidr_event(Event::Apply(ours.clone()));
+    s.sync("x").await.unwrap();
+    assert_eq!(
+        w.calls.lock().unwrap().len(),
+        2,
+        "a write repeated on a stale cache"
+    );
+
+    // Someone else's change (a new resourceVersion) is decided on as usual.
+    let mut theirs = ours.clone();
+    theirs.metadata.resource_version = Some("150".into());
+    cache.lock().cidr_event(Event::Apply(theirs));
+    s.sync("x").await.unwrap();
+    assert_eq!(
+        w.calls.lock().unwrap().last().unwrap(),
+        "apply x True ",
+        "the Ready condition is still missing there: applied again"
+    );
+}
+
+/// The blocked deletion is reported (log and Event) once per set of blockers, not once per
+/// sync that finds the same ones again; a changed set is reported again.
+#[tokio::test(start_paused = true)]
+async fn a_blocked_deletion_is_reported_once_per_set_of_blockers() {
+    let w = Arc::new(Recorded::default());
+    let (s, cache, _) = syncer(w.clone(), false);
+    {
+        let mut c = cache.lock();
+        c.cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
+        c.ip_event(Event::Apply(managed_ip("10.0.1.7", "web")));
+    }
+    s.sync("x").await.unwrap();
+    s.sync("x").await.unwrap();
+    assert_eq!(w.events.lock().unwrap().len(), 1);
+    cache
+        .lock()
+        .ip_event(Event::Apply(managed_ip("10.0.1.8", "api")));
+    s.sync("x").await.unwrap();
+    let events = w.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 2);
+    assert!(events[1].note.contains("10.0.1.8"), "{}", events[1].note);
+    assert_eq!(s.metrics.blocked_deletions.get(), 1);
 }
