@@ -5,6 +5,10 @@
 set -euo pipefail
 helm=${1:-helm}
 kubectl=${2:-kubectl}
+# Paths given relative to the caller's directory still work after the cd below.
+for tool in helm kubectl; do
+  case ${!tool} in /*) ;; */*) printf -v "$tool" '%s' "$(pwd)/${!tool}" ;; esac
+done
 cd "$(dirname "$0")"
 chart=groundskeeper
 all=$chart/ci/everything-on-values.yaml
@@ -59,6 +63,11 @@ awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s=1} 
   ds && s && /runAsUser: 0$/{found=1} END{exit !found}' "$out/all.yaml" \
   || { echo "FAIL: the conntrack-sysctls init container does not run as uid 0"; exit 1; }
 grep -q "^kind: PrometheusRule$" "$out/all.yaml" || { echo "FAIL: everything-on render has no PrometheusRule"; exit 1; }
+# No leader also when the leader metric is absent (every replica gone or unscraped): `sum() == 0`
+# alone is empty then, and never fires.
+noleader=$(grep -A1 "alert: GroundskeeperNoLeader$" "$out/all.yaml" | sed -n 's/^ *expr: //p')
+echo "$noleader" | grep -q "== 0) or absent(groundskeeper_leader_election_is_leader{namespace=\"groundskeeper\"})$" \
+  || { echo "FAIL: GroundskeeperNoLeader does not fire when the leader metric is absent: ${noleader:-no such alert}"; exit 1; }
 grep -q 'grafana_dashboard: "1"' "$out/all.yaml" || { echo "FAIL: everything-on render has no dashboard ConfigMap"; exit 1; }
 # The dashboard parses as JSON (the template also refuses to render a broken file).
 "$helm" template gk "$chart" --set metrics.dashboard.enabled=true --show-only templates/dashboard.yaml \
