@@ -52,6 +52,22 @@ echo "$cm" | grep -q "^kind: Certificate$" && echo "$cm" | grep -q "cert-manager
 echo "$cm" | grep -q "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
 "$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | grep -q -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
   && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook"; exit 1; }
+# The node-agent DaemonSet by default: Linux nodes only, and an admin port on the host network
+# that no well-known node component listens on.
+ds=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds' "$out/default.yaml")
+echo "$ds" | grep -A1 "^      nodeSelector:$" | grep -q "^        kubernetes.io/os: linux$" \
+  || { echo "FAIL: the node-agent DaemonSet is not limited to kubernetes.io/os: linux by default"; exit 1; }
+port=$(echo "$ds" | sed -n 's/^ *containerPort: *//p')
+# kubelet, kube-proxy, control plane, node-exporter, CSI livenessprobe, cilium, calico,
+# node-problem-detector, AWS VPC CNI.
+for taken in 10248 10250 10255 10249 10256 2379 2380 2381 6443 10257 10258 10259 9100 9808 9809 9810 \
+  4240 4244 9234 9879 9890 9891 9892 9893 9962 9963 9964 9965 9091 9099 20256 20257 61678 61679 61680; do
+  [ "$port" != "$taken" ] || { echo "FAIL: the node-agent's default host port $port is a well-known node component's"; exit 1; }
+done
+echo "$ds" | grep -q -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent does not listen on its containerPort ${port:-none}"; exit 1; }
+echo "$ds" | grep -q "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
+"$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | grep -q priorityClassName \
+  && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
