@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test fmt lint unit chart-check tools tools-check run-check crds bench clean image e2e node
+.PHONY: all build run run-binaries test fmt lint unit chart-check tools tools-check run-check lint-workflows crds bench clean image e2e node
 
 all: build
 
@@ -34,13 +34,25 @@ run-binaries:
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
 ## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root,
 ## with shared/'s node binaries; see README "Try it on a real node").
-test: fmt lint unit chart-check tools-check run-check e2e
+test: fmt lint lint-workflows unit chart-check tools-check run-check e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## lint-workflows: actionlint (pinned, from a PyPI wheel: .ci/actionlint.sh) over
+## .github/workflows; with shellcheck on the PATH it checks every run: script too. A copy with
+## an undefined matrix key must fail, so a linter that checks nothing does not pass.
+lint-workflows:
+	@bash .ci/actionlint.sh >/dev/null
+	@command -v shellcheck >/dev/null || echo "lint-workflows: no shellcheck on the PATH: run: scripts not checked (apt-get install shellcheck)"
+	$(TOOLS)/actionlint -color=false
+	@mkdir -p $(TARGET_DIR)/tmp && sed 's/matrix\.runner/matrix.runnr/' .github/workflows/release.yaml > $(TARGET_DIR)/tmp/bad-release.yaml
+	@if $(TOOLS)/actionlint -color=false $(TARGET_DIR)/tmp/bad-release.yaml >/dev/null; then \
+	  echo "FAIL: actionlint passed a workflow with an undefined matrix key"; exit 1; fi
+	@echo "lint-workflows: .github/workflows pass actionlint"
 
 # The chart tests among them need helm: fetch it first, or they print SKIPPED.
 unit: tools
