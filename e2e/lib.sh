@@ -5,6 +5,8 @@ NS=${GK_NAMESPACE:-groundskeeper}
 RELEASE=gk
 NODE=${NODE_NAME:-gk-node}
 NODE_IP=172.30.0.2
+# The node-agent's admin port on the host network: the chart's default (e2e/values.yaml keeps it).
+AGENT_PORT=$(sed -n 's/^  adminPort: *\([0-9]*\).*$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../charts/groundskeeper/values.yaml")
 CTR="ctr --address $NODE_STATE/containerd.sock -n k8s.io"
 
 k() { kubectl "$@"; }
@@ -82,7 +84,7 @@ scraper_token() {
   cat "$f"
 }
 agent_metric() {
-  http_get "http://$NODE_IP:9808/metrics" "$(scraper_token)" \
+  http_get "http://$NODE_IP:$AGENT_PORT/metrics" "$(scraper_token)" \
     | awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
 }
 

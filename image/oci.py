@@ -7,7 +7,8 @@ the same files give the same digest. The archive imports with `ctr images import
 reads the `io.containerd.image.name` annotation) and is a valid OCI image layout. Prints the
 manifest digest (what `ctr images ls` and the kubelet report) as the last line.
 
-Usage: oci.py ROOTFS OUT.tar NAME:TAG [--entrypoint PATH]... [--user UID:GID] [--env K=V]...
+Usage: oci.py ROOTFS OUT.tar NAME:TAG [--arch ARCH] [--entrypoint PATH]... [--user UID:GID] [--env K=V]...
+  ARCH is the OCI architecture of the files in ROOTFS (amd64, arm64); default: this machine's.
 """
 import argparse
 import gzip
@@ -75,6 +76,7 @@ def main():
     p.add_argument("--entrypoint", action="append", default=[])
     p.add_argument("--cmd", action="append", default=[])
     p.add_argument("--user", default="0:0")
+    p.add_argument("--arch", default={"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine))
     p.add_argument("--env", action="append", default=["PATH=/usr/local/bin:/usr/bin:/bin"])
     a = p.parse_args()
     if ":" not in a.name.rsplit("/", 1)[-1]:
@@ -87,7 +89,7 @@ def main():
     blobs = {}
     layer_desc = {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **blob(blobs, gz.getvalue())}
     config = {
-        "architecture": "amd64",
+        "architecture": a.arch,
         "os": "linux",
         "config": {"User": a.user, "Env": a.env, "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]},

@@ -22,6 +22,7 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
     for family in [
         "groundskeeper_leader_election_is_leader",
         "process_resident_memory_bytes",
+        "groundskeeper_build_info{",
     ] {
         assert!(metrics.contains(family), "{family} missing:\n{metrics}");
     }

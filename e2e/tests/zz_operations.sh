@@ -18,7 +18,7 @@ test_ops_logs_one_line_per_decision() {
 # The node-agent's /metrics on the host network: refused without a token and to a token whose
 # user may not read it, served to the metrics reader; the probes' endpoints stay open.
 test_ops_agent_metrics_need_an_authorized_token() {
-  local url=http://$NODE_IP:9808 code
+  local url=http://$NODE_IP:$AGENT_PORT code
   http_get "$url/readyz" >/dev/null || fail "/readyz is not open to the kubelet's probes"
   code=$(http_get "$url/metrics" 2>&1 >/dev/null) && fail "/metrics answered without a token"
   [ "$code" = 401 ] || fail "/metrics without a token: $code, not 401"

@@ -45,6 +45,7 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         metrics.contains("process_resident_memory_bytes"),
         "{metrics}"
     );
+    assert!(metrics.contains("groundskeeper_build_info{"), "{metrics}");
     assert!(
         metrics.contains("groundskeeper_sysctl_pods_checked_total"),
         "{metrics}"

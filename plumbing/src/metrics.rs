@@ -1,10 +1,31 @@
-//! The Prometheus registry both binaries expose on `/metrics`, with process metrics included.
+//! The Prometheus registry both binaries expose on `/metrics`, with process metrics and
+//! `groundskeeper_build_info` included.
 
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::{Encoder, IntGauge, Opts, Registry, TextEncoder};
 
-/// A registry with the process collector (CPU, RSS, open fds) already in it.
+/// What was built, as Prometheus exporters report it: a gauge that is always 1, its labels
+/// saying which version, which commit (`unknown` when built outside git) and which compiler.
+/// The commit and compiler are fixed by `build.rs`.
+pub fn build_info() -> IntGauge {
+    let opts = Opts::new(
+        "groundskeeper_build_info",
+        "A metric with a constant '1' value labeled by version, revision and rustc from which groundskeeper was built.",
+    )
+    .const_label("version", env!("CARGO_PKG_VERSION"))
+    .const_label("revision", env!("GROUNDSKEEPER_REVISION"))
+    .const_label("rustc", env!("GROUNDSKEEPER_RUSTC"));
+    let gauge = IntGauge::with_opts(opts).expect("build_info's name and labels are valid");
+    gauge.set(1);
+    gauge
+}
+
+/// A registry with the process collector (CPU, RSS, open fds) and `groundskeeper_build_info`
+/// already in it.
 pub fn registry() -> Registry {
     let registry = Registry::new();
+    registry
+        .register(Box::new(build_info()))
+        .expect("build_info registers once");
     #[cfg(target_os = "linux")]
     registry
         .register(Box::new(
@@ -50,6 +71,33 @@ mod tests {
         let text = render(&r);
         assert!(text.contains("groundskeeper_test_total 1"), "{text}");
         assert!(text.contains("process_resident_memory_bytes"), "{text}");
+    }
+
+    /// The one build_info series, as Prometheus exporters expose it: value 1, what was built in
+    /// the labels. Every binary's registry comes from `registry()`, so both expose it.
+    #[test]
+    fn build_info_names_version_revision_and_rustc() {
+        let text = render(&registry());
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("groundskeeper_build_info{"))
+            .unwrap_or_else(|| panic!("no groundskeeper_build_info series:\n{text}"));
+        assert!(line.ends_with("} 1"), "{line}");
+        let label = |name: &str| {
+            let start = line
+                .find(&format!("{name}=\""))
+                .unwrap_or_else(|| panic!("{name} in {line}"));
+            let rest = &line[start + name.len() + 2..];
+            rest[..rest.find('"').unwrap()].to_string()
+        };
+        assert_eq!(label("version"), env!("CARGO_PKG_VERSION"));
+        let revision = label("revision");
+        assert!(
+            revision == "unknown"
+                || (revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())),
+            "revision {revision:?} is neither a commit id nor \"unknown\""
+        );
+        assert!(label("rustc").starts_with("rustc 1."), "{line}");
     }
 
     #[test]
