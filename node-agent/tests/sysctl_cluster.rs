@@ -680,7 +680,7 @@ async fn enforce_policy_never_fails_started_pods_and_reports_once_across_restart
     Api::<SysctlPolicy>::all(c.client.clone())
         .delete(&enforce.name_any(), &Default::default())
         .await?;
-    wait_policy_log(&agent2, "policies=[]").await?;
+    wait_policy_log(&agent2, "policies=\"\"").await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
     wait_checked(&agent2, 3.0).await?;
     start_pod(&c, &ns, &barrier).await?;
@@ -747,7 +747,7 @@ async fn narrowed_policy_and_relabelled_node_leave_started_pods_alone() -> anyho
             }}})),
         )
         .await?;
-    wait_policy_log(&agent, "policies=[]").await?;
+    wait_policy_log(&agent, "policies=\"\"").await?;
     let barrier = pod(&c, &ns, &node, "barrier", &["kernel.msgmax"]).await?;
     // running (allowed, then forbidden), barrier.
     wait_checked(&agent, 3.0).await?;
