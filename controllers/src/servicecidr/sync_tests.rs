@@ -198,10 +198,8 @@ async fn dry_run_records_no_event() {
     );
 }
 
-/// What must not happen: the finalizer removed while an IP would be orphaned, through the
-/// whole sync path; it goes only once the IP does.
-#[tokio::test(start_paused = true)]
-async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
+/// A ServiceCIDR `x` deleted long ago whose 10.0.1.7 (Service default/web) would be orphaned.
+fn blocked_by_web() -> (Arc<Recorded>, Syncer<Arc<Recorded>>, Shared<Cache>) {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), false);
     {
@@ -209,6 +207,14 @@ async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
         c.cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
         c.ip_event(Event::Apply(managed_ip("10.0.1.7", "web")));
     }
+    (w, s, cache)
+}
+
+/// What must not happen: the finalizer removed while an IP would be orphaned, through the
+/// whole sync path; it goes only once the IP does.
+#[tokio::test(start_paused = true)]
+async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
+    let (w, s, cache) = blocked_by_web();
     s.sync("x").await.unwrap();
     assert_eq!(*w.calls.lock().unwrap(), vec!["apply x False Terminating"]);
     let events = w.events.lock().unwrap().clone();
@@ -363,13 +369,7 @@ async fn a_cache_behind_our_own_writes_repeats_none_of_them() {
 /// sync that finds the same ones again; a changed set is reported again.
 #[tokio::test(start_paused = true)]
 async fn a_blocked_deletion_is_reported_once_per_set_of_blockers() {
-    let w = Arc::new(Recorded::default());
-    let (s, cache, _) = syncer(w.clone(), false);
-    {
-        let mut c = cache.lock();
-        c.cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
-        c.ip_event(Event::Apply(managed_ip("10.0.1.7", "web")));
-    }
+    let (w, s, cache) = blocked_by_web();
     s.sync("x").await.unwrap();
     s.sync("x").await.unwrap();
     assert_eq!(w.events.lock().unwrap().len(), 1);
