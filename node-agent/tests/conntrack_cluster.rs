@@ -105,15 +105,7 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
 /// The cluster and a fresh namespace, or `None` (after the skip line) when the cluster or the
 /// network namespaces this file's tests need are not there.
 async fn setup(name: &str) -> anyhow::Result<Option<(testkit::Cluster, String)>> {
-    let Some(c) = testkit::cluster(name).await else {
-        return Ok(None);
-    };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(None);
-    }
-    let ns_name = c.namespace("conntrack").await?;
-    Ok(Some((c, ns_name)))
+    testkit::netns_cluster(name, "conntrack", netns::unavailable()).await
 }
 
 /// A UDP service on port 53 (ClusterIP allocated by the apiserver) with one IPv4 slice on

@@ -87,15 +87,7 @@ fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
 
 /// The cluster and a fresh namespace, or `None` (after the skip line).
 async fn setup(name: &str) -> anyhow::Result<Option<(testkit::Cluster, String)>> {
-    let Some(c) = testkit::cluster(name).await else {
-        return Ok(None);
-    };
-    if let Some(why) = netns::unavailable() {
-        testkit::skipped(name, &format!("needs root and ip netns ({why})"));
-        return Ok(None);
-    }
-    let ns = c.namespace("ct24").await?;
-    Ok(Some((c, ns)))
+    testkit::netns_cluster(name, "ct24", netns::unavailable()).await
 }
 
 /// A namespace that owns `addrs` (on its loopback): this node's addresses for the NodePort rule.

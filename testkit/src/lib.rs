@@ -56,6 +56,25 @@ struct Tracked {
     name: String,
 }
 
+/// [`cluster`] and a fresh namespace named after `prefix`, for a test that also needs network
+/// namespaces: `None` (after the skip line) when the cluster is not there or `netns_missing`
+/// says why network namespaces are not.
+pub async fn netns_cluster(
+    test_name: &str,
+    prefix: &str,
+    netns_missing: Option<String>,
+) -> anyhow::Result<Option<(Cluster, String)>> {
+    let Some(c) = cluster(test_name).await else {
+        return Ok(None);
+    };
+    if let Some(why) = netns_missing {
+        skipped(test_name, &format!("needs root and ip netns ({why})"));
+        return Ok(None);
+    }
+    let ns = c.namespace(prefix).await?;
+    Ok(Some((c, ns)))
+}
+
 /// Connects to the cluster named by `KUBECONFIG`; without it, to this test binary's throwaway
 /// control plane when `KUBE_APISERVER` is set; otherwise prints the skip line and returns None.
 pub async fn cluster(test_name: &str) -> Option<Cluster> {
