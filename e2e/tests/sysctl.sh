@@ -12,6 +12,16 @@ spec:
 Y
 }
 
+# An Enforce SysctlPolicy for every node allowing PATTERNS (a YAML list).
+enforce_policy() { # name patterns
+  k apply -f - >/dev/null <<Y
+apiVersion: groundskeeper.dev/v1alpha1
+kind: SysctlPolicy
+metadata: {name: $1}
+spec: {mode: Enforce, allowedUnsafeSysctls: $2}
+Y
+}
+
 # Did kubelet start a container of this pod, ever?
 ran() { # ns pod
   k -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}{.status.containerStatuses[0].lastState.terminated.startedAt}' 2>/dev/null | grep -q .
@@ -33,23 +43,13 @@ test_sysctl_audit_fails_nothing() {
 test_sysctl_allowed_sysctl_runs_under_enforce() {
   local ns
   ns=$(new_namespace sysctl-allowed)
-  k apply -f - >/dev/null <<Y
-apiVersion: groundskeeper.dev/v1alpha1
-kind: SysctlPolicy
-metadata: {name: e2e-allowed}
-spec: {mode: Enforce, allowedUnsafeSysctls: ["kernel.msgmax"]}
-Y
+  enforce_policy e2e-allowed '["kernel.msgmax"]'
   sleep 2
   sysctl_pod "$ns" allowed kernel.msgmax | k apply -f - >/dev/null
   k -n "$ns" wait pod/allowed --for=condition=Ready --timeout=60s >/dev/null || fail "a pod with an allowed sysctl did not run"
   # A started pod survives the policy's removal (Enforce, nothing allowed any more).
   k delete sysctlpolicy e2e-allowed >/dev/null
-  k apply -f - >/dev/null <<Y
-apiVersion: groundskeeper.dev/v1alpha1
-kind: SysctlPolicy
-metadata: {name: e2e-narrow}
-spec: {mode: Enforce, allowedUnsafeSysctls: []}
-Y
+  enforce_policy e2e-narrow '[]'
   sleep 5
   k -n "$ns" get pod allowed -o jsonpath='{.status.phase}' | grep -qx Running || fail "a running pod was touched after the policy changed"
   k delete sysctlpolicy e2e-narrow >/dev/null
@@ -62,12 +62,7 @@ Y
 test_sysctl_enforce_measured() {
   local ns i n=0 ran_n=0 failed_started=0
   ns=$(new_namespace sysctl-enforce)
-  k apply -f - >/dev/null <<Y
-apiVersion: groundskeeper.dev/v1alpha1
-kind: SysctlPolicy
-metadata: {name: e2e-enforce}
-spec: {mode: Enforce, allowedUnsafeSysctls: ["kernel.shm_rmid_forced"]}
-Y
+  enforce_policy e2e-enforce '["kernel.shm_rmid_forced"]'
   sleep 2
   for i in $(seq 1 10); do sysctl_pod "$ns" "paced-$i" kernel.msgmax | k apply -f - >/dev/null; n=$((n + 1)); sleep 1; done
   for i in $(seq 1 20); do sysctl_pod "$ns" "burst-$i"  kernel.msgmax; echo ---; done | k apply -f - >/dev/null
