@@ -36,7 +36,11 @@ test_leader_sigkill_takeover_within_lease() {
     || fail "nobody took over within 30 s of the SIGKILL"
   took=$(since "$t0")
   say "$(k -n "$NS" get lease groundskeeper-controller-manager -o jsonpath='{.spec.holderIdentity}') took over $took s after SIGKILL of $id (lease 15 s)"
-  awk -v t="$took" 'BEGIN { exit !(t <= 17) }' || fail "takeover took $took s, more than the lease (15 s) + retry/2"
+  # Safety: the last renewal was at most one retry period (2 s) before the kill, and nobody may
+  # take over before a whole lease (15 s) has passed since a standby saw it. The upper bound is
+  # liveness only (the figure is printed; speed belongs to benchmarks, not to this test).
+  awk -v t="$took" 'BEGIN { exit !(t >= 12.5) }' || fail "takeover $took s after SIGKILL: earlier than the lease (15 s) minus one retry period allows"
+  awk -v t="$took" 'BEGIN { exit !(t <= 30) }' || fail "takeover took $took s, more than twice the lease"
   never_two_leaders 6
   rollout || fail "the Deployment did not come back"
 }

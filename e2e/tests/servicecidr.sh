@@ -53,5 +53,7 @@ Y
   took=$(since "$t0")
   say "$cidr gone $took s after its deletion"
   # deletionTimestamp is in whole seconds, rounded down: 9 s is the earliest a correct grace allows.
-  awk -v t="$took" 'BEGIN { exit !(t >= 9 && t <= 14) }' || fail "the finalizer went $took s after the deletion (grace: 10 s)"
+  # The lower bound is the rule; the upper one only catches a finalizer that is never released.
+  awk -v t="$took" 'BEGIN { exit !(t >= 9) }' || fail "the finalizer went $took s after the deletion, before the 10 s grace"
+  awk -v t="$took" 'BEGIN { exit !(t <= 25) }' || fail "the finalizer went $took s after the deletion (grace: 10 s)"
 }
