@@ -8,6 +8,8 @@
 //!
 //! Why a projection: the components keep a few fields of each object (PodGC about 100 bytes of
 //! a 4-10 KiB pod), so the map holds what the component's `decide` reads, not the wire object.
+//!
+//! Whether what the cache shows may be acted on is [`Health`]'s to say, for every component.
 
 use std::{
     collections::HashMap,
@@ -24,6 +26,11 @@ use kube::{
 use serde::de::DeserializeOwned;
 
 use crate::{Readiness, ReadyFlag};
+
+mod health;
+#[cfg(test)]
+mod health_tests;
+pub use health::{Health, Seen, Stale};
 
 /// One watched kind, as the component keeps it: `V` per key `K`.
 pub struct Store<K, V> {
