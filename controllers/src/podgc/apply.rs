@@ -22,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::leader::Fence;
 
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::cache::{Health, Seen, Shared};
 
 use super::{
-    cache::{Caches, SnapshotHealth},
+    cache::Caches,
     decide::{Deletion, Pass, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
     limit::{Aimd, RETRY_AFTER_MAX, Signal},
@@ -350,8 +350,11 @@ pub struct Applier {
     pub limit: Arc<Mutex<Aimd>>,
     /// On leadership loss no new deletion starts and those in flight are dropped.
     pub fence: Fence,
-    /// Once a watch the snapshot came from fails or relists, no new deletion starts.
-    pub snapshot_health: SnapshotHealth,
+    /// The pod, node and namespace watches: once one fails or relists after `seen`, no new
+    /// deletion starts.
+    pub health: Health,
+    /// The watches' health when the cycle read its snapshot.
+    pub seen: Seen,
     /// The live caches: what a deletion decided on the cycle's snapshot (minutes old by the
     /// out-of-service pass at a low QPS) is checked against right before it starts.
     pub live: Option<Shared<Caches>>,
@@ -376,7 +379,8 @@ impl Applier {
             token,
             limit: Arc::new(Mutex::new(limit)),
             fence,
-            snapshot_health: SnapshotHealth::default(),
+            health: Health::default(),
+            seen: Seen::default(),
             live: None,
         }
     }
@@ -450,7 +454,7 @@ impl Applier {
                 });
             }
             if in_flight.is_empty() && (queue.is_empty() || self.stopped()) {
-                if !queue.is_empty() && !self.snapshot_health.unchanged() {
+                if !queue.is_empty() && self.health.may_act(&self.seen).is_err() {
                     tracing::warn!(
                         not_started = queue.len(),
                         "podgc pass stopped: a pod, node or namespace watch failed or relisted since the cycle's snapshot; the next cycle decides again"
@@ -485,7 +489,9 @@ impl Applier {
     /// No new deletion starts on shutdown, once this replica no longer leads, or once the
     /// caches the cycle decided on may be stale.
     fn stopped(&self) -> bool {
-        self.token.is_cancelled() || !self.fence.is_valid() || !self.snapshot_health.unchanged()
+        self.token.is_cancelled()
+            || !self.fence.is_valid()
+            || self.health.may_act(&self.seen).is_err()
     }
 
     /// Feeds one answer to the limit.

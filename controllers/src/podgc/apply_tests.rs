@@ -5,6 +5,7 @@
 
 use std::{sync::Arc, sync::atomic::Ordering};
 
+use groundskeeper_plumbing::cache::{Health, Stale};
 use jiff::Timestamp;
 use serde_json::json;
 use testkit::api::Mock;
@@ -13,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use super::apply::*;
 use crate::leader::{Fence, Stamp, Term};
 use crate::podgc::{
-    cache::SnapshotHealth,
     decide::{Deletion, Pass},
     facts::{Phase, PodFacts, example},
     metrics::Metrics,
@@ -425,30 +425,35 @@ async fn no_deletion_starts_once_a_watch_of_the_snapshot_relisted() {
             .collect()
     };
 
+    let health = Health::new(flags.clone());
     let mock = Mock::default();
-    let mut a = Applier {
-        snapshot_health: SnapshotHealth::new(&flags),
+    let a = Applier {
+        health: health.clone(),
+        seen: health.seen(),
         ..applier(&mock, false, 1)
     };
-    assert!(
-        a.snapshot_health.stamp(),
+    assert_eq!(
+        health.may_act(&a.seen),
+        Ok(()),
         "all healthy: the cycle may start"
     );
     assert_eq!(a.apply(ds()).await.deleted, 3, "unchanged: the pass runs");
 
     let mock = Mock::default();
-    let mut a = Applier {
-        snapshot_health: SnapshotHealth::new(&flags),
+    let a = Applier {
+        health: health.clone(),
+        seen: health.seen(),
         ..applier(&mock, false, 1)
     };
-    assert!(a.snapshot_health.stamp());
+    assert_eq!(health.may_act(&a.seen), Ok(()));
     flags[1].relist_started(); // the node watch relists after the snapshot
     let tally = a.apply(ds()).await;
     assert_eq!(tally.deleted, 0, "{tally:?}");
     assert!(mock.calls().is_empty(), "{:?}", mock.calls());
     flags[1].mark_ready(); // listed again: a new epoch, still not the snapshot's
-    assert!(
-        !a.snapshot_health.unchanged(),
+    assert_eq!(
+        health.may_act(&a.seen),
+        Err(Stale::ChangedSince),
         "the next cycle decides again"
     );
 }

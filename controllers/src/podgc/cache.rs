@@ -218,39 +218,6 @@ async fn signal_listed(events: impl Stream<Item = bool>, synced: watch::Sender<b
     }
 }
 
-/// The health of the watches a cycle's snapshot came from, recorded when the snapshot is taken:
-/// a deletion decided on the snapshot starts only while that health is unchanged. A watch that
-/// fails or relists mid-cycle (a pass can take minutes at a low QPS) may hide that a node came
-/// back or a namespace opted out, so the rest of the cycle waits for the next snapshot.
-#[derive(Clone, Default)]
-pub struct SnapshotHealth {
-    flags: Vec<ReadyFlag>,
-    at: Vec<Option<u64>>,
-}
-
-impl SnapshotHealth {
-    pub fn new(flags: &[ReadyFlag]) -> Self {
-        Self {
-            flags: flags.to_vec(),
-            at: vec![None; flags.len()],
-        }
-    }
-
-    /// Records the health now; true when every watch is healthy, so a cycle may start.
-    pub fn stamp(&mut self) -> bool {
-        self.at = self.flags.iter().map(ReadyFlag::health).collect();
-        self.at.iter().all(Option::is_some)
-    }
-
-    /// Every watch is as healthy as at the stamp, with no failure or relist in between.
-    pub fn unchanged(&self) -> bool {
-        self.flags
-            .iter()
-            .map(ReadyFlag::health)
-            .eq(self.at.iter().copied())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,7 +31,7 @@ use std::{
 };
 
 use clap::Args;
-use groundskeeper_plumbing::client::parse_duration;
+use groundskeeper_plumbing::{cache::Health, client::parse_duration};
 
 use crate::context::Context;
 use apply::{Applier, KubeWrites};
@@ -90,10 +90,11 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache::Watched {
         caches,
-        flags: health,
+        flags,
         mut synced,
         task: watches,
     } = cache::start(&ctx.base);
+    let health = Health::new(flags);
 
     // Orphan detection must never run on a node cache that has not listed once.
     let gate = async {
@@ -119,7 +120,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
     let mut cycle = Cycle {
         client: ctx.base.client.clone(),
         applier: Applier {
-            snapshot_health: cache::SnapshotHealth::new(&health),
+            health: health.clone(),
             live: Some(caches.clone()),
             ..Applier::new(
                 Arc::new(KubeWrites::new(
@@ -143,7 +144,9 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         // out-of-service taint, a namespace's opt-out): not while a watch is failing or
         // relisting and they may be stale, nor once one does mid-cycle (the stamp, checked
         // before each deletion starts).
-        let wait = if cycle.applier.snapshot_health.stamp() {
+        let seen = health.seen();
+        let wait = if health.may_act(&seen).is_ok() {
+            cycle.applier.seen = seen;
             let started = Instant::now();
             let summary = cycle.run(&caches).await;
             let seconds = started.elapsed().as_secs_f64();
@@ -151,12 +154,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             summary.log(cycle.quarantine.len(), seconds);
             args.gc_period
         } else {
-            let stale: Vec<String> = health
-                .iter()
-                .filter(|f| !f.is_healthy())
-                .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
-                .collect();
-            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&stale), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
+            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
             // The skipped cycle runs as soon as the caches are current, not a period later.
             STALE_RECHECK.min(args.gc_period)
         };

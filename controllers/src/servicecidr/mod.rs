@@ -19,7 +19,7 @@ mod sync_tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
+use groundskeeper_plumbing::cache::{Health, Shared};
 use tokio::sync::watch as signal;
 
 use crate::{
@@ -55,16 +55,17 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
 
     let (flags, changes) =
         cache::watch(&ctx.base.readiness, ctx.base.client.clone(), cache.clone());
+    let health = Health::new(flags);
     let (listed_tx, mut listed) = signal::channel(false);
     let feeder = tokio::spawn({
-        let (queue, flags) = (queue.clone(), flags.clone());
+        let (queue, health) = (queue.clone(), health.clone());
         async move {
             let mut changes = std::pin::pin!(changes);
             while let Some(keys) = changes.next().await {
                 for k in keys {
                     queue.add(k);
                 }
-                if flags.iter().all(ReadyFlag::is_ready) {
+                if health.listed() {
                     listed_tx.send_if_modified(|l| !std::mem::replace(l, true));
                 }
             }
@@ -77,8 +78,7 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
         ctx.leadership.fence(),
     );
     let syncer = Arc::new(
-        Syncer::new(cache, queue.clone(), writes, metrics, ctx.base.dry_run)
-            .with_watches(flags.to_vec()),
+        Syncer::new(cache, queue.clone(), writes, metrics, ctx.base.dry_run).with_health(health),
     );
     let token = ctx.base.token.clone();
     let started = tokio::select! {

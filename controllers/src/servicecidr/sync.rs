@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
+use groundskeeper_plumbing::cache::{Health, Seen, Shared};
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use tokio::time::Instant;
@@ -56,8 +56,8 @@ pub struct Syncer<W> {
     reported_blockers: Mutex<HashMap<String, Vec<String>>>,
     reported: Mutex<HashSet<(String, Timestamp)>>,
     blocked: Mutex<HashSet<String>>,
-    /// The watches feeding the cache; empty in tests that do not care.
-    watches: Vec<ReadyFlag>,
+    /// The watches feeding the cache; none in tests that do not care.
+    health: Health,
 }
 
 /// How soon a finalizer removal held back by a stale cache is checked again.
@@ -102,19 +102,14 @@ impl<W: Writes> Syncer<W> {
             reported_blockers: Mutex::default(),
             reported: Mutex::default(),
             blocked: Mutex::default(),
-            watches: Vec::new(),
+            health: Health::default(),
         }
     }
 
     /// The watches whose health gates the finalizer removal.
-    pub fn with_watches(mut self, watches: Vec<ReadyFlag>) -> Self {
-        self.watches = watches;
+    pub fn with_health(mut self, health: Health) -> Self {
+        self.health = health;
         self
-    }
-
-    /// Whether the cache reflects the server: no watch failing or relisting.
-    fn cache_current(&self) -> bool {
-        self.watches.iter().all(ReadyFlag::is_healthy)
     }
 
     /// One `processNextWorkItem`: false once the queue is shut down.
@@ -151,6 +146,8 @@ impl<W: Writes> Syncer<W> {
     /// `sync(key)`.
     pub async fn sync(&self, key: &str) -> Result<(), SyncError> {
         let now = Timestamp::now();
+        // Before the read: what is decided on it is only as current as the watches are now.
+        let seen = self.health.seen();
         let (obj, actions) = {
             let cache = self.cache.lock();
             let Some(obj) = cache.cidr(key) else {
@@ -184,7 +181,7 @@ impl<W: Writes> Syncer<W> {
                 .any(|a| matches!(a, Action::ReportBlocked(_))),
         );
         for action in actions {
-            self.carry_out(key, &obj, action, now).await?;
+            self.carry_out(key, &obj, action, now, &seen).await?;
         }
         Ok(())
     }
@@ -195,6 +192,7 @@ impl<W: Writes> Syncer<W> {
         obj: &ServiceCIDR,
         action: Action,
         now: Timestamp,
+        seen: &Seen,
     ) -> Result<(), SyncError> {
         match action {
             Action::AddFinalizer => {
@@ -228,7 +226,7 @@ impl<W: Writes> Syncer<W> {
             }
             // The removal is the one irreversible write: a stale cache could miss an IPAddress
             // allocated, or hold a covering ServiceCIDR deleted, while a watch was down.
-            Action::RemoveFinalizer if !self.cache_current() => {
+            Action::RemoveFinalizer if self.health.may_act(seen).is_err() => {
                 tracing::info!(servicecidr = %key, "not removing finalizer while a watch is failing or relisting; checking again");
                 self.queue.add_after(key.to_string(), STALE_RECHECK);
             }

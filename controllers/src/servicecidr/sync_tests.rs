@@ -5,7 +5,7 @@ use std::{
     time::Duration,
 };
 
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::cache::{Health, Shared};
 use jiff::Timestamp;
 use k8s_openapi::{
     api::{
@@ -136,7 +136,7 @@ async fn finalizer_stays_while_a_watch_is_failing_or_relisting() {
     cidrs.mark_ready();
     ips.mark_ready();
     let (s, cache, queue) = syncer(w.clone(), false);
-    let s = s.with_watches(vec![cidrs.clone(), ips.clone()]);
+    let s = s.with_health(Health::new([cidrs.clone(), ips.clone()]));
     cache
         .lock()
         .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));

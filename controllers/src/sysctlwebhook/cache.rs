@@ -7,8 +7,8 @@
 
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
-    Readiness, ReadyFlag,
-    cache::{self, Kept, Shared, Store, Watches},
+    Readiness,
+    cache::{self, Health, Kept, Shared, Store, Watches},
 };
 use groundskeeper_sysctl::crd::SysctlPolicy;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -51,19 +51,6 @@ pub enum Change {
     None,
     /// The Secret or the webhook configuration changed (or was listed).
     Certificates,
-}
-
-/// The health of the watches.
-#[derive(Clone)]
-pub struct Health {
-    flags: Vec<ReadyFlag>,
-}
-
-impl Health {
-    /// Every watch has listed once: only then are requests judged.
-    pub fn listed(&self) -> bool {
-        self.flags.iter().all(ReadyFlag::is_ready)
-    }
 }
 
 /// Where the webhook's own objects are.
@@ -115,7 +102,7 @@ pub fn follow_all(
         flags.push(flag);
         changes.push(webhooks.boxed());
     }
-    (Health { flags }, changes)
+    (Health::new(flags), changes)
 }
 
 fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {

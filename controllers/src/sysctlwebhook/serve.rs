@@ -22,10 +22,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
 use super::apply::{self, Outcome};
-use super::cache::{Cache, Health};
+use super::cache::Cache;
 use super::decide::{PodView, decide};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
+use groundskeeper_plumbing::cache::Health;
 
 /// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
 const BODY_LIMIT: usize = 4 << 20;

@@ -23,7 +23,7 @@ pub struct Health {
 
 /// The watches' health epochs when the cache was read: what was seen is only as current as
 /// these. `None` is a watch that was not healthy then.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Seen(Box<[Option<u64>]>);
 
 /// Why what was seen may not be acted on.

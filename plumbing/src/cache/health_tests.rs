@@ -171,7 +171,11 @@ fn a_watch_not_yet_listed_forbids_acting_and_listing_allows_it() {
     assert!(!health.listed());
     b.mark_ready();
     assert!(health.listed());
-    assert_eq!(health.may_act(&early), Err(Stale::NotHealthy), "read too early");
+    assert_eq!(
+        health.may_act(&early),
+        Err(Stale::NotHealthy),
+        "read too early"
+    );
     let seen = health.seen();
     assert_eq!(health.may_act(&seen), Ok(()));
     b.silent_since(&"no bookmark", Instant::now());
