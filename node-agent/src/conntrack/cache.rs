@@ -11,7 +11,7 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use groundskeeper_plumbing::ReadyFlag;
-use groundskeeper_plumbing::cache::{Kept, Shared, Store, Watches};
+use groundskeeper_plumbing::cache::{Health, Kept, Seen, Shared, Store, Watches};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -76,12 +76,6 @@ where
     (flag, events.boxed())
 }
 
-/// Services, EndpointSlices, ServiceCIDRs, IPAddresses, this Node.
-pub const WATCHES: usize = 5;
-
-/// The watches' health epochs a model was built at (see [`ReadyFlag::health`]).
-pub type Stamp = [Option<u64>; WATCHES];
-
 /// Why a pass did not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skip {
@@ -99,23 +93,13 @@ impl Skip {
     }
 }
 
-/// Whether a pass may act on a model built at `built` when the watches now are at `now`:
-/// only when every watch was healthy then, is healthy now, and nothing happened in between.
-pub fn may_clean(built: &Stamp, now: &Stamp) -> Result<(), Skip> {
-    if built.iter().all(Option::is_some) && built == now {
-        Ok(())
-    } else {
-        Err(Skip::StaleModel)
-    }
-}
-
 /// The cache with the watches' health, and the deleted frontends remembered across builds.
 pub struct Watched {
     cache: Shared<Cache>,
     /// Every watch the model is built from: a half-listed or failing IPAddress cache would
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
     /// endpoints look removed, so passes need all of them healthy.
-    ready: [ReadyFlag; WATCHES],
+    health: Health,
     tombstones: Mutex<Tombstones>,
     settle: Mutex<Settle>,
 }
@@ -163,9 +147,7 @@ impl Watched {
         });
         let watched = Self {
             cache,
-            ready: ready
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("one flag per watch")),
+            health: Health::new(ready),
             tombstones: Mutex::new(Tombstones::new(retention)),
             settle: Mutex::new(Settle::new(settle)),
         };
@@ -178,15 +160,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Models for Watched {
-    fn health(&self) -> Stamp {
-        std::array::from_fn(|i| self.ready[i].health())
+    fn health(&self) -> Seen {
+        self.health.seen()
     }
 
     /// The model with the health it was built at; `None` while a watch is not healthy (a
     /// half-listed or failing cache would make serving endpoints look removed).
-    fn model(&self) -> Option<(Model, Stamp)> {
-        let before = self.health();
-        if !before.iter().all(Option::is_some) {
+    fn model(&self) -> Option<(Model, Seen)> {
+        let before = self.health.seen();
+        if !before.is_current() {
             return None;
         }
         let (services, slices, cidrs, addresses, node) = {
@@ -203,7 +185,7 @@ impl Models for Watched {
             .with_service_ips(cidrs.iter().map(|c| &**c), addresses.iter().map(|a| &**a))
             .with_node(node.as_deref());
         // Health changed while the cache was read: the model may mix old and new.
-        if self.health() != before {
+        if self.health.may_act(&before).is_err() {
             return None;
         }
         let now = std::time::Instant::now();
@@ -217,69 +199,63 @@ impl Models for Watched {
 
     /// The watches that are not healthy, with how long, for the skip warning.
     fn unhealthy(&self) -> Vec<String> {
-        self.ready
-            .iter()
-            .filter(|f| !f.is_healthy())
-            .map(|f| format!("{} ({:?})", f.name(), f.stale_for()))
-            .collect()
+        self.health.unhealthy()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Skip, may_clean};
+    use groundskeeper_plumbing::cache::{Seen, Stale};
 
+    fn at(e: [Option<u64>; 5]) -> Seen {
+        Seen::from_epochs(e)
+    }
+
+    /// The cases that matter here, asked the way a pass asks (`Scheduler::on_wake`).
     #[test]
     fn passes_act_only_on_a_model_built_from_healthy_unchanged_watches() {
-        // Built while both watches were healthy, nothing happened since: clean.
-        assert_eq!(
-            may_clean(
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)]
+        let built = at([Some(3), Some(7), Some(1), Some(1), Some(1)]);
+        let cases = [
+            (
+                "built while all were healthy, nothing happened since: clean",
+                built.clone(),
+                at([Some(3), Some(7), Some(1), Some(1), Some(1)]),
+                Ok(()),
             ),
-            Ok(())
-        );
-        // The EndpointSlice watch is failing (apiserver down): skip.
-        assert_eq!(
-            may_clean(
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
-                &[Some(3), None, Some(1), Some(1), Some(1)]
+            (
+                "the EndpointSlice watch is failing (apiserver down): skip",
+                built.clone(),
+                at([Some(3), None, Some(1), Some(1), Some(1)]),
+                Err(Stale::NotHealthy),
             ),
-            Err(Skip::StaleModel)
-        );
-        // Relisting after the outage: still skip until the list is in.
-        assert_eq!(
-            may_clean(
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
-                &[None, Some(7), Some(1), Some(1), Some(1)]
+            (
+                "relisting after the outage: still skip until the list is in",
+                built.clone(),
+                at([None, Some(7), Some(1), Some(1), Some(1)]),
+                Err(Stale::NotHealthy),
             ),
-            Err(Skip::StaleModel)
-        );
-        // Back and healthy, but the model predates the outage (epochs moved): skip until the
-        // model is rebuilt from the new lists.
-        assert_eq!(
-            may_clean(
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
-                &[Some(3), Some(10), Some(1), Some(1), Some(1)]
+            (
+                "back and healthy, but the model predates the outage: skip until rebuilt",
+                built.clone(),
+                at([Some(3), Some(10), Some(1), Some(1), Some(1)]),
+                Err(Stale::ChangedSince),
             ),
-            Err(Skip::StaleModel)
-        );
-        // A model built while a watch was not healthy is never acted on.
-        assert_eq!(
-            may_clean(
-                &[Some(3), None, Some(1), Some(1), Some(1)],
-                &[Some(3), None, Some(1), Some(1), Some(1)]
+            (
+                "a model built while a watch was not healthy is never acted on",
+                at([Some(3), None, Some(1), Some(1), Some(1)]),
+                at([Some(3), None, Some(1), Some(1), Some(1)]),
+                Err(Stale::NotHealthy),
             ),
-            Err(Skip::StaleModel)
-        );
-        // The IPAddress watch is failing: allocated IPs could look orphaned, so skip too.
-        assert_eq!(
-            may_clean(
-                &[Some(3), Some(7), Some(1), Some(1), Some(1)],
-                &[Some(3), Some(7), Some(1), None, Some(1)]
+            (
+                "the IPAddress watch is failing: allocated IPs could look orphaned",
+                built.clone(),
+                at([Some(3), Some(7), Some(1), None, Some(1)]),
+                Err(Stale::NotHealthy),
             ),
-            Err(Skip::StaleModel)
-        );
-        assert_eq!(Skip::StaleModel.label(), "stale-model");
+        ];
+        for (what, built, now, want) in cases {
+            assert_eq!(built.may_act(&now), want, "{what}");
+        }
+        assert_eq!(super::Skip::StaleModel.label(), "stale-model");
     }
 }

@@ -11,7 +11,9 @@ use prometheus::IntCounterVec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::cache::{Skip, Stamp, may_clean};
+use groundskeeper_plumbing::cache::Seen;
+
+use super::cache::Skip;
 use super::decide::{Focus, next_interval};
 use super::family::Family;
 use super::model::Model;
@@ -36,9 +38,9 @@ pub struct Timing {
 pub trait Models {
     /// The current model with the watch health it was built at; `None` while a watch is not
     /// healthy.
-    fn model(&self) -> Option<(Model, Stamp)>;
+    fn model(&self) -> Option<(Model, Seen)>;
     /// The watches' health now.
-    fn health(&self) -> Stamp;
+    fn health(&self) -> Seen;
     /// The unhealthy watches, named, for the skip warning.
     fn unhealthy(&self) -> Vec<String>;
     /// How long until the last model built changes by time alone (a service port without
@@ -79,7 +81,7 @@ pub struct Scheduler {
     /// The periodic interval, adapted after each periodic round.
     interval: Duration,
     /// The last model built, with the watch health it was built at.
-    current: Option<(Arc<Model>, Stamp)>,
+    current: Option<(Arc<Model>, Seen)>,
     rebuild_at: Option<Instant>,
     pass_at: Option<Instant>,
     last_pass: Option<Instant>,
@@ -170,7 +172,8 @@ impl Scheduler {
             return Due::Nothing;
         };
         self.pass_at = None;
-        if let Err(skip) = may_clean(&stamp, &models.health()) {
+        if stamp.may_act(&models.health()).is_err() {
+            let skip = Skip::StaleModel;
             self.owed = true;
             self.gc_at = now + self.interval;
             // A rebuild is due once the watches are back (their InitDone asks for one).
@@ -194,7 +197,7 @@ impl Scheduler {
         }
     }
 
-    fn rebuilt(&mut self, now: Instant, m: Model, stamp: Stamp) {
+    fn rebuilt(&mut self, now: Instant, m: Model, stamp: Seen) {
         let earliest = self
             .last_pass
             .map_or(now, |t| t + self.timing.min_interval)

@@ -10,14 +10,14 @@ use prometheus::{IntCounterVec, Opts};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::cache::Stamp;
 use super::decide::{Focus, Scope};
 use super::family::Family::V4;
 use super::model::Model;
 use super::round::RoundSummary;
 use super::schedule::*;
+use groundskeeper_plumbing::cache::Seen;
 
-const HEALTHY: Stamp = [Some(1); 5];
+const HEALTHY: [Option<u64>; 5] = [Some(1); 5];
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -43,7 +43,7 @@ fn dns(backends: &[u8]) -> Model {
 /// The watches as the test sets them.
 struct Watches {
     model: Mutex<Option<Model>>,
-    health: Mutex<Stamp>,
+    health: Mutex<[Option<u64>; 5]>,
     builds: Mutex<usize>,
     /// What `changes_in` says after the next build.
     changes_in: Mutex<Option<Duration>>,
@@ -63,7 +63,7 @@ impl Watches {
         *self.model.lock().unwrap() = Some(m);
     }
 
-    fn set_health(&self, h: Stamp) {
+    fn set_health(&self, h: [Option<u64>; 5]) {
         *self.health.lock().unwrap() = h;
     }
 
@@ -73,17 +73,17 @@ impl Watches {
 }
 
 impl Models for Watches {
-    fn model(&self) -> Option<(Model, Stamp)> {
+    fn model(&self) -> Option<(Model, Seen)> {
         *self.builds.lock().unwrap() += 1;
         let h = self.health();
-        if !h.iter().all(Option::is_some) {
+        if !h.is_current() {
             return None;
         }
         self.model.lock().unwrap().clone().map(|m| (m, h))
     }
 
-    fn health(&self) -> Stamp {
-        *self.health.lock().unwrap()
+    fn health(&self) -> Seen {
+        Seen::from_epochs(*self.health.lock().unwrap())
     }
 
     fn unhealthy(&self) -> Vec<String> {

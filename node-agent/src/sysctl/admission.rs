@@ -18,11 +18,12 @@ use tokio::time::Instant;
 use groundskeeper_sysctl::verdict::Verdict;
 
 use super::apply::{Report, Writer, Writes};
-use super::cache::{Cache, Change, Health, PodKey};
+use super::cache::{Cache, Change, Flags, PodKey};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide};
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge};
+use groundskeeper_plumbing::cache::Health;
 
 /// How often failed writes are retried and delayed status writes come due.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -58,6 +59,8 @@ pub struct Admission<W> {
     cache: Shared<Cache>,
     /// This task's own watches; other tasks' readiness must not hold admission back.
     watches: Health,
+    /// The SysctlPolicy watch alone.
+    policies: Health,
     writer: Writer<W>,
     metrics: Metrics,
     policy: Option<NodePolicy>,
@@ -73,7 +76,7 @@ impl<W: Writes> Admission<W> {
     pub fn new(
         settings: Settings,
         cache: Shared<Cache>,
-        watches: Health,
+        flags: Flags,
         writer: Writer<W>,
         metrics: Metrics,
     ) -> Self {
@@ -81,7 +84,8 @@ impl<W: Writes> Admission<W> {
         Self {
             settings,
             cache,
-            watches,
+            watches: flags.health(),
+            policies: flags.policies(),
             writer,
             metrics,
             policy: None,
@@ -116,7 +120,7 @@ impl<W: Writes> Admission<W> {
             }
             Change::Policy(policy) => {
                 self.schedule_status(&policy);
-                if self.watches.policies.is_ready() {
+                if self.policies.listed() {
                     self.policies_changed().await
                 }
             }

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::admission::{Admission, Settings, status_offset};
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, Health, Labels, PodKey};
+use super::cache::{Cache, Change, Flags, Labels, PodKey};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::metrics::Metrics;
 
@@ -144,7 +144,7 @@ fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 struct Rig {
     admission: Admission<Fake>,
     cache: Shared<Cache>,
-    watches: Health,
+    watches: Flags,
     fake: Fake,
     metrics: Metrics,
 }
@@ -160,7 +160,7 @@ impl Rig {
     /// The Node in the cache, but no watch listed yet.
     fn unlisted(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let readiness = Readiness::default();
-        let watches = Health {
+        let watches = Flags {
             pods: readiness.register("sysctl/pods"),
             policies: readiness.register("sysctl/sysctlpolicies"),
             node: readiness.register("sysctl/nodes"),

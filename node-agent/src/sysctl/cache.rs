@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Kept, Shared, Store, Watches},
+    cache::{Health, Kept, Shared, Store, Watches},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -67,22 +67,23 @@ pub enum Change {
     Merge,
 }
 
-/// The health of the three watches.
+/// The flags of the three watches; what they say is asked through [`Health`].
 #[derive(Clone)]
-pub struct Health {
+pub struct Flags {
     pub pods: ReadyFlag,
     pub policies: ReadyFlag,
     pub node: ReadyFlag,
 }
 
-impl Health {
-    fn all(&self) -> [&ReadyFlag; 3] {
-        [&self.pods, &self.policies, &self.node]
+impl Flags {
+    /// All three: every watch has listed once only when the node's policy is known.
+    pub fn health(&self) -> Health {
+        Health::new([self.pods.clone(), self.policies.clone(), self.node.clone()])
     }
 
-    /// Every watch has listed once: only then is the node's policy known.
-    pub fn listed(&self) -> bool {
-        self.all().into_iter().all(ReadyFlag::is_ready)
+    /// The policy watch alone: its objects may be merged once it has listed.
+    pub fn policies(&self) -> Health {
+        Health::new([self.policies.clone()])
     }
 }
 
@@ -92,7 +93,7 @@ pub fn follow_all(
     client: &kube::Client,
     node: &str,
     cache: &Shared<Cache>,
-) -> (Health, impl Stream<Item = Change> + Send + 'static) {
+) -> (Flags, impl Stream<Item = Change> + Send + 'static) {
     let config = || watcher::Config::default().any_semantic();
     let watches = Watches::new(readiness, COMPONENT, client, cache);
     let on_node = |field: &str| config().fields(&format!("{field}={node}"));
@@ -103,12 +104,12 @@ pub fn follow_all(
         pods.boxed(),
         futures::stream::select(policies.boxed(), nodes.boxed()),
     );
-    let health = Health {
+    let flags = Flags {
         pods: pods_flag,
         policies: policies_flag,
         node: node_flag,
     };
-    (health, changes)
+    (flags, changes)
 }
 
 fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
