@@ -6,6 +6,9 @@ pub mod admin;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod events;
+#[cfg(test)]
+mod events_tests;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
