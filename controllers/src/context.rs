@@ -1,8 +1,12 @@
 //! What every controller is handed: the process's client, metrics registry, readiness, dry-run
 //! switch and cancellation token (plumbing's `Base`), and the leadership gate.
 
-use groundskeeper_plumbing::process::Base;
-use kube::runtime::events::Reporter;
+use std::sync::Arc;
+
+use groundskeeper_plumbing::{
+    events::{Events, Reporter},
+    process::Base,
+};
 
 use crate::leader::Leadership;
 
@@ -14,12 +18,14 @@ pub struct Context {
 }
 
 impl Context {
-    /// Who reports the Events a controller writes: `controller` from this replica (the pod's
-    /// name from the downward API, when the chart sets `POD_NAME`).
-    pub fn reporter(&self, controller: &str) -> Reporter {
-        Reporter {
-            controller: controller.into(),
-            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
-        }
+    /// The Events `controller` records from this replica (the pod's name from the downward
+    /// API), fenced like its other writes; only logged under `--dry-run`.
+    pub fn events(&self, controller: &str) -> Events {
+        Events::new(
+            self.base.client.clone(),
+            Reporter::in_pod(controller),
+            self.base.dry_run,
+        )
+        .fenced(Arc::new(self.leadership.fence()))
     }
 }

@@ -611,7 +611,7 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
             why: "stale cache".into(),
         };
         let o = force_delete(
-            &KubeWrites::new(c.client.clone(), c.client.clone()),
+            &KubeWrites::new(c.client.clone()),
             &groundskeeper_controllers::leader::Fence::unbounded(),
             &d,
             jiff::Timestamp::now(),

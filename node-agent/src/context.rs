@@ -1,8 +1,10 @@
 //! What every node-agent task is handed: the process's client, metrics registry, readiness,
 //! dry-run switch and cancellation token (plumbing's `Base`), and the Node it runs on.
 
-use groundskeeper_plumbing::process::Base;
-use kube::runtime::events::Reporter;
+use groundskeeper_plumbing::{
+    events::{Events, Reporter},
+    process::Base,
+};
 
 /// Field manager and Event reporter of every node-agent write.
 pub const MANAGER: &str = "groundskeeper-node-agent";
@@ -16,11 +18,12 @@ pub struct Context {
 }
 
 impl Context {
-    /// Who reports the Events a task writes: the agent, from this node.
-    pub fn reporter(&self) -> Reporter {
-        Reporter {
-            controller: MANAGER.into(),
-            instance: Some(self.node_name.clone()),
-        }
+    /// The Events a task records: the agent's, from this node; only logged under `--dry-run`.
+    pub fn events(&self) -> Events {
+        Events::new(
+            self.base.client.clone(),
+            Reporter::on(MANAGER, &self.node_name),
+            self.base.dry_run,
+        )
     }
 }

@@ -132,9 +132,7 @@ fn set_user_agent(config: &mut Config, what: &str) {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "groundskeeper".into());
-    let instance = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
+    let instance = crate::events::pod_name()
         .or_else(host_name)
         .unwrap_or_default();
     let what = if what.is_empty() {

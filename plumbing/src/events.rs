@@ -243,7 +243,10 @@ impl Events {
         }
     }
 
-    async fn write(&self, write: BoxFuture<'_, Result<(), kube::Error>>) -> Result<(), kube::Error> {
+    async fn write(
+        &self,
+        write: BoxFuture<'_, Result<(), kube::Error>>,
+    ) -> Result<(), kube::Error> {
         match &self.fence {
             Some(f) => f.guard(write).await,
             None => write.await,
@@ -334,7 +337,9 @@ impl Recording {
             .pop_front()
         {
             return Err(kube::Error::Api(
-                kube::core::Status::failure("refused", "Test").with_code(code).boxed(),
+                kube::core::Status::failure("refused", "Test")
+                    .with_code(code)
+                    .boxed(),
             ));
         }
         self.written

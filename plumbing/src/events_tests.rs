@@ -67,7 +67,11 @@ async fn a_repeat_joins_the_series_of_the_same_event() {
                     Repeat::Series
                 },
             );
-            let key = (reason * 2 + u64::from(per_note), object, per_note.then_some(note));
+            let key = (
+                reason * 2 + u64::from(per_note),
+                object,
+                per_note.then_some(note),
+            );
             let count = seen.entry(key).or_default();
             *count += 1;
             let want = if *count == 1 {
@@ -97,7 +101,10 @@ async fn a_repeat_after_the_ttl_is_a_new_event() {
     assert_eq!(events.publish(&n).await.unwrap(), Recorded::Created);
     let written = sink.take();
     assert_eq!(written.len(), 3);
-    assert_eq!(written[0].metadata.name, written[1].metadata.name, "patched");
+    assert_eq!(
+        written[0].metadata.name, written[1].metadata.name,
+        "patched"
+    );
     assert_eq!(written[0].reporting_controller.as_deref(), Some("gk"));
     assert_eq!(written[0].reporting_instance.as_deref(), Some("node-a"));
     assert_eq!(
@@ -123,13 +130,20 @@ async fn once_named_is_created_once_even_by_another_process() {
     sink.failures.lock().unwrap().push_back(409);
     assert_eq!(events.publish(&n).await.unwrap(), Recorded::AlreadyThere);
     sink.failures.lock().unwrap().push_back(500);
-    assert!(events.publish(&n).await.is_err(), "other errors are the caller's");
+    assert!(
+        events.publish(&n).await.is_err(),
+        "other errors are the caller's"
+    );
 }
 
 #[tokio::test]
 async fn dry_run_writes_nothing() {
     let (sink, events) = writer(true);
-    for repeat in [Repeat::Series, Repeat::SeriesPerNote, Repeat::Once("x".into())] {
+    for repeat in [
+        Repeat::Series,
+        Repeat::SeriesPerNote,
+        Repeat::Once("x".into()),
+    ] {
         let n = notice("R", "x", on("Node", None, "n"), repeat);
         assert_eq!(events.publish(&n).await.unwrap(), Recorded::DryRun);
     }

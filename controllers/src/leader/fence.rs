@@ -43,6 +43,21 @@ impl Term {
 #[error("not leading (lease not held or no longer valid): write not made")]
 pub struct Fenced;
 
+/// The Event writer's writes pass the fence like every other write; refused or dropped, they
+/// fail as the other writes do (`Service` error carrying [`Fenced`]).
+impl groundskeeper_plumbing::events::Fence for Fence {
+    fn guard<'a>(
+        &'a self,
+        write: futures::future::BoxFuture<'a, Result<(), kube::Error>>,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        Box::pin(async move {
+            Fence::guard(self, write)
+                .await
+                .unwrap_or_else(|f| Err(kube::Error::Service(Box::new(f))))
+        })
+    }
+}
+
 /// A read-only view of the elector's [`Term`], cheap to clone into every writer.
 #[derive(Clone)]
 pub struct Fence(watch::Receiver<Term>);

@@ -2,8 +2,8 @@
 //!
 //! A deletion marks the pod Failed (when not already final), then force-deletes it with a UID
 //! precondition; many pods at once within an AIMD limit of at most `--gc-concurrency` (see
-//! `limit.rs`) and the client's QPS budget. The policy Events go through the same trait.
-//! `--dry-run` is decided in one place, `Applier::writes`.
+//! `limit.rs`) and the client's QPS budget. `--dry-run` is decided in one place,
+//! `Applier::writes`.
 
 use std::{
     collections::VecDeque,
@@ -30,7 +30,6 @@ use super::{
     facts::{DISRUPTION_TARGET, PodFacts},
     limit::{Aimd, RETRY_AFTER_MAX, Signal},
     metrics::Metrics,
-    notice::KubeEvents,
     wire::WirePod,
 };
 
@@ -183,27 +182,17 @@ pub trait Writes: Send + Sync {
     ) -> BoxFuture<'a, Result<(), kube::Error>>;
     /// The force-delete ([`delete_params`]).
     fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>>;
-    /// A Warning Event on a Namespace.
-    fn warn_namespace<'a>(
-        &'a self,
-        namespace: &'a str,
-        note: String,
-    ) -> BoxFuture<'a, Result<(), kube::Error>>;
 }
 
 /// The writes, made.
 pub struct KubeWrites {
     /// Without kube's automatic 429 retry: the limit must see every 429.
     pods: Client,
-    events: KubeEvents,
 }
 
 impl KubeWrites {
-    pub fn new(pods: Client, events: Client) -> Self {
-        Self {
-            pods,
-            events: KubeEvents::new(events),
-        }
+    pub fn new(pods: Client) -> Self {
+        Self { pods }
     }
 
     fn api(&self, pod: &PodFacts) -> Api<WirePod> {
@@ -231,14 +220,6 @@ impl Writes for KubeWrites {
             let api = self.api(pod);
             api.delete(&pod.name, &delete_params(pod)).await.map(drop)
         })
-    }
-
-    fn warn_namespace<'a>(
-        &'a self,
-        namespace: &'a str,
-        note: String,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
-        Box::pin(self.events.warn(namespace, note))
     }
 }
 
@@ -399,26 +380,6 @@ impl Applier {
     /// The one place `--dry-run` is decided: the writes to make, or none.
     fn writes(&self) -> Option<&dyn Writes> {
         (!self.dry_run).then_some(&*self.writes)
-    }
-
-    /// A Warning Event on `namespace`; only logged in dry-run, which writes nothing.
-    pub async fn warn_namespace(&self, namespace: &str, note: String) {
-        let Some(writes) = self.writes() else {
-            tracing::info!(namespace, note, "dry-run: would record a Namespace Event");
-            return;
-        };
-        // Fenced like the deletes: a deposed leader writes nothing, Events included.
-        match self
-            .fence
-            .guard(writes.warn_namespace(namespace, note))
-            .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(namespace, error = %e, "recording the policy Event failed")
-            }
-            Err(_) => tracing::info!(namespace, "policy Event not recorded: no longer leading"),
-        }
     }
 
     /// (deletes allowed in flight, when a 429 pause ends)

@@ -21,7 +21,7 @@ use crate::podgc::{
 
 /// The real writes, against the scripted apiserver.
 fn writes(mock: &Mock) -> KubeWrites {
-    KubeWrites::new(mock.client(), mock.client())
+    KubeWrites::new(mock.client())
 }
 
 fn pod(name: &str, phase: Phase) -> PodFacts {
@@ -302,7 +302,19 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
     for p in Pass::ALL {
         assert_eq!(a.metrics.counts("ns", p), (0, 0));
     }
-    a.warn_namespace("ns", "bad annotation".into()).await;
+    let events = groundskeeper_plumbing::events::Events::new(
+        mock.client(),
+        groundskeeper_plumbing::events::Reporter::in_pod(crate::podgc::notice::CONTROLLER),
+        false,
+    )
+    .fenced(Arc::new(standby.clone()));
+    let e = events
+        .publish(&crate::podgc::notice::invalid_policy(
+            "ns",
+            "bad annotation".into(),
+        ))
+        .await;
+    assert!(e.is_err(), "{e:?}");
     assert!(
         mock.calls().is_empty(),
         "no Event either: {:?}",
@@ -489,14 +501,6 @@ impl Writes for AsksToWait {
                 Some(serde_json::from_value(json!({ "retryAfterSeconds": seconds })).unwrap());
             Err(kube::Error::Api(status.boxed()))
         })
-    }
-
-    fn warn_namespace<'a>(
-        &'a self,
-        _: &'a str,
-        _: String,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
-        Box::pin(async { Ok(()) })
     }
 }
 

@@ -12,14 +12,14 @@ use std::{
 };
 
 use futures::{StreamExt, stream};
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::{cache::Shared, events::Events};
 use kube::{Api, Client};
 
 use super::{
     apply::{Applier, Tally},
     cache::Caches,
     decide::{self, Pass, Snapshot},
-    notice::Reported,
+    notice::{Reported, invalid_policy},
     policy::{self, NsPolicy, Policy},
     quarantine::Quarantine,
     wire::WireNode,
@@ -33,6 +33,8 @@ pub struct Cycle {
     /// `--terminated-pod-ttl`; `None` is off.
     pub ttl: Option<Duration>,
     pub reported: Reported,
+    /// The policy Events (fenced like the deletes; only logged in dry-run).
+    pub events: Events,
 }
 
 /// What a cycle did, per pass (indexed by `Pass as usize`).
@@ -99,8 +101,7 @@ impl Cycle {
         summary
     }
 
-    /// Logs each malformed annotation value once, with an Event on its Namespace (not in
-    /// dry-run, which writes nothing).
+    /// Logs each malformed annotation value once, with an Event on its Namespace.
     async fn report_malformed(&mut self, snap: &Snapshot) {
         for (ns, annotation, value) in self.reported.fresh(&snap.namespaces) {
             tracing::warn!(
@@ -110,7 +111,9 @@ impl Cycle {
             let note = format!(
                 "{annotation}: {value:?} is not valid; this rule is off in the namespace until it is fixed (TTL: a duration such as 30m or 24h; threshold: a whole number)"
             );
-            self.applier.warn_namespace(&ns, note).await;
+            if let Err(e) = self.events.publish(&invalid_policy(&ns, note)).await {
+                tracing::warn!(namespace = %ns, error = %e, "recording the policy Event failed");
+            }
         }
     }
 
@@ -232,7 +235,7 @@ mod tests {
     impl Events {
         fn new(mock: &Mock) -> Arc<Self> {
             Arc::new(Self {
-                pods: KubeWrites::new(mock.client(), mock.client()),
+                pods: KubeWrites::new(mock.client()),
                 seen: Default::default(),
             })
         }
@@ -250,21 +253,43 @@ mod tests {
         fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
             self.pods.delete(pod)
         }
+    }
 
-        fn warn_namespace<'a>(
+    /// The Event writer's sink.
+    impl groundskeeper_plumbing::events::Sink for Events {
+        fn create<'a>(
             &'a self,
-            namespace: &'a str,
-            note: String,
+            e: &'a k8s_openapi::api::events::v1::Event,
         ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            self.seen.lock().unwrap().push((namespace.into(), note));
+            let namespace = e.regarding.as_ref().and_then(|r| r.name.clone());
+            self.seen.lock().unwrap().push((
+                namespace.unwrap_or_default(),
+                e.note.clone().unwrap_or_default(),
+            ));
             Box::pin(async { Ok(()) })
         }
+
+        fn patch<'a>(
+            &'a self,
+            e: &'a k8s_openapi::api::events::v1::Event,
+        ) -> BoxFuture<'a, Result<(), kube::Error>> {
+            self.create(e)
+        }
+    }
+
+    fn event_writer(events: &Arc<Events>, dry_run: bool) -> groundskeeper_plumbing::events::Events {
+        groundskeeper_plumbing::events::Events::to(
+            events.clone(),
+            groundskeeper_plumbing::events::Reporter::on("test", "test"),
+            dry_run,
+        )
     }
 
     fn cycle_with(mock: &Mock, quarantine: Duration, events: Arc<Events>) -> Cycle {
         Cycle {
             ttl: None,
             reported: Reported::default(),
+            events: event_writer(&events, false),
             client: mock.client(),
             applier: Applier::new(
                 events,
@@ -448,14 +473,6 @@ mod tests {
             }
             self.pods.delete(pod)
         }
-
-        fn warn_namespace<'a>(
-            &'a self,
-            _: &'a str,
-            _: String,
-        ) -> BoxFuture<'a, Result<(), kube::Error>> {
-            Box::pin(async { Ok(()) })
-        }
     }
 
     /// Item 5 of issue 21: the out-of-service pass runs behind the threshold and TTL passes,
@@ -501,7 +518,7 @@ mod tests {
             c.threshold = 1;
             c.applier.live = Some(caches.clone());
             let writes: Arc<dyn Writes> = Arc::new(NodeComesBack {
-                pods: KubeWrites::new(mock.client(), mock.client()),
+                pods: KubeWrites::new(mock.client()),
                 caches: caches.clone(),
                 comes_back,
             });
@@ -534,6 +551,7 @@ mod tests {
         let events = Events::new(&mock);
         let mut c = cycle_with(&mock, Duration::from_secs(3600), events.clone());
         c.applier.dry_run = true;
+        c.events = event_writer(&events, true);
         c.run(&caches).await;
         assert!(
             events.seen.lock().unwrap().is_empty(),

@@ -123,10 +123,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             health: health.clone(),
             live: Some(caches.clone()),
             ..Applier::new(
-                Arc::new(KubeWrites::new(
-                    ctx.base.unretried_client.clone(),
-                    ctx.base.client.clone(),
-                )),
+                Arc::new(KubeWrites::new(ctx.base.unretried_client.clone())),
                 metrics.clone(),
                 args.gc_concurrency as usize,
                 ctx.base.dry_run,
@@ -138,6 +135,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         threshold: args.terminated_pod_gc_threshold,
         ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
         reported: notice::Reported::default(),
+        events: ctx.events(notice::CONTROLLER),
     };
     loop {
         // Every pass deletes on what the caches say (a pod count over the threshold, a node's

@@ -1,78 +1,37 @@
 //! Reporting malformed policy annotations, once per distinct bad value.
 //!
-//! A log line and a Warning Event on the Namespace, not every cycle. The Event is written
-//! through `apply::Writes` (`KubeWrites` uses [`KubeEvents`]), so the once-only bookkeeping is
-//! tested without a cluster.
+//! A log line and a Warning Event on the Namespace, not every cycle. The Event goes through
+//! plumbing's Event writer; a second bad value in the same namespace is an Event of its own
+//! (`Repeat::SeriesPerNote`), not a count in the first one's series.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::{
-    api::{core::v1::ObjectReference, events::v1::Event as K8sEvent},
-    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
-};
-use kube::{Api, Client, api::PostParams};
+use groundskeeper_plumbing::events::{Notice, Repeat, Severity};
+use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::policy::{NsAnnotations, malformed};
 
 pub const REASON: &str = "InvalidPodGCPolicy";
+/// The reporting controller of PodGC's Events.
+pub const CONTROLLER: &str = "groundskeeper.dev/podgc";
 
-/// Creates each Event itself: kube's `Recorder` folds events with the same reason and object
-/// into one series that keeps the first note, which would hide a second bad value.
-pub struct KubeEvents {
-    api: Api<K8sEvent>,
-    instance: String,
-}
-
-impl KubeEvents {
-    pub fn new(client: Client) -> Self {
-        Self {
-            // A Namespace is cluster-scoped: its Events live in "default", as client-go's
-            // recorder puts them (the apiserver refuses them anywhere else).
-            api: Api::namespaced(client, "default"),
-            instance: std::env::var("POD_NAME")
-                .ok()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| CONTROLLER.into()),
-        }
-    }
-}
-
-const CONTROLLER: &str = "groundskeeper.dev/podgc";
-
-impl KubeEvents {
-    pub fn warn(
-        &self,
-        namespace: &str,
-        note: String,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send + '_ {
-        let now = jiff::Timestamp::now();
-        let ev = K8sEvent {
-            metadata: ObjectMeta {
-                name: Some(format!("{namespace}.{:x}", now.as_nanosecond())),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(now)),
-            type_: Some("Warning".into()),
-            reason: Some(REASON.into()),
-            action: Some("ParsePolicy".into()),
-            note: Some(note),
-            regarding: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Namespace".into()),
-                name: Some(namespace.into()),
-                ..ObjectReference::default()
-            }),
-            reporting_controller: Some(CONTROLLER.into()),
-            reporting_instance: Some(self.instance.clone()),
-            ..K8sEvent::default()
-        };
-        async move {
-            self.api
-                .create(&PostParams::default(), &ev)
-                .await
-                .map(|_| ())
-        }
+/// The Warning Event for a malformed annotation on `namespace`.
+pub fn invalid_policy(namespace: &str, note: String) -> Notice {
+    Notice {
+        severity: Severity::Warning,
+        reason: REASON.into(),
+        action: "ParsePolicy".into(),
+        note,
+        // A Namespace is cluster-scoped: its Events live in "default", as client-go's
+        // recorder puts them (the apiserver refuses them anywhere else).
+        regarding: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Namespace".into()),
+            name: Some(namespace.into()),
+            ..ObjectReference::default()
+        },
+        repeat: Repeat::SeriesPerNote,
     }
 }
 

@@ -1,19 +1,17 @@
 //! Every write the controller makes to the API, and the one place `--dry-run` is decided.
 //!
 //! The writes sit behind the `Writes` trait, so the sync layer is tested against a recording
-//! fake; `Apply` makes them, or under `--dry-run` only logs `dry-run: would …`.
+//! fake; `Apply` makes them, or under `--dry-run` only logs `dry-run: would …`. Events go
+//! through plumbing's Event writer, which decides dry-run and passes the fence for them.
 
 use std::{fmt, future::Future};
 
+use groundskeeper_plumbing::events::{self, Events, Repeat, Severity};
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::{core::v1::ObjectReference, networking::v1::ServiceCIDR},
-    apimachinery::pkg::apis::meta::v1::Time,
-};
+use k8s_openapi::{api::networking::v1::ServiceCIDR, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams},
-    runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use serde_json::json;
 
@@ -57,22 +55,22 @@ pub trait Writes: Send + Sync + 'static {
         condition: &ReadyCondition,
         now: Timestamp,
     ) -> impl Future<Output = Result<Written, kube::Error>> + Send;
-    fn publish(
-        &self,
-        regarding: &ObjectReference,
-        notice: &Notice,
-    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
 
 /// The writes as the sync layer makes them: through `W`, or only logged under `--dry-run`.
 pub struct Apply<W> {
     writes: W,
     dry_run: bool,
+    events: Events,
 }
 
 impl<W: Writes> Apply<W> {
-    pub fn new(writes: W, dry_run: bool) -> Self {
-        Self { writes, dry_run }
+    pub fn new(writes: W, dry_run: bool, events: Events) -> Self {
+        Self {
+            writes,
+            dry_run,
+            events,
+        }
     }
 
     /// The one place dry-run is decided: the writer, or `None` once `dry-run: would {what}`
@@ -129,17 +127,24 @@ impl<W: Writes> Apply<W> {
         Ok(written)
     }
 
-    /// Records `notice` on `obj`; a failure is logged, never fatal to the sync.
+    /// Records `notice` on `obj`; the same note again joins its series, a new note (another
+    /// set of blockers) is an Event of its own. A failure is logged, never fatal to the sync.
     pub async fn publish(&self, obj: &ServiceCIDR, notice: &Notice) {
         let regarding = obj.object_ref(&());
-        let name = regarding.name.as_deref().unwrap_or_default();
-        let Some(w) = self.live(
-            name,
-            format_args!("record event {}: {}", notice.reason, notice.note),
-        ) else {
-            return;
+        let name = regarding.name.clone().unwrap_or_default();
+        let event = events::Notice {
+            severity: if notice.warning {
+                Severity::Warning
+            } else {
+                Severity::Normal
+            },
+            reason: notice.reason.clone(),
+            action: notice.action.clone(),
+            note: notice.note.clone(),
+            regarding,
+            repeat: Repeat::SeriesPerNote,
         };
-        if let Err(e) = w.publish(&regarding, notice).await {
+        if let Err(e) = self.events.publish(&event).await {
             tracing::warn!(servicecidr = %name, reason = %notice.reason, error = %e, "could not record event");
         }
     }
@@ -149,15 +154,13 @@ impl<W: Writes> Apply<W> {
 /// and dropped in flight when it stops holding one.
 pub struct KubeWrites {
     api: Api<ServiceCIDR>,
-    recorder: Recorder,
     fence: Fence,
 }
 
 impl KubeWrites {
-    pub fn new(client: Client, reporter: Reporter, fence: Fence) -> Self {
+    pub fn new(client: Client, fence: Fence) -> Self {
         Self {
-            api: Api::all(client.clone()),
-            recorder: Recorder::new(client, reporter),
+            api: Api::all(client),
             fence,
         }
     }
@@ -237,25 +240,6 @@ impl Writes for KubeWrites {
             resource_version: obj.metadata.resource_version,
         })
     }
-
-    async fn publish(&self, regarding: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {
-        let ev = Event {
-            type_: if n.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: n.reason.clone(),
-            note: Some(n.note.clone()),
-            action: n.action.clone(),
-            secondary: None,
-        };
-        fenced(
-            self.fence
-                .guard(self.recorder.publish(&ev, regarding))
-                .await,
-        )
-    }
 }
 
 #[cfg(test)]
@@ -264,18 +248,11 @@ mod tests {
     use crate::leader::{Fence, Term};
     use testkit::api::Mock;
 
-    fn reporter() -> Reporter {
-        Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: None,
-        }
-    }
-
     #[tokio::test]
     async fn a_standby_sends_no_write() {
         let mock = Mock::default();
         let (_tx, rx) = tokio::sync::watch::channel(Term::Standby);
-        let w = KubeWrites::new(mock.client(), reporter(), Fence::new(rx));
+        let w = KubeWrites::new(mock.client(), Fence::new(rx.clone()));
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         assert!(w.remove_finalizer("x").await.is_err());
         assert!(w.add_finalizer("x").await.is_err());
@@ -284,23 +261,29 @@ mod tests {
                 .await
                 .is_err()
         );
-        let e = w
-            .publish(
-                &ObjectReference::default(),
-                &Notice {
-                    warning: false,
-                    reason: "r".into(),
-                    action: "a".into(),
-                    note: "n".into(),
-                },
-            )
+        // Events too: the Event writer passes the same fence.
+        let events = Events::new(
+            mock.client(),
+            groundskeeper_plumbing::events::Reporter::in_pod(FIELD_MANAGER),
+            false,
+        )
+        .fenced(std::sync::Arc::new(Fence::new(rx)));
+        let e = events
+            .publish(&events::Notice {
+                severity: Severity::Normal,
+                reason: "r".into(),
+                action: "a".into(),
+                note: "n".into(),
+                regarding: Default::default(),
+                repeat: Repeat::Series,
+            })
             .await
             .unwrap_err();
         assert!(e.to_string().contains("not leading"), "{e}");
         assert!(mock.calls().is_empty(), "{:?}", mock.calls());
 
         // The same writes with a valid lease do reach the API.
-        let w = KubeWrites::new(mock.client(), reporter(), Fence::unbounded());
+        let w = KubeWrites::new(mock.client(), Fence::unbounded());
         // (The mock answers with a Pod, which does not parse: only the call matters here.)
         let _ = w.remove_finalizer("x").await;
         assert_eq!(

@@ -72,13 +72,17 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
         }
     });
 
-    let writes = KubeWrites::new(
-        ctx.base.client.clone(),
-        ctx.reporter(REPORTER),
-        ctx.leadership.fence(),
-    );
+    let writes = KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence());
     let syncer = Arc::new(
-        Syncer::new(cache, queue.clone(), writes, metrics, ctx.base.dry_run).with_health(health),
+        Syncer::new(
+            cache,
+            queue.clone(),
+            writes,
+            metrics,
+            ctx.base.dry_run,
+            ctx.events(REPORTER),
+        )
+        .with_health(health),
     );
     let token = ctx.base.token.clone();
     let started = tokio::select! {

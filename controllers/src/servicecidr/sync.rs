@@ -87,11 +87,12 @@ impl<W: Writes> Syncer<W> {
         writes: W,
         metrics: Metrics,
         dry_run: bool,
+        events: groundskeeper_plumbing::events::Events,
     ) -> Self {
         Self {
             cache,
             queue,
-            apply: Apply::new(writes, dry_run),
+            apply: Apply::new(writes, dry_run, events),
             metrics,
             // managedFields times are whole seconds: an entry written in our first second
             // must not look older than us.

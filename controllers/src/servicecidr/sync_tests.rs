@@ -5,13 +5,13 @@ use std::{
     time::Duration,
 };
 
-use groundskeeper_plumbing::cache::{Health, Shared};
+use groundskeeper_plumbing::{
+    cache::{Health, Shared},
+    events,
+};
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::{
-        core::v1::ObjectReference,
-        networking::v1::{IPAddress, ServiceCIDR},
-    },
+    api::networking::v1::{IPAddress, ServiceCIDR},
     apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, Time},
 };
 use kube::runtime::watcher::Event;
@@ -78,9 +78,28 @@ impl Writes for Arc<Recorded> {
             applied_at: None,
         })
     }
-    async fn publish(&self, _r: &ObjectReference, n: &Notice) -> Result<(), kube::Error> {
-        self.events.lock().unwrap().push(n.clone());
-        Ok(())
+}
+
+/// The Event writer's sink: each Event created or counted in its series, as the sync sent it.
+impl events::Sink for Recorded {
+    fn create<'a>(
+        &'a self,
+        e: &'a k8s_openapi::api::events::v1::Event,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        self.events.lock().unwrap().push(Notice {
+            warning: e.type_.as_deref() == Some("Warning"),
+            reason: e.reason.clone().unwrap_or_default(),
+            action: e.action.clone().unwrap_or_default(),
+            note: e.note.clone().unwrap_or_default(),
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn patch<'a>(
+        &'a self,
+        e: &'a k8s_openapi::api::events::v1::Event,
+    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+        self.create(e)
     }
 }
 
@@ -102,12 +121,14 @@ fn syncer(
 ) -> (Syncer<Arc<Recorded>>, Shared<Cache>, WorkQueue<String>) {
     let cache = Shared::<Cache>::default();
     let queue = WorkQueue::new(RateLimit::default());
+    let events = events::Events::to(w.clone(), events::Reporter::on("test", "test"), dry_run);
     let s = Syncer::new(
         cache.clone(),
         queue.clone(),
         w,
         Metrics::register(&prometheus::Registry::new()).unwrap(),
         dry_run,
+        events,
     );
     (s, cache, queue)
 }
