@@ -6,8 +6,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use super::apply::Select;
 use super::family::Family;
+use super::filter::Select;
 
 pub const NLMSG_HDRLEN: usize = 16;
 // Control messages the kernel answers with.
