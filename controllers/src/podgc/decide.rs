@@ -9,10 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{
-    facts::{NodeFacts, PodFacts},
-    policy::NsAnnotations,
-};
+use super::facts::{NodeFacts, NsAnnotations, PodFacts};
 
 /// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
 #[derive(Clone, Debug, Default)]

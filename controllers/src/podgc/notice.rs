@@ -10,7 +10,8 @@ use std::sync::Arc;
 use groundskeeper_plumbing::events::{Notice, Repeat, Severity};
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::policy::{NsAnnotations, malformed};
+use super::facts::NsAnnotations;
+use super::policy::malformed;
 
 pub const REASON: &str = "InvalidPodGCPolicy";
 /// The reporting controller of PodGC's Events.

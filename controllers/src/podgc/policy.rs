@@ -24,18 +24,11 @@ use jiff::Timestamp;
 
 use super::{
     decide::{Deletion, Pass, eviction_then_age, excess, phase_note},
-    facts::PodFacts,
+    facts::{NsAnnotations, PodFacts},
 };
 
 pub const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
 pub const THRESHOLD_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-gc-threshold";
-
-/// The two annotations as a Namespace carries them, unparsed (the cache keeps only these).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NsAnnotations {
-    pub ttl: Option<Box<str>>,
-    pub threshold: Option<Box<str>>,
-}
 
 /// One annotation, parsed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use super::policy::*;
 use crate::podgc::{
     decide::{Deletion, Pass, terminated},
     facts::{
-        Phase, PodFacts,
+        NsAnnotations, Phase, PodFacts,
         example::{self, at, evicted},
     },
 };

@@ -4,12 +4,13 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use super::decide::Stale;
-use super::family::Family;
-use super::msg::Entry;
-use super::socket::{self, BatchReport, Conntrack, DumpError};
+use super::netlink::family::Family;
+use super::netlink::filter::Select;
+use super::netlink::msg::Entry;
+use super::netlink::socket::{self, BatchReport, Conntrack, DumpError};
 
 /// What one dump asks the table for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,29 +21,6 @@ pub enum Dump {
     /// The entries of a family and protocol that a selection picks (a triggered pass), the
     /// kernel filtering them.
     Select(Family, u8, Select),
-}
-
-/// Which entries a kernel-filtered dump returns (beside the protocol), for a triggered pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Select {
-    /// IPv4 entries whose reply comes from this address (where they were DNATed to).
-    ReplySource(Ipv4Addr),
-    /// IPv4 entries originally addressed to this address and port (a frontend).
-    OrigDst(Ipv4Addr, u16),
-    /// Entries originally addressed to this port, any address (a nodePort, or a frontend
-    /// port on several addresses or in IPv6).
-    OrigDstPort(u16),
-}
-
-impl Select {
-    /// Whether `e` is one the kernel returns for this selection.
-    pub fn matches(&self, e: &Entry) -> bool {
-        match *self {
-            Select::ReplySource(ip) => e.reply.src == IpAddr::V4(ip),
-            Select::OrigDst(ip, port) => e.orig.dst == IpAddr::V4(ip) && e.orig.dst_port == port,
-            Select::OrigDstPort(port) => e.orig.dst_port == port,
-        }
-    }
 }
 
 /// What a pass needs from the conntrack table.

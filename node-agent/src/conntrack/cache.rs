@@ -21,7 +21,6 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::model::{self, Model, Settle, Tombstones};
-use super::schedule::Models;
 use crate::context::Context;
 
 /// Namespace ("" for cluster-scoped kinds) and name.
@@ -90,6 +89,22 @@ impl Skip {
         match self {
             Skip::StaleModel => "stale-model",
         }
+    }
+}
+
+/// Where models come from: the watches, or a test's fake.
+pub trait Models {
+    /// The current model with the watch health it was built at; `None` while a watch is not
+    /// healthy.
+    fn model(&self) -> Option<(Model, Seen)>;
+    /// The watches' health now.
+    fn health(&self) -> Seen;
+    /// The unhealthy watches, named, for the skip warning.
+    fn unhealthy(&self) -> Vec<String>;
+    /// How long until the last model built changes by time alone (a service port without
+    /// endpoints settles): the model is rebuilt then.
+    fn changes_in(&self) -> Option<Duration> {
+        None
     }
 }
 

@@ -5,9 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::decide::*;
-use super::family::Family::{V4, V6};
 use super::model::{Cidr, FamilyModel, Model};
-use super::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use super::netlink::family::Family::{V4, V6};
+use super::netlink::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()

@@ -19,12 +19,12 @@ use serde_json::json;
 
 use super::apply::{Dump, Kernel, Table};
 use super::decide::{Focus, Stale};
-use super::family::Family::{self, V4};
 use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model, Settle, Tombstones};
-use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
+use super::netlink::family::Family::{self, V4};
+use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
+use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass};
-use super::socket::{BatchReport, Conntrack, DumpError};
 
 /// splitmix64: a small seeded generator, so a failing seed can be replayed.
 struct Rng(u64);

@@ -5,16 +5,14 @@
 pub mod apply;
 pub mod cache;
 pub mod decide;
-pub mod family;
 pub mod fill;
 pub mod metrics;
 pub mod model;
-pub mod msg;
+pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod round;
 pub mod schedule;
-pub mod socket;
 pub mod sysctls;
 
 #[cfg(test)]
@@ -25,8 +23,6 @@ mod focus_tests;
 mod kernel_tests;
 #[cfg(test)]
 mod model_tests;
-#[cfg(test)]
-mod msg_tests;
 #[cfg(test)]
 mod pass_tests;
 #[cfg(test)]

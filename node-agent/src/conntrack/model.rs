@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
-use super::family::{Family, PerFamily};
+use super::netlink::family::{Family, PerFamily};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.

@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::family::Family::{V4, V6};
 use super::model::*;
+use super::netlink::family::Family::{V4, V6};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()

@@ -93,20 +93,20 @@ impl NetNs {
     pub fn ipv4_flows(
         &self,
     ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
-        self.flows_of(&[super::family::Family::V4])
+        self.flows_of(&[super::netlink::family::Family::V4])
     }
 
     /// [`NetNs::ipv4_flows`] of both families.
     pub fn flows(&self) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
-        self.flows_of(&super::family::Family::ALL)
+        self.flows_of(&super::netlink::family::Family::ALL)
     }
 
     fn flows_of(
         &self,
-        families: &[super::family::Family],
+        families: &[super::netlink::family::Family],
     ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
         self.run(|| {
-            let mut ct = super::socket::Conntrack::open()?;
+            let mut ct = super::netlink::socket::Conntrack::open()?;
             let mut out = std::collections::BTreeSet::new();
             for fam in families {
                 ct.dump(*fam, None, &mut |e| {

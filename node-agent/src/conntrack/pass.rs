@@ -7,12 +7,13 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::apply::{Dump, Select, Table};
+use super::apply::{Dump, Table};
 use super::decide::{Scope, Stale, stale};
-use super::family::Family;
 use super::model::{FamilyModel, canonical};
-use super::msg::{Entry, IPPROTO_UDP};
-use super::socket::DumpError;
+use super::netlink::family::Family;
+use super::netlink::filter::Select;
+use super::netlink::msg::{Entry, IPPROTO_UDP};
+use super::netlink::socket::DumpError;
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;

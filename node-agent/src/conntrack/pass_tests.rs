@@ -7,11 +7,11 @@ use std::io;
 
 use super::apply::{DryRun, Dump, Table};
 use super::decide::{Scope, Stale};
-use super::family::Family::V4;
 use super::model::FamilyModel;
-use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use super::netlink::family::Family::V4;
+use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use super::netlink::socket::{BatchReport, DumpError};
 use super::pass::*;
-use super::socket::{BatchReport, DumpError};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -393,8 +393,8 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
 
 #[test]
 fn selections_ask_the_kernel_for_the_scope_in_few_walks() {
-    use super::apply::Select::{OrigDst, OrigDstPort, ReplySource};
-    use super::family::Family::V6;
+    use super::netlink::family::Family::V6;
+    use super::netlink::filter::Select::{OrigDst, OrigDstPort, ReplySource};
     let scope = |f: &[&str], n: &[u16], b: &[&str]| Scope {
         frontends: f.iter().map(|s| sa(s)).collect(),
         node_ports: n.iter().copied().collect(),

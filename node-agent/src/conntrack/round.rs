@@ -10,13 +10,13 @@ use tokio::sync::oneshot;
 
 use super::apply::{self, Table};
 use super::decide::Focus;
-use super::family::{Family, PerFamily};
 use super::fill::Fill;
 use super::metrics::Metrics;
 use super::model::Model;
+use super::netlink::family::{Family, PerFamily};
+use super::netlink::socket::DumpError;
 use super::netns;
 use super::pass::{PassContext, PassError, PassState, run_focused_pass};
-use super::socket::DumpError;
 
 /// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
 const FILL_WARNING: f64 = super::fill::THRESHOLD;

@@ -13,10 +13,10 @@ use tokio::time::Instant;
 
 use groundskeeper_plumbing::cache::Seen;
 
-use super::cache::Skip;
+use super::cache::{Models, Skip};
 use super::decide::{Focus, next_interval};
-use super::family::Family;
 use super::model::Model;
+use super::netlink::family::Family;
 use super::round::RoundSummary;
 
 /// Debounce of watch events before the model is rebuilt and compared.
@@ -32,22 +32,6 @@ pub struct Timing {
     pub min_interval: Duration,
     pub gc_min: Duration,
     pub gc_max: Duration,
-}
-
-/// Where models come from: the watches, or a test's fake.
-pub trait Models {
-    /// The current model with the watch health it was built at; `None` while a watch is not
-    /// healthy.
-    fn model(&self) -> Option<(Model, Seen)>;
-    /// The watches' health now.
-    fn health(&self) -> Seen;
-    /// The unhealthy watches, named, for the skip warning.
-    fn unhealthy(&self) -> Vec<String>;
-    /// How long until the last model built changes by time alone (a service port without
-    /// endpoints settles): the model is rebuilt then.
-    fn changes_in(&self) -> Option<Duration> {
-        None
-    }
 }
 
 /// What runs a round: the kernel passes (and the fill Event), or a test's fake.
