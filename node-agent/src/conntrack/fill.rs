@@ -2,9 +2,9 @@
 //! only after the table drains below the threshold minus a hysteresis, so a table hovering
 //! around the threshold does not produce an Event per pass.
 
+use groundskeeper_plumbing::events::{Events, Notice, Recorded, Repeat, Reporter, Severity};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// Fill ratio (nf_conntrack_count / nf_conntrack_max) at which the Event fires; the same bound
 /// as the warning each pass logs and the chart's GroundskeeperConntrackTableFilling alert.
@@ -53,23 +53,21 @@ impl Alarm {
     }
 }
 
-/// Publishes the Event on this agent's Node; skipped (logged) in dry-run, which writes nothing.
+/// Publishes the Event on this agent's Node (a crossing within minutes of the last joins its
+/// series); the Event writer logs it instead under dry-run, which writes nothing.
 pub struct Notifier {
-    recorder: Recorder,
+    events: Events,
     node: ObjectReference,
-    dry_run: bool,
     alarm: Alarm,
 }
 
 impl Notifier {
     pub fn new(client: Client, node_name: &str, dry_run: bool) -> Self {
         Self {
-            recorder: Recorder::new(
+            events: Events::new(
                 client,
-                Reporter {
-                    controller: crate::context::MANAGER.into(),
-                    instance: Some(node_name.into()),
-                },
+                Reporter::on(crate::context::MANAGER, node_name),
+                dry_run,
             ),
             // Node Events go in `default`, as kubelet's do; the uid is not needed to find them.
             node: ObjectReference {
@@ -78,7 +76,6 @@ impl Notifier {
                 name: Some(node_name.into()),
                 ..ObjectReference::default()
             },
-            dry_run,
             alarm: Alarm::default(),
         }
     }
@@ -95,19 +92,17 @@ impl Notifier {
             fill.count,
             fill.max
         );
-        if self.dry_run {
-            tracing::info!(reason = REASON, note, "dry-run: would record a Node Event");
-            return Outcome::DryRun;
-        }
-        let event = Event {
-            type_: EventType::Warning,
+        let event = Notice {
+            severity: Severity::Warning,
             reason: REASON.into(),
-            note: Some(note),
             action: "Observe".into(),
-            secondary: None,
+            note,
+            regarding: self.node.clone(),
+            repeat: Repeat::Series,
         };
-        match self.recorder.publish(&event, &self.node).await {
-            Ok(()) => Outcome::Recorded,
+        match self.events.publish(&event).await {
+            Ok(Recorded::DryRun) => Outcome::DryRun,
+            Ok(_) => Outcome::Recorded,
             Err(e) => {
                 tracing::warn!(error = %e, "could not record the conntrack fill Event on the Node");
                 Outcome::Failed(e.to_string())

@@ -4,8 +4,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use groundskeeper_plumbing::Readiness;
 use groundskeeper_plumbing::cache::{Shared, Update};
+use groundskeeper_plumbing::events;
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -62,17 +64,25 @@ impl Fake {
     }
 }
 
-impl Writes for Fake {
-    async fn create_event(&self, event: &Event) -> Result<(), kube::Error> {
+/// The Event writer's sink: the report Events as the apiserver would have taken them.
+impl events::Sink for Fake {
+    fn create<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), kube::Error>> {
         let regarding = event.regarding.as_ref().unwrap();
-        self.record(Write::Event {
+        let write = Write::Event {
             pod: regarding.name.clone().unwrap(),
             reason: event.reason.clone().unwrap(),
             action: event.action.clone().unwrap(),
             note: event.note.clone().unwrap(),
-        })
+        };
+        Box::pin(async move { self.record(write) })
     }
 
+    fn patch<'a>(&'a self, event: &'a Event) -> BoxFuture<'a, Result<(), kube::Error>> {
+        self.create(event)
+    }
+}
+
+impl Writes for Fake {
     async fn apply_policy_status(
         &self,
         name: &str,
@@ -178,7 +188,12 @@ impl Rig {
             flag: vec![],
             default_mode,
         };
-        let writer = Writer::new(fake.clone(), dry_run, node.into());
+        let events = events::Events::to(
+            Arc::new(fake.clone()),
+            events::Reporter::on(crate::context::MANAGER, node),
+            dry_run,
+        );
+        let writer = Writer::new(fake.clone(), dry_run, events);
         Rig {
             admission: Admission::new(
                 settings,

@@ -1,15 +1,16 @@
 //! Admission's writes to the API, behind a trait, with `--dry-run` decided in one place.
 //!
-//! The writes (post a pod's report Event, apply a policy's status) are behind [`Writes`] (the
-//! kube one here, a recording fake in the tests); [`Writer`] carries out what admission decided
-//! and is the one place `--dry-run` is decided. No pod is ever written: the agent reports.
+//! The status write is behind [`Writes`] (the kube one here, a recording fake in the tests);
+//! the report Events go through plumbing's Event writer, which decides `--dry-run` for them.
+//! [`Writer`] carries out what admission decided and is the one place `--dry-run` is decided
+//! for the status. No pod is ever written: the agent reports.
 
 use std::future::Future;
 
+use groundskeeper_plumbing::events::{Events, Notice, Recorded, Repeat, Severity};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
@@ -23,8 +24,6 @@ pub const RAN_REASON: &str = "SysctlForbiddenRan";
 
 /// The API writes admission makes, nothing decided here.
 pub trait Writes: Send + Sync {
-    /// Creates `event`; an existing one of the same name is the apiserver's 409.
-    fn create_event(&self, event: &Event) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Server-side applies a SysctlPolicy's status, forced, under [`MANAGER`].
     fn apply_policy_status(
         &self,
@@ -44,14 +43,6 @@ impl KubeWrites {
 }
 
 impl Writes for KubeWrites {
-    async fn create_event(&self, event: &Event) -> Result<(), kube::Error> {
-        let ns = event.metadata.namespace.as_deref().unwrap_or_default();
-        Api::<Event>::namespaced(self.client.clone(), ns)
-            .create(&PostParams::default(), event)
-            .await
-            .map(|_| ())
-    }
-
     /// One field manager shared by all agents: they all compute the same content from the
     /// spec, so whichever writes first settles it and the rest find nothing to do.
     async fn apply_policy_status(
@@ -105,30 +96,36 @@ enum Intent<'a> {
 pub struct Writer<W> {
     writes: W,
     dry_run: bool,
-    /// The reporting instance of the events.
-    node_name: String,
+    /// The report Events, from this node.
+    events: Events,
 }
 
 impl<W: Writes> Writer<W> {
-    pub fn new(writes: W, dry_run: bool, node_name: String) -> Self {
+    pub fn new(writes: W, dry_run: bool, events: Events) -> Self {
         Self {
             writes,
             dry_run,
-            node_name,
+            events,
         }
     }
 
-    /// The one place `--dry-run` is decided: logs the write about to be made, or under
-    /// `--dry-run` the one that would be, and says whether to make it.
+    /// The one place `--dry-run` is decided for the status: logs the write about to be made,
+    /// or under `--dry-run` the one that would be, and says whether to make it.
     fn proceed(&self, intent: Intent<'_>) -> bool {
-        let would = if self.dry_run { "dry-run: would " } else { "" };
+        Self::log(intent, self.dry_run);
+        !self.dry_run
+    }
+
+    /// The log line of a write, worded as made or (`dry_run`) as it would be.
+    fn log(intent: Intent<'_>, dry_run: bool) {
+        let would = if dry_run { "dry-run: would " } else { "" };
         match intent {
             Intent::Forbidden {
                 pod,
                 report,
                 message,
             } => {
-                let (verb, mode) = match (report, self.dry_run) {
+                let (verb, mode) = match (report, dry_run) {
                     (Report::Ran, false) => (
                         "reporting pod that ran despite the Enforce sysctl policy (not stopped)",
                         Mode::Enforce,
@@ -157,7 +154,7 @@ impl<W: Writes> Writer<W> {
                 tracing::info!(pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), forbidden = message, mode = %mode, "{would}{verb}");
             }
             Intent::Status { policy, condition } => {
-                let verb = if self.dry_run {
+                let verb = if dry_run {
                     "write SysctlPolicy status"
                 } else {
                     "writing SysctlPolicy status"
@@ -165,7 +162,6 @@ impl<W: Writes> Writer<W> {
                 tracing::info!(policy = %policy, valid = %condition.status, reason = %condition.reason, detail = %condition.message, "{would}{verb}");
             }
         }
-        !self.dry_run
     }
 
     /// Reports a started pod using forbidden sysctls: one Warning Event per pod UID, policy
@@ -177,13 +173,15 @@ impl<W: Writes> Writer<W> {
         message: &str,
         revision: u64,
     ) -> Result<(), kube::Error> {
-        if !self.proceed(Intent::Forbidden {
-            pod,
-            report,
-            message,
-        }) {
-            return Ok(());
-        }
+        // Worded by the Event writer's dry-run, which decides whether the report is written.
+        Self::log(
+            Intent::Forbidden {
+                pod,
+                report,
+                message,
+            },
+            self.events.dry_run(),
+        );
         let (reason, action, note) = match report {
             Report::Ran => (
                 RAN_REASON,
@@ -234,32 +232,20 @@ impl<W: Writes> Writer<W> {
     ) -> Result<(), kube::Error> {
         let ns = pod.namespace().unwrap_or_default();
         let uid = pod.uid().unwrap_or_default();
-        let event = Event {
-            metadata: ObjectMeta {
-                // Named by the verdict's message, not the note: whichever report a pod got under
-                // this revision (ran, audited, started before), a second is not made, even by
-                // a restarted agent that can no longer tell when the pod started.
-                name: Some(report_event_name(&pod.name_any(), &uid, revision, message)),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(jiff::Timestamp::now())),
-            type_: Some("Warning".into()),
-            reason: Some(reason.into()),
-            action: Some(action.into()),
-            note: Some(note.to_string()),
-            regarding: Some(pod.object_ref(&())),
-            reporting_controller: Some(MANAGER.into()),
-            reporting_instance: Some(self.node_name.clone()),
-            ..Default::default()
+        let notice = Notice {
+            severity: Severity::Warning,
+            reason: reason.into(),
+            action: action.into(),
+            note: note.to_string(),
+            regarding: pod.object_ref(&()),
+            // Named by the verdict's message, not the note: whichever report a pod got under
+            // this revision (ran, audited, started before), a second is not made, even by
+            // a restarted agent that can no longer tell when the pod started.
+            repeat: Repeat::Once(report_event_name(&pod.name_any(), &uid, revision, message)),
         };
-        match self.writes.create_event(&event).await {
-            Ok(()) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(pod = %pod.name_any(), namespace = %ns, "already reported under this policy revision");
-                Ok(())
-            }
-            Err(e) => Err(e),
+        if self.events.publish(&notice).await? == Recorded::AlreadyThere {
+            tracing::debug!(pod = %pod.name_any(), namespace = %ns, "already reported under this policy revision");
         }
+        Ok(())
     }
 }

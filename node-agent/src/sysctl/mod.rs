@@ -72,7 +72,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let writer = Writer::new(
         KubeWrites::new(ctx.base.client.clone()),
         ctx.base.dry_run,
-        ctx.node_name.clone(),
+        ctx.events(),
     );
     let settings = Settings {
         node_name: ctx.node_name.clone(),
