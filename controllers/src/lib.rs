@@ -3,6 +3,7 @@
 pub mod context;
 pub mod leader;
 pub mod manager;
+pub mod pacing;
 pub mod podgc;
 pub mod servicecidr;
 pub mod sysctlwebhook;

@@ -6,12 +6,11 @@
 //! `Applier::writes`.
 
 use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use futures::future::BoxFuture;
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -21,6 +20,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::leader::Fence;
+use crate::pacing::{
+    Answer, Halt, Pacer, THROTTLED_ATTEMPTS,
+    limit::{RETRY_AFTER_MAX, Signal},
+    throttled_of,
+};
 
 use groundskeeper_plumbing::cache::{Health, Seen, Shared};
 
@@ -28,7 +32,6 @@ use super::{
     cache::Caches,
     decide::{Deletion, Pass, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
-    limit::{Aimd, RETRY_AFTER_MAX, Signal},
     metrics::Metrics,
     wire::WirePod,
 };
@@ -53,9 +56,6 @@ pub enum Outcome {
     /// This replica stopped leading before (or while) making the call: nothing more was sent.
     Fenced,
 }
-
-/// Attempts per pod while the apiserver answers 429.
-const THROTTLED_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, PartialEq, Clone, Copy)]
 pub enum Skip {
@@ -153,20 +153,6 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
         404 => Some(Skip::Gone),
         409 => Some(Skip::Recreated),
         422 if uid_mismatch() => Some(Skip::Recreated),
-        _ => None,
-    }
-}
-
-/// A 429, and how long the server asked to wait (only when it said so in the Status body).
-fn throttled_of(e: &kube::Error) -> Option<Option<Duration>> {
-    match e {
-        kube::Error::Api(s) if s.code == 429 => Some(
-            s.details
-                .as_ref()
-                .map(|d| d.retry_after_seconds)
-                .filter(|s| *s > 0)
-                .map(|s| Duration::from_secs(u64::from(s))),
-        ),
         _ => None,
     }
 }
@@ -317,28 +303,55 @@ impl std::fmt::Display for Tally {
     }
 }
 
+/// Carries out a pass's deletions. Each of its jobs has its own place: pacing (the AIMD
+/// limit and the 429 queue) is [`Pacer`]'s; when no new deletion may start is [`Halt`]'s
+/// (shutdown, the fence, the cache health); counting is `count` over [`Metrics`]; dry-run is
+/// [`Applier::writes`].
 #[derive(Clone)]
 pub struct Applier {
     /// Only through [`Applier::writes`], which decides dry-run.
     pub(super) writes: Arc<dyn Writes>,
-    pub metrics: Metrics,
-    /// `--gc-concurrency`: the most the limit ever allows.
-    pub concurrency: usize,
-    pub dry_run: bool,
+    pub(super) metrics: Metrics,
+    pub(super) dry_run: bool,
+    /// How many deletions are in flight, and the 429 pauses; shared by every pass and cycle.
+    pub(super) pacer: Pacer,
     /// On shutdown no new deletion starts; those in flight finish.
-    pub token: CancellationToken,
-    /// Shared by every pass and cycle: the apiserver's load does not reset between them.
-    pub limit: Arc<Mutex<Aimd>>,
+    pub(super) token: CancellationToken,
     /// On leadership loss no new deletion starts and those in flight are dropped.
-    pub fence: Fence,
+    pub(super) fence: Fence,
     /// The pod, node and namespace watches: once one fails or relists after `seen`, no new
     /// deletion starts.
-    pub health: Health,
+    pub(super) health: Health,
     /// The watches' health when the cycle read its snapshot.
-    pub seen: Seen,
+    pub(super) seen: Seen,
     /// The live caches: what a deletion decided on the cycle's snapshot (minutes old by the
     /// out-of-service pass at a low QPS) is checked against right before it starts.
-    pub live: Option<Shared<Caches>>,
+    pub(super) live: Option<Shared<Caches>>,
+}
+
+impl Answer for Outcome {
+    fn throttled(&self) -> bool {
+        matches!(self, Outcome::Throttled(_))
+    }
+}
+
+/// No new deletion starts on shutdown, once this replica no longer leads, or once the caches
+/// the cycle decided on may be stale.
+impl Halt for Applier {
+    fn halted(&self) -> bool {
+        self.token.is_cancelled()
+            || !self.fence.is_valid()
+            || self.health.may_act(&self.seen).is_err()
+    }
+
+    fn on_halt(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {
+            tokio::select! {
+                _ = self.token.cancelled() => {}
+                _ = self.fence.lost() => {}
+            }
+        })
+    }
 }
 
 impl Applier {
@@ -350,20 +363,22 @@ impl Applier {
         token: CancellationToken,
         fence: Fence,
     ) -> Self {
-        let limit = Aimd::new(concurrency);
-        metrics.concurrency_limit.set(limit.limit());
         Self {
             writes,
+            pacer: Pacer::new(concurrency, metrics.concurrency_limit.clone()),
             metrics,
-            concurrency,
             dry_run,
             token,
-            limit: Arc::new(Mutex::new(limit)),
             fence,
             health: Health::default(),
             seen: Seen::default(),
             live: None,
         }
+    }
+
+    /// `--gc-concurrency`: the most deletions (or node GETs) in flight.
+    pub fn concurrency(&self) -> usize {
+        self.pacer.max()
     }
 
     /// Whether the live cache still agrees with the snapshot a deletion was decided on. Only
@@ -382,80 +397,35 @@ impl Applier {
         (!self.dry_run).then_some(&*self.writes)
     }
 
-    /// (deletes allowed in flight, when a 429 pause ends)
-    fn gate(&self) -> (usize, Option<Instant>) {
-        let l = self.limit.lock().expect("podgc limit lock");
-        (l.allowed(), l.paused(Instant::now()))
-    }
-
-    /// Runs one pass's deletions, as many at a time as the limit allows. A throttled pod goes
-    /// back to the front of the queue and through the limit again: retries never pile onto an
-    /// apiserver that just said 429.
+    /// Runs one pass's deletions through the pacer.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
-        let mut queue: VecDeque<(Deletion, u32)> = deletions.into_iter().map(|d| (d, 1)).collect();
-        let mut in_flight = FuturesUnordered::new();
-        loop {
-            let mut resume = None;
-            while !queue.is_empty() && !self.stopped() {
-                let (allowed, paused) = self.gate();
-                if paused.is_some() {
-                    resume = paused;
-                    break;
-                }
-                if in_flight.len() >= allowed.min(self.concurrency.max(1)) {
-                    break;
-                }
-                let Some((d, attempt)) = queue.pop_front() else {
-                    break;
-                };
-                in_flight.push(async move {
+        let not_started = self
+            .pacer
+            .run(
+                deletions,
+                self,
+                |d, attempt| async move {
                     let o = self.attempt(&d, attempt).await;
-                    (d, attempt, o)
-                });
-            }
-            if in_flight.is_empty() && (queue.is_empty() || self.stopped()) {
-                if !queue.is_empty() && self.health.may_act(&self.seen).is_err() {
-                    tracing::warn!(
-                        not_started = queue.len(),
-                        "podgc pass stopped: a pod, node or namespace watch failed or relisted since the cycle's snapshot; the next cycle decides again"
-                    );
-                }
-                break;
-            }
-            let resumed = async {
-                match resume {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                Some((d, attempt, o)) = in_flight.next(), if !in_flight.is_empty() => {
-                    if matches!(o, Outcome::Throttled(_)) && attempt < THROTTLED_ATTEMPTS {
-                        queue.push_front((d, attempt + 1));
-                        continue;
-                    }
+                    (d, o)
+                },
+                |d, o| {
                     self.count(&d, &o);
                     log(&d, &o);
                     tally.add(&o);
-                }
-                _ = resumed => {}
-                _ = self.token.cancelled(), if in_flight.is_empty() => {}
-                _ = self.fence.lost(), if in_flight.is_empty() => {}
-            }
+                },
+            )
+            .await;
+        if not_started > 0 && self.health.may_act(&self.seen).is_err() {
+            tracing::warn!(
+                not_started,
+                "podgc pass stopped: a pod, node or namespace watch failed or relisted since the cycle's snapshot; the next cycle decides again"
+            );
         }
         tally
     }
 
-    /// No new deletion starts on shutdown, once this replica no longer leads, or once the
-    /// caches the cycle decided on may be stale.
-    fn stopped(&self) -> bool {
-        self.token.is_cancelled()
-            || !self.fence.is_valid()
-            || self.health.may_act(&self.seen).is_err()
-    }
-
-    /// Feeds one answer to the limit.
+    /// Feeds one answer to the pacer, counting the 429s.
     fn observe(&self, o: &Outcome, took: Duration) {
         let signal = match o {
             Outcome::Throttled(after) => {
@@ -468,9 +438,7 @@ impl Applier {
             }
             _ => Signal::Answered(took),
         };
-        let mut l = self.limit.lock().expect("podgc limit lock");
-        l.observe(signal, Instant::now());
-        self.metrics.concurrency_limit.set(l.limit());
+        self.pacer.observe(signal);
     }
 
     /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).

@@ -395,7 +395,7 @@ async fn a_429_pauses_new_starts_halves_the_limit_and_the_pod_is_retried() {
     assert_eq!(a.metrics.throttled.get(), 1);
     assert_eq!(mock.calls().len(), 7, "six deletes and the one retried");
     assert!(
-        started.elapsed() >= crate::podgc::limit::DEFAULT_PAUSE.mul_f64(0.9),
+        started.elapsed() >= crate::pacing::limit::DEFAULT_PAUSE.mul_f64(0.9),
         "the throttled pod waited for the pause: {:?}",
         started.elapsed()
     );
@@ -508,7 +508,7 @@ impl Writes for AsksToWait {
 /// says so in a counter; a Retry-After within the cap is not counted.
 #[tokio::test]
 async fn a_retry_after_of_a_day_is_capped_and_counted() {
-    use crate::podgc::limit::RETRY_AFTER_MAX;
+    use crate::pacing::limit::RETRY_AFTER_MAX;
     for (seconds, capped) in [(86_400, true), (3, false)] {
         let a = Applier::new(
             Arc::new(AsksToWait {
@@ -531,7 +531,7 @@ async fn a_retry_after_of_a_day_is_capped_and_counted() {
         let asked_at = std::time::Instant::now();
         let paused = loop {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            if let Some(t) = a.limit.lock().unwrap().paused(std::time::Instant::now()) {
+            if let Some(t) = a.pacer.limit().paused(std::time::Instant::now()) {
                 break t;
             }
         };
@@ -548,4 +548,43 @@ async fn a_retry_after_of_a_day_is_capped_and_counted() {
         );
         run.abort();
     }
+}
+
+/// The applier's halt, on its own: each reason alone stops new deletions, and none of them
+/// leaves the pass running.
+#[tokio::test]
+async fn each_reason_alone_halts_new_deletions() {
+    use crate::pacing::Halt;
+    let readiness = groundskeeper_plumbing::Readiness::default();
+    let watch = readiness.register("podgc/nodes");
+    watch.mark_ready();
+    let health = Health::new([watch.clone()]);
+    let mock = Mock::default();
+    let running = || Applier {
+        health: health.clone(),
+        seen: health.seen(),
+        ..applier(&mock, false, 1)
+    };
+    assert!(!running().halted(), "nothing stops it");
+
+    let a = running();
+    a.token.cancel();
+    assert!(a.halted(), "shutdown");
+
+    let (_tx, standby) = fence(Term::Standby);
+    let a = Applier {
+        fence: standby,
+        ..running()
+    };
+    assert!(a.halted(), "not leading");
+
+    let a = running();
+    watch.relist_started();
+    assert!(a.halted(), "a watch of the snapshot relists");
+    watch.mark_ready();
+    assert!(
+        a.halted(),
+        "and stays halted once it listed again: a new epoch"
+    );
+    assert!(!running().halted(), "a new cycle's snapshot may run");
 }

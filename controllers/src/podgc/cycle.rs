@@ -139,7 +139,7 @@ impl Cycle {
                     }
                 }
             })
-            .buffer_unordered(self.applier.concurrency.max(1))
+            .buffer_unordered(self.applier.concurrency().max(1))
             .filter_map(|n| async { n })
             .collect()
             .await

@@ -16,7 +16,6 @@ pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 pub mod facts;
-pub mod limit;
 pub mod metrics;
 pub mod notice;
 pub mod policy;

@@ -1,11 +1,12 @@
-//! How many force-deletes PodGC keeps in flight, adapted to what the apiserver answers.
+//! How many writes of a batch are kept in flight, adapted to what the apiserver answers.
 //!
 //! An AIMD limit (additive increase, multiplicative decrease, as TCP and Netflix's
 //! concurrency-limits do). kube-controller-manager starts one goroutine per pod and collects
 //! 7,500 pods with thousands of 429s; here a 429 halves the limit and pauses new starts for the
 //! server's `Retry-After`, a latency well above the best seen recently trims it by a tenth,
 //! and each answer that is neither grows it by 1/limit (one more per round trip), up to
-//! `--gc-concurrency`. Pure: the applier feeds it answers and the clock.
+//! the configured maximum (PodGC's `--gc-concurrency`). Pure: [`super::Pacer`] feeds it
+//! answers and the clock.
 
 use std::time::{Duration, Instant};
 
