@@ -9,6 +9,7 @@ pub mod fill;
 pub mod metrics;
 pub mod model;
 pub mod netlink;
+#[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
 pub mod round;

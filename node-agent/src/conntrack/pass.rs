@@ -138,7 +138,9 @@ pub enum PassError {
     },
 }
 
-/// Runs one pass over every entry of `family`.
+/// Runs one pass over every entry of `family` (tests and the benchmark; a round always goes
+/// through [`run_focused_pass`]).
+#[cfg(any(test, feature = "testing"))]
 pub fn run_pass(
     table: &mut dyn Table,
     family: Family,

@@ -2,6 +2,9 @@
 //! off the async runtime (netlink calls block). With a namespace name the thread lives in that
 //! namespace, so its socket and its reads of /proc/sys/net do too.
 
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -15,7 +18,6 @@ use super::metrics::Metrics;
 use super::model::Model;
 use super::netlink::family::{Family, PerFamily};
 use super::netlink::socket::DumpError;
-use super::netns;
 use super::pass::{PassContext, PassError, PassState, run_focused_pass};
 
 /// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
@@ -59,7 +61,7 @@ impl Rounds {
             .name("conntrack".into())
             .spawn(move || {
                 if let Some(ns) = &netns
-                    && let Err(e) = netns::enter(ns)
+                    && let Err(e) = enter_netns(ns)
                 {
                     let _ = ready_tx.send(Err(e));
                     return;
@@ -223,4 +225,17 @@ impl Round {
         }
         Some(Fill { count, max })
     }
+}
+
+/// Moves the calling thread (only it) into the named namespace. Use on a thread of your own
+/// (the round's thread with --conntrack-netns; tests' threads).
+pub fn enter_netns(name: &str) -> io::Result<()> {
+    let path = format!("/run/netns/{name}");
+    let file = File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    // SAFETY: setns on a valid namespace fd affects only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("setns {path}: {e}")));
+    }
+    Ok(())
 }
