@@ -34,6 +34,10 @@ pub trait Table {
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         Ok(HashSet::new())
     }
+    /// Whether the deletes are only logged (for the summary line; decided by [`table`]).
+    fn dry_run(&self) -> bool {
+        false
+    }
 }
 
 /// The table of the calling thread's network namespace. The socket is opened when a pass first
@@ -106,6 +110,10 @@ impl<T: Table> Table for DryRun<T> {
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         self.0.host_addresses()
+    }
+
+    fn dry_run(&self) -> bool {
+        true
     }
 }
 

@@ -127,7 +127,7 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         rounds: round::Rounds::start(
             args.conntrack_netns.clone(),
             metrics.clone(),
-            dry_run,
+            apply::table(dry_run),
             args.conntrack_orphan_grace,
         )?,
         fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),

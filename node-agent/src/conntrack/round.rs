@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::apply::{self, Table};
+use super::apply::Table;
 use super::decide::Focus;
 use super::fill::Fill;
 use super::metrics::Metrics;
@@ -52,7 +52,7 @@ impl Rounds {
     pub fn start(
         netns: Option<String>,
         metrics: Metrics,
-        dry_run: bool,
+        table: Box<dyn Table + Send>,
         orphan_grace: Duration,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
@@ -68,9 +68,8 @@ impl Rounds {
                 }
                 let _ = ready_tx.send(Ok(()));
                 let mut round = Round {
-                    table: apply::table(dry_run),
+                    table,
                     metrics,
-                    dry_run,
                     state: PerFamily([(); 2].map(|()| PassState {
                         orphan_grace,
                         ..PassState::default()
@@ -121,7 +120,6 @@ impl Drop for Rounds {
 struct Round {
     table: Box<dyn Table + Send>,
     metrics: Metrics,
-    dry_run: bool,
     state: PerFamily<PassState>,
 }
 
@@ -190,7 +188,7 @@ impl Round {
             report.log(&PassContext {
                 family: fam,
                 scope: focus.map(|s| (s.frontends.len(), s.node_ports.len(), s.backends.len())),
-                dry_run: self.dry_run,
+                dry_run: self.table.dry_run(),
                 kernel_filter: self.state[fam].kernel_filter,
                 elapsed,
             });

@@ -186,20 +186,27 @@ impl Roots {
     }
 }
 
-/// Plans and writes; every write is tried, each failure returned (the caller logs them and
-/// keeps running the cleanup).
-pub fn apply(
-    args: &ConntrackSysctlArgs,
-    cores: usize,
-    roots: &Roots,
-) -> (Vec<Write>, Vec<SysctlError>) {
-    let writes = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
-    let mut errors = Vec::new();
-    let mut done = Vec::new();
-    for w in writes {
-        let path = roots.path(w.path, w.sysfs);
+/// Where the writes go: the files under [`Roots`], or only the log ([`DryRun`]). Chosen once,
+/// by [`files`].
+pub trait Files {
+    /// The current value, `None` when unreadable.
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64>;
+    /// Writes one value (or, in dry-run, logs that it would).
+    fn write(&self, w: &Write) -> Result<(), SysctlError>;
+}
+
+impl Files for Roots {
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64> {
+        Roots::read(self, path, sysfs)
+    }
+
+    fn write(&self, w: &Write) -> Result<(), SysctlError> {
+        let path = self.path(w.path, w.sysfs);
         match std::fs::write(&path, format!("{}\n", w.value)) {
-            Ok(()) => done.push(w),
+            Ok(()) => {
+                tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
+                Ok(())
+            }
             Err(source) => {
                 let hint = write_hint(
                     source.raw_os_error(),
@@ -209,13 +216,58 @@ pub fn apply(
                     }),
                     effective_caps(),
                 );
-                errors.push(SysctlError {
+                Err(SysctlError {
                     path,
                     value: w.value,
                     source,
                     hint,
-                });
+                })
             }
+        }
+    }
+}
+
+/// The files read as usual; the writes only logged, never made.
+pub struct DryRun<'a>(pub &'a Roots);
+
+impl Files for DryRun<'_> {
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64> {
+        self.0.read(path, sysfs)
+    }
+
+    fn write(&self, w: &Write) -> Result<(), SysctlError> {
+        tracing::info!(
+            path = w.path,
+            value = w.value,
+            "dry-run: would set conntrack sysctl"
+        );
+        Ok(())
+    }
+}
+
+/// The files the sysctls are written to, or not: dry-run is decided here only.
+pub fn files(roots: &Roots, dry_run: bool) -> Box<dyn Files + '_> {
+    if dry_run {
+        Box::new(DryRun(roots))
+    } else {
+        Box::new(roots.clone())
+    }
+}
+
+/// Plans and writes; every write is tried, each failure returned (the caller logs them and
+/// keeps running the cleanup).
+pub fn apply(
+    args: &ConntrackSysctlArgs,
+    cores: usize,
+    files: &dyn Files,
+) -> (Vec<Write>, Vec<SysctlError>) {
+    let writes = plan(args, cores, |p, sysfs| files.read(p, sysfs));
+    let mut errors = Vec::new();
+    let mut done = Vec::new();
+    for w in writes {
+        match files.write(&w) {
+            Ok(()) => done.push(w),
+            Err(e) => errors.push(e),
         }
     }
     (done, errors)
@@ -290,7 +342,7 @@ pub fn count_cpu_list(s: &str) -> Option<usize> {
     (n > 0).then_some(n)
 }
 
-/// Applies and logs the outcome; in dry-run only logs what it would write.
+/// Applies and logs the outcome; in dry-run ([`files`]) only logs what it would write.
 pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -> Vec<Write> {
     let cores = online_cpus();
     if let Some(max) = args
@@ -306,21 +358,7 @@ pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -
             "nf_conntrack_max is already higher than --conntrack-max-per-core x cores; left alone (--conntrack-max-allow-lower lowers it)"
         );
     }
-    if dry_run {
-        let planned = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
-        for w in &planned {
-            tracing::info!(
-                path = w.path,
-                value = w.value,
-                "dry-run: would set conntrack sysctl"
-            );
-        }
-        return planned;
-    }
-    let (done, errors) = apply(args, cores, roots);
-    for w in &done {
-        tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
-    }
+    let (done, errors) = apply(args, cores, &*files(roots, dry_run));
     for e in errors {
         tracing::error!(error = %e, "could not set conntrack sysctl; stale-entry cleanup keeps running");
     }
