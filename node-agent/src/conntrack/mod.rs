@@ -124,7 +124,7 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     .await?;
     let metrics = Metrics::register(&ctx.base.registry)?;
     let mut rounds = Cleanup {
-        rounds: round::Rounds::start(
+        rounds: round::RoundThread::start(
             args.conntrack_netns.clone(),
             metrics.clone(),
             apply::table(dry_run),
@@ -133,7 +133,7 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
     };
     let changed = Arc::new(Notify::new());
-    let (watched, watches) = cache::Watched::start(
+    let (models, watches) = cache::ModelSource::start(
         &ctx,
         deleted_retention(&args),
         args.conntrack_no_endpoint_settle,
@@ -149,7 +149,7 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         _ = watches => anyhow::bail!("conntrack watches ended"),
         _ = schedule::run(
             scheduler,
-            &watched,
+            &models,
             &mut rounds,
             &changed,
             ctx.base.token.cancelled(),
@@ -168,7 +168,7 @@ fn deleted_retention(args: &ConntrackArgs) -> Duration {
 
 /// A round in the agent: both families' passes on the netlink thread, then the fill Event.
 struct Cleanup {
-    rounds: round::Rounds,
+    rounds: round::RoundThread,
     fill: fill::Notifier,
 }
 

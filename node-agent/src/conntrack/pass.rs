@@ -273,7 +273,7 @@ pub fn run_focused_pass(
     while !done {
         let filter = state.kernel_filter.then_some(IPPROTO_UDP);
         let r = dump_retrying(&mut report, family, &mut marked, &decide, &mut |visit| {
-            table.dump(Dump::Family(family, filter), visit)
+            table.dump(Dump::Whole(family, filter), visit)
         });
         match r {
             Ok(()) => done = true,

@@ -43,12 +43,12 @@ struct Request {
 }
 
 /// The thread that runs rounds, one at a time.
-pub struct Rounds {
+pub struct RoundThread {
     tx: Option<mpsc::Sender<Request>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Rounds {
+impl RoundThread {
     pub fn start(
         netns: Option<String>,
         metrics: Metrics,
@@ -108,7 +108,7 @@ impl Rounds {
     }
 }
 
-impl Drop for Rounds {
+impl Drop for RoundThread {
     fn drop(&mut self) {
         self.tx.take();
         if let Some(t) = self.thread.take() {
