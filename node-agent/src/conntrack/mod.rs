@@ -28,6 +28,8 @@ mod model_tests;
 mod pass_tests;
 #[cfg(test)]
 mod schedule_tests;
+#[cfg(test)]
+mod sysctls_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
