@@ -256,6 +256,16 @@ impl Events {
     /// Records `n`: created, or counted in the series of the same Event recorded within
     /// [`SERIES_TTL`]. The one place `--dry-run` is decided for Events.
     pub async fn publish(&self, n: &Notice) -> Result<Recorded, kube::Error> {
+        self.record(n, true).await
+    }
+
+    /// [`Events::publish`] for a caller that has already logged, in its own words, what it
+    /// reports (`dry-run: would report …` under dry-run): no second line for the same write.
+    pub async fn publish_logged(&self, n: &Notice) -> Result<Recorded, kube::Error> {
+        self.record(n, false).await
+    }
+
+    async fn record(&self, n: &Notice, log_dry_run: bool) -> Result<Recorded, kube::Error> {
         let what = format!(
             "{} {}",
             n.regarding.kind.as_deref().unwrap_or_default(),
@@ -266,7 +276,9 @@ impl Events {
             }
         );
         if self.dry_run {
-            tracing::info!(reason = %n.reason, note = %n.note, "dry-run: would record event on {what}");
+            if log_dry_run {
+                tracing::info!(reason = %n.reason, note = %n.note, "dry-run: would record event on {what}");
+            }
             return Ok(Recorded::DryRun);
         }
         let now = k8s_openapi::jiff::Timestamp::now();

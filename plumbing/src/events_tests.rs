@@ -146,6 +146,7 @@ async fn dry_run_writes_nothing() {
     ] {
         let n = notice("R", "x", on("Node", None, "n"), repeat);
         assert_eq!(events.publish(&n).await.unwrap(), Recorded::DryRun);
+        assert_eq!(events.publish_logged(&n).await.unwrap(), Recorded::DryRun);
     }
     assert!(sink.take().is_empty());
 }

@@ -442,11 +442,18 @@ fn no_import_circle_between_modules() {
     );
 }
 
+/// A made-up crate: its name, its files (path in `src/`, text), the circles it must show.
+type SyntheticCrate = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static [&'static [&'static str]],
+);
+
 /// The check itself, on made-up crates: it must see a circle however the imports are written,
 /// and must not see one where there is none.
 #[test]
 fn a_synthetic_module_circle_is_found() {
-    let cases: &[(&str, &[(&str, &str)], &[&[&str]])] = &[
+    let cases: &[SyntheticCrate] = &[
         (
             "two siblings through super::",
             &[

@@ -151,7 +151,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             summary.log(cycle.quarantine.len(), seconds);
             args.gc_period
         } else {
-            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
+            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
             // The skipped cycle runs as soon as the caches are current, not a period later.
             STALE_RECHECK.min(args.gc_period)
         };

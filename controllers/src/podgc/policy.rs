@@ -23,7 +23,7 @@ use groundskeeper_plumbing::client::parse_duration;
 use jiff::Timestamp;
 
 use super::{
-    decide::{Deletion, Pass, eviction_then_age, excess, phase_note},
+    decide::{Deletion, Sweep, eviction_then_age, excess, phase_note},
     facts::{NsAnnotations, PodFacts},
 };
 
@@ -204,7 +204,7 @@ pub fn policy_passes(
                     ""
                 }
             );
-            Deletion::new(p, Pass::Ttl, why)
+            Deletion::new(p, Sweep::Ttl, why)
         })
         .collect();
 
@@ -219,7 +219,7 @@ pub fn policy_passes(
                 "{}; {total} terminated pods in namespace {ns} exceed its threshold of {n}",
                 phase_note(p)
             );
-            Deletion::new(p, Pass::NamespaceThreshold, why)
+            Deletion::new(p, Sweep::NamespaceThreshold, why)
         }));
     }
     (ttl, ns_threshold)

@@ -17,7 +17,7 @@ use super::netlink::socket::{self, BatchReport, Conntrack, DumpError};
 pub enum Dump {
     /// One family's entries; with a protocol, the kernel returns only those (a caller still
     /// checks: a table that cannot filter returns everything).
-    Family(Family, Option<u8>),
+    Whole(Family, Option<u8>),
     /// The entries of a family and protocol that a selection picks (a triggered pass), the
     /// kernel filtering them.
     Select(Family, u8, Select),
@@ -33,6 +33,10 @@ pub trait Table {
     /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         Ok(HashSet::new())
+    }
+    /// Whether the deletes are only logged (for the summary line; decided by [`table`]).
+    fn dry_run(&self) -> bool {
+        false
     }
 }
 
@@ -57,7 +61,7 @@ impl Table for Kernel {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         let socket = self.socket()?;
         let r = match what {
-            Dump::Family(family, only_proto) => socket.dump(family, only_proto, visit),
+            Dump::Whole(family, only_proto) => socket.dump(family, only_proto, visit),
             Dump::Select(family, proto, select) => socket.dump_select(family, proto, select, visit),
         };
         // An interrupted dump was read to its end and a rejected filter answered at once:
@@ -106,6 +110,10 @@ impl<T: Table> Table for DryRun<T> {
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         self.0.host_addresses()
+    }
+
+    fn dry_run(&self) -> bool {
+        true
     }
 }
 

@@ -108,8 +108,9 @@ pub trait Models {
     }
 }
 
-/// The cache with the watches' health, and the deleted frontends remembered across builds.
-pub struct Watched {
+/// Where the agent's models come from ([`Models`]): the watched cache with the watches'
+/// health, and the deleted frontends remembered across builds.
+pub struct ModelSource {
     cache: Shared<Cache>,
     /// Every watch the model is built from: a half-listed or failing IPAddress cache would
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
@@ -119,7 +120,7 @@ pub struct Watched {
     settle: Mutex<Settle>,
 }
 
-impl Watched {
+impl ModelSource {
     /// Starts the five watches; the future runs them (it never ends) and wakes `changed`
     /// after each event that may change the model.
     pub fn start(
@@ -174,7 +175,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Models for Watched {
+impl Models for ModelSource {
     fn health(&self) -> Seen {
         self.health.seen()
     }

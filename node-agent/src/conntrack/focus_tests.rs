@@ -500,7 +500,7 @@ struct FakeTable {
 impl Table for FakeTable {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         let pick: Box<dyn Fn(&Entry) -> bool> = match what {
-            Dump::Family(fam, proto) => {
+            Dump::Whole(fam, proto) => {
                 Box::new(move |e| e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto))
             }
             Dump::Select(..) if self.reject_select => {

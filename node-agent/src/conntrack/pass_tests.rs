@@ -83,7 +83,7 @@ impl Fake {
 impl Table for Fake {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         match what {
-            Dump::Family(_, only_proto) => {
+            Dump::Whole(_, only_proto) => {
                 self.filters.push(only_proto);
                 let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
                 self.attempts += 1;
@@ -316,7 +316,9 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
 #[test]
 fn orphaned_service_ips_wait_for_the_grace_then_go() {
     let mut m = FamilyModel {
-        service_cidrs: vec![crate::conntrack::model::Cidr::parse("10.96.0.0/16").unwrap()],
+        service_cidrs: vec![
+            crate::conntrack::model::ServiceIpRange::parse("10.96.0.0/16").unwrap(),
+        ],
         ..FamilyModel::default()
     };
     // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.

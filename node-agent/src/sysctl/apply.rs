@@ -243,7 +243,7 @@ impl<W: Writes> Writer<W> {
             // a restarted agent that can no longer tell when the pod started.
             repeat: Repeat::Once(report_event_name(&pod.name_any(), &uid, revision, message)),
         };
-        if self.events.publish(&notice).await? == Recorded::AlreadyThere {
+        if self.events.publish_logged(&notice).await? == Recorded::AlreadyThere {
             tracing::debug!(pod = %pod.name_any(), namespace = %ns, "already reported under this policy revision");
         }
         Ok(())

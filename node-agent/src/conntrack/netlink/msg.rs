@@ -4,7 +4,7 @@
 //! returns an error, never panics, on malformed input.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::family::Family;
 
@@ -34,8 +34,11 @@ const NFGENMSG_LEN: usize = 4;
 
 pub(super) const CTA_TUPLE_ORIG: u16 = 1;
 pub(super) const CTA_TUPLE_REPLY: u16 = 2;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_STATUS: u16 = 3;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO: u16 = 4;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_TIMEOUT: u16 = 7;
 pub(super) const CTA_ID: u16 = 12;
 pub(super) const CTA_ZONE: u16 = 18;
@@ -50,7 +53,9 @@ pub(super) const CTA_IP_V6_DST: u16 = 4;
 pub(super) const CTA_PROTO_NUM: u16 = 1;
 pub(super) const CTA_PROTO_SRC_PORT: u16 = 2;
 pub(super) const CTA_PROTO_DST_PORT: u16 = 3;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO_TCP: u16 = 1;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 pub(super) const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 pub(super) const CTA_FILTER_REPLY_FLAGS: u16 = 2;
@@ -119,7 +124,13 @@ pub struct Entry {
 impl Entry {
     /// An entry of the shape kube-proxy's DNAT creates: `client -> frontend` in the original
     /// direction, `endpoint -> client` in the reply. No ID (the kernel assigns one), zone 0.
-    pub fn dnat(proto: u8, client: SocketAddr, frontend: SocketAddr, endpoint: SocketAddr) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn dnat(
+        proto: u8,
+        client: std::net::SocketAddr,
+        frontend: std::net::SocketAddr,
+        endpoint: std::net::SocketAddr,
+    ) -> Self {
         Entry {
             orig: Tuple {
                 src: client.ip(),
@@ -489,6 +500,7 @@ impl Encoder {
 
     /// Creates an entry (tests and the benchmark fill tables with it). TCP entries are created
     /// ESTABLISHED.
+    #[cfg(any(test, feature = "testing"))]
     pub fn create(&mut self, seq: u32, e: &Entry, timeout_secs: u32, status: u32) {
         self.begin(
             IPCTNL_MSG_CT_NEW,
@@ -517,8 +529,11 @@ impl Encoder {
 }
 
 /// Status bits of an answered flow, for entries created by tests and the benchmark.
+#[cfg(any(test, feature = "testing"))]
 pub const STATUS_SEEN_REPLY: u32 = 1 << 1;
+#[cfg(any(test, feature = "testing"))]
 pub const STATUS_ASSURED: u32 = 1 << 2;
+#[cfg(any(test, feature = "testing"))]
 const STATUS_CONFIRMED: u32 = 1 << 3;
 
 fn v6(ip: IpAddr) -> Ipv6Addr {

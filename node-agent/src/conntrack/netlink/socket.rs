@@ -311,6 +311,7 @@ impl Conntrack {
     }
 
     /// Creates entries (tests, benchmark), in batches.
+    #[cfg(any(test, feature = "testing"))]
     pub fn create(
         &mut self,
         entries: &[Entry],
