@@ -2,7 +2,7 @@
 //!
 //! A deletion marks the pod Failed (when not already final), then force-deletes it with a UID
 //! precondition; many pods at once within an AIMD limit of at most `--gc-concurrency` (see
-//! `limit.rs`) and the client's QPS budget. `--dry-run` is decided in one place,
+//! `crate::pacing`) and the client's QPS budget. `--dry-run` is decided in one place,
 //! `Applier::writes`.
 
 use std::{
