@@ -17,6 +17,7 @@ pub mod leases;
 pub mod networking;
 pub mod proxy;
 mod rbac;
+pub mod rng;
 pub mod services;
 pub mod webhook;
 

@@ -12,6 +12,7 @@ pub mod model;
 pub mod msg;
 pub mod netns;
 pub mod pass;
+pub mod project;
 pub mod round;
 pub mod schedule;
 pub mod socket;
@@ -29,6 +30,8 @@ mod model_tests;
 mod msg_tests;
 #[cfg(test)]
 mod pass_tests;
+#[cfg(test)]
+mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
 
