@@ -35,7 +35,7 @@ pub struct ManagerArgs {
     pub sysctl: PolicyArgs,
 
     /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
-    #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
+    #[arg(long, env = "GROUNDSKEEPER_CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
     pub controllers: Selection,
 }
 
@@ -67,13 +67,13 @@ fn parse_controllers(s: &str) -> Result<Selection, String> {
 #[derive(Args, Debug, Clone)]
 pub struct ElectionArgs {
     /// Run only while holding the leader Lease (needed with more than one replica).
-    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
     /// Name of the coordination.k8s.io/v1 Lease used for leader election.
     #[arg(
         long,
-        env = "LEADER_ELECT_LEASE_NAME",
+        env = "GROUNDSKEEPER_LEADER_ELECT_LEASE_NAME",
         default_value = "groundskeeper-controller-manager"
     )]
     pub leader_elect_lease_name: String,
@@ -83,15 +83,15 @@ pub struct ElectionArgs {
     pub leader_elect_namespace: String,
 
     /// How long a standby waits after the lease last changed before taking it over.
-    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up leadership.
-    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates try to acquire and the leader renews.
-    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
 
     /// This replica's name in the Lease (a random suffix is appended).
@@ -101,7 +101,7 @@ pub struct ElectionArgs {
     /// A kubeconfig for the elector's client alone (default: the controllers' one). Hidden:
     /// it exists so fault tests can cut the lease connection while the controllers' writes
     /// still reach the apiserver, the case fencing is for.
-    #[arg(long, env = "LEADER_ELECT_KUBECONFIG", hide = true)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_KUBECONFIG", hide = true)]
     pub leader_elect_kubeconfig: Option<std::path::PathBuf>,
 }
 

@@ -25,7 +25,7 @@ pub struct AgentArgs {
     pub node_name: Option<String>,
 
     /// Node tasks to run, comma-separated: conntrack, sysctl (empty: none).
-    #[arg(long, env = "TASKS", default_value = "conntrack,sysctl", value_parser = parse_tasks)]
+    #[arg(long, env = "GROUNDSKEEPER_TASKS", default_value = "conntrack,sysctl", value_parser = parse_tasks)]
     pub tasks: Selection,
 }
 

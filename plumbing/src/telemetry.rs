@@ -20,12 +20,17 @@ pub enum LogFormat {
 #[derive(Args, Clone, Debug)]
 pub struct LogArgs {
     /// Log output format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "plain")]
+    #[arg(
+        long,
+        env = "GROUNDSKEEPER_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
     pub log_format: LogFormat,
 
     /// Log level or tracing filter (e.g. `info`, `debug`, `info,kube=warn`). RUST_LOG, when set,
     /// takes precedence so that a filter can be changed without editing the Deployment's args.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_filter)]
+    #[arg(long, env = "GROUNDSKEEPER_LOG_LEVEL", default_value = "info", value_parser = parse_filter)]
     pub log_level: String,
 }
 

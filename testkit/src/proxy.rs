@@ -104,7 +104,8 @@ pub fn kubeconfig_with_server(
     kubeconfig: &std::path::Path,
     server: &str,
 ) -> anyhow::Result<std::path::PathBuf> {
-    let mut doc: serde_norway::Value = serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let mut doc: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
     let clusters = doc
         .get_mut("clusters")
         .and_then(|c| c.as_sequence_mut())

@@ -39,7 +39,7 @@ pub struct ServiceCidrArgs {
     /// How many ServiceCIDRs are synced concurrently (1 to 64).
     #[arg(
         long,
-        env = "SERVICE_CIDR_WORKERS",
+        env = "GROUNDSKEEPER_SERVICE_CIDR_WORKERS",
         default_value_t = 5,
         value_parser = clap::value_parser!(u16).range(1..=64)
     )]

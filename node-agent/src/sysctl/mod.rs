@@ -37,7 +37,7 @@ pub struct SysctlArgs {
 
     /// Kernel release to gate the safe sysctls by, instead of /proc/sys/kernel/osrelease
     /// (for tests and for agents that can not read the host's /proc).
-    #[arg(long, env = "KERNEL_VERSION", value_parser = check::parse_kernel_version)]
+    #[arg(long, env = "GROUNDSKEEPER_KERNEL_VERSION", value_parser = check::parse_kernel_version)]
     pub kernel_version: Option<KernelVersion>,
 }
 
