@@ -14,8 +14,10 @@ use crate::{ratelimit::RateLimitLayer, timeout::RequestTimeoutLayer};
 
 #[derive(Args, Clone, Debug)]
 pub struct KubeArgs {
-    /// Path to a kubeconfig. Unset: in-cluster config, else the default kubeconfig.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Path to a kubeconfig, or several separated by ':' (merged as kubectl merges them: the
+    /// first file to set a value wins; missing files are skipped while one exists). Unset: the
+    /// KUBECONFIG environment variable (the same list), else ~/.kube/config, else in-cluster.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained API requests per second this process may make (<= 0: unlimited).
@@ -46,16 +48,19 @@ pub enum ClientError {
 
 impl KubeArgs {
     pub async fn config(&self) -> Result<Config, ClientError> {
-        let mut config = match &self.kubeconfig {
-            Some(path) => {
-                let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
-                    path: path.clone(),
-                    source,
-                })?;
+        // KUBECONFIG, the variable every Kubernetes client reads, is read as kubectl reads it
+        // (a list), not as the flag's env fallback.
+        let list = match &self.kubeconfig {
+            Some(path) => Some(path.clone().into_os_string()),
+            None => std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()),
+        };
+        let mut config = match list {
+            Some(list) => {
+                let kc = read_kubeconfigs(&list)?;
                 Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                     .await
                     .map_err(|source| ClientError::Kubeconfig {
-                        path: path.clone(),
+                        path: list.into(),
                         source,
                     })?
             }
@@ -127,6 +132,40 @@ pub fn host_name() -> Option<String> {
 
 /// `<binary>/<version> (<POD_NAME or host>[; <what>])`: the apiserver's audit log then says
 /// which replica, and which of its clients, made a request.
+/// The kubeconfig files of a ':'-separated list merged by kubectl's rules (kube's
+/// `Kubeconfig::merge`: the first file to set a value wins). As in client-go, a missing file is
+/// skipped; none existing is an error naming them all, and an unreadable one names itself.
+fn read_kubeconfigs(list: &std::ffi::OsStr) -> Result<Kubeconfig, ClientError> {
+    let paths: Vec<PathBuf> = std::env::split_paths(list)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    let present: Vec<&PathBuf> = paths.iter().filter(|p| p.exists()).collect();
+    let Some(first) = present.first() else {
+        let path = PathBuf::from(list);
+        let source = kube::config::KubeconfigError::ReadConfig(
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            path.clone(),
+        );
+        return Err(ClientError::Kubeconfig { path, source });
+    };
+    let read = |p: &PathBuf| {
+        Kubeconfig::read_from(p).map_err(|source| ClientError::Kubeconfig {
+            path: p.clone(),
+            source,
+        })
+    };
+    let mut merged = read(first)?;
+    for p in &present[1..] {
+        merged = merged
+            .merge(read(p)?)
+            .map_err(|source| ClientError::Kubeconfig {
+                path: (*p).clone(),
+                source,
+            })?;
+    }
+    Ok(merged)
+}
+
 fn set_user_agent(config: &mut Config, what: &str) {
     let binary = std::env::current_exe()
         .ok()
@@ -591,6 +630,64 @@ mod tests {
             lease_took < Duration::from_millis(500),
             "the lease call waited {lease_took:?}"
         );
+    }
+
+    fn kubeconfig_part(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Two files, one with the cluster and context, one with the user: the list reads as one
+    /// kubeconfig (as kubectl merges KUBECONFIG), the first file winning where both set a value;
+    /// a missing file in the list is skipped; a list of only missing files is an error naming it.
+    #[tokio::test]
+    async fn a_kubeconfig_list_is_merged() {
+        let dir = std::env::temp_dir().join(format!("gk-kubeconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = kubeconfig_part(
+            &dir,
+            "a",
+            "apiVersion: v1\nkind: Config\ncurrent-context: first\nclusters:\n- name: c\n  cluster:\n    server: https://10.1.2.3:6443\ncontexts:\n- name: first\n  context:\n    cluster: c\n    user: u\n",
+        );
+        let b = kubeconfig_part(
+            &dir,
+            "b",
+            "apiVersion: v1\nkind: Config\ncurrent-context: second\nclusters:\n- name: c\n  cluster:\n    server: https://10.9.9.9:6443\nusers:\n- name: u\n  user:\n    token: from-b\n",
+        );
+        let args = |list: String| KubeArgs {
+            kubeconfig: Some(PathBuf::from(list)),
+            kube_api_qps: 20.0,
+            kube_api_burst: 30,
+            kube_api_timeout: Duration::from_secs(30),
+        };
+        let missing = dir.join("missing");
+        for list in [
+            format!("{}:{}", a.display(), b.display()),
+            format!("{}:{}:{}", missing.display(), a.display(), b.display()),
+        ] {
+            let config = args(list.clone())
+                .config()
+                .await
+                .unwrap_or_else(|e| panic!("{list}: {e}"));
+            assert_eq!(
+                config.cluster_url.to_string(),
+                "https://10.1.2.3:6443/",
+                "{list}"
+            );
+            assert!(config.auth_info.token.is_some(), "{list}: b's token");
+            let merged = read_kubeconfigs(std::ffi::OsStr::new(&list)).unwrap();
+            assert_eq!(merged.current_context.as_deref(), Some("first"), "{list}");
+            let users: Vec<_> = merged.auth_infos.iter().map(|u| u.name.as_str()).collect();
+            assert_eq!(users, ["u"], "{list}");
+        }
+        // Alone, a has no user's token.
+        let alone = args(a.display().to_string()).config().await.unwrap();
+        assert!(alone.auth_info.token.is_none());
+        let list = format!("{}:{}", missing.display(), dir.join("gone").display());
+        let e = args(list.clone()).config().await.unwrap_err().to_string();
+        assert!(e.contains(&list), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
