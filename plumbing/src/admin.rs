@@ -21,6 +21,7 @@ use crate::{
 };
 
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Admin server (/healthz, /readyz, /metrics)")]
 pub struct AdminArgs {
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
     #[arg(long, env = "GROUNDSKEEPER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]

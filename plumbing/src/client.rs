@@ -13,6 +13,7 @@ use kube::{
 use crate::{ratelimit::RateLimitLayer, timeout::RequestTimeoutLayer};
 
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Kubernetes API client")]
 pub struct KubeArgs {
     /// Path to a kubeconfig, or several separated by ':' (merged as kubectl merges them: the
     /// first file to set a value wins; missing files are skipped while one exists). Unset: the

@@ -19,14 +19,8 @@ use crate::{
 
 /// The flags every groundskeeper binary takes.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Process")]
 pub struct CommonArgs {
-    #[command(flatten)]
-    pub log: LogArgs,
-    #[command(flatten)]
-    pub admin: AdminArgs,
-    #[command(flatten)]
-    pub kube: KubeArgs,
-
     /// Log every destructive action (deletions, finalizer removals, pod rejections) instead of
     /// making it. `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
     #[arg(long, env = "GROUNDSKEEPER_DRY_RUN", default_value_t = false, num_args = 0..=1,
@@ -56,6 +50,15 @@ pub struct CommonArgs {
     /// bookmark. 0 turns the check off (an apiserver without a watch cache sends none).
     #[arg(long, env = "GROUNDSKEEPER_WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
     pub watch_silent_after: Duration,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// Least `--watch-silent-after` (other than 0): a watch asked to end after half of it gets its

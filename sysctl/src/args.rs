@@ -11,6 +11,7 @@ use super::kernel::{KernelVersion, ParseKernelVersionError};
 /// What a node is allowed beyond the safe list and the SysctlPolicies, and what it does when no
 /// policy selects it.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
+#[command(next_help_heading = "Sysctl policy")]
 pub struct PolicyArgs {
     /// Comma-separated unsafe sysctl patterns allowed on every node in addition to the safe
     /// list, like kubelet's flag of the same name (e.g. `kernel.msg*,net.core.somaxconn`).

@@ -43,6 +43,7 @@ use quarantine::Quarantine;
 const STALE_RECHECK: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "PodGC controller")]
 pub struct PodGcArgs {
     /// Pause between the end of one PodGC cycle and the start of the next.
     #[arg(long, env = "GROUNDSKEEPER_GC_PERIOD", default_value = "20s", value_parser = positive_duration)]

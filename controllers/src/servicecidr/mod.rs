@@ -35,6 +35,7 @@ use sync::{Syncer, work};
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "ServiceCIDR controller")]
 pub struct ServiceCidrArgs {
     /// How many ServiceCIDRs are synced concurrently (1 to 64).
     #[arg(

@@ -36,6 +36,7 @@ use serve::Judge;
 use tls::{Certificates, TlsListener};
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Sysctl admission webhook")]
 pub struct WebhookArgs {
     /// Serve the sysctl admission webhook (every replica, not only the leader). The chart's
     /// ValidatingWebhookConfiguration sends it pod bindings and pods created on a node.

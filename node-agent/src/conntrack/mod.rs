@@ -52,6 +52,7 @@ const MAX_SETTLE: Duration = Duration::from_secs(600);
 const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Conntrack cleanup")]
 pub struct ConntrackArgs {
     /// Least time between two cleanup passes triggered by endpoint changes (kube-proxy's
     /// --min-sync-period plays this role upstream).
