@@ -6,6 +6,7 @@ pub mod admin;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod duration;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;

@@ -104,7 +104,8 @@ pub fn kubeconfig_with_server(
     kubeconfig: &std::path::Path,
     server: &str,
 ) -> anyhow::Result<std::path::PathBuf> {
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let mut doc: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
     let clusters = doc
         .get_mut("clusters")
         .and_then(|c| c.as_sequence_mut())
@@ -117,14 +118,14 @@ pub fn kubeconfig_with_server(
     let dir = std::env::temp_dir().join("groundskeeper-tests");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!("{}.kubeconfig", crate::unique_name("via-proxy")));
-    std::fs::write(&path, serde_yaml::to_string(&doc)?)?;
+    std::fs::write(&path, serde_norway::to_string(&doc)?)?;
     Ok(path)
 }
 
 /// The apiserver's address in `kubeconfig` (`https://<ip>:<port>`), to put a [`Proxy`] in
 /// front of; `None` when the server is named by host name.
 pub fn apiserver_addr(kubeconfig: &std::path::Path) -> anyhow::Result<Option<SocketAddr>> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let doc: serde_norway::Value = serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
     let server = doc["clusters"][0]["cluster"]["server"]
         .as_str()
         .unwrap_or_default();
