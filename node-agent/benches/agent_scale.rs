@@ -190,6 +190,7 @@ async fn agent_row(
     nss: &[String],
     bin: &str,
     tag: &str,
+    churn_round: usize,
 ) -> anyhow::Result<()> {
     let ns_name = format!("gk-agent-scale-{}", std::process::id());
     netns(&ns_name)?;
@@ -243,7 +244,8 @@ async fn agent_row(
         let i = (k * 37) % services;
         let ns = &nss[i % NAMESPACES];
         let api: Api<EndpointSlice> = Api::namespaced(c.client.clone(), ns);
-        let s = slice(ns, i, "", k + 1);
+        // Each row's churn writes addresses no earlier row wrote: every patch is a change.
+        let s = slice(ns, i, "", 1 + churn_round * changes + k);
         api.patch(
             &format!("svc-{i}-abcde"),
             &PatchParams::default(),
@@ -302,7 +304,14 @@ async fn kube_proxy_row(c: &testkit::Cluster) -> anyhow::Result<()> {
     netns(&ns_name)?;
     let log = std::env::temp_dir().join(format!("kube-proxy-scale-{}.log", std::process::id()));
     let file = std::fs::File::create(&log)?;
-    let kubeconfig = c.kubeconfig.display().to_string();
+    // The apiserver listens on the host's loopback only: a proxy listening inside the
+    // namespace carries kube-proxy's connections to it.
+    let upstream = testkit::proxy::apiserver_addr(&c.kubeconfig)?
+        .ok_or_else(|| anyhow::anyhow!("the test kubeconfig names no IP:port"))?;
+    let proxy = testkit::proxy::Proxy::start_in_netns(upstream, &ns_name).await?;
+    let kubeconfig = testkit::proxy::kubeconfig_with_server(&c.kubeconfig, &proxy.url())?
+        .display()
+        .to_string();
     let t0 = Instant::now();
     let mut child = tokio::process::Command::new("ip")
         .args(["netns", "exec", &ns_name])
@@ -350,6 +359,7 @@ async fn kube_proxy_row(c: &testkit::Cluster) -> anyhow::Result<()> {
     bench("kube_proxy_rss_peak_10k_services", mib(peak), "MiB");
     let _ = child.start_kill();
     let _ = child.wait().await;
+    drop(proxy);
     let _ = Command::new("ip").args(["netns", "del", &ns_name]).status();
     Ok(())
 }
@@ -366,9 +376,9 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     let nss = create_objects(&c, services).await?;
-    agent_row(&c, services, &nss, env!("CARGO_BIN_EXE_node-agent"), "").await?;
+    agent_row(&c, services, &nss, env!("CARGO_BIN_EXE_node-agent"), "", 0).await?;
     if let Ok(other) = std::env::var("AGENT_SCALE_COMPARE") {
-        agent_row(&c, services, &nss, &other, "compared_").await?;
+        agent_row(&c, services, &nss, &other, "compared_", 1).await?;
     }
     kube_proxy_row(&c).await?;
     // The objects go with the private control plane.
