@@ -7,7 +7,7 @@ use std::{net::SocketAddr, sync::LazyLock, time::Duration};
 use futures::StreamExt;
 use groundskeeper_controllers::podgc::{
     apply::{KubeWrites, Outcome, Skip, force_delete},
-    decide::{Deletion, Pass},
+    decide::{Deletion, Sweep},
     facts::{Interner, PodFacts},
     wire::WirePod,
 };
@@ -588,7 +588,10 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
     let _serial = SERIAL.lock().await;
     let ns = c.namespace_for_pods("podgc-recreated", WAIT).await?;
     let wire: Api<WirePod> = Api::namespaced(c.client.clone(), &ns);
-    for (phase_before, pass) in [("Running", Pass::Orphaned), ("Succeeded", Pass::Terminated)] {
+    for (phase_before, pass) in [
+        ("Running", Sweep::Orphaned),
+        ("Succeeded", Sweep::Terminated),
+    ] {
         let name = format!("same-name-{}", phase_before.to_lowercase());
         pod(&c, &ns, &name, None, false).await?;
         set_phase(&c, &ns, &name, phase_before, None).await;

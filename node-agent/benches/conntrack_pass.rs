@@ -19,18 +19,19 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::apply::{Kernel, Select};
+use groundskeeper_node_agent::conntrack::apply::Kernel;
 use groundskeeper_node_agent::conntrack::decide::{Focus, Scope};
-use groundskeeper_node_agent::conntrack::family::Family::V4;
 use groundskeeper_node_agent::conntrack::model::{self, FamilyModel, Model};
-use groundskeeper_node_agent::conntrack::msg::{
+use groundskeeper_node_agent::conntrack::netlink::family::Family::V4;
+use groundskeeper_node_agent::conntrack::netlink::filter::Select;
+use groundskeeper_node_agent::conntrack::netlink::msg::{
     Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY, Tuple,
 };
+use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use groundskeeper_node_agent::conntrack::pass::{
     self, PassReport, PassState, run_focused_pass, run_pass,
 };
-use groundskeeper_node_agent::conntrack::socket::Conntrack;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;

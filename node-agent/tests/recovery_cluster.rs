@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::msg::{
+use groundskeeper_node_agent::conntrack::netlink::msg::{
     Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
+use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
-use groundskeeper_node_agent::conntrack::socket::Conntrack;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams};

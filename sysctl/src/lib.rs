@@ -3,13 +3,15 @@
 //!
 //! Everything here is pure: kubelet's allowlist and messages (`allowlist`, `names`), the
 //! kernel-gated safe list (`safe`, `kernel`), the SysctlPolicy resource (`crd`), a node's merged
-//! policy (`policy`) and the verdict for one pod on one node (`verdict`). The table both
+//! policy (`policy`), the verdict for one pod on one node (`verdict`) and the hash whose values
+//! outlive a process (`hash`). The table both
 //! binaries' decisions are tested against is `cases`.
 
 pub mod allowlist;
 pub mod args;
 pub mod cases;
 pub mod crd;
+pub mod hash;
 pub mod kernel;
 pub mod names;
 pub mod policy;

@@ -16,7 +16,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::allowlist::{Allowlist, PatternError, check_pattern};
 use super::crd::{CONDITION_VALID, Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
-use super::verdict::stable_hash;
+use super::hash::stable_hash;
 
 /// The allowlist and mode in force on this node, and where they came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use groundskeeper_plumbing::cache::Shared;
 
 use super::{
     cache::{Caches, SnapshotHealth},
-    decide::{Deletion, Pass, out_of_service_node},
+    decide::{Deletion, Sweep, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
     limit::{Aimd, RETRY_AFTER_MAX, Signal},
     metrics::Metrics,
@@ -385,7 +385,7 @@ impl Applier {
     /// the out-of-service pass depends on state an admin changes by hand to take a node back
     /// (its taint, its readiness): upstream reads its node lister at pass time.
     fn still_due(&self, d: &Deletion) -> bool {
-        let (Some(live), Pass::OutOfService) = (&self.live, d.pass) else {
+        let (Some(live), Sweep::OutOfService) = (&self.live, d.pass) else {
             return true;
         };
         let caches = live.lock();

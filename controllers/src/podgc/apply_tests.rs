@@ -14,7 +14,7 @@ use super::apply::*;
 use crate::leader::{Fence, Stamp, Term};
 use crate::podgc::{
     cache::SnapshotHealth,
-    decide::{Deletion, Pass},
+    decide::{Deletion, Sweep},
     facts::{Phase, PodFacts, example},
     metrics::Metrics,
 };
@@ -32,7 +32,7 @@ fn pod(name: &str, phase: Phase) -> PodFacts {
     }
 }
 
-fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
+fn deletion(name: &str, phase: Phase, pass: Sweep) -> Deletion {
     Deletion {
         pod: pod(name, phase),
         pass,
@@ -41,7 +41,7 @@ fn deletion(name: &str, phase: Phase, pass: Pass) -> Deletion {
 }
 
 /// Pod `p` in `phase`, chosen by `pass`, force-deleted against an apiserver answering `codes`.
-async fn force_delete_answering(codes: &[u16], phase: Phase, pass: Pass) -> (Outcome, Mock) {
+async fn force_delete_answering(codes: &[u16], phase: Phase, pass: Sweep) -> (Outcome, Mock) {
     let mock = Mock::answering(codes);
     let d = deletion("p", phase, pass);
     let o = force_delete(&writes(&mock), &Fence::unbounded(), &d, now()).await;
@@ -148,7 +148,7 @@ fn status_patch_keeps_the_existing_conditions_order() {
 
 #[tokio::test]
 async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
-    let (o, mock) = force_delete_answering(&[200, 200], Phase::Running, Pass::Orphaned).await;
+    let (o, mock) = force_delete_answering(&[200, 200], Phase::Running, Sweep::Orphaned).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(
         mock.calls(),
@@ -172,21 +172,21 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
 
 #[tokio::test]
 async fn failed_patch_means_no_delete() {
-    let (o, mock) = force_delete_answering(&[500], Phase::Pending, Pass::Terminated).await;
+    let (o, mock) = force_delete_answering(&[500], Phase::Pending, Sweep::Terminated).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
 
 #[tokio::test]
 async fn other_invalid_patches_are_failures_not_skips() {
-    let (o, mock) = force_delete_answering(&[421], Phase::Running, Pass::Orphaned).await;
+    let (o, mock) = force_delete_answering(&[421], Phase::Running, Sweep::Orphaned).await;
     assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
 
 #[tokio::test]
 async fn final_pods_are_deleted_without_a_patch() {
-    let (o, mock) = force_delete_answering(&[200], Phase::Succeeded, Pass::Orphaned).await;
+    let (o, mock) = force_delete_answering(&[200], Phase::Succeeded, Sweep::Orphaned).await;
     assert_eq!(o, Outcome::Deleted);
     assert_eq!(mock.calls(), ["DELETE /api/v1/namespaces/ns/pods/p"]);
 }
@@ -202,7 +202,7 @@ async fn gone_and_recreated_pods_are_skipped() {
         (Phase::Running, vec![422], Skip::Recreated, 1),
     ];
     for (phase, codes, skip, calls) in table {
-        let (o, mock) = force_delete_answering(&codes, phase, Pass::Orphaned).await;
+        let (o, mock) = force_delete_answering(&codes, phase, Sweep::Orphaned).await;
         assert_eq!(o, Outcome::Skipped(skip), "{phase:?} {codes:?}");
         assert_eq!(mock.calls().len(), calls, "{phase:?} {codes:?}");
     }
@@ -228,9 +228,9 @@ async fn metrics_count_attempts_and_errors() {
     let a = applier(&mock, false, 1);
     let tally = a
         .apply(vec![
-            deletion("a", Phase::Running, Pass::OutOfService),
-            deletion("b", Phase::Running, Pass::OutOfService),
-            deletion("c", Phase::Failed, Pass::OutOfService),
+            deletion("a", Phase::Running, Sweep::OutOfService),
+            deletion("b", Phase::Running, Sweep::OutOfService),
+            deletion("c", Phase::Failed, Sweep::OutOfService),
         ])
         .await;
     assert_eq!(
@@ -243,17 +243,17 @@ async fn metrics_count_attempts_and_errors() {
             fenced: 0,
         }
     );
-    assert_eq!(a.metrics.counts("ns", Pass::OutOfService), (3, 2));
-    assert_eq!(a.metrics.failures("ns", Pass::OutOfService), 1);
-    assert_eq!(a.metrics.counts("ns", Pass::Orphaned), (0, 0));
-    assert_eq!(a.metrics.failures("ns", Pass::Orphaned), 0);
+    assert_eq!(a.metrics.counts("ns", Sweep::OutOfService), (3, 2));
+    assert_eq!(a.metrics.failures("ns", Sweep::OutOfService), 1);
+    assert_eq!(a.metrics.counts("ns", Sweep::Orphaned), (0, 0));
+    assert_eq!(a.metrics.failures("ns", Sweep::Orphaned), 0);
 }
 
 #[tokio::test]
 async fn dry_run_writes_nothing_and_counts_nothing() {
     let mock = Mock::default();
     let a = applier(&mock, true, 4);
-    let ds: Vec<_> = Pass::ALL
+    let ds: Vec<_> = Sweep::ALL
         .iter()
         .map(|p| deletion(p.label(), Phase::Running, *p))
         .collect();
@@ -261,7 +261,7 @@ async fn dry_run_writes_nothing_and_counts_nothing() {
     assert_eq!(tally.would_delete, 4);
     assert_eq!(tally.deleted + tally.failed + tally.skipped, 0);
     assert!(mock.calls().is_empty(), "{:?}", mock.calls());
-    for p in Pass::ALL {
+    for p in Sweep::ALL {
         assert_eq!(a.metrics.counts("ns", p), (0, 0));
     }
 }
@@ -271,7 +271,7 @@ async fn deletes_overlap_up_to_the_concurrency_bound() {
     let mock = Mock::default();
     let a = applier(&mock, false, 3);
     let ds: Vec<_> = (0..12)
-        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Pass::Orphaned))
+        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Sweep::Orphaned))
         .collect();
     let tally = a.apply(ds).await;
     assert_eq!(tally.deleted, 12);
@@ -292,14 +292,14 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
         fence: standby.clone(),
         ..applier(&mock, false, 4)
     };
-    let ds: Vec<_> = Pass::ALL
+    let ds: Vec<_> = Sweep::ALL
         .iter()
         .map(|p| deletion(p.label(), Phase::Running, *p))
         .collect();
     let tally = a.apply(ds).await;
     assert_eq!(tally.deleted + tally.failed + tally.skipped, 0, "{tally:?}");
     assert!(mock.calls().is_empty(), "{:?}", mock.calls());
-    for p in Pass::ALL {
+    for p in Sweep::ALL {
         assert_eq!(a.metrics.counts("ns", p), (0, 0));
     }
     a.warn_namespace("ns", "bad annotation".into()).await;
@@ -308,7 +308,7 @@ async fn a_standby_writes_nothing_and_counts_nothing() {
         "no Event either: {:?}",
         mock.calls()
     );
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    let d = deletion("p", Phase::Running, Sweep::Orphaned);
     assert_eq!(
         force_delete(&writes(&mock), &standby, &d, now()).await,
         Outcome::Fenced
@@ -331,7 +331,7 @@ async fn in_flight_writes_are_dropped_when_the_term_ends() {
         ..applier(&mock, false, 2)
     };
     let ds: Vec<_> = (0..5)
-        .map(|i| deletion(&format!("p{i}"), Phase::Running, Pass::Orphaned))
+        .map(|i| deletion(&format!("p{i}"), Phase::Running, Sweep::Orphaned))
         .collect();
     let tally = a.apply(ds).await;
     assert_eq!(t0.elapsed(), std::time::Duration::from_secs(3));
@@ -351,7 +351,7 @@ async fn in_flight_writes_are_dropped_when_the_term_ends() {
 async fn a_loss_between_patch_and_delete_stops_the_delete() {
     let mock = Mock::default();
     let (tx, f) = fence(Term::Unbounded);
-    let d = deletion("p", Phase::Running, Pass::Orphaned);
+    let d = deletion("p", Phase::Running, Sweep::Orphaned);
     let w = writes(&mock);
     let run = force_delete(&w, &f, &d, now());
     // The first poll sends the patch; the loss lands while it is answered.
@@ -375,7 +375,7 @@ async fn a_429_pauses_new_starts_halves_the_limit_and_the_pod_is_retried() {
     let a = applier(&mock, false, 4);
     let started = std::time::Instant::now();
     let ds: Vec<_> = (0..6)
-        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Pass::Terminated))
+        .map(|i| deletion(&format!("p{i}"), Phase::Succeeded, Sweep::Terminated))
         .collect();
     let tally = a.apply(ds).await;
     assert_eq!(tally.deleted, 6, "{tally:?}");
@@ -396,17 +396,17 @@ async fn terminated_deletions_are_counted_by_rule_and_only_when_deleted() {
     let mock = Mock::answering(&[200, 200, 404, 200, 200]);
     let a = applier(&mock, false, 1);
     a.apply(vec![
-        deletion("p-ttl", Phase::Succeeded, Pass::Ttl),
-        deletion("p-ns", Phase::Failed, Pass::NamespaceThreshold),
-        deletion("p-gone", Phase::Failed, Pass::NamespaceThreshold),
-        deletion("orphan", Phase::Running, Pass::Orphaned),
+        deletion("p-ttl", Phase::Succeeded, Sweep::Ttl),
+        deletion("p-ns", Phase::Failed, Sweep::NamespaceThreshold),
+        deletion("p-gone", Phase::Failed, Sweep::NamespaceThreshold),
+        deletion("orphan", Phase::Running, Sweep::Orphaned),
     ])
     .await;
     for (reason, n) in [("threshold", 0), ("ttl", 1), ("namespace-threshold", 1)] {
         assert_eq!(a.metrics.terminated_count(reason), n, "{reason}");
     }
     // The upstream-named counter sees them under upstream's reason.
-    assert_eq!(a.metrics.counts("ns", Pass::Ttl).0, 3);
+    assert_eq!(a.metrics.counts("ns", Sweep::Ttl).0, 3);
 }
 
 /// What must NOT happen: deletions decided on a snapshot keep starting after a watch it came
@@ -421,7 +421,7 @@ async fn no_deletion_starts_once_a_watch_of_the_snapshot_relisted() {
     flags.iter().for_each(|f| f.mark_ready());
     let ds = || -> Vec<_> {
         (0..3)
-            .map(|i| deletion(&format!("p{i}"), Phase::Running, Pass::OutOfService))
+            .map(|i| deletion(&format!("p{i}"), Phase::Running, Sweep::OutOfService))
             .collect()
     };
 
@@ -515,7 +515,7 @@ async fn a_retry_after_of_a_day_is_capped_and_counted() {
         let run = {
             let a = a.clone();
             tokio::spawn(async move {
-                a.apply(vec![deletion("p", Phase::Succeeded, Pass::Terminated)])
+                a.apply(vec![deletion("p", Phase::Succeeded, Sweep::Terminated)])
                     .await
             })
         };

@@ -22,8 +22,8 @@ use tokio::sync::watch;
 
 use super::{
     decide::Snapshot,
-    facts::{Interner, NodeFacts, PodFacts},
-    policy::{NsAnnotations, THRESHOLD_ANNOTATION, TTL_ANNOTATION},
+    facts::{Interner, NodeFacts, NsAnnotations, PodFacts},
+    policy::{THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
 };
 

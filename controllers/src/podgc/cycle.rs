@@ -18,7 +18,7 @@ use kube::{Api, Client};
 use super::{
     apply::{Applier, Tally},
     cache::Caches,
-    decide::{self, Pass, Snapshot},
+    decide::{self, Snapshot, Sweep},
     notice::Reported,
     policy::{self, NsPolicy, Policy},
     quarantine::Quarantine,
@@ -35,10 +35,10 @@ pub struct Cycle {
     pub reported: Reported,
 }
 
-/// What a cycle did, per pass (indexed by `Pass as usize`).
+/// What a cycle did, per pass (indexed by `Sweep as usize`).
 #[derive(Default, Debug)]
 pub struct Summary {
-    pub passes: [Tally; Pass::EVERY.len()],
+    pub passes: [Tally; Sweep::EVERY.len()],
     pub nodes_gone: usize,
 }
 
@@ -51,7 +51,7 @@ impl Cycle {
         // chose is not chosen again by the policy passes.
         let chosen = decide::terminated(&snap.pods, self.threshold);
         let taken: HashSet<Box<str>> = chosen.iter().map(|d| d.pod.uid.clone()).collect();
-        summary.passes[Pass::Terminated as usize] = self.applier.apply(chosen).await;
+        summary.passes[Sweep::Terminated as usize] = self.applier.apply(chosen).await;
 
         self.report_malformed(&snap).await;
         let namespaces: HashMap<Arc<str>, NsPolicy> = snap
@@ -75,11 +75,11 @@ impl Cycle {
             .metrics
             .ttl_node_clock_only
             .inc_by(node_clock_only as u64);
-        summary.passes[Pass::Ttl as usize] = self.applier.apply(ttl).await;
-        summary.passes[Pass::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
+        summary.passes[Sweep::Ttl as usize] = self.applier.apply(ttl).await;
+        summary.passes[Sweep::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
 
         let chosen = decide::out_of_service(&snap);
-        summary.passes[Pass::OutOfService as usize] = self.applier.apply(chosen).await;
+        summary.passes[Sweep::OutOfService as usize] = self.applier.apply(chosen).await;
 
         let now = Instant::now();
         for node in decide::missing_nodes(&snap) {
@@ -92,10 +92,10 @@ impl Cycle {
         let gone = self.confirm_gone(due).await;
         summary.nodes_gone = gone.len();
         let chosen = decide::orphaned(&snap.pods, &gone);
-        summary.passes[Pass::Orphaned as usize] = self.applier.apply(chosen).await;
+        summary.passes[Sweep::Orphaned as usize] = self.applier.apply(chosen).await;
 
         let chosen = decide::unscheduled(&snap.pods);
-        summary.passes[Pass::Unscheduled as usize] = self.applier.apply(chosen).await;
+        summary.passes[Sweep::Unscheduled as usize] = self.applier.apply(chosen).await;
         summary
     }
 
@@ -169,7 +169,7 @@ struct Chosen<'a>(&'a Summary);
 
 impl fmt::Display for Chosen<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, p) in Pass::EVERY.into_iter().enumerate() {
+        for (i, p) in Sweep::EVERY.into_iter().enumerate() {
             let sep = if i == 0 { "" } else { " " };
             write!(
                 f,
@@ -313,9 +313,9 @@ mod tests {
             ]
         );
         assert_eq!(summary.nodes_gone, 1);
-        assert_eq!(summary.passes[Pass::Orphaned as usize].deleted, 1);
+        assert_eq!(summary.passes[Sweep::Orphaned as usize].deleted, 1);
         assert_eq!(
-            c.applier.metrics.counts("ns", Pass::Orphaned),
+            c.applier.metrics.counts("ns", Sweep::Orphaned),
             (1, 0),
             "counted once, no error"
         );
@@ -393,7 +393,7 @@ mod tests {
             ["DELETE /api/v1/namespaces/ns/pods/old"],
             "only the pod that finished long ago; the malformed namespace is left alone"
         );
-        assert_eq!(summary.passes[Pass::Ttl as usize].deleted, 1);
+        assert_eq!(summary.passes[Sweep::Ttl as usize].deleted, 1);
         assert_eq!(c.applier.metrics.terminated_count("ttl"), 1);
         assert_eq!(
             c.applier.metrics.ttl_node_clock_only.get(),
@@ -508,14 +508,14 @@ mod tests {
             c.applier.writes = writes;
             let summary = c.run(&caches).await;
             assert_eq!(mock.calls(), want, "node taken back: {comes_back}");
-            let oos = &summary.passes[Pass::OutOfService as usize];
+            let oos = &summary.passes[Sweep::OutOfService as usize];
             assert_eq!(
                 (oos.deleted, oos.skipped),
                 if comes_back { (0, 1) } else { (1, 0) },
                 "node taken back: {comes_back}"
             );
             assert_eq!(
-                c.applier.metrics.counts("ns", Pass::OutOfService),
+                c.applier.metrics.counts("ns", Sweep::OutOfService),
                 if comes_back { (0, 0) } else { (1, 0) },
                 "a pod left alone is neither a deletion nor an error"
             );

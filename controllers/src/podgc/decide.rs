@@ -9,10 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{
-    facts::{NodeFacts, PodFacts},
-    policy::NsAnnotations,
-};
+use super::facts::{NodeFacts, NsAnnotations, PodFacts};
 
 /// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
 #[derive(Clone, Debug, Default)]
@@ -23,9 +20,11 @@ pub struct Snapshot {
     pub namespaces: BTreeMap<Arc<str>, NsAnnotations>,
 }
 
-/// Which pass chose a pod; its label is the `reason` of the upstream metrics.
+/// Which sweep of a cycle chose a pod (upstream calls them passes: gcTerminated, gcOrphaned …;
+/// "pass" in this repository is a conntrack cleanup pass); its label is the `reason` of the
+/// upstream metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Pass {
+pub enum Sweep {
     Terminated,
     OutOfService,
     Orphaned,
@@ -36,40 +35,40 @@ pub enum Pass {
     NamespaceThreshold,
 }
 
-impl Pass {
+impl Sweep {
     /// Upstream's four passes.
-    pub const ALL: [Pass; 4] = [
-        Pass::Terminated,
-        Pass::OutOfService,
-        Pass::Orphaned,
-        Pass::Unscheduled,
+    pub const ALL: [Sweep; 4] = [
+        Sweep::Terminated,
+        Sweep::OutOfService,
+        Sweep::Orphaned,
+        Sweep::Unscheduled,
     ];
     /// Every pass, in the order a cycle runs them (index of the cycle summary).
-    pub const EVERY: [Pass; 6] = [
-        Pass::Terminated,
-        Pass::OutOfService,
-        Pass::Orphaned,
-        Pass::Unscheduled,
-        Pass::Ttl,
-        Pass::NamespaceThreshold,
+    pub const EVERY: [Sweep; 6] = [
+        Sweep::Terminated,
+        Sweep::OutOfService,
+        Sweep::Orphaned,
+        Sweep::Unscheduled,
+        Sweep::Ttl,
+        Sweep::NamespaceThreshold,
     ];
 
     /// The `reason` of the upstream-named counters. The policy passes delete terminated pods,
     /// so dashboards built on upstream's `reason="terminated"` still see every one.
     pub fn label(self) -> &'static str {
         match self {
-            Pass::Terminated | Pass::Ttl | Pass::NamespaceThreshold => "terminated",
-            Pass::OutOfService => "out-of-service",
-            Pass::Orphaned => "orphaned",
-            Pass::Unscheduled => "unscheduled",
+            Sweep::Terminated | Sweep::Ttl | Sweep::NamespaceThreshold => "terminated",
+            Sweep::OutOfService => "out-of-service",
+            Sweep::Orphaned => "orphaned",
+            Sweep::Unscheduled => "unscheduled",
         }
     }
 
     /// The pass's own name, in log lines.
     pub fn name(self) -> &'static str {
         match self {
-            Pass::Ttl => "ttl",
-            Pass::NamespaceThreshold => "namespace-threshold",
+            Sweep::Ttl => "ttl",
+            Sweep::NamespaceThreshold => "namespace-threshold",
             p => p.label(),
         }
     }
@@ -78,21 +77,21 @@ impl Pass {
     /// terminated pod. `None` for the passes that are not about terminated pods.
     pub fn terminated_reason(self) -> Option<&'static str> {
         match self {
-            Pass::Terminated => Some("threshold"),
-            Pass::Ttl => Some("ttl"),
-            Pass::NamespaceThreshold => Some("namespace-threshold"),
+            Sweep::Terminated => Some("threshold"),
+            Sweep::Ttl => Some("ttl"),
+            Sweep::NamespaceThreshold => Some("namespace-threshold"),
             _ => None,
         }
     }
 
     /// Only orphans get the DisruptionTarget condition with their status patch.
     pub fn sets_disruption_target(self) -> bool {
-        self == Pass::Orphaned
+        self == Sweep::Orphaned
     }
 
     /// Upstream counts out-of-service deletions before the attempt, the others after.
     pub fn counts_before_attempt(self) -> bool {
-        self == Pass::OutOfService
+        self == Sweep::OutOfService
     }
 }
 
@@ -100,12 +99,12 @@ impl Pass {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Deletion {
     pub pod: PodFacts,
-    pub pass: Pass,
+    pub pass: Sweep,
     pub why: String,
 }
 
 impl Deletion {
-    pub fn new(pod: &PodFacts, pass: Pass, why: String) -> Self {
+    pub fn new(pod: &PodFacts, pass: Sweep, why: String) -> Self {
         Self {
             pod: pod.clone(),
             pass,
@@ -152,7 +151,7 @@ pub fn phase_note(p: &PodFacts) -> String {
     )
 }
 
-/// Pass 1: the oldest terminated pods above `threshold` (evicted ones first). Terminating pods
+/// Sweep 1: the oldest terminated pods above `threshold` (evicted ones first). Terminating pods
 /// still count and can be chosen again, as in v1.36.
 pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
     if threshold <= 0 {
@@ -167,7 +166,7 @@ pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
                 "{}; {total} terminated pods exceed the threshold of {threshold}",
                 phase_note(p)
             );
-            Deletion::new(p, Pass::Terminated, why)
+            Deletion::new(p, Sweep::Terminated, why)
         })
         .collect()
 }
@@ -178,7 +177,7 @@ pub fn out_of_service_node(node: Option<&NodeFacts>) -> bool {
     node.is_some_and(|n| !n.ready && n.out_of_service)
 }
 
-/// Pass 2: terminating pods on a node that is not Ready and carries the out-of-service taint.
+/// Sweep 2: terminating pods on a node that is not Ready and carries the out-of-service taint.
 /// Pods whose node is unknown (or empty) are skipped, like upstream's failed lister Get. The
 /// applier asks [`out_of_service_node`] again of the live cache right before each delete.
 pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
@@ -196,7 +195,7 @@ pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
                 "terminating on node {} which is not Ready and has the out-of-service taint",
                 p.node()
             );
-            Deletion::new(p, Pass::OutOfService, why)
+            Deletion::new(p, Sweep::OutOfService, why)
         })
         .collect()
 }
@@ -212,7 +211,7 @@ pub fn missing_nodes(snapshot: &Snapshot) -> BTreeSet<Arc<str>> {
         .collect()
 }
 
-/// Pass 3: every pod (any phase) bound to a node a live GET confirmed gone.
+/// Sweep 3: every pod (any phase) bound to a node a live GET confirmed gone.
 pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
     if gone.is_empty() {
         return Vec::new();
@@ -221,18 +220,18 @@ pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
         .filter(|p| p.node_name.as_ref().is_some_and(|n| gone.contains(n)))
         .map(|p| {
             let why = format!("node {} no longer exists", p.node());
-            Deletion::new(p, Pass::Orphaned, why)
+            Deletion::new(p, Sweep::Orphaned, why)
         })
         .collect()
 }
 
-/// Pass 4: terminating pods that were never scheduled.
+/// Sweep 4: terminating pods that were never scheduled.
 pub fn unscheduled(pods: &[PodFacts]) -> Vec<Deletion> {
     pods.iter()
         .filter(|p| p.terminating && p.node_name.is_none())
         .map(|p| {
             let why = "terminating and never scheduled to a node".into();
-            Deletion::new(p, Pass::Unscheduled, why)
+            Deletion::new(p, Sweep::Unscheduled, why)
         })
         .collect()
 }

@@ -91,7 +91,7 @@ fn terminated_deletes_the_excess_oldest_and_keeps_the_newest() {
     ];
     let ds = terminated(&pods, 1);
     assert_eq!(names(&ds), ["old", "mid"]);
-    assert!(ds.iter().all(|d| d.pass == Pass::Terminated));
+    assert!(ds.iter().all(|d| d.pass == Sweep::Terminated));
     assert!(ds[0].why.contains("threshold of 1"), "{}", ds[0].why);
 }
 
@@ -160,7 +160,7 @@ fn out_of_service_needs_terminating_not_ready_and_taint() {
     );
     let ds = out_of_service(&s);
     assert_eq!(names(&ds), ["chosen-evicted", "chosen"]);
-    assert!(ds.iter().all(|d| d.pass == Pass::OutOfService));
+    assert!(ds.iter().all(|d| d.pass == Sweep::OutOfService));
     assert!(ds[0].why.contains("node oos"), "{}", ds[0].why);
 }
 
@@ -193,7 +193,7 @@ fn orphaned_only_on_confirmed_gone_nodes_any_phase() {
     assert_eq!(names(&ds), ["on-gone", "on-gone-done"]);
     assert!(
         ds.iter()
-            .all(|d| d.pass == Pass::Orphaned && d.pass.sets_disruption_target())
+            .all(|d| d.pass == Sweep::Orphaned && d.pass.sets_disruption_target())
     );
     assert!(orphaned(&pods, &HashSet::new()).is_empty());
 }
@@ -210,14 +210,14 @@ fn unscheduled_needs_terminating_and_no_node() {
 
 #[test]
 fn labels_and_increment_order_match_upstream() {
-    let labels: Vec<_> = Pass::ALL.iter().map(|p| p.label()).collect();
+    let labels: Vec<_> = Sweep::ALL.iter().map(|p| p.label()).collect();
     assert_eq!(
         labels,
         ["terminated", "out-of-service", "orphaned", "unscheduled"]
     );
-    let before: Vec<_> = Pass::ALL
+    let before: Vec<_> = Sweep::ALL
         .iter()
         .filter(|p| p.counts_before_attempt())
         .collect();
-    assert_eq!(before, [&Pass::OutOfService]);
+    assert_eq!(before, [&Sweep::OutOfService]);
 }

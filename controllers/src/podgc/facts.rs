@@ -238,6 +238,13 @@ impl NodeFacts {
     }
 }
 
+/// The two annotations as a Namespace carries them, unparsed (the cache keeps only these).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NsAnnotations {
+    pub ttl: Option<Box<str>>,
+    pub threshold: Option<Box<str>>,
+}
+
 /// Pods for the tests of the passes and the applier, written once.
 #[cfg(test)]
 pub mod example {

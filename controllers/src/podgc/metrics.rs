@@ -7,7 +7,7 @@
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
-use super::decide::Pass;
+use super::decide::Sweep;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -113,33 +113,33 @@ impl Metrics {
         })
     }
 
-    pub fn deleted(&self, namespace: &str, pass: Pass) {
+    pub fn deleted(&self, namespace: &str, pass: Sweep) {
         self.deleted
             .with_label_values(&[namespace, pass.label()])
             .inc();
     }
 
-    pub fn error(&self, namespace: &str, pass: Pass) {
+    pub fn error(&self, namespace: &str, pass: Sweep) {
         self.errors
             .with_label_values(&[namespace, pass.label()])
             .inc();
     }
 
-    pub fn failure(&self, namespace: &str, pass: Pass) {
+    pub fn failure(&self, namespace: &str, pass: Sweep) {
         self.failures
             .with_label_values(&[namespace, pass.label()])
             .inc();
     }
 
     #[cfg(test)]
-    pub fn failures(&self, namespace: &str, pass: Pass) -> u64 {
+    pub fn failures(&self, namespace: &str, pass: Sweep) -> u64 {
         self.failures
             .with_label_values(&[namespace, pass.label()])
             .get()
     }
 
     /// A terminated pod was deleted (not merely attempted) by `pass`.
-    pub fn terminated_deleted(&self, pass: Pass) {
+    pub fn terminated_deleted(&self, pass: Sweep) {
         if let Some(reason) = pass.terminated_reason() {
             self.terminated_deleted.with_label_values(&[reason]).inc();
         }
@@ -151,7 +151,7 @@ impl Metrics {
     }
 
     #[cfg(test)]
-    pub fn counts(&self, namespace: &str, pass: Pass) -> (u64, u64) {
+    pub fn counts(&self, namespace: &str, pass: Sweep) -> (u64, u64) {
         let l = [namespace, pass.label()];
         (
             self.deleted.with_label_values(&l).get(),

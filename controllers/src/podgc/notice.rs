@@ -13,7 +13,8 @@ use k8s_openapi::{
 };
 use kube::{Api, Client, api::PostParams};
 
-use super::policy::{NsAnnotations, malformed};
+use super::facts::NsAnnotations;
+use super::policy::malformed;
 
 pub const REASON: &str = "InvalidPodGCPolicy";
 

@@ -23,19 +23,12 @@ use groundskeeper_plumbing::client::parse_duration;
 use jiff::Timestamp;
 
 use super::{
-    decide::{Deletion, Pass, eviction_then_age, excess, phase_note},
-    facts::PodFacts,
+    decide::{Deletion, Sweep, eviction_then_age, excess, phase_note},
+    facts::{NsAnnotations, PodFacts},
 };
 
 pub const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
 pub const THRESHOLD_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-gc-threshold";
-
-/// The two annotations as a Namespace carries them, unparsed (the cache keeps only these).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NsAnnotations {
-    pub ttl: Option<Box<str>>,
-    pub threshold: Option<Box<str>>,
-}
 
 /// One annotation, parsed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,7 +204,7 @@ pub fn policy_passes(
                     ""
                 }
             );
-            Deletion::new(p, Pass::Ttl, why)
+            Deletion::new(p, Sweep::Ttl, why)
         })
         .collect();
 
@@ -226,7 +219,7 @@ pub fn policy_passes(
                 "{}; {total} terminated pods in namespace {ns} exceed its threshold of {n}",
                 phase_note(p)
             );
-            Deletion::new(p, Pass::NamespaceThreshold, why)
+            Deletion::new(p, Sweep::NamespaceThreshold, why)
         }));
     }
     (ttl, ns_threshold)

@@ -8,9 +8,9 @@ use std::{
 
 use super::policy::*;
 use crate::podgc::{
-    decide::{Deletion, Pass, terminated},
+    decide::{Deletion, Sweep, terminated},
     facts::{
-        Phase, PodFacts,
+        NsAnnotations, Phase, PodFacts,
         example::{self, at, evicted},
     },
 };
@@ -390,11 +390,11 @@ fn order_of_evaluation() {
             "{}: namespace threshold",
             r.what
         );
-        assert!(ttl.iter().all(|d| d.pass == Pass::Ttl), "{}", r.what);
+        assert!(ttl.iter().all(|d| d.pass == Sweep::Ttl), "{}", r.what);
         assert!(
             ns_threshold
                 .iter()
-                .all(|d| d.pass == Pass::NamespaceThreshold),
+                .all(|d| d.pass == Sweep::NamespaceThreshold),
             "{}",
             r.what
         );

@@ -4,45 +4,23 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use super::decide::Stale;
-use super::family::Family;
-use super::msg::Entry;
-use super::socket::{self, BatchReport, Conntrack, DumpError};
+use super::netlink::family::Family;
+use super::netlink::filter::Select;
+use super::netlink::msg::Entry;
+use super::netlink::socket::{self, BatchReport, Conntrack, DumpError};
 
 /// What one dump asks the table for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dump {
     /// One family's entries; with a protocol, the kernel returns only those (a caller still
     /// checks: a table that cannot filter returns everything).
-    Family(Family, Option<u8>),
+    Whole(Family, Option<u8>),
     /// The entries of a family and protocol that a selection picks (a triggered pass), the
     /// kernel filtering them.
     Select(Family, u8, Select),
-}
-
-/// Which entries a kernel-filtered dump returns (beside the protocol), for a triggered pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Select {
-    /// IPv4 entries whose reply comes from this address (where they were DNATed to).
-    ReplySource(Ipv4Addr),
-    /// IPv4 entries originally addressed to this address and port (a frontend).
-    OrigDst(Ipv4Addr, u16),
-    /// Entries originally addressed to this port, any address (a nodePort, or a frontend
-    /// port on several addresses or in IPv6).
-    OrigDstPort(u16),
-}
-
-impl Select {
-    /// Whether `e` is one the kernel returns for this selection.
-    pub fn matches(&self, e: &Entry) -> bool {
-        match *self {
-            Select::ReplySource(ip) => e.reply.src == IpAddr::V4(ip),
-            Select::OrigDst(ip, port) => e.orig.dst == IpAddr::V4(ip) && e.orig.dst_port == port,
-            Select::OrigDstPort(port) => e.orig.dst_port == port,
-        }
-    }
 }
 
 /// What a pass needs from the conntrack table.
@@ -55,6 +33,10 @@ pub trait Table {
     /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         Ok(HashSet::new())
+    }
+    /// Whether the deletes are only logged (for the summary line; decided by [`table`]).
+    fn dry_run(&self) -> bool {
+        false
     }
 }
 
@@ -79,7 +61,7 @@ impl Table for Kernel {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         let socket = self.socket()?;
         let r = match what {
-            Dump::Family(family, only_proto) => socket.dump(family, only_proto, visit),
+            Dump::Whole(family, only_proto) => socket.dump(family, only_proto, visit),
             Dump::Select(family, proto, select) => socket.dump_select(family, proto, select, visit),
         };
         // An interrupted dump was read to its end and a rejected filter answered at once:
@@ -128,6 +110,10 @@ impl<T: Table> Table for DryRun<T> {
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         self.0.host_addresses()
+    }
+
+    fn dry_run(&self) -> bool {
+        true
     }
 }
 

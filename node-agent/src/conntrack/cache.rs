@@ -22,7 +22,6 @@ use tokio::sync::Notify;
 
 use super::model::{self, Model, Settle, Tombstones};
 use super::project;
-use super::schedule::Models;
 use crate::context::Context;
 
 /// Namespace ("" for cluster-scoped kinds) and name.
@@ -114,8 +113,25 @@ pub fn may_clean(built: &Stamp, now: &Stamp) -> Result<(), Skip> {
     }
 }
 
-/// The cache with the watches' health, and the deleted frontends remembered across builds.
-pub struct Watched {
+/// Where models come from: the watches, or a test's fake.
+pub trait Models {
+    /// The current model with the watch health it was built at; `None` while a watch is not
+    /// healthy.
+    fn model(&self) -> Option<(Model, Stamp)>;
+    /// The watches' health now.
+    fn health(&self) -> Stamp;
+    /// The unhealthy watches, named, for the skip warning.
+    fn unhealthy(&self) -> Vec<String>;
+    /// How long until the last model built changes by time alone (a service port without
+    /// endpoints settles): the model is rebuilt then.
+    fn changes_in(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// Where the agent's models come from ([`Models`]): the watched cache with the watches'
+/// health, and the deleted frontends remembered across builds.
+pub struct ModelSource {
     cache: Shared<Cache>,
     /// Every watch the model is built from: a half-listed or failing IPAddress cache would
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
@@ -125,7 +141,7 @@ pub struct Watched {
     settle: Mutex<Settle>,
 }
 
-impl Watched {
+impl ModelSource {
     /// Starts the five watches; the future runs them (it never ends) and wakes `changed`
     /// after each event that may change the model.
     pub fn start(
@@ -184,7 +200,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Models for Watched {
+impl Models for ModelSource {
     fn health(&self) -> Stamp {
         std::array::from_fn(|i| self.ready[i].health())
     }

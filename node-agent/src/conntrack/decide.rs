@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::family::{Family, PerFamily};
 use super::model::{Claim, FamilyModel, Model, canonical};
-use super::msg::{Entry, IPPROTO_UDP};
+use super::netlink::family::{Family, PerFamily};
+use super::netlink::msg::{Entry, IPPROTO_UDP};
 
 /// Why an entry is stale, for the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

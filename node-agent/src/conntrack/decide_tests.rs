@@ -5,9 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::decide::*;
-use super::family::Family::{V4, V6};
-use super::model::{Cidr, FamilyModel, Model};
-use super::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use super::model::{FamilyModel, Model, ServiceIpRange};
+use super::netlink::family::Family::{V4, V6};
+use super::netlink::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -48,7 +48,7 @@ fn model() -> FamilyModel {
     m.deleted_frontends.insert(sa("10.96.0.21:53"));
     m.deleted_node_ports.insert(30013);
     m.deleted_node_ports.insert(30053);
-    m.service_cidrs = vec![Cidr::parse("10.96.0.0/16").unwrap()];
+    m.service_cidrs = vec![ServiceIpRange::parse("10.96.0.0/16").unwrap()];
     m.allocated = [
         ip("10.96.0.10"),
         ip("10.96.0.11"),
@@ -382,7 +382,7 @@ fn cidr_parse_and_contains() {
         ("", "10.96.0.1", None),
     ];
     for (cidr, addr, want) in cases {
-        let got = Cidr::parse(cidr).map(|c| c.contains(ip(addr)));
+        let got = ServiceIpRange::parse(cidr).map(|c| c.contains(ip(addr)));
         assert_eq!(got, want, "{cidr} contains {addr}");
     }
 }
@@ -510,7 +510,7 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
         "other Node addresses: full"
     );
     let mut other_cidrs = new.clone();
-    other_cidrs[V6].service_cidrs = vec![Cidr::parse("fd00::/112").unwrap()];
+    other_cidrs[V6].service_cidrs = vec![ServiceIpRange::parse("fd00::/112").unwrap()];
     assert_eq!(
         Focus::between(&old, &other_cidrs),
         None,

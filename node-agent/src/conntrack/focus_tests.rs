@@ -20,12 +20,12 @@ use testkit::rng::Rng;
 
 use super::apply::{Dump, Kernel, Table};
 use super::decide::{Focus, Stale};
-use super::family::Family::{self, V4};
 use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model, Settle, Tombstones};
-use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
+use super::netlink::family::Family::{self, V4};
+use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
+use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass};
-use super::socket::{BatchReport, Conntrack, DumpError};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -469,7 +469,7 @@ struct FakeTable {
 impl Table for FakeTable {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         let pick: Box<dyn Fn(&Entry) -> bool> = match what {
-            Dump::Family(fam, proto) => {
+            Dump::Whole(fam, proto) => {
                 Box::new(move |e| e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto))
             }
             Dump::Select(..) if self.reject_select => {

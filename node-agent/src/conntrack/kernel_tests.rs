@@ -9,16 +9,17 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::{Value, json};
 
-use super::apply::{self, Kernel, Select};
-use super::family::Family::{self, V4};
+use super::apply::{self, Kernel};
 use super::model::Model;
 use super::model::{self, LABEL_SERVICE_NAME};
-use super::msg::{
+use super::netlink::family::Family::{self, V4};
+use super::netlink::filter::Select;
+use super::netlink::msg::{
     Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
 };
+use super::netlink::socket::Conntrack;
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};
-use super::socket::Conntrack;
 
 fn skip(name: &str) -> bool {
     if let Some(why) = netns::unavailable() {

@@ -5,17 +5,16 @@
 pub mod apply;
 pub mod cache;
 pub mod decide;
-pub mod family;
 pub mod fill;
 pub mod metrics;
 pub mod model;
-pub mod msg;
+pub mod netlink;
+#[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
 pub mod project;
 pub mod round;
 pub mod schedule;
-pub mod socket;
 pub mod sysctls;
 
 #[cfg(test)]
@@ -27,13 +26,13 @@ mod kernel_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
-mod msg_tests;
-#[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
 mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
+#[cfg(test)]
+mod sysctls_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,16 +130,16 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     .await?;
     let metrics = Metrics::register(&ctx.base.registry)?;
     let mut rounds = Cleanup {
-        rounds: round::Rounds::start(
+        rounds: round::RoundThread::start(
             args.conntrack_netns.clone(),
             metrics.clone(),
-            dry_run,
+            apply::table(dry_run),
             args.conntrack_orphan_grace,
         )?,
         fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
     };
     let changed = Arc::new(Notify::new());
-    let (watched, watches) = cache::Watched::start(
+    let (models, watches) = cache::ModelSource::start(
         &ctx,
         deleted_retention(&args),
         args.conntrack_no_endpoint_settle,
@@ -156,7 +155,7 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         _ = watches => anyhow::bail!("conntrack watches ended"),
         _ = schedule::run(
             scheduler,
-            &watched,
+            &models,
             &mut rounds,
             &changed,
             ctx.base.token.cancelled(),
@@ -175,7 +174,7 @@ fn deleted_retention(args: &ConntrackArgs) -> Duration {
 
 /// A round in the agent: both families' passes on the netlink thread, then the fill Event.
 struct Cleanup {
-    rounds: round::Rounds,
+    rounds: round::RoundThread,
     fill: fill::Notifier,
 }
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
-use super::family::{Family, PerFamily};
+use super::netlink::family::{Family, PerFamily};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
@@ -49,7 +49,7 @@ pub struct FamilyModel {
     pub deleted_frontends: HashSet<SocketAddr>,
     pub deleted_node_ports: HashSet<u16>,
     /// ServiceCIDR prefixes of this family. Empty: the orphan rule is off.
-    pub service_cidrs: Vec<Cidr>,
+    pub service_cidrs: Vec<ServiceIpRange>,
     /// IPs inside a ServiceCIDR that an IPAddress object holds.
     pub allocated: HashSet<IpAddr>,
     /// This node's addresses from its Node object (`status.addresses`); the host's own
@@ -86,14 +86,16 @@ impl FamilyModel {
 /// Both families' halves, indexed by [`Family`]; each pass uses one.
 pub type Model = PerFamily<FamilyModel>;
 
-/// An IP prefix (a ServiceCIDR's `spec.cidrs` item).
+/// A ServiceCIDR's `spec.cidrs` item as kube-proxy matches addresses against it: an
+/// IPv4-mapped IPv6 address counts as IPv4 (Go's `net.IP`). Not the controller-manager's
+/// `servicecidr::prefix::Prefix`, which keeps Go `netip`'s written family on purpose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
+pub struct ServiceIpRange {
     pub addr: IpAddr,
     pub len: u8,
 }
 
-impl Cidr {
+impl ServiceIpRange {
     /// `10.96.0.0/16`, `fd00:10:96::/112`; `None` for anything else (never a panic).
     pub fn parse(s: &str) -> Option<Self> {
         let (a, l) = s.trim().split_once('/')?;
@@ -363,7 +365,7 @@ impl Model {
                 .and_then(|s| s.cidrs.as_ref())
                 .into_iter()
                 .flatten()
-                .filter_map(|s| Cidr::parse(s))
+                .filter_map(|s| ServiceIpRange::parse(s))
             {
                 let fm = &mut self[Family::of(cidr.addr)];
                 if !fm.service_cidrs.contains(&cidr) {

@@ -10,8 +10,8 @@ use std::net::{IpAddr, SocketAddr};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::family::Family::{V4, V6};
 use super::model::*;
+use super::netlink::family::Family::{V4, V6};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -434,7 +434,7 @@ fn service_cidrs_ip_addresses_and_node_addresses() {
     let want4: IpAddr = "10.96.0.10".parse().unwrap();
     assert_eq!(
         m[V4].service_cidrs,
-        vec![Cidr::parse("10.96.0.0/16").unwrap()],
+        vec![ServiceIpRange::parse("10.96.0.0/16").unwrap()],
         "parsed once each, junk ignored"
     );
     assert_eq!(m[V6].service_cidrs.len(), 1);

@@ -1,10 +1,9 @@
-//! Network namespaces for tests and the benchmark: create one with `ip netns add`, run code
+//! Network namespaces for tests and the benchmark (built only for them: `cfg(test)` or the
+//! `testing` feature): create one with `ip netns add`, run code
 //! inside it on a dedicated thread, delete it on drop. Nothing here touches the caller's own
 //! namespace.
 
-use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -39,24 +38,12 @@ pub fn has_conntrack_cli() -> bool {
 pub fn run_in<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> io::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            enter(name)?;
+            super::round::enter_netns(name)?;
             Ok(f())
         })
         .join()
         .unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
-}
-
-/// Moves the calling thread (only it) into the named namespace. Use on a thread of your own.
-pub fn enter(name: &str) -> io::Result<()> {
-    let path = format!("/run/netns/{name}");
-    let file = File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
-    // SAFETY: setns on a valid namespace fd affects only this thread.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("setns {path}: {e}")));
-    }
-    Ok(())
 }
 
 /// A named namespace, deleted on drop.
@@ -93,20 +80,20 @@ impl NetNs {
     pub fn ipv4_flows(
         &self,
     ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
-        self.flows_of(&[super::family::Family::V4])
+        self.flows_of(&[super::netlink::family::Family::V4])
     }
 
     /// [`NetNs::ipv4_flows`] of both families.
     pub fn flows(&self) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
-        self.flows_of(&super::family::Family::ALL)
+        self.flows_of(&super::netlink::family::Family::ALL)
     }
 
     fn flows_of(
         &self,
-        families: &[super::family::Family],
+        families: &[super::netlink::family::Family],
     ) -> io::Result<std::collections::BTreeSet<(u8, u16, std::net::SocketAddr)>> {
         self.run(|| {
-            let mut ct = super::socket::Conntrack::open()?;
+            let mut ct = super::netlink::socket::Conntrack::open()?;
             let mut out = std::collections::BTreeSet::new();
             for fam in families {
                 ct.dump(*fam, None, &mut |e| {

@@ -7,12 +7,13 @@ use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use super::apply::{Dump, Select, Table};
+use super::apply::{Dump, Table};
 use super::decide::{Scope, Stale, stale};
-use super::family::Family;
 use super::model::{FamilyModel, canonical};
-use super::msg::{Entry, IPPROTO_UDP};
-use super::socket::DumpError;
+use super::netlink::family::Family;
+use super::netlink::filter::Select;
+use super::netlink::msg::{Entry, IPPROTO_UDP};
+use super::netlink::socket::{BatchReport, DumpError};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -137,7 +138,9 @@ pub enum PassError {
     },
 }
 
-/// Runs one pass over every entry of `family`.
+/// Runs one pass over every entry of `family` (tests and the benchmark; a round always goes
+/// through [`run_focused_pass`]).
+#[cfg(any(test, feature = "testing"))]
 pub fn run_pass(
     table: &mut dyn Table,
     family: Family,
@@ -199,6 +202,9 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// is filtered here. It deletes exactly what a full pass would among the entries in scope,
 /// except flows to orphaned service IPs, left to full passes (their grace is measured across
 /// those).
+///
+/// The I/O is here and in [`read_stale`]; what they decide with is pure: [`judge`],
+/// [`selections`], [`apply_orphan_grace`], [`tally_deletes`].
 pub fn run_focused_pass(
     table: &mut dyn Table,
     family: Family,
@@ -221,24 +227,79 @@ pub fn run_focused_pass(
         }
     };
     let now = Instant::now();
-    let decide = |e: &Entry| -> Option<Stale> {
-        match scope {
-            None => stale(e, model, &host_ips),
-            Some(s) if !s.touches(e) => None,
-            Some(_) => stale(e, model, &host_ips).filter(|why| *why != Stale::OrphanedServiceIp),
+    let decide = |e: &Entry| judge(e, model, &host_ips, scope);
+    let mut marked = read_stale(table, family, state, scope, &decide, &mut report)?;
+    if scope.is_none() {
+        apply_orphan_grace(&mut marked, state, now, &mut report);
+    }
+    report.stale = marked.len();
+    if marked.is_empty() {
+        return Ok(report);
+    }
+    match table.delete(&marked) {
+        Ok(b) => {
+            for (entry, errno) in tally_deletes(&mut report, &b, &marked).take(5) {
+                tracing::warn!(
+                    %entry, error = %io::Error::from_raw_os_error(errno),
+                    "deleting a stale conntrack entry failed"
+                );
+            }
+            Ok(report)
         }
-    };
+        Err(source) => Err(PassError::Delete { report, source }),
+    }
+}
+
+/// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry). A scoped pass
+/// leaves flows to orphaned service IPs alone: their grace is measured across full passes.
+pub fn judge(
+    e: &Entry,
+    model: &FamilyModel,
+    host_ips: &HashSet<IpAddr>,
+    scope: Option<&Scope>,
+) -> Option<Stale> {
+    match scope {
+        None => stale(e, model, host_ips),
+        Some(s) if !s.touches(e) => None,
+        Some(_) => stale(e, model, host_ips).filter(|why| *why != Stale::OrphanedServiceIp),
+    }
+}
+
+/// Counts the batch's outcome into `report`; returns the failed deletes (entry, errno) for
+/// the caller to log.
+pub fn tally_deletes<'a>(
+    report: &mut PassReport,
+    batch: &'a BatchReport,
+    marked: &'a [(Entry, Stale)],
+) -> impl Iterator<Item = (Entry, i32)> + 'a {
+    report.deleted = batch.ok;
+    report.already_gone = batch.not_found;
+    report.failed_deletes = batch.failed.len();
+    batch.failed.iter().map(|(i, errno)| (marked[*i].0, *errno))
+}
+
+/// Reads the table for one pass: the kernel-filtered dumps of a scope when they can ask for it
+/// and the kernel takes their filter, else one dump of the family (UDP only while the kernel
+/// takes that filter). Returns the stale entries, each once; the reads are counted in `report`.
+/// A filter the kernel rejects is remembered in `state` and the pass reads without it.
+fn read_stale(
+    table: &mut dyn Table,
+    family: Family,
+    state: &mut PassState,
+    scope: Option<&Scope>,
+    decide: &dyn Fn(&Entry) -> Option<Stale>,
+    report: &mut PassReport,
+) -> Result<Vec<(Entry, Stale)>, PassError> {
     // Only the stale entries are kept, never the table.
     let mut marked: Vec<(Entry, Stale)> = Vec::new();
     let selected = scope
         .filter(|_| state.select_filter)
         .and_then(|s| selections(family, s));
-    let mut done = false;
     if let Some(selections) = selected {
         let (mut scanned, mut attempts, mut rejected) = (0, 0, false);
         for select in selections {
             let mut part = PassReport::default();
-            let r = dump_retrying(&mut part, family, &mut marked, &decide, &mut |visit| {
+            let r = dump_retrying(&mut part, family, &mut marked, decide, &mut |visit| {
                 table.dump(Dump::Select(family, IPPROTO_UDP, select), visit)
             });
             scanned += part.scanned;
@@ -255,25 +316,24 @@ pub fn run_focused_pass(
                 Err(e) => return Err(PassError::Dump(e)),
             }
         }
-        if rejected {
-            marked.clear();
-            report.partial = false;
-        } else {
+        if !rejected {
             // An entry two selections return (its frontend and its backend) is deleted once.
             let mut seen = HashSet::new();
             marked.retain(|(e, _)| seen.insert((e.orig, e.zone, e.id)));
             report.scanned = scanned;
             report.dump_attempts = attempts;
-            done = true;
+            return Ok(marked);
         }
+        marked.clear();
+        report.partial = false;
     }
-    while !done {
+    loop {
         let filter = state.kernel_filter.then_some(IPPROTO_UDP);
-        let r = dump_retrying(&mut report, family, &mut marked, &decide, &mut |visit| {
-            table.dump(Dump::Family(family, filter), visit)
+        let r = dump_retrying(report, family, &mut marked, decide, &mut |visit| {
+            table.dump(Dump::Whole(family, filter), visit)
         });
         match r {
-            Ok(()) => done = true,
+            Ok(()) => return Ok(marked),
             Err(DumpError::FilterRejected(e)) => {
                 tracing::warn!(
                     %family, error = %e,
@@ -283,28 +343,6 @@ pub fn run_focused_pass(
             }
             Err(e) => return Err(PassError::Dump(e)),
         }
-    }
-    if scope.is_none() {
-        apply_orphan_grace(&mut marked, state, now, &mut report);
-    }
-    report.stale = marked.len();
-    if marked.is_empty() {
-        return Ok(report);
-    }
-    match table.delete(&marked) {
-        Ok(b) => {
-            report.deleted = b.ok;
-            report.already_gone = b.not_found;
-            report.failed_deletes = b.failed.len();
-            for (i, errno) in b.failed.iter().take(5) {
-                tracing::warn!(
-                    entry = %marked[*i].0, error = %io::Error::from_raw_os_error(*errno),
-                    "deleting a stale conntrack entry failed"
-                );
-            }
-            Ok(report)
-        }
-        Err(source) => Err(PassError::Delete { report, source }),
     }
 }
 

@@ -7,11 +7,11 @@ use std::io;
 
 use super::apply::{DryRun, Dump, Table};
 use super::decide::{Scope, Stale};
-use super::family::Family::V4;
 use super::model::FamilyModel;
-use super::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use super::netlink::family::Family::V4;
+use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use super::netlink::socket::{BatchReport, DumpError};
 use super::pass::*;
-use super::socket::{BatchReport, DumpError};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -83,7 +83,7 @@ impl Fake {
 impl Table for Fake {
     fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
         match what {
-            Dump::Family(_, only_proto) => {
+            Dump::Whole(_, only_proto) => {
                 self.filters.push(only_proto);
                 let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
                 self.attempts += 1;
@@ -316,7 +316,9 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
 #[test]
 fn orphaned_service_ips_wait_for_the_grace_then_go() {
     let mut m = FamilyModel {
-        service_cidrs: vec![crate::conntrack::model::Cidr::parse("10.96.0.0/16").unwrap()],
+        service_cidrs: vec![
+            crate::conntrack::model::ServiceIpRange::parse("10.96.0.0/16").unwrap(),
+        ],
         ..FamilyModel::default()
     };
     // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
@@ -393,8 +395,8 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
 
 #[test]
 fn selections_ask_the_kernel_for_the_scope_in_few_walks() {
-    use super::apply::Select::{OrigDst, OrigDstPort, ReplySource};
-    use super::family::Family::V6;
+    use super::netlink::family::Family::V6;
+    use super::netlink::filter::Select::{OrigDst, OrigDstPort, ReplySource};
     let scope = |f: &[&str], n: &[u16], b: &[&str]| Scope {
         frontends: f.iter().map(|s| sa(s)).collect(),
         node_ports: n.iter().copied().collect(),

@@ -2,21 +2,23 @@
 //! off the async runtime (netlink calls block). With a namespace name the thread lives in that
 //! namespace, so its socket and its reads of /proc/sys/net do too.
 
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::apply::{self, Table};
+use super::apply::Table;
 use super::decide::Focus;
-use super::family::{Family, PerFamily};
 use super::fill::Fill;
 use super::metrics::Metrics;
 use super::model::Model;
-use super::netns;
+use super::netlink::family::{Family, PerFamily};
+use super::netlink::socket::DumpError;
 use super::pass::{PassContext, PassError, PassState, run_focused_pass};
-use super::socket::DumpError;
 
 /// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
 const FILL_WARNING: f64 = super::fill::THRESHOLD;
@@ -41,16 +43,16 @@ struct Request {
 }
 
 /// The thread that runs rounds, one at a time.
-pub struct Rounds {
+pub struct RoundThread {
     tx: Option<mpsc::Sender<Request>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Rounds {
+impl RoundThread {
     pub fn start(
         netns: Option<String>,
         metrics: Metrics,
-        dry_run: bool,
+        table: Box<dyn Table + Send>,
         orphan_grace: Duration,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Request>();
@@ -59,16 +61,15 @@ impl Rounds {
             .name("conntrack".into())
             .spawn(move || {
                 if let Some(ns) = &netns
-                    && let Err(e) = netns::enter(ns)
+                    && let Err(e) = enter_netns(ns)
                 {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
                 let _ = ready_tx.send(Ok(()));
                 let mut round = Round {
-                    table: apply::table(dry_run),
+                    table,
                     metrics,
-                    dry_run,
                     state: PerFamily([(); 2].map(|()| PassState {
                         orphan_grace,
                         ..PassState::default()
@@ -107,7 +108,7 @@ impl Rounds {
     }
 }
 
-impl Drop for Rounds {
+impl Drop for RoundThread {
     fn drop(&mut self) {
         self.tx.take();
         if let Some(t) = self.thread.take() {
@@ -119,7 +120,6 @@ impl Drop for Rounds {
 struct Round {
     table: Box<dyn Table + Send>,
     metrics: Metrics,
-    dry_run: bool,
     state: PerFamily<PassState>,
 }
 
@@ -188,7 +188,7 @@ impl Round {
             report.log(&PassContext {
                 family: fam,
                 scope: focus.map(|s| (s.frontends.len(), s.node_ports.len(), s.backends.len())),
-                dry_run: self.dry_run,
+                dry_run: self.table.dry_run(),
                 kernel_filter: self.state[fam].kernel_filter,
                 elapsed,
             });
@@ -223,4 +223,17 @@ impl Round {
         }
         Some(Fill { count, max })
     }
+}
+
+/// Moves the calling thread (only it) into the named namespace. Use on a thread of your own
+/// (the round's thread with --conntrack-netns; tests' threads).
+pub fn enter_netns(name: &str) -> io::Result<()> {
+    let path = format!("/run/netns/{name}");
+    let file = File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+    // SAFETY: setns on a valid namespace fd affects only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("setns {path}: {e}")));
+    }
+    Ok(())
 }

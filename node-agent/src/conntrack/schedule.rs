@@ -11,10 +11,10 @@ use prometheus::IntCounterVec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::cache::{Skip, Stamp, may_clean};
+use super::cache::{Models, Skip, Stamp, may_clean};
 use super::decide::{Focus, next_interval};
-use super::family::Family;
 use super::model::Model;
+use super::netlink::family::Family;
 use super::round::RoundSummary;
 
 /// Debounce of watch events before the model is rebuilt and compared.
@@ -30,22 +30,6 @@ pub struct Timing {
     pub min_interval: Duration,
     pub gc_min: Duration,
     pub gc_max: Duration,
-}
-
-/// Where models come from: the watches, or a test's fake.
-pub trait Models {
-    /// The current model with the watch health it was built at; `None` while a watch is not
-    /// healthy.
-    fn model(&self) -> Option<(Model, Stamp)>;
-    /// The watches' health now.
-    fn health(&self) -> Stamp;
-    /// The unhealthy watches, named, for the skip warning.
-    fn unhealthy(&self) -> Vec<String>;
-    /// How long until the last model built changes by time alone (a service port without
-    /// endpoints settles): the model is rebuilt then.
-    fn changes_in(&self) -> Option<Duration> {
-        None
-    }
 }
 
 /// What runs a round: the kernel passes (and the fill Event), or a test's fake.

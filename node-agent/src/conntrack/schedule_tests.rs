@@ -10,10 +10,10 @@ use prometheus::{IntCounterVec, Opts};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::cache::Stamp;
+use super::cache::{Models, Stamp};
 use super::decide::{Focus, Scope};
-use super::family::Family::V4;
 use super::model::Model;
+use super::netlink::family::Family::V4;
 use super::round::RoundSummary;
 use super::schedule::*;
 

@@ -186,20 +186,27 @@ impl Roots {
     }
 }
 
-/// Plans and writes; every write is tried, each failure returned (the caller logs them and
-/// keeps running the cleanup).
-pub fn apply(
-    args: &ConntrackSysctlArgs,
-    cores: usize,
-    roots: &Roots,
-) -> (Vec<Write>, Vec<SysctlError>) {
-    let writes = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
-    let mut errors = Vec::new();
-    let mut done = Vec::new();
-    for w in writes {
-        let path = roots.path(w.path, w.sysfs);
+/// Where the writes go: the files under [`Roots`], or only the log ([`DryRun`]). Chosen once,
+/// by [`files`].
+pub trait Files {
+    /// The current value, `None` when unreadable.
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64>;
+    /// Writes one value (or, in dry-run, logs that it would).
+    fn write(&self, w: &Write) -> Result<(), SysctlError>;
+}
+
+impl Files for Roots {
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64> {
+        Roots::read(self, path, sysfs)
+    }
+
+    fn write(&self, w: &Write) -> Result<(), SysctlError> {
+        let path = self.path(w.path, w.sysfs);
         match std::fs::write(&path, format!("{}\n", w.value)) {
-            Ok(()) => done.push(w),
+            Ok(()) => {
+                tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
+                Ok(())
+            }
             Err(source) => {
                 let hint = write_hint(
                     source.raw_os_error(),
@@ -209,25 +216,70 @@ pub fn apply(
                     }),
                     effective_caps(),
                 );
-                errors.push(SysctlError {
+                Err(SysctlError {
                     path,
                     value: w.value,
                     source,
                     hint,
-                });
+                })
             }
+        }
+    }
+}
+
+/// The files read as usual; the writes only logged, never made.
+pub struct DryRun<'a>(pub &'a Roots);
+
+impl Files for DryRun<'_> {
+    fn read(&self, path: &str, sysfs: bool) -> Option<u64> {
+        self.0.read(path, sysfs)
+    }
+
+    fn write(&self, w: &Write) -> Result<(), SysctlError> {
+        tracing::info!(
+            path = w.path,
+            value = w.value,
+            "dry-run: would set conntrack sysctl"
+        );
+        Ok(())
+    }
+}
+
+/// The files the sysctls are written to, or not: dry-run is decided here only.
+pub fn files(roots: &Roots, dry_run: bool) -> Box<dyn Files + '_> {
+    if dry_run {
+        Box::new(DryRun(roots))
+    } else {
+        Box::new(roots.clone())
+    }
+}
+
+/// Plans and writes; every write is tried, each failure returned (the caller logs them and
+/// keeps running the cleanup).
+pub fn apply(
+    args: &ConntrackSysctlArgs,
+    cores: usize,
+    files: &dyn Files,
+) -> (Vec<Write>, Vec<SysctlError>) {
+    let writes = plan(args, cores, |p, sysfs| files.read(p, sysfs));
+    let mut errors = Vec::new();
+    let mut done = Vec::new();
+    for w in writes {
+        match files.write(&w) {
+            Ok(()) => done.push(w),
+            Err(e) => errors.push(e),
         }
     }
     (done, errors)
 }
 
-const CAP_NET_ADMIN: u32 = 12;
+pub(super) const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
 
 /// Why a write failed, from what was tried and what the process can see: the old hint blamed
 /// privileges even in a privileged container, where the cause was the kernel's (a sysctl that
 /// is read-only outside the host's network namespace).
-fn write_hint(errno: Option<i32>, mode: Option<u32>, caps: Option<u64>) -> String {
+pub(super) fn write_hint(errno: Option<i32>, mode: Option<u32>, caps: Option<u64>) -> String {
     let has = |cap: u32| caps.map(|c| c & (1 << cap) != 0);
     match errno {
         Some(libc::EROFS) => " (this container's /proc/sys or /sys is mounted read-only: only a \
@@ -290,7 +342,7 @@ pub fn count_cpu_list(s: &str) -> Option<usize> {
     (n > 0).then_some(n)
 }
 
-/// Applies and logs the outcome; in dry-run only logs what it would write.
+/// Applies and logs the outcome; in dry-run ([`files`]) only logs what it would write.
 pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -> Vec<Write> {
     let cores = online_cpus();
     if let Some(max) = args
@@ -306,278 +358,9 @@ pub fn apply_and_log(args: &ConntrackSysctlArgs, roots: &Roots, dry_run: bool) -
             "nf_conntrack_max is already higher than --conntrack-max-per-core x cores; left alone (--conntrack-max-allow-lower lowers it)"
         );
     }
-    if dry_run {
-        let planned = plan(args, cores, |p, sysfs| roots.read(p, sysfs));
-        for w in &planned {
-            tracing::info!(
-                path = w.path,
-                value = w.value,
-                "dry-run: would set conntrack sysctl"
-            );
-        }
-        return planned;
-    }
-    let (done, errors) = apply(args, cores, roots);
-    for w in &done {
-        tracing::info!(path = w.path, value = w.value, "set conntrack sysctl");
-    }
+    let (done, errors) = apply(args, cores, &*files(roots, dry_run));
     for e in errors {
         tracing::error!(error = %e, "could not set conntrack sysctl; stale-entry cleanup keeps running");
     }
     done
-}
-
-#[cfg(test)]
-mod tests {
-
-    #[test]
-    fn a_failed_write_says_what_was_tried_and_why() {
-        let all = Some(u64::MAX);
-        let no_net_admin = Some(!(1u64 << CAP_NET_ADMIN));
-        let ro = write_hint(Some(libc::EROFS), Some(0o100644), all);
-        assert!(ro.contains("mounted read-only"), "{ro}");
-        // Privileged, but the kernel's file is 0444: not a privilege problem.
-        let kernel = write_hint(Some(libc::EACCES), Some(0o100444), all);
-        assert!(kernel.contains("read-only here, mode 444"), "{kernel}");
-        assert!(!kernel.contains("lacks"), "{kernel}");
-        let caps = write_hint(Some(libc::EPERM), Some(0o100644), no_net_admin);
-        assert!(caps.contains("lacks CAP_NET_ADMIN"), "{caps}");
-        let other = write_hint(Some(libc::EPERM), Some(0o100644), all);
-        assert!(other.contains("security module"), "{other}");
-        assert_eq!(write_hint(Some(libc::ENOENT), None, all), "");
-    }
-
-    use std::collections::HashMap;
-
-    use super::*;
-
-    fn args(flags: &[&str]) -> ConntrackSysctlArgs {
-        testkit::cli::args(flags).unwrap()
-    }
-
-    #[test]
-    fn max_is_per_core_times_cores_floored_at_min() {
-        assert_eq!(conntrack_max(32768, 131072, 2), 131072);
-        assert_eq!(conntrack_max(32768, 131072, 8), 262144);
-        assert_eq!(conntrack_max(32768, 0, 1), 32768);
-    }
-
-    #[test]
-    fn nothing_is_written_without_flags() {
-        assert!(plan(&args(&[]), 4, |_, _| None).is_empty());
-        // --conntrack-min alone does nothing either (as kube-proxy: max only with per-core).
-        assert!(plan(&args(&["--conntrack-min", "5"]), 4, |_, _| None).is_empty());
-    }
-
-    #[test]
-    fn plan_writes_only_what_differs_and_grows_the_hash() {
-        let a = args(&[
-            "--conntrack-max-per-core",
-            "65536",
-            "--conntrack-tcp-timeout-established",
-            "24h",
-            "--conntrack-tcp-timeout-close-wait",
-            "1h",
-            "--conntrack-tcp-be-liberal",
-            "--conntrack-udp-timeout",
-            "30s",
-            "--conntrack-udp-timeout-stream",
-            "2m",
-        ]);
-        let current: HashMap<&str, u64> = [
-            ("net/netfilter/nf_conntrack_tcp_timeout_close_wait", 3600),
-            (HASHSIZE, 1024),
-        ]
-        .into();
-        let w = plan(&a, 4, |p, _| current.get(p).copied());
-        let got: Vec<(&str, u64, bool)> = w.iter().map(|w| (w.path, w.value, w.sysfs)).collect();
-        assert_eq!(
-            got,
-            vec![
-                (NF_CONNTRACK_MAX, 262144, false),
-                (
-                    "net/netfilter/nf_conntrack_tcp_timeout_established",
-                    86400,
-                    false
-                ),
-                ("net/netfilter/nf_conntrack_udp_timeout", 30, false),
-                ("net/netfilter/nf_conntrack_udp_timeout_stream", 120, false),
-                ("net/netfilter/nf_conntrack_tcp_be_liberal", 1, false),
-                (HASHSIZE, 65536, true),
-            ]
-        );
-        // A hash table already big enough is left alone.
-        let w = plan(&a, 4, |p, _| (p == HASHSIZE).then_some(65536));
-        assert!(w.iter().all(|w| w.path != HASHSIZE));
-    }
-
-    #[test]
-    fn a_higher_max_is_left_alone_unless_lowering_is_allowed() {
-        let flags = ["--conntrack-max-per-core", "32768"];
-        // 4 cores: computed 131072 (the floor); the node runs with 1048576.
-        let current = |p: &str, _| match p {
-            NF_CONNTRACK_MAX => Some(1_048_576),
-            HASHSIZE => Some(262_144),
-            _ => None,
-        };
-        let w = plan(&args(&flags), 4, current);
-        assert!(w.is_empty(), "nothing lowered: {w:?}");
-        let lower = args(&[flags[0], flags[1], "--conntrack-max-allow-lower"]);
-        let w = plan(&lower, 4, current);
-        assert_eq!(
-            w,
-            vec![Write {
-                path: NF_CONNTRACK_MAX,
-                value: 131072,
-                sysfs: false
-            }]
-        );
-        // A lower current value is raised either way; an unreadable one is written.
-        for a in [args(&flags), lower] {
-            let w = plan(&a, 8, |p, _| (p == NF_CONNTRACK_MAX).then_some(65536));
-            assert_eq!(w[0].value, 262144);
-            let w = plan(&a, 8, |_, _| None);
-            assert_eq!(w[0].value, 262144);
-        }
-    }
-
-    #[test]
-    fn cpu_lists_are_counted_like_the_kernel_writes_them() {
-        let cases = [
-            ("0", Some(1)),
-            ("0-1\n", Some(2)),
-            ("0-3,8,10-11", Some(7)),
-            ("", None),
-            ("3-1", None),
-            ("a-b", None),
-        ];
-        for (list, want) in cases {
-            assert_eq!(count_cpu_list(list), want, "{list:?}");
-        }
-        assert!(online_cpus() >= 1);
-    }
-
-    /// A CPU limit on the agent (here its affinity, as a cpuset or a CPU manager gives it; a
-    /// CFS quota acts on `available_parallelism` the same way) must not shrink the node's
-    /// table: nf_conntrack_max counts the machine's online CPUs, as kube-proxy does.
-    #[test]
-    fn a_cpu_limit_on_the_agent_does_not_shrink_the_table() {
-        let online = online_cpus();
-        if online < 2 {
-            testkit::skipped(
-                "a_cpu_limit_on_the_agent_does_not_shrink_the_table",
-                "needs 2 online CPUs",
-            );
-            return;
-        }
-        let (dir, roots, _) = fixture("gk-sysctl-cpus", "sys");
-        let a = args(&["--conntrack-max-per-core", "100000", "--conntrack-min", "1"]);
-        let written = std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: a zeroed cpu_set_t with CPU 0 set, for this thread only.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(0, &mut set);
-                    assert_eq!(
-                        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
-                        0
-                    );
-                }
-                assert_eq!(
-                    std::thread::available_parallelism().unwrap().get(),
-                    1,
-                    "the limit is in place"
-                );
-                apply_and_log(&a, &roots, false);
-                roots.read(NF_CONNTRACK_MAX, false)
-            })
-            .join()
-            .unwrap()
-        });
-        assert_eq!(written, Some(100000 * online as u64));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn be_liberal_takes_an_optional_value() {
-        assert!(args(&["--conntrack-tcp-be-liberal"]).conntrack_tcp_be_liberal);
-        assert!(args(&["--conntrack-tcp-be-liberal=true"]).conntrack_tcp_be_liberal);
-        assert!(!args(&["--conntrack-tcp-be-liberal=false"]).conntrack_tcp_be_liberal);
-        assert!(plan(&args(&["--conntrack-tcp-be-liberal=false"]), 1, |_, _| None).is_empty());
-    }
-
-    #[test]
-    fn invalid_values_are_rejected_naming_them() {
-        let cases: [&[&str]; 4] = [
-            &["--conntrack-max-per-core", "0"],
-            &["--conntrack-udp-timeout", "0s"],
-            &["--conntrack-udp-timeout", "1500ms"],
-            &["--conntrack-tcp-timeout-established", "soon"],
-        ];
-        for flags in cases {
-            let e = testkit::cli::args::<ConntrackSysctlArgs>(flags)
-                .err()
-                .unwrap_or_else(|| panic!("{flags:?} accepted"));
-            assert!(e.contains(flags[1]), "{flags:?}: {e}");
-        }
-    }
-
-    /// A /proc/sys under a temp dir holding nf_conntrack_max 65536 and a 30 s UDP timeout, roots
-    /// with /sys at `sys` (not created), and flags that change both.
-    fn fixture(name: &str, sys: &str) -> (std::path::PathBuf, Roots, ConntrackSysctlArgs) {
-        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let nf = dir.join("proc/net/netfilter");
-        std::fs::create_dir_all(&nf).unwrap();
-        std::fs::write(nf.join("nf_conntrack_max"), "65536\n").unwrap();
-        std::fs::write(nf.join("nf_conntrack_udp_timeout"), "30\n").unwrap();
-        let roots = Roots {
-            proc_sys: dir.join("proc"),
-            sys: dir.join(sys),
-        };
-        let a = args(&[
-            "--conntrack-max-per-core",
-            "100000",
-            "--conntrack-udp-timeout",
-            "60s",
-        ]);
-        (dir, roots, a)
-    }
-
-    #[test]
-    fn apply_writes_under_the_roots_and_reports_read_only_paths() {
-        // No such /sys directory: the hashsize write fails and is reported with its path.
-        let (dir, roots, a) = fixture("gk-sysctl", "missing-sys");
-        let (done, errors) = apply(&a, 2, &roots);
-        assert_eq!(done.len(), 2);
-        assert_eq!(roots.read(NF_CONNTRACK_MAX, false), Some(200000));
-        assert_eq!(
-            roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
-            Some(60)
-        );
-        assert_eq!(errors.len(), 1);
-        let msg = errors[0].to_string();
-        assert!(
-            msg.contains("missing-sys/module/nf_conntrack/parameters/hashsize"),
-            "{msg}"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn dry_run_plans_but_writes_nothing() {
-        let (dir, roots, a) = fixture("gk-sysctl-dry", "sys");
-        let planned = apply_and_log(&a, &roots, true);
-        assert!(
-            planned.iter().any(|w| w.path == NF_CONNTRACK_MAX),
-            "{planned:?}"
-        );
-        assert_eq!(roots.read(NF_CONNTRACK_MAX, false), Some(65536));
-        assert_eq!(
-            roots.read("net/netfilter/nf_conntrack_udp_timeout", false),
-            Some(30)
-        );
-        assert!(!dir.join("sys").exists(), "nothing created under /sys");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 }

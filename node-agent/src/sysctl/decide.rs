@@ -140,7 +140,7 @@ pub fn started(status: &PodStatus) -> bool {
             .any(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()))
 }
 
-pub use groundskeeper_sysctl::verdict::stable_hash;
+pub use groundskeeper_sysctl::hash::stable_hash;
 
 /// The name of the one Warning event that reports a forbidden pod that started (ran despite
 /// Enforce, audited, or already started), for this pod UID, policy revision and the verdict's

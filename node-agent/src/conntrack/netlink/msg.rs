@@ -4,9 +4,8 @@
 //! returns an error, never panics, on malformed input.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::apply::Select;
 use super::family::Family;
 
 pub const NLMSG_HDRLEN: usize = 16;
@@ -29,14 +28,17 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 // nfnetlink / ctnetlink
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
-const IPCTNL_MSG_CT_GET: u16 = 1;
+pub(super) const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NFGENMSG_LEN: usize = 4;
 
 pub(super) const CTA_TUPLE_ORIG: u16 = 1;
 pub(super) const CTA_TUPLE_REPLY: u16 = 2;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_STATUS: u16 = 3;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO: u16 = 4;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_TIMEOUT: u16 = 7;
 pub(super) const CTA_ID: u16 = 12;
 pub(super) const CTA_ZONE: u16 = 18;
@@ -51,7 +53,9 @@ pub(super) const CTA_IP_V6_DST: u16 = 4;
 pub(super) const CTA_PROTO_NUM: u16 = 1;
 pub(super) const CTA_PROTO_SRC_PORT: u16 = 2;
 pub(super) const CTA_PROTO_DST_PORT: u16 = 3;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO_TCP: u16 = 1;
+#[cfg(any(test, feature = "testing"))]
 pub(super) const CTA_PROTOINFO_TCP_STATE: u16 = 1;
 pub(super) const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 pub(super) const CTA_FILTER_REPLY_FLAGS: u16 = 2;
@@ -120,7 +124,13 @@ pub struct Entry {
 impl Entry {
     /// An entry of the shape kube-proxy's DNAT creates: `client -> frontend` in the original
     /// direction, `endpoint -> client` in the reply. No ID (the kernel assigns one), zone 0.
-    pub fn dnat(proto: u8, client: SocketAddr, frontend: SocketAddr, endpoint: SocketAddr) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn dnat(
+        proto: u8,
+        client: std::net::SocketAddr,
+        frontend: std::net::SocketAddr,
+        endpoint: std::net::SocketAddr,
+    ) -> Self {
         Entry {
             orig: Tuple {
                 src: client.ip(),
@@ -410,7 +420,7 @@ impl Encoder {
         self.nests.clear();
     }
 
-    fn begin(&mut self, msg: u16, flags: u16, seq: u32, family: Family) {
+    pub(super) fn begin(&mut self, msg: u16, flags: u16, seq: u32, family: Family) {
         self.msg_start = self.buf.len();
         let ty = (NFNL_SUBSYS_CTNETLINK << 8) | msg;
         self.buf.extend_from_slice(&0u32.to_ne_bytes());
@@ -421,12 +431,12 @@ impl Encoder {
         self.buf.extend_from_slice(&[af(family), 0, 0, 0]); // nfgenmsg: family, version 0, res_id 0
     }
 
-    fn end(&mut self) {
+    pub(super) fn end(&mut self) {
         let len = (self.buf.len() - self.msg_start) as u32;
         self.buf[self.msg_start..self.msg_start + 4].copy_from_slice(&len.to_ne_bytes());
     }
 
-    fn put(&mut self, ty: u16, value: &[u8]) {
+    pub(super) fn put(&mut self, ty: u16, value: &[u8]) {
         let len = (4 + value.len()) as u16;
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
@@ -434,14 +444,14 @@ impl Encoder {
         self.buf.resize(align4(self.buf.len()), 0);
     }
 
-    fn nest(&mut self, ty: u16) {
+    pub(super) fn nest(&mut self, ty: u16) {
         self.nests.push(self.buf.len());
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
         self.buf
             .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
     }
 
-    fn unnest(&mut self) {
+    pub(super) fn unnest(&mut self) {
         let start = self.nests.pop().expect("unnest matches a nest");
         let len = (self.buf.len() - start) as u16;
         self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
@@ -469,68 +479,6 @@ impl Encoder {
         self.unnest();
     }
 
-    /// A dump of one family's table; with `only_proto`, a kernel-side filter on the original
-    /// tuple's L4 protocol. The filter never carries addresses: on kernel 6.18 the CTA_FILTER
-    /// match on IPv6 addresses is inverted.
-    pub fn dump(&mut self, seq: u32, family: Family, only_proto: Option<u8>) {
-        self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
-        if let Some(proto) = only_proto {
-            self.filter(proto, None);
-        }
-        self.end();
-    }
-
-    /// A dump of the `family` entries of `proto` that `select` picks, both filtered by the
-    /// kernel. Address selections are IPv4 only: kernel 6.18 inverts the CTA_FILTER match on
-    /// IPv6 addresses (a port alone is fine in both families).
-    pub fn dump_select(&mut self, seq: u32, family: Family, proto: u8, select: Select) {
-        self.begin(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, seq, family);
-        self.filter(proto, Some(select));
-        self.end();
-    }
-
-    /// CTA_FILTER on the original tuple's protocol and what `select` adds, followed by the
-    /// values to match (the kernel reads only the attributes the flags name).
-    fn filter(&mut self, proto: u8, select: Option<Select>) {
-        let (orig, reply) = match select {
-            None => (0, 0),
-            Some(Select::ReplySource(_)) => (0, CTA_FILTER_FLAG_IP_SRC),
-            Some(Select::OrigDst(..)) => {
-                (CTA_FILTER_FLAG_IP_DST | CTA_FILTER_FLAG_PROTO_DST_PORT, 0)
-            }
-            Some(Select::OrigDstPort(_)) => (CTA_FILTER_FLAG_PROTO_DST_PORT, 0),
-        };
-        self.nest(CTA_FILTER);
-        self.put(
-            CTA_FILTER_ORIG_FLAGS,
-            &(CTA_FILTER_FLAG_PROTO_NUM | orig).to_ne_bytes(),
-        );
-        if reply != 0 {
-            self.put(CTA_FILTER_REPLY_FLAGS, &reply.to_ne_bytes());
-        }
-        self.unnest();
-        self.nest(CTA_TUPLE_ORIG);
-        if let Some(Select::OrigDst(ip, _)) = select {
-            self.nest(CTA_TUPLE_IP);
-            self.put(CTA_IP_V4_DST, &ip.octets());
-            self.unnest();
-        }
-        self.nest(CTA_TUPLE_PROTO);
-        self.put(CTA_PROTO_NUM, &[proto]);
-        if let Some(Select::OrigDst(_, port) | Select::OrigDstPort(port)) = select {
-            self.put(CTA_PROTO_DST_PORT, &port.to_be_bytes());
-        }
-        self.unnest();
-        self.unnest();
-        if let Some(Select::ReplySource(src)) = select {
-            self.nest(CTA_TUPLE_REPLY);
-            self.nest(CTA_TUPLE_IP);
-            self.put(CTA_IP_V4_SRC, &src.octets());
-            self.unnest();
-            self.unnest();
-        }
-    }
-
     /// Deletes exactly `e`: its original tuple always (a delete without a tuple would flush
     /// the table), its ID when known, its zone when not the default.
     pub fn delete(&mut self, seq: u32, e: &Entry) {
@@ -552,6 +500,7 @@ impl Encoder {
 
     /// Creates an entry (tests and the benchmark fill tables with it). TCP entries are created
     /// ESTABLISHED.
+    #[cfg(any(test, feature = "testing"))]
     pub fn create(&mut self, seq: u32, e: &Entry, timeout_secs: u32, status: u32) {
         self.begin(
             IPCTNL_MSG_CT_NEW,
@@ -580,8 +529,11 @@ impl Encoder {
 }
 
 /// Status bits of an answered flow, for entries created by tests and the benchmark.
+#[cfg(any(test, feature = "testing"))]
 pub const STATUS_SEEN_REPLY: u32 = 1 << 1;
+#[cfg(any(test, feature = "testing"))]
 pub const STATUS_ASSURED: u32 = 1 << 2;
+#[cfg(any(test, feature = "testing"))]
 const STATUS_CONFIRMED: u32 = 1 << 3;
 
 fn v6(ip: IpAddr) -> Ipv6Addr {

@@ -7,8 +7,8 @@ use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use super::apply::Select;
 use super::family::Family;
+use super::filter::Select;
 use super::msg::{self, Encoder, Entry, Message, ParseError};
 
 const NETLINK_NETFILTER: libc::c_int = 12;
@@ -311,6 +311,7 @@ impl Conntrack {
     }
 
     /// Creates entries (tests, benchmark), in batches.
+    #[cfg(any(test, feature = "testing"))]
     pub fn create(
         &mut self,
         entries: &[Entry],
@@ -404,7 +405,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::conntrack::msg::{IPPROTO_UDP, Tuple};
+    use crate::conntrack::netlink::msg::{IPPROTO_UDP, Tuple};
 
     fn entry(port: u16) -> Entry {
         let c: IpAddr = "10.0.0.1".parse().unwrap();
