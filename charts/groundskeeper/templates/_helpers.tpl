@@ -157,3 +157,19 @@ namespaceSelector:
         - {{ . }}
         {{- end }}
 {{- end -}}
+
+{{/* "true" when the cluster is known not to serve ValidatingAdmissionPolicy. Kind-level entries
+(group/version/Kind) come from a cluster's discovery (helm install/upgrade, Argo CD); `helm
+template` without --api-versions knows only group/versions, and there the chart's kubeVersion
+(>= 1.33, where the policy is GA and on) stands for it. */}}
+{{- define "groundskeeper.vapMissing" -}}
+{{- $caps := .Capabilities.APIVersions -}}
+{{- $discovered := $caps.Has "v1/Pod" -}}
+{{- if and $discovered (not ($caps.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Prometheus Operator's CRD for the kind given is served: include with
+(list $ "ServiceMonitor"). Without it the object is not rendered and NOTES say so. */}}
+{{- define "groundskeeper.hasMonitoring" -}}
+{{- if (index . 0).Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) -}}true{{- end -}}
+{{- end -}}
