@@ -29,7 +29,7 @@ long=$(printf 'x%.0s' $(seq 1 63))
 for extra in "--set fullnameOverride=$long" "--set nameOverride=${long:0:60}" \
   "--set commonLabels.team=platform --set-string controllerManager.podLabels.tier=cm --set-string nodeAgent.podLabels.tier=agent" \
   "--set nodeAgent.serviceAccount.create=false --set nodeAgent.serviceAccount.name=default --set controllerManager.serviceAccount.automount=false" \
-  "--set crds.install=true"; do
+  "--set crds.install=true" "-f $chart/presets/managed-cluster.yaml"; do
   # shellcheck disable=SC2086
   "$helm" template "r$(printf 'r%.0s' $(seq 1 52))" "$chart" -n "$ns" $extra \
     | k apply --dry-run=server -n "$ns" -f - >/dev/null 2>"$out/err" || fail "server dry-run refused the render with $extra: $(cat "$out/err")"

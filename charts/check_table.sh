@@ -178,4 +178,18 @@ done
 grep -q "^    helm.sh/resource-policy: keep$" "$out/t-crd.yaml" || fail "crds.keep (default) does not add helm.sh/resource-policy: keep"
 render --set crds.install=true --set crds.keep=false --show-only templates/crds.yaml | has "resource-policy" \
   && fail "crds.keep=false still keeps the CRD"
-echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template)"
+## Item 9: beside kube-controller-manager (managed clusters): the preset and podGC.mode.
+render -f "$chart/presets/managed-cluster.yaml" > "$out/t-managed.yaml"
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc$" || fail "the managed preset must run PodGC only"
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --terminated-pod-gc-threshold=0$" \
+  || fail "podGC.mode=ttl-only must leave the threshold pass to kube-controller-manager"
+names < "$out/t-managed.yaml" | has "^Job " && fail "the managed preset renders the uninstall Job, which would strip kube-controller-manager's ServiceCIDR finalizer"
+render --set controllerManager.podGC.terminatedPodThreshold=77 | docs_of Deployment | has -- "- --terminated-pod-gc-threshold=77$" \
+  || fail "podGC.mode=all must pass terminatedPodThreshold"
+"$helm" install gk "$chart" -n groundskeeper --dry-run=client -f "$chart/presets/managed-cluster.yaml" | sed -n '/^NOTES:/,$p' > "$out/t-notes"
+has "Running beside kube-controller-manager's controllers" "$out/t-notes" || fail "NOTES of the managed preset do not say it runs beside upstream"
+has -- "--controllers=\*," "$out/t-notes" && fail "NOTES of the managed preset still ask to turn kube-controller-manager's controllers off"
+if msg=$(render --set controllerManager.podGC.mode=sometimes 2>&1); then fail "podGC.mode=sometimes accepted"; fi
+echo "$msg" | has mode || fail "schema error does not name mode: $msg"
+
+echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset)"

@@ -108,6 +108,12 @@ readinessProbe:
 {{- join "," $c -}}
 {{- end -}}
 
+{{/* The terminated-pod threshold passed to the binary: 0 (pass off) in podGC.mode ttl-only,
+where kube-controller-manager's own threshold pass runs. */}}
+{{- define "groundskeeper.podgcThreshold" -}}
+{{- if eq .Values.controllerManager.podGC.mode "ttl-only" -}}0{{- else -}}{{ .Values.controllerManager.podGC.terminatedPodThreshold }}{{- end -}}
+{{- end -}}
+
 {{- define "groundskeeper.nodeTasks" -}}
 {{- $t := list -}}
 {{- if .Values.nodeAgent.conntrack.enabled }}{{ $t = append $t "conntrack" }}{{ end -}}
