@@ -135,7 +135,7 @@ EOF
 # ServiceMonitor and PrometheusRule: rendered only where the cluster serves their CRDs; else
 # nothing, and NOTES say so.
 for kind in ServiceMonitor PrometheusRule; do
-  key=$(echo "${kind:0:1}" | tr A-Z a-z)${kind:1}
+  key=$(echo "${kind:0:1}" | tr "[:upper:]" "[:lower:]")${kind:1}
   render --set "metrics.$key.enabled=true" | has "^kind: $kind$" && fail "$kind rendered without its CRD"
   render --set "metrics.$key.enabled=true" --api-versions "monitoring.coreos.com/v1/$kind" | has "^kind: $kind$" \
     || fail "$kind not rendered where its CRD is served"
