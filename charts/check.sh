@@ -158,7 +158,7 @@ trap cleanup EXIT
 # No Prometheus Operator CRDs there: ServiceMonitor and PrometheusRule are left out.
 "$helm" template gk "$chart" -n "$ns" -f "$all" --set metrics.serviceMonitor.enabled=false \
   --set metrics.prometheusRule.enabled=false \
-  | "$kubectl" apply --dry-run=server -n "$ns" -f - >/dev/null
+  | "$kubectl" apply --server-side --dry-run=server -n "$ns" -f - >/dev/null
 echo "chart: server-side dry-run apply passed"
 "$helm" install gk "$chart" -n "$ns" >/dev/null
 "$kubectl" -n "$ns" get deployment/gk-groundskeeper-controller-manager daemonset/gk-groundskeeper-node-agent \
