@@ -155,8 +155,29 @@ render --set namespace.create=true --set podSecurity.label=false | docs_of Names
 "$helm" install gk "$chart" -n groundskeeper --dry-run=client | sed -n '/^NOTES:/,$p' \
   | has "kubectl label namespace groundskeeper pod-security.kubernetes.io/enforce=privileged" \
   || fail "NOTES do not say how to let the namespace admit the node-agent"
-render | docs_of Pod | has "violates PodSecurity' means namespace groundskeeper does not admit privileged pods" \
-  || fail "helm test does not name a Pod Security refusal of the node-agent"
+# helm test's script, run here with a wget that no node-agent answers (and no real sleep): it
+# fails naming the Pod Security cause; when only the controller-manager is down it does not.
+render --show-only templates/tests/readyz.yaml | sed -n '/^        - |$/,$p' | tail -n +2 | sed 's/^          //' > "$out/t-test.sh"
+mkdir -p "$out/shims"
+# shellcheck disable=SC2016
+printf '#!/bin/sh
+case "$*" in *"$DOWN"*) exit 1 ;; esac
+' > "$out/shims/wget"
+printf '#!/bin/sh
+' > "$out/shims/sleep"
+# shellcheck disable=SC2016
+printf '#!/bin/sh
+shift
+exec "$@"
+' > "$out/shims/timeout"
+chmod +x "$out/shims/"*
+sh=$(command -v sh)
+if DOWN=node-agent PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1; then fail "helm test passed with no node-agent answering"; fi
+has "violates PodSecurity' means namespace groundskeeper does not admit privileged pods" "$out/t-test.out" \
+  || fail "helm test does not name a Pod Security refusal when no node-agent answers: $(cat "$out/t-test.out")"
+if DOWN=controller-manager PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1; then fail "helm test passed with no controller-manager answering"; fi
+has PodSecurity "$out/t-test.out" && fail "helm test blames Pod Security for the controller-manager"
+DOWN=nothing PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1 || fail "helm test failed with both answering: $(cat "$out/t-test.out")"
 
 ## Item 7: the CRD as a template, when asked, equal to crds/.
 names < "$out/t-default.yaml" | has "^CustomResourceDefinition " && fail "crds.install=false (default) renders the CRD as a template"
