@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, Node, NodeAddress, NodeStatus, Service, ServicePort,
     ServiceSpec, ServiceStatus,
 };
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointPort, EndpointSlice};
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR, ServiceCIDRSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -81,9 +81,11 @@ pub fn service(s: Service) -> Service {
     }
 }
 
-/// An EndpointSlice: its service, family, UDP ports, and each endpoint's addresses and whether
-/// it serves. A slice without a UDP port keeps no endpoints: none of them can be a backend of a
-/// UDP flow.
+/// An EndpointSlice: its service, family and UDP ports, and the addresses of its serving
+/// endpoints, all in one endpoint. The model asks of a slice only which addresses serve (an
+/// endpoint whose `serving` is unset serves), so one endpoint holding every serving address
+/// says the same as a hundred, for a tenth of the memory. A slice without a UDP port keeps no
+/// address: none of them can be a backend of a UDP flow.
 pub fn slice(s: EndpointSlice) -> EndpointSlice {
     let ports: Option<Vec<EndpointPort>> = s.ports.map(|ps| {
         ps.into_iter()
@@ -96,20 +98,22 @@ pub fn slice(s: EndpointSlice) -> EndpointSlice {
             })
             .collect()
     });
-    let endpoints = if ports.as_ref().is_some_and(|p| !p.is_empty()) {
-        s.endpoints
-            .into_iter()
-            .map(|e| Endpoint {
-                addresses: e.addresses,
-                conditions: e.conditions.map(|c| EndpointConditions {
-                    serving: c.serving,
-                    ..EndpointConditions::default()
-                }),
-                ..Endpoint::default()
-            })
-            .collect()
-    } else {
+    let mut serving: Vec<String> = Vec::new();
+    if ports.as_ref().is_some_and(|p| !p.is_empty()) {
+        for e in s.endpoints {
+            if e.conditions.and_then(|c| c.serving).unwrap_or(true) {
+                serving.extend(e.addresses);
+            }
+        }
+    }
+    serving.shrink_to_fit();
+    let endpoints = if serving.is_empty() {
         Vec::new()
+    } else {
+        vec![Endpoint {
+            addresses: serving,
+            ..Endpoint::default()
+        }]
     };
     EndpointSlice {
         metadata: meta(

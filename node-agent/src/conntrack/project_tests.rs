@@ -284,12 +284,26 @@ fn projection_drops_what_the_model_never_reads() {
     .unwrap();
     let p = project::slice(tcp);
     assert!(p.endpoints.is_empty());
+    let labels = p.metadata.labels.unwrap_or_default();
     assert_eq!(
-        p.metadata
-            .labels
-            .unwrap()
-            .get(LABEL_SERVICE_NAME)
-            .map(String::as_str),
+        labels.get(LABEL_SERVICE_NAME).map(String::as_str),
         Some("t")
+    );
+    // A UDP slice keeps one endpoint holding the serving addresses, in order.
+    let udp: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "u", "namespace": "d", "labels": {LABEL_SERVICE_NAME: "u"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
+        "endpoints": [{"addresses": ["10.244.0.1"]},
+                      {"addresses": ["10.244.0.2"], "conditions": {"serving": false}},
+                      {"addresses": ["10.244.0.3", "10.244.0.4"], "conditions": {"ready": false, "serving": true}},
+                      {"addresses": ["10.244.0.5"], "conditions": {"ready": false}}],
+    }))
+    .unwrap();
+    let p = project::slice(udp);
+    assert_eq!(p.endpoints.len(), 1);
+    assert_eq!(
+        p.endpoints[0].addresses,
+        ["10.244.0.1", "10.244.0.3", "10.244.0.4", "10.244.0.5"]
     );
 }
