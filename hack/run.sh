@@ -13,9 +13,9 @@ DRY_RUN=${DRY_RUN:-true}
 
 binaries() {
   echo "controller-manager on 127.0.0.1:8080, node-agent (NODE_NAME=${NODE_NAME:-}) on 127.0.0.1:8081, dry-run=$DRY_RUN"
-  DRY_RUN=$DRY_RUN "$target/debug/controller-manager" --admin-addr 127.0.0.1:8080 --leader-elect=false &
+  GROUNDSKEEPER_DRY_RUN=$DRY_RUN "$target/debug/controller-manager" --admin-addr 127.0.0.1:8080 --leader-elect=false &
   local cm=$!
-  DRY_RUN=$DRY_RUN NODE_NAME=${NODE_NAME:-} "$target/debug/node-agent" --admin-addr 127.0.0.1:8081 &
+  GROUNDSKEEPER_DRY_RUN=$DRY_RUN NODE_NAME=${NODE_NAME:-} "$target/debug/node-agent" --admin-addr 127.0.0.1:8081 &
   local na=$!
   # Ctrl-C reaches both through the terminal; SIGTERM to this script is passed on.
   trap 'kill -TERM $cm $na 2>/dev/null || true' INT TERM

@@ -28,9 +28,9 @@ else
   grep -q "kube-apiserver" "$scratch/err" || fail "the line does not say to install kube-apiserver: $(cat "$scratch/err")"
 fi
 
-# 2. Both binaries refuse --watch-silent-after=2s (env WATCH_SILENT_AFTER) at start.
+# 2. Both binaries refuse --watch-silent-after=2s (env GROUNDSKEEPER_WATCH_SILENT_AFTER) at start.
 set +e
-WATCH_SILENT_AFTER=2s KUBECONFIG=/dev/null make -s -C "$root" run-binaries NODE_NAME=nowhere \
+GROUNDSKEEPER_WATCH_SILENT_AFTER=2s KUBECONFIG=/dev/null make -s -C "$root" run-binaries NODE_NAME=nowhere \
   TARGET_DIR="$target" >"$scratch/out" 2>&1
 code=$?
 set -e

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use groundskeeper_plumbing::{
-    cli::{Binary, Selection, parse_selection},
+    cli::{Binary, Part, Selection, parse_selection},
     client::parse_duration,
 };
 
@@ -18,28 +18,49 @@ pub const ABOUT: &str = "groundskeeper controller-manager: ServiceCIDR and PodGC
 
 pub type Cli = Binary<Command, ManagerArgs>;
 
-/// The manager's own flags (the common ones are in [`Binary`]).
+/// The manager's own flags (the common ones are in [`Binary`]). `--help` shows them grouped by
+/// component, each flattened struct under its own heading.
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Controllers")]
 pub struct ManagerArgs {
+    /// Controllers to run, comma-separated, as kube-controller-manager's --controllers:
+    /// `servicecidr` (or service-cidr-controller), `podgc` (or pod-garbage-collector-controller),
+    /// `*` for all, `-name` to leave one out (`*,-podgc`); the first mention of a controller
+    /// wins. Empty: none.
+    #[arg(long, env = "GROUNDSKEEPER_CONTROLLERS", default_value = "servicecidr,podgc",
+          value_parser = parse_controllers, allow_hyphen_values = true)]
+    pub controllers: Selection,
+
     #[command(flatten)]
     pub election: ElectionArgs,
+
     #[command(flatten)]
     pub service_cidr: ServiceCidrArgs,
+
     #[command(flatten)]
     pub podgc: PodGcArgs,
+
     /// The sysctl admission webhook (every replica, not only the leader).
     #[command(flatten)]
     pub webhook: WebhookArgs,
+
     /// The node policy flags the webhook judges by: the node-agent's, passed the same values.
     #[command(flatten)]
     pub sysctl: PolicyArgs,
-
-    /// Controllers to run, comma-separated: servicecidr, podgc (empty: none).
-    #[arg(long, env = "CONTROLLERS", default_value = "servicecidr,podgc", value_parser = parse_controllers)]
-    pub controllers: Selection,
 }
 
-pub const CONTROLLERS: &[&str] = &["servicecidr", "podgc"];
+/// The controllers, by our name and kube-controller-manager's (its canonical name, then its
+/// older alias where it has one).
+pub const CONTROLLERS: &[Part] = &[
+    Part {
+        name: "servicecidr",
+        aliases: &["service-cidr-controller"],
+    },
+    Part {
+        name: "podgc",
+        aliases: &["pod-garbage-collector-controller"],
+    },
+];
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -65,33 +86,40 @@ fn parse_controllers(s: &str) -> Result<Selection, String> {
 }
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Leader election")]
 pub struct ElectionArgs {
     /// Run only while holding the leader Lease (needed with more than one replica).
-    #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
     /// Name of the coordination.k8s.io/v1 Lease used for leader election.
     #[arg(
         long,
-        env = "LEADER_ELECT_LEASE_NAME",
+        visible_alias = "leader-elect-resource-name",
+        env = "GROUNDSKEEPER_LEADER_ELECT_LEASE_NAME",
         default_value = "groundskeeper-controller-manager"
     )]
     pub leader_elect_lease_name: String,
 
     /// Namespace of the Lease (defaults to the pod's namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    #[arg(
+        long,
+        visible_alias = "leader-elect-resource-namespace",
+        env = "POD_NAMESPACE",
+        default_value = "default"
+    )]
     pub leader_elect_namespace: String,
 
     /// How long a standby waits after the lease last changed before taking it over.
-    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up leadership.
-    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates try to acquire and the leader renews.
-    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
 
     /// This replica's name in the Lease (a random suffix is appended).
@@ -101,7 +129,7 @@ pub struct ElectionArgs {
     /// A kubeconfig for the elector's client alone (default: the controllers' one). Hidden:
     /// it exists so fault tests can cut the lease connection while the controllers' writes
     /// still reach the apiserver, the case fencing is for.
-    #[arg(long, env = "LEADER_ELECT_KUBECONFIG", hide = true)]
+    #[arg(long, env = "GROUNDSKEEPER_LEADER_ELECT_KUBECONFIG", hide = true)]
     pub leader_elect_kubeconfig: Option<std::path::PathBuf>,
 }
 
@@ -218,6 +246,120 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    fn controllers(flag: &str) -> Result<Vec<&'static str>, String> {
+        Cli::from_command_line(&[flag]).map(|c| c.controllers.0.clone())
+    }
+
+    /// kube-controller-manager's --controllers: its controller names (canonical, and podgc's
+    /// older alias), `*`, `-name`; ours still work.
+    #[test]
+    fn controllers_take_upstream_names_and_syntax() {
+        let both = vec!["servicecidr", "podgc"];
+        for (flag, want) in [
+            ("--controllers=*", both.clone()),
+            (
+                "--controllers=service-cidr-controller,pod-garbage-collector-controller",
+                both.clone(),
+            ),
+            (
+                "--controllers=*,-pod-garbage-collector-controller",
+                vec!["servicecidr"],
+            ),
+            ("--controllers=*,-podgc", vec!["servicecidr"]),
+            ("--controllers=-service-cidr-controller,*", vec!["podgc"]),
+            ("--controllers=-podgc", vec![]),
+            ("--controllers=podgc", vec!["podgc"]),
+            ("--controllers=servicecidr,podgc", both.clone()),
+        ] {
+            assert_eq!(controllers(flag), Ok(want), "{flag}");
+        }
+        // A value starting with `-` as its own argument, as upstream's users write it.
+        let cli = Cli::from_command_line(&["--controllers", "-podgc,*"]).unwrap();
+        assert_eq!(cli.controllers.0, vec!["servicecidr"]);
+        for (flag, named) in [
+            ("--controllers=*,-nodeipam", "nodeipam"),
+            (
+                "--controllers=garbage-collector-controller",
+                "garbage-collector-controller",
+            ),
+            ("--controllers=podgc,+servicecidr", "+servicecidr"),
+        ] {
+            let e = controllers(flag).unwrap_err();
+            assert!(
+                e.contains(&format!("{named:?}")) && e.contains("--controllers"),
+                "{flag}: {e}"
+            );
+        }
+    }
+
+    /// kube-controller-manager's flag names where ours differ, as aliases.
+    #[test]
+    fn upstream_leader_election_flag_names() {
+        let cli = Cli::from_command_line(&[
+            "--leader-elect-resource-name=kcm-lease",
+            "--leader-elect-resource-namespace=kube-system",
+        ])
+        .unwrap();
+        assert_eq!(cli.election.leader_elect_lease_name, "kcm-lease");
+        assert_eq!(cli.election.leader_elect_namespace, "kube-system");
+        let cli = Cli::from_command_line(&["--leader-elect-resource-name", "x"]).unwrap();
+        assert_eq!(cli.election.leader_elect_lease_name, "x");
+        // Upstream's Go durations in the election timings.
+        let cli = Cli::from_command_line(&[
+            "--leader-elect-lease-duration=1m0s",
+            "--leader-elect-renew-deadline=45.5s",
+            "--leader-elect-retry-period=2s500ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.election.leader_elect_lease_duration,
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            cli.election.leader_elect_renew_deadline,
+            Duration::from_millis(45_500)
+        );
+        assert_eq!(
+            cli.election.leader_elect_retry_period,
+            Duration::from_millis(2500)
+        );
+    }
+
+    /// Item 11: no flag falls back to an unprefixed variable other than the downward-API ones.
+    #[test]
+    fn env_fallbacks_are_prefixed() {
+        use clap::CommandFactory;
+        assert_eq!(
+            testkit::cli::unprefixed_env(&Cli::command()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn help_groups_every_flag_under_its_component() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        assert_eq!(testkit::cli::ungrouped_flags(&cmd), Vec::<String>::new());
+        let heading = |id: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help_heading())
+                .map(str::to_string)
+        };
+        for (id, want) in [
+            ("leader_elect_lease_name", "Leader election"),
+            ("gc_period", "PodGC controller"),
+            ("service_cidr_workers", "ServiceCIDR controller"),
+            ("controllers", "Controllers"),
+            ("dry_run", "Process"),
+            ("log_format", "Logging"),
+            ("kubeconfig", "Kubernetes API client"),
+            ("webhook_addr", "Sysctl admission webhook"),
+        ] {
+            assert_eq!(heading(id).as_deref(), Some(want), "{id}");
         }
     }
 

@@ -23,6 +23,32 @@ fn unknown_controller_is_named() {
     );
 }
 
+/// Env fallbacks are read under their GROUNDSKEEPER_ names only: an unrelated CONTROLLERS in
+/// the environment is not taken for --controllers (the binary gets past its flags and fails
+/// on the kubeconfig, exit 1), the prefixed one is (refused by name, exit 2).
+#[test]
+fn env_fallbacks_are_read_only_under_their_prefixed_names() {
+    let run = |var: &str| {
+        Command::new(BIN)
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env(var, "not-a-controller")
+            .output()
+            .unwrap()
+    };
+    let out = run("CONTROLLERS");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run("GROUNDSKEEPER_CONTROLLERS");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not-a-controller"), "{err}");
+}
+
 #[test]
 fn webhook_flags_are_refused_naming_the_flag() {
     let err = testkit::cli::refused(BIN, &["--sysctl-webhook"]);

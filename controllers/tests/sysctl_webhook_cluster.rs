@@ -570,7 +570,7 @@ async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
                         == Some("controller-manager")
             })
             .flat_map(|d| {
-                serde_yaml::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
+                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
             })
             .collect()
     };

@@ -41,6 +41,35 @@ test_ops_helm_upgrade_one_leader_throughout() {
   until_ok 30 leader_pod || fail "no leader after the upgrade"
 }
 
+# helm upgrade from the previous chart version (docs/upgrade.md: the chart at PREV_CHART_REF, the
+# last commit before issue 22 changed it): down to it, then up again, one leader throughout both
+# rollouts, and work that comes due while the leader changes hands is done after it.
+test_ops_helm_upgrade_from_previous_version() {
+  local ref=${PREV_CHART_REF:-4c8b12f367f96c64fecc0c5611b5cc516cab8a45} dir ns i
+  dir=$(mktemp -d)
+  git -C "$root" archive "$ref" charts/groundskeeper | tar -x -C "$dir" \
+    || fail "the previous chart version ($ref) is not in this clone (git fetch --unshallow)"
+  "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" >/dev/null \
+    || fail "helm upgrade to the previous chart version"
+  never_two_leaders 25
+  rollout || fail "the previous chart version did not roll out"
+  until_ok 30 leader_pod || fail "no leader on the previous chart version"
+  "$HELM" upgrade "$RELEASE" "$root/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" >/dev/null \
+    || fail "helm upgrade from the previous chart version"
+  # Terminated pods over the threshold (e2e/values.yaml: 10) made during the rollout.
+  ns=$(new_namespace upgrade)
+  for i in $(seq -w 1 14); do
+    k -n "$ns" run "done-upgrade-$i" --image=gk.local/tools:1 --restart=Never --labels=e2e=terminated --command -- sh -c "exit 0" >/dev/null
+  done
+  never_two_leaders 20
+  rollout || fail "the upgrade from the previous chart version did not roll out"
+  until_ok 30 leader_pod || fail "no leader after the upgrade from the previous chart version"
+  until_ok 120 sh -c "[ \$(kubectl -n $ns get pods -l e2e=terminated --no-headers | wc -l) -le 10 ]" \
+    || fail "terminated pods made during the upgrade were not brought down to the threshold"
+  k delete namespace "$ns" --wait=false >/dev/null
+  rm -rf "$dir"
+}
+
 # Pods of the real node that groundskeeper had no reason to touch were not: every pod delete it
 # made is of a test's garbage (an orphan or a terminated pod), none of a running pod.
 test_ops_audit_no_running_pod_deleted() {

@@ -1,7 +1,7 @@
 //! The node-agent's flags and subcommands: the one place that knows every task's Args.
 
 use clap::{Args, Subcommand};
-use groundskeeper_plumbing::cli::{Binary, Selection, parse_selection};
+use groundskeeper_plumbing::cli::{Binary, Part, Selection, parse_selection};
 
 use crate::conntrack::ConntrackArgs;
 
@@ -13,23 +13,36 @@ pub type Cli = Binary<Command, AgentArgs>;
 
 /// The agent's own flags (the common ones are in [`Binary`]).
 #[derive(Args, Debug)]
+#[command(next_help_heading = "Node agent")]
 pub struct AgentArgs {
-    #[command(flatten)]
-    pub conntrack: ConntrackArgs,
-    #[command(flatten)]
-    pub sysctl: crate::sysctl::SysctlArgs,
-
     /// Name of the Node this agent runs on. Set it from the downward API
     /// (env NODE_NAME valueFrom fieldRef spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
-    /// Node tasks to run, comma-separated: conntrack, sysctl (empty: none).
-    #[arg(long, env = "TASKS", default_value = "conntrack,sysctl", value_parser = parse_tasks)]
+    /// Node tasks to run, comma-separated: conntrack, sysctl; `*` for all, `-name` to leave
+    /// one out (the controller-manager's --controllers syntax). Empty: none.
+    #[arg(long, env = "GROUNDSKEEPER_TASKS", default_value = "conntrack,sysctl",
+          value_parser = parse_tasks, allow_hyphen_values = true)]
     pub tasks: Selection,
+
+    #[command(flatten)]
+    pub conntrack: ConntrackArgs,
+
+    #[command(flatten)]
+    pub sysctl: crate::sysctl::SysctlArgs,
 }
 
-pub const TASKS: &[&str] = &["conntrack", "sysctl"];
+pub const TASKS: &[Part] = &[
+    Part {
+        name: "conntrack",
+        aliases: &[],
+    },
+    Part {
+        name: "sysctl",
+        aliases: &[],
+    },
+];
 
 fn parse_tasks(s: &str) -> Result<Selection, String> {
     parse_selection(s, TASKS).map(Selection)
@@ -73,6 +86,31 @@ impl AgentArgs {
 mod tests {
     use super::*;
     use testkit::cli::CommandLine;
+
+    /// Item 11: no flag, in any subcommand, falls back to an unprefixed variable other than
+    /// the downward-API ones.
+    #[test]
+    fn env_fallbacks_are_prefixed() {
+        use clap::CommandFactory;
+        assert_eq!(
+            testkit::cli::unprefixed_env(&Cli::command()),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            testkit::cli::ungrouped_flags(&Cli::command()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn tasks_take_the_controllers_syntax() {
+        let tasks = |f: &str| Cli::from_command_line(&[f]).map(|c| c.tasks.0.clone());
+        assert_eq!(tasks("--tasks=*"), Ok(vec!["conntrack", "sysctl"]));
+        assert_eq!(tasks("--tasks=*,-sysctl"), Ok(vec!["conntrack"]));
+        assert_eq!(tasks("--tasks="), Ok(vec![]));
+        let e = tasks("--tasks=*,-dns").unwrap_err();
+        assert!(e.contains("\"dns\"") && e.contains("--tasks"), "{e}");
+    }
 
     #[test]
     fn node_name_is_required_and_not_blank() {

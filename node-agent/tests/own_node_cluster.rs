@@ -31,7 +31,7 @@ const WAIT: Duration = Duration::from_secs(30);
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 /// The chart's node-agent documents of `kind`, rendered for `namespace`.
-fn chart_docs(docs: &[serde_yaml::Value], kind: &str) -> Vec<serde_yaml::Value> {
+fn chart_docs(docs: &[serde_norway::Value], kind: &str) -> Vec<serde_norway::Value> {
     docs.iter()
         .filter(|d| {
             d["kind"].as_str() == Some(kind)
@@ -42,10 +42,10 @@ fn chart_docs(docs: &[serde_yaml::Value], kind: &str) -> Vec<serde_yaml::Value> 
         .collect()
 }
 
-fn one<K: serde::de::DeserializeOwned>(docs: &[serde_yaml::Value], kind: &str) -> K {
+fn one<K: serde::de::DeserializeOwned>(docs: &[serde_norway::Value], kind: &str) -> K {
     let found = chart_docs(docs, kind);
     assert_eq!(found.len(), 1, "the chart renders one node-agent {kind}");
-    serde_yaml::from_value(found[0].clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
+    serde_norway::from_value(found[0].clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
 }
 
 /// A client that authenticates with `token` only, to the test cluster's server and CA.

@@ -21,16 +21,17 @@ use crate::{
 };
 
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Admin server (/healthz, /readyz, /metrics)")]
 pub struct AdminArgs {
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
-    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "GROUNDSKEEPER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
 
     /// Who may read /metrics: `none` (anyone who reaches the port), or `kubernetes` (a bearer
     /// token the apiserver authenticates, whose user may `get` the non-resource URL /metrics:
     /// TokenReview and SubjectAccessReview, which this process's credentials must be allowed
     /// to create). /healthz and /readyz stay open for kubelet's probes.
-    #[arg(long, env = "METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
+    #[arg(long, env = "GROUNDSKEEPER_METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
     pub metrics_auth: MetricsAuth,
 }
 

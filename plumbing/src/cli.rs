@@ -108,39 +108,148 @@ impl Selection {
     }
 }
 
+/// A part a selection flag can name: its name, and the other names it answers to (upstream's
+/// names for the same controller).
+#[derive(Clone, Copy, Debug)]
+pub struct Part {
+    pub name: &'static str,
+    pub aliases: &'static [&'static str],
+}
+
+impl Part {
+    fn answers_to(&self, s: &str) -> bool {
+        self.name == s || self.aliases.contains(&s)
+    }
+}
+
 /// Parses a comma-separated selection of named parts (controllers, node tasks) against the
-/// known names; an empty string selects none. Unknown names are refused by name.
-pub fn parse_selection(s: &str, known: &[&'static str]) -> Result<Vec<&'static str>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match known.iter().find(|k| **k == part) {
-            Some(k) if !out.contains(k) => out.push(*k),
-            Some(_) => {}
-            None => {
-                return Err(format!(
-                    "unknown name {part:?} (known: {})",
-                    known.join(", ")
-                ));
-            }
+/// known names, with kube-controller-manager's `--controllers` syntax: `name` selects a part,
+/// `-name` leaves it out, `*` selects every part not named with `-`; where a part is named
+/// more than once the first mention wins (upstream's rule). Any name a part answers to may be
+/// used. An empty string selects none. Unknown names are refused by name. The selection is in
+/// the order of `known`.
+pub fn parse_selection(s: &str, known: &[Part]) -> Result<Vec<&'static str>, String> {
+    let mut star = false;
+    let mut chosen: Vec<(&'static str, bool)> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if item == "*" {
+            star = true;
+            continue;
+        }
+        let (on, name) = match item.strip_prefix('-') {
+            Some(n) => (false, n),
+            None => (true, item),
+        };
+        let Some(part) = known.iter().find(|k| k.answers_to(name)) else {
+            let names: Vec<String> = known
+                .iter()
+                .map(|k| {
+                    std::iter::once(k.name)
+                        .chain(k.aliases.iter().copied())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                })
+                .collect();
+            return Err(format!(
+                "unknown name {name:?} in {item:?} (known: {}; `*` for all, `-name` to leave one out)",
+                names.join(", ")
+            ));
+        };
+        if !chosen.iter().any(|(n, _)| *n == part.name) {
+            chosen.push((part.name, on));
         }
     }
-    Ok(out)
+    Ok(known
+        .iter()
+        .filter(|k| match chosen.iter().find(|(n, _)| *n == k.name) {
+            Some((_, on)) => *on,
+            None => star,
+        })
+        .map(|k| k.name)
+        .collect())
 }
 
 #[cfg(test)]
 mod selection_tests {
-    use super::parse_selection;
+    use super::{Part, parse_selection};
+
+    const KNOWN: &[Part] = &[
+        Part {
+            name: "servicecidr",
+            aliases: &["service-cidr-controller"],
+        },
+        Part {
+            name: "podgc",
+            aliases: &["pod-garbage-collector-controller"],
+        },
+    ];
 
     #[test]
     fn selection() {
-        let known = ["servicecidr", "podgc"];
+        let sel = |s| parse_selection(s, KNOWN);
+        assert_eq!(sel("servicecidr,podgc"), Ok(vec!["servicecidr", "podgc"]));
+        assert_eq!(sel("podgc,servicecidr"), Ok(vec!["servicecidr", "podgc"]));
+        assert_eq!(sel(" podgc ,podgc"), Ok(vec!["podgc"]));
+        assert_eq!(sel(""), Ok(vec![]));
+        assert_eq!(sel("*"), Ok(vec!["servicecidr", "podgc"]));
+        assert_eq!(sel("*,-podgc"), Ok(vec!["servicecidr"]));
         assert_eq!(
-            parse_selection("servicecidr,podgc", &known),
-            Ok(vec!["servicecidr", "podgc"])
+            sel("-pod-garbage-collector-controller,*"),
+            Ok(vec!["servicecidr"])
         );
-        assert_eq!(parse_selection(" podgc ,podgc", &known), Ok(vec!["podgc"]));
-        assert_eq!(parse_selection("", &known), Ok(vec![]));
-        let e = parse_selection("servicecidr,podgcc", &known).unwrap_err();
-        assert!(e.contains("\"podgcc\""), "{e}");
+        assert_eq!(sel("service-cidr-controller"), Ok(vec!["servicecidr"]));
+        assert_eq!(sel("-podgc"), Ok(vec![]));
+        // The first mention wins, as in kube-controller-manager.
+        assert_eq!(sel("podgc,-podgc"), Ok(vec!["podgc"]));
+        assert_eq!(sel("-podgc,*,podgc"), Ok(vec!["servicecidr"]));
+        for (bad, name) in [
+            ("servicecidr,podgcc", "podgcc"),
+            ("-nope", "nope"),
+            ("*,-", ""),
+            ("**", "**"),
+        ] {
+            let e = sel(bad).unwrap_err();
+            assert!(e.contains(&format!("{name:?}")), "{bad}: {e}");
+        }
+    }
+
+    /// The rule, over every list of up to four items from all spellings: a part is selected
+    /// iff its first mention (under any name) is without `-`, or it is not mentioned and `*` is.
+    #[test]
+    fn first_mention_wins_else_star() {
+        let items = [
+            "*",
+            "servicecidr",
+            "-servicecidr",
+            "service-cidr-controller",
+            "-service-cidr-controller",
+            "podgc",
+            "-podgc",
+            "pod-garbage-collector-controller",
+            "-pod-garbage-collector-controller",
+        ];
+        let n = items.len();
+        for len in 0..=4u32 {
+            for mut code in 0..n.pow(len) {
+                let list: Vec<&str> = (0..len)
+                    .map(|_| {
+                        let i = items[code % n];
+                        code /= n;
+                        i
+                    })
+                    .collect();
+                let got = parse_selection(&list.join(","), KNOWN).unwrap();
+                for part in KNOWN {
+                    let first = list
+                        .iter()
+                        .find(|i| part.answers_to(i.trim_start_matches('-')));
+                    let want = match first {
+                        Some(i) => !i.starts_with('-'),
+                        None => list.contains(&"*"),
+                    };
+                    assert_eq!(got.contains(&part.name), want, "{list:?}: {got:?}");
+                }
+            }
+        }
     }
 }

@@ -12,22 +12,28 @@ use kube::{
 
 use crate::{ratelimit::RateLimitLayer, timeout::RequestTimeoutLayer};
 
+// Where every flag parser has always found them.
+pub use crate::duration::{MAX_DURATION, parse_duration};
+
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Kubernetes API client")]
 pub struct KubeArgs {
-    /// Path to a kubeconfig. Unset: in-cluster config, else the default kubeconfig.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Path to a kubeconfig, or several separated by ':' (merged as kubectl merges them: the
+    /// first file to set a value wins; missing files are skipped while one exists). Unset: the
+    /// KUBECONFIG environment variable (the same list), else ~/.kube/config, else in-cluster.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 
     /// Sustained API requests per second this process may make (<= 0: unlimited).
-    #[arg(long, env = "KUBE_API_QPS", default_value_t = 20.0, value_parser = parse_qps)]
+    #[arg(long, env = "GROUNDSKEEPER_KUBE_API_QPS", default_value_t = 20.0, value_parser = parse_qps)]
     pub kube_api_qps: f32,
 
     /// Requests allowed in a burst above --kube-api-qps.
-    #[arg(long, env = "KUBE_API_BURST", default_value_t = 30)]
+    #[arg(long, env = "GROUNDSKEEPER_KUBE_API_BURST", default_value_t = 30)]
     pub kube_api_burst: u32,
 
     /// Deadline of one API request; watches are exempt (the server closes them).
-    #[arg(long, env = "KUBE_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_KUBE_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub kube_api_timeout: Duration,
 }
 
@@ -46,16 +52,19 @@ pub enum ClientError {
 
 impl KubeArgs {
     pub async fn config(&self) -> Result<Config, ClientError> {
-        let mut config = match &self.kubeconfig {
-            Some(path) => {
-                let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
-                    path: path.clone(),
-                    source,
-                })?;
+        // KUBECONFIG, the variable every Kubernetes client reads, is read as kubectl reads it
+        // (a list), not as the flag's env fallback.
+        let list = match &self.kubeconfig {
+            Some(path) => Some(path.clone().into_os_string()),
+            None => std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()),
+        };
+        let mut config = match list {
+            Some(list) => {
+                let kc = read_kubeconfigs(&list)?;
                 Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                     .await
                     .map_err(|source| ClientError::Kubeconfig {
-                        path: path.clone(),
+                        path: list.into(),
                         source,
                     })?
             }
@@ -127,6 +136,40 @@ pub fn host_name() -> Option<String> {
 
 /// `<binary>/<version> (<POD_NAME or host>[; <what>])`: the apiserver's audit log then says
 /// which replica, and which of its clients, made a request.
+/// The kubeconfig files of a ':'-separated list merged by kubectl's rules (kube's
+/// `Kubeconfig::merge`: the first file to set a value wins). As in client-go, a missing file is
+/// skipped; none existing is an error naming them all, and an unreadable one names itself.
+fn read_kubeconfigs(list: &std::ffi::OsStr) -> Result<Kubeconfig, ClientError> {
+    let paths: Vec<PathBuf> = std::env::split_paths(list)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    let present: Vec<&PathBuf> = paths.iter().filter(|p| p.exists()).collect();
+    let Some(first) = present.first() else {
+        let path = PathBuf::from(list);
+        let source = kube::config::KubeconfigError::ReadConfig(
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            path.clone(),
+        );
+        return Err(ClientError::Kubeconfig { path, source });
+    };
+    let read = |p: &PathBuf| {
+        Kubeconfig::read_from(p).map_err(|source| ClientError::Kubeconfig {
+            path: p.clone(),
+            source,
+        })
+    };
+    let mut merged = read(first)?;
+    for p in &present[1..] {
+        merged = merged
+            .merge(read(p)?)
+            .map_err(|source| ClientError::Kubeconfig {
+                path: (*p).clone(),
+                source,
+            })?;
+    }
+    Ok(merged)
+}
+
 fn set_user_agent(config: &mut Config, what: &str) {
     let binary = std::env::current_exe()
         .ok()
@@ -167,63 +210,9 @@ pub fn parse_qps(s: &str) -> Result<f32, String> {
     Ok(q)
 }
 
-/// The longest duration a flag takes: no housekeeping interval needs more, and well below it
-/// no timer or deadline can overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// Parses `30s`, `500ms`, `2m`, `1h`, or a bare number of seconds, up to `MAX_DURATION`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (examples: 500ms, 30s, 2m, 1h)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => {
-            return Err(format!(
-                "{s:?} has unknown unit {unit:?} (use ms, s, m or h)"
-            ));
-        }
-    };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{s:?} is not a non-negative duration"));
-    }
-    if secs > MAX_DURATION.as_secs_f64() {
-        return Err(format!(
-            "{s:?} is longer than the maximum, 8784h (366 days)"
-        ));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("40"), Ok(Duration::from_secs(40)));
-        let e = parse_duration("10x").unwrap_err();
-        assert!(e.contains("10x") && e.contains("unit"), "{e}");
-        assert!(parse_duration("abc").unwrap_err().contains("abc"));
-        assert!(parse_duration("").is_err());
-        for huge in ["99999999999999999999999s", "1e20s", "10000000h", "8785h"] {
-            let e = parse_duration(huge).unwrap_err();
-            assert!(e.contains(huge), "{huge}: {e}");
-        }
-        assert_eq!(parse_duration("8784h"), Ok(MAX_DURATION));
-    }
 
     #[test]
     fn qps() {
@@ -311,6 +300,64 @@ mod tests {
             lease_took < Duration::from_millis(500),
             "the lease call waited {lease_took:?}"
         );
+    }
+
+    fn kubeconfig_part(dir: &std::path::Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// Two files, one with the cluster and context, one with the user: the list reads as one
+    /// kubeconfig (as kubectl merges KUBECONFIG), the first file winning where both set a value;
+    /// a missing file in the list is skipped; a list of only missing files is an error naming it.
+    #[tokio::test]
+    async fn a_kubeconfig_list_is_merged() {
+        let dir = std::env::temp_dir().join(format!("gk-kubeconfig-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = kubeconfig_part(
+            &dir,
+            "a",
+            "apiVersion: v1\nkind: Config\ncurrent-context: first\nclusters:\n- name: c\n  cluster:\n    server: https://10.1.2.3:6443\ncontexts:\n- name: first\n  context:\n    cluster: c\n    user: u\n",
+        );
+        let b = kubeconfig_part(
+            &dir,
+            "b",
+            "apiVersion: v1\nkind: Config\ncurrent-context: second\nclusters:\n- name: c\n  cluster:\n    server: https://10.9.9.9:6443\nusers:\n- name: u\n  user:\n    token: from-b\n",
+        );
+        let args = |list: String| KubeArgs {
+            kubeconfig: Some(PathBuf::from(list)),
+            kube_api_qps: 20.0,
+            kube_api_burst: 30,
+            kube_api_timeout: Duration::from_secs(30),
+        };
+        let missing = dir.join("missing");
+        for list in [
+            format!("{}:{}", a.display(), b.display()),
+            format!("{}:{}:{}", missing.display(), a.display(), b.display()),
+        ] {
+            let config = args(list.clone())
+                .config()
+                .await
+                .unwrap_or_else(|e| panic!("{list}: {e}"));
+            assert_eq!(
+                config.cluster_url.to_string(),
+                "https://10.1.2.3:6443/",
+                "{list}"
+            );
+            assert!(config.auth_info.token.is_some(), "{list}: b's token");
+            let merged = read_kubeconfigs(std::ffi::OsStr::new(&list)).unwrap();
+            assert_eq!(merged.current_context.as_deref(), Some("first"), "{list}");
+            let users: Vec<_> = merged.auth_infos.iter().map(|u| u.name.as_str()).collect();
+            assert_eq!(users, ["u"], "{list}");
+        }
+        // Alone, a has no user's token.
+        let alone = args(a.display().to_string()).config().await.unwrap();
+        assert!(alone.auth_info.token.is_none());
+        let list = format!("{}:{}", missing.display(), dir.join("gone").display());
+        let e = args(list.clone()).config().await.unwrap_err().to_string();
+        assert!(e.contains(&list), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

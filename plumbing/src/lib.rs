@@ -6,6 +6,7 @@ pub mod admin;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod duration;
 pub mod events;
 #[cfg(test)]
 mod events_tests;

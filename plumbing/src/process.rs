@@ -19,34 +19,28 @@ use crate::{
 
 /// The flags every groundskeeper binary takes.
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Process")]
 pub struct CommonArgs {
-    #[command(flatten)]
-    pub log: LogArgs,
-    #[command(flatten)]
-    pub admin: AdminArgs,
-    #[command(flatten)]
-    pub kube: KubeArgs,
-
     /// Log every destructive action (deletions, finalizer removals, pod rejections) instead of
     /// making it. `--dry-run` alone or `--dry-run=true|false` (the chart passes the value).
-    #[arg(long, env = "DRY_RUN", default_value_t = false, num_args = 0..=1,
+    #[arg(long, env = "GROUNDSKEEPER_DRY_RUN", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub dry_run: bool,
 
     /// How long each stage of shutdown (draining tasks, releasing a lease) may take after
     /// SIGTERM before the process exits anyway.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
     /// /readyz answers 503 while a watch has been failing (or relisting after a failure) for
     /// longer than this. Well above one retry (--watch-backoff-max plus a 10 s connect timeout)
     /// so a blip does not flap readiness; /healthz is not affected.
-    #[arg(long, env = "WATCH_STALE_AFTER", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_WATCH_STALE_AFTER", default_value = "30s", value_parser = parse_duration)]
     pub watch_stale_after: Duration,
 
     /// Longest wait between two attempts to re-establish a failed watch (jittered down to half
     /// of it). Bounds how long after the apiserver returns a watch is back.
-    #[arg(long, env = "WATCH_BACKOFF_MAX", default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_WATCH_BACKOFF_MAX", default_value = "2s", value_parser = parse_duration)]
     pub watch_backoff_max: Duration,
 
     /// A watch that delivers neither an event nor a bookmark for this long is treated as
@@ -54,8 +48,17 @@ pub struct CommonArgs {
     /// healthy its connection looks. The apiserver sends a bookmark about every minute; below
     /// 70 s watches are also asked to end every half of this, each ending preceded by a
     /// bookmark. 0 turns the check off (an apiserver without a watch cache sends none).
-    #[arg(long, env = "WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
+    #[arg(long, env = "GROUNDSKEEPER_WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
     pub watch_silent_after: Duration,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+
+    #[command(flatten)]
+    pub kube: KubeArgs,
 }
 
 /// Least `--watch-silent-after` (other than 0): a watch asked to end after half of it gets its

@@ -13,20 +13,51 @@ use tracing_subscriber::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// `text` is kube-controller-manager's name for it.
+    #[value(alias = "text")]
     Plain,
     Json,
 }
 
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Logging")]
 pub struct LogArgs {
-    /// Log output format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "plain")]
+    /// Log output format (`text` is accepted for plain, as kube-controller-manager's
+    /// --logging-format names it).
+    #[arg(
+        long,
+        visible_alias = "logging-format",
+        env = "GROUNDSKEEPER_LOG_FORMAT",
+        value_enum,
+        default_value = "plain"
+    )]
     pub log_format: LogFormat,
 
     /// Log level or tracing filter (e.g. `info`, `debug`, `info,kube=warn`). RUST_LOG, when set,
     /// takes precedence so that a filter can be changed without editing the Deployment's args.
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = parse_filter)]
+    #[arg(long, env = "GROUNDSKEEPER_LOG_LEVEL", default_value = "info", value_parser = parse_filter)]
     pub log_level: String,
+
+    /// klog's verbosity, as kube-controller-manager takes it (`-v 4`, `-v=4`, `--v=4`): 0-3 log
+    /// at info, 4 at debug, 5 and up at trace (Kubernetes' logging conventions: 4 is debug,
+    /// 5 trace). When given it replaces --log-level; RUST_LOG still takes precedence.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", value_parser = parse_verbosity)]
+    pub verbosity: Option<u32>,
+}
+
+fn parse_verbosity(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a verbosity level (a number from 0, as klog's -v)"))
+}
+
+/// The tracing level a klog verbosity stands for.
+pub fn verbosity_level(v: u32) -> &'static str {
+    match v {
+        0..=3 => "info",
+        4 => "debug",
+        _ => "trace",
+    }
 }
 
 fn parse_filter(s: &str) -> Result<String, String> {
@@ -42,6 +73,14 @@ fn parse_filter(s: &str) -> Result<String, String> {
 const QUIET: &str = "kube_client::client::builder=off";
 
 impl LogArgs {
+    /// The filter from the flags: -v when given, else --log-level.
+    pub fn level(&self) -> &str {
+        match self.verbosity {
+            Some(v) => verbosity_level(v),
+            None => &self.log_level,
+        }
+    }
+
     fn filter(&self) -> EnvFilter {
         let with_quiet = |f: &str| {
             if f.contains("kube_client::client::builder") {
@@ -53,9 +92,9 @@ impl LogArgs {
         match std::env::var("RUST_LOG") {
             Ok(v) if !v.is_empty() => EnvFilter::try_new(with_quiet(&v)).unwrap_or_else(|e| {
                 eprintln!("RUST_LOG={v:?} is not a valid filter ({e}); using --log-level");
-                EnvFilter::new(with_quiet(&self.log_level))
+                EnvFilter::new(with_quiet(self.level()))
             }),
-            _ => EnvFilter::new(with_quiet(&self.log_level)),
+            _ => EnvFilter::new(with_quiet(self.level())),
         }
     }
 
@@ -179,6 +218,80 @@ impl VisitOutput<std::fmt::Result> for PlainVisitor<'_> {
 impl VisitFmt for PlainVisitor<'_> {
     fn writer(&mut self) -> &mut dyn std::fmt::Write {
         &mut self.writer
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        log: LogArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LogArgs, String> {
+        Cli::try_parse_from(std::iter::once("bin").chain(args.iter().copied()))
+            .map(|c| c.log)
+            .map_err(|e| e.to_string())
+    }
+
+    /// kube-controller-manager's --logging-format=text|json and klog's -v, in every spelling
+    /// pflag accepts.
+    #[test]
+    fn upstream_logging_flags() {
+        for (args, want) in [
+            (&["--logging-format=text"][..], LogFormat::Plain),
+            (&["--logging-format", "json"], LogFormat::Json),
+            (&["--log-format=text"], LogFormat::Plain),
+            (&["--log-format=plain"], LogFormat::Plain),
+            (&[], LogFormat::Plain),
+        ] {
+            assert_eq!(parse(args).unwrap().log_format, want, "{args:?}");
+        }
+        let e = parse(&["--logging-format=yaml"]).unwrap_err();
+        assert!(e.contains("yaml"), "{e}");
+        for spelling in [
+            &["-v", "4"][..],
+            &["-v=4"],
+            &["-v4"],
+            &["--v=4"],
+            &["--v", "4"],
+        ] {
+            let args = parse(spelling).unwrap();
+            assert_eq!(args.verbosity, Some(4), "{spelling:?}");
+            assert_eq!(args.level(), "debug", "{spelling:?}");
+        }
+        for bad in ["x", "-1", "2.5", "debug"] {
+            let e = parse(&[&format!("--v={bad}")]).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+
+    /// The documented mapping, and that -v replaces --log-level only when given.
+    #[test]
+    fn verbosity_maps_to_tracing_levels() {
+        for (v, level) in [
+            (0, "info"),
+            (1, "info"),
+            (2, "info"),
+            (3, "info"),
+            (4, "debug"),
+            (5, "trace"),
+            (10, "trace"),
+        ] {
+            assert_eq!(verbosity_level(v), level, "{v}");
+            assert_eq!(
+                parse(&[&format!("-v={v}"), "--log-level=warn"])
+                    .unwrap()
+                    .level(),
+                level
+            );
+        }
+        assert_eq!(parse(&["--log-level=warn"]).unwrap().level(), "warn");
+        assert_eq!(parse(&[]).unwrap().level(), "info");
     }
 }
 

@@ -11,11 +11,12 @@ use super::kernel::{KernelVersion, ParseKernelVersionError};
 /// What a node is allowed beyond the safe list and the SysctlPolicies, and what it does when no
 /// policy selects it.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
+#[command(next_help_heading = "Sysctl policy")]
 pub struct PolicyArgs {
     /// Comma-separated unsafe sysctl patterns allowed on every node in addition to the safe
     /// list, like kubelet's flag of the same name (e.g. `kernel.msg*,net.core.somaxconn`).
     /// SysctlPolicy objects add to it.
-    #[arg(long, env = "ALLOWED_UNSAFE_SYSCTLS", value_delimiter = ',', value_parser = parse_flag_pattern)]
+    #[arg(long, env = "GROUNDSKEEPER_ALLOWED_UNSAFE_SYSCTLS", value_delimiter = ',', value_parser = parse_flag_pattern)]
     pub allowed_unsafe_sysctls: Vec<String>,
 
     /// The mode of a node no SysctlPolicy selects: `audit` (default) only reports a forbidden
@@ -24,7 +25,7 @@ pub struct PolicyArgs {
     /// decides instead. A started pod is never failed, in either mode.
     #[arg(
         long,
-        env = "SYSCTL_DEFAULT_MODE",
+        env = "GROUNDSKEEPER_SYSCTL_DEFAULT_MODE",
         value_enum,
         ignore_case = true,
         default_value = "audit"

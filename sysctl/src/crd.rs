@@ -150,6 +150,6 @@ pub fn crd_yaml() -> String {
     let crd = SysctlPolicy::crd();
     format!(
         "# Generated from sysctl/src/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
-        serde_yaml::to_string(&crd).expect("a CRD serializes to YAML")
+        serde_norway::to_string(&crd).expect("a CRD serializes to YAML")
     )
 }

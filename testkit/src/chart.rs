@@ -24,12 +24,12 @@ pub fn helm() -> Option<PathBuf> {
 
 /// `helm template gk charts/groundskeeper <extra>` as YAML documents; None without helm.
 /// Panics (failing the test) when helm refuses the chart.
-pub fn render(extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
+pub fn render(extra: &[&str]) -> Option<Vec<serde_norway::Value>> {
     render_release("gk", extra)
 }
 
 /// [`render`] under another release name (so cluster-scoped names do not clash).
-pub fn render_release(release: &str, extra: &[&str]) -> Option<Vec<serde_yaml::Value>> {
+pub fn render_release(release: &str, extra: &[&str]) -> Option<Vec<serde_norway::Value>> {
     let helm = helm()?;
     let out = Command::new(helm)
         .args(["template", release])
@@ -44,8 +44,8 @@ pub fn render_release(release: &str, extra: &[&str]) -> Option<Vec<serde_yaml::V
     );
     let text = String::from_utf8(out.stdout).expect("helm prints UTF-8");
     Some(
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|d| serde_yaml::Value::deserialize(d).expect("helm renders YAML"))
+        serde_norway::Deserializer::from_str(&text)
+            .map(|d| serde_norway::Value::deserialize(d).expect("helm renders YAML"))
             .filter(|d| !d.is_null())
             .collect(),
     )
@@ -53,16 +53,16 @@ pub fn render_release(release: &str, extra: &[&str]) -> Option<Vec<serde_yaml::V
 
 /// The args of the first container of the workload of `kind` (Deployment, DaemonSet), with
 /// the program name in front, ready for `Cli::try_parse_from`.
-pub fn container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
+pub fn container_args(docs: &[serde_norway::Value], kind: &str) -> Vec<String> {
     args_of(docs, kind, "containers")
 }
 
 /// The same for the workload's first init container.
-pub fn init_container_args(docs: &[serde_yaml::Value], kind: &str) -> Vec<String> {
+pub fn init_container_args(docs: &[serde_norway::Value], kind: &str) -> Vec<String> {
     args_of(docs, kind, "initContainers")
 }
 
-fn args_of(docs: &[serde_yaml::Value], kind: &str, list: &str) -> Vec<String> {
+fn args_of(docs: &[serde_norway::Value], kind: &str, list: &str) -> Vec<String> {
     let doc = docs
         .iter()
         .find(|d| d["kind"].as_str() == Some(kind))
@@ -94,7 +94,7 @@ pub fn parse<P: clap::Parser>(case: &str, args: &[String]) -> P {
 pub fn render_cases<'a>(
     test: &str,
     cases: &[(&'a str, Vec<&str>)],
-) -> Option<Vec<(&'a str, Vec<serde_yaml::Value>)>> {
+) -> Option<Vec<(&'a str, Vec<serde_norway::Value>)>> {
     let mut out = Vec::new();
     for (case, extra) in cases {
         let Some(docs) = render(extra) else {

@@ -60,3 +60,46 @@ impl<P: Parser> CommandLine for P {
         cli(flags)
     }
 }
+
+/// Variables a flag may fall back to without the `GROUNDSKEEPER_` prefix: the ones the pod spec
+/// sets from the downward API, under the names every manifest uses.
+pub const UNPREFIXED_ENV: &[&str] = &["POD_NAME", "POD_NAMESPACE", "NODE_NAME"];
+
+/// Every argument of `cmd` and its subcommands, as `(command path, argument id)`.
+pub fn all_arguments(cmd: &clap::Command) -> Vec<(String, clap::Arg)> {
+    fn walk(cmd: &clap::Command, path: String, out: &mut Vec<(String, clap::Arg)>) {
+        for a in cmd.get_arguments() {
+            out.push((path.clone(), a.clone()));
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, format!("{path} {}", sub.get_name()), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(cmd, cmd.get_name().to_string(), &mut out);
+    out
+}
+
+/// Flags of `cmd` (and its subcommands) whose env fallback is neither `GROUNDSKEEPER_`-prefixed
+/// nor in [`UNPREFIXED_ENV`]: an unrelated variable of that name in a pod's or shell's
+/// environment would silently set them.
+pub fn unprefixed_env(cmd: &clap::Command) -> Vec<String> {
+    all_arguments(cmd)
+        .into_iter()
+        .filter_map(|(path, a)| {
+            let env = a.get_env()?.to_string_lossy().into_owned();
+            (!env.starts_with("GROUNDSKEEPER_") && !UNPREFIXED_ENV.contains(&env.as_str()))
+                .then(|| format!("{path} --{}: {env}", a.get_id()))
+        })
+        .collect()
+}
+
+/// The top-level flags of `cmd` that `--help` shows under no component's heading (other than
+/// --help and --version).
+pub fn ungrouped_flags(cmd: &clap::Command) -> Vec<String> {
+    cmd.get_arguments()
+        .filter(|a| !a.is_hide_set() && a.get_help_heading().is_none())
+        .map(|a| a.get_id().to_string())
+        .filter(|id| id != "help" && id != "version")
+        .collect()
+}

@@ -17,6 +17,7 @@ pub mod leases;
 pub mod networking;
 pub mod proxy;
 mod rbac;
+pub mod rng;
 pub mod services;
 pub mod webhook;
 
@@ -188,7 +189,7 @@ impl Cluster {
     pub async fn ensure_crd(&self, yaml: &str) -> anyhow::Result<()> {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let crd: CustomResourceDefinition = serde_yaml::from_str(yaml)?;
+        let crd: CustomResourceDefinition = serde_norway::from_str(yaml)?;
         let name = crd.name_any();
         if api.get_opt(&name).await?.is_none() {
             match api.create(&PostParams::default(), &crd).await {

@@ -23,7 +23,34 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free 127.0.0.1 port and forwards every connection to `upstream`.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve(TcpListener::bind("127.0.0.1:0").await?, upstream)
+    }
+
+    /// Listens on a free 127.0.0.1 port inside the network namespace `netns` (`ip netns`
+    /// name) and forwards every connection to `upstream` in this process's namespace: how a
+    /// process confined to that namespace (kube-proxy in a bench) reaches the test apiserver.
+    pub async fn start_in_netns(upstream: SocketAddr, netns: &str) -> std::io::Result<Self> {
+        let path = format!("/run/netns/{netns}");
+        // A thread of its own enters the namespace: a socket stays in the namespace it was
+        // made in, and the thread (with its namespace) ends right after.
+        let listener = std::thread::spawn(move || -> std::io::Result<std::net::TcpListener> {
+            let ns = std::fs::File::open(&path)?;
+            // SAFETY: setns on a valid namespace fd, affecting only this thread.
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("the netns thread panicked"))??;
+        Self::serve(TcpListener::from_std(listener)?, upstream)
+    }
+
+    fn serve(listener: TcpListener, upstream: SocketAddr) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let (frozen, rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
@@ -104,7 +131,8 @@ pub fn kubeconfig_with_server(
     kubeconfig: &std::path::Path,
     server: &str,
 ) -> anyhow::Result<std::path::PathBuf> {
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let mut doc: serde_norway::Value =
+        serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
     let clusters = doc
         .get_mut("clusters")
         .and_then(|c| c.as_sequence_mut())
@@ -117,14 +145,14 @@ pub fn kubeconfig_with_server(
     let dir = std::env::temp_dir().join("groundskeeper-tests");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!("{}.kubeconfig", crate::unique_name("via-proxy")));
-    std::fs::write(&path, serde_yaml::to_string(&doc)?)?;
+    std::fs::write(&path, serde_norway::to_string(&doc)?)?;
     Ok(path)
 }
 
 /// The apiserver's address in `kubeconfig` (`https://<ip>:<port>`), to put a [`Proxy`] in
 /// front of; `None` when the server is named by host name.
 pub fn apiserver_addr(kubeconfig: &std::path::Path) -> anyhow::Result<Option<SocketAddr>> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let doc: serde_norway::Value = serde_norway::from_str(&std::fs::read_to_string(kubeconfig)?)?;
     let server = doc["clusters"][0]["cluster"]["server"]
         .as_str()
         .unwrap_or_default();

@@ -34,7 +34,7 @@ impl Cluster {
         namespace: &str,
         rules_file: &Path,
     ) -> anyhow::Result<PathBuf> {
-        let rules: Rules = serde_yaml::from_str(&std::fs::read_to_string(rules_file)?)?;
+        let rules: Rules = serde_norway::from_str(&std::fs::read_to_string(rules_file)?)?;
         self.as_service_account_with(namespace, rules.cluster, rules.namespace)
             .await
     }
@@ -96,8 +96,8 @@ impl Cluster {
         .await?;
 
         // The same kubeconfig, every user impersonating the ServiceAccount.
-        let mut kc: serde_yaml::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&self.kubeconfig)?)?;
+        let mut kc: serde_norway::Value =
+            serde_norway::from_str(&std::fs::read_to_string(&self.kubeconfig)?)?;
         let user = format!("system:serviceaccount:{namespace}:{name}");
         for u in kc["users"].as_sequence_mut().into_iter().flatten() {
             u["user"]["as"] = user.clone().into();
@@ -106,7 +106,7 @@ impl Cluster {
             .join("groundskeeper-tests")
             .join(format!("{name}.kubeconfig"));
         std::fs::create_dir_all(path.parent().unwrap())?;
-        std::fs::write(&path, serde_yaml::to_string(&kc)?)?;
+        std::fs::write(&path, serde_norway::to_string(&kc)?)?;
         Ok(path)
     }
 }

@@ -29,7 +29,7 @@ pub fn chart_configuration(
         .find(|d| d["kind"].as_str() == Some("ValidatingWebhookConfiguration"))
         .expect("the chart renders the webhook configuration");
     let mut config: ValidatingWebhookConfiguration =
-        serde_yaml::from_value(doc).expect("a ValidatingWebhookConfiguration");
+        serde_norway::from_value(doc).expect("a ValidatingWebhookConfiguration");
     config.metadata = ObjectMeta {
         name: Some(name.into()),
         ..Default::default()

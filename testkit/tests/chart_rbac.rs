@@ -44,7 +44,7 @@ fn repo() -> PathBuf {
 }
 
 /// The rules the rendered chart grants one component: (ClusterRole rules, Role rules).
-fn rendered(docs: &[serde_yaml::Value], component: &str) -> (Grants, Grants) {
+fn rendered(docs: &[serde_norway::Value], component: &str) -> (Grants, Grants) {
     let mut cluster = BTreeSet::new();
     let mut namespaced = BTreeSet::new();
     for d in docs {
@@ -53,7 +53,7 @@ fn rendered(docs: &[serde_yaml::Value], component: &str) -> (Grants, Grants) {
             continue;
         }
         let rules: Vec<Rule> = match d.get("rules") {
-            Some(r) => serde_yaml::from_value(r.clone()).expect("rules parse"),
+            Some(r) => serde_norway::from_value(r.clone()).expect("rules parse"),
             None => continue,
         };
         match kind {
@@ -80,7 +80,7 @@ fn chart_rbac_equals_what_the_code_calls() {
         ("node-agent", "node-agent/rbac.yaml"),
     ] {
         let needs: Needs =
-            serde_yaml::from_str(&std::fs::read_to_string(repo().join(file)).unwrap()).unwrap();
+            serde_norway::from_str(&std::fs::read_to_string(repo().join(file)).unwrap()).unwrap();
         let (cluster, namespaced) = rendered(&docs, component);
         let want_cluster = flatten(&needs.cluster);
         let want_ns = flatten(&needs.namespace);

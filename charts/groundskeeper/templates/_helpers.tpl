@@ -1,22 +1,61 @@
+{{/* The chart's name, as `helm create` makes it: nameOverride wins, at most 63 characters. */}}
+{{- define "groundskeeper.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's prefix for every object, as `helm create` makes it: fullnameOverride wins;
+else <release>-<name>, or the release name alone when it already contains the name. */}}
 {{- define "groundskeeper.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* <fullname>-<suffix>: include with (list $ "suffix"). At most 63 characters (a Service name
+is a DNS label): a longer one keeps its first 54 and 8 hex digits of the whole one's sha256, so
+two long names that share their first 63 characters still differ. Short names are unchanged. */}}
+{{- define "groundskeeper.componentName" -}}
+{{- $n := printf "%s-%s" (include "groundskeeper.fullname" (index . 0)) (index . 1) -}}
+{{- if gt (len $n) 63 -}}
+{{- printf "%s-%s" ($n | trunc 54 | trimSuffix "-") ($n | sha256sum | trunc 8) -}}
+{{- else -}}
+{{- $n -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A workload's ServiceAccount: include with (list $ "controller-manager" $values.serviceAccount).
+As `helm create`: the name given, else <fullname>-<component> when the chart creates it, else
+"default". */}}
+{{- define "groundskeeper.serviceAccountName" -}}
+{{- $sa := index . 2 -}}
+{{- if $sa.create -}}
+{{- default (include "groundskeeper.componentName" (list (index . 0) (index . 1))) $sa.name -}}
+{{- else -}}
+{{- default "default" $sa.name -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "groundskeeper.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
-app.kubernetes.io/name: {{ .Chart.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "groundskeeper.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/* Selector labels of one component: include with (dict "ctx" $ "component" "node-agent"). */}}
 {{- define "groundskeeper.selectorLabels" -}}
-app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/name: {{ include "groundskeeper.name" .ctx }}
 app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
@@ -69,6 +108,12 @@ readinessProbe:
 {{- join "," $c -}}
 {{- end -}}
 
+{{/* The terminated-pod threshold passed to the binary: 0 (pass off) in podGC.mode ttl-only,
+where kube-controller-manager's own threshold pass runs. */}}
+{{- define "groundskeeper.podgcThreshold" -}}
+{{- if eq .Values.controllerManager.podGC.mode "ttl-only" -}}0{{- else -}}{{ .Values.controllerManager.podGC.terminatedPodThreshold }}{{- end -}}
+{{- end -}}
+
 {{- define "groundskeeper.nodeTasks" -}}
 {{- $t := list -}}
 {{- if .Values.nodeAgent.conntrack.enabled }}{{ $t = append $t "conntrack" }}{{ end -}}
@@ -78,7 +123,7 @@ readinessProbe:
 
 {{/* The sysctl webhook's Service, the name the apiserver calls, its Secret and configuration. */}}
 {{- define "groundskeeper.webhookService" -}}
-{{ include "groundskeeper.fullname" . }}-webhook
+{{ include "groundskeeper.componentName" (list . "webhook") }}
 {{- end -}}
 
 {{- define "groundskeeper.webhookHost" -}}
@@ -86,11 +131,11 @@ readinessProbe:
 {{- end -}}
 
 {{- define "groundskeeper.webhookSecret" -}}
-{{ include "groundskeeper.fullname" . }}-webhook-tls
+{{ include "groundskeeper.componentName" (list . "webhook-tls") }}
 {{- end -}}
 
 {{- define "groundskeeper.webhookConfiguration" -}}
-{{ include "groundskeeper.fullname" . }}-sysctl
+{{ include "groundskeeper.componentName" (list . "sysctl") }}
 {{- end -}}
 
 {{/* What both webhooks share: include with (dict "ctx" $ "path" "/validate/..."). */}}
@@ -117,4 +162,20 @@ namespaceSelector:
         {{- range $wh.exemptNamespaces }}
         - {{ . }}
         {{- end }}
+{{- end -}}
+
+{{/* "true" when the cluster is known not to serve ValidatingAdmissionPolicy. Kind-level entries
+(group/version/Kind) come from a cluster's discovery (helm install/upgrade, Argo CD); `helm
+template` without --api-versions knows only group/versions, and there the chart's kubeVersion
+(>= 1.33, where the policy is GA and on) stands for it. */}}
+{{- define "groundskeeper.vapMissing" -}}
+{{- $caps := .Capabilities.APIVersions -}}
+{{- $discovered := $caps.Has "v1/Pod" -}}
+{{- if and $discovered (not ($caps.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the Prometheus Operator's CRD for the kind given is served: include with
+(list $ "ServiceMonitor"). Without it the object is not rendered and NOTES say so. */}}
+{{- define "groundskeeper.hasMonitoring" -}}
+{{- if (index . 0).Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) -}}true{{- end -}}
 {{- end -}}

@@ -258,6 +258,32 @@ async fn shutdown_does_not_wait_for_a_hung_round() {
     assert_eq!(g.get(), 0);
 }
 
+/// On SIGTERM the fence closes, and the leader gauge drops, before the Lease is freed: while the
+/// release is on its way (here: held), nothing of this replica may pass and it must not count
+/// as a leader, since another replica can take the Lease the moment the release lands.
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_acting_before_it_releases_the_lease() {
+    let server = LeaseServer::default();
+    let g = gauge();
+    let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
+    let token = CancellationToken::new();
+    let task = tokio::spawn(elector.run(token.clone()));
+    leadership.acquired().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(g.get(), 1);
+    server.hang_writes.store(true, Ordering::SeqCst);
+    token.cancel();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !task.is_finished(),
+        "the release is held, the elector waits for it"
+    );
+    assert_eq!(leadership.fence().term(), Term::Standby);
+    assert_eq!(g.get(), 0);
+    assert_eq!(server.holder(), "me_1", "the Lease is not freed yet");
+    assert!(task.await.unwrap().is_ok());
+}
+
 /// Another replica's renewal, as the apiserver stores it.
 fn renew_as(server: &LeaseServer, holder: &str, renew_time: &str) {
     let mut l = server.lease.lock().unwrap();

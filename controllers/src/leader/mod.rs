@@ -142,12 +142,14 @@ impl Elector {
         tracing::info!(lease = %c.lease_name, namespace = %c.namespace, identity = %c.identity, "campaigning for leadership");
         loop {
             if token.is_cancelled() {
+                // The fence closes (and the leader gauge drops) before the Lease is freed: once
+                // another replica can take it, nothing of ours may still pass.
+                self.set_term(Term::Standby);
                 // A lease past its term is left alone: it may already be someone else's.
                 if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
                 {
                     self.release(current).await;
                 }
-                self.set_term(Term::Standby);
                 return Ok(());
             }
             let now = Stamp::now();

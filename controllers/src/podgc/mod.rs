@@ -42,16 +42,17 @@ use quarantine::Quarantine;
 const STALE_RECHECK: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "PodGC controller")]
 pub struct PodGcArgs {
     /// Pause between the end of one PodGC cycle and the start of the next.
-    #[arg(long, env = "GC_PERIOD", default_value = "20s", value_parser = positive_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_GC_PERIOD", default_value = "20s", value_parser = positive_duration)]
     pub gc_period: Duration,
 
     /// Terminated pods (Succeeded, Failed, or no phase) kept before the oldest are deleted;
     /// 0 or less turns terminated-pod GC off.
     #[arg(
         long,
-        env = "TERMINATED_POD_GC_THRESHOLD",
+        env = "GROUNDSKEEPER_TERMINATED_POD_GC_THRESHOLD",
         default_value_t = 12500,
         allow_negative_numbers = true
     )]
@@ -60,17 +61,17 @@ pub struct PodGcArgs {
     /// Beyond upstream: a Succeeded or Failed pod is deleted once this long has passed since
     /// it terminated (its last container's finishedAt). 0 (the default) is off. Namespaces
     /// override it with the groundskeeper.dev/terminated-pod-ttl annotation (docs/podgc.md).
-    #[arg(long, env = "TERMINATED_POD_TTL", default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_TERMINATED_POD_TTL", default_value = "0s", value_parser = parse_duration)]
     pub terminated_pod_ttl: Duration,
 
     /// How long a node missing from the cache is left alone before a live GET decides whether
     /// its pods are orphans.
-    #[arg(long, env = "ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
     pub orphan_quarantine: Duration,
 
     /// Pod force-deletes in flight at once (each is a status patch and a delete, within the
     /// client's --kube-api-qps budget).
-    #[arg(long, env = "GC_CONCURRENCY", default_value_t = 16,
+    #[arg(long, env = "GROUNDSKEEPER_GC_CONCURRENCY", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub gc_concurrency: u32,
 }

@@ -35,11 +35,12 @@ use sync::{Syncer, work};
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
 
 #[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "ServiceCIDR controller")]
 pub struct ServiceCidrArgs {
     /// How many ServiceCIDRs are synced concurrently (1 to 64).
     #[arg(
         long,
-        env = "SERVICE_CIDR_WORKERS",
+        env = "GROUNDSKEEPER_SERVICE_CIDR_WORKERS",
         default_value_t = 5,
         value_parser = clap::value_parser!(u16).range(1..=64)
     )]

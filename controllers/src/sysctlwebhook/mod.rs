@@ -36,15 +36,20 @@ use serve::Judge;
 use tls::{Certificates, TlsListener};
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Sysctl admission webhook")]
 pub struct WebhookArgs {
     /// Serve the sysctl admission webhook (every replica, not only the leader). The chart's
     /// ValidatingWebhookConfiguration sends it pod bindings and pods created on a node.
-    #[arg(long = "sysctl-webhook", env = "SYSCTL_WEBHOOK", default_value_t = false,
+    #[arg(long = "sysctl-webhook", env = "GROUNDSKEEPER_SYSCTL_WEBHOOK", default_value_t = false,
           action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub enabled: bool,
 
     /// Where the webhook serves HTTPS.
-    #[arg(long, env = "WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    #[arg(
+        long,
+        env = "GROUNDSKEEPER_WEBHOOK_ADDR",
+        default_value = "0.0.0.0:9443"
+    )]
     pub webhook_addr: SocketAddr,
 
     /// Who writes the TLS Secret: `self-signed` (the controller-manager issues and rotates a
@@ -52,7 +57,7 @@ pub struct WebhookArgs {
     /// (cert-manager or an admin writes tls.crt/tls.key and the caBundles; it is only served).
     #[arg(
         long,
-        env = "WEBHOOK_CERTIFICATES",
+        env = "GROUNDSKEEPER_WEBHOOK_CERTIFICATES",
         value_enum,
         default_value = "self-signed"
     )]
@@ -61,7 +66,7 @@ pub struct WebhookArgs {
     /// The Secret holding the certificate, in --webhook-namespace.
     #[arg(
         long,
-        env = "WEBHOOK_TLS_SECRET",
+        env = "GROUNDSKEEPER_WEBHOOK_TLS_SECRET",
         default_value = "groundskeeper-webhook-tls"
     )]
     pub webhook_tls_secret: String,
@@ -72,22 +77,22 @@ pub struct WebhookArgs {
 
     /// The ValidatingWebhookConfiguration whose webhooks' caBundles are kept equal to the
     /// Secret's ca.crt (self-signed only).
-    #[arg(long, env = "WEBHOOK_CONFIGURATION")]
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CONFIGURATION")]
     pub webhook_configuration: Option<String>,
 
     /// Comma-separated DNS names and IP addresses the self-signed certificate is for: the
     /// Service's name the apiserver calls (`<service>.<namespace>.svc`).
-    #[arg(long, env = "WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
     pub webhook_cert_hosts: Vec<String>,
 
     /// Lifetime of a self-signed generation (CA and certificate); renewal is staged with a
     /// third of it left.
-    #[arg(long, env = "WEBHOOK_CERT_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
     pub webhook_cert_validity: Duration,
 
     /// How long a renewed CA is in the caBundles before its certificate is served (for the
     /// apiserver to load the new bundle). Hidden: for tests of rotation.
-    #[arg(long, env = "WEBHOOK_CERT_GRACE", default_value = "30s", value_parser = parse_duration, hide = true)]
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_GRACE", default_value = "30s", value_parser = parse_duration, hide = true)]
     pub webhook_cert_grace: Duration,
 }
 

@@ -21,12 +21,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::model::{self, Model, Settle, Tombstones};
+use super::project;
 use crate::context::Context;
 
 /// Namespace ("" for cluster-scoped kinds) and name.
 type Key = (String, String);
 
-/// The watched objects as the API sent them, shared: a model build clones pointers out under
+/// The watched objects as the model reads them ([`project`]), shared: a model build clones pointers out under
 /// the lock and reads the objects after releasing it.
 type Objects<K> = Store<Key, Arc<K>>;
 
@@ -40,20 +41,21 @@ pub struct Cache {
     nodes: Objects<Node>,
 }
 
-fn keep<K: Resource>(o: K) -> Kept<Key, Arc<K>> {
+/// `o` as the model reads it (`project`), under its namespace and name.
+fn keep<K: Resource>(o: K, project: fn(K) -> K) -> Kept<Key, Arc<K>> {
     match o.meta().name.clone() {
         Some(name) => Kept::Yes(
             (o.meta().namespace.clone().unwrap_or_default(), name),
-            Arc::new(o),
+            Arc::new(project(o)),
         ),
         None => Kept::Unusable,
     }
 }
 
 /// Applies `ev` to `store`; true when the model must be rebuilt (a change, or a list is in).
-fn fold<K: Resource>(store: &mut Objects<K>, ev: Event<K>) -> bool {
+fn fold<K: Resource>(store: &mut Objects<K>, ev: Event<K>, project: fn(K) -> K) -> bool {
     let rebuild = matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone);
-    store.apply_event(ev, keep);
+    store.apply_event(ev, |o| keep(o, project));
     rebuild
 }
 
@@ -62,16 +64,19 @@ fn all<K>(store: &Objects<K>) -> Vec<Arc<K>> {
     store.values().cloned().collect()
 }
 
-/// Watches every `K` selected by `config` into the part of the cache `store` picks.
+/// Watches every `K` selected by `config` into the part of the cache `store` picks, each
+/// object cut down by `project` to what the model reads.
 fn kind<K>(
     watches: &Watches<Cache>,
     config: watcher::Config,
     store: fn(&mut Cache) -> &mut Objects<K>,
+    project: fn(K) -> K,
 ) -> (ReadyFlag, BoxStream<'static, bool>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (flag, events) = watches.follow(config, move |c: &mut Cache, ev| fold(store(c), ev));
+    let (flag, events) =
+        watches.follow(config, move |c: &mut Cache, ev| fold(store(c), ev, project));
     (flag, events.boxed())
 }
 
@@ -136,7 +141,7 @@ impl ModelSource {
             // All services, also those another proxy handles (service-proxy-name): their
             // frontends are recorded as foreign, so a label change is not mistaken for a
             // deletion.
-            kind::<Service>(&watch, any(), |c| &mut c.services),
+            kind::<Service>(&watch, any(), |c| &mut c.services, project::service),
             kind::<EndpointSlice>(
                 &watch,
                 any().labels(&format!(
@@ -145,13 +150,15 @@ impl ModelSource {
                     model::LABEL_HEADLESS
                 )),
                 |c| &mut c.slices,
+                project::slice,
             ),
-            kind::<ServiceCIDR>(&watch, any(), |c| &mut c.cidrs),
-            kind::<IPAddress>(&watch, any(), |c| &mut c.addresses),
+            kind::<ServiceCIDR>(&watch, any(), |c| &mut c.cidrs, project::service_cidr),
+            kind::<IPAddress>(&watch, any(), |c| &mut c.addresses, project::ip_address),
             kind::<Node>(
                 &watch,
                 any().fields(&format!("metadata.name={}", ctx.node_name)),
                 |c| &mut c.nodes,
+                project::node,
             ),
         ];
         let (ready, events): (Vec<_>, Vec<_>) = watches.into_iter().unzip();

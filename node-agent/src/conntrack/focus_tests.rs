@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::json;
+use testkit::rng::Rng;
 
 use super::apply::{Dump, Kernel, Table};
 use super::decide::{Focus, Stale};
@@ -25,38 +26,6 @@ use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATU
 use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass};
-
-/// splitmix64: a small seeded generator, so a failing seed can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
-        from[self.below(from.len())]
-    }
-
-    fn some<T: Copy>(&mut self, from: &[T], percent: u64) -> Vec<T> {
-        from.iter()
-            .copied()
-            .filter(|_| self.chance(percent))
-            .collect()
-    }
-}
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

@@ -12,6 +12,7 @@ pub mod netlink;
 #[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
+pub mod project;
 pub mod round;
 pub mod schedule;
 pub mod sysctls;
@@ -26,6 +27,8 @@ mod kernel_tests;
 mod model_tests;
 #[cfg(test)]
 mod pass_tests;
+#[cfg(test)]
+mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
@@ -51,34 +54,35 @@ const MAX_SETTLE: Duration = Duration::from_secs(600);
 const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Conntrack cleanup")]
 pub struct ConntrackArgs {
     /// Least time between two cleanup passes triggered by endpoint changes (kube-proxy's
     /// --min-sync-period plays this role upstream).
-    #[arg(long, env = "CONNTRACK_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_MIN_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub conntrack_min_interval: Duration,
 
     /// Shortest interval of the periodic pass (it shortens when passes find many stale entries).
-    #[arg(long, env = "CONNTRACK_GC_MIN", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_GC_MIN", default_value = "10s", value_parser = parse_duration)]
     pub conntrack_gc_min: Duration,
 
     /// Longest interval of the periodic pass (it lengthens when passes find almost nothing).
-    #[arg(long, env = "CONNTRACK_GC_MAX", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_GC_MAX", default_value = "5m", value_parser = parse_duration)]
     pub conntrack_gc_max: Duration,
 
     /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
     /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
-    #[arg(long, env = "CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub conntrack_orphan_grace: Duration,
 
     /// How long a live service port must have had no serving endpoint before every UDP flow
     /// through its frontends is deleted (kubernetes#139629); an EndpointSlice deleted and
     /// re-created within it cuts nothing. A deleted service's flows go at once.
-    #[arg(long, env = "CONNTRACK_NO_ENDPOINT_SETTLE", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_NO_ENDPOINT_SETTLE", default_value = "1s", value_parser = parse_duration)]
     pub conntrack_no_endpoint_settle: Duration,
 
     /// Clean the conntrack table of this named network namespace (/run/netns/NAME) instead
     /// of the agent's own. For tests and agents not running on the host network.
-    #[arg(long, env = "CONNTRACK_NETNS")]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_NETNS")]
     pub conntrack_netns: Option<String>,
 
     #[command(flatten)]

@@ -11,40 +11,40 @@ use groundskeeper_plumbing::client::parse_duration;
 pub struct ConntrackSysctlArgs {
     /// Conntrack entries to allow per CPU core: sets net.netfilter.nf_conntrack_max to
     /// max(this x cores, --conntrack-min). Unset: nf_conntrack_max is left alone.
-    #[arg(long, env = "CONNTRACK_MAX_PER_CORE", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_MAX_PER_CORE", value_parser = clap::value_parser!(u32).range(1..))]
     pub conntrack_max_per_core: Option<u32>,
 
     /// Floor for nf_conntrack_max when --conntrack-max-per-core is set (kube-proxy: 131072).
-    #[arg(long, env = "CONNTRACK_MIN", default_value_t = 131072)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_MIN", default_value_t = 131072)]
     pub conntrack_min: u32,
 
     /// Lets --conntrack-max-per-core lower an nf_conntrack_max that is already higher than the
     /// computed value (someone raised it on purpose; lowering it drops flows once full).
     /// false: a higher value is left alone.
-    #[arg(long, env = "CONNTRACK_MAX_ALLOW_LOWER", default_value_t = false, num_args = 0..=1,
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_MAX_ALLOW_LOWER", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub conntrack_max_allow_lower: bool,
 
     /// Sets nf_conntrack_tcp_timeout_established (e.g. 24h). Unset: left alone.
-    #[arg(long, env = "CONNTRACK_TCP_TIMEOUT_ESTABLISHED", value_parser = whole_seconds)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_TCP_TIMEOUT_ESTABLISHED", value_parser = whole_seconds)]
     pub conntrack_tcp_timeout_established: Option<Duration>,
 
     /// Sets nf_conntrack_tcp_timeout_close_wait (e.g. 1h). Unset: left alone.
-    #[arg(long, env = "CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT", value_parser = whole_seconds)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_TCP_TIMEOUT_CLOSE_WAIT", value_parser = whole_seconds)]
     pub conntrack_tcp_timeout_close_wait: Option<Duration>,
 
     /// Sets nf_conntrack_tcp_be_liberal=1 (accept out-of-window TCP packets instead of
     /// marking them INVALID). false: left alone.
-    #[arg(long, env = "CONNTRACK_TCP_BE_LIBERAL", default_value_t = false, num_args = 0..=1,
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_TCP_BE_LIBERAL", default_value_t = false, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
     /// Sets nf_conntrack_udp_timeout (unanswered UDP flows, e.g. 30s). Unset: left alone.
-    #[arg(long, env = "CONNTRACK_UDP_TIMEOUT", value_parser = whole_seconds)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_UDP_TIMEOUT", value_parser = whole_seconds)]
     pub conntrack_udp_timeout: Option<Duration>,
 
     /// Sets nf_conntrack_udp_timeout_stream (answered UDP flows, e.g. 2m). Unset: left alone.
-    #[arg(long, env = "CONNTRACK_UDP_TIMEOUT_STREAM", value_parser = whole_seconds)]
+    #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_UDP_TIMEOUT_STREAM", value_parser = whole_seconds)]
     pub conntrack_udp_timeout_stream: Option<Duration>,
 }
 

@@ -78,15 +78,15 @@ pub struct Found {
 /// Walks the documents, returning each workload's pod spec or an error naming the document.
 pub fn workloads(text: &str) -> Result<Vec<Found>, String> {
     let mut out = Vec::new();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml::Value::deserialize(doc)
+    for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let value = serde_norway::Value::deserialize(doc)
             .map_err(|e| format!("document {}: not valid YAML: {e}", i + 1))?;
         collect(&value, &format!("document {}", i + 1), &mut out)?;
     }
     Ok(out)
 }
 
-fn collect(value: &serde_yaml::Value, at: &str, out: &mut Vec<Found>) -> Result<(), String> {
+fn collect(value: &serde_norway::Value, at: &str, out: &mut Vec<Found>) -> Result<(), String> {
     if value.is_null() {
         return Ok(());
     }
@@ -119,11 +119,11 @@ fn collect(value: &serde_yaml::Value, at: &str, out: &mut Vec<Found>) -> Result<
         .iter()
         .try_fold(value, |v, key| v.get(key))
         .cloned()
-        .unwrap_or(serde_yaml::Value::Null);
+        .unwrap_or(serde_norway::Value::Null);
     let view = if spec_value.is_null() {
         AdmissionView::default()
     } else {
-        serde_yaml::from_value::<AdmissionView>(spec_value)
+        serde_norway::from_value::<AdmissionView>(spec_value)
             .map_err(|e| format!("{at} ({label}): pod spec does not parse: {e}"))?
     };
     out.push(Found {

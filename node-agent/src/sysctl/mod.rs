@@ -31,14 +31,16 @@ use metrics::Metrics;
 
 /// The agent's sysctl admission flags.
 #[derive(clap::Args, Debug, Clone)]
+#[command(next_help_heading = "Sysctl admission")]
 pub struct SysctlArgs {
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-
     /// Kernel release to gate the safe sysctls by, instead of /proc/sys/kernel/osrelease
     /// (for tests and for agents that can not read the host's /proc).
-    #[arg(long, env = "KERNEL_VERSION", value_parser = check::parse_kernel_version)]
+    #[arg(long, env = "GROUNDSKEEPER_KERNEL_VERSION", value_parser = check::parse_kernel_version)]
     pub kernel_version: Option<KernelVersion>,
+
+    // Last: a flattened struct's heading carries over to the fields after it.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// The kernel to gate the safe list by: the flag, else the host's; unknown only drops the

@@ -110,7 +110,7 @@ fn create_nodes(cp: &ControlPlane, names: &[String], crds: &[String]) -> anyhow:
         for file in crds {
             let yaml = std::fs::read_to_string(file)
                 .map_err(|e| anyhow::anyhow!("reading the CRD file {file}: {e}"))?;
-            let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)
+            let crd: CustomResourceDefinition = serde_norway::from_str(&yaml)
                 .map_err(|e| anyhow::anyhow!("{file} is not a CRD: {e}"))?;
             let name = crd.name_any();
             api.create(&PostParams::default(), &crd).await?;

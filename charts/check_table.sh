@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# The chart's conventions and refusals (issue 22, items 3, 4, 6, 7), by rendering with the real
+# helm: names and labels (helm create's conventions, the defaults unchanged from the previous
+# chart version), the unsafe combinations refused with their message, the Prometheus Operator
+# objects only where their CRDs are served, the namespace and its Pod Security labels, the CRD
+# as a template. Run by charts/check.sh (cwd: charts/) as: check_table.sh HELM OUT_DIR PREV_DIR
+# (PREV_DIR: the previous chart version, rendered from git; empty when the clone lacks it).
+set -euo pipefail
+helm=$1 out=$2 prev=${3:-}
+chart=groundskeeper
+fail() { echo "FAIL: $*"; exit 1; }
+# grep -q in a pipeline stops reading at its first match, and the writer's SIGPIPE then fails
+# the pipeline under pipefail: read everything instead.
+has() { grep "$@" >/dev/null; }
+render() { "$helm" template gk "$chart" -n groundskeeper "$@"; }
+# "Kind name" of every rendered object, one a line.
+names() {
+  awk '/^---/{if(k)print k, n; k="";n="";m=0} /^kind: /{k=$2} /^metadata:/{m=1;next}
+    m&&/^  name: /{n=$2;m=0} /^[a-z]/{m=0} END{if(k)print k, n}'
+}
+# The documents of one kind.
+docs_of() { awk -v want="$1" '/^---/{on=0} $0=="kind: "want{on=1} on'; }
+
+## Item 3: names and labels.
+render > "$out/t-default.yaml"
+# The e2e suite and users' scripts rely on these names; they must never change.
+for obj in "Deployment gk-groundskeeper-controller-manager" "DaemonSet gk-groundskeeper-node-agent" \
+  "ServiceAccount gk-groundskeeper-controller-manager" "ServiceAccount gk-groundskeeper-node-agent" \
+  "Service gk-groundskeeper-controller-manager-metrics" "Service gk-groundskeeper-node-agent-metrics" \
+  "Service gk-groundskeeper-webhook" "ClusterRole gk-groundskeeper-metrics-reader" \
+  "ValidatingWebhookConfiguration gk-groundskeeper-sysctl"; do
+  names < "$out/t-default.yaml" | has -x "$obj" || fail "default render lacks $obj"
+done
+if [ -n "$prev" ]; then
+  # Every object the previous chart version rendered by default has the same kind and name now,
+  # and the workloads' selectors (immutable: helm upgrade fails on a change) are the same.
+  "$helm" template gk "$prev" -n groundskeeper > "$out/t-prev.yaml"
+  missing=$(comm -23 <(names < "$out/t-prev.yaml" | sort -u) <(names < "$out/t-default.yaml" | sort -u))
+  [ -z "$missing" ] || fail "default names changed since the previous chart version; gone: $missing"
+  for kind in Deployment DaemonSet; do
+    a=$(docs_of $kind < "$out/t-prev.yaml" | sed -n '/^  selector:/,/^  [a-z]/p')
+    b=$(docs_of $kind < "$out/t-default.yaml" | sed -n '/^  selector:/,/^  [a-z]/p')
+    [ "$a" = "$b" ] || fail "the $kind selector changed since the previous chart version: $a -> $b"
+  done
+  # ... and every label the previous version put on an object is still there, same value.
+  lost=$(comm -23 <(grep -E '^ +(app\.kubernetes\.io|helm\.sh)/[a-z-]+: ' "$out/t-prev.yaml" | sort -u) \
+    <(grep -E '^ +(app\.kubernetes\.io|helm\.sh)/[a-z-]+: ' "$out/t-default.yaml" | sort -u))
+  [ -z "$lost" ] || fail "default labels changed since the previous chart version: $lost"
+fi
+# Names are at most 63 characters and distinct per kind, whatever the release name and overrides
+# (a property over generated lengths, 1 to 53 for release names as helm allows, up to 63 for
+# fullnameOverride; each case also renders with nameOverride).
+long=$(printf 'x%.0s' $(seq 1 63))
+for n in 1 7 20 33 40 47 53; do
+  release=$(printf 'r%.0s' $(seq 1 "$n"))
+  for extra in "" "--set nameOverride=${long:0:$((n + 5))}" "--set fullnameOverride=${long:0:$((n + 10 > 63 ? 63 : n + 10))}"; do
+    # shellcheck disable=SC2086
+    "$helm" template "$release" "$chart" $extra > "$out/t-long.yaml"
+    too_long=$(names < "$out/t-long.yaml" | awk 'length($2) > 63')
+    [ -z "$too_long" ] || fail "release $release $extra: names over 63 characters: $too_long"
+    dup=$(names < "$out/t-long.yaml" | sort | uniq -d)
+    [ -z "$dup" ] || fail "release $release $extra: two objects share a name: $dup"
+    too_long=$(grep -E '^ +app\.kubernetes\.io/[a-z]+: ' "$out/t-long.yaml" | awk 'length($2) > 63' | sort -u)
+    [ -z "$too_long" ] || fail "release $release $extra: label values over 63 characters: $too_long"
+  done
+done
+render --set nameOverride=keeper --set fullnameOverride=custom > "$out/t-over.yaml"
+names < "$out/t-over.yaml" | has -x "Deployment custom-controller-manager" || fail "fullnameOverride does not name the Deployment"
+docs_of Deployment < "$out/t-over.yaml" | sed -n '/^  selector:/,/^  template:/p' | has "app.kubernetes.io/name: keeper$" \
+  || fail "nameOverride is not the app.kubernetes.io/name selector label"
+render --set nameOverride=keeper | names | has -x "Deployment gk-keeper-controller-manager" || fail "nameOverride does not name objects"
+# commonLabels on every object and every pod; podLabels on that workload's pods, never in a selector.
+render -f "$chart/ci/everything-on-values.yaml" --set commonLabels.team=platform \
+  --set-string controllerManager.podLabels.tier=cm --set-string nodeAgent.podLabels.tier=agent \
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule \
+  --set crds.install=true --set namespace.create=true > "$out/t-labels.yaml"
+objects=$(names < "$out/t-labels.yaml" | wc -l)
+labelled=$(awk '/^---/{if(k)c+=f; k=0;f=0;m=0} /^kind: /{k=1} /^metadata:/{m=1;next} m&&/^    team: platform$/{f=1} /^[a-z]/{m=0} END{c+=f; print c}' "$out/t-labels.yaml")
+[ "$objects" = "$labelled" ] || fail "commonLabels on $labelled of $objects objects"
+for w in "Deployment cm" "DaemonSet agent"; do
+  d=$(docs_of "${w% *}" < "$out/t-labels.yaml")
+  echo "$d" | sed -n '/^  template:/,$p' | has "^        team: platform$" || fail "${w% *} pods lack commonLabels"
+  echo "$d" | sed -n '/^  template:/,$p' | has "^        tier: ${w#* }$" || fail "${w% *} pods lack their podLabels"
+  echo "$d" | sed -n '/^  selector:/,/^  template:/p' | has "tier:\|team:" && fail "${w% *} selector includes pod or common labels"
+done
+# serviceAccount: an existing account, named everywhere the chart refers to it.
+render --set nodeAgent.serviceAccount.create=false --set nodeAgent.serviceAccount.name=agents \
+  --set controllerManager.serviceAccount.name=cm-sa --set-string controllerManager.serviceAccount.annotations.role=x \
+  --set controllerManager.serviceAccount.automount=false > "$out/t-sa.yaml"
+names < "$out/t-sa.yaml" | has -x "ServiceAccount gk-groundskeeper-node-agent" && fail "serviceAccount.create=false still creates the node-agent's"
+names < "$out/t-sa.yaml" | has -x "ServiceAccount cm-sa" || fail "serviceAccount.name does not name the created account"
+docs_of ServiceAccount < "$out/t-sa.yaml" | has "^automountServiceAccountToken: false$" || fail "serviceAccount.automount=false not on the account"
+docs_of ServiceAccount < "$out/t-sa.yaml" | has "^    role: x$" || fail "serviceAccount.annotations not on the account"
+docs_of DaemonSet < "$out/t-sa.yaml" | has "serviceAccountName: agents$" || fail "the DaemonSet does not run as serviceAccount.name"
+docs_of Deployment < "$out/t-sa.yaml" | has "serviceAccountName: cm-sa$" || fail "the Deployment does not run as serviceAccount.name"
+[ "$(grep -c "^    name: agents$" "$out/t-sa.yaml")" = 1 ] || fail "the node-agent's ClusterRoleBinding does not bind serviceAccount.name"
+grep -q "system:serviceaccount:groundskeeper:agents'" "$out/t-sa.yaml" || fail "the own-node policy does not name serviceAccount.name"
+render --set nodeAgent.serviceAccount.create=false | docs_of DaemonSet | has "serviceAccountName: default$" \
+  || fail "serviceAccount.create=false without a name must use default (as helm create)"
+# The schema accepts exactly these: an unknown key beside them is refused, naming it.
+for bad in "controllerManager.serviceAccount.automountToken=true|automountToken" "nodeAgent.serviceAccount.labels.a=b|labels" \
+  "nameOverride=Bad_Name|nameOverride" "fullnameOverride=$long-x|fullnameOverride" "commonLabel.a=b|commonLabel" \
+  "crds.upgrade=true|upgrade" "namespace.name=x|name" "podSecurity.level=baseline|level"; do
+  if msg=$(render --set "${bad%|*}" 2>&1); then fail "${bad%|*} was accepted"; fi
+  echo "$msg" | has "${bad##*|}" || fail "schema error for ${bad%|*} does not name ${bad##*|}: $msg"
+done
+
+## Item 4: unsafe combinations refused, each with its message; their safe neighbours render.
+# Each: values (space-separated --set), then what the refusal must say, or "ok".
+while IFS='|' read -r sets want; do
+  [ -n "$sets" ] || continue
+  args=()
+  for s in $sets; do case $s in --*) args+=("$s") ;; *) args+=(--set "$s") ;; esac; done
+  if msg=$(render "${args[@]}" 2>&1); then
+    [ "$want" = ok ] || fail "$sets rendered; it must be refused with: $want"
+  else
+    [ "$want" != ok ] || fail "$sets was refused: $msg"
+    echo "$msg" | has -F -- "$want" || fail "$sets: the refusal does not say \"$want\": $msg"
+  fi
+done <<'EOF'
+controllerManager.leaderElection.enabled=false|leaderElection.enabled=false with controllerManager.replicas=2
+controllerManager.leaderElection.enabled=false controllerManager.replicas=3|controllerManager.replicas=3: every replica would run the controllers at once
+controllerManager.leaderElection.enabled=false controllerManager.replicas=1|ok
+controllerManager.leaderElection.enabled=false controllerManager.enabled=false|ok
+controllerManager.serviceCIDR.enabled=false controllerManager.podGC.enabled=false controllerManager.sysctlWebhook.enabled=false|an empty controller list
+controllerManager.serviceCIDR.enabled=false controllerManager.podGC.enabled=false|ok
+controllerManager.podGC.enabled=false controllerManager.sysctlWebhook.enabled=false|ok
+nodeAgent.conntrack.enabled=false nodeAgent.sysctl.enabled=false|the node-agent would run on every node and do nothing
+nodeAgent.conntrack.enabled=false nodeAgent.sysctl.enabled=false nodeAgent.enabled=false|ok
+--api-versions=v1/Pod|this cluster serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+--api-versions=v1/Pod nodeAgent.ownNodeOnly.enabled=false|ok
+--api-versions=v1/Pod --api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy|ok
+--api-versions=v1/Pod nodeAgent.enabled=false|ok
+EOF
+# ServiceMonitor and PrometheusRule: rendered only where the cluster serves their CRDs; else
+# nothing, and NOTES say so.
+for kind in ServiceMonitor PrometheusRule; do
+  key=$(echo "${kind:0:1}" | tr "[:upper:]" "[:lower:]")${kind:1}
+  render --set "metrics.$key.enabled=true" | has "^kind: $kind$" && fail "$kind rendered without its CRD"
+  render --set "metrics.$key.enabled=true" --api-versions "monitoring.coreos.com/v1/$kind" | has "^kind: $kind$" \
+    || fail "$kind not rendered where its CRD is served"
+  "$helm" install gk "$chart" -n groundskeeper --dry-run=client --set "metrics.$key.enabled=true" \
+    | sed -n '/^NOTES:/,$p' | has "NOT RENDERED: metrics.$key.enabled=true" || fail "NOTES do not say the $kind was left out"
+done
+
+## Item 6: the namespace and its Pod Security labels, only when asked.
+names < "$out/t-default.yaml" | has "^Namespace " && fail "the default render has a Namespace"
+render --set namespace.create=true --set-string namespace.labels.team=x | docs_of Namespace > "$out/t-ns.yaml"
+for want in "^  name: groundskeeper$" "^    pod-security.kubernetes.io/enforce: privileged$" "^    team: x$" \
+  "^    helm.sh/resource-policy: keep$"; do
+  grep -q "$want" "$out/t-ns.yaml" || fail "namespace.create=true: the Namespace lacks $want"
+done
+render --set namespace.create=true --set podSecurity.label=false | docs_of Namespace | has "pod-security.kubernetes.io" \
+  && fail "podSecurity.label=false still labels the namespace"
+"$helm" install gk "$chart" -n groundskeeper --dry-run=client | sed -n '/^NOTES:/,$p' \
+  | has "kubectl label namespace groundskeeper pod-security.kubernetes.io/enforce=privileged" \
+  || fail "NOTES do not say how to let the namespace admit the node-agent"
+# helm test's script, run here with a wget that no node-agent answers (and no real sleep): it
+# fails naming the Pod Security cause; when only the controller-manager is down it does not.
+render --show-only templates/tests/readyz.yaml | sed -n '/^        - |$/,$p' | tail -n +2 | sed 's/^          //' > "$out/t-test.sh"
+mkdir -p "$out/shims"
+# shellcheck disable=SC2016
+printf '#!/bin/sh
+case "$*" in *"$DOWN"*) exit 1 ;; esac
+' > "$out/shims/wget"
+printf '#!/bin/sh
+' > "$out/shims/sleep"
+# shellcheck disable=SC2016
+printf '#!/bin/sh
+shift
+exec "$@"
+' > "$out/shims/timeout"
+chmod +x "$out/shims/"*
+sh=$(command -v sh)
+if DOWN=node-agent PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1; then fail "helm test passed with no node-agent answering"; fi
+has "violates PodSecurity' means namespace groundskeeper does not admit privileged pods" "$out/t-test.out" \
+  || fail "helm test does not name a Pod Security refusal when no node-agent answers: $(cat "$out/t-test.out")"
+if DOWN=controller-manager PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1; then fail "helm test passed with no controller-manager answering"; fi
+has PodSecurity "$out/t-test.out" && fail "helm test blames Pod Security for the controller-manager"
+DOWN=nothing PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1 || fail "helm test failed with both answering: $(cat "$out/t-test.out")"
+
+## Item 7: the CRD as a template, when asked, equal to crds/.
+names < "$out/t-default.yaml" | has "^CustomResourceDefinition " && fail "crds.install=false (default) renders the CRD as a template"
+render --set crds.install=true --show-only templates/crds.yaml > "$out/t-crd.yaml"
+for crd in "$chart"/crds/*.yaml; do
+  n=$(sed -n 's/^  name: //p' "$crd" | head -1)
+  names < "$out/t-crd.yaml" | has -x "CustomResourceDefinition $n" || fail "crds.install=true does not render $n"
+  if python3 -c 'import yaml' 2>/dev/null; then
+    python3 - "$crd" "$out/t-crd.yaml" "$n" <<'PY' || fail "the templated CRD $n differs from $crd"
+import sys, yaml
+src = yaml.safe_load(open(sys.argv[1]))
+got = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d and d["metadata"]["name"] == sys.argv[3]][0]
+sys.exit(0 if src["spec"] == got["spec"] else 1)
+PY
+  else
+    echo "chart: python3 has no yaml module: the templated CRD's spec is compared with crds/ only by the server dry-run"
+  fi
+done
+grep -q "^    helm.sh/resource-policy: keep$" "$out/t-crd.yaml" || fail "crds.keep (default) does not add helm.sh/resource-policy: keep"
+render --set crds.install=true --set crds.keep=false --show-only templates/crds.yaml | has "resource-policy" \
+  && fail "crds.keep=false still keeps the CRD"
+## Item 9: beside kube-controller-manager (managed clusters): the preset and podGC.mode.
+render -f "$chart/presets/managed-cluster.yaml" > "$out/t-managed.yaml"
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc$" || fail "the managed preset must run PodGC only"
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --terminated-pod-gc-threshold=0$" \
+  || fail "podGC.mode=ttl-only must leave the threshold pass to kube-controller-manager"
+names < "$out/t-managed.yaml" | has "^Job " && fail "the managed preset renders the uninstall Job, which would strip kube-controller-manager's ServiceCIDR finalizer"
+render --set controllerManager.podGC.terminatedPodThreshold=77 | docs_of Deployment | has -- "- --terminated-pod-gc-threshold=77$" \
+  || fail "podGC.mode=all must pass terminatedPodThreshold"
+"$helm" install gk "$chart" -n groundskeeper --dry-run=client -f "$chart/presets/managed-cluster.yaml" | sed -n '/^NOTES:/,$p' > "$out/t-notes"
+has "Running beside kube-controller-manager's controllers" "$out/t-notes" || fail "NOTES of the managed preset do not say it runs beside upstream"
+has -- "--controllers=\*," "$out/t-notes" && fail "NOTES of the managed preset still ask to turn kube-controller-manager's controllers off"
+if msg=$(render --set controllerManager.podGC.mode=sometimes 2>&1); then fail "podGC.mode=sometimes accepted"; fi
+echo "$msg" | has mode || fail "schema error does not name mode: $msg"
+
+echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset)"

@@ -1,0 +1,388 @@
+//! The node-agent's conntrack cleanup at cluster scale, next to kube-proxy on the same objects.
+//! Prints figures; asserts nothing about time or memory.
+//!
+//!   KUBE_APISERVER=/path/to/kube-apiserver cargo bench -p groundskeeper-node-agent --bench agent_scale [-- SERVICES]
+//!
+//! Creates SERVICES (default 10,000) Services, each with a UDP and a TCP port, and one
+//! EndpointSlice of 10 endpoints per Service (100k endpoints), shaped as the endpointslice
+//! controller writes them (owner reference, labels, trigger-time annotation, targetRef, nodeName,
+//! zone, conditions), on a private control plane. Then it runs, each in a network namespace of
+//! its own, `node-agent --tasks=conntrack --dry-run` and kube-proxy v1.36.2 (iptables mode;
+//! from the node tarball, `AGENT_SCALE_KUBE_PROXY` or target/e2e/bin/kube-proxy; skipped when
+//! absent), and prints each one's RSS once it is ready (the agent: ready and past its first
+//! pass; kube-proxy: its first sync logged, or `AGENT_SCALE_KUBE_PROXY_WAIT` seconds, default
+//! 90), its peak RSS, and the time to get there. Then endpoint churn: one slice changed every
+//! 100 ms for 20 s; it prints the agent's CPU time per change.
+//!
+//! `AGENT_SCALE_COMPARE=/path/to/node-agent` also runs that binary (an older build) on the same
+//! objects, its figures named `compared_…`.
+//! Every figure is also printed as `bench <name> <value> <unit>`. Without KUBE_APISERVER it
+//! prints one SKIPPED line and exits 0.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+use testkit::{Binary, wait_ready};
+
+const CREATE_CONCURRENCY: usize = 64;
+const ENDPOINTS_PER_SLICE: usize = 10;
+const NAMESPACES: usize = 20;
+
+fn bench(name: &str, value: f64, unit: &str) {
+    println!("bench {name} {value:.1} {unit}");
+}
+
+/// A field of /proc/PID/status in KiB (0 when the process is gone).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// User plus system CPU time of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces: fields are counted after its closing parenthesis.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn netns(name: &str) -> anyhow::Result<()> {
+    let _ = Command::new("ip").args(["netns", "del", name]).status();
+    let ok = Command::new("ip")
+        .args(["netns", "add", name])
+        .status()?
+        .success();
+    anyhow::ensure!(ok, "ip netns add {name} failed");
+    Command::new("ip")
+        .args(["-n", name, "link", "set", "lo", "up"])
+        .status()?;
+    Ok(())
+}
+
+fn service(ns: &str, i: usize) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": ns, "name": format!("svc-{i}"),
+                     "labels": {"app": format!("app-{i}"), "tier": "backend"}},
+        "spec": {"selector": {"app": format!("app-{i}")},
+                 "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353},
+                           {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 5353}]},
+    }))
+    .expect("a valid Service")
+}
+
+/// The slice of service `i` as the endpointslice controller writes it; `generation` varies
+/// the endpoints' addresses so churn replaces them.
+fn slice(ns: &str, i: usize, uid: &str, generation: usize) -> EndpointSlice {
+    let endpoints: Vec<_> = (0..ENDPOINTS_PER_SLICE)
+        .map(|e| {
+            let n = (i * ENDPOINTS_PER_SLICE + e + generation * 7) % (250 * 250 * 60);
+            let ip = format!("10.{}.{}.{}", 64 + n / 62_500, (n / 250) % 250, n % 250 + 1);
+            json!({
+                "addresses": [ip],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": format!("node-{}", n % 5000),
+                "zone": format!("zone-{}", n % 3),
+                "targetRef": {"kind": "Pod", "namespace": ns,
+                              "name": format!("app-{i}-{generation}-{e}-7d9f8c6b5-x2x9z"),
+                              "uid": format!("0b6b7a1e-3c1d-4d2a-9b8e-{:012}", n)},
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {
+            "namespace": ns, "name": format!("svc-{i}-abcde"),
+            "labels": {"kubernetes.io/service-name": format!("svc-{i}"),
+                       "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                       "app": format!("app-{i}"), "tier": "backend"},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-25T18:00:00Z"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": format!("svc-{i}"),
+                                 "uid": uid, "controller": true, "blockOwnerDeletion": true}],
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"},
+                  {"name": "dns-tcp", "port": 5353, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .expect("a valid EndpointSlice")
+}
+
+async fn create_objects(c: &testkit::Cluster, services: usize) -> anyhow::Result<Vec<String>> {
+    let nss: Vec<String> = (0..NAMESPACES).map(|n| format!("scale-{n}")).collect();
+    for ns in &nss {
+        let api: Api<Namespace> = Api::all(c.client.clone());
+        let o: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        api.create(&PostParams::default(), &o).await?;
+    }
+    let t0 = Instant::now();
+    let client = c.client.clone();
+    let nss2 = nss.clone();
+    let failures = stream::iter(0..services)
+        .map(|i| {
+            let client = client.clone();
+            let ns = nss2[i % NAMESPACES].clone();
+            async move {
+                let svcs: Api<Service> = Api::namespaced(client.clone(), &ns);
+                let svc = svcs
+                    .create(&PostParams::default(), &service(&ns, i))
+                    .await?;
+                let uid = svc.metadata.uid.unwrap_or_default();
+                let slices: Api<EndpointSlice> = Api::namespaced(client, &ns);
+                slices
+                    .create(&PostParams::default(), &slice(&ns, i, &uid, 0))
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .filter(|r| std::future::ready(r.is_err()))
+        .count()
+        .await;
+    anyhow::ensure!(failures == 0, "{failures} services or slices not created");
+    let took = t0.elapsed().as_secs_f64();
+    println!(
+        "created {services} Services and {services} EndpointSlices ({} endpoints) in {took:.1} s",
+        services * ENDPOINTS_PER_SLICE
+    );
+    Ok(nss)
+}
+
+/// Samples `pid` every 200 ms until `done` says so or `limit` passes; returns (ready after,
+/// RSS then, peak RSS) with `None` for a process that never got there.
+async fn until_ready(
+    pid: u32,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) -> (Option<Duration>, u64, u64) {
+    let t0 = Instant::now();
+    let mut when = None;
+    while t0.elapsed() < limit {
+        if done() {
+            when = Some(t0.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (when, status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"))
+}
+
+/// One node-agent binary's row; `tag` prefixes its figures' names ("" for this build's).
+async fn agent_row(
+    c: &testkit::Cluster,
+    services: usize,
+    nss: &[String],
+    bin: &str,
+    tag: &str,
+    churn_round: usize,
+) -> anyhow::Result<()> {
+    let ns_name = format!("gk-agent-scale-{}", std::process::id());
+    netns(&ns_name)?;
+    let t0 = Instant::now();
+    println!("node-agent: {bin}");
+    let kubeconfig = c.kubeconfig.display().to_string();
+    let (agent, admin) = Binary::start_with_admin(
+        bin,
+        "agent-scale",
+        &[
+            "--tasks",
+            "conntrack",
+            "--conntrack-netns",
+            &ns_name,
+            "--dry-run",
+        ],
+        &[("NODE_NAME", "scale-node"), ("KUBECONFIG", &kubeconfig)],
+    )?;
+    let pid = agent.pid().expect("the agent runs");
+    if let Err(e) = wait_ready(admin, Duration::from_secs(300), "node-agent ready").await {
+        anyhow::bail!("{e:#}; its log ends: {}", tail(&agent.logs()));
+    }
+    let (first_pass, rss, _) = until_ready(pid, Duration::from_secs(120), || {
+        agent.logs().contains("conntrack cleanup pass")
+    })
+    .await;
+    anyhow::ensure!(first_pass.is_some(), "the agent made no pass");
+    let ready = t0.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let steady = status_kib(pid, "VmRSS:");
+    let peak = status_kib(pid, "VmHWM:");
+    println!(
+        "node-agent: ready and past its first pass {ready:.1} s after start; RSS then {:.1} MiB, 5 s later {:.1} MiB, peak {:.1} MiB",
+        mib(rss),
+        mib(steady),
+        mib(peak)
+    );
+    bench(&format!("{tag}agent_ready_10k_services"), ready, "s");
+    bench(&format!("{tag}agent_rss_10k_services"), mib(steady), "MiB");
+    bench(
+        &format!("{tag}agent_rss_peak_10k_services"),
+        mib(peak),
+        "MiB",
+    );
+
+    // Churn: one slice's endpoints replaced every 100 ms.
+    let changes = 200;
+    let cpu0 = cpu_seconds(pid);
+    let t0 = Instant::now();
+    for k in 0..changes {
+        let i = (k * 37) % services;
+        let ns = &nss[i % NAMESPACES];
+        let api: Api<EndpointSlice> = Api::namespaced(c.client.clone(), ns);
+        // Each row's churn writes addresses no earlier row wrote: every patch is a change.
+        let s = slice(ns, i, "", 1 + churn_round * changes + k);
+        api.patch(
+            &format!("svc-{i}-abcde"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"endpoints": s.endpoints})),
+        )
+        .await?;
+        let next = Duration::from_millis(100 * (k as u64 + 1));
+        if let Some(wait) = next.checked_sub(t0.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cpu = cpu_seconds(pid) - cpu0;
+    println!(
+        "node-agent under churn: {changes} slice changes in {:.1} s cost {cpu:.2} s of CPU ({:.1} ms per change); RSS {:.1} MiB, peak {:.1} MiB",
+        t0.elapsed().as_secs_f64(),
+        cpu * 1000.0 / changes as f64,
+        mib(status_kib(pid, "VmRSS:")),
+        mib(status_kib(pid, "VmHWM:"))
+    );
+    bench(
+        &format!("{tag}agent_cpu_per_change_10k_services"),
+        cpu * 1000.0 / changes as f64,
+        "ms",
+    );
+    drop(agent);
+    let _ = Command::new("ip").args(["netns", "del", &ns_name]).status();
+    Ok(())
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+fn kube_proxy_bin() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("AGENT_SCALE_KUBE_PROXY") {
+        return Some(p.into());
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/bin/kube-proxy");
+    p.is_file().then_some(p)
+}
+
+async fn kube_proxy_row(c: &testkit::Cluster) -> anyhow::Result<()> {
+    let Some(bin) = kube_proxy_bin() else {
+        println!(
+            "kube-proxy: SKIPPED (no target/e2e/bin/kube-proxy: run `bash e2e/node.sh` once, or set AGENT_SCALE_KUBE_PROXY)"
+        );
+        return Ok(());
+    };
+    let wait = std::env::var("AGENT_SCALE_KUBE_PROXY_WAIT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(90);
+    let ns_name = format!("gk-kp-scale-{}", std::process::id());
+    netns(&ns_name)?;
+    let log = std::env::temp_dir().join(format!("kube-proxy-scale-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log)?;
+    // The apiserver listens on the host's loopback only: a proxy listening inside the
+    // namespace carries kube-proxy's connections to it.
+    let upstream = testkit::proxy::apiserver_addr(&c.kubeconfig)?
+        .ok_or_else(|| anyhow::anyhow!("the test kubeconfig names no IP:port"))?;
+    let proxy = testkit::proxy::Proxy::start_in_netns(upstream, &ns_name).await?;
+    let kubeconfig = testkit::proxy::kubeconfig_with_server(&c.kubeconfig, &proxy.url())?
+        .display()
+        .to_string();
+    let t0 = Instant::now();
+    let mut child = tokio::process::Command::new("ip")
+        .args(["netns", "exec", &ns_name])
+        .arg(&bin)
+        .args([
+            "--kubeconfig",
+            &kubeconfig,
+            "--hostname-override",
+            "scale-node",
+            "--proxy-mode",
+            "iptables",
+            "--conntrack-max-per-core",
+            "0",
+            "--v",
+            "2",
+        ])
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().expect("kube-proxy runs");
+    // `ip netns exec` execs kube-proxy in place: the pid is kube-proxy's.
+    let synced = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("SyncProxyRules complete")
+    };
+    let (ready, rss, peak) = until_ready(pid, Duration::from_secs(wait), synced).await;
+    match ready {
+        Some(d) => println!(
+            "kube-proxy v1.36.2 (iptables): first sync complete {:.1} s after start; RSS {:.1} MiB, peak {:.1} MiB",
+            d.as_secs_f64(),
+            mib(rss),
+            mib(peak)
+        ),
+        None => println!(
+            "kube-proxy v1.36.2 (iptables): first sync not complete after {wait} s ({:.1} s); RSS {:.1} MiB, peak {:.1} MiB (log {})",
+            t0.elapsed().as_secs_f64(),
+            mib(rss),
+            mib(peak),
+            log.display()
+        ),
+    }
+    bench("kube_proxy_rss_10k_services", mib(rss), "MiB");
+    bench("kube_proxy_rss_peak_10k_services", mib(peak), "MiB");
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    drop(proxy);
+    let _ = Command::new("ip").args(["netns", "del", &ns_name]).status();
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let services: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
+    let Some((c, cp)) = testkit::private_cluster("agent_scale").await else {
+        println!("agent_scale: SKIPPED (KUBE_APISERVER not set)");
+        return Ok(());
+    };
+    let nss = create_objects(&c, services).await?;
+    agent_row(&c, services, &nss, env!("CARGO_BIN_EXE_node-agent"), "", 0).await?;
+    if let Ok(other) = std::env::var("AGENT_SCALE_COMPARE") {
+        agent_row(&c, services, &nss, &other, "compared_", 1).await?;
+    }
+    kube_proxy_row(&c).await?;
+    // The objects go with the private control plane.
+    drop(c);
+    drop(cp);
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! splitmix64: a small seeded generator for the property tests, so a failing seed can be
+//! replayed (every such test prints or names its seed).
+
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    pub fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len())]
+    }
+
+    /// Each of `from` with probability `percent`%.
+    pub fn some<T: Copy>(&mut self, from: &[T], percent: u64) -> Vec<T> {
+        from.iter()
+            .copied()
+            .filter(|_| self.chance(percent))
+            .collect()
+    }
+}
