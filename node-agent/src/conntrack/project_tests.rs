@@ -34,7 +34,7 @@ const V6: [&str; 4] = [
 /// The weight an object carries that the model never reads.
 fn noise(rng: &mut Rng) -> Value {
     json!({
-        "uid": format!("uid-{}", rng.next()),
+        "uid": format!("uid-{}", rng.next_u64()),
         "resourceVersion": format!("{}", rng.below(100_000)),
         "generation": 3,
         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"big\": true}",
