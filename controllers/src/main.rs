@@ -12,8 +12,11 @@ use groundskeeper_controllers::{
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 use prometheus::IntGauge;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    groundskeeper_plumbing::process::run_main(start)
+}
+
+async fn start() -> ExitCode {
     let cli = Cli::parse_as(manager::NAME, manager::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(command) = &cli.command {

@@ -283,7 +283,8 @@ fn tail(log: &str) -> String {
 
 fn kube_proxy_bin() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("AGENT_SCALE_KUBE_PROXY") {
-        return Some(p.into());
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
     }
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e/bin/kube-proxy");
     p.is_file().then_some(p)

@@ -9,8 +9,11 @@ use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctl};
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    groundskeeper_plumbing::process::run_main(start)
+}
+
+async fn start() -> ExitCode {
     let cli = Cli::parse_as(agent::NAME, agent::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
     if let Some(cmd) = cli.command {

@@ -17,6 +17,33 @@ use crate::{
     telemetry::LogArgs,
 };
 
+/// Runs `main` on a multi-threaded runtime, with glibc's malloc held to one arena first.
+///
+/// glibc gives a thread that meets a locked arena an arena of its own, up to eight per core,
+/// and memory freed in one arena is not reused by another: at 10k Services, each model rebuild
+/// under EndpointSlice churn landed in another worker's arena and the agent's RSS grew from
+/// 103 to 211 MiB; with one arena it stayed at 145 MiB (`agent_scale` bench). Our threads
+/// allocate little and rarely at once, so the shared lock costs nothing measurable.
+pub fn run_main<F: std::future::Future<Output = std::process::ExitCode>>(
+    main: impl FnOnce() -> F,
+) -> std::process::ExitCode {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tunable; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(main()),
+        Err(e) => {
+            eprintln!("starting the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The flags every groundskeeper binary takes.
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Process")]
