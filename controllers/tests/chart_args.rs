@@ -37,11 +37,29 @@ fn chart_args_parse() {
             cli.webhook.enabled,
             "{case}: the sysctl webhook is on by default"
         );
+        // The name the apiserver calls: the webhook configuration's service, whatever
+        // nameOverride or fullnameOverride made of it.
+        let service = docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("ValidatingWebhookConfiguration"))
+            .map(|d| &d["webhooks"][0]["clientConfig"]["service"])
+            .unwrap_or_else(|| panic!("{case}: no ValidatingWebhookConfiguration rendered"));
+        let host = format!(
+            "{}.{}.svc",
+            service["name"].as_str().unwrap_or_default(),
+            service["namespace"].as_str().unwrap_or_default()
+        );
         assert_eq!(
             cli.webhook.webhook_cert_hosts,
-            vec!["gk-groundskeeper-webhook.default.svc"],
+            vec![host],
             "{case}: the certificate is for the name the apiserver calls"
         );
+        if case == "defaults" {
+            assert_eq!(
+                cli.webhook.webhook_cert_hosts,
+                vec!["gk-groundskeeper-webhook.default.svc"]
+            );
+        }
         match case {
             "everything on" => {
                 assert!(cli.common.dry_run);
