@@ -526,10 +526,13 @@ impl Applier {
         if *o != Outcome::Deleted {
             self.metrics.error(ns, d.pass);
         }
-        match o {
-            Outcome::Failed(e) => self.metrics.failure(ns, d.pass, e),
-            Outcome::Throttled(_) => self.metrics.failure(ns, d.pass, &DeleteError::Throttled),
-            _ => {}
+        let failed = match o {
+            Outcome::Failed(e) => Some(e),
+            Outcome::Throttled(_) => Some(&DeleteError::Throttled),
+            _ => None,
+        };
+        if let Some(e) = failed {
+            self.metrics.failure(ns, d.pass, e.metric_label());
         }
         if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);

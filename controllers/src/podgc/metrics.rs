@@ -7,7 +7,7 @@
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
-use super::{apply::DeleteError, decide::Sweep};
+use super::decide::Sweep;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -125,9 +125,10 @@ impl Metrics {
             .inc();
     }
 
-    pub fn failure(&self, namespace: &str, pass: Sweep, error: &DeleteError) {
+    /// `error`: [`DeleteError::metric_label`](super::apply::DeleteError::metric_label).
+    pub fn failure(&self, namespace: &str, pass: Sweep, error: &str) {
         self.failures
-            .with_label_values(&[namespace, pass.label(), error.metric_label()])
+            .with_label_values(&[namespace, pass.label(), error])
             .inc();
     }
 
