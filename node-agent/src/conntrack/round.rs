@@ -252,8 +252,11 @@ mod tests {
     use crate::conntrack::netlink::socket::BatchReport;
     use crate::conntrack::{apply::Dump, netlink::msg::Entry};
 
+    /// Makes the error a dump fails with.
+    type Fail = fn() -> DumpError;
+
     /// A table whose every dump fails with `fail`.
-    struct Failing(fn() -> DumpError);
+    struct Failing(Fail);
 
     impl Table for Failing {
         fn dump(&mut self, _: Dump, _: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
@@ -269,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_failed_pass_is_counted_under_its_error() {
-        let table: [(fn() -> DumpError, &str); 3] = [
+        let table: [(Fail, &str); 3] = [
             (
                 || DumpError::Open(io::Error::from_raw_os_error(libc::EPERM)),
                 "socket_open",
