@@ -90,11 +90,14 @@ impl Manager {
     /// A labelled PodGC counter for one namespace and reason (0 when not exported yet).
     async fn counter(&self, name: &str, ns: &str, reason: &str) -> anyhow::Result<f64> {
         let (_, body) = http_get(self.admin, "/metrics").await?;
-        let series = format!("{name}{{namespace=\"{ns}\",reason=\"{reason}\"}} ");
+        // Summed over any further labels (groundskeeper_podgc_delete_errors_total's `error`).
+        let series = format!("{name}{{namespace=\"{ns}\",reason=\"{reason}\"");
         Ok(body
             .lines()
-            .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
-            .unwrap_or(0.0))
+            .filter_map(|l| l.strip_prefix(&series))
+            .filter(|rest| rest.starts_with('}') || rest.starts_with(','))
+            .filter_map(|rest| rest.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+            .sum())
     }
 }
 

@@ -50,6 +50,42 @@ pub enum ClientError {
     Build(#[from] kube::Error),
 }
 
+/// Every value [`api_error_label`] returns: the `error` label of the components' error
+/// counters for a failed API call (docs/runbook.md lists them).
+pub const API_ERROR_LABELS: [&str; 7] = [
+    "forbidden",
+    "not_found",
+    "conflict",
+    "too_many_requests",
+    "server_error",
+    "transport",
+    "other",
+];
+
+/// The metric label of a failed API call, so that an operator can tell an RBAC gap
+/// (`forbidden`) from a lost race (`conflict`: 409, which is also how the apiserver answers a
+/// failed UID or resourceVersion precondition) from an overloaded or broken apiserver
+/// (`too_many_requests`, `server_error`) from a network or deadline failure (`transport`: no
+/// answer at all). The one classification every component uses.
+pub fn api_error_label(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) => match s.code {
+            403 => "forbidden",
+            404 => "not_found",
+            409 | 412 => "conflict",
+            429 => "too_many_requests",
+            500..=599 => "server_error",
+            _ => "other",
+        },
+        // No answer: the connection, TLS, the request deadline (RequestTimeoutLayer fails
+        // through the service stack), or the body broke off.
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            "transport"
+        }
+        _ => "other",
+    }
+}
+
 impl KubeArgs {
     pub async fn config(&self) -> Result<Config, ClientError> {
         // KUBECONFIG, the variable every Kubernetes client reads, is read as kubectl reads it
@@ -373,5 +409,57 @@ mod tests {
             .collect();
         assert_eq!(agents.len(), 1, "{agents:?}");
         assert!(agents[0].ends_with("; leader-election)"), "{agents:?}");
+    }
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("answer", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn api_errors_are_labelled_by_status_class() {
+        let table: &[(u16, &str)] = &[
+            (403, "forbidden"),
+            (404, "not_found"),
+            (409, "conflict"),
+            (412, "conflict"),
+            (429, "too_many_requests"),
+            (500, "server_error"),
+            (503, "server_error"),
+            (504, "server_error"),
+            (400, "other"),
+            (401, "other"),
+            (422, "other"),
+            (0, "other"),
+        ];
+        for &(code, want) in table {
+            assert_eq!(api_error_label(&api(code)), want, "HTTP {code}");
+        }
+        // The rule over every code: 5xx is the apiserver's, and every label is a listed one.
+        for code in 0..1000u16 {
+            let label = api_error_label(&api(code));
+            assert!(API_ERROR_LABELS.contains(&label), "{code}: {label}");
+            assert_eq!(
+                label == "server_error",
+                (500..600).contains(&code),
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn unanswered_calls_are_transport_errors() {
+        // What RequestTimeoutLayer's deadline becomes once kube wraps it.
+        let deadline = kube::Error::Service("GET /api/v1/pods: no answer within 30s".into());
+        assert_eq!(api_error_label(&deadline), "transport");
+        let reset =
+            kube::Error::ReadEvents(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(api_error_label(&reset), "transport");
+        let undecodable = kube::Error::SerdeError(serde_json::from_str::<u8>("x").unwrap_err());
+        assert_eq!(api_error_label(&undecodable), "other");
+        assert_eq!(api_error_label(&kube::Error::TlsRequired), "other");
     }
 }

@@ -26,7 +26,10 @@ use crate::pacing::{
     throttled_of,
 };
 
-use groundskeeper_plumbing::cache::{Health, Seen, Shared};
+use groundskeeper_plumbing::{
+    cache::{Health, Seen, Shared},
+    client::api_error_label,
+};
 
 use super::{
     cache::Caches,
@@ -47,14 +50,57 @@ pub enum Outcome {
     WouldDelete,
     /// The pod is gone, or a new pod took its name (UID precondition): nothing to do.
     Skipped(Skip),
-    /// The status patch failed: the pod was not deleted.
-    PatchFailed(String),
-    DeleteFailed(String),
+    /// The status patch or the delete failed (a failed patch means no delete).
+    Failed(DeleteError),
     /// 429 Too Many Requests, with the server's Retry-After when it sent one in the body. The
     /// applier waits and retries; as a final outcome it is a failure.
     Throttled(Option<Duration>),
     /// This replica stopped leading before (or while) making the call: nothing more was sent.
     Fenced,
+}
+
+/// Why a force-delete failed: the pod stays for the next cycle. Carries the apiserver's
+/// answer as text and as its metric label (`kube::Error` itself cannot be compared).
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum DeleteError {
+    /// The status patch failed: the pod was not deleted.
+    #[error("marking the pod Failed: {message}")]
+    Patch {
+        label: &'static str,
+        message: String,
+    },
+    #[error("force-deleting the pod: {message}")]
+    Delete {
+        label: &'static str,
+        message: String,
+    },
+    /// 429 to every attempt (a final [`Outcome::Throttled`]).
+    #[error("the apiserver kept answering 429 Too Many Requests")]
+    Throttled,
+}
+
+impl DeleteError {
+    /// The `error` label of `groundskeeper_podgc_delete_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            DeleteError::Patch { label, .. } | DeleteError::Delete { label, .. } => label,
+            DeleteError::Throttled => "too_many_requests",
+        }
+    }
+
+    fn patch(e: &kube::Error) -> Self {
+        DeleteError::Patch {
+            label: api_error_label(e),
+            message: e.to_string(),
+        }
+    }
+
+    fn delete(e: &kube::Error) -> Self {
+        DeleteError::Delete {
+            label: api_error_label(e),
+            message: e.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, PartialEq, Clone, Copy)]
@@ -210,11 +256,11 @@ impl Writes for KubeWrites {
 }
 
 /// What a failed write means for the pod.
-fn failed(e: kube::Error, other: fn(String) -> Outcome) -> Outcome {
+fn failed(e: kube::Error, other: fn(&kube::Error) -> DeleteError) -> Outcome {
     match (skip_of(&e), throttled_of(&e)) {
         (Some(s), _) => Outcome::Skipped(s),
         (_, Some(after)) => Outcome::Throttled(after),
-        _ => other(e.to_string()),
+        _ => Outcome::Failed(other(&e)),
     }
 }
 
@@ -229,13 +275,13 @@ pub async fn force_delete(
     if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
         match fence.guard(writes.patch_status(&d.pod, patch)).await {
             Err(_) => return Outcome::Fenced,
-            Ok(Err(e)) => return failed(e, Outcome::PatchFailed),
+            Ok(Err(e)) => return failed(e, DeleteError::patch),
             Ok(Ok(())) => {}
         }
     }
     match fence.guard(writes.delete(&d.pod)).await {
         Err(_) => Outcome::Fenced,
-        Ok(Err(e)) => failed(e, Outcome::DeleteFailed),
+        Ok(Err(e)) => failed(e, DeleteError::delete),
         Ok(Ok(())) => Outcome::Deleted,
     }
 }
@@ -257,9 +303,7 @@ impl Tally {
             Outcome::Deleted => self.deleted += 1,
             Outcome::WouldDelete => self.would_delete += 1,
             Outcome::Skipped(_) => self.skipped += 1,
-            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_) => {
-                self.failed += 1
-            }
+            Outcome::Failed(_) | Outcome::Throttled(_) => self.failed += 1,
             Outcome::Fenced => self.fenced += 1,
         }
     }
@@ -482,11 +526,13 @@ impl Applier {
         if *o != Outcome::Deleted {
             self.metrics.error(ns, d.pass);
         }
-        if matches!(
-            o,
-            Outcome::PatchFailed(_) | Outcome::DeleteFailed(_) | Outcome::Throttled(_)
-        ) {
-            self.metrics.failure(ns, d.pass);
+        let failed = match o {
+            Outcome::Failed(e) => Some(e),
+            Outcome::Throttled(_) => Some(&DeleteError::Throttled),
+            _ => None,
+        };
+        if let Some(e) = failed {
+            self.metrics.failure(ns, d.pass, e.metric_label());
         }
         if !d.pass.counts_before_attempt() {
             self.metrics.deleted(ns, d.pass);
@@ -512,11 +558,11 @@ fn log(d: &Deletion, o: &Outcome) {
         Outcome::Skipped(s) => {
             tracing::info!(%pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
         }
-        Outcome::PatchFailed(e) => tracing::warn!(
+        Outcome::Failed(e @ DeleteError::Patch { .. }) => tracing::warn!(
             %pod, node, pass, reason, error = %e,
             "marking pod Failed failed; not deleting it"
         ),
-        Outcome::DeleteFailed(e) => {
+        Outcome::Failed(e) => {
             tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
         }
         Outcome::Throttled(_) => tracing::warn!(

@@ -173,14 +173,20 @@ async fn orphan_is_patched_then_force_deleted_with_uid_precondition() {
 #[tokio::test]
 async fn failed_patch_means_no_delete() {
     let (o, mock) = force_delete_answering(&[500], Phase::Pending, Sweep::Terminated).await;
-    assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
+    assert!(
+        matches!(o, Outcome::Failed(DeleteError::Patch { .. })),
+        "{o:?}"
+    );
     assert_eq!(mock.calls(), ["PATCH /api/v1/namespaces/ns/pods/p/status"]);
 }
 
 #[tokio::test]
 async fn other_invalid_patches_are_failures_not_skips() {
     let (o, mock) = force_delete_answering(&[421], Phase::Running, Sweep::Orphaned).await;
-    assert!(matches!(o, Outcome::PatchFailed(_)), "{o:?}");
+    assert!(
+        matches!(o, Outcome::Failed(DeleteError::Patch { .. })),
+        "{o:?}"
+    );
     assert_eq!(mock.calls().len(), 1, "no delete after a failed patch");
 }
 
@@ -244,9 +250,13 @@ async fn metrics_count_attempts_and_errors() {
         }
     );
     assert_eq!(a.metrics.counts("ns", Sweep::OutOfService), (3, 2));
-    assert_eq!(a.metrics.failures("ns", Sweep::OutOfService), 1);
+    assert_eq!(
+        a.metrics
+            .failures("ns", Sweep::OutOfService, "server_error"),
+        1
+    );
     assert_eq!(a.metrics.counts("ns", Sweep::Orphaned), (0, 0));
-    assert_eq!(a.metrics.failures("ns", Sweep::Orphaned), 0);
+    assert_eq!(a.metrics.failures("ns", Sweep::Orphaned, "server_error"), 0);
 }
 
 #[tokio::test]
@@ -587,4 +597,29 @@ async fn each_reason_alone_halts_new_deletions() {
         "and stays halted once it listed again: a new epoch"
     );
     assert!(!running().halted(), "a new cycle's snapshot may run");
+}
+
+#[tokio::test]
+async fn a_failed_force_delete_is_counted_under_what_the_apiserver_answered() {
+    // (answers, phase: Running is patched first, Failed is only deleted, label)
+    let table = [
+        (vec![403], Phase::Running, "forbidden"),
+        (vec![200, 403], Phase::Running, "forbidden"),
+        (vec![500], Phase::Failed, "server_error"),
+        (vec![503], Phase::Running, "server_error"),
+        (vec![400], Phase::Failed, "other"),
+    ];
+    for (answers, phase, want) in table {
+        let mock = Mock::answering(&answers);
+        let a = applier(&mock, false, 1);
+        let tally = a.apply(vec![deletion("p", phase, Sweep::Orphaned)]).await;
+        assert_eq!(tally.failed, 1, "{answers:?}");
+        for label in groundskeeper_plumbing::client::API_ERROR_LABELS {
+            assert_eq!(
+                a.metrics.failures("ns", Sweep::Orphaned, label),
+                u64::from(label == want),
+                "{answers:?}: {label}"
+            );
+        }
+    }
 }

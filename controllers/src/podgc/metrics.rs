@@ -55,9 +55,9 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "groundskeeper_podgc_delete_errors_total",
-                        "Force-deletions that failed (status patch or delete), not counting pods already gone or recreated.",
+                        "Force-deletions that failed (status patch or delete), not counting pods already gone or recreated, by what the apiserver answered (error: forbidden, not_found, conflict, too_many_requests, server_error, transport, other).",
                     ),
-                    labels,
+                    &["namespace", "reason", "error"],
                 ),
             )?,
             terminated_deleted: registered(
@@ -125,16 +125,17 @@ impl Metrics {
             .inc();
     }
 
-    pub fn failure(&self, namespace: &str, pass: Sweep) {
+    /// `error`: [`DeleteError::metric_label`](super::apply::DeleteError::metric_label).
+    pub fn failure(&self, namespace: &str, pass: Sweep, error: &str) {
         self.failures
-            .with_label_values(&[namespace, pass.label()])
+            .with_label_values(&[namespace, pass.label(), error])
             .inc();
     }
 
     #[cfg(test)]
-    pub fn failures(&self, namespace: &str, pass: Sweep) -> u64 {
+    pub fn failures(&self, namespace: &str, pass: Sweep, error: &str) -> u64 {
         self.failures
-            .with_label_values(&[namespace, pass.label()])
+            .with_label_values(&[namespace, pass.label(), error])
             .get()
     }
 

@@ -9,6 +9,8 @@ use prometheus::{
 pub struct Metrics {
     /// `result`: `success` or `error`.
     pub reconciles: IntCounterVec,
+    /// `error`: [`SyncError::metric_label`](super::sync::SyncError::metric_label).
+    pub sync_errors: IntCounterVec,
     pub reconcile_duration: HistogramVec,
     pub blocked_deletions: IntGauge,
     pub dropped_keys: IntCounter,
@@ -28,6 +30,17 @@ impl Metrics {
                         "ServiceCIDR syncs by result (success or error).",
                     ),
                     &["result"],
+                ),
+            )?,
+            sync_errors: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_servicecidr_sync_errors_total",
+                        "Failed ServiceCIDR syncs by what the apiserver answered: forbidden, not_found, \
+                         conflict, too_many_requests, server_error, transport (no answer), other.",
+                    ),
+                    &["error"],
                 ),
             )?,
             reconcile_duration: registered(

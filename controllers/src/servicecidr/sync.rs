@@ -5,7 +5,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use groundskeeper_plumbing::cache::{Health, Seen, Shared};
+use groundskeeper_plumbing::{
+    cache::{Health, Seen, Shared},
+    client::api_error_label,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use tokio::time::Instant;
@@ -40,6 +43,18 @@ pub enum SyncError {
         status: String,
         source: kube::Error,
     },
+}
+
+impl SyncError {
+    /// The `error` label of `groundskeeper_servicecidr_sync_errors_total`: what the apiserver
+    /// answered (every variant is a failed API call).
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            SyncError::AddFinalizer { source, .. }
+            | SyncError::RemoveFinalizer { source, .. }
+            | SyncError::ApplyReady { source, .. } => api_error_label(source),
+        }
+    }
 }
 
 pub struct Syncer<W> {
@@ -129,6 +144,10 @@ impl<W: Writes> Syncer<W> {
         match result {
             Ok(()) => self.queue.forget(&key),
             Err(e) => {
+                self.metrics
+                    .sync_errors
+                    .with_label_values(&[e.metric_label()])
+                    .inc();
                 let n = self.queue.num_requeues(&key);
                 if n < MAX_RETRIES {
                     tracing::warn!(servicecidr = %key, error = %e, retry = n + 1, "sync failed; retrying with backoff");

@@ -31,13 +31,14 @@ use crate::workqueue::{RateLimit, WorkQueue};
 struct Recorded {
     calls: Mutex<Vec<String>>,
     events: Mutex<Vec<Notice>>,
-    fail_apply: bool,
+    /// The HTTP status every Ready apply fails with.
+    fail_apply: Option<u16>,
 }
 
-fn api_error() -> kube::Error {
+fn api_error(code: u16) -> kube::Error {
     kube::Error::Api(
         kube::core::Status::failure("boom", "InternalError")
-            .with_code(500)
+            .with_code(code)
             .boxed(),
     )
 }
@@ -70,8 +71,8 @@ impl Writes for Arc<Recorded> {
             .lock()
             .unwrap()
             .push(format!("apply {name} {} {}", c.status, c.reason));
-        if self.fail_apply {
-            return Err(api_error());
+        if let Some(code) = self.fail_apply {
+            return Err(api_error(code));
         }
         Ok(Written {
             resource_version: Some("102".into()),
@@ -282,7 +283,7 @@ async fn grace_period_requeues_without_api_calls() {
 #[tokio::test(start_paused = true)]
 async fn ready_failure_records_event_retries_then_drops() {
     let w = Arc::new(Recorded {
-        fail_apply: true,
+        fail_apply: Some(500),
         ..Default::default()
     });
     let (s, cache, queue) = syncer(w.clone(), false);
@@ -301,6 +302,13 @@ async fn ready_failure_records_event_retries_then_drops() {
     );
     assert_eq!(
         s.metrics.reconciles.with_label_values(&["error"]).get(),
+        u64::from(MAX_RETRIES) + 1
+    );
+    assert_eq!(
+        s.metrics
+            .sync_errors
+            .with_label_values(&["server_error"])
+            .get(),
         u64::from(MAX_RETRIES) + 1
     );
     let events = w.events.lock().unwrap().clone();
@@ -402,4 +410,33 @@ async fn a_blocked_deletion_is_reported_once_per_set_of_blockers() {
     assert_eq!(events.len(), 2);
     assert!(events[1].note.contains("10.0.1.8"), "{}", events[1].note);
     assert_eq!(s.metrics.blocked_deletions.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sync_is_counted_under_what_the_apiserver_answered() {
+    for (code, want) in [
+        (403, "forbidden"),
+        (409, "conflict"),
+        (429, "too_many_requests"),
+        (503, "server_error"),
+        (422, "other"),
+    ] {
+        let w = Arc::new(Recorded {
+            fail_apply: Some(code),
+            ..Default::default()
+        });
+        let (s, cache, queue) = syncer(w, false);
+        cache
+            .lock()
+            .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], None)));
+        queue.add("x".into());
+        assert!(s.process_next().await);
+        for label in groundskeeper_plumbing::client::API_ERROR_LABELS {
+            assert_eq!(
+                s.metrics.sync_errors.with_label_values(&[label]).get(),
+                u64::from(label == want),
+                "HTTP {code}: {label}"
+            );
+        }
+    }
 }

@@ -12,6 +12,8 @@ pub struct Metrics {
     pub duration: HistogramVec,
     pub certificate_expiry: IntGauge,
     pub certificate_steps: IntCounterVec,
+    /// `error`: [`ReviewError::metric_label`](super::serve::ReviewError::metric_label).
+    pub errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -59,7 +61,21 @@ impl Metrics {
                 &["step"],
             ),
         )?;
+        let errors = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_webhook_errors_total",
+                    "Admission reviews the webhook could not judge (result unreadable or error in \
+                     groundskeeper_sysctl_admission_reviews_total), by error: unreadable, or what the \
+                     apiserver answered when a binding's pod had to be read (forbidden, not_found, conflict, \
+                     too_many_requests, server_error, transport, other).",
+                ),
+                &["error"],
+            ),
+        )?;
         Ok(Self {
+            errors,
             reviews,
             duration,
             certificate_expiry,

@@ -27,6 +27,7 @@ use super::decide::{PodView, decide};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
 use groundskeeper_plumbing::cache::Health;
+use groundskeeper_plumbing::client::api_error_label;
 
 /// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
 const BODY_LIMIT: usize = 4 << 20;
@@ -38,6 +39,26 @@ pub struct Judge {
     pub health: Health,
     pub client: kube::Client,
     pub metrics: Metrics,
+}
+
+/// Why a review got no verdict (HTTP 400 or 500: the webhook's failurePolicy decides).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error(transparent)]
+    Unreadable(#[from] review::Unreadable),
+    /// A binding's pod was not cached and could not be read.
+    #[error("reading the bound pod: {0}")]
+    ReadPod(#[source] kube::Error),
+}
+
+impl ReviewError {
+    /// The `error` label of `groundskeeper_sysctl_webhook_errors_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReviewError::Unreadable(_) => "unreadable",
+            ReviewError::ReadPod(e) => api_error_label(e),
+        }
+    }
 }
 
 pub fn router(judge: Arc<Judge>) -> Router {
@@ -61,8 +82,10 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
     let (uid, subject) = match review::read(&body) {
         Ok(r) => r,
         Err(e) => {
+            let e = ReviewError::from(e);
             tracing::warn!(error = %e, "webhook: unreadable request");
             judge.count("unknown", "unreadable");
+            judge.failed(&e);
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
@@ -83,14 +106,23 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
                 .into_response()
         }
         Err(e) => {
+            let e = ReviewError::ReadPod(e);
             tracing::warn!(error = %e, "webhook: could not judge the request");
             judge.count(label, "error");
+            judge.failed(&e);
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }
 }
 
 impl Judge {
+    fn failed(&self, e: &ReviewError) {
+        self.metrics
+            .errors
+            .with_label_values(&[e.metric_label()])
+            .inc();
+    }
+
     fn count(&self, subject: &str, result: &str) {
         self.metrics
             .reviews
@@ -154,5 +186,76 @@ impl Judge {
         };
         let what = format!("pod {pod} onto node {node}");
         Ok(apply::answer(decision, self.dry_run, &what))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use groundskeeper_sysctl::crd::Mode;
+    use serde_json::json;
+    use testkit::api::Mock;
+
+    use super::*;
+
+    fn judge(mock: &Mock) -> Judge {
+        Judge {
+            args: PolicyArgs {
+                allowed_unsafe_sysctls: vec![],
+                sysctl_default_mode: Mode::Enforce,
+            },
+            dry_run: false,
+            cache: Shared::default(),
+            health: Health::new([]),
+            client: mock.client(),
+            metrics: Metrics::register(&prometheus::Registry::new()).unwrap(),
+        }
+    }
+
+    /// A binding of a pod the cache has not seen: the webhook reads it from the apiserver.
+    fn binding() -> Bytes {
+        let req = json!({
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "operation": "CREATE",
+            "namespace": "ns",
+            "object": {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": "web-0"},
+                       "target": {"kind": "Node", "name": "n1"}},
+        });
+        serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}))
+            .unwrap()
+            .into()
+    }
+
+    fn errors(j: &Judge) -> Vec<(&'static str, u64)> {
+        ["unreadable"]
+            .into_iter()
+            .chain(groundskeeper_plumbing::client::API_ERROR_LABELS)
+            .map(|l| (l, j.metrics.errors.with_label_values(&[l]).get()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_failed_review_is_counted_under_its_error() {
+        for (code, want) in [
+            (403, "forbidden"),
+            (429, "too_many_requests"),
+            (500, "server_error"),
+        ] {
+            let mock = Mock::answering(&[code]);
+            let j = Arc::new(judge(&mock));
+            let r = handle(State(j.clone()), binding()).await;
+            assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "HTTP {code}");
+            assert_eq!(errors(&j), [(want, 1)], "HTTP {code}");
+        }
+        let mock = Mock::answering(&[]);
+        let j = Arc::new(judge(&mock));
+        let r = handle(State(j.clone()), Bytes::from_static(b"{")).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(errors(&j), [("unreadable", 1)]);
+        assert!(mock.calls().is_empty());
     }
 }

@@ -55,9 +55,10 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "groundskeeper_conntrack_pass_failures_total",
-                        "Cleanup passes that failed to list (nothing deleted) or to delete",
+                        "Cleanup passes that failed to list (nothing deleted) or to delete, by error: \
+                         socket_open (no CAP_NET_ADMIN), interrupted, filter_rejected, kernel, io, parse, delete",
                     ),
-                    &["ip_family"],
+                    &["ip_family", "error"],
                 ),
             )?,
             fill_ratio: registered(

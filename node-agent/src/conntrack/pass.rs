@@ -138,6 +138,23 @@ pub enum PassError {
     },
 }
 
+impl PassError {
+    /// The `error` label of `groundskeeper_conntrack_pass_failures_total`: a missing
+    /// capability (`socket_open`) reads differently from a kernel that refused the dump or the
+    /// deletes.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            PassError::Dump(DumpError::Open(_)) => "socket_open",
+            PassError::Dump(DumpError::Interrupted) => "interrupted",
+            PassError::Dump(DumpError::FilterRejected(_)) => "filter_rejected",
+            PassError::Dump(DumpError::Kernel(_)) => "kernel",
+            PassError::Dump(DumpError::Io(_)) => "io",
+            PassError::Dump(DumpError::Parse(_)) => "parse",
+            PassError::Delete { .. } => "delete",
+        }
+    }
+}
+
 /// Runs one pass over every entry of `family` (tests and the benchmark; a round always goes
 /// through [`run_focused_pass`]).
 #[cfg(any(test, feature = "testing"))]

@@ -150,20 +150,25 @@ impl Round {
                     continue;
                 }
                 Ok(r) => r,
-                Err(PassError::Dump(DumpError::Open(e))) => {
-                    self.metrics.failures.with_label_values(&[label]).inc();
-                    tracing::error!(ip_family = label, error = %e, "cannot open the conntrack netlink socket (needs CAP_NET_ADMIN); pass skipped");
-                    return summary;
-                }
-                Err(PassError::Dump(e)) => {
-                    self.metrics.failures.with_label_values(&[label]).inc();
-                    tracing::error!(ip_family = label, error = %e, "failed to list conntrack entries; nothing deleted");
-                    continue;
-                }
-                Err(PassError::Delete { report, source }) => {
-                    self.metrics.failures.with_label_values(&[label]).inc();
-                    tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
-                    report
+                Err(e) => {
+                    self.metrics
+                        .failures
+                        .with_label_values(&[label, e.metric_label()])
+                        .inc();
+                    match e {
+                        PassError::Dump(DumpError::Open(e)) => {
+                            tracing::error!(ip_family = label, error = %e, "cannot open the conntrack netlink socket (needs CAP_NET_ADMIN); pass skipped");
+                            return summary;
+                        }
+                        PassError::Dump(e) => {
+                            tracing::error!(ip_family = label, error = %e, "failed to list conntrack entries; nothing deleted");
+                            continue;
+                        }
+                        PassError::Delete { report, source } => {
+                            tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
+                            report
+                        }
+                    }
                 }
             };
             self.metrics
@@ -236,4 +241,79 @@ pub fn enter_netns(name: &str) -> io::Result<()> {
         return Err(io::Error::new(e.kind(), format!("setns {path}: {e}")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::conntrack::decide::Stale;
+    use crate::conntrack::netlink::socket::BatchReport;
+    use crate::conntrack::{apply::Dump, netlink::msg::Entry};
+
+    /// Makes the error a dump fails with.
+    type Fail = fn() -> DumpError;
+
+    /// A table whose every dump fails with `fail`.
+    struct Failing(Fail);
+
+    impl Table for Failing {
+        fn dump(&mut self, _: Dump, _: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+            Err((self.0)())
+        }
+        fn delete(&mut self, _: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+            unreachable!("nothing was listed")
+        }
+        fn host_addresses(&mut self) -> io::Result<HashSet<std::net::IpAddr>> {
+            Ok(HashSet::new())
+        }
+    }
+
+    #[test]
+    fn a_failed_pass_is_counted_under_its_error() {
+        let table: [(Fail, &str); 3] = [
+            (
+                || DumpError::Open(io::Error::from_raw_os_error(libc::EPERM)),
+                "socket_open",
+            ),
+            (
+                || DumpError::Kernel(io::Error::from_raw_os_error(libc::ENOBUFS)),
+                "kernel",
+            ),
+            (
+                || DumpError::Io(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                "io",
+            ),
+        ];
+        for (fail, want) in table {
+            let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
+            let mut model = Model::default();
+            model[Family::V4].frontends.insert(
+                "10.96.0.10:53".parse().unwrap(),
+                ["10.244.1.5:53".parse().unwrap()].into(),
+            );
+            let mut round = Round {
+                table: Box::new(Failing(fail)),
+                metrics: metrics.clone(),
+                state: PerFamily::default(),
+            };
+            round.run(&model, None);
+            for label in [
+                "socket_open",
+                "interrupted",
+                "filter_rejected",
+                "kernel",
+                "io",
+                "parse",
+                "delete",
+            ] {
+                assert_eq!(
+                    metrics.failures.with_label_values(&["IPv4", label]).get(),
+                    u64::from(label == want),
+                    "{want}: {label}"
+                );
+            }
+        }
+    }
 }

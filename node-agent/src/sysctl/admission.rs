@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use groundskeeper_sysctl::verdict::Verdict;
 
-use super::apply::{Report, Writer, Writes};
+use super::apply::{Report, WriteError, Writer, Writes};
 use super::cache::{Cache, Change, Flags, PodKey};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide};
@@ -147,6 +147,8 @@ impl<W: Writes> Admission<W> {
         for name in due {
             self.status_due.remove(&name);
             if let Err(e) = self.write_status(&name).await {
+                let e = WriteError::Status(e);
+                self.failed(&e);
                 tracing::warn!(policy = %name, error = %e, "writing SysctlPolicy status failed; will retry");
                 self.status_due.insert(name, now + STATUS_RETRY);
             }
@@ -230,6 +232,8 @@ impl<W: Writes> Admission<W> {
             Action::ReportStarted { mode, message } => (Report::StartedBefore(mode), message),
         };
         if let Err(e) = self.writer.report(pod, report, &message, revision).await {
+            let e = WriteError::Report(e);
+            self.failed(&e);
             tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting pod failed; will retry");
             self.retry.insert(PodKey::of(pod));
             return;
@@ -271,6 +275,13 @@ impl<W: Writes> Admission<W> {
 
     /// The status is checked again when it comes due, after the spread delay: another agent
     /// may have written it meanwhile, and then there is nothing to do.
+    fn failed(&self, e: &WriteError) {
+        self.metrics
+            .write_errors
+            .with_label_values(&[e.metric_label()])
+            .inc();
+    }
+
     async fn write_status(&self, name: &str) -> Result<(), kube::Error> {
         let policy = self.cache.lock().policies.get(&name.to_string()).cloned();
         let Some(policy) = policy else {

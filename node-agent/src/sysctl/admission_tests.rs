@@ -431,6 +431,13 @@ async fn failed_reports_are_retried_on_the_tick() {
     r.fake.fail_next(500);
     r.pod(&started(p)).await;
     assert_eq!(r.fake.take(), [], "the event was refused");
+    assert_eq!(
+        r.metrics
+            .write_errors
+            .with_label_values(&["server_error"])
+            .get(),
+        1
+    );
     assert_eq!(r.ran(Mode::Enforce), 0, "not counted before it is done");
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), [ran("web")], "retried, still as having run");
@@ -523,4 +530,26 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
         .apply(Update::Apply("p".into(), with_status));
     r.admission.on_tick().await;
     assert_eq!(r.fake.take(), []);
+}
+
+#[tokio::test]
+async fn a_failed_write_is_counted_under_what_the_apiserver_answered() {
+    for (code, want) in [
+        (403, "forbidden"),
+        (429, "too_many_requests"),
+        (404, "not_found"),
+    ] {
+        let mut r = Rig::new("node-a", Mode::Enforce, false).await;
+        let p = pod("web", &["kernel.msgmax"]);
+        r.pod(&p).await;
+        r.fake.fail_next(code);
+        r.pod(&started(p)).await;
+        for label in groundskeeper_plumbing::client::API_ERROR_LABELS {
+            assert_eq!(
+                r.metrics.write_errors.with_label_values(&[label]).get(),
+                u64::from(label == want),
+                "HTTP {code}: {label}"
+            );
+        }
+    }
 }

@@ -22,6 +22,27 @@ use crate::context::MANAGER;
 /// The Event reason of a pod that ran although the Enforce policy of its node forbade it.
 pub const RAN_REASON: &str = "SysctlForbiddenRan";
 
+/// A write of admission's that failed (retried on the tick).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("reporting the pod: {0}")]
+    Report(#[source] kube::Error),
+    #[error("writing the SysctlPolicy status: {0}")]
+    Status(#[source] kube::Error),
+}
+
+impl WriteError {
+    /// The `error` label of `groundskeeper_sysctl_write_errors_total`: what the apiserver
+    /// answered.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            WriteError::Report(e) | WriteError::Status(e) => {
+                groundskeeper_plumbing::client::api_error_label(e)
+            }
+        }
+    }
+}
+
 /// The API writes admission makes, nothing decided here.
 pub trait Writes: Send + Sync {
     /// Server-side applies a SysctlPolicy's status, forced, under [`MANAGER`].

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub checked: IntCounter,
     pub ran_forbidden: IntCounterVec,
     pub started_forbidden: IntCounterVec,
+    /// `error`: [`WriteError::metric_label`](super::apply::WriteError::metric_label).
+    pub write_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -48,7 +50,20 @@ impl Metrics {
                 &["mode"],
             ),
         )?;
+        let write_errors = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_write_errors_total",
+                    "Failed writes of the agent's sysctl admission (report Events, SysctlPolicy status; \
+                     retried), by what the apiserver answered: forbidden, not_found, conflict, \
+                     too_many_requests, server_error, transport (no answer), other.",
+                ),
+                &["error"],
+            ),
+        )?;
         Ok(Self {
+            write_errors,
             checked,
             ran_forbidden,
             started_forbidden,
