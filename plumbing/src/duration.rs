@@ -201,20 +201,7 @@ mod tests {
         }
     }
 
-    /// splitmix64: seeded, so a failing case can be replayed from its seed.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use testkit::rng::Rng;
 
     /// The rule, over generated strings: a sum of parts `<int>[.<frac>]<unit>`, in any order
     /// and with units repeated, as Go writes and reads them, parses to the exact sum of its
@@ -238,28 +225,28 @@ mod tests {
             let mut rng = Rng(seed);
             let mut text = String::new();
             let mut want: u128 = 0;
-            if rng.below(4) == 0 {
+            if rng.below_u64(4) == 0 {
                 text.push('+');
             }
-            for _ in 0..1 + rng.below(5) {
-                let (unit, per, max_frac) = UNITS[rng.below(UNITS.len() as u64) as usize];
+            for _ in 0..1 + rng.below_u64(5) {
+                let (unit, per, max_frac) = UNITS[rng.below_u64(UNITS.len() as u64) as usize];
                 // Small enough that five parts stay under the 8784h maximum.
-                let whole = match rng.below(3) {
+                let whole = match rng.below_u64(3) {
                     0 => 0,
-                    1 => rng.below(100),
-                    _ => rng.below(1_000_000_000_000_000) / per as u64 / 5,
+                    1 => rng.below_u64(100),
+                    _ => rng.below_u64(1_000_000_000_000_000) / per as u64 / 5,
                 } as u128;
                 let frac_digits = if max_frac == 0 {
                     0
                 } else {
-                    rng.below(u64::from(max_frac) + 1) as u32
+                    rng.below_u64(u64::from(max_frac) + 1) as u32
                 };
                 let frac = if frac_digits == 0 {
                     0
                 } else {
-                    rng.below(10u64.pow(frac_digits)) as u128
+                    rng.below_u64(10u64.pow(frac_digits)) as u128
                 };
-                let int_text = if whole == 0 && frac_digits > 0 && rng.below(2) == 0 {
+                let int_text = if whole == 0 && frac_digits > 0 && rng.below_u64(2) == 0 {
                     String::new() // `.5s`
                 } else {
                     whole.to_string()
@@ -267,7 +254,7 @@ mod tests {
                 text.push_str(&int_text);
                 if frac_digits > 0 {
                     text.push_str(&format!(".{frac:0width$}", width = frac_digits as usize));
-                } else if rng.below(8) == 0 {
+                } else if rng.below_u64(8) == 0 {
                     text.push('.'); // `5.s`
                 }
                 text.push_str(unit);
@@ -288,8 +275,8 @@ mod tests {
         ];
         for seed in 0..5000u64 {
             let mut rng = Rng(seed);
-            let text: String = (0..1 + rng.below(5))
-                .map(|_| parts[rng.below(parts.len() as u64) as usize])
+            let text: String = (0..1 + rng.below_u64(5))
+                .map(|_| parts[rng.below_u64(parts.len() as u64) as usize])
                 .collect();
             let trimmed = text.trim();
             let go_ok = is_go_duration(trimmed)

@@ -17,6 +17,11 @@ impl Rng {
         (self.next_u64() % n as u64) as usize
     }
 
+    /// A number in `0..n`, for u64 ranges.
+    pub fn below_u64(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
     pub fn chance(&mut self, percent: u64) -> bool {
         self.next_u64() % 100 < percent
     }

@@ -237,16 +237,28 @@ async fn a_hung_candidate_never_leads() {
     task.abort();
 }
 
-/// SIGTERM during a hung round: the elector stops at once (the release it then tries is bounded
-/// by the renew deadline), and stops acting before it returns.
-#[tokio::test(start_paused = true)]
-async fn shutdown_does_not_wait_for_a_hung_round() {
+/// An elector that leads, with the token that stops it.
+async fn leading_until_cancelled() -> (
+    LeaseServer,
+    tokio::task::JoinHandle<Result<(), LeaderError>>,
+    Leadership,
+    IntGauge,
+    CancellationToken,
+) {
     let server = LeaseServer::default();
     let g = gauge();
     let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
     let token = CancellationToken::new();
     let task = tokio::spawn(elector.run(token.clone()));
     leadership.acquired().await;
+    (server, task, leadership, g, token)
+}
+
+/// SIGTERM during a hung round: the elector stops at once (the release it then tries is bounded
+/// by the renew deadline), and stops acting before it returns.
+#[tokio::test(start_paused = true)]
+async fn shutdown_does_not_wait_for_a_hung_round() {
+    let (server, task, leadership, g, token) = leading_until_cancelled().await;
     server.hang_reads.store(true, Ordering::SeqCst);
     server.hang_writes.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -263,12 +275,7 @@ async fn shutdown_does_not_wait_for_a_hung_round() {
 /// as a leader, since another replica can take the Lease the moment the release lands.
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_acting_before_it_releases_the_lease() {
-    let server = LeaseServer::default();
-    let g = gauge();
-    let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
-    let token = CancellationToken::new();
-    let task = tokio::spawn(elector.run(token.clone()));
-    leadership.acquired().await;
+    let (server, task, leadership, g, token) = leading_until_cancelled().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(g.get(), 1);
     server.hang_writes.store(true, Ordering::SeqCst);

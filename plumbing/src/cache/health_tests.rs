@@ -6,25 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use testkit::rng::Rng;
+
 use super::{Health, Seen, Stale};
 use crate::{Readiness, ReadyFlag};
-
-/// splitmix64: a small seeded generator, so a failing seed can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What the plumbing does to a watch's flag.
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +77,7 @@ fn acts_only_on_what_every_watch_kept_current_since_it_was_read() {
     for seed in 0..400u64 {
         let mut rng = Rng(seed);
         let readiness = Readiness::default();
-        let n = 1 + rng.below(5) as usize;
+        let n = 1 + rng.below_u64(5) as usize;
         let flags: Vec<ReadyFlag> = (0..n)
             .map(|i| readiness.register(format!("c/w{i}")))
             .collect();
@@ -101,13 +86,13 @@ fn acts_only_on_what_every_watch_kept_current_since_it_was_read() {
         let mut reads: Vec<Read> = Vec::new();
         // Mostly lists, so that all-healthy states are common.
         for step in 0..60 {
-            match rng.below(10) {
+            match rng.below_u64(10) {
                 0..=5 => {
-                    let i = rng.below(n as u64) as usize;
-                    let op = if rng.below(2) == 0 {
+                    let i = rng.below_u64(n as u64) as usize;
+                    let op = if rng.below_u64(2) == 0 {
                         Op::Listed
                     } else {
-                        OPS[rng.below(4) as usize]
+                        OPS[rng.below_u64(4) as usize]
                     };
                     apply(&flags[i], op);
                     let before = models[i];
