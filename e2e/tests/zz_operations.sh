@@ -46,9 +46,14 @@ test_ops_helm_upgrade_one_leader_throughout() {
 # rollouts, and work that comes due while the leader changes hands is done after it.
 test_ops_helm_upgrade_from_previous_version() {
   local ref=${PREV_CHART_REF:-4c8b12f367f96c64fecc0c5611b5cc516cab8a45} dir ns i
+  # As charts/check.sh does: a clone without that commit (shallow, or no git) skips, visibly.
+  if ! git -C "$root" cat-file -e "$ref^{commit}" 2>/dev/null; then
+    say "SKIPPED: the previous chart version ($ref) is not in this clone (git fetch --unshallow)"
+    return 0
+  fi
   dir=$(mktemp -d)
   git -C "$root" archive "$ref" charts/groundskeeper | tar -x -C "$dir" \
-    || fail "the previous chart version ($ref) is not in this clone (git fetch --unshallow)"
+    || fail "could not extract the previous chart version ($ref)"
   "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" >/dev/null \
     || fail "helm upgrade to the previous chart version"
   never_two_leaders 25
