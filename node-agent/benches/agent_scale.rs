@@ -65,7 +65,11 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 fn netns(name: &str) -> anyhow::Result<()> {
-    let _ = Command::new("ip").args(["netns", "del", name]).status();
+    // One left by an interrupted run; none is the usual case, and not worth a line.
+    let _ = Command::new("ip")
+        .args(["netns", "del", name])
+        .stderr(std::process::Stdio::null())
+        .status();
     let ok = Command::new("ip")
         .args(["netns", "add", name])
         .status()?
