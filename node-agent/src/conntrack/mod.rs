@@ -6,6 +6,7 @@ pub mod apply;
 pub mod cache;
 pub mod decide;
 pub mod fill;
+pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod netlink;
@@ -24,7 +25,11 @@ mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
+mod live_tests;
+#[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod model_whole;
 #[cfg(test)]
 mod pass_tests;
 #[cfg(test)]
