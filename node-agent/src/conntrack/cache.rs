@@ -74,9 +74,11 @@ fn wants_rebuild<K>(ev: &Event<K>) -> bool {
     matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
-fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
+pub(super) fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
     let rebuild = wants_rebuild(&ev);
     match c.services.apply_event(ev, |o| keep(o, project::service)) {
+        // Most updates (status, annotations, resourceVersion) leave the view as it was.
+        Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => {}
         Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
             c.dirty.services.insert(key);
         }
@@ -86,9 +88,10 @@ fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
     rebuild
 }
 
-fn fold_slices(c: &mut Cache, ev: Event<EndpointSlice>) -> bool {
+pub(super) fn fold_slices(c: &mut Cache, ev: Event<EndpointSlice>) -> bool {
     let rebuild = wants_rebuild(&ev);
     let (key, old) = match c.slices.apply_event(ev, |o| keep(o, project::slice)) {
+        Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return rebuild,
         Applied::Upserted { key, old } => (key, old),
         Applied::Removed { key, old } => (key, Some(old)),
         Applied::Relisted { .. } => {
@@ -165,8 +168,26 @@ impl live::Views for Cache {
 }
 
 impl Cache {
+    /// The model built from scratch from every view (the live model's reference).
+    #[cfg(test)]
+    pub(super) fn from_scratch(&self) -> Model {
+        let ranges: Vec<ServiceIpRange> = self
+            .cidrs
+            .values()
+            .flat_map(|r| r.iter().copied())
+            .collect();
+        model::build_views(
+            self.services
+                .iter()
+                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
+            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+        )
+        .with_service_ranges(&ranges, self.addresses.values().flatten().copied())
+        .with_node_ips(self.nodes.values().next().map_or(&[][..], |n| n))
+    }
+
     /// Brings `live` up to date with what changed since the last call, at `now`.
-    fn update(&mut self, live: &mut Live, now: Instant) {
+    pub(super) fn update(&mut self, live: &mut Live, now: Instant) {
         let dirty = std::mem::take(&mut self.dirty);
         if dirty.all || dirty.service_ips {
             let ranges: Vec<ServiceIpRange> = self

@@ -7,12 +7,12 @@
 //! and times (`model::build_views`, then [`Settle`](super::model::Settle) and
 //! [`Tombstones`](super::model::Tombstones)), which stay the definition of what the model is.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::model::{Claim, FamilyModel, Model, ServiceIpRange, port_claims};
+use super::model::{Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims};
 use super::netlink::family::Family;
 use super::project::{ServiceView, SliceView};
 
@@ -249,24 +249,20 @@ impl Live {
                 continue;
             }
             // A repeated port name: the last one's claim is recorded (`model::add_service`).
-            let mut recorded: BTreeMap<String, Claim> = claims
-                .into_iter()
-                .map(|(p, c)| (p.to_string(), c))
-                .collect();
+            let mut recorded = Ports::default();
+            for (p, c) in claims {
+                recorded.insert(p, c);
+            }
             for (port, c) in recorded.iter_mut().filter(|(_, c)| c.serving.is_empty()) {
                 let first = old_since
                     .iter()
-                    .find(|(p, f, _)| **p == **port && *f == fam)
+                    .find(|(p, f, _)| **p == *port && *f == fam)
                     .map_or(now, |(_, _, t)| *t);
-                since.push((Box::<str>::from(port.as_str()), fam, first));
+                since.push((Box::<str>::from(port), fam, first));
                 if now.saturating_duration_since(first) < self.settle_after {
                     c.settling = true;
-                    self.settles.insert((
-                        first + self.settle_after,
-                        svc.clone(),
-                        port.as_str().into(),
-                        fam,
-                    ));
+                    self.settles
+                        .insert((first + self.settle_after, svc.clone(), port.into(), fam));
                 }
             }
             if !recorded.is_empty() {
@@ -314,7 +310,7 @@ impl Live {
                 if let Some((view, slices)) = views.service(ns, name) {
                     for (_, c) in port_claims(view, &slices, fam) {
                         if key.claimed_by(&c) {
-                            union.extend(c.serving);
+                            union.extend(&c.serving);
                         }
                     }
                 }

@@ -4,6 +4,7 @@
 
 pub mod apply;
 pub mod cache;
+pub mod claim;
 pub mod decide;
 pub mod fill;
 pub mod live;
@@ -18,6 +19,8 @@ pub mod round;
 pub mod schedule;
 pub mod sysctls;
 
+#[cfg(test)]
+mod cache_tests;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]

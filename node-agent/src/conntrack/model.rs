@@ -3,7 +3,7 @@
 //! CleanStaleEntries (spec 3.2, last part), plus ServiceCIDRs, IPAddresses, the Node and the
 //! remembered deleted frontends.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ pub struct FamilyModel {
     pub foreign_node_ports: HashSet<u16>,
     /// What each live service of ours claims, by `namespace/name` then service port name: a
     /// triggered pass looks at every frontend of a service whose claims changed.
-    pub services: BTreeMap<String, BTreeMap<String, Claim>>,
+    pub services: BTreeMap<String, Ports>,
     /// Frontends and nodePorts no live service holds any more, remembered for a while after
     /// they went (see `model::Tombstones`). A live or foreign frontend with the same key wins.
     pub deleted_frontends: HashSet<SocketAddr>,
@@ -59,16 +59,7 @@ pub struct FamilyModel {
     pub node_ips: HashSet<IpAddr>,
 }
 
-/// What one UDP service port claims in one family.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// ClusterIP, ExternalIPs and LB VIPs, on the service port.
-    pub frontends: BTreeSet<SocketAddr>,
-    pub node_port: Option<u16>,
-    pub serving: BTreeSet<SocketAddr>,
-    /// No serving endpoint, for less than the settle time: its frontends are not judged yet.
-    pub settling: bool,
-}
+pub use super::claim::{Addrs, Claim, Ports};
 
 impl FamilyModel {
     /// Nothing to compare entries against: a pass could not delete anything.
@@ -177,7 +168,7 @@ pub fn port_claims<'a>(
     svc.ports
         .iter()
         .map(|p| {
-            let mut serving = BTreeSet::new();
+            let mut serving = Vec::new();
             for s in slices {
                 // The first slice port of the name decides, even an invalid one.
                 if let Some((_, Some(ep_port))) = s.ports.iter().find(|(n, _)| *n == p.name) {
@@ -192,7 +183,7 @@ pub fn port_claims<'a>(
             let claim = Claim {
                 frontends: ips.iter().map(|ip| SocketAddr::new(*ip, p.port)).collect(),
                 node_port: p.node_port,
-                serving,
+                serving: serving.into_iter().collect(),
                 settling: false,
             };
             (&*p.name, claim)
@@ -215,7 +206,7 @@ pub(super) fn add_service(
 ) {
     if svc.foreign {
         for (_, c) in port_claims(svc, &[], fam) {
-            m.foreign_frontends.extend(c.frontends);
+            m.foreign_frontends.extend(&c.frontends);
             m.foreign_node_ports.extend(c.node_port);
         }
         return;
@@ -234,7 +225,7 @@ pub(super) fn add_service(
         m.services
             .entry(key.to_string())
             .or_default()
-            .insert(port.to_string(), claim);
+            .insert(port, claim);
     }
 }
 
@@ -453,7 +444,7 @@ impl Settle {
                     if !claim.serving.is_empty() {
                         continue;
                     }
-                    let key = (svc.clone(), port.clone(), fam);
+                    let key = (svc.clone(), port.to_string(), fam);
                     let since = *self.since.entry(key.clone()).or_insert(now);
                     seen.insert(key);
                     if now.saturating_duration_since(since) < self.after {
@@ -463,7 +454,7 @@ impl Settle {
                 }
             }
             for claim in held {
-                for f in claim.frontends {
+                for &f in &claim.frontends {
                     fm.frontends.remove(&f);
                     fm.settling_frontends.insert(f);
                 }

@@ -151,7 +151,7 @@ fn build_family(
                 .entry(format!("{ns}/{name}"))
                 .or_default()
                 .insert(
-                    port_name(&port.name).to_string(),
+                    port_name(&port.name),
                     Claim {
                         frontends: frontends.into_iter().collect(),
                         node_port,
