@@ -120,10 +120,6 @@ impl Live {
     /// Sets the ServiceCIDR prefixes and allocated IPs (see `Model::with_service_ranges`).
     pub fn set_service_ips(&mut self, ranges: &[ServiceIpRange], allocated: &[IpAddr]) {
         let m = Arc::make_mut(&mut self.model);
-        for fm in &mut m.0 {
-            fm.service_cidrs.clear();
-            fm.allocated.clear();
-        }
         let fresh = Model::default().with_service_ranges(ranges, allocated.iter().copied());
         for (fm, new) in m.0.iter_mut().zip(fresh.0) {
             fm.service_cidrs = new.service_cidrs;
