@@ -170,7 +170,7 @@ impl live::Views for Cache {
 impl Cache {
     /// The model built from scratch from every view (the live model's reference).
     #[cfg(test)]
-    pub(super) fn from_scratch(&self) -> Model {
+    pub(super) fn built_whole(&self) -> Model {
         let ranges: Vec<ServiceIpRange> = self
             .cidrs
             .values()

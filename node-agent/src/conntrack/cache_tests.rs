@@ -128,7 +128,7 @@ fn run(seed: u64) -> usize {
         }
         now += Duration::from_millis(rng.pick(&[0, 500, 3000]));
         let mut c = cache.borrow_mut();
-        let expected = tombstones.apply(settle.apply(c.from_scratch(), now), now);
+        let expected = tombstones.apply(settle.apply(c.built_whole(), now), now);
         c.update(&mut live, now);
         assert_eq!(**live.model(), expected, "seed {seed} step {step}");
         let served = |m: &super::model::Model| {

@@ -49,6 +49,10 @@ fn keys_of(c: &Claim, fam: Family) -> impl Iterator<Item = Key> + '_ {
         .chain(node_port)
 }
 
+/// A service port without a serving endpoint: its name, family, and the first update that
+/// saw it so.
+type SettleStart = (Box<str>, Family, Instant);
+
 /// Who claims one key: services of ours (by `namespace/name`) and how many of another proxy.
 #[derive(Debug, Default)]
 struct Claimants {
@@ -74,7 +78,7 @@ pub struct Live {
     claimants: HashMap<Key, Claimants>,
     settle_after: Duration,
     /// Per service, (port name, family) -> first update that saw it without a serving endpoint.
-    since: HashMap<Arc<str>, Vec<(Box<str>, Family, Instant)>>,
+    since: HashMap<Arc<str>, Vec<SettleStart>>,
     /// When settling ports settle: (instant, service, port, family).
     settles: BTreeSet<(Instant, Arc<str>, Box<str>, Family)>,
     retention: Duration,
@@ -201,7 +205,7 @@ impl Live {
         m: &mut Model,
         svc: &Arc<str>,
         was_ours: &mut HashMap<Key, bool>,
-    ) -> Vec<(Box<str>, Family, Instant)> {
+    ) -> Vec<SettleStart> {
         if let Some((foreign, keys)) = self.held.remove(svc) {
             for key in keys {
                 let c = self.claimants.entry(key).or_default();
@@ -230,7 +234,7 @@ impl Live {
         m: &mut Model,
         svc: &Arc<str>,
         (view, slices): (&ServiceView, &[&SliceView]),
-        old_since: &[(Box<str>, Family, Instant)],
+        old_since: &[SettleStart],
         now: Instant,
         was_ours: &mut HashMap<Key, bool>,
     ) {
@@ -329,7 +333,7 @@ fn set_key(
     settling: bool,
     foreign: bool,
 ) {
-    fn put<K: std::hash::Hash + Eq>(
+    fn put<K: std::hash::Hash + Eq + Copy>(
         live: &mut HashMap<K, HashSet<SocketAddr>>,
         held: &mut HashSet<K>,
         foreigns: &mut HashSet<K>,
@@ -337,9 +341,7 @@ fn set_key(
         served: Option<HashSet<SocketAddr>>,
         settling: bool,
         foreign: bool,
-    ) where
-        K: Copy,
-    {
+    ) {
         match served {
             Some(s) => {
                 live.insert(k, s);

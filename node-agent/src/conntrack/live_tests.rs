@@ -44,7 +44,7 @@ impl Views for World {
 }
 
 impl World {
-    fn from_scratch(&self) -> Model {
+    fn built_whole(&self) -> Model {
         model::build_views(
             self.services
                 .iter()
@@ -153,7 +153,7 @@ fn run(seed: u64, seen: &mut Seen) {
             globals |= g;
         }
         now += Duration::from_millis(rng.pick(&STEPS_MS));
-        let expected = tombstones.apply(settle.apply(w.from_scratch(), now), now);
+        let expected = tombstones.apply(settle.apply(w.built_whole(), now), now);
         if globals {
             live.set_service_ips(&w.ranges, &w.allocated);
             live.set_node_ips(&w.node_ips);
