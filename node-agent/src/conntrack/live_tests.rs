@@ -57,7 +57,7 @@ impl World {
 }
 
 fn ip(s: &str) -> IpAddr {
-    model::parse_ip(s).expect("a generated address parses")
+    super::addr::parse_ip(s).expect("a generated address parses")
 }
 
 /// One generated change to `w`; returns the services whose views it touched.

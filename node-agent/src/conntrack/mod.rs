@@ -2,6 +2,7 @@
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
+pub mod addr;
 pub mod apply;
 pub mod cache;
 pub mod claim;

@@ -10,9 +10,10 @@ use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
+use super::addr::parse_ip;
 use super::model::{
     Claim, FamilyModel, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model,
-    ServiceIpRange, parse_ip,
+    ServiceIpRange,
 };
 use super::netlink::family::{Family, PerFamily};
 

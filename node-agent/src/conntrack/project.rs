@@ -18,10 +18,14 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::model::{
-    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, ServiceIpRange, parse_ip,
-};
+use super::addr::{ServiceIpRange, parse_ip};
 use super::netlink::family::{Family, PerFamily};
+
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Set by the EndpointSlice controller on slices of headless Services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
 /// A Service as the model reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
