@@ -12,7 +12,9 @@
 //! absent), and prints each one's RSS once it is ready (the agent: ready and past its first
 //! pass; kube-proxy: its first sync logged, or `AGENT_SCALE_KUBE_PROXY_WAIT` seconds, default
 //! 90), its peak RSS, and the time to get there. Then endpoint churn: one slice changed every
-//! 100 ms for 20 s; it prints the agent's CPU time per change.
+//! 100 ms for 20 s; it prints the agent's CPU time per change and its RSS after the churn. The
+//! agent's rows run twice: first with a tenth of the services created (1k of 10k), then with
+//! all, so the CPU per change shows whether it grows with the cluster.
 //!
 //! `AGENT_SCALE_COMPARE=/path/to/node-agent` also runs that binary (an older build) on the same
 //! objects, its figures named `compared_…`.
@@ -128,17 +130,27 @@ fn slice(ns: &str, i: usize, uid: &str, generation: usize) -> EndpointSlice {
     .expect("a valid EndpointSlice")
 }
 
-async fn create_objects(c: &testkit::Cluster, services: usize) -> anyhow::Result<Vec<String>> {
+async fn namespaces(c: &testkit::Cluster) -> anyhow::Result<Vec<String>> {
     let nss: Vec<String> = (0..NAMESPACES).map(|n| format!("scale-{n}")).collect();
     for ns in &nss {
         let api: Api<Namespace> = Api::all(c.client.clone());
         let o: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         api.create(&PostParams::default(), &o).await?;
     }
+    Ok(nss)
+}
+
+/// Creates services `from..to` and their slices.
+async fn create_objects(
+    c: &testkit::Cluster,
+    nss: &[String],
+    from: usize,
+    to: usize,
+) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let client = c.client.clone();
-    let nss2 = nss.clone();
-    let failures = stream::iter(0..services)
+    let nss2 = nss.to_vec();
+    let failures = stream::iter(from..to)
         .map(|i| {
             let client = client.clone();
             let ns = nss2[i % NAMESPACES].clone();
@@ -161,11 +173,20 @@ async fn create_objects(c: &testkit::Cluster, services: usize) -> anyhow::Result
         .await;
     anyhow::ensure!(failures == 0, "{failures} services or slices not created");
     let took = t0.elapsed().as_secs_f64();
+    let n = to - from;
     println!(
-        "created {services} Services and {services} EndpointSlices ({} endpoints) in {took:.1} s",
-        services * ENDPOINTS_PER_SLICE
+        "created {n} Services and {n} EndpointSlices ({} endpoints) in {took:.1} s; {to} Services in all",
+        n * ENDPOINTS_PER_SLICE
     );
-    Ok(nss)
+    Ok(())
+}
+
+/// `10k` for 10,000 services, `1k` for 1,000, else the number: the figures' size tag.
+fn size_tag(services: usize) -> String {
+    match services {
+        n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
+        n => n.to_string(),
+    }
 }
 
 /// Samples `pid` every 200 ms until `done` says so or `limit` passes; returns (ready after,
@@ -232,10 +253,15 @@ async fn agent_row(
         mib(steady),
         mib(peak)
     );
-    bench(&format!("{tag}agent_ready_10k_services"), ready, "s");
-    bench(&format!("{tag}agent_rss_10k_services"), mib(steady), "MiB");
+    let size = size_tag(services);
+    bench(&format!("{tag}agent_ready_{size}_services"), ready, "s");
     bench(
-        &format!("{tag}agent_rss_peak_10k_services"),
+        &format!("{tag}agent_rss_{size}_services"),
+        mib(steady),
+        "MiB",
+    );
+    bench(
+        &format!("{tag}agent_rss_peak_{size}_services"),
         mib(peak),
         "MiB",
     );
@@ -263,17 +289,28 @@ async fn agent_row(
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu = cpu_seconds(pid) - cpu0;
+    let (churn_rss, churn_peak) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
     println!(
         "node-agent under churn: {changes} slice changes in {:.1} s cost {cpu:.2} s of CPU ({:.1} ms per change); RSS {:.1} MiB, peak {:.1} MiB",
         t0.elapsed().as_secs_f64(),
         cpu * 1000.0 / changes as f64,
-        mib(status_kib(pid, "VmRSS:")),
-        mib(status_kib(pid, "VmHWM:"))
+        mib(churn_rss),
+        mib(churn_peak)
     );
     bench(
-        &format!("{tag}agent_cpu_per_change_10k_services"),
+        &format!("{tag}agent_cpu_per_change_{size}_services"),
         cpu * 1000.0 / changes as f64,
         "ms",
+    );
+    bench(
+        &format!("{tag}agent_rss_churn_{size}_services"),
+        mib(churn_rss),
+        "MiB",
+    );
+    bench(
+        &format!("{tag}agent_rss_churn_peak_{size}_services"),
+        mib(churn_peak),
+        "MiB",
     );
     drop(agent);
     let _ = Command::new("ip").args(["netns", "del", &ns_name]).status();
@@ -294,7 +331,7 @@ fn kube_proxy_bin() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-async fn kube_proxy_row(c: &testkit::Cluster) -> anyhow::Result<()> {
+async fn kube_proxy_row(c: &testkit::Cluster, services: usize) -> anyhow::Result<()> {
     let Some(bin) = kube_proxy_bin() else {
         println!(
             "kube-proxy: SKIPPED (no target/e2e/bin/kube-proxy: run `bash e2e/node.sh` once, or set AGENT_SCALE_KUBE_PROXY)"
@@ -360,8 +397,13 @@ async fn kube_proxy_row(c: &testkit::Cluster) -> anyhow::Result<()> {
             log.display()
         ),
     }
-    bench("kube_proxy_rss_10k_services", mib(rss), "MiB");
-    bench("kube_proxy_rss_peak_10k_services", mib(peak), "MiB");
+    let size = size_tag(services);
+    bench(&format!("kube_proxy_rss_{size}_services"), mib(rss), "MiB");
+    bench(
+        &format!("kube_proxy_rss_peak_{size}_services"),
+        mib(peak),
+        "MiB",
+    );
     let _ = child.start_kill();
     let _ = child.wait().await;
     drop(proxy);
@@ -380,12 +422,27 @@ async fn main() -> anyhow::Result<()> {
         println!("agent_scale: SKIPPED (KUBE_APISERVER not set)");
         return Ok(());
     };
-    let nss = create_objects(&c, services).await?;
-    agent_row(&c, services, &nss, env!("CARGO_BIN_EXE_node-agent"), "", 0).await?;
-    if let Ok(other) = std::env::var("AGENT_SCALE_COMPARE") {
-        agent_row(&c, services, &nss, &other, "compared_", 1).await?;
+    let nss = namespaces(&c).await?;
+    let compare = std::env::var("AGENT_SCALE_COMPARE").ok();
+    let mut churn_round = 0;
+    // First a tenth of the services (1k of 10k), then all: the CPU per change at both sizes
+    // shows whether it grows with the cluster or with the change.
+    let mut created = 0;
+    for size in [services / 10, services] {
+        if size == 0 || size == created {
+            continue;
+        }
+        create_objects(&c, &nss, created, size).await?;
+        created = size;
+        let bin = env!("CARGO_BIN_EXE_node-agent");
+        agent_row(&c, size, &nss, bin, "", churn_round).await?;
+        churn_round += 1;
+        if let Some(other) = &compare {
+            agent_row(&c, size, &nss, other, "compared_", churn_round).await?;
+            churn_round += 1;
+        }
     }
-    kube_proxy_row(&c).await?;
+    kube_proxy_row(&c, services).await?;
     // The objects go with the private control plane.
     drop(c);
     drop(cp);

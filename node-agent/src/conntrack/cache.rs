@@ -2,16 +2,18 @@
 //! Node), each through `plumbing::cache::follow` into one shared cache, and the model built
 //! from it only while every watch is healthy.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::fmt::Debug;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use groundskeeper_plumbing::ReadyFlag;
-use groundskeeper_plumbing::cache::{Health, Kept, Seen, Shared, Store, Watches};
+use groundskeeper_plumbing::cache::{Applied, Health, Kept, Seen, Shared, Store, Watches};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -20,63 +22,214 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use super::model::{self, Model, Settle, Tombstones};
-use super::project;
+use super::live::{self, Live};
+use super::model::{self, Model, ServiceIpRange};
+use super::project::{self, ServiceView, SliceView};
 use crate::context::Context;
 
 /// Namespace ("" for cluster-scoped kinds) and name.
 type Key = (String, String);
 
-/// The watched objects as the model reads them ([`project`]), shared: a model build clones pointers out under
-/// the lock and reads the objects after releasing it.
-type Objects<K> = Store<Key, Arc<K>>;
+/// The watched objects of one kind as the model reads them ([`project`]).
+type Views<V> = Store<Key, V>;
 
-/// Every object of the five kinds the model is built from.
+/// Every object of the five kinds the model is built from, as views, and what changed since
+/// the live model was last updated.
 #[derive(Default)]
 pub struct Cache {
-    services: Objects<Service>,
-    slices: Objects<EndpointSlice>,
-    cidrs: Objects<ServiceCIDR>,
-    addresses: Objects<IPAddress>,
-    nodes: Objects<Node>,
+    services: Views<ServiceView>,
+    slices: Views<SliceView>,
+    /// The names of each service's slices, by the service's namespace and name.
+    slices_of: HashMap<Key, Vec<String>>,
+    cidrs: Views<Box<[ServiceIpRange]>>,
+    addresses: Views<Option<IpAddr>>,
+    nodes: Views<Box<[IpAddr]>>,
+    dirty: Dirty,
+}
+
+/// What the live model has not taken in yet.
+#[derive(Default)]
+struct Dirty {
+    /// A list was swapped in: every service is redone.
+    all: bool,
+    services: HashSet<Key>,
+    service_ips: bool,
+    node: bool,
 }
 
 /// `o` as the model reads it (`project`), under its namespace and name.
-fn keep<K: Resource>(o: K, project: fn(K) -> K) -> Kept<Key, Arc<K>> {
-    match o.meta().name.clone() {
+fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Kept<Key, V> {
+    let meta = o.meta();
+    match &meta.name {
         Some(name) => Kept::Yes(
-            (o.meta().namespace.clone().unwrap_or_default(), name),
-            Arc::new(project(o)),
+            (meta.namespace.clone().unwrap_or_default(), name.clone()),
+            project(&o),
         ),
         None => Kept::Unusable,
     }
 }
 
-/// Applies `ev` to `store`; true when the model must be rebuilt (a change, or a list is in).
-fn fold<K: Resource>(store: &mut Objects<K>, ev: Event<K>, project: fn(K) -> K) -> bool {
-    let rebuild = matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone);
-    store.apply_event(ev, |o| keep(o, project));
+/// True when the model must be rebuilt after `ev` (a change, or a list is in).
+fn wants_rebuild<K>(ev: &Event<K>) -> bool {
+    matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
+}
+
+pub(super) fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
+    let rebuild = wants_rebuild(&ev);
+    match c.services.apply_event(ev, |o| keep(o, project::service)) {
+        // Most updates (status, annotations, resourceVersion) leave the view as it was.
+        Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => {}
+        Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
+            c.dirty.services.insert(key);
+        }
+        Applied::Relisted { .. } => c.dirty.all = true,
+        Applied::Nothing => {}
+    }
     rebuild
 }
 
-/// The objects of one kind, cloned out of the cache (pointers only).
-fn all<K>(store: &Objects<K>) -> Vec<Arc<K>> {
-    store.values().cloned().collect()
+pub(super) fn fold_slices(c: &mut Cache, ev: Event<EndpointSlice>) -> bool {
+    let rebuild = wants_rebuild(&ev);
+    let (key, old) = match c.slices.apply_event(ev, |o| keep(o, project::slice)) {
+        Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return rebuild,
+        Applied::Upserted { key, old } => (key, old),
+        Applied::Removed { key, old } => (key, Some(old)),
+        Applied::Relisted { .. } => {
+            c.slices_of.clear();
+            for ((ns, name), s) in c.slices.iter() {
+                if let Some(svc) = &s.service {
+                    let owner = (ns.clone(), svc.to_string());
+                    c.slices_of.entry(owner).or_default().push(name.clone());
+                }
+            }
+            c.dirty.all = true;
+            return rebuild;
+        }
+        Applied::Nothing => return rebuild,
+    };
+    // The service it belonged to and the one it belongs to now (a label can change).
+    let (ns, name) = &key;
+    if let Some(svc) = old.and_then(|o| o.service) {
+        let owner = (ns.clone(), svc.to_string());
+        if let Some(names) = c.slices_of.get_mut(&owner) {
+            names.retain(|n| n != name);
+            if names.is_empty() {
+                c.slices_of.remove(&owner);
+            }
+        }
+        c.dirty.services.insert(owner);
+    }
+    if let Some(svc) = c.slices.get(&key).and_then(|s| s.service.as_deref()) {
+        let owner = (ns.clone(), svc.to_string());
+        c.slices_of
+            .entry(owner.clone())
+            .or_default()
+            .push(name.clone());
+        c.dirty.services.insert(owner);
+    }
+    rebuild
 }
 
-/// Watches every `K` selected by `config` into the part of the cache `store` picks, each
-/// object cut down by `project` to what the model reads.
+fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
+    c.dirty.service_ips = true;
+    let rebuild = wants_rebuild(&ev);
+    c.cidrs.apply_event(ev, |o| keep(o, project::service_cidr));
+    rebuild
+}
+
+fn fold_addresses(c: &mut Cache, ev: Event<IPAddress>) -> bool {
+    c.dirty.service_ips = true;
+    let rebuild = wants_rebuild(&ev);
+    c.addresses
+        .apply_event(ev, |o| keep(o, project::ip_address));
+    rebuild
+}
+
+fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
+    c.dirty.node = true;
+    let rebuild = wants_rebuild(&ev);
+    c.nodes.apply_event(ev, |o| keep(o, project::node));
+    rebuild
+}
+
+impl live::Views for Cache {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
+        let key = (ns.to_string(), name.to_string());
+        let view = self.services.get(&key)?;
+        let slices = self
+            .slices_of
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .collect();
+        Some((view, slices))
+    }
+}
+
+impl Cache {
+    /// The model built from scratch from every view (the live model's reference).
+    #[cfg(test)]
+    pub(super) fn built_whole(&self) -> Model {
+        let ranges: Vec<ServiceIpRange> = self
+            .cidrs
+            .values()
+            .flat_map(|r| r.iter().copied())
+            .collect();
+        model::build_views(
+            self.services
+                .iter()
+                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
+            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+        )
+        .with_service_ranges(&ranges, self.addresses.values().flatten().copied())
+        .with_node_ips(self.nodes.values().next().map_or(&[][..], |n| n))
+    }
+
+    /// Brings `live` up to date with what changed since the last call, at `now`.
+    pub(super) fn update(&mut self, live: &mut Live, now: Instant) {
+        let dirty = std::mem::take(&mut self.dirty);
+        if dirty.all || dirty.service_ips {
+            let ranges: Vec<ServiceIpRange> = self
+                .cidrs
+                .values()
+                .flat_map(|r| r.iter().copied())
+                .collect();
+            let allocated: Vec<IpAddr> = self.addresses.values().flatten().copied().collect();
+            live.set_service_ips(&ranges, &allocated);
+        }
+        if dirty.all || dirty.node {
+            live.set_node_ips(self.nodes.values().next().map_or(&[][..], |n| n));
+        }
+        let services: Vec<Key> = if dirty.all {
+            let held = live
+                .services()
+                .map(|(ns, n)| (ns.to_string(), n.to_string()));
+            let mut all: Vec<Key> = held.chain(self.services.keys().cloned()).collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        } else {
+            dirty.services.into_iter().collect()
+        };
+        live.update(
+            services.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
+            &*self,
+            now,
+        );
+    }
+}
+
+/// Watches every `K` selected by `config` into the cache through `fold`.
 fn kind<K>(
     watches: &Watches<Cache>,
     config: watcher::Config,
-    store: fn(&mut Cache) -> &mut Objects<K>,
-    project: fn(K) -> K,
+    fold: fn(&mut Cache, Event<K>) -> bool,
 ) -> (ReadyFlag, BoxStream<'static, bool>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (flag, events) =
-        watches.follow(config, move |c: &mut Cache, ev| fold(store(c), ev, project));
+    let (flag, events) = watches.follow(config, fold);
     (flag, events.boxed())
 }
 
@@ -101,7 +254,7 @@ impl Skip {
 pub trait Models {
     /// The current model with the watch health it was built at; `None` while a watch is not
     /// healthy.
-    fn model(&self) -> Option<(Model, Seen)>;
+    fn model(&self) -> Option<(Arc<Model>, Seen)>;
     /// The watches' health now.
     fn health(&self) -> Seen;
     /// The unhealthy watches, named, for the skip warning.
@@ -121,8 +274,9 @@ pub struct ModelSource {
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
     /// endpoints look removed, so passes need all of them healthy.
     health: Health,
-    tombstones: Mutex<Tombstones>,
-    settle: Mutex<Settle>,
+    /// The model kept up to date service by service, with the deleted frontends remembered
+    /// and the settle times of ports without endpoints.
+    live: Mutex<Live>,
 }
 
 impl ModelSource {
@@ -141,24 +295,22 @@ impl ModelSource {
             // All services, also those another proxy handles (service-proxy-name): their
             // frontends are recorded as foreign, so a label change is not mistaken for a
             // deletion.
-            kind::<Service>(&watch, any(), |c| &mut c.services, project::service),
-            kind::<EndpointSlice>(
+            kind(&watch, any(), fold_services),
+            kind(
                 &watch,
                 any().labels(&format!(
                     "!{},!{}",
                     model::LABEL_SERVICE_PROXY_NAME,
                     model::LABEL_HEADLESS
                 )),
-                |c| &mut c.slices,
-                project::slice,
+                fold_slices,
             ),
-            kind::<ServiceCIDR>(&watch, any(), |c| &mut c.cidrs, project::service_cidr),
-            kind::<IPAddress>(&watch, any(), |c| &mut c.addresses, project::ip_address),
-            kind::<Node>(
+            kind(&watch, any(), fold_cidrs),
+            kind(&watch, any(), fold_addresses),
+            kind(
                 &watch,
                 any().fields(&format!("metadata.name={}", ctx.node_name)),
-                |c| &mut c.nodes,
-                project::node,
+                fold_nodes,
             ),
         ];
         let (ready, events): (Vec<_>, Vec<_>) = watches.into_iter().unzip();
@@ -171,8 +323,7 @@ impl ModelSource {
         let watched = Self {
             cache,
             health: Health::new(ready),
-            tombstones: Mutex::new(Tombstones::new(retention)),
-            settle: Mutex::new(Settle::new(settle)),
+            live: Mutex::new(Live::new(settle, retention)),
         };
         (watched, run)
     }
@@ -189,35 +340,27 @@ impl Models for ModelSource {
 
     /// The model with the health it was built at; `None` while a watch is not healthy (a
     /// half-listed or failing cache would make serving endpoints look removed).
-    fn model(&self) -> Option<(Model, Seen)> {
+    fn model(&self) -> Option<(Arc<Model>, Seen)> {
         let before = self.health.seen();
         if !before.is_current() {
             return None;
         }
-        let (services, slices, cidrs, addresses, node) = {
-            let c = self.cache.lock();
-            (
-                all(&c.services),
-                all(&c.slices),
-                all(&c.cidrs),
-                all(&c.addresses),
-                c.nodes.values().next().cloned(),
-            )
+        // Only what changed since the last call is redone, under the cache's lock.
+        let m = {
+            let mut c = self.cache.lock();
+            let mut live = lock(&self.live);
+            c.update(&mut live, std::time::Instant::now());
+            live.model().clone()
         };
-        let m = model::build(services.iter().map(|s| &**s), slices.iter().map(|s| &**s))
-            .with_service_ips(cidrs.iter().map(|c| &**c), addresses.iter().map(|a| &**a))
-            .with_node(node.as_deref());
         // Health changed while the cache was read: the model may mix old and new.
         if self.health.may_act(&before).is_err() {
             return None;
         }
-        let now = std::time::Instant::now();
-        let m = lock(&self.settle).apply(m, now);
-        Some((lock(&self.tombstones).apply(m, now), before))
+        Some((m, before))
     }
 
     fn changes_in(&self) -> Option<Duration> {
-        lock(&self.settle).next_change(std::time::Instant::now())
+        lock(&self.live).next_change(std::time::Instant::now())
     }
 
     /// The watches that are not healthy, with how long, for the skip warning.

@@ -1,11 +1,11 @@
 //! The pure decisions: is one conntrack entry stale for a service model, what a triggered pass
 //! looks at after a model change, and when the next periodic pass runs.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::model::{Claim, FamilyModel, Model, canonical};
+use super::model::{Claim, FamilyModel, Model, Ports, canonical};
 use super::netlink::family::{Family, PerFamily};
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 
@@ -119,15 +119,16 @@ pub fn removed_backends(old: &FamilyModel, new: &FamilyModel) -> HashSet<IpAddr>
         let now = new.node_ports.get(port).unwrap_or(&none);
         out.extend(was.difference(now).map(|b| b.ip()));
     }
-    let nothing = BTreeMap::new();
+    let nothing = Ports::default();
     for (svc, ports) in &old.services {
         let now_ports = new.services.get(svc).unwrap_or(&nothing);
-        for (name, was) in ports {
-            let now: BTreeSet<SocketAddr> = now_ports
-                .get(name)
-                .map(|c| c.serving.clone())
-                .unwrap_or_default();
-            out.extend(was.serving.difference(&now).map(|b| b.ip()));
+        for (name, was) in ports.iter() {
+            let now = now_ports.get(name).map(|c| &c.serving);
+            let gone = was
+                .serving
+                .iter()
+                .filter(|b| !now.is_some_and(|n| n.contains(b)));
+            out.extend(gone.map(|b| b.ip()));
         }
     }
     out

@@ -2,10 +2,13 @@
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
+pub mod addr;
 pub mod apply;
 pub mod cache;
+pub mod claim;
 pub mod decide;
 pub mod fill;
+pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod netlink;
@@ -18,13 +21,19 @@ pub mod schedule;
 pub mod sysctls;
 
 #[cfg(test)]
+mod cache_tests;
+#[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
 mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
+mod live_tests;
+#[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod model_whole;
 #[cfg(test)]
 mod pass_tests;
 #[cfg(test)]

@@ -3,21 +3,20 @@
 //! CleanStaleEntries (spec 3.2, last part), plus ServiceCIDRs, IPAddresses, the Node and the
 //! remembered deleted frontends.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Service, ServicePort};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::netlink::family::{Family, PerFamily};
+use super::project::{self, ServiceView, SliceView};
 
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
-pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
-/// Set by the EndpointSlice controller on slices of headless Services.
-pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+pub use super::addr::{ServiceIpRange, canonical};
+pub use super::project::{LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
 
 /// One IP family's UDP services, as kube-proxy's CleanStaleEntries sees them, plus what
 /// kube-proxy does not know: recently deleted frontends, the service IP ranges and which of
@@ -43,7 +42,7 @@ pub struct FamilyModel {
     pub foreign_node_ports: HashSet<u16>,
     /// What each live service of ours claims, by `namespace/name` then service port name: a
     /// triggered pass looks at every frontend of a service whose claims changed.
-    pub services: BTreeMap<String, BTreeMap<String, Claim>>,
+    pub services: BTreeMap<String, Ports>,
     /// Frontends and nodePorts no live service holds any more, remembered for a while after
     /// they went (see `model::Tombstones`). A live or foreign frontend with the same key wins.
     pub deleted_frontends: HashSet<SocketAddr>,
@@ -57,16 +56,7 @@ pub struct FamilyModel {
     pub node_ips: HashSet<IpAddr>,
 }
 
-/// What one UDP service port claims in one family.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// ClusterIP, ExternalIPs and LB VIPs, on the service port.
-    pub frontends: BTreeSet<SocketAddr>,
-    pub node_port: Option<u16>,
-    pub serving: BTreeSet<SocketAddr>,
-    /// No serving endpoint, for less than the settle time: its frontends are not judged yet.
-    pub settling: bool,
-}
+pub use super::claim::{Addrs, Claim, Ports};
 
 impl FamilyModel {
     /// Nothing to compare entries against: a pass could not delete anything.
@@ -86,298 +76,150 @@ impl FamilyModel {
 /// Both families' halves, indexed by [`Family`]; each pass uses one.
 pub type Model = PerFamily<FamilyModel>;
 
-/// A ServiceCIDR's `spec.cidrs` item as kube-proxy matches addresses against it: an
-/// IPv4-mapped IPv6 address counts as IPv4 (Go's `net.IP`). Not the controller-manager's
-/// `servicecidr::prefix::Prefix`, which keeps Go `netip`'s written family on purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceIpRange {
-    pub addr: IpAddr,
-    pub len: u8,
-}
-
-impl ServiceIpRange {
-    /// `10.96.0.0/16`, `fd00:10:96::/112`; `None` for anything else (never a panic).
-    pub fn parse(s: &str) -> Option<Self> {
-        let (a, l) = s.trim().split_once('/')?;
-        let addr: IpAddr = a.parse().ok()?;
-        if l.is_empty() || !l.bytes().all(|b| b.is_ascii_digit()) || l.len() > 3 {
-            return None;
-        }
-        let len: u8 = l.parse().ok()?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (len <= max).then_some(Self { addr, len })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let bits = |ip: IpAddr| -> (u128, u32) {
-            match ip {
-                IpAddr::V4(v) => (u128::from(u32::from(v)), 32),
-                IpAddr::V6(v) => (u128::from(v), 128),
-            }
-        };
-        let ip = canonical(ip);
-        let ((net, w1), (x, w2)) = (bits(self.addr), bits(ip));
-        if w1 != w2 {
-            return false;
-        }
-        let host_bits = w1 - u32::from(self.len);
-        if host_bits >= 128 {
-            return true; // ::/0
-        }
-        (net >> host_bits) == (x >> host_bits)
-    }
-}
-
-/// Go's `net.IP.String()` prints an IPv4-mapped IPv6 address as IPv4; comparing canonical
-/// forms keeps the same equalities.
-pub fn canonical(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
-}
-
-fn has_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> bool {
-    meta.labels.as_ref().is_some_and(|l| l.contains_key(key))
-}
-
-/// Parses an address as kube-proxy would use it; mapped IPv6 compares as IPv4 (like Go's
-/// `net.IP.String()`), so the family check uses the canonical form. Like `ParseIPSloppy`,
-/// IPv4 octets with leading zeros are read as decimal (objects validated by older apiservers
-/// may hold them): dropping such an endpoint would make its live flows look stale.
-pub(super) fn parse_ip(s: &str) -> Option<IpAddr> {
-    let s = s.trim();
-    s.parse::<IpAddr>()
-        .ok()
-        .or_else(|| parse_ipv4_leading_zeros(s))
-        .map(canonical)
-}
-
-fn parse_ipv4_leading_zeros(s: &str) -> Option<IpAddr> {
-    let mut octets = [0u8; 4];
-    let mut parts = s.split('.');
-    for o in &mut octets {
-        let p = parts.next()?;
-        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        *o = p.parse().ok()?;
-    }
-    parts.next().is_none().then(|| IpAddr::from(octets))
-}
-
-fn protocol(p: &Option<String>) -> &str {
-    p.as_deref().unwrap_or("TCP")
-}
-
-fn port_name(p: &Option<String>) -> &str {
-    p.as_deref().unwrap_or("")
-}
-
-fn valid_port(p: i32) -> Option<u16> {
-    u16::try_from(p).ok().filter(|p| *p != 0)
-}
-
-/// The serving endpoints `IP:port` of one UDP service port in one family.
-fn serving_endpoints(
-    slices: &[&EndpointSlice],
-    port: &ServicePort,
+/// What each UDP port of `svc` claims in `fam`, in spec order, given the views of its slices.
+/// No serving endpoint (or no slice port matching the service port) is an empty set: every
+/// flow through the frontends is stale (kubernetes#139629), once that has held for the settle
+/// time ([`Settle`]).
+pub fn port_claims<'a>(
+    svc: &'a ServiceView,
+    slices: &[&SliceView],
     fam: Family,
-) -> HashSet<SocketAddr> {
-    let mut out = HashSet::new();
-    for slice in slices.iter().filter(|s| s.address_type == fam.label()) {
-        let ep_port = slice.ports.iter().flatten().find(|p| {
-            port_name(&p.name) == port_name(&port.name) && protocol(&p.protocol) == "UDP"
-        });
-        let Some(ep_port) = ep_port.and_then(|p| p.port).and_then(valid_port) else {
-            continue;
-        };
-        for ep in &slice.endpoints {
-            let serving = ep
-                .conditions
-                .as_ref()
-                .and_then(|c| c.serving)
-                .unwrap_or(true);
-            if !serving {
-                continue;
-            }
-            // Every address counts (kube-proxy uses only the first): a flow DNATed to any of
-            // them may be live, and judging it stale would cut it.
-            for ip in ep.addresses.iter().filter_map(|a| parse_ip(a)) {
-                if fam.holds(&ip) {
-                    out.insert(SocketAddr::new(ip, ep_port));
+) -> Vec<(&'a str, Claim)> {
+    let ips = &svc.ips[fam];
+    if ips.is_empty() {
+        return Vec::new(); // headless ("None"), unallocated, or no IP of this family
+    }
+    svc.ports
+        .iter()
+        .map(|p| {
+            let mut serving = Vec::new();
+            for s in slices {
+                // The first slice port of the name decides, even an invalid one.
+                if let Some((_, Some(ep_port))) = s.ports.iter().find(|(n, _)| *n == p.name) {
+                    serving.extend(
+                        s.serving
+                            .iter()
+                            .filter(|ip| fam.holds(ip))
+                            .map(|ip| SocketAddr::new(*ip, *ep_port)),
+                    );
                 }
             }
-        }
-    }
-    out
+            let claim = Claim {
+                frontends: ips.iter().map(|ip| SocketAddr::new(*ip, p.port)).collect(),
+                node_port: p.node_port,
+                serving: serving.into_iter().collect(),
+                settling: false,
+            };
+            (&*p.name, claim)
+        })
+        .collect()
 }
 
-/// The UDP frontends (`IP:port`) and nodePorts of one service in one family, each with the
-/// service port it belongs to.
-fn udp_frontends(svc: &Service, fam: Family) -> Vec<(&ServicePort, Vec<SocketAddr>, Option<u16>)> {
-    let mut out = Vec::new();
-    let Some(spec) = &svc.spec else { return out };
-    let cluster_ips: Vec<&str> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-        _ => spec.cluster_ip.as_deref().into_iter().collect(),
-    };
-    let Some(cluster_ip) = cluster_ips
-        .iter()
-        .filter_map(|ip| parse_ip(ip))
-        .find(|ip| fam.holds(ip))
-    else {
-        return out; // headless ("None"), unallocated, or no IP of this family
-    };
-    let external_ips = spec
-        .external_ips
-        .iter()
-        .flatten()
-        .filter_map(|s| parse_ip(s));
-    let lb_vips = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|i| i.ip_mode.as_deref().is_none_or(|m| m == "VIP"))
-        .filter_map(|i| i.ip.as_deref().and_then(parse_ip));
-    let frontend_ips: Vec<IpAddr> = std::iter::once(cluster_ip)
-        .chain(external_ips)
-        .chain(lb_vips)
-        .filter(|ip| fam.holds(ip))
-        .collect();
-    for port in spec.ports.iter().flatten() {
-        if protocol(&port.protocol) != "UDP" {
-            continue;
-        }
-        let Some(svc_port) = valid_port(port.port) else {
-            continue;
-        };
-        let frontends = frontend_ips
-            .iter()
-            .map(|ip| SocketAddr::new(*ip, svc_port))
-            .collect();
-        out.push((port, frontends, port.node_port.and_then(valid_port)));
-    }
-    out
+/// `namespace/name`, the key of [`FamilyModel::services`].
+pub fn service_key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
 }
 
-fn build_family(
-    services: &[&Service],
-    foreign: &[&Service],
-    slices: &HashMap<(&str, &str), Vec<&EndpointSlice>>,
+/// Adds one service's claims to `m` (see [`build_views`]).
+pub(super) fn add_service(
+    m: &mut FamilyModel,
+    key: &str,
+    svc: &ServiceView,
+    slices: &[&SliceView],
     fam: Family,
-) -> FamilyModel {
-    let mut m = FamilyModel::default();
-    for svc in foreign {
-        for (_, frontends, node_port) in udp_frontends(svc, fam) {
-            m.foreign_frontends.extend(frontends);
-            m.foreign_node_ports.extend(node_port);
+) {
+    if svc.foreign {
+        for (_, c) in port_claims(svc, &[], fam) {
+            m.foreign_frontends.extend(&c.frontends);
+            m.foreign_node_ports.extend(c.node_port);
         }
+        return;
     }
-    for svc in services {
-        let ns = svc.metadata.namespace.as_deref().unwrap_or("");
-        let name = svc.metadata.name.as_deref().unwrap_or("");
-        let svc_slices = slices.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
-        for (port, frontends, node_port) in udp_frontends(svc, fam) {
-            // No serving endpoint (or no slice port matching this one) is an empty set: every
-            // flow through the frontend is stale (kubernetes#139629), once that has held for
-            // the settle time (`Settle`). Several services claiming one frontend: the union,
-            // never the last one's set alone (a Service declaring kube-dns's ClusterIP as an
-            // ExternalIP must not make every DNS flow stale).
-            let serving = serving_endpoints(svc_slices, port, fam);
-            for f in &frontends {
-                m.frontends.entry(*f).or_default().extend(&serving);
-            }
-            if let Some(np) = node_port {
-                m.node_ports.entry(np).or_default().extend(&serving);
-            }
-            m.services
-                .entry(format!("{ns}/{name}"))
-                .or_default()
-                .insert(
-                    port_name(&port.name).to_string(),
-                    Claim {
-                        frontends: frontends.into_iter().collect(),
-                        node_port,
-                        serving: serving.into_iter().collect(),
-                        settling: false,
-                    },
-                );
+    for (port, claim) in port_claims(svc, slices, fam) {
+        // Several services claiming one frontend: the union, never the last one's set alone
+        // (a Service declaring kube-dns's ClusterIP as an ExternalIP must not make every DNS
+        // flow stale).
+        for f in &claim.frontends {
+            m.frontends.entry(*f).or_default().extend(&claim.serving);
         }
+        if let Some(np) = claim.node_port {
+            m.node_ports.entry(np).or_default().extend(&claim.serving);
+        }
+        // A repeated port name: the last one's claim is recorded, every one's frontends count.
+        m.services
+            .entry(key.to_string())
+            .or_default()
+            .insert(port, claim);
     }
-    m
 }
 
-/// Builds both families' models. Services claiming the same frontend or nodePort share it:
+/// Builds both families' models from the views of every Service (namespace, name, view) and
+/// EndpointSlice (namespace, view). Services claiming the same frontend or nodePort share it:
 /// its serving set is the union of theirs. Services labelled with a proxy name are another
 /// proxy's: their frontends are recorded as foreign (never judged). Every service port without
 /// a serving endpoint is judged at once (an empty set); [`Settle`] holds them back for a while.
+pub fn build_views<'a>(
+    services: impl IntoIterator<Item = (&'a str, &'a str, &'a ServiceView)>,
+    slices: impl IntoIterator<Item = (&'a str, &'a SliceView)>,
+) -> Model {
+    let mut by_service: HashMap<(&str, &str), Vec<&SliceView>> = HashMap::new();
+    for (ns, s) in slices {
+        if let Some(svc) = &s.service {
+            by_service.entry((ns, svc)).or_default().push(s);
+        }
+    }
+    let services: Vec<_> = services.into_iter().collect();
+    PerFamily(Family::ALL.map(|fam| {
+        let mut m = FamilyModel::default();
+        for (ns, name, svc) in &services {
+            let slices = by_service.get(&(*ns, *name)).map_or(&[][..], Vec::as_slice);
+            add_service(&mut m, &service_key(ns, name), svc, slices, fam);
+        }
+        m
+    }))
+}
+
+/// [`build_views`] from whole objects (tests, benches): each is projected first.
 pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> Model {
-    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-    for s in slices {
-        if has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME)
-            || has_label(&s.metadata, LABEL_HEADLESS)
-        {
-            continue;
-        }
-        let Some(svc) = s
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        else {
-            continue;
-        };
-        let ns = s.metadata.namespace.as_deref().unwrap_or("");
-        by_service.entry((ns, svc.as_str())).or_default().push(s);
-    }
-    let (mut foreign, mut services): (Vec<&Service>, Vec<&Service>) = services
-        .into_iter()
-        .filter(|s| {
-            s.spec
-                .as_ref()
-                .is_some_and(|sp| sp.type_.as_deref() != Some("ExternalName"))
-        })
-        .partition(|s| has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME));
-    let by_name = |a: &&Service, b: &&Service| {
-        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    let ns_name = |m: &'a ObjectMeta| {
+        (
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or(""),
+        )
     };
-    services.sort_by(by_name);
-    foreign.sort_by(by_name);
-    PerFamily(Family::ALL.map(|f| build_family(&services, &foreign, &by_service, f)))
+    let services: Vec<_> = services
+        .into_iter()
+        .map(|s| (ns_name(&s.metadata), project::service(s)))
+        .collect();
+    let slices: Vec<_> = slices
+        .into_iter()
+        .map(|s| (ns_name(&s.metadata).0, project::slice(s)))
+        .collect();
+    build_views(
+        services.iter().map(|((ns, name), v)| (*ns, *name, v)),
+        slices.iter().map(|(ns, v)| (*ns, v)),
+    )
 }
 
 impl Model {
     /// Adds the ServiceCIDR prefixes and the IPs IPAddress objects hold (the orphan rule). A
     /// ServiceCIDR being deleted still counts: its IPs can still be allocated.
-    pub fn with_service_ips<'a>(
+    pub fn with_service_ranges<'a>(
         mut self,
-        cidrs: impl IntoIterator<Item = &'a ServiceCIDR>,
-        addresses: impl IntoIterator<Item = &'a IPAddress>,
+        cidrs: impl IntoIterator<Item = &'a ServiceIpRange>,
+        allocated: impl IntoIterator<Item = IpAddr>,
     ) -> Self {
-        for c in cidrs {
-            for cidr in c
-                .spec
-                .as_ref()
-                .and_then(|s| s.cidrs.as_ref())
-                .into_iter()
-                .flatten()
-                .filter_map(|s| ServiceIpRange::parse(s))
-            {
-                let fm = &mut self[Family::of(cidr.addr)];
-                if !fm.service_cidrs.contains(&cidr) {
-                    fm.service_cidrs.push(cidr);
-                }
+        for cidr in cidrs {
+            let fm = &mut self[Family::of(cidr.addr)];
+            if !fm.service_cidrs.contains(cidr) {
+                fm.service_cidrs.push(*cidr);
             }
         }
-        for a in addresses {
-            // The object's name is the IP.
-            if let Some(ip) = a.metadata.name.as_deref().and_then(parse_ip) {
-                self[Family::of(ip)].allocated.insert(ip);
-            }
+        for ip in allocated {
+            self[Family::of(ip)].allocated.insert(ip);
         }
         for fm in &mut self.0 {
             fm.service_cidrs.sort();
@@ -385,18 +227,32 @@ impl Model {
         self
     }
 
-    /// Adds the addresses of this node's Node object (`status.addresses` that are IPs).
-    pub fn with_node(mut self, node: Option<&Node>) -> Self {
-        let addrs = node
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.addresses.as_ref())
+    /// [`Model::with_service_ranges`] from whole objects (tests).
+    pub fn with_service_ips<'a>(
+        self,
+        cidrs: impl IntoIterator<Item = &'a ServiceCIDR>,
+        addresses: impl IntoIterator<Item = &'a IPAddress>,
+    ) -> Self {
+        let ranges: Vec<ServiceIpRange> = cidrs
             .into_iter()
-            .flatten()
-            .filter_map(|a| parse_ip(&a.address));
-        for ip in addrs {
-            self[Family::of(ip)].node_ips.insert(ip);
+            .flat_map(|c| project::service_cidr(c).into_vec())
+            .collect();
+        let allocated = addresses.into_iter().filter_map(project::ip_address);
+        self.with_service_ranges(&ranges, allocated)
+    }
+
+    /// Adds this node's addresses (its Node's `status.addresses` that are IPs).
+    pub fn with_node_ips(mut self, ips: &[IpAddr]) -> Self {
+        for ip in ips {
+            self[Family::of(*ip)].node_ips.insert(*ip);
         }
         self
+    }
+
+    /// [`Model::with_node_ips`] from the whole Node (tests).
+    pub fn with_node(self, node: Option<&Node>) -> Self {
+        let ips = node.map(project::node).unwrap_or_default();
+        self.with_node_ips(&ips)
     }
 }
 
@@ -512,7 +368,7 @@ impl Settle {
                     if !claim.serving.is_empty() {
                         continue;
                     }
-                    let key = (svc.clone(), port.clone(), fam);
+                    let key = (svc.clone(), port.to_string(), fam);
                     let since = *self.since.entry(key.clone()).or_insert(now);
                     seen.insert(key);
                     if now.saturating_duration_since(since) < self.after {
@@ -522,7 +378,7 @@ impl Settle {
                 }
             }
             for claim in held {
-                for f in claim.frontends {
+                for &f in &claim.frontends {
                     fm.frontends.remove(&f);
                     fm.settling_frontends.insert(f);
                 }

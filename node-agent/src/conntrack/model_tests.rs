@@ -10,6 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::addr::parse_ip;
 use super::model::*;
 use super::netlink::family::Family::{V4, V6};
 

@@ -2,7 +2,7 @@
 //! EndpointSlices, ServiceCIDRs, IPAddresses and Node equals the model built from the whole
 //! objects, whatever else the objects carry (TCP and SCTP ports, odd protocols and port names,
 //! FQDN slices, conditions in every combination, leading-zero and mapped addresses, labels and
-//! annotations, managedFields, targetRefs, topology). And the projection does drop that weight.
+//! annotations, managedFields, targetRefs, topology). And the views keep nothing else.
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 use testkit::rng::Rng;
 
 use super::model::{self, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model};
+use super::model_whole;
+use super::netlink::family::Family;
 use super::project;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
@@ -69,7 +71,7 @@ fn meta(rng: &mut Rng, ns: &str, name: &str, service: Option<&str>) -> Value {
     m
 }
 
-fn addr(rng: &mut Rng) -> &'static str {
+pub(super) fn addr(rng: &mut Rng) -> &'static str {
     if rng.chance(70) {
         rng.pick(&V4)
     } else {
@@ -81,7 +83,7 @@ fn opt<T: Into<Value>>(v: Option<T>) -> Value {
     v.map(Into::into).unwrap_or(Value::Null)
 }
 
-fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
+pub(super) fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
     let ports: Vec<Value> = (0..rng.below(4))
         .map(|_| {
             json!({
@@ -130,7 +132,7 @@ fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
     .expect("a generated Service parses")
 }
 
-fn slice(rng: &mut Rng, ns: &str, name: &str, service: Option<&str>) -> EndpointSlice {
+pub(super) fn slice(rng: &mut Rng, ns: &str, name: &str, service: Option<&str>) -> EndpointSlice {
     let ports: Vec<Value> = (0..rng.below(4))
         .map(|_| {
             json!({"name": opt(rng.pick(&PORT_NAMES)), "protocol": opt(rng.pick(&PROTOCOLS)),
@@ -221,30 +223,27 @@ fn world(seed: u64) -> World {
     }
 }
 
-fn model_of(w: &World) -> Model {
+/// The model as the agent builds it: from the views of the objects (`project`).
+fn model_of_views(w: &World) -> Model {
     model::build(&w.services, &w.slices)
         .with_service_ips(&w.cidrs, &w.addresses)
         .with_node(Some(&w.node))
 }
 
-fn projected(w: World) -> World {
-    World {
-        services: w.services.into_iter().map(project::service).collect(),
-        slices: w.slices.into_iter().map(project::slice).collect(),
-        cidrs: w.cidrs.into_iter().map(project::service_cidr).collect(),
-        addresses: w.addresses.into_iter().map(project::ip_address).collect(),
-        node: project::node(w.node),
-    }
+/// The model read straight from the whole objects (`model_whole`, the reference).
+fn model_of_whole(w: &World) -> Model {
+    let m = model_whole::build(&w.services, &w.slices);
+    let m = model_whole::with_service_ips(m, &w.cidrs, &w.addresses);
+    model_whole::with_node(m, Some(&w.node))
 }
 
 #[test]
-fn the_model_of_projected_objects_is_the_model_of_whole_ones() {
+fn the_model_of_views_is_the_model_of_whole_objects() {
     let mut nonempty = 0;
     for seed in 0..3000 {
-        let whole = world(seed);
-        let expected = model_of(&whole);
-        let got = model_of(&projected(whole));
-        assert_eq!(got, expected, "seed {seed}");
+        let w = world(seed);
+        let expected = model_of_whole(&w);
+        assert_eq!(model_of_views(&w), expected, "seed {seed}");
         nonempty += usize::from(expected.iter().any(|(_, fm)| !fm.frontends.is_empty()));
     }
     // The generator must produce services the model keeps, or the check above proves nothing.
@@ -255,26 +254,8 @@ fn the_model_of_projected_objects_is_the_model_of_whole_ones() {
 }
 
 #[test]
-fn projection_drops_what_the_model_never_reads() {
-    let w = projected(world(7));
-    let json = serde_json::to_string(&(&w.services, &w.slices, &w.node)).unwrap();
-    for gone in [
-        "managedFields",
-        "annotations",
-        "ownerReferences",
-        "uid",
-        "resourceVersion",
-        "targetRef",
-        "nodeName",
-        "hints",
-        "selector",
-        "\"TCP\"",
-        "capacity",
-        "\"app\"",
-    ] {
-        assert!(!json.contains(gone), "{gone} kept: {json}");
-    }
-    // A TCP-only slice keeps no endpoints at all.
+fn views_keep_only_what_the_model_reads() {
+    // A TCP-only slice keeps no address at all.
     let tcp: EndpointSlice = serde_json::from_value(json!({
         "metadata": {"name": "t", "namespace": "d", "labels": {LABEL_SERVICE_NAME: "t"}},
         "addressType": "IPv4",
@@ -282,28 +263,52 @@ fn projection_drops_what_the_model_never_reads() {
         "endpoints": [{"addresses": ["10.244.0.9"]}],
     }))
     .unwrap();
-    let p = project::slice(tcp);
-    assert!(p.endpoints.is_empty());
-    let labels = p.metadata.labels.unwrap_or_default();
-    assert_eq!(
-        labels.get(LABEL_SERVICE_NAME).map(String::as_str),
-        Some("t")
-    );
-    // A UDP slice keeps one endpoint holding the serving addresses, in order.
+    let p = project::slice(&tcp);
+    assert!(p.serving.is_empty() && p.ports.is_empty());
+    assert_eq!(p.service.as_deref(), Some("t"));
+    // A UDP slice keeps the serving addresses of its family, parsed, sorted, once each.
     let udp: EndpointSlice = serde_json::from_value(json!({
         "metadata": {"name": "u", "namespace": "d", "labels": {LABEL_SERVICE_NAME: "u"}},
         "addressType": "IPv4",
-        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}],
-        "endpoints": [{"addresses": ["10.244.0.1"]},
+        "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                  {"name": "dns-tcp", "port": 53, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["10.244.0.5"]},
                       {"addresses": ["10.244.0.2"], "conditions": {"serving": false}},
-                      {"addresses": ["10.244.0.3", "10.244.0.4"], "conditions": {"ready": false, "serving": true}},
-                      {"addresses": ["10.244.0.5"], "conditions": {"ready": false}}],
+                      {"addresses": ["10.244.0.3", "010.244.0.04"], "conditions": {"ready": false, "serving": true}},
+                      {"addresses": ["10.244.0.1", "fd00::1", "10.244.0.5"], "conditions": {"ready": false}}],
     }))
     .unwrap();
-    let p = project::slice(udp);
-    assert_eq!(p.endpoints.len(), 1);
+    let p = project::slice(&udp);
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
     assert_eq!(
-        p.endpoints[0].addresses,
-        ["10.244.0.1", "10.244.0.3", "10.244.0.4", "10.244.0.5"]
+        &*p.serving,
+        ["10.244.0.1", "10.244.0.3", "10.244.0.4", "10.244.0.5"].map(ip)
+    );
+    assert_eq!(&*p.ports, [("dns".into(), Some(53))]);
+    // Another proxy's slice, and a headless service's, are never read.
+    for label in [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS] {
+        let mut s = udp.clone();
+        s.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(label.into(), "x".into());
+        assert_eq!(project::slice(&s), project::SliceView::default(), "{label}");
+    }
+    // A Service keeps its frontend IPs per family and its UDP ports, nothing else.
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "s", "namespace": "d", "labels": {"app": "x"}},
+        "spec": {"clusterIPs": ["10.96.0.10", "fd00:10:96::a"], "externalIPs": ["192.0.2.1"],
+                 "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
+                           {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]},
+    }))
+    .unwrap();
+    let v = project::service(&svc);
+    assert!(!v.foreign);
+    assert_eq!(&*v.ips[Family::V4], ["10.96.0.10", "192.0.2.1"].map(ip));
+    assert_eq!(&*v.ips[Family::V6], ["fd00:10:96::a"].map(ip));
+    assert_eq!(v.ports.len(), 1);
+    assert_eq!(
+        (&*v.ports[0].name, v.ports[0].port, v.ports[0].node_port),
+        ("dns", 53, Some(30053))
     );
 }

@@ -181,18 +181,23 @@ impl Scheduler {
         }
     }
 
-    fn rebuilt(&mut self, now: Instant, m: Model, stamp: Seen) {
+    fn rebuilt(&mut self, now: Instant, m: Arc<Model>, stamp: Seen) {
         let earliest = self
             .last_pass
             .map_or(now, |t| t + self.timing.min_interval)
             .max(now);
-        if self.current.as_ref().map(|(c, _)| &**c) != Some(&m) {
+        // The live model hands back the same one when nothing changed.
+        let same = self
+            .current
+            .as_ref()
+            .is_some_and(|(c, _)| Arc::ptr_eq(c, &m) || **c == *m);
+        if !same {
             tracing::debug!(
                 ipv4_frontends = m[Family::V4].frontends.len(),
                 ipv6_frontends = m[Family::V6].frontends.len(),
                 "UDP service model changed"
             );
-            self.current = Some((Arc::new(m), stamp));
+            self.current = Some((m, stamp));
             self.pass_at.get_or_insert(earliest);
         } else if let Some((_, s)) = self.current.as_mut() {
             // Same model, confirmed by a current list: it is current again.

@@ -74,13 +74,13 @@ impl Watches {
 }
 
 impl Models for Watches {
-    fn model(&self) -> Option<(Model, Seen)> {
+    fn model(&self) -> Option<(Arc<Model>, Seen)> {
         *self.builds.lock().unwrap() += 1;
         let h = self.health();
         if !h.is_current() {
             return None;
         }
-        self.model.lock().unwrap().clone().map(|m| (m, h))
+        self.model.lock().unwrap().clone().map(|m| (Arc::new(m), h))
     }
 
     fn health(&self) -> Seen {

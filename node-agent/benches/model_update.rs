@@ -1,0 +1,202 @@
+//! The CPU the conntrack model costs per EndpointSlice change, in process (no cluster, no
+//! kernel): the whole rebuild the agent made before (`model::build_views`, then `Settle` and
+//! `Tombstones`) beside the live model's update of the one service that changed, at 1k and 10k
+//! Services of one UDP port and one slice of 10 endpoints each. Prints figures; asserts nothing.
+//!
+//!   cargo bench -p groundskeeper-node-agent --bench model_update [-- SERVICES]
+//!
+//! The agent's own figure (`agent_scale`, `agent_cpu_per_change_*`) also holds the watch event
+//! and the triggered pass each change causes; this one is the model's part alone. The live
+//! model is measured twice: alone, and while the previous model is still held (the scheduler
+//! keeps the model it judged until the next round, so an update copies it first, and the
+//! scheduler compares the two).
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use groundskeeper_node_agent::conntrack::live::{Live, Views};
+use groundskeeper_node_agent::conntrack::model::{self, Settle, Tombstones};
+use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
+use groundskeeper_node_agent::conntrack::project::{ServiceView, SliceView, UdpPort};
+
+const ENDPOINTS_PER_SLICE: usize = 10;
+const NAMESPACES: usize = 20;
+const CHANGES: usize = 200;
+
+type Key = (String, String);
+
+struct World {
+    services: HashMap<Key, ServiceView>,
+    slices: HashMap<Key, SliceView>,
+    slices_of: HashMap<Key, Vec<String>>,
+}
+
+impl Views for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
+        let key = (ns.to_string(), name.to_string());
+        let view = self.services.get(&key)?;
+        let slices = self
+            .slices_of
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .collect();
+        Some((view, slices))
+    }
+}
+
+fn v4(n: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(0)))
+}
+
+fn ns_name(i: usize) -> Key {
+    (format!("scale-{}", i % NAMESPACES), format!("svc-{i}"))
+}
+
+/// The serving addresses of service `i`'s slice; `generation` moves them.
+fn serving(i: usize, generation: usize) -> Box<[IpAddr]> {
+    let mut ips: Vec<IpAddr> = (0..ENDPOINTS_PER_SLICE)
+        .map(|e| v4(0x0a40_0000 + i * ENDPOINTS_PER_SLICE + e + generation * 7))
+        .collect();
+    ips.sort_unstable();
+    ips.into()
+}
+
+fn world(services: usize) -> World {
+    let mut w = World {
+        services: HashMap::new(),
+        slices: HashMap::new(),
+        slices_of: HashMap::new(),
+    };
+    for i in 0..services {
+        let (ns, name) = ns_name(i);
+        let view = ServiceView {
+            foreign: false,
+            ips: PerFamily([vec![v4(0x0a60_0000 + i)].into(), Box::default()]),
+            ports: vec![UdpPort {
+                name: "dns".into(),
+                port: 53,
+                node_port: None,
+            }]
+            .into(),
+        };
+        let slice = SliceView {
+            service: Some(name.as_str().into()),
+            ports: vec![("dns".into(), Some(5353))].into(),
+            serving: serving(i, 0),
+        };
+        let slice_name = format!("{name}-abcde");
+        w.services.insert((ns.clone(), name.clone()), view);
+        w.slices.insert((ns.clone(), slice_name.clone()), slice);
+        w.slices_of.insert((ns, name), vec![slice_name]);
+    }
+    w
+}
+
+/// Replaces the endpoints of the `k`th changed service's slice; returns that service.
+fn change(w: &mut World, services: usize, k: usize) -> Key {
+    let i = (k * 37) % services;
+    let (ns, name) = ns_name(i);
+    let slice = w
+        .slices
+        .get_mut(&(ns.clone(), format!("{name}-abcde")))
+        .expect("the slice exists");
+    slice.serving = serving(i, k + 1);
+    (ns, name)
+}
+
+fn per_change_ms(t: Duration) -> f64 {
+    t.as_secs_f64() * 1000.0 / CHANGES as f64
+}
+
+fn bench(name: &str, value: f64, unit: &str) {
+    println!("bench {name} {value:.3} {unit}");
+}
+
+fn size_tag(services: usize) -> String {
+    match services {
+        n if n >= 1000 && n % 1000 == 0 => format!("{}k", n / 1000),
+        n => n.to_string(),
+    }
+}
+
+fn row(services: usize) {
+    let size = size_tag(services);
+    let settle_after = Duration::from_secs(1);
+    let retention = Duration::from_secs(600);
+    let now = Instant::now();
+
+    // Before: every change rebuilt the whole model.
+    let mut w = world(services);
+    let (mut settle, mut tombstones) = (Settle::new(settle_after), Tombstones::new(retention));
+    let t0 = Instant::now();
+    for k in 0..CHANGES {
+        change(&mut w, services, k);
+        let m = model::build_views(
+            w.services
+                .iter()
+                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
+            w.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+        );
+        black_box(tombstones.apply(settle.apply(m, now), now));
+    }
+    let rebuild = per_change_ms(t0.elapsed());
+
+    // Now: the live model redoes the service that changed.
+    let mut w = world(services);
+    let mut live = Live::new(settle_after, retention);
+    let all: Vec<Key> = w.services.keys().cloned().collect();
+    live.update(all.iter().map(|(ns, n)| (ns.as_str(), n.as_str())), &w, now);
+    let t0 = Instant::now();
+    for k in 0..CHANGES {
+        let (ns, name) = change(&mut w, services, k);
+        live.update([(ns.as_str(), name.as_str())], &w, now);
+    }
+    let update = per_change_ms(t0.elapsed());
+
+    // The same while the previous model is held (copied first), and compared as the scheduler
+    // compares it.
+    let t0 = Instant::now();
+    for k in 0..CHANGES {
+        let held = live.model().clone();
+        let (ns, name) = change(&mut w, services, CHANGES + k);
+        live.update([(ns.as_str(), name.as_str())], &w, now);
+        black_box(*held == **live.model());
+    }
+    let shared = per_change_ms(t0.elapsed());
+
+    println!(
+        "{services} services: whole rebuild {rebuild:.3} ms per change; live update {update:.3} ms; live update with the previous model held and compared {shared:.3} ms"
+    );
+    bench(
+        &format!("model_rebuild_per_change_{size}_services"),
+        rebuild,
+        "ms",
+    );
+    bench(
+        &format!("model_update_per_change_{size}_services"),
+        update,
+        "ms",
+    );
+    bench(
+        &format!("model_update_held_per_change_{size}_services"),
+        shared,
+        "ms",
+    );
+}
+
+fn main() {
+    let services: usize = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(10_000);
+    for n in [services / 10, services] {
+        if n > 0 {
+            row(n);
+        }
+    }
+}
