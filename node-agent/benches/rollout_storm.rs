@@ -21,6 +21,9 @@
 //! apiserver acknowledged its endpoint's removal, the flows to serving endpoints that were
 //! deleted (must be 0), and the agent's RSS. Each also as `bench <name> <value> <unit>`. Without
 //! KUBE_APISERVER (or KUBECONFIG) it prints one SKIPPED line and exits 0.
+//!
+//! `ROLLOUT_STORM_AGENT=/path/to/node-agent` runs that binary instead of this build's (an older
+//! build, or a deliberately broken one to see the bench catch it).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -422,10 +425,13 @@ async fn main() -> anyhow::Result<()> {
     let initial_flows = initial.len();
     add_flows(&table.name, &book, initial).await?;
     let stop = Arc::new(AtomicBool::new(false));
+    let watch_start = Instant::now();
     let watcher = watch_table(table.name.clone(), book.clone(), stop.clone());
 
-    let bin = env!("CARGO_BIN_EXE_node-agent");
-    let (agent, admin) = Binary::conntrack_agent_with_admin(bin, NAME, &table.name, &[]).await?;
+    let bin = std::env::var("ROLLOUT_STORM_AGENT")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_node-agent").to_string());
+    println!("node-agent: {bin}");
+    let (agent, admin) = Binary::conntrack_agent_with_admin(&bin, NAME, &table.name, &[]).await?;
     let pid = agent.pid().expect("the agent runs");
     println!(
         "node-agent ready and past its first pass; {initial_flows} flows in its table, RSS {:.1} MiB",
@@ -461,6 +467,7 @@ async fn main() -> anyhow::Result<()> {
     watcher
         .join()
         .map_err(|_| anyhow::anyhow!("the table watcher panicked"))??;
+    let watched = watch_start.elapsed();
     let b = book.lock().unwrap();
 
     let survivals = b.survivals();
@@ -490,9 +497,10 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "stale flows ({stale}): longest survival {:.0} ms after the removal was acknowledged, median {:.0} ms \
-         ({} table dumps, {} interrupted; resolution {POLL:?} plus a dump)",
+         (resolution: a table dump every {:.0} ms on average; {} dumps, {} interrupted)",
         ms(longest),
         ms(median),
+        ms(watched) / b.dumps.max(1) as f64,
         b.dumps,
         b.interrupted
     );
@@ -513,11 +521,13 @@ async fn main() -> anyhow::Result<()> {
     bench("storm_agent_rss_peak", mib(peak), "MiB");
     if !b.serving_deleted.is_empty() {
         for (cl, ep, when) in b.serving_deleted.iter().take(10) {
+            let at = match when.checked_duration_since(t0) {
+                Some(d) => format!("{:.3} s after the storm began", d.as_secs_f64()),
+                None => format!("{:.3} s before the storm", (t0 - *when).as_secs_f64()),
+            };
             println!(
-                "  deleted while serving: client {}:{} -> endpoint {ep}, seen gone {:.3} s after the storm began",
-                cl.0,
-                cl.1,
-                when.saturating_duration_since(t0).as_secs_f64()
+                "  deleted while serving: client {}:{} -> endpoint {ep}, seen gone {at}",
+                cl.0, cl.1
             );
         }
         anyhow::bail!(
