@@ -11,9 +11,9 @@
 //! `node-agent --tasks=conntrack` (not dry-run, default flags) on that namespace. Then the
 //! rollout, in WAVES (default 10) waves over SECONDS (default 10): each wave adds, to every
 //! service, a new serving endpoint for each of its next 1/WAVES of old endpoints, creates FLOWS
-//! flows to each new one as soon as the apiserver has it (clients follow the rollout; no
-//! kube-proxy rules lag is modelled, the strictest case), and half a wave later removes the old
-//! endpoints those replace. A thread dumps the namespace's table every 20 ms from before the
+//! flows to each new one as soon as the apiserver has it (clients follow the rollout; by default
+//! no kube-proxy rules lag is modelled, the strictest case: `ROLLOUT_STORM_PROXY_LAG_MS` delays
+//! the new flows that long), and half a wave later removes the old endpoints those replace. A thread dumps the namespace's table every 20 ms from before the
 //! agent starts and notes when each flow disappears.
 //!
 //! Prints the passes the agent ran (its pass-duration histogram's count), its CPU time, from the
@@ -66,6 +66,9 @@ struct Knobs {
     flows: usize,
     waves: usize,
     seconds: u64,
+    /// How long after the apiserver acknowledged a new endpoint its first flows appear (what
+    /// kube-proxy takes to see it and sync its rules).
+    proxy_lag: Duration,
 }
 
 impl Knobs {
@@ -86,6 +89,12 @@ impl Knobs {
             flows: at(2, 4),
             waves: at(3, 10),
             seconds: at(4, 10) as u64,
+            proxy_lag: Duration::from_millis(match std::env::var("ROLLOUT_STORM_PROXY_LAG_MS") {
+                Ok(v) => v
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("ROLLOUT_STORM_PROXY_LAG_MS {v:?}: {e}"))?,
+                Err(_) => 0,
+            }),
         };
         anyhow::ensure!(
             k.services > 0 && k.endpoints > 0 && k.flows > 0 && k.waves > 0 && k.seconds > 0,
@@ -347,6 +356,7 @@ async fn storm(
     for w in 0..k.waves {
         tokio::time::sleep_until(t0 + period * w as u32).await;
         write_wave(slices, k, w, false, book).await?;
+        tokio::time::sleep(k.proxy_lag).await;
         let flows = flows_to(k, frontends, next_client, |s| {
             (0..k.endpoints)
                 .filter(|j| k.wave_of(*j) == w)
@@ -387,8 +397,14 @@ async fn main() -> anyhow::Result<()> {
     };
     let total = k.services * k.endpoints;
     println!(
-        "{NAME}: {} UDP services x {} endpoints ({total}), {} flows each, replaced in {} waves over {} s",
-        k.services, k.endpoints, k.flows, k.waves, k.seconds
+        "{NAME}: {} UDP services x {} endpoints ({total}), {} flows each, replaced in {} waves over {} s; \
+         new flows {} ms after the apiserver has their endpoint",
+        k.services,
+        k.endpoints,
+        k.flows,
+        k.waves,
+        k.seconds,
+        k.proxy_lag.as_millis()
     );
     let t = Instant::now();
     let frontends: Vec<Ipv4Addr> = stream::iter(0..k.services)
