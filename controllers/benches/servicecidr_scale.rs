@@ -36,7 +36,7 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -198,11 +198,21 @@ async fn all_ready(api: &Api<ServiceCIDR>, want: usize) -> anyhow::Result<bool> 
 
 /// A controller-manager binary (this build's unless `bin` names another), the ServiceCIDR
 /// controller alone.
-fn ours(bin: Option<&str>, extra: &[&str]) -> anyhow::Result<(Binary, SocketAddr)> {
+fn ours(
+    kubeconfig: &Path,
+    bin: Option<&str>,
+    extra: &[&str],
+) -> anyhow::Result<(Binary, SocketAddr)> {
     let mut args = vec!["--leader-elect=false", "--controllers", "servicecidr"];
     args.extend_from_slice(extra);
     let bin = bin.unwrap_or(env!("CARGO_BIN_EXE_controller-manager"));
-    Binary::start_with_admin(bin, "servicecidr-scale", &args, &[])
+    let kubeconfig = kubeconfig.display().to_string();
+    Binary::start_with_admin(
+        bin,
+        "servicecidr-scale",
+        &args,
+        &[("KUBECONFIG", &kubeconfig)],
+    )
 }
 
 async fn metric_sum(admin: SocketAddr, prefix: &str) -> f64 {
@@ -324,7 +334,7 @@ async fn our_row(
     blocked: &str,
 ) -> anyhow::Result<Row> {
     let t0 = Instant::now();
-    let (bin, admin) = ours(bin, &[])?;
+    let (bin, admin) = ours(&c.kubeconfig, bin, &[])?;
     let pid = bin.pid().expect("running");
     wait_ready(admin, Duration::from_secs(600), "controller-manager ready").await?;
     let listed = t0.elapsed();
@@ -509,7 +519,11 @@ async fn main() -> anyhow::Result<()> {
     // The allocator takes IPs only from Ready ServiceCIDRs: this controller marks them so.
     {
         let t0 = Instant::now();
-        let (_bin, _) = ours(None, &["--kube-api-qps=1000", "--kube-api-burst=2000"])?;
+        let (_bin, _) = ours(
+            &c.kubeconfig,
+            None,
+            &["--kube-api-qps=1000", "--kube-api-burst=2000"],
+        )?;
         wait_for(
             Duration::from_secs(600),
             "every ServiceCIDR Ready",

@@ -298,7 +298,6 @@ pub(super) fn uncovered(lo: u128, hi: u128, covered: &mut [(u128, u128)]) -> Vec
 }
 
 /// Builders the decision tests of this module and its neighbours share.
-
 #[cfg(test)]
 pub(super) mod fixtures {
     use super::*;
