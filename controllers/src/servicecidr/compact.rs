@@ -12,10 +12,35 @@ use std::{
     sync::Arc,
 };
 
-use super::{
-    index::{IpEntry, Owner},
-    prefix::{Addr, Family},
-};
+use super::prefix::{Addr, Family};
+
+/// The Service (or other object) an IPAddress is allocated to, from `spec.parentRef`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) if !ns.is_empty() => write!(f, "{} {}/{}", self.resource, ns, self.name),
+            _ => write!(f, "{} {}", self.resource, self.name),
+        }
+    }
+}
+
+/// What is kept of one allocator-managed IPAddress.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpEntry {
+    /// The object's name as written (it is the IP); the same allocation as the index's key.
+    pub name: Arc<str>,
+    /// `ipaddress.kubernetes.io/ip-family`; canDelete only sees IPs whose label names the
+    /// family of one of the ServiceCIDR's CIDRs, as upstream's label selector does.
+    pub family_label: Option<Family>,
+    pub owner: Option<Owner>,
+}
 
 /// What an owner's IPs share: the resource and namespace of `spec.parentRef`.
 #[derive(Debug, PartialEq, Eq, Hash)]
