@@ -6,6 +6,7 @@
 pub mod apply;
 pub mod blockers;
 pub mod cache;
+mod compact;
 pub mod conflict;
 pub mod decide;
 pub mod index;
@@ -13,6 +14,8 @@ pub mod metrics;
 pub mod prefix;
 pub mod sync;
 
+#[cfg(test)]
+mod index_tests;
 #[cfg(test)]
 mod sync_tests;
 
