@@ -21,6 +21,8 @@ pub mod notice;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+#[cfg(test)]
+mod projection_tests;
 pub mod quarantine;
 pub mod wire;
 
