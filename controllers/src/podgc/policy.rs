@@ -25,7 +25,7 @@ use jiff::Timestamp;
 
 use super::{
     decide::{Deletion, Sweep, eviction_then_age, excess, phase_note},
-    facts::{NsAnnotations, PodFacts},
+    facts::{NsAnnotations, PodFacts, Uid},
 };
 
 pub const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
@@ -162,13 +162,13 @@ pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp, local_now: std::time
 /// order.
 pub fn policy_passes<P: Borrow<PodFacts>>(
     pods: &[P],
-    taken: &HashSet<&str>,
+    taken: &HashSet<&Uid>,
     policy: &Policy,
 ) -> (Vec<Deletion>, Vec<Deletion>) {
     let left = pods
         .iter()
         .map(Borrow::borrow)
-        .filter(|p: &&PodFacts| !taken.contains(&*p.uid));
+        .filter(|p: &&PodFacts| !taken.contains(&p.uid));
 
     let mut ttl_chosen: Vec<(&PodFacts, Duration)> = Vec::new();
     // Terminated pods not chosen by the TTL, per namespace with its own threshold.
