@@ -145,8 +145,7 @@ async fn seed<V>(
     client: &Client,
     cp: &testkit::ControlPlane,
     what: &str,
-    api_path: &str,
-    etcd_prefix: &str,
+    (api_path, etcd_prefix): (&str, &str),
     n: usize,
     first: serde_json::Value,
     vary: V,
@@ -835,14 +834,14 @@ async fn run(
         let secs = match cp {
             Some(cp) if std::env::var("PODGC_BENCH_CREATE").as_deref() != Ok("api") => {
                 let names = node_names.clone();
-                seed(&client, cp, "nodes", "/api/v1/nodes", "/registry/minions", n_nodes,
+                seed(&client, cp, "nodes", ("/api/v1/nodes", "/registry/minions"), n_nodes,
                     node_json(&node_names[0]), move |i, v| {
                         v["metadata"]["name"] = names[i].clone().into();
                         v["metadata"]["labels"]["kubernetes.io/hostname"] = names[i].clone().into();
                     }).await?;
                 let (names, ns2) = (node_names.clone(), ns.clone());
-                seed(&client, cp, "pods", &format!("/api/v1/namespaces/{ns}/pods"),
-                    &format!("/registry/pods/{ns}"), n_pods,
+                let paths = (format!("/api/v1/namespaces/{ns}/pods"), format!("/registry/pods/{ns}"));
+                seed(&client, cp, "pods", (&paths.0, &paths.1), n_pods,
                     pod_json(&ns, 0, &node_names[0]), move |i, v| {
                         let want = pod_json(&ns2, i, &names[i % names.len()]);
                         v["metadata"]["name"] = want["metadata"]["name"].clone();
