@@ -756,7 +756,11 @@ impl Steady {
 
 /// `bench <name> <value> <unit>`, the line every run can be compared on.
 fn figure(name: &str, value: f64, unit: &str) {
-    println!("bench {name} {value:.1} {unit}");
+    if unit == "ratio" {
+        println!("bench {name} {value:.2} {unit}");
+    } else {
+        println!("bench {name} {value:.1} {unit}");
+    }
 }
 
 #[tokio::main]
