@@ -1,30 +1,55 @@
-//! PodGC under load on a real apiserver: creates N pods of a few KB each bound to M nodes,
+//! PodGC under load on a real apiserver: creates N pods of about 4 KB each bound to M nodes,
 //! runs controller-manager (PodGC only) and prints its RSS once the caches are full, the CPU
-//! time of one cycle, and the force-delete rate for orphans at a default and a large QPS budget.
+//! time of one cycle, and the orphan force-delete rate at the default and a large QPS budget,
+//! each beside kube-controller-manager v1.36.2's PodGC on the same apiserver and objects.
 //!
-//!   KUBECONFIG=... cargo bench -p groundskeeper-controllers --bench podgc_load
+//!   KUBE_APISERVER=/work/shared/bin/kube-apiserver flock /work/notes/bench.lock \
+//!     cargo bench -p groundskeeper-controllers --bench podgc_load
 //!
-//! Knobs (env): PODGC_BENCH_PODS (50000), PODGC_BENCH_NODES (5000), PODGC_BENCH_ORPHAN_NODES_SLOW
-//! (orphaned nodes for the QPS 20 run, 60), PODGC_BENCH_ORPHAN_NODES_FAST (300),
-//! PODGC_BENCH_FAST_QPS (1000), PODGC_BENCH_BIN (binary to run; default: this build's).
-//! Without KUBECONFIG it prints one SKIPPED line and exits 0.
+//! With `KUBE_APISERVER` the bench starts its own throwaway control plane (testkit), its etcd
+//! with `--quota-backend-bytes` PODGC_BENCH_ETCD_QUOTA_GIB (8) GiB, compacted and defragmented
+//! between rows, and thrown away at the end (no cleanup of 150k pods). With `KUBECONFIG` it uses
+//! that cluster and deletes what it made. With neither it prints one SKIPPED line and exits 0.
 //!
-//! The TTL row (PODGC_BENCH_TTL_PODS, 10000, on PODGC_BENCH_TTL_NODES, 1000): pods finished as
-//! a kubelet reports it, PODGC_BENCH_TTL_EXPIRED (7500) of them 2 h ago and the rest a minute
-//! ago; PodGC with --terminated-pod-ttl=1h --kube-api-qps=1000 collects the expired ones. It
-//! prints the RSS, the collection rate, and the 429 answers PodGC's client received and the
-//! apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row.
+//! Knobs (env): PODGC_BENCH_PODS (150000), PODGC_BENCH_NODES (15000), PODGC_BENCH_ORPHAN_NODES_SLOW
+//! (orphaned nodes per PodGC for the QPS 20 rows, 60), PODGC_BENCH_ORPHAN_NODES_FAST (300),
+//! PODGC_BENCH_FAST_QPS (1000), PODGC_BENCH_CREATE_CONCURRENCY (96), PODGC_BENCH_BIN (binary to
+//! run; default: this build's), PODGC_BENCH_KCM (kube-controller-manager; default
+//! target/e2e/bin/kube-controller-manager, which `e2e/node.sh` unpacks; its rows are skipped,
+//! visibly, without one), PODGC_BENCH_COMPARE (an older controller-manager: its idle RSS and
+//! cycle CPU on the same objects, `_compare` figures, for before/after in one run).
+//!
+//! Objects: with its own control plane, the bench creates the first node and the first pod
+//! through the apiserver and writes the rest straight into etcd as copies of what the apiserver
+//! stored for them (same defaults, managedFields, size; own names, UIDs, nodes, env values):
+//! 150k pods through the apiserver take over 20 minutes on 2 shared cores.
+//! PODGC_BENCH_CREATE=api creates every object through the apiserver instead (96 at a time,
+//! PODGC_BENCH_CREATE_CONCURRENCY), as it always does with `KUBECONFIG`.
+//!
+//! The orphan rows: each PodGC gets node sets of its own of the same size (so neither deletes
+//! the other's orphans), and runs alone; the rate is taken by the bench's own watch on the pods,
+//! from the first DELETED event of an orphan to the last, the same way for both. Ours runs with
+//! `--orphan-quarantine=1s`, upstream's quarantine is a fixed 40 s: the time to the first delete
+//! is printed, not counted in the rate.
+//!
+//! The TTL row (PODGC_BENCH_TTL_PODS, 10000, 0 skips it, on PODGC_BENCH_TTL_NODES, 1000): pods
+//! finished as a kubelet reports it, PODGC_BENCH_TTL_EXPIRED (7500) of them 2 h ago and the rest
+//! a minute ago; PodGC with --terminated-pod-ttl=1h --kube-api-qps=1000 collects the expired
+//! ones. It prints the RSS, the collection rate, and the 429 answers PodGC's client received and
+//! the apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row.
 
 use std::{
     net::SocketAddr,
     time::{Duration, Instant},
 };
 
+use std::collections::HashSet;
+
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, PostParams},
+    api::{DeleteParams, ListParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
 use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
@@ -83,47 +108,128 @@ fn node_json(name: &str) -> serde_json::Value {
 }
 
 /// Creates a bench Node per name, both rows' fleet.
-async fn create_nodes(nodes: &Api<Node>, names: &[String]) -> anyhow::Result<()> {
-    let nodes = nodes.clone();
+async fn create_nodes(client: &Client, names: &[String]) -> anyhow::Result<f64> {
+    let client = client.clone();
     create_all("nodes", names.to_vec(), move |name| {
-        let nodes = nodes.clone();
-        Box::pin(async move {
-            let n: Node = serde_json::from_value(node_json(&name)).expect("node json");
-            nodes.create(&PostParams::default(), &n).await.map(|_| ())
-        })
+        post_raw(client.clone(), "/api/v1/nodes".into(), node_json(&name))
     })
     .await
 }
 
 /// Creates pods `load-0`..`load-<n-1>` in `ns`, spread round robin over `node_names`.
+/// Returns the seconds it took.
 async fn create_pods(
     what: &str,
-    pods: &Api<Pod>,
+    client: &Client,
     ns: &str,
     n: usize,
     node_names: &[String],
-) -> anyhow::Result<()> {
-    let (pods, ns, names) = (pods.clone(), ns.to_string(), node_names.to_vec());
+) -> anyhow::Result<f64> {
+    let (client, ns, names) = (client.clone(), ns.to_string(), node_names.to_vec());
+    let path = format!("/api/v1/namespaces/{ns}/pods");
     create_all(what, (0..n).collect(), move |i| {
-        let pods = pods.clone();
-        let v = pod_json(&ns, i, &names[i % names.len()]);
-        Box::pin(async move {
-            let p: Pod = serde_json::from_value(v).expect("pod json");
-            pods.create(&PostParams::default(), &p).await.map(|_| ())
-        })
+        post_raw(
+            client.clone(),
+            path.clone(),
+            pod_json(&ns, i, &names[i % names.len()]),
+        )
     })
     .await
 }
 
-async fn create_all<T, F>(what: &str, items: Vec<T>, create: F) -> anyhow::Result<()>
+/// Creates the first of `names` through the apiserver, then the rest straight into etcd as
+/// copies of what the apiserver stored for it (defaults, managedFields and all), each with its
+/// own name and UID and `vary(i, object)` applied. Returns the seconds until the apiserver
+/// serves all of them.
+async fn seed<V>(
+    client: &Client,
+    cp: &testkit::ControlPlane,
+    what: &str,
+    (api_path, etcd_prefix): (&str, &str),
+    n: usize,
+    first: serde_json::Value,
+    vary: V,
+) -> anyhow::Result<f64>
+where
+    V: Fn(usize, &mut serde_json::Value) + Send + Sync + 'static,
+{
+    let start = Instant::now();
+    let name0 = first["metadata"]["name"]
+        .as_str()
+        .expect("named")
+        .to_string();
+    match post_raw(client.clone(), api_path.to_string(), first).await {
+        Ok(()) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let req = http::Request::get(format!("{api_path}/{name0}")).body(Vec::new())?;
+    let mut template: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
+    template["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("resourceVersion");
+    let prefix = etcd_prefix.to_string();
+    let run = format!("{:08x}", std::process::id());
+    let put = move |i: usize| {
+        let mut v = template.clone();
+        vary(i + 1, &mut v);
+        v["metadata"]["uid"] = format!("{run}-0000-4000-8000-{:012x}", i + 1).into();
+        let name = v["metadata"]["name"].as_str().expect("named").to_string();
+        (
+            format!("{prefix}/{name}"),
+            serde_json::to_vec(&v).expect("json"),
+        )
+    };
+    let cp_threads = env_num("PODGC_BENCH_SEED_THREADS", 4);
+    tokio::task::block_in_place(|| cp.etcd_put_all(n.saturating_sub(1), cp_threads, put))?;
+    let written = start.elapsed().as_secs_f64();
+    wait_for(
+        Duration::from_secs(600),
+        "the apiserver serves every seeded object",
+        || async {
+            let req = http::Request::get(format!("{api_path}?limit=1")).body(Vec::new())?;
+            let list: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
+            let items = list["items"].as_array().map_or(0, Vec::len) as u64;
+            let rest = list["metadata"]["remainingItemCount"].as_u64().unwrap_or(0);
+            Ok(items + rest >= n as u64)
+        },
+    )
+    .await?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "seeded {n} {what} in {secs:.1}s ({:.0}/s; the first through the apiserver, the rest written to etcd in {written:.1}s as copies of it)",
+        n as f64 / secs
+    );
+    Ok(secs)
+}
+
+/// One create, the body serialised once and the answer not decoded: at 150k pods the bench
+/// shares 2 cores with the apiserver and etcd, and typed round trips cost it a third of them.
+fn post_raw(
+    client: Client,
+    path: String,
+    body: serde_json::Value,
+) -> futures::future::BoxFuture<'static, Result<(), kube::Error>> {
+    Box::pin(async move {
+        let body = serde_json::to_vec(&body).expect("json");
+        let req = http::Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .expect("request");
+        client.request_text(req).await.map(|_| ())
+    })
+}
+
+async fn create_all<T, F>(what: &str, items: Vec<T>, create: F) -> anyhow::Result<f64>
 where
     F: Fn(T) -> futures::future::BoxFuture<'static, Result<(), kube::Error>>,
 {
     let total = items.len();
+    let concurrency = env_num("PODGC_BENCH_CREATE_CONCURRENCY", CREATE_CONCURRENCY);
     let start = Instant::now();
     let mut done = 0usize;
-    let mut results =
-        stream::iter(items.into_iter().map(create)).buffer_unordered(CREATE_CONCURRENCY);
+    let mut results = stream::iter(items.into_iter().map(create)).buffer_unordered(concurrency);
     while let Some(r) = results.next().await {
         match r {
             Ok(()) => {}
@@ -138,33 +244,72 @@ where
             );
         }
     }
-    eprintln!(
-        "created {total} {what} in {:.1}s ({:.0}/s)",
-        start.elapsed().as_secs_f64(),
-        total as f64 / start.elapsed().as_secs_f64()
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "created {total} {what} in {secs:.1}s ({:.0}/s, {concurrency} at a time)",
+        total as f64 / secs
     );
-    Ok(())
+    Ok(secs)
 }
 
+/// A PodGC under test, ours or kube-controller-manager's: a child process whose memory and CPU
+/// the bench reads.
 struct Run {
     bin: Binary,
-    admin: SocketAddr,
+    /// Ours only: the admin server (readiness, metrics).
+    admin: Option<SocketAddr>,
 }
 
 impl Run {
-    fn start(path: &str, extra: &[&str]) -> anyhow::Result<Self> {
+    fn start(path: &str, kubeconfig: &str, extra: &[&str]) -> anyhow::Result<Self> {
         let mut args = vec![
             "--leader-elect=false",
             "--controllers=podgc",
             "--orphan-quarantine=1s",
         ];
         args.extend_from_slice(extra);
-        let (bin, admin) = Binary::start_with_admin(path, "podgc-bench", &args, &[])?;
-        Ok(Self { bin, admin })
+        let (bin, admin) =
+            Binary::start_with_admin(path, "podgc-bench", &args, &[("KUBECONFIG", kubeconfig)])?;
+        Ok(Self {
+            bin,
+            admin: Some(admin),
+        })
+    }
+
+    /// kube-controller-manager v1.36.2 with its PodGC only, at `qps`/`burst`.
+    fn start_kcm(path: &str, kubeconfig: &str, qps: usize, burst: usize) -> anyhow::Result<Self> {
+        let kc = format!("--kubeconfig={kubeconfig}");
+        let (qps, burst) = (
+            format!("--kube-api-qps={qps}"),
+            format!("--kube-api-burst={burst}"),
+        );
+        let port = format!("--secure-port={}", testkit::free_addr().port());
+        let args = [
+            kc.as_str(),
+            "--controllers=pod-garbage-collector-controller",
+            "--leader-elect=false",
+            "--use-service-account-credentials=false",
+            &qps,
+            &burst,
+            "--bind-address=127.0.0.1",
+            &port,
+            "-v=2",
+        ];
+        let bin = Binary::start(
+            path,
+            "kcm-podgc-bench",
+            &args,
+            &[("KUBECONFIG", kubeconfig)],
+        )?;
+        Ok(Self { bin, admin: None })
+    }
+
+    fn admin(&self) -> SocketAddr {
+        self.admin.expect("our PodGC has an admin server")
     }
 
     async fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        let (_, body) = http_get(self.admin, "/metrics").await?;
+        let (_, body) = http_get(self.admin(), "/metrics").await?;
         Ok(body
             .lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
@@ -172,18 +317,7 @@ impl Run {
     }
 
     fn proc_status(&self, key: &str) -> u64 {
-        let pid = self.bin.pid().expect("running");
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(key)?
-                    .trim()
-                    .trim_end_matches(" kB")
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0)
+        proc_status(self.bin.pid().expect("running"), key)
     }
 
     /// utime + stime of the process, in seconds.
@@ -208,6 +342,40 @@ impl Run {
         .await
         .map(|_| ())
     }
+}
+
+/// A `/proc/<pid>/status` value in kB (0 when unreadable).
+fn proc_status(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .trim_end_matches(" kB")
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// A `/proc/meminfo` value in kB.
+fn proc_meminfo(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(key)?
+                .trim()
+                .trim_end_matches(" kB")
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
 }
 
 /// The kubelet's report of a finished pod: phase Succeeded, each container terminated `ago`.
@@ -251,11 +419,10 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
         .await?;
     let prefix = unique_name("gk-bench-ttl-node");
     let node_names: Vec<String> = (0..n_nodes).map(|i| format!("{prefix}-{i}")).collect();
-    let nodes: Api<Node> = Api::all(client.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let result = async {
-        create_nodes(&nodes, &node_names).await?;
-        create_pods("ttl pods", &pods, &ns, n_pods, &node_names).await?;
+        create_nodes(&client, &node_names).await?;
+        create_pods("ttl pods", &client, &ns, n_pods, &node_names).await?;
         let api = pods.clone();
         create_all("finished statuses", (0..n_pods).collect(), move |i| {
             let pods = api.clone();
@@ -279,6 +446,7 @@ async fn ttl_row(cluster: &testkit::Cluster, bin: &str) -> anyhow::Result<()> {
         let server_429_before = apiserver_429s(&client).await;
         let run = Run::start(
             bin,
+            &cluster.kubeconfig.display().to_string(),
             &[
                 "--gc-period=5s",
                 "--terminated-pod-ttl=1h",
@@ -379,19 +547,25 @@ async fn cleanup(client: &Client, ns: &str) {
         .await;
 }
 
-/// Deletes `nodes`, then measures the orphan force-delete rate from the first to the last.
+/// Deletes `nodes`, then measures the orphan force-delete rate from the first delete to the
+/// last, as the bench's own watch on the namespace sees the DELETED events of the pods bound
+/// to them: the same measure for our PodGC and for kube-controller-manager's.
 async fn orphan_rate(
     client: &Client,
-    run: &Run,
     ns: &str,
     nodes: &[String],
     pods_expected: usize,
-) -> anyhow::Result<f64> {
-    let series = format!(
-        "pod_gc_collector_force_delete_pods_total{{namespace=\"{ns}\",reason=\"orphaned\"}} "
-    );
-    let before = run.metric(&series).await?;
+) -> anyhow::Result<Orphans> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut rv = pods
+        .list_metadata(&ListParams::default().limit(1))
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let gone: HashSet<&str> = nodes.iter().map(String::as_str).collect();
     let api: Api<Node> = Api::all(client.clone());
+    let deleted_nodes = Instant::now();
     stream::iter(nodes)
         .map(|n| {
             let api = api.clone();
@@ -400,108 +574,380 @@ async fn orphan_rate(
         .buffer_unordered(32)
         .try_collect::<Vec<_>>()
         .await?;
-    let target = before + pods_expected as f64;
-    wait_for(Duration::from_secs(600), "first orphan deleted", || async {
-        Ok(run.metric(&series).await? > before)
+    let (mut first, mut last, mut seen) = (None, None, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while seen < pods_expected {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {seen} of {pods_expected} orphans deleted after 30 min"
+        );
+        let wp = WatchParams::default().timeout(60);
+        let mut events = pods.watch(&wp, &rv).await?.boxed();
+        while let Some(ev) = events.try_next().await? {
+            match ev {
+                WatchEvent::Deleted(p) => {
+                    rv = p.metadata.resource_version.clone().unwrap_or(rv);
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+                    if node.is_some_and(|n| gone.contains(n)) {
+                        let now = Instant::now();
+                        first.get_or_insert(now);
+                        last = Some(now);
+                        seen += 1;
+                        if seen == pods_expected {
+                            break;
+                        }
+                    }
+                }
+                WatchEvent::Added(p) | WatchEvent::Modified(p) => {
+                    rv = p.metadata.resource_version.unwrap_or(rv);
+                }
+                WatchEvent::Bookmark(b) => rv = b.metadata.resource_version,
+                WatchEvent::Error(e) => anyhow::bail!("watching the orphans: {e:?}"),
+            }
+        }
+    }
+    let (first, last) = (first.expect("seen"), last.expect("seen"));
+    Ok(Orphans {
+        pods: pods_expected,
+        to_first: first - deleted_nodes,
+        per_s: (pods_expected - 1) as f64 / (last - first).as_secs_f64().max(1e-3),
     })
-    .await?;
-    let start = Instant::now();
-    let first = run.metric(&series).await?;
-    wait_for(Duration::from_secs(1800), "all orphans deleted", || async {
-        Ok(run.metric(&series).await? >= target)
-    })
-    .await?;
-    let secs = start.elapsed().as_secs_f64();
-    Ok((target - first) / secs)
+}
+
+struct Orphans {
+    pods: usize,
+    /// From the nodes' deletion to the first orphan's.
+    to_first: Duration,
+    /// Deletes per second from the first to the last.
+    per_s: f64,
+}
+
+/// The two PodGCs on the same objects, one after the other: node sets of the same size, each
+/// PodGC's own, so neither deletes the other's orphans.
+struct OrphanRow<'a> {
+    client: &'a Client,
+    ns: &'a str,
+    per_node: usize,
+}
+
+impl OrphanRow<'_> {
+    async fn measure(&self, who: &str, qps: &str, nodes: &[String]) -> anyhow::Result<f64> {
+        let o = orphan_rate(self.client, self.ns, nodes, nodes.len() * self.per_node).await?;
+        println!(
+            "{who} at {qps}: {} orphans of {} deleted nodes, {:.1} pods/s from the first delete to the last (first {:.1}s after the nodes went)",
+            o.pods,
+            nodes.len(),
+            o.per_s,
+            o.to_first.as_secs_f64()
+        );
+        Ok(o.per_s)
+    }
+}
+
+/// kube-controller-manager: `PODGC_BENCH_KCM`, else the node tarball's copy that
+/// `e2e/node.sh` unpacks into target/e2e/bin.
+fn kcm_bin() -> Option<String> {
+    if let Ok(p) = std::env::var("PODGC_BENCH_KCM") {
+        return (!p.is_empty()).then_some(p);
+    }
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/e2e/bin/kube-controller-manager");
+    p.is_file().then(|| p.display().to_string())
+}
+
+/// RSS of etcd and kube-apiserver, when the bench started them.
+fn control_plane_rss(cp: Option<&testkit::ControlPlane>) -> String {
+    let Some(cp) = cp else {
+        return "not ours (KUBECONFIG)".into();
+    };
+    let (etcd, apiserver) = cp.pids();
+    let rss = |p: Option<u32>| p.map(|p| mib(proc_status(p, "VmRSS:"))).unwrap_or(0.0);
+    format!(
+        "kube-apiserver {:.0} MiB, etcd {:.0} MiB",
+        rss(apiserver),
+        rss(etcd)
+    )
+}
+
+/// Compacts and defragments the bench's own etcd (between rows: 150k pods written and
+/// deleted fill etcd 3.4's quota otherwise).
+fn compact(cp: Option<&testkit::ControlPlane>, when: &str) {
+    let Some(cp) = cp else { return };
+    let t = Instant::now();
+    match cp
+        .compact_etcd()
+        .and_then(|rev| Ok((rev, cp.defragment_etcd()?)))
+    {
+        Ok((rev, size)) => eprintln!(
+            "etcd compacted at revision {rev} and defragmented {when}: {:.0} MiB, {:.1}s",
+            size as f64 / 1048576.0,
+            t.elapsed().as_secs_f64()
+        ),
+        Err(e) => eprintln!("WARNING: compacting etcd {when}: {e:#}"),
+    }
+}
+
+/// One of our PodGCs idle on the full caches.
+struct Steady {
+    listed: Duration,
+    rss_kib: u64,
+    hwm_kib: u64,
+    cpu: f64,
+    wall: f64,
+}
+
+impl Steady {
+    async fn measure(run: &Run) -> anyhow::Result<Self> {
+        let t0 = Instant::now();
+        wait_ready(run.admin(), Duration::from_secs(600), "podgc ready").await?;
+        let listed = t0.elapsed();
+        // Settle, then measure a few cycles' CPU (the process is otherwise idle).
+        run.wait_cycles(2.0).await?;
+        let c0 = run.cycles().await?;
+        let cpu0 = run.cpu_seconds();
+        let sum = "groundskeeper_podgc_cycle_duration_seconds_sum ";
+        let wall0 = run.metric(sum).await?;
+        run.wait_cycles(c0 + 3.0).await?;
+        Ok(Self {
+            listed,
+            cpu: (run.cpu_seconds() - cpu0) / 3.0,
+            wall: (run.metric(sum).await? - wall0) / 3.0,
+            rss_kib: run.proc_status("VmRSS:"),
+            hwm_kib: run.proc_status("VmHWM:"),
+        })
+    }
+
+    fn print(&self, suffix: &str, size: &str) {
+        println!(
+            "caches listed (readyz) after {:.1}s",
+            self.listed.as_secs_f64()
+        );
+        println!(
+            "RSS steady: {:.1} MiB; peak (VmHWM): {:.1} MiB",
+            mib(self.rss_kib),
+            mib(self.hwm_kib)
+        );
+        println!(
+            "one idle cycle: {:.3} s CPU (process total per cycle interval), {:.4} s wall",
+            self.cpu, self.wall
+        );
+        figure(
+            &format!("manager_rss_steady_{size}{suffix}"),
+            mib(self.rss_kib),
+            "MiB",
+        );
+        figure(
+            &format!("manager_rss_peak_{size}{suffix}"),
+            mib(self.hwm_kib),
+            "MiB",
+        );
+        figure(
+            &format!("podgc_cycle_cpu_{size}{suffix}"),
+            self.cpu * 1000.0,
+            "ms",
+        );
+        figure(
+            &format!("manager_caches_listed_{size}_s{suffix}"),
+            self.listed.as_secs_f64(),
+            "s",
+        );
+    }
+}
+
+/// `bench <name> <value> <unit>`, the line every run can be compared on.
+fn figure(name: &str, value: f64, unit: &str) {
+    if unit == "ratio" {
+        println!("bench {name} {value:.2} {unit}");
+    } else {
+        println!("bench {name} {value:.1} {unit}");
+    }
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    if std::env::var_os("KUBECONFIG").is_none() {
-        println!("SKIPPED podgc_load: KUBECONFIG not set");
-        return Ok(());
-    }
-    let n_pods = env_num("PODGC_BENCH_PODS", 50_000);
-    let n_nodes = env_num("PODGC_BENCH_NODES", 5_000).max(1);
-    let slow_nodes = env_num("PODGC_BENCH_ORPHAN_NODES_SLOW", 60).min(n_nodes / 2);
-    let fast_nodes = env_num("PODGC_BENCH_ORPHAN_NODES_FAST", 300).min(n_nodes / 2);
+    let n_pods = env_num("PODGC_BENCH_PODS", 150_000);
+    let n_nodes = env_num("PODGC_BENCH_NODES", 15_000).max(1);
+    let slow_nodes = env_num("PODGC_BENCH_ORPHAN_NODES_SLOW", 60).min(n_nodes / 4);
+    let fast_nodes = env_num("PODGC_BENCH_ORPHAN_NODES_FAST", 300).min(n_nodes / 4);
     let fast_qps = env_num("PODGC_BENCH_FAST_QPS", 1000);
+    let quota_gib = env_num("PODGC_BENCH_ETCD_QUOTA_GIB", 8);
     let bin = std::env::var("PODGC_BENCH_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_controller-manager").to_string());
-    let cluster = testkit::cluster("podgc_load")
-        .await
-        .expect("KUBECONFIG is set");
+    let quota = format!("--quota-backend-bytes={}", quota_gib << 30);
+    let (cluster, cp) = if std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) {
+        (
+            testkit::cluster("podgc_load")
+                .await
+                .expect("KUBECONFIG is set"),
+            None,
+        )
+    } else {
+        match testkit::private_cluster_with("podgc_load", &[&quota]).await {
+            Some((c, cp)) => (c, Some(cp)),
+            None => {
+                println!("SKIPPED podgc_load: neither KUBECONFIG nor KUBE_APISERVER set");
+                return Ok(());
+            }
+        }
+    };
+    let result = run(
+        &cluster,
+        cp.as_deref(),
+        &bin,
+        n_pods,
+        n_nodes,
+        [slow_nodes, fast_nodes],
+        fast_qps,
+    )
+    .await;
+    let result = match result {
+        Ok(()) if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0 => {
+            compact(cp.as_deref(), "before the TTL row");
+            ttl_row(&cluster, &bin).await
+        }
+        r => r,
+    };
+    drop(cluster);
+    drop(cp);
+    result
+}
+
+async fn run(
+    cluster: &testkit::Cluster,
+    cp: Option<&testkit::ControlPlane>,
+    bin: &str,
+    n_pods: usize,
+    n_nodes: usize,
+    [slow_nodes, fast_nodes]: [usize; 2],
+    fast_qps: usize,
+) -> anyhow::Result<()> {
     if std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok("ttl") {
-        return ttl_row(&cluster, &bin).await;
+        return Ok(());
     }
     let client = cluster.client.clone();
+    let kubeconfig = cluster.kubeconfig.display().to_string();
+    let size = format!("{}k_pods", n_pods / 1000);
     eprintln!("podgc_load: {n_pods} pods on {n_nodes} nodes, binary {bin}");
-
     let ns = cluster
         .namespace_for_pods("podgc-bench", Duration::from_secs(60))
         .await?;
     let prefix = unique_name("gk-bench-node");
     let node_names: Vec<String> = (0..n_nodes).map(|i| format!("{prefix}-{i}")).collect();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
     let result = async {
-        create_nodes(&nodes, &node_names).await?;
-        create_pods("pods", &pods, &ns, n_pods, &node_names).await?;
+        let secs = match cp {
+            Some(cp) if std::env::var("PODGC_BENCH_CREATE").as_deref() != Ok("api") => {
+                let names = node_names.clone();
+                seed(&client, cp, "nodes", ("/api/v1/nodes", "/registry/minions"), n_nodes,
+                    node_json(&node_names[0]), move |i, v| {
+                        v["metadata"]["name"] = names[i].clone().into();
+                        v["metadata"]["labels"]["kubernetes.io/hostname"] = names[i].clone().into();
+                    }).await?;
+                let (names, ns2) = (node_names.clone(), ns.clone());
+                let paths = (format!("/api/v1/namespaces/{ns}/pods"), format!("/registry/pods/{ns}"));
+                seed(&client, cp, "pods", (&paths.0, &paths.1), n_pods,
+                    pod_json(&ns, 0, &node_names[0]), move |i, v| {
+                        let want = pod_json(&ns2, i, &names[i % names.len()]);
+                        v["metadata"]["name"] = want["metadata"]["name"].clone();
+                        v["metadata"]["labels"] = want["metadata"]["labels"].clone();
+                        v["spec"]["nodeName"] = want["spec"]["nodeName"].clone();
+                        for k in 0..2 {
+                            for f in ["image", "env"] {
+                                v["spec"]["containers"][k][f] = want["spec"]["containers"][k][f].clone();
+                            }
+                        }
+                    }).await?
+            }
+            _ => {
+                create_nodes(&client, &node_names).await?;
+                create_pods("pods", &client, &ns, n_pods, &node_names).await?
+            }
+        };
+        figure(&format!("create_{size}_s"), secs, "s");
+        compact(cp, "after creating");
+        println!("control plane: {}", control_plane_rss(cp));
 
         // Run 1: the default QPS budget (20/30).
-        let run = Run::start(&bin, &["--gc-period=5s"])?;
-        let t0 = Instant::now();
-        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
-        let listed = t0.elapsed();
-        run.wait_cycles(1.0).await?;
-        // Settle, then measure a few cycles' CPU (the process is otherwise idle).
-        run.wait_cycles(2.0).await?;
-        let c0 = run.cycles().await?;
-        let cpu0 = run.cpu_seconds();
-        let wall0 = run.metric("groundskeeper_podgc_cycle_duration_seconds_sum ").await?;
-        run.wait_cycles(c0 + 3.0).await?;
-        let cpu = (run.cpu_seconds() - cpu0) / 3.0;
-        let wall = (run.metric("groundskeeper_podgc_cycle_duration_seconds_sum ").await? - wall0) / 3.0;
-        let rss_kib = run.proc_status("VmRSS:");
-        let hwm_kib = run.proc_status("VmHWM:");
+        let run = Run::start(bin, &kubeconfig, &["--gc-period=5s"])?;
+        let m = Steady::measure(&run).await?;
         println!("pods={n_pods} nodes={n_nodes}");
-        println!("caches listed (readyz) after {:.1}s", listed.as_secs_f64());
-        println!("RSS steady: {:.1} MiB; peak (VmHWM): {:.1} MiB", rss_kib as f64 / 1024.0, hwm_kib as f64 / 1024.0);
-        println!("one idle cycle: {:.3} s CPU (process total per cycle interval), {:.4} s wall", cpu, wall);
+        m.print("", &size);
+        println!("control plane: {}", control_plane_rss(cp));
+        if let Ok(before) = std::env::var("PODGC_BENCH_COMPARE") {
+            let old = Run::start(&before, &kubeconfig, &["--gc-period=5s", "--dry-run"])?;
+            let m = Steady::measure(&old).await?;
+            println!("the same, binary {before} (--dry-run, beside the first):");
+            m.print("_compare", &size);
+        }
 
-        let per_node = n_pods / n_nodes;
-        let slow = &node_names[..slow_nodes];
-        let rate = orphan_rate(&client, &run, &ns, slow, slow.len() * per_node).await?;
-        println!(
-            "orphans at --kube-api-qps=20 --kube-api-burst=30: {} pods, {:.1} pods/s (budget limit 10)",
-            slow.len() * per_node,
-            rate
-        );
-        println!("RSS after: {:.1} MiB", run.proc_status("VmRSS:") as f64 / 1024.0);
+        let row = OrphanRow { client: &client, ns: &ns, per_node: n_pods / n_nodes };
+        let mut sets = node_names.chunks(slow_nodes.max(1));
+        let slow_qps = "--kube-api-qps=20 --kube-api-burst=30";
+        let ours = row.measure("groundskeeper", slow_qps, sets.next().expect("nodes")).await?;
+        println!("RSS after: {:.1} MiB", mib(run.proc_status("VmRSS:")));
         drop(run);
+        let kcm = kcm_bin();
+        let kcm_rate = match &kcm {
+            Some(kcm) => {
+                println!("memory available before kube-controller-manager starts: {:.0} MiB", mib(proc_meminfo("MemAvailable:")));
+                let k = Run::start_kcm(kcm, &kubeconfig, 20, 30)?;
+                // Its caches: the log line, then two of its 20 s cycles.
+                k.bin.wait_for_log("Caches are synced", Duration::from_secs(900)).await?;
+                tokio::time::sleep(Duration::from_secs(45)).await;
+                let (rss, hwm) = (k.proc_status("VmRSS:"), k.proc_status("VmHWM:"));
+                println!("kube-controller-manager (PodGC only): RSS steady {:.1} MiB; peak (VmHWM) {:.1} MiB", mib(rss), mib(hwm));
+                figure(&format!("kcm_rss_steady_{size}"), mib(rss), "MiB");
+                figure(&format!("kcm_rss_peak_{size}"), mib(hwm), "MiB");
+                let r = row.measure("kube-controller-manager", slow_qps, sets.next().expect("nodes")).await?;
+                drop(k);
+                Some(r)
+            }
+            None => {
+                println!("kube-controller-manager: SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/node.sh` once)");
+                None
+            }
+        };
+        figure("orphans_per_s_qps20", ours, "pods/s");
+        if let Some(k) = kcm_rate {
+            figure("kcm_podgc_orphans_per_s_qps20", k, "pods/s");
+            figure("orphans_per_s_ratio_qps20", ours / k, "ratio");
+        }
 
-        let qps = fast_qps.to_string();
-        let burst = (fast_qps * 2).to_string();
+        let mut sets = node_names[2 * slow_nodes..].chunks(fast_nodes.max(1));
+        let (qps, burst) = (fast_qps.to_string(), (fast_qps * 2).to_string());
+        let fast = format!("--kube-api-qps={qps} --kube-api-burst={burst}");
         let run = Run::start(
-            &bin,
+            bin,
+            &kubeconfig,
             &["--gc-period=5s", "--kube-api-qps", &qps, "--kube-api-burst", &burst, "--gc-concurrency=64"],
         )?;
-        wait_ready(run.admin, Duration::from_secs(600), "podgc ready").await?;
+        wait_ready(run.admin(), Duration::from_secs(600), "podgc ready").await?;
         run.wait_cycles(1.0).await?;
-        let fast = &node_names[slow_nodes..slow_nodes + fast_nodes];
-        let rate = orphan_rate(&client, &run, &ns, fast, fast.len() * per_node).await?;
-        println!(
-            "orphans at --kube-api-qps={qps} --kube-api-burst={burst} --gc-concurrency=64: {} pods, {:.1} pods/s",
-            fast.len() * per_node,
-            rate
-        );
+        let ours = row.measure("groundskeeper (--gc-concurrency=64)", &fast, sets.next().expect("nodes")).await?;
         drop(run);
+        let kcm_rate = match &kcm {
+            Some(kcm) => {
+                let k = Run::start_kcm(kcm, &kubeconfig, fast_qps, fast_qps * 2)?;
+                k.bin.wait_for_log("Caches are synced", Duration::from_secs(900)).await?;
+                let r = row.measure("kube-controller-manager", &fast, sets.next().expect("nodes")).await?;
+                drop(k);
+                Some(r)
+            }
+            None => None,
+        };
+        figure(&format!("orphans_per_s_qps{qps}"), ours, "pods/s");
+        if let Some(k) = kcm_rate {
+            figure(&format!("kcm_podgc_orphans_per_s_qps{qps}"), k, "pods/s");
+            figure(&format!("orphans_per_s_ratio_qps{qps}"), ours / k, "ratio");
+        }
         anyhow::Ok(())
     }
     .await;
 
-    cleanup(&client, &ns).await;
-    result?;
-    ttl_row(&cluster, &bin).await
+    // Our own control plane goes with everything in it; a cluster named by KUBECONFIG is
+    // cleaned.
+    if cp.is_none() {
+        cleanup(&client, &ns).await;
+    }
+    result
 }

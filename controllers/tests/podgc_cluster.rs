@@ -609,7 +609,7 @@ async fn recreated_pod_with_the_same_name_is_never_deleted() -> anyhow::Result<(
         .await?;
         let again = pod(&c, &ns, &name, None, false).await?;
         set_phase(&c, &ns, &name, "Running", None).await;
-        assert_ne!(again.uid().as_deref(), Some(&*stale.uid));
+        assert_ne!(again.uid(), Some(stale.uid.to_string()));
 
         let d = Deletion {
             pod: stale,

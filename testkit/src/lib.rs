@@ -98,6 +98,14 @@ pub async fn cluster(test_name: &str) -> Option<Cluster> {
 /// `KUBE_APISERVER` (a cluster named by `KUBECONFIG` is not ours to restart). The returned
 /// `Cluster` must be dropped before the `ControlPlane`, so its cleanup still reaches it.
 pub async fn private_cluster(test_name: &str) -> Option<(Cluster, Box<ControlPlane>)> {
+    private_cluster_with(test_name, &[]).await
+}
+
+/// [`private_cluster`] with extra etcd flags (see [`ControlPlane::start_with`]).
+pub async fn private_cluster_with(
+    test_name: &str,
+    etcd_args: &[&str],
+) -> Option<(Cluster, Box<ControlPlane>)> {
     let Some((apiserver, etcd)) = ControlPlane::configured() else {
         skipped(
             test_name,
@@ -105,10 +113,14 @@ pub async fn private_cluster(test_name: &str) -> Option<(Cluster, Box<ControlPla
         );
         return None;
     };
-    let cp = tokio::task::spawn_blocking(move || ControlPlane::start(&apiserver, &etcd))
-        .await
-        .expect("control plane start")
-        .unwrap_or_else(|e| panic!("starting a private control plane: {e:#}"));
+    let etcd_args: Vec<String> = etcd_args.iter().map(|a| a.to_string()).collect();
+    let cp = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = etcd_args.iter().map(String::as_str).collect();
+        ControlPlane::start_with(&apiserver, &etcd, &args)
+    })
+    .await
+    .expect("control plane start")
+    .unwrap_or_else(|e| panic!("starting a private control plane: {e:#}"));
     let cp = Box::new(cp);
     let cluster = Cluster::connect(cp.kubeconfig.clone(), None).await;
     Some((cluster, cp))

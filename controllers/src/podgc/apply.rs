@@ -169,7 +169,7 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
         }
         status["$setElementOrder/conditions"] = Value::Array(order);
     }
-    Some(json!({ "metadata": { "uid": &*pod.uid }, "status": status }))
+    Some(json!({ "metadata": { "uid": pod.uid.to_string() }, "status": status }))
 }
 
 /// Grace period 0 (force) and, beyond upstream, the UID read from the cache as precondition.

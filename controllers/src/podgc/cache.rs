@@ -38,7 +38,8 @@ pub type PodKey = (Arc<str>, Arc<str>);
 /// The three caches, and the names they share.
 #[derive(Default)]
 pub struct Caches {
-    pub pods: Store<PodKey, PodFacts>,
+    /// Shared with each cycle's snapshot, which then costs a pointer per pod, not a copy.
+    pub pods: Store<PodKey, Arc<PodFacts>>,
     pub nodes: Store<Arc<str>, NodeFacts>,
     /// Only namespaces that carry a policy annotation.
     pub namespaces: Store<Arc<str>, NsAnnotations>,
@@ -65,26 +66,27 @@ impl Caches {
         self.pods.listed() && self.nodes.listed() && self.namespaces.listed()
     }
 
-    pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<PodKey, PodFacts> {
-        let names = &mut self.names;
+    pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<PodKey, Arc<PodFacts>> {
+        let watched = matches!(ev, Event::Apply(_));
+        let (names, pods) = (&mut self.names, &self.pods);
         let update = Update::from_event(ev, |p| match PodFacts::from_wire(p, names) {
-            Ok(f) => Kept::Yes((f.namespace.clone(), f.name.clone()), f),
+            Ok(mut f) => {
+                let key = (f.namespace.clone(), f.name.clone());
+                if f.phase.is_final() {
+                    let old = pods.get(&key).filter(|old| old.uid == f.uid);
+                    f.seen_final = seen_final(old.map(|o| &**o), watched);
+                }
+                Kept::Yes(key, Arc::new(f))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "ignoring pod");
                 Kept::Unusable
             }
         });
-        let Some(mut update) = update else {
-            return Applied::Nothing;
-        };
-        let watched = matches!(update, Update::Apply(..));
-        if let Update::Apply(key, f) | Update::InitApply(key, f) = &mut update
-            && f.phase.is_final()
-        {
-            let old = self.pods.get(key).filter(|old| old.uid == f.uid);
-            f.seen_final = seen_final(old, watched);
+        match update {
+            Some(update) => self.pods.apply(update),
+            None => Applied::Nothing,
         }
-        self.pods.apply(update)
     }
 
     pub fn fold_node(&mut self, ev: Event<WireNode>) -> Applied<Arc<str>, NodeFacts> {

@@ -19,6 +19,7 @@ use super::{
     apply::{Applier, Tally},
     cache::Caches,
     decide::{self, Snapshot, Sweep},
+    facts::Uid,
     notice::{Reported, invalid_policy},
     policy::{self, NsPolicy, Policy},
     quarantine::Quarantine,
@@ -52,7 +53,7 @@ impl Cycle {
         // Upstream's threshold on every terminated pod, whatever the policies say; what it
         // chose is not chosen again by the policy passes.
         let chosen = decide::terminated(&snap.pods, self.threshold);
-        let taken: HashSet<Box<str>> = chosen.iter().map(|d| d.pod.uid.clone()).collect();
+        let taken: HashSet<Uid> = chosen.iter().map(|d| d.pod.uid.clone()).collect();
         summary.passes[Sweep::Terminated as usize] = self.applier.apply(chosen).await;
 
         self.report_malformed(&snap).await;
@@ -61,7 +62,7 @@ impl Cycle {
             .iter()
             .map(|(ns, a)| (ns.clone(), NsPolicy::parse(a)))
             .collect();
-        let taken: HashSet<&str> = taken.iter().map(|u| &**u).collect();
+        let taken: HashSet<&Uid> = taken.iter().collect();
         let (ttl, ns_threshold) = policy::policy_passes(
             &snap.pods,
             &taken,

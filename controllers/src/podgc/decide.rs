@@ -4,6 +4,7 @@
 //! passed in by the cycle; the policy passes built on these live in `policy.rs`.
 
 use std::{
+    borrow::Borrow,
     cmp::Ordering,
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
@@ -14,7 +15,8 @@ use super::facts::{NodeFacts, NsAnnotations, PodFacts};
 /// The pods and nodes of one cycle: every pass reads the same snapshot, as upstream does.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    pub pods: Vec<PodFacts>,
+    /// The cache's own facts, shared: a snapshot of 150k pods is 150k pointers.
+    pub pods: Vec<Arc<PodFacts>>,
     pub nodes: HashMap<Arc<str>, NodeFacts>,
     /// The namespaces that carry a policy annotation, unparsed.
     pub namespaces: BTreeMap<Arc<str>, NsAnnotations>,
@@ -153,11 +155,15 @@ pub fn phase_note(p: &PodFacts) -> String {
 
 /// Sweep 1: the oldest terminated pods above `threshold` (evicted ones first). Terminating pods
 /// still count and can be chosen again, as in v1.36.
-pub fn terminated(pods: &[PodFacts], threshold: i64) -> Vec<Deletion> {
+pub fn terminated<P: Borrow<PodFacts>>(pods: &[P], threshold: i64) -> Vec<Deletion> {
     if threshold <= 0 {
         return Vec::new();
     }
-    let done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
+    let done: Vec<&PodFacts> = pods
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|p| p.phase.is_terminated())
+        .collect();
     let total = done.len();
     excess(done, threshold)
         .into_iter()
@@ -184,6 +190,7 @@ pub fn out_of_service(snapshot: &Snapshot) -> Vec<Deletion> {
     let mut chosen: Vec<&PodFacts> = snapshot
         .pods
         .iter()
+        .map(|p| &**p)
         .filter(|p| p.terminating)
         .filter(|p| out_of_service_node(p.node_name.as_ref().and_then(|n| snapshot.nodes.get(n))))
         .collect();
@@ -212,11 +219,12 @@ pub fn missing_nodes(snapshot: &Snapshot) -> BTreeSet<Arc<str>> {
 }
 
 /// Sweep 3: every pod (any phase) bound to a node a live GET confirmed gone.
-pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
+pub fn orphaned<P: Borrow<PodFacts>>(pods: &[P], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
     if gone.is_empty() {
         return Vec::new();
     }
     pods.iter()
+        .map(Borrow::borrow)
         .filter(|p| p.node_name.as_ref().is_some_and(|n| gone.contains(n)))
         .map(|p| {
             let why = format!("node {} no longer exists", p.node());
@@ -226,8 +234,9 @@ pub fn orphaned(pods: &[PodFacts], gone: &HashSet<Arc<str>>) -> Vec<Deletion> {
 }
 
 /// Sweep 4: terminating pods that were never scheduled.
-pub fn unscheduled(pods: &[PodFacts]) -> Vec<Deletion> {
+pub fn unscheduled<P: Borrow<PodFacts>>(pods: &[P]) -> Vec<Deletion> {
     pods.iter()
+        .map(Borrow::borrow)
         .filter(|p| p.terminating && p.node_name.is_none())
         .map(|p| {
             let why = "terminating and never scheduled to a node".into();

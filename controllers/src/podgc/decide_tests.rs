@@ -29,7 +29,7 @@ fn node(ready: bool, out_of_service: bool) -> NodeFacts {
 
 fn snapshot(pods: Vec<PodFacts>, nodes: &[(&str, NodeFacts)]) -> Snapshot {
     Snapshot {
-        pods,
+        pods: pods.into_iter().map(Arc::new).collect(),
         nodes: nodes.iter().map(|(n, f)| (Arc::from(*n), *f)).collect(),
         namespaces: Default::default(),
     }

@@ -21,6 +21,8 @@ pub mod notice;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+#[cfg(test)]
+mod projection_tests;
 pub mod quarantine;
 pub mod wire;
 
@@ -150,6 +152,8 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             let seconds = started.elapsed().as_secs_f64();
             metrics.cycle_seconds.observe(seconds);
             summary.log(cycle.quarantine.len(), seconds);
+            // The snapshot and the list pages since the last cycle are freed by now.
+            groundskeeper_plumbing::process::release_free_memory();
             args.gc_period
         } else {
             tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");

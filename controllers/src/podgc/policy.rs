@@ -14,6 +14,7 @@
 //! annotations this module chooses nothing.
 
 use std::{
+    borrow::Borrow,
     collections::{HashMap, HashSet},
     sync::Arc,
     time::Duration,
@@ -24,7 +25,7 @@ use jiff::Timestamp;
 
 use super::{
     decide::{Deletion, Sweep, eviction_then_age, excess, phase_note},
-    facts::{NsAnnotations, PodFacts},
+    facts::{NsAnnotations, PodFacts, Uid},
 };
 
 pub const TTL_ANNOTATION: &str = "groundskeeper.dev/terminated-pod-ttl";
@@ -159,12 +160,15 @@ pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp, local_now: std::time
 /// Steps 2 and 3 (TTL, then namespace thresholds) on the pods step 1 (`taken`, by UID) left.
 /// Returns the TTL deletions and the namespace-threshold deletions, each in eviction-then-age
 /// order.
-pub fn policy_passes(
-    pods: &[PodFacts],
-    taken: &HashSet<&str>,
+pub fn policy_passes<P: Borrow<PodFacts>>(
+    pods: &[P],
+    taken: &HashSet<&Uid>,
     policy: &Policy,
 ) -> (Vec<Deletion>, Vec<Deletion>) {
-    let left = pods.iter().filter(|p| !taken.contains(&*p.uid));
+    let left = pods
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|p: &&PodFacts| !taken.contains(&p.uid));
 
     let mut ttl_chosen: Vec<(&PodFacts, Duration)> = Vec::new();
     // Terminated pods not chosen by the TTL, per namespace with its own threshold.

@@ -10,7 +10,7 @@ use super::policy::*;
 use crate::podgc::{
     decide::{Deletion, Sweep, terminated},
     facts::{
-        NsAnnotations, Phase, PodFacts,
+        NsAnnotations, Phase, PodFacts, Uid,
         example::{self, at, evicted},
     },
 };
@@ -374,7 +374,7 @@ fn order_of_evaluation() {
                 .map(|(n, a)| (Arc::from(*n), NsPolicy::parse(a)))
                 .collect();
         let step1 = terminated(&r.pods, r.cluster_threshold);
-        let taken: HashSet<&str> = step1.iter().map(|d| &*d.pod.uid).collect();
+        let taken: HashSet<&Uid> = step1.iter().map(|d| &d.pod.uid).collect();
         let policy = Policy {
             cluster_ttl: r.cluster_ttl,
             namespaces: &namespaces,
