@@ -15,6 +15,7 @@ pub mod pass;
 pub mod project;
 pub mod round;
 pub mod schedule;
+pub mod sweep;
 pub mod sysctls;
 
 #[cfg(test)]
