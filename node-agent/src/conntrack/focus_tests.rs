@@ -514,16 +514,16 @@ impl Delete for FakeTable {
     }
 }
 
-/// One generated case: the change, both models, and a table.
-struct Case {
+/// One generated case: the change, both models, and a table (also stream_tests' cases).
+pub(super) struct Case {
     old: Cluster,
     new: Cluster,
-    m0: Model,
-    m1: Model,
-    table: Vec<Entry>,
+    pub(super) m0: Model,
+    pub(super) m1: Model,
+    pub(super) table: Vec<Entry>,
 }
 
-fn case(seed: u64, entries: usize) -> Case {
+pub(super) fn case(seed: u64, entries: usize) -> Case {
     let mut rng = Rng(seed);
     let p = pools();
     let mut g = Gen {
@@ -635,7 +635,7 @@ fn case(seed: u64, entries: usize) -> Case {
     }
 }
 
-fn host() -> HashSet<IpAddr> {
+pub(super) fn host() -> HashSet<IpAddr> {
     pools().host.into_iter().collect()
 }
 

@@ -33,6 +33,8 @@ mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod sysctls_tests;
 
 use std::sync::Arc;
