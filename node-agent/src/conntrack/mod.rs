@@ -13,6 +13,7 @@ pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod project;
+pub mod report;
 pub mod round;
 pub mod schedule;
 pub mod sweep;

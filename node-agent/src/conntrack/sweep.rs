@@ -22,7 +22,7 @@ use super::apply::Delete;
 use super::decide::Stale;
 use super::model::canonical;
 use super::netlink::msg::Entry;
-use super::pass::PassReport;
+use super::report::PassReport;
 
 /// Stale entries held before they are deleted (one netlink `sendmsg` carries 128).
 pub const DELETE_BATCH: usize = 512;
