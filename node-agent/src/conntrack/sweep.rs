@@ -148,12 +148,8 @@ impl<'a> Sweep<'a> {
         }
     }
 
-    /// How many stale entries wait for their delete now (never more than the cap).
-    pub fn held(&self) -> usize {
-        self.batch.len()
-    }
-
-    /// The orphaned IPs the attempt used saw.
+    /// The report, the delete failure if any, whether any delete was sent, and (a full pass)
+    /// the orphaned IPs the attempt used saw.
     pub fn into_parts(self) -> (PassReport, Option<io::Error>, bool, Option<HashSet<IpAddr>>) {
         (
             self.report,
