@@ -16,8 +16,10 @@ pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod project;
+pub mod report;
 pub mod round;
 pub mod schedule;
+pub mod sweep;
 pub mod sysctls;
 
 #[cfg(test)]
@@ -40,6 +42,8 @@ mod pass_tests;
 mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod sysctls_tests;
 

@@ -18,6 +18,9 @@ const SOL_NETLINK: libc::c_int = 270;
 const RECV_BUF: usize = 64 * 1024;
 /// Requests per `sendmsg`; small enough that the acknowledgements fit the receive buffer.
 const BATCH: usize = 128;
+/// Creates per `sendmsg` (tests, benchmark): only failures are acknowledged, one by one.
+#[cfg(any(test, feature = "testing"))]
+const CREATE_BATCH: usize = 512;
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,16 @@ pub struct BatchReport {
     pub not_found: usize,
     /// Other per-request errors: (index in the batch, errno).
     pub failed: Vec<(usize, i32)>,
+}
+
+/// Which requests of a batch the kernel acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acks {
+    /// Every one (NLM_F_ACK on each): deletes, whose outcome is counted one by one.
+    Each,
+    /// Only those that failed, and the last of each `sendmsg`.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    Failures,
 }
 
 pub struct Conntrack {
@@ -307,10 +320,24 @@ impl Conntrack {
 
     /// Deletes each entry by original tuple (+ ID and zone), in batches.
     pub fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
-        self.batch(entries.len(), |enc, seq, i| enc.delete(seq, &entries[i]))
+        self.delete_each(entries.len(), |i| &entries[i])
     }
 
-    /// Creates entries (tests, benchmark), in batches.
+    /// Deletes the `n` entries `entry` names by index, as [`Conntrack::delete`] (callers that
+    /// hold their entries beside other data need not copy them out first).
+    pub fn delete_each<'a>(
+        &mut self,
+        n: usize,
+        entry: impl Fn(usize) -> &'a Entry,
+    ) -> io::Result<BatchReport> {
+        self.batch(n, BATCH, Acks::Each, |enc, seq, i| {
+            enc.delete(seq, entry(i))
+        })
+    }
+
+    /// Creates entries (tests, benchmark), in batches of [`CREATE_BATCH`]: the kernel
+    /// acknowledges only the last request of each batch and those that failed, so a large
+    /// table fills without one read per entry.
     #[cfg(any(test, feature = "testing"))]
     pub fn create(
         &mut self,
@@ -318,41 +345,70 @@ impl Conntrack {
         timeout_secs: u32,
         status: u32,
     ) -> io::Result<BatchReport> {
-        self.batch(entries.len(), |enc, seq, i| {
-            enc.create(seq, &entries[i], timeout_secs, status)
-        })
+        self.batch(
+            entries.len(),
+            CREATE_BATCH,
+            Acks::Failures,
+            |enc, seq, i| enc.create(seq, &entries[i], timeout_secs, status),
+        )
     }
 
     fn batch(
         &mut self,
         n: usize,
+        per_send: usize,
+        acks: Acks,
         encode: impl Fn(&mut Encoder, u32, usize),
     ) -> io::Result<BatchReport> {
         let mut report = BatchReport::default();
-        for start in (0..n).step_by(BATCH) {
-            let end = (start + BATCH).min(n);
+        for start in (0..n).step_by(per_send) {
+            let end = (start + per_send).min(n);
             let base = self.next_seq(end - start);
             self.enc.clear();
             for i in start..end {
+                let at = self.enc.buf.len();
                 encode(&mut self.enc, base.wrapping_add((i - start) as u32), i);
+                if acks == Acks::Failures && i + 1 < end {
+                    // Without NLM_F_ACK the kernel answers only a request that failed; the
+                    // last one's acknowledgement then says every earlier one was processed.
+                    let flags = u16::from_ne_bytes([self.enc.buf[at + 6], self.enc.buf[at + 7]])
+                        & !msg::NLM_F_ACK;
+                    self.enc.buf[at + 6..at + 8].copy_from_slice(&flags.to_ne_bytes());
+                }
             }
             self.send_encoded()?;
-            let mut pending = end - start;
-            while pending > 0 {
+            let (count, last) = (end - start, end - start - 1);
+            let (mut answered, mut errors, mut done) = (0, 0, false);
+            while !done {
                 let len = self.recv()?;
                 for m in msg::messages(&self.buf[..len]) {
                     let m = m.map_err(io::Error::other)?;
                     let off = m.seq.wrapping_sub(base) as usize;
-                    if m.ty != msg::NLMSG_ERROR || off >= end - start {
+                    if m.ty != msg::NLMSG_ERROR || off > last {
                         continue;
                     }
-                    pending = pending.saturating_sub(1);
+                    answered += 1;
                     match msg::error_code(m.payload).map_err(io::Error::other)? {
-                        0 => report.ok += 1,
-                        libc::ENOENT => report.not_found += 1,
-                        errno => report.failed.push((start + off, errno)),
+                        // With acknowledgements for failures only, successes are counted below.
+                        0 if acks == Acks::Each => report.ok += 1,
+                        0 => {}
+                        libc::ENOENT => {
+                            report.not_found += 1;
+                            errors += 1;
+                        }
+                        errno => {
+                            report.failed.push((start + off, errno));
+                            errors += 1;
+                        }
                     }
+                    done |= match acks {
+                        Acks::Each => answered >= count,
+                        Acks::Failures => off == last,
+                    };
                 }
+            }
+            if acks == Acks::Failures {
+                report.ok += count - errors;
             }
         }
         Ok(report)
@@ -398,200 +454,4 @@ pub fn host_addresses() -> io::Result<std::collections::HashSet<std::net::IpAddr
 }
 
 #[cfg(test)]
-mod tests {
-    // The dump reader against scripted datagrams (a socketpair stands in for the kernel), for the
-    // cases a real kernel will not produce on demand.
-
-    use std::net::IpAddr;
-
-    use super::*;
-    use crate::conntrack::netlink::msg::{IPPROTO_UDP, Tuple};
-
-    fn entry(port: u16) -> Entry {
-        let c: IpAddr = "10.0.0.1".parse().unwrap();
-        let f: IpAddr = "10.96.0.10".parse().unwrap();
-        Entry {
-            orig: Tuple {
-                src: c,
-                dst: f,
-                proto: IPPROTO_UDP,
-                src_port: port,
-                dst_port: 53,
-            },
-            reply: Tuple {
-                src: f,
-                dst: c,
-                proto: IPPROTO_UDP,
-                src_port: 53,
-                dst_port: port,
-            },
-            id: None,
-            zone: 0,
-        }
-    }
-
-    /// An entry as the kernel sends it in a dump: type CT_NEW, NLM_F_MULTI (+ extra flags).
-    fn entry_msg(seq: u32, extra_flags: u16, e: &Entry) -> Vec<u8> {
-        let mut enc = Encoder::default();
-        enc.create(seq, e, 1, 0);
-        let mut b = enc.buf;
-        b[6..8].copy_from_slice(&(msg::NLM_F_MULTI | extra_flags).to_ne_bytes());
-        b
-    }
-
-    fn control_msg(ty: u16, seq: u32, flags: u16, errno: i32) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(&20u32.to_ne_bytes());
-        b.extend_from_slice(&ty.to_ne_bytes());
-        b.extend_from_slice(&flags.to_ne_bytes());
-        b.extend_from_slice(&seq.to_ne_bytes());
-        b.extend_from_slice(&0u32.to_ne_bytes());
-        b.extend_from_slice(&(-errno).to_ne_bytes());
-        b
-    }
-
-    fn done(seq: u32) -> Vec<u8> {
-        control_msg(msg::NLMSG_DONE, seq, msg::NLM_F_MULTI, 0)
-    }
-
-    /// A reader over one end of a socketpair; `datagrams` are queued on the other end.
-    fn reader(datagrams: &[Vec<u8>]) -> (Conntrack, OwnedFd) {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: fds has room for the two descriptors.
-        let r = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        assert_eq!(r, 0);
-        // SAFETY: both fds are fresh and owned here.
-        let (ours, theirs) =
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        for d in datagrams {
-            // SAFETY: d is valid for its length.
-            let n = unsafe { libc::send(theirs.as_raw_fd(), d.as_ptr().cast(), d.len(), 0) };
-            assert_eq!(n as usize, d.len());
-        }
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 200_000,
-        };
-        setsockopt(ours.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv);
-        let ct = Conntrack {
-            fd: ours,
-            buf: vec![0; RECV_BUF],
-            enc: Encoder::default(),
-            seq: 0,
-        };
-        (ct, theirs)
-    }
-
-    fn read(datagrams: &[Vec<u8>], filtered: bool) -> (Result<usize, DumpError>, Vec<u16>) {
-        let (mut ct, _other) = reader(datagrams);
-        let mut ports = vec![];
-        let r = ct.read_dump(7, filtered, &mut |e| ports.push(e.orig.src_port));
-        (r, ports)
-    }
-
-    fn cat(parts: &[Vec<u8>]) -> Vec<u8> {
-        parts.concat()
-    }
-
-    #[test]
-    fn entries_across_datagrams_until_done() {
-        let (r, ports) = read(
-            &[
-                cat(&[entry_msg(7, 0, &entry(1)), entry_msg(7, 0, &entry(2))]),
-                cat(&[entry_msg(7, 0, &entry(3)), done(7)]),
-            ],
-            true,
-        );
-        assert_eq!(r.unwrap(), 3);
-        assert_eq!(ports, vec![1, 2, 3]);
-    }
-
-    #[test]
-    fn replies_to_other_requests_are_ignored() {
-        let (r, ports) = read(
-            &[
-                control_msg(msg::NLMSG_ERROR, 3, 0, 0), // a late ack
-                cat(&[
-                    entry_msg(6, 0, &entry(9)),
-                    entry_msg(7, 0, &entry(1)),
-                    done(7),
-                ]),
-            ],
-            true,
-        );
-        assert_eq!(r.unwrap(), 1);
-        assert_eq!(ports, vec![1]);
-    }
-
-    #[test]
-    fn dump_intr_drains_then_reports_interrupted() {
-        let (r, ports) = read(
-            &[
-                entry_msg(7, msg::NLM_F_DUMP_INTR, &entry(1)),
-                cat(&[entry_msg(7, 0, &entry(2)), done(7)]),
-            ],
-            true,
-        );
-        assert!(matches!(r, Err(DumpError::Interrupted)), "{r:?}");
-        assert_eq!(ports, vec![1, 2], "the partial result was still visited");
-    }
-
-    #[test]
-    fn eintr_is_interrupted() {
-        let (r, _) = read(&[control_msg(msg::NLMSG_ERROR, 7, 0, libc::EINTR)], true);
-        assert!(matches!(r, Err(DumpError::Interrupted)), "{r:?}");
-        let (r, _) = read(
-            &[control_msg(
-                msg::NLMSG_DONE,
-                7,
-                msg::NLM_F_MULTI,
-                libc::EINTR,
-            )],
-            true,
-        );
-        assert!(matches!(r, Err(DumpError::Interrupted)), "{r:?}");
-    }
-
-    #[test]
-    fn filter_rejection_only_for_a_filtered_dump() {
-        for errno in [libc::EINVAL, libc::EOPNOTSUPP] {
-            let (r, _) = read(&[control_msg(msg::NLMSG_ERROR, 7, 0, errno)], true);
-            assert!(matches!(r, Err(DumpError::FilterRejected(_))), "{r:?}");
-            let (r, _) = read(&[control_msg(msg::NLMSG_ERROR, 7, 0, errno)], false);
-            assert!(matches!(r, Err(DumpError::Kernel(_))), "{r:?}");
-        }
-        let (r, _) = read(&[control_msg(msg::NLMSG_ERROR, 7, 0, libc::EPERM)], true);
-        assert!(matches!(r, Err(DumpError::Kernel(_))), "{r:?}");
-    }
-
-    #[test]
-    fn malformed_entry_drains_and_fails_without_visiting_later_entries() {
-        let mut bad = entry_msg(7, 0, &entry(2));
-        // Break the first attribute's length so the entry cannot be parsed.
-        bad[20] = 0xff;
-        bad[21] = 0x00;
-        let (r, ports) = read(
-            &[
-                cat(&[entry_msg(7, 0, &entry(1)), bad]),
-                cat(&[entry_msg(7, 0, &entry(3)), done(7)]),
-            ],
-            true,
-        );
-        assert!(matches!(r, Err(DumpError::Parse(_))), "{r:?}");
-        assert_eq!(ports, vec![1]);
-    }
-
-    #[test]
-    fn a_stalled_kernel_is_an_io_error_not_a_hang() {
-        let (r, ports) = read(&[entry_msg(7, 0, &entry(1))], true);
-        assert!(matches!(r, Err(DumpError::Io(_))), "{r:?}");
-        assert_eq!(ports, vec![1]);
-    }
-}
+mod socket_tests;
