@@ -23,12 +23,23 @@ pub enum Dump {
     Select(Family, u8, Select),
 }
 
-/// What a pass needs from the conntrack table.
-pub trait Table {
-    /// Streams the entries `what` asks for to `visit`; returns how many.
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError>;
-    /// Deletes the stale entries, each by tuple + ID.
+/// Deletes stale entries, each by tuple + ID (an entry replaced since under the same tuple
+/// has another ID: its delete fails harmlessly, as not found).
+pub trait Delete {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport>;
+}
+
+/// What a pass needs from the conntrack table.
+pub trait Table: Delete {
+    /// Streams the entries `what` asks for to `visit`; returns how many. `visit` is handed
+    /// what deletes while the dump streams (the kernel's: a second socket, the dump's own is
+    /// busy until its end), so a pass deletes in bounded batches and never holds the table or
+    /// its stale list.
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError>;
     /// The addresses the host (this table's network namespace) owns now, for the NodePort
     /// rule. None known: the rule judges only DNATed flows to the Node object's addresses.
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -40,26 +51,58 @@ pub trait Table {
     }
 }
 
-/// The table of the calling thread's network namespace. The socket is opened when a pass first
-/// reads (a family with nothing to judge never needs it, nor CAP_NET_ADMIN), and dropped after
-/// a failed dump or delete: it may hold the rest of a broken reply, the next pass starts clean.
+/// The table of the calling thread's network namespace. Its sockets are opened when a pass
+/// first reads or deletes (a family with nothing to judge never needs them, nor
+/// CAP_NET_ADMIN), and each is dropped after it failed: it may hold the rest of a broken
+/// reply, the next use starts clean. Deletes go over their own socket, also while a dump
+/// streams over the other (as `conntrack -D` does).
 #[derive(Default)]
 pub struct Kernel {
     socket: Option<Conntrack>,
+    deletes: Deletes,
 }
 
-impl Kernel {
-    fn socket(&mut self) -> Result<&mut Conntrack, DumpError> {
-        if self.socket.is_none() {
-            self.socket = Some(Conntrack::open().map_err(DumpError::Open)?);
+/// The socket a [`Kernel`] deletes on.
+#[derive(Default)]
+struct Deletes {
+    socket: Option<Conntrack>,
+}
+
+impl Delete for Deletes {
+    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        for (e, why) in stale {
+            tracing::debug!(ip_family = %e.orig.family(), entry = %e, reason = ?why, "deleting stale conntrack entry");
         }
-        Ok(self.socket.as_mut().expect("opened above"))
+        if self.socket.is_none() {
+            self.socket = Some(Conntrack::open()?);
+        }
+        let socket = self.socket.as_mut().expect("opened above");
+        let r = socket.delete_each(stale.len(), |i| &stale[i].0);
+        if r.is_err() {
+            self.socket = None;
+        }
+        r
+    }
+}
+
+impl Delete for Kernel {
+    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        self.deletes.delete(stale)
     }
 }
 
 impl Table for Kernel {
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
-        let socket = self.socket()?;
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError> {
+        if self.socket.is_none() {
+            self.socket = Some(Conntrack::open().map_err(DumpError::Open)?);
+        }
+        let socket = self.socket.as_mut().expect("opened above");
+        let deletes = &mut self.deletes;
+        let visit = &mut |e: &Entry| visit(e, deletes);
         let r = match what {
             Dump::Whole(family, only_proto) => socket.dump(family, only_proto, visit),
             Dump::Select(family, proto, select) => socket.dump_select(family, proto, select, visit),
@@ -72,40 +115,40 @@ impl Table for Kernel {
         r
     }
 
-    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        for (e, why) in stale {
-            tracing::debug!(ip_family = %e.orig.family(), entry = %e, reason = ?why, "deleting stale conntrack entry");
-        }
-        let entries: Vec<Entry> = stale.iter().map(|(e, _)| *e).collect();
-        let Some(socket) = self.socket.as_mut() else {
-            // Deletes follow the dump that found them, on its socket.
-            return Err(io::Error::other("no conntrack socket to delete on"));
-        };
-        let r = socket.delete(&entries);
-        if r.is_err() {
-            self.socket = None;
-        }
-        r
-    }
-
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
         socket::host_addresses()
     }
 }
 
-/// `T` read as usual; its deletes only logged, never made.
+/// `T` read as usual; its deletes only logged, never made (the pass is never handed `T`'s
+/// own deletes, during a dump or after).
 pub struct DryRun<T>(pub T);
 
-impl<T: Table> Table for DryRun<T> {
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
-        self.0.dump(what, visit)
-    }
+/// The deletes of a dry run: logged only.
+struct WouldDelete;
 
+impl Delete for WouldDelete {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
         for (e, why) in stale {
             tracing::info!(ip_family = %e.orig.family(), entry = %e, reason = ?why, "dry-run: would delete stale conntrack entry");
         }
         Ok(BatchReport::default())
+    }
+}
+
+impl<T> Delete for DryRun<T> {
+    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        WouldDelete.delete(stale)
+    }
+}
+
+impl<T: Table> Table for DryRun<T> {
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError> {
+        self.0.dump(what, &mut |e, _| visit(e, &mut WouldDelete))
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {

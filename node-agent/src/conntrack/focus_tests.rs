@@ -18,7 +18,7 @@ use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::json;
 use testkit::rng::Rng;
 
-use super::apply::{Dump, Kernel, Table};
+use super::apply::{Delete, Dump, Kernel, Table};
 use super::decide::{Focus, Stale};
 use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model, Settle, Tombstones};
 use super::netlink::family::Family::{self, V4};
@@ -467,7 +467,11 @@ struct FakeTable {
 }
 
 impl Table for FakeTable {
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError> {
         let pick: Box<dyn Fn(&Entry) -> bool> = match what {
             Dump::Whole(fam, proto) => {
                 Box::new(move |e| e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto))
@@ -481,14 +485,20 @@ impl Table for FakeTable {
                 Box::new(move |e| e.orig.family() == fam && e.orig.proto == proto && sel.matches(e))
             }
         };
-        let mut n = 0;
-        for e in self.entries.iter().filter(|e| pick(e)) {
-            n += 1;
-            visit(e);
+        // Read first: deletes while the dump streams change the table, not what it returns.
+        let read: Vec<Entry> = self.entries.iter().filter(|e| pick(e)).copied().collect();
+        for e in &read {
+            visit(e, self);
         }
-        Ok(n)
+        Ok(read.len())
     }
 
+    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
+        Ok(self.host.clone())
+    }
+}
+
+impl Delete for FakeTable {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
         let mut report = BatchReport::default();
         for (e, _) in stale {
@@ -502,22 +512,18 @@ impl Table for FakeTable {
         }
         Ok(report)
     }
-
-    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
-        Ok(self.host.clone())
-    }
 }
 
-/// One generated case: the change, both models, and a table.
-struct Case {
+/// One generated case: the change, both models, and a table (also stream_tests' cases).
+pub(super) struct Case {
     old: Cluster,
     new: Cluster,
-    m0: Model,
-    m1: Model,
-    table: Vec<Entry>,
+    pub(super) m0: Model,
+    pub(super) m1: Model,
+    pub(super) table: Vec<Entry>,
 }
 
-fn case(seed: u64, entries: usize) -> Case {
+pub(super) fn case(seed: u64, entries: usize) -> Case {
     let mut rng = Rng(seed);
     let p = pools();
     let mut g = Gen {
@@ -629,7 +635,7 @@ fn case(seed: u64, entries: usize) -> Case {
     }
 }
 
-fn host() -> HashSet<IpAddr> {
+pub(super) fn host() -> HashSet<IpAddr> {
     pools().host.into_iter().collect()
 }
 

@@ -18,6 +18,7 @@ pub mod pass;
 pub mod project;
 pub mod round;
 pub mod schedule;
+pub mod sweep;
 pub mod sysctls;
 
 #[cfg(test)]
@@ -40,6 +41,8 @@ mod pass_tests;
 mod project_tests;
 #[cfg(test)]
 mod schedule_tests;
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod sysctls_tests;
 

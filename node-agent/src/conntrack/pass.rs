@@ -1,6 +1,7 @@
 //! One cleanup pass over one IP family: stream the table (UDP only when the kernel lets us),
-//! decide per entry, then delete the stale entries by tuple + ID. Works against the `Table`
-//! trait so the retry and abort rules are tested without a kernel.
+//! decide per entry, and delete the stale entries by tuple + ID in bounded batches while the
+//! dump streams ([`super::sweep`] says why that is safe). Works against the `Table` trait so
+//! the retry and abort rules are tested without a kernel.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
@@ -13,7 +14,8 @@ use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family;
 use super::netlink::filter::Select;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
-use super::netlink::socket::{BatchReport, DumpError};
+use super::netlink::socket::DumpError;
+use super::sweep::{DELETE_BATCH, Orphans, Sweep};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -37,6 +39,8 @@ pub struct PassState {
     /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
     /// soon as a pass no longer sees it orphaned.
     pub orphans: HashMap<IpAddr, Instant>,
+    /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
+    pub delete_batch: usize,
 }
 
 impl Default for PassState {
@@ -46,6 +50,7 @@ impl Default for PassState {
             select_filter: true,
             orphan_grace: ORPHAN_GRACE,
             orphans: HashMap::new(),
+            delete_batch: DELETE_BATCH,
         }
     }
 }
@@ -130,6 +135,13 @@ pub enum PassError {
     /// The pass stopped before deleting anything.
     #[error("listing conntrack entries: {0}")]
     Dump(DumpError),
+    /// The dump failed after some stale entries it had returned were deleted (counted in the
+    /// report: each was stale on its own); what the pass still held was dropped.
+    #[error("listing conntrack entries (after {} deleted): {source}", report.deleted)]
+    DumpAfterDeletes {
+        report: PassReport,
+        source: DumpError,
+    },
     /// Some deletes may have been made (counted in the report).
     #[error("deleting conntrack entries: {source}")]
     Delete {
@@ -143,14 +155,17 @@ impl PassError {
     /// capability (`socket_open`) reads differently from a kernel that refused the dump or the
     /// deletes.
     pub fn metric_label(&self) -> &'static str {
-        match self {
-            PassError::Dump(DumpError::Open(_)) => "socket_open",
-            PassError::Dump(DumpError::Interrupted) => "interrupted",
-            PassError::Dump(DumpError::FilterRejected(_)) => "filter_rejected",
-            PassError::Dump(DumpError::Kernel(_)) => "kernel",
-            PassError::Dump(DumpError::Io(_)) => "io",
-            PassError::Dump(DumpError::Parse(_)) => "parse",
-            PassError::Delete { .. } => "delete",
+        let dump = match self {
+            PassError::Dump(e) | PassError::DumpAfterDeletes { source: e, .. } => e,
+            PassError::Delete { .. } => return "delete",
+        };
+        match dump {
+            DumpError::Open(_) => "socket_open",
+            DumpError::Interrupted => "interrupted",
+            DumpError::FilterRejected(_) => "filter_rejected",
+            DumpError::Kernel(_) => "kernel",
+            DumpError::Io(_) => "io",
+            DumpError::Parse(_) => "parse",
         }
     }
 }
@@ -218,10 +233,11 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// those entries when a few filtered dumps can ask for them ([`selections`]), else one UDP dump
 /// is filtered here. It deletes exactly what a full pass would among the entries in scope,
 /// except flows to orphaned service IPs, left to full passes (their grace is measured across
-/// those).
+/// those). Stale entries are deleted in batches of at most `state.delete_batch` while the
+/// dump streams.
 ///
-/// The I/O is here and in [`read_stale`]; what they decide with is pure: [`judge`],
-/// [`selections`], [`apply_orphan_grace`], [`tally_deletes`].
+/// The I/O is here and in [`read_table`]; what they decide with is pure: [`judge`],
+/// [`selections`], and [`Sweep`]'s per-entry rules.
 pub fn run_focused_pass(
     table: &mut dyn Table,
     family: Family,
@@ -229,11 +245,12 @@ pub fn run_focused_pass(
     state: &mut PassState,
     scope: Option<&Scope>,
 ) -> Result<PassReport, PassError> {
-    let mut report = PassReport::default();
     // The one check for nothing to judge: the table is not even opened.
     if model.is_empty() || scope.is_some_and(Scope::is_empty) {
-        report.skipped = true;
-        return Ok(report);
+        return Ok(PassReport {
+            skipped: true,
+            ..PassReport::default()
+        });
     }
     let host_ips = match table.host_addresses() {
         Ok(a) => a.into_iter().map(canonical).collect(),
@@ -245,25 +262,41 @@ pub fn run_focused_pass(
     };
     let now = Instant::now();
     let decide = |e: &Entry| judge(e, model, &host_ips, scope);
-    let mut marked = read_stale(table, family, state, scope, &decide, &mut report)?;
-    if scope.is_none() {
-        apply_orphan_grace(&mut marked, state, now, &mut report);
+    let grace = state.orphan_grace;
+    let known = std::mem::take(&mut state.orphans);
+    let orphans = scope.is_none().then(|| Orphans {
+        since: &known,
+        grace,
+        now,
+        seen: HashSet::new(),
+    });
+    let mut sweep = Sweep::new(&decide, orphans, state.delete_batch);
+    let read = read_table(table, family, state, scope, &mut sweep);
+    let (mut report, failed, sent, seen) = sweep.into_parts();
+    state.orphans = known;
+    if let Err(e) = read {
+        return Err(if sent {
+            PassError::DumpAfterDeletes { report, source: e }
+        } else {
+            PassError::Dump(e)
+        });
     }
-    report.stale = marked.len();
-    if marked.is_empty() {
-        return Ok(report);
-    }
-    match table.delete(&marked) {
-        Ok(b) => {
-            for (entry, errno) in tally_deletes(&mut report, &b, &marked).take(5) {
-                tracing::warn!(
-                    %entry, error = %io::Error::from_raw_os_error(errno),
-                    "deleting a stale conntrack entry failed"
-                );
-            }
-            Ok(report)
+    if let Some(seen) = seen {
+        // Only IPs this pass saw orphaned are remembered; a new one from now.
+        state.orphans.retain(|ip, _| seen.contains(ip));
+        for ip in seen {
+            state.orphans.entry(ip).or_insert(now);
         }
-        Err(source) => Err(PassError::Delete { report, source }),
+        report.orphans_due_in = state
+            .orphans
+            .values()
+            .map(|since| (*since + grace).saturating_duration_since(now))
+            .filter(|d| !d.is_zero())
+            .min();
+    }
+    match failed {
+        Some(source) => Err(PassError::Delete { report, source }),
+        None => Ok(report),
     }
 }
 
@@ -282,75 +315,55 @@ pub fn judge(
     }
 }
 
-/// Counts the batch's outcome into `report`; returns the failed deletes (entry, errno) for
-/// the caller to log.
-pub fn tally_deletes<'a>(
-    report: &mut PassReport,
-    batch: &'a BatchReport,
-    marked: &'a [(Entry, Stale)],
-) -> impl Iterator<Item = (Entry, i32)> + 'a {
-    report.deleted = batch.ok;
-    report.already_gone = batch.not_found;
-    report.failed_deletes = batch.failed.len();
-    batch.failed.iter().map(|(i, errno)| (marked[*i].0, *errno))
-}
-
-/// Reads the table for one pass: the kernel-filtered dumps of a scope when they can ask for it
-/// and the kernel takes their filter, else one dump of the family (UDP only while the kernel
-/// takes that filter). Returns the stale entries, each once; the reads are counted in `report`.
-/// A filter the kernel rejects is remembered in `state` and the pass reads without it.
-fn read_stale(
+/// Reads the table for one pass into `sweep`: the kernel-filtered dumps of a scope when they
+/// can ask for it and the kernel takes their filter, else one dump of the family (UDP only
+/// while the kernel takes that filter). Each stale entry is judged once; the reads are counted
+/// in the sweep's report. A filter the kernel rejects is remembered in `state` and the pass
+/// reads without it.
+fn read_table(
     table: &mut dyn Table,
     family: Family,
     state: &mut PassState,
     scope: Option<&Scope>,
-    decide: &dyn Fn(&Entry) -> Option<Stale>,
-    report: &mut PassReport,
-) -> Result<Vec<(Entry, Stale)>, PassError> {
-    // Only the stale entries are kept, never the table.
-    let mut marked: Vec<(Entry, Stale)> = Vec::new();
+    sweep: &mut Sweep<'_>,
+) -> Result<(), DumpError> {
     let selected = scope
         .filter(|_| state.select_filter)
         .and_then(|s| selections(family, s));
+    // Selections whose dump ended: an entry one of them returned was judged there (an entry
+    // of a frontend and of its removed backend is returned by both, deleted once).
+    let mut done: Vec<Select> = Vec::new();
     if let Some(selections) = selected {
-        let (mut scanned, mut attempts, mut rejected) = (0, 0, false);
+        // The selections' reads add up (each dump sets `scanned` to its own).
+        let mut scanned = 0;
+        let mut rejected = false;
         for select in selections {
-            let mut part = PassReport::default();
-            let r = dump_retrying(&mut part, family, &mut marked, decide, &mut |visit| {
-                table.dump(Dump::Select(family, IPPROTO_UDP, select), visit)
-            });
-            scanned += part.scanned;
-            attempts += part.dump_attempts;
-            report.partial |= part.partial;
+            let what = Dump::Select(family, IPPROTO_UDP, select);
+            let r = dump_retrying(table, what, family, &done, sweep);
+            scanned += sweep.report.scanned;
             match r {
-                Ok(()) => {}
+                Ok(()) => done.push(select),
                 Err(DumpError::FilterRejected(e)) => {
                     tracing::warn!(error = %e, ?select, "kernel rejects the conntrack dump filter of a triggered pass; filtering here");
                     state.select_filter = false;
                     rejected = true;
                     break;
                 }
-                Err(e) => return Err(PassError::Dump(e)),
+                Err(e) => return Err(e),
             }
         }
+        sweep.report.scanned = scanned;
         if !rejected {
-            // An entry two selections return (its frontend and its backend) is deleted once.
-            let mut seen = HashSet::new();
-            marked.retain(|(e, _)| seen.insert((e.orig, e.zone, e.id)));
-            report.scanned = scanned;
-            report.dump_attempts = attempts;
-            return Ok(marked);
+            return Ok(());
         }
-        marked.clear();
-        report.partial = false;
+        // What the accepted selections deleted stands; the dump below skips their entries.
+        sweep.report.partial = false;
+        sweep.report.dump_attempts = 0;
     }
     loop {
         let filter = state.kernel_filter.then_some(IPPROTO_UDP);
-        let r = dump_retrying(report, family, &mut marked, decide, &mut |visit| {
-            table.dump(Dump::Whole(family, filter), visit)
-        });
-        match r {
-            Ok(()) => return Ok(marked),
+        match dump_retrying(table, Dump::Whole(family, filter), family, &done, sweep) {
+            Ok(()) => return Ok(()),
             Err(DumpError::FilterRejected(e)) => {
                 tracing::warn!(
                     %family, error = %e,
@@ -358,89 +371,53 @@ fn read_stale(
                 );
                 state.kernel_filter = false;
             }
-            Err(e) => return Err(PassError::Dump(e)),
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// Keeps the flows to IPs that have not looked orphaned for the grace period yet (they are
-/// judged again by a later pass), and remembers since when each IP has.
-fn apply_orphan_grace(
-    marked: &mut Vec<(Entry, Stale)>,
-    state: &mut PassState,
-    now: Instant,
-    report: &mut PassReport,
-) {
-    let seen: HashSet<IpAddr> = marked
-        .iter()
-        .filter(|(_, why)| *why == Stale::OrphanedServiceIp)
-        .map(|(e, _)| canonical(e.orig.dst))
-        .collect();
-    state.orphans.retain(|ip, _| seen.contains(ip));
-    for ip in &seen {
-        state.orphans.entry(*ip).or_insert(now);
-    }
-    let grace = state.orphan_grace;
-    let orphans = &state.orphans;
-    let before = marked.len();
-    marked.retain(|(e, why)| {
-        *why != Stale::OrphanedServiceIp
-            || orphans
-                .get(&canonical(e.orig.dst))
-                .is_some_and(|since| now.saturating_duration_since(*since) >= grace)
-    });
-    report.orphans_pending = before - marked.len();
-    report.orphans_due_in = orphans
-        .values()
-        .map(|since| (*since + grace).saturating_duration_since(now))
-        .filter(|d| !d.is_zero())
-        .min();
-}
-
-/// Runs one dump, handing each entry to the visitor.
-type DumpFn<'a> = dyn FnMut(&mut dyn FnMut(&Entry)) -> Result<usize, DumpError> + 'a;
-
 /// One dump, retried while interrupted (up to [`MAX_DUMP_ATTEMPTS`], then the last partial
-/// result is used, as upstream does). Its stale entries are appended to `marked`; an
-/// interrupted attempt's are dropped first. A rejected filter is returned for the caller.
+/// result is used, as upstream does), each entry judged by `sweep` as it streams; entries a
+/// selection in `done` returns are skipped (judged by its dump). An interrupted attempt's
+/// deletes already sent stand (each entry was stale on its own); what it still held is dropped
+/// and judged again by the retry. A rejected filter is returned for the caller.
 fn dump_retrying(
-    report: &mut PassReport,
+    table: &mut dyn Table,
+    what: Dump,
     family: Family,
-    marked: &mut Vec<(Entry, Stale)>,
-    decide: &dyn Fn(&Entry) -> Option<Stale>,
-    dump: &mut DumpFn<'_>,
+    done: &[Select],
+    sweep: &mut Sweep<'_>,
 ) -> Result<(), DumpError> {
-    let keep = marked.len();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        marked.truncate(keep);
         let mut visited = 0usize;
-        let res = dump(&mut |e: &Entry| {
+        let res = table.dump(what, &mut |e, del| {
             visited += 1;
-            if let Some(why) = decide(e) {
-                marked.push((*e, why));
+            if !done.iter().any(|s| s.matches(e)) {
+                sweep.visit(e, del);
             }
         });
-        report.scanned = visited;
+        sweep.report.scanned = visited;
         match res {
             Ok(_) => break,
-            Err(DumpError::Interrupted) if attempts < MAX_DUMP_ATTEMPTS => {}
+            Err(DumpError::Interrupted) if attempts < MAX_DUMP_ATTEMPTS => sweep.drop_attempt(),
             Err(DumpError::Interrupted) => {
                 tracing::info!(
                     %family,
                     attempts,
                     "conntrack dump interrupted every time; continuing to clean with the partial result"
                 );
-                report.partial = true;
+                sweep.report.partial = true;
                 break;
             }
             Err(e) => {
-                marked.truncate(keep);
+                sweep.drop_attempt();
                 return Err(e);
             }
         }
     }
-    report.dump_attempts += attempts;
+    sweep.report.dump_attempts += attempts;
+    sweep.flush(table);
     Ok(())
 }

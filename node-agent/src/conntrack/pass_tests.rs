@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use std::io;
 
-use super::apply::{DryRun, Dump, Table};
+use super::apply::{Delete, DryRun, Dump, Table};
 use super::decide::{Scope, Stale};
 use super::model::FamilyModel;
 use super::netlink::family::Family::V4;
@@ -81,14 +81,21 @@ impl Fake {
 }
 
 impl Table for Fake {
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError> {
+        // What the dump returns is read first: deletes while it streams change the table, as
+        // in the kernel, not the entries already on their way.
         match what {
             Dump::Whole(_, only_proto) => {
                 self.filters.push(only_proto);
                 let (n, res) = self.script[self.attempts.min(self.script.len() - 1)];
                 self.attempts += 1;
-                for e in self.entries.iter().take(n) {
-                    visit(e);
+                let read: Vec<Entry> = self.entries.iter().take(n).copied().collect();
+                for e in &read {
+                    visit(e, self);
                 }
                 res.map(|()| n).map_err(|f| f())
             }
@@ -97,27 +104,20 @@ impl Table for Fake {
                 if self.reply_filter_rejected {
                     return Err(rejected());
                 }
-                let mut n = 0;
-                for e in &self.entries {
-                    if e.orig.family() == family && e.orig.proto == proto && select.matches(e) {
-                        n += 1;
-                        visit(e);
-                    }
+                let read: Vec<Entry> = self
+                    .entries
+                    .iter()
+                    .filter(|e| {
+                        e.orig.family() == family && e.orig.proto == proto && select.matches(e)
+                    })
+                    .copied()
+                    .collect();
+                for e in &read {
+                    visit(e, self);
                 }
-                Ok(n)
+                Ok(read.len())
             }
         }
-    }
-
-    fn delete(&mut self, entries: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        if let Some(f) = self.delete_result {
-            return Err(f());
-        }
-        self.deleted.extend(entries.iter().map(|(e, _)| *e));
-        Ok(BatchReport {
-            ok: entries.len(),
-            ..Default::default()
-        })
     }
 
     fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
@@ -125,6 +125,22 @@ impl Table for Fake {
             Some(a) => Ok(a.iter().map(|s| s.parse().unwrap()).collect()),
             None => Err(io::Error::from_raw_os_error(libc::EMFILE)),
         }
+    }
+}
+
+impl Delete for Fake {
+    fn delete(&mut self, entries: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        if let Some(f) = self.delete_result {
+            return Err(f());
+        }
+        self.deleted.extend(entries.iter().map(|(e, _)| *e));
+        // Gone from the table: a later dump no longer returns them.
+        self.entries
+            .retain(|x| !entries.iter().any(|(e, _)| e == x));
+        Ok(BatchReport {
+            ok: entries.len(),
+            ..Default::default()
+        })
     }
 }
 
@@ -159,10 +175,35 @@ struct Seen<T> {
 }
 
 impl<T: Table> Table for Seen<T> {
-    fn dump(&mut self, what: Dump, visit: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
-        self.inner.dump(what, visit)
+    fn dump(
+        &mut self,
+        what: Dump,
+        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
+    ) -> Result<usize, DumpError> {
+        let ports = &mut self.ports;
+        self.inner.dump(what, &mut |e, inner| {
+            visit(e, &mut Recording { ports, inner })
+        })
     }
+}
 
+impl<T: Table> Delete for Seen<T> {
+    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+        Recording {
+            ports: &mut self.ports,
+            inner: &mut self.inner,
+        }
+        .delete(stale)
+    }
+}
+
+/// The deletes [`Seen`] hands on, recorded.
+struct Recording<'a> {
+    ports: &'a mut Vec<u16>,
+    inner: &'a mut dyn Delete,
+}
+
+impl Delete for Recording<'_> {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
         self.ports
             .extend(stale.iter().map(|(e, _)| e.orig.src_port));

@@ -164,6 +164,10 @@ impl Round {
                             tracing::error!(ip_family = label, error = %e, "failed to list conntrack entries; nothing deleted");
                             continue;
                         }
+                        PassError::DumpAfterDeletes { report, source } => {
+                            tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "listing conntrack entries failed after some stale ones were deleted; the rest is left to the next pass");
+                            report
+                        }
                         PassError::Delete { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
                             report
@@ -250,7 +254,10 @@ mod tests {
     use super::*;
     use crate::conntrack::decide::Stale;
     use crate::conntrack::netlink::socket::BatchReport;
-    use crate::conntrack::{apply::Dump, netlink::msg::Entry};
+    use crate::conntrack::{
+        apply::{Delete, Dump},
+        netlink::msg::Entry,
+    };
 
     /// Makes the error a dump fails with.
     type Fail = fn() -> DumpError;
@@ -259,14 +266,21 @@ mod tests {
     struct Failing(Fail);
 
     impl Table for Failing {
-        fn dump(&mut self, _: Dump, _: &mut dyn FnMut(&Entry)) -> Result<usize, DumpError> {
+        fn dump(
+            &mut self,
+            _: Dump,
+            _: &mut dyn FnMut(&Entry, &mut dyn Delete),
+        ) -> Result<usize, DumpError> {
             Err((self.0)())
-        }
-        fn delete(&mut self, _: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-            unreachable!("nothing was listed")
         }
         fn host_addresses(&mut self) -> io::Result<HashSet<std::net::IpAddr>> {
             Ok(HashSet::new())
+        }
+    }
+
+    impl Delete for Failing {
+        fn delete(&mut self, _: &[(Entry, Stale)]) -> io::Result<BatchReport> {
+            unreachable!("nothing was listed")
         }
     }
 

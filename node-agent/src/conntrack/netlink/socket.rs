@@ -18,6 +18,9 @@ const SOL_NETLINK: libc::c_int = 270;
 const RECV_BUF: usize = 64 * 1024;
 /// Requests per `sendmsg`; small enough that the acknowledgements fit the receive buffer.
 const BATCH: usize = 128;
+/// Creates per `sendmsg` (tests, benchmark): only failures are acknowledged, one by one.
+#[cfg(any(test, feature = "testing"))]
+const CREATE_BATCH: usize = 512;
 const RECV_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,16 @@ pub struct BatchReport {
     pub not_found: usize,
     /// Other per-request errors: (index in the batch, errno).
     pub failed: Vec<(usize, i32)>,
+}
+
+/// Which requests of a batch the kernel acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acks {
+    /// Every one (NLM_F_ACK on each): deletes, whose outcome is counted one by one.
+    Each,
+    /// Only those that failed, and the last of each `sendmsg`.
+    #[cfg_attr(not(any(test, feature = "testing")), allow(dead_code))]
+    Failures,
 }
 
 pub struct Conntrack {
@@ -307,10 +320,24 @@ impl Conntrack {
 
     /// Deletes each entry by original tuple (+ ID and zone), in batches.
     pub fn delete(&mut self, entries: &[Entry]) -> io::Result<BatchReport> {
-        self.batch(entries.len(), |enc, seq, i| enc.delete(seq, &entries[i]))
+        self.delete_each(entries.len(), |i| &entries[i])
     }
 
-    /// Creates entries (tests, benchmark), in batches.
+    /// Deletes the `n` entries `entry` names by index, as [`Conntrack::delete`] (callers that
+    /// hold their entries beside other data need not copy them out first).
+    pub fn delete_each<'a>(
+        &mut self,
+        n: usize,
+        entry: impl Fn(usize) -> &'a Entry,
+    ) -> io::Result<BatchReport> {
+        self.batch(n, BATCH, Acks::Each, |enc, seq, i| {
+            enc.delete(seq, entry(i))
+        })
+    }
+
+    /// Creates entries (tests, benchmark), in batches of [`CREATE_BATCH`]: the kernel
+    /// acknowledges only the last request of each batch and those that failed, so a large
+    /// table fills without one read per entry.
     #[cfg(any(test, feature = "testing"))]
     pub fn create(
         &mut self,
@@ -318,41 +345,70 @@ impl Conntrack {
         timeout_secs: u32,
         status: u32,
     ) -> io::Result<BatchReport> {
-        self.batch(entries.len(), |enc, seq, i| {
-            enc.create(seq, &entries[i], timeout_secs, status)
-        })
+        self.batch(
+            entries.len(),
+            CREATE_BATCH,
+            Acks::Failures,
+            |enc, seq, i| enc.create(seq, &entries[i], timeout_secs, status),
+        )
     }
 
     fn batch(
         &mut self,
         n: usize,
+        per_send: usize,
+        acks: Acks,
         encode: impl Fn(&mut Encoder, u32, usize),
     ) -> io::Result<BatchReport> {
         let mut report = BatchReport::default();
-        for start in (0..n).step_by(BATCH) {
-            let end = (start + BATCH).min(n);
+        for start in (0..n).step_by(per_send) {
+            let end = (start + per_send).min(n);
             let base = self.next_seq(end - start);
             self.enc.clear();
             for i in start..end {
+                let at = self.enc.buf.len();
                 encode(&mut self.enc, base.wrapping_add((i - start) as u32), i);
+                if acks == Acks::Failures && i + 1 < end {
+                    // Without NLM_F_ACK the kernel answers only a request that failed; the
+                    // last one's acknowledgement then says every earlier one was processed.
+                    let flags = u16::from_ne_bytes([self.enc.buf[at + 6], self.enc.buf[at + 7]])
+                        & !msg::NLM_F_ACK;
+                    self.enc.buf[at + 6..at + 8].copy_from_slice(&flags.to_ne_bytes());
+                }
             }
             self.send_encoded()?;
-            let mut pending = end - start;
-            while pending > 0 {
+            let (count, last) = (end - start, end - start - 1);
+            let (mut answered, mut errors, mut done) = (0, 0, false);
+            while !done {
                 let len = self.recv()?;
                 for m in msg::messages(&self.buf[..len]) {
                     let m = m.map_err(io::Error::other)?;
                     let off = m.seq.wrapping_sub(base) as usize;
-                    if m.ty != msg::NLMSG_ERROR || off >= end - start {
+                    if m.ty != msg::NLMSG_ERROR || off > last {
                         continue;
                     }
-                    pending = pending.saturating_sub(1);
+                    answered += 1;
                     match msg::error_code(m.payload).map_err(io::Error::other)? {
-                        0 => report.ok += 1,
-                        libc::ENOENT => report.not_found += 1,
-                        errno => report.failed.push((start + off, errno)),
+                        // With acknowledgements for failures only, successes are counted below.
+                        0 if acks == Acks::Each => report.ok += 1,
+                        0 => {}
+                        libc::ENOENT => {
+                            report.not_found += 1;
+                            errors += 1;
+                        }
+                        errno => {
+                            report.failed.push((start + off, errno));
+                            errors += 1;
+                        }
                     }
+                    done |= match acks {
+                        Acks::Each => answered >= count,
+                        Acks::Failures => off == last,
+                    };
                 }
+            }
+            if acks == Acks::Failures {
+                report.ok += count - errors;
             }
         }
         Ok(report)

@@ -1,0 +1,165 @@
+//! What a pass does with each entry a dump streams to it: judge it, keep a stale one in a
+//! batch of at most `cap` entries and delete the batch when it is full and when a dump ends.
+//! The table and its stale list are never held: memory stays flat in both.
+//!
+//! Why deleting while the dump streams is safe: every verdict is about one entry alone (its
+//! tuples against the model; [`super::decide::stale`]), never about what else the table holds,
+//! and each delete names the entry the kernel just returned by tuple + ID, so an entry replaced
+//! meanwhile is not touched (its delete fails as not found). The kernel's dump resumes after
+//! the last entry it could not send yet, which the pass has not seen and so cannot have
+//! deleted: deletes of entries already returned make it skip nothing. The one verdict that
+//! depends on more than the entry, the orphaned service IP's grace, is measured across passes
+//! from the state the pass started with, and that state is updated only from the attempt the
+//! pass used. What an attempt still holds when it turns out interrupted, or when the dump
+//! fails, is dropped unsent: the retry judges those entries again as the table is now.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::apply::Delete;
+use super::decide::Stale;
+use super::model::canonical;
+use super::netlink::msg::Entry;
+use super::pass::PassReport;
+
+/// Stale entries held before they are deleted (one netlink `sendmsg` carries 128).
+pub const DELETE_BATCH: usize = 512;
+
+/// Failed deletes logged one by one in a pass; the rest are only counted.
+const FAILURES_LOGGED: usize = 5;
+
+/// The orphaned service IPs a full pass saw, and since when each has looked orphaned (from
+/// earlier passes): flows to one are deleted once it has for the grace period.
+pub struct Orphans<'a> {
+    pub since: &'a HashMap<IpAddr, Instant>,
+    pub grace: Duration,
+    pub now: Instant,
+    /// Seen in the current attempt.
+    pub seen: HashSet<IpAddr>,
+}
+
+impl Orphans<'_> {
+    /// Whether a flow to `ip` may go now; remembers that `ip` looked orphaned.
+    fn due(&mut self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.seen.insert(ip);
+        let since = self.since.get(&ip).copied().unwrap_or(self.now);
+        self.now.saturating_duration_since(since) >= self.grace
+    }
+}
+
+/// One pass's judging and deleting, entry by entry.
+pub struct Sweep<'a> {
+    judge: &'a dyn Fn(&Entry) -> Option<Stale>,
+    orphans: Option<Orphans<'a>>,
+    batch: Vec<(Entry, Stale)>,
+    cap: usize,
+    pub report: PassReport,
+    /// The first delete that failed as a whole; nothing is deleted after it.
+    pub failed: Option<io::Error>,
+    /// Whether any delete was sent in this pass.
+    pub sent: bool,
+    failures_logged: usize,
+}
+
+impl<'a> Sweep<'a> {
+    /// `orphans`: a full pass (flows to orphaned service IPs wait for their grace); a scoped
+    /// pass never judges those flows stale.
+    pub fn new(
+        judge: &'a dyn Fn(&Entry) -> Option<Stale>,
+        orphans: Option<Orphans<'a>>,
+        cap: usize,
+    ) -> Self {
+        let cap = cap.max(1);
+        Self {
+            judge,
+            orphans,
+            batch: Vec::with_capacity(cap),
+            cap,
+            report: PassReport::default(),
+            failed: None,
+            sent: false,
+            failures_logged: 0,
+        }
+    }
+
+    /// Judges one entry of the dump; deletes the batch through `del` once it is full.
+    pub fn visit(&mut self, e: &Entry, del: &mut dyn Delete) {
+        let Some(why) = (self.judge)(e) else {
+            return;
+        };
+        if why == Stale::OrphanedServiceIp
+            && let Some(o) = &mut self.orphans
+            && !o.due(e.orig.dst)
+        {
+            self.report.orphans_pending += 1;
+            return;
+        }
+        if self.failed.is_some() {
+            // Counted, never sent: the deletes stopped at the failure.
+            self.report.stale += 1;
+            return;
+        }
+        self.batch.push((*e, why));
+        if self.batch.len() >= self.cap {
+            self.flush(del);
+        }
+    }
+
+    /// Deletes what the batch holds (a dump ended, or it is full).
+    pub fn flush(&mut self, del: &mut dyn Delete) {
+        if self.batch.is_empty() {
+            return;
+        }
+        self.report.stale += self.batch.len();
+        if self.failed.is_none() {
+            self.sent = true;
+            match del.delete(&self.batch) {
+                Ok(b) => {
+                    self.report.deleted += b.ok;
+                    self.report.already_gone += b.not_found;
+                    self.report.failed_deletes += b.failed.len();
+                    for (i, errno) in &b.failed {
+                        if self.failures_logged == FAILURES_LOGGED {
+                            break;
+                        }
+                        self.failures_logged += 1;
+                        tracing::warn!(
+                            entry = %self.batch[*i].0, error = %io::Error::from_raw_os_error(*errno),
+                            "deleting a stale conntrack entry failed"
+                        );
+                    }
+                }
+                Err(e) => self.failed = Some(e),
+            }
+        }
+        self.batch.clear();
+    }
+
+    /// An attempt is over without its end (interrupted and retried, or failed): what it
+    /// still holds is dropped unsent, and what it saw of orphans forgotten.
+    pub fn drop_attempt(&mut self) {
+        self.batch.clear();
+        self.report.orphans_pending = 0;
+        if let Some(o) = &mut self.orphans {
+            o.seen.clear();
+        }
+    }
+
+    /// How many stale entries wait for their delete now (never more than the cap).
+    pub fn held(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// The orphaned IPs the attempt used saw.
+    pub fn into_parts(self) -> (PassReport, Option<io::Error>, bool, Option<HashSet<IpAddr>>) {
+        (
+            self.report,
+            self.failed,
+            self.sent,
+            self.orphans.map(|o| o.seen),
+        )
+    }
+}
