@@ -109,7 +109,7 @@ fn check_on(
         assert_eq!(r.ok, all.len(), "creating entries: {r:?}");
         let mut state: [PassState; 2] = [(); 2].map(|()| PassState {
             orphan_grace: Duration::ZERO,
-            ..PassState::default()
+            ..PassState::seen_all()
         });
         let mut reports = vec![];
         let mut cleaned = apply::table(dry_run);
@@ -525,7 +525,7 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
         ct.create(&[e], 300, STATUS_SEEN_REPLY).unwrap();
         let mut state = PassState {
             orphan_grace: Duration::from_millis(300),
-            ..PassState::default()
+            ..PassState::seen_all()
         };
         let mut cleaned = Kernel::default();
         let mut pass = |state: &mut PassState| run_pass(&mut cleaned, V4, &m[V4], state).unwrap();
@@ -716,7 +716,7 @@ fn conntrack_cli_sees_what_netlink_created() {
     let report = ns
         .run(|| {
             let mut cleaned = Kernel::default();
-            run_pass(&mut cleaned, V4, &one_each()[V4], &mut PassState::default()).unwrap()
+            run_pass(&mut cleaned, V4, &one_each()[V4], &mut PassState::seen_all()).unwrap()
         })
         .unwrap();
     assert_eq!(report.deleted, 1);
@@ -897,7 +897,7 @@ fn focused_pass_judges_only_the_given_reply_sources() {
             for fam in Family::ALL {
                 let mut state = PassState {
                     orphan_grace: Duration::ZERO,
-                    ..PassState::default()
+                    ..PassState::seen_all()
                 };
                 reports.push(
                     super::pass::run_focused_pass(

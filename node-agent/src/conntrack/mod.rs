@@ -15,6 +15,7 @@ pub mod netlink;
 #[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
+pub mod removed;
 pub mod project;
 pub mod round;
 pub mod schedule;

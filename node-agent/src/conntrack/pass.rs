@@ -5,17 +5,18 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::apply::{Dump, Table};
-use super::decide::{Scope, Stale, stale};
+use super::decide::{Scope, Stale, verdict};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family;
 use super::netlink::filter::Select;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::DumpError;
-use super::sweep::{DELETE_BATCH, Orphans, Sweep};
+use super::removed::Removed;
+use super::sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -24,7 +25,8 @@ pub const MAX_DUMP_ATTEMPTS: usize = 5;
 /// watched list) before flows DNATed to it are deleted. The IPAddress exists before its
 /// Service, so kube-proxy cannot DNAT to an IP before the apiserver holds its IPAddress; only
 /// the lag of our own IPAddress watch can make a new service's IP look orphaned, and that lag
-/// must stay below this.
+/// must stay below this. The same grace holds back flows to a backend the agent never saw serve
+/// its key ([`Stale::UnseenBackend`]): it bounds our EndpointSlice watch's lag the same way.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
 /// Carried from pass to pass: whether the kernel accepts the protocol filter, and since when
@@ -39,6 +41,11 @@ pub struct PassState {
     /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
     /// soon as a pass no longer sees it orphaned.
     pub orphans: HashMap<IpAddr, Instant>,
+    /// Backend -> first full pass that saw flows to it judged [`Stale::UnseenBackend`].
+    /// Forgotten as soon as a full pass no longer sees any.
+    pub unseen: HashMap<SocketAddr, Instant>,
+    /// Backends the agent saw stop serving a key (fed by the round with each model it judges).
+    pub removed: Removed,
     /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
     pub delete_batch: usize,
 }
@@ -50,6 +57,8 @@ impl Default for PassState {
             select_filter: true,
             orphan_grace: ORPHAN_GRACE,
             orphans: HashMap::new(),
+            unseen: HashMap::new(),
+            removed: Removed::default(),
             delete_batch: DELETE_BATCH,
         }
     }
@@ -72,8 +81,23 @@ pub struct PassReport {
     /// Flows to orphaned ServiceCIDR IPs kept this time: the IP has not looked orphaned for
     /// the grace period yet.
     pub orphans_pending: usize,
-    /// When the first of those finishes its grace.
+    /// Flows to backends never seen serving their key that a full pass kept this time: the
+    /// backend has not looked unseen for the grace period yet.
+    pub unseen_pending: usize,
+    /// When the first of those kept for a grace (orphans and unseen backends) finishes it.
     pub orphans_due_in: Option<Duration>,
+}
+
+#[cfg(test)]
+impl PassState {
+    /// For tests of other rules (streaming, focus, retries): every backend counts as seen
+    /// removed, so flows to not-serving backends go at once as before the unseen-backend rule.
+    pub fn seen_all() -> Self {
+        Self {
+            removed: Removed::everything(),
+            ..Self::default()
+        }
+    }
 }
 
 /// What the summary line of a pass says beside its report.
@@ -98,6 +122,7 @@ impl PassReport {
             failed_deletes,
             partial,
             orphans_pending,
+            unseen_pending,
             ..
         } = *self;
         let PassContext {
@@ -118,6 +143,7 @@ impl PassReport {
             failed = failed_deletes,
             partial,
             orphans_pending,
+            unseen_pending,
             triggered,
             scope_frontends,
             scope_node_ports,
@@ -261,19 +287,35 @@ pub fn run_focused_pass(
         }
     };
     let now = Instant::now();
-    let decide = |e: &Entry| judge(e, model, &host_ips, scope);
+    let removed = std::mem::take(&mut state.removed);
+    let decide = |e: &Entry| judge(e, model, &host_ips, &removed, scope);
     let grace = state.orphan_grace;
     let known = std::mem::take(&mut state.orphans);
+    let unseen = std::mem::take(&mut state.unseen);
     let orphans = scope.is_none().then(|| Orphans {
         since: &known,
         grace,
         now,
         seen: HashSet::new(),
     });
-    let mut sweep = Sweep::new(&decide, orphans, state.delete_batch);
+    let waiting = scope.is_none().then(|| Grace {
+        since: &unseen,
+        grace,
+        now,
+        seen: HashSet::new(),
+    });
+    let mut sweep = Sweep::new(&decide, orphans, waiting, state.delete_batch);
     let read = read_table(table, family, state, scope, &mut sweep);
-    let (mut report, failed, sent, seen) = sweep.into_parts();
+    let Parts {
+        mut report,
+        failed,
+        sent,
+        orphans: seen,
+        unseen: seen_unseen,
+    } = sweep.into_parts();
     state.orphans = known;
+    state.unseen = unseen;
+    state.removed = removed;
     if let Err(e) = read {
         return Err(if sent {
             PassError::DumpAfterDeletes { report, source: e }
@@ -287,9 +329,19 @@ pub fn run_focused_pass(
         for ip in seen {
             state.orphans.entry(ip).or_insert(now);
         }
+    }
+    if let Some(seen) = seen_unseen {
+        // Likewise the backends this pass saw unseen.
+        state.unseen.retain(|b, _| seen.contains(b));
+        for b in seen {
+            state.unseen.entry(b).or_insert(now);
+        }
+    }
+    if scope.is_none() {
         report.orphans_due_in = state
             .orphans
             .values()
+            .chain(state.unseen.values())
             .map(|since| (*since + grace).saturating_duration_since(now))
             .filter(|d| !d.is_zero())
             .min();
@@ -300,18 +352,21 @@ pub fn run_focused_pass(
     }
 }
 
-/// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry). A scoped pass
-/// leaves flows to orphaned service IPs alone: their grace is measured across full passes.
+/// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry), with the backends
+/// seen removed in `removed`. A scoped pass leaves flows to orphaned service IPs and to backends
+/// never seen serving alone: their grace is measured across full passes.
 pub fn judge(
     e: &Entry,
     model: &FamilyModel,
     host_ips: &HashSet<IpAddr>,
+    removed: &Removed,
     scope: Option<&Scope>,
 ) -> Option<Stale> {
     match scope {
-        None => stale(e, model, host_ips),
+        None => verdict(e, model, host_ips, removed),
         Some(s) if !s.touches(e) => None,
-        Some(_) => stale(e, model, host_ips).filter(|why| *why != Stale::OrphanedServiceIp),
+        Some(_) => verdict(e, model, host_ips, removed)
+            .filter(|why| !matches!(why, Stale::OrphanedServiceIp | Stale::UnseenBackend)),
     }
 }
 
