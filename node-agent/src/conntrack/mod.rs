@@ -45,6 +45,8 @@ mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
+mod removed_tests;
+#[cfg(test)]
 mod sysctls_tests;
 
 use std::sync::Arc;

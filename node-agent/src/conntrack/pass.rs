@@ -48,6 +48,9 @@ pub struct PassState {
     pub removed: Removed,
     /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
     pub delete_batch: usize,
+    /// A virtual clock for the pass (property tests over simulated time); `None`: the real one.
+    #[cfg(test)]
+    pub now: Option<Instant>,
 }
 
 impl Default for PassState {
@@ -60,6 +63,8 @@ impl Default for PassState {
             unseen: HashMap::new(),
             removed: Removed::default(),
             delete_batch: DELETE_BATCH,
+            #[cfg(test)]
+            now: None,
         }
     }
 }
@@ -287,6 +292,8 @@ pub fn run_focused_pass(
         }
     };
     let now = Instant::now();
+    #[cfg(test)]
+    let now = state.now.unwrap_or(now);
     let removed = std::mem::take(&mut state.removed);
     let decide = |e: &Entry| judge(e, model, &host_ips, &removed, scope);
     let grace = state.orphan_grace;
