@@ -31,40 +31,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::figures::{bench, cpu_seconds, mib, status_kib};
 use testkit::{Binary, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 64;
 const ENDPOINTS_PER_SLICE: usize = 10;
 const NAMESPACES: usize = 20;
-
-fn bench(name: &str, value: f64, unit: &str) {
-    println!("bench {name} {value:.1} {unit}");
-}
-
-/// A field of /proc/PID/status in KiB (0 when the process is gone).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-/// User plus system CPU time of `pid`, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name may hold spaces: fields are counted after its closing parenthesis.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
-    (ticks(11) + ticks(12)) / 100.0
-}
 
 fn netns(name: &str) -> anyhow::Result<()> {
     // One left by an interrupted run; none is the usual case, and not worth a line.

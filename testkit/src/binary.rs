@@ -51,8 +51,6 @@ impl Binary {
         Ok(Self { child, log })
     }
 
-    /// [`Binary::start`] with `--admin-addr` on a free loopback port put before `args`;
-    /// returns that address too, since the tests read `/readyz` and `/metrics` there.
     /// node-agent's conntrack task alone on the network namespace `netns` (`--conntrack-netns`),
     /// ready and past its first pass: how every conntrack cluster test starts the agent.
     pub async fn conntrack_agent(
@@ -61,6 +59,18 @@ impl Binary {
         netns: &str,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Ok(Self::conntrack_agent_with_admin(path, name, netns, extra)
+            .await?
+            .0)
+    }
+
+    /// [`Binary::conntrack_agent`], with the address of its admin server (for `/metrics`).
+    pub async fn conntrack_agent_with_admin(
+        path: &str,
+        name: &str,
+        netns: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(Self, SocketAddr)> {
         let mut args = vec!["--tasks", "conntrack", "--conntrack-netns", netns];
         args.extend_from_slice(extra);
         let (agent, admin) =
@@ -74,9 +84,11 @@ impl Binary {
         agent
             .wait_for_log("conntrack cleanup pass", std::time::Duration::from_secs(10))
             .await?;
-        Ok(agent)
+        Ok((agent, admin))
     }
 
+    /// [`Binary::start`] with `--admin-addr` on a free loopback port put before `args`;
+    /// returns that address too, since the tests read `/readyz` and `/metrics` there.
     pub fn start_with_admin(
         path: &str,
         name: &str,

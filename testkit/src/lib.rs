@@ -13,6 +13,7 @@ mod binary;
 pub mod chart;
 pub mod cli;
 pub mod control_plane;
+pub mod figures;
 pub mod leases;
 pub mod networking;
 pub mod proxy;
