@@ -6,9 +6,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::model::{Claim, FamilyModel, Model, Ports, canonical};
-use super::removed::{Key, Removed};
 use super::netlink::family::{Family, PerFamily};
 use super::netlink::msg::{Entry, IPPROTO_UDP};
+use super::removed::{Key, Removed};
 
 /// Why an entry is stale, for the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

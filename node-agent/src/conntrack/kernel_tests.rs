@@ -716,7 +716,13 @@ fn conntrack_cli_sees_what_netlink_created() {
     let report = ns
         .run(|| {
             let mut cleaned = Kernel::default();
-            run_pass(&mut cleaned, V4, &one_each()[V4], &mut PassState::seen_all()).unwrap()
+            run_pass(
+                &mut cleaned,
+                V4,
+                &one_each()[V4],
+                &mut PassState::seen_all(),
+            )
+            .unwrap()
         })
         .unwrap();
     assert_eq!(report.deleted, 1);
@@ -963,7 +969,11 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
             (1, 1),
             "the removed endpoint's flow goes at once, the unseen one's waits"
         );
-        assert_eq!(r.orphans_due_in, Some(grace), "a recheck when the grace ends");
+        assert_eq!(
+            r.orphans_due_in,
+            Some(grace),
+            "a recheck when the grace ends"
+        );
         let t = table(&mut ct);
         assert!(!t.contains(&key(&removed)), "seen removed: gone");
         let r = pass(&mut state, grace - Duration::from_millis(1));
@@ -971,10 +981,17 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
         let t = table(&mut ct);
         assert!(t.contains(&key(&unseen)) && t.contains(&key(&serving)));
         let r = pass(&mut state, grace);
-        assert_eq!((r.unseen_pending, r.deleted), (0, 1), "unseen for the whole grace");
+        assert_eq!(
+            (r.unseen_pending, r.deleted),
+            (0, 1),
+            "unseen for the whole grace"
+        );
         let t = table(&mut ct);
         assert!(!t.contains(&key(&unseen)), "gone after the grace");
-        assert!(t.contains(&key(&serving)), "the serving flow is never touched");
+        assert!(
+            t.contains(&key(&serving)),
+            "the serving flow is never touched"
+        );
         let r = pass(&mut state, grace * 2);
         assert_eq!((r.unseen_pending, r.deleted), (0, 0));
         assert!(state.unseen.is_empty(), "forgotten once no pass sees it");

@@ -15,8 +15,8 @@ pub mod netlink;
 #[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
-pub mod removed;
 pub mod project;
+pub mod removed;
 pub mod round;
 pub mod schedule;
 pub mod sweep;
@@ -41,11 +41,11 @@ mod pass_tests;
 #[cfg(test)]
 mod project_tests;
 #[cfg(test)]
+mod removed_tests;
+#[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
-#[cfg(test)]
-mod removed_tests;
 #[cfg(test)]
 mod sysctls_tests;
 

@@ -88,7 +88,7 @@ pub struct PassReport {
     pub orphans_pending: usize,
     /// Flows to backends never seen serving their key that a full pass kept this time: the
     /// backend has not looked unseen for the grace period yet.
-    pub unseen_pending: usize,
+    pub unseen_pending: u32,
     /// When the first of those kept for a grace (orphans and unseen backends) finishes it.
     pub orphans_due_in: Option<Duration>,
 }
@@ -170,13 +170,13 @@ pub enum PassError {
     /// report: each was stale on its own); what the pass still held was dropped.
     #[error("listing conntrack entries (after {} deleted): {source}", report.deleted)]
     DumpAfterDeletes {
-        report: PassReport,
+        report: Box<PassReport>,
         source: DumpError,
     },
     /// Some deletes may have been made (counted in the report).
     #[error("deleting conntrack entries: {source}")]
     Delete {
-        report: PassReport,
+        report: Box<PassReport>,
         source: io::Error,
     },
 }
@@ -325,7 +325,10 @@ pub fn run_focused_pass(
     state.removed = removed;
     if let Err(e) = read {
         return Err(if sent {
-            PassError::DumpAfterDeletes { report, source: e }
+            PassError::DumpAfterDeletes {
+                report: Box::new(report),
+                source: e,
+            }
         } else {
             PassError::Dump(e)
         });
@@ -354,7 +357,10 @@ pub fn run_focused_pass(
             .min();
     }
     match failed {
-        Some(source) => Err(PassError::Delete { report, source }),
+        Some(source) => Err(PassError::Delete {
+            report: Box::new(report),
+            source,
+        }),
         None => Ok(report),
     }
 }

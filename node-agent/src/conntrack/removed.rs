@@ -50,10 +50,18 @@ impl Removed {
     pub fn observe(&mut self, old: &FamilyModel, new: &FamilyModel, now: Instant) {
         let none = HashSet::new();
         let frontends = old.frontends.iter().map(|(k, was)| {
-            (Key::Frontend(*k), was, new.frontends.get(k).unwrap_or(&none))
+            (
+                Key::Frontend(*k),
+                was,
+                new.frontends.get(k).unwrap_or(&none),
+            )
         });
         let node_ports = old.node_ports.iter().map(|(p, was)| {
-            (Key::NodePort(*p), was, new.node_ports.get(p).unwrap_or(&none))
+            (
+                Key::NodePort(*p),
+                was,
+                new.node_ports.get(p).unwrap_or(&none),
+            )
         });
         for (key, was, now_serving) in frontends.chain(node_ports) {
             for b in was.difference(now_serving) {

@@ -160,7 +160,10 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
         let last = history.at(end);
         for e in &table.0 {
             let b = SocketAddr::new(e.reply.src, e.reply.src_port);
-            assert!(last.contains(&b), "seed {seed}: a flow to {b} outlived the grace");
+            assert!(
+                last.contains(&b),
+                "seed {seed}: a flow to {b} outlived the grace"
+            );
         }
     }
 }

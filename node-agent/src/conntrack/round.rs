@@ -188,11 +188,11 @@ impl Round {
                         }
                         PassError::DumpAfterDeletes { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "listing conntrack entries failed after some stale ones were deleted; the rest is left to the next pass");
-                            report
+                            *report
                         }
                         PassError::Delete { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
-                            report
+                            *report
                         }
                     }
                 }

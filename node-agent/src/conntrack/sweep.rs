@@ -15,8 +15,8 @@
 //! fails, is dropped unsent: the retry judges those entries again as the table is now.
 
 use std::collections::{HashMap, HashSet};
-use std::io;
 use std::hash::Hash;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
