@@ -85,7 +85,9 @@ pub struct ConntrackArgs {
     pub conntrack_gc_max: Duration,
 
     /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
-    /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
+    /// the flows DNATed to it are deleted, and how long a backend the agent never saw serve a
+    /// frontend or nodePort must look so before flows to it through that key are; must exceed
+    /// the lag of the IPAddress and EndpointSlice watches behind kube-proxy.
     #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub conntrack_orphan_grace: Duration,
 
