@@ -52,16 +52,10 @@ use kube::{
     api::{DeleteParams, ListParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
+use testkit::figures::{bench as figure, env_num, mib};
 use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 96;
-
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A pod as a Deployment would make it: labels, a last-applied annotation, two containers
 /// with env, probes, resources and mounts (about 4 KB stored, with managedFields).
@@ -372,10 +366,6 @@ fn proc_meminfo(key: &str) -> u64 {
                 .ok()
         })
         .unwrap_or(0)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
 }
 
 /// The kubelet's report of a finished pod: phase Succeeded, each container terminated `ago`.
@@ -751,15 +741,6 @@ impl Steady {
             self.listed.as_secs_f64(),
             "s",
         );
-    }
-}
-
-/// `bench <name> <value> <unit>`, the line every run can be compared on.
-fn figure(name: &str, value: f64, unit: &str) {
-    if unit == "ratio" {
-        println!("bench {name} {value:.2} {unit}");
-    } else {
-        println!("bench {name} {value:.1} {unit}");
     }
 }
 

@@ -50,37 +50,13 @@ use kube::{
     api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
+use testkit::figures::{bench, env_num, mib, status_kib};
 use testkit::{Binary, http_get, networking::service_cidr, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 128;
 const NAMESPACES: usize = 20;
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 const GRACE: Duration = Duration::from_secs(10);
-
-fn bench(name: &str, value: f64, unit: &str) {
-    println!("bench {name} {value:.1} {unit}");
-}
-
-fn env_num(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A field of /proc/PID/status in KiB (0 when the process is gone).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
 
 /// The scale's label in figure names: `100k_ips`, `5k_ips`.
 fn scale_tag(ips: usize) -> String {

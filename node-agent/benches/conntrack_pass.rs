@@ -45,6 +45,7 @@ use groundskeeper_node_agent::conntrack::pass::{
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::json;
+use testkit::figures::{mib, status_kib};
 
 const SERVICES: u32 = 100;
 /// Each triggered-pass figure is the best of this many runs (with its baselines, in turn).
@@ -294,21 +295,8 @@ struct Full {
     rss_before: u64,
 }
 
-fn status_kib(field: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
 }
 
 /// `1m`, `250k`, or the number: the suffix of every `bench` line.
@@ -359,7 +347,7 @@ fn reset_peak() -> u64 {
     // SAFETY: malloc_trim only returns free heap memory to the kernel.
     unsafe { libc::malloc_trim(0) };
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    status_kib("VmRSS:")
+    status_kib(std::process::id(), "VmRSS:")
 }
 
 /// One full pass over the table as it is now, with its memory.
@@ -371,7 +359,7 @@ fn full_pass(table: &mut Kernel, m: &FamilyModel) -> Full {
     Full {
         took,
         report,
-        hwm: status_kib("VmHWM:"),
+        hwm: status_kib(std::process::id(), "VmHWM:"),
         rss_before,
     }
 }

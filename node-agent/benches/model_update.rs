@@ -20,6 +20,7 @@ use groundskeeper_node_agent::conntrack::live::{Live, Views};
 use groundskeeper_node_agent::conntrack::model::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
 use groundskeeper_node_agent::conntrack::project::{ServiceView, SliceView, UdpPort};
+use testkit::figures::bench;
 
 const ENDPOINTS_PER_SLICE: usize = 10;
 const NAMESPACES: usize = 20;
@@ -110,10 +111,6 @@ fn change(w: &mut World, services: usize, k: usize) -> Key {
 
 fn per_change_ms(t: Duration) -> f64 {
     t.as_secs_f64() * 1000.0 / CHANGES as f64
-}
-
-fn bench(name: &str, value: f64, unit: &str) {
-    println!("bench {name} {value:.3} {unit}");
 }
 
 fn size_tag(services: usize) -> String {
