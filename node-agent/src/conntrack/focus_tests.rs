@@ -500,18 +500,23 @@ impl Table for FakeTable {
 
 impl Delete for FakeTable {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        let mut report = BatchReport::default();
-        for (e, _) in stale {
-            let before = self.entries.len();
-            self.entries.retain(|x| x != e);
-            if self.entries.len() < before {
-                report.ok += 1;
-            } else {
-                report.not_found += 1;
-            }
-        }
-        Ok(report)
+        Ok(remove_entries(&mut self.entries, stale))
     }
+}
+
+/// Deletes `stale` from a fake table as the kernel would: each one gone, or not found.
+pub(super) fn remove_entries(entries: &mut Vec<Entry>, stale: &[(Entry, Stale)]) -> BatchReport {
+    let mut report = BatchReport::default();
+    for (e, _) in stale {
+        let before = entries.len();
+        entries.retain(|x| x != e);
+        if entries.len() < before {
+            report.ok += 1;
+        } else {
+            report.not_found += 1;
+        }
+    }
+    report
 }
 
 /// One generated case: the change, both models, and a table (also stream_tests' cases).

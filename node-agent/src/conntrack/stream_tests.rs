@@ -14,7 +14,7 @@ use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Kernel, Table};
 use super::decide::{Focus, Scope, Stale};
-use super::focus_tests::{case, host};
+use super::focus_tests::{case, host, remove_entries};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family::{self, V4};
 use super::netlink::msg::{Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
@@ -85,16 +85,7 @@ impl Table for Watched {
 
 impl Delete for Watched {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        let mut report = BatchReport::default();
-        for (e, _) in stale {
-            let before = self.entries.len();
-            self.entries.retain(|x| x != e);
-            if self.entries.len() < before {
-                report.ok += 1;
-            } else {
-                report.not_found += 1;
-            }
-        }
+        let report = remove_entries(&mut self.entries, stale);
         self.events
             .push(Event::Delete(stale.iter().map(|(e, _)| *e).collect()));
         Ok(report)
