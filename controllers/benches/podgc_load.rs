@@ -52,7 +52,7 @@ use kube::{
     api::{DeleteParams, ListParams, WatchEvent, WatchParams},
 };
 use serde_json::json;
-use testkit::figures::{bench as figure, env_num, mib};
+use testkit::figures::{bench as figure, env_num, mib, status_kib};
 use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 96;
@@ -311,7 +311,7 @@ impl Run {
     }
 
     fn proc_status(&self, key: &str) -> u64 {
-        proc_status(self.bin.pid().expect("running"), key)
+        status_kib(self.bin.pid().expect("running"), key)
     }
 
     /// utime + stime of the process, in seconds.
@@ -336,21 +336,6 @@ impl Run {
         .await
         .map(|_| ())
     }
-}
-
-/// A `/proc/<pid>/status` value in kB (0 when unreadable).
-fn proc_status(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(key)?
-                .trim()
-                .trim_end_matches(" kB")
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
 }
 
 /// A `/proc/meminfo` value in kB.
@@ -651,7 +636,7 @@ fn control_plane_rss(cp: Option<&testkit::ControlPlane>) -> String {
         return "not ours (KUBECONFIG)".into();
     };
     let (etcd, apiserver) = cp.pids();
-    let rss = |p: Option<u32>| p.map(|p| mib(proc_status(p, "VmRSS:"))).unwrap_or(0.0);
+    let rss = |p: Option<u32>| p.map(|p| mib(status_kib(p, "VmRSS:"))).unwrap_or(0.0);
     format!(
         "kube-apiserver {:.0} MiB, etcd {:.0} MiB",
         rss(apiserver),
