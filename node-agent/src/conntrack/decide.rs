@@ -127,7 +127,10 @@ pub fn verdict(
         _ => return Some(why),
     };
     let backend = SocketAddr::new(canonical(entry.reply.src), entry.reply.src_port);
-    let seen_go = serving.is_none_or(HashSet::is_empty) || removed.saw(key, backend);
+    // An un-NATed flow reached no endpoint at all (it came before the rules): no proxy can be
+    // ahead of us on it, so it goes at once as upstream deletes it.
+    let seen_go =
+        !dnated(entry) || serving.is_none_or(HashSet::is_empty) || removed.saw(key, backend);
     Some(if seen_go { why } else { Stale::UnseenBackend })
 }
 
