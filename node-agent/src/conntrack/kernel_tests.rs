@@ -1004,3 +1004,66 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
     })
     .unwrap();
 }
+
+/// On the kernel's table: the triggered pass a rollout asks for is the first to meet a flow to
+/// an endpoint the agent has not seen yet. It starts that flow's grace and asks for the full pass
+/// that ends it, but never deletes it itself, even past the grace: only a full pass, which sees
+/// the whole table, decides the flow stayed unseen the whole time.
+#[test]
+fn a_triggered_pass_starts_the_grace_of_an_unseen_endpoint_and_only_a_full_pass_ends_it() {
+    if skip("a_triggered_pass_starts_the_grace_of_an_unseen_endpoint_and_only_a_full_pass_ends_it")
+    {
+        return;
+    }
+    let m = one_each();
+    let ns = NetNs::create("unseen-scoped").unwrap();
+    ns.run(|| {
+        let mut ct = Conntrack::open().unwrap();
+        let serving = udp("10.0.0.1:1000", "10.96.0.10:53", "10.244.1.5:5353");
+        let unseen = udp("10.0.0.1:1002", "10.96.0.10:53", "10.244.1.9:5353");
+        ct.create(&[serving, unseen], 300, STATUS_SEEN_REPLY)
+            .unwrap();
+        let grace = Duration::from_secs(5);
+        let t0 = std::time::Instant::now();
+        let mut state = PassState {
+            orphan_grace: grace,
+            ..PassState::default()
+        };
+        let scope = super::decide::Scope {
+            frontends: ["10.96.0.10:53".parse().unwrap()].into(),
+            ..Default::default()
+        };
+        let mut cleaned = Kernel::default();
+        let mut pass = |state: &mut PassState, at: Duration, full: bool| {
+            state.now = Some(t0 + at);
+            let scope = (!full).then_some(&scope);
+            super::pass::run_focused_pass(&mut cleaned, V4, &m[V4], state, scope).unwrap()
+        };
+        let r = pass(&mut state, Duration::ZERO, false);
+        assert_eq!((r.unseen_pending, r.deleted), (1, 0), "triggered: kept");
+        assert_eq!(
+            r.orphans_due_in,
+            Some(grace),
+            "a full pass when the grace ends"
+        );
+        let r = pass(&mut state, grace, false);
+        assert_eq!(
+            (r.unseen_pending, r.deleted),
+            (1, 0),
+            "a triggered pass never deletes it, even past the grace"
+        );
+        let r = pass(&mut state, grace * 2, true);
+        assert_eq!(
+            (r.unseen_pending, r.deleted),
+            (0, 1),
+            "the full pass ends it"
+        );
+        let t = table(&mut ct);
+        assert!(!t.contains(&key(&unseen)), "gone after the grace");
+        assert!(
+            t.contains(&key(&serving)),
+            "the serving flow is never touched"
+        );
+    })
+    .unwrap();
+}

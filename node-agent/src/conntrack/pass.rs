@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::apply::{Dump, Table};
@@ -17,7 +17,7 @@ use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::DumpError;
 use super::removed::Removed;
 pub use super::report::{PassContext, PassReport};
-use super::sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep};
+use super::sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep, UnseenKey};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -42,9 +42,9 @@ pub struct PassState {
     /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
     /// soon as a pass no longer sees it orphaned.
     pub orphans: HashMap<IpAddr, Instant>,
-    /// Backend -> first full pass that saw flows to it judged [`Stale::UnseenBackend`].
-    /// Forgotten as soon as a full pass no longer sees any.
-    pub unseen: HashMap<SocketAddr, Instant>,
+    /// (frontend, backend) -> first pass that saw flows judged [`Stale::UnseenBackend`] on that
+    /// way. Forgotten as soon as a full pass no longer sees any.
+    pub unseen: HashMap<UnseenKey, Instant>,
     /// Backends the agent saw stop serving a key (fed by the round with each model it judges).
     pub removed: Removed,
     /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
@@ -184,8 +184,8 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// is scoped to what the last model change touched ([`Scope::between`]): the kernel returns only
 /// those entries when a few filtered dumps can ask for them ([`selections`]), else one UDP dump
 /// is filtered here. It deletes exactly what a full pass would among the entries in scope,
-/// except flows to orphaned service IPs, left to full passes (their grace is measured across
-/// those). Stale entries are deleted in batches of at most `state.delete_batch` while the
+/// except flows to orphaned service IPs and to backends never seen serving, left to full passes
+/// (their grace is measured across those; a scoped pass starts an unseen backend's clock). Stale entries are deleted in batches of at most `state.delete_batch` while the
 /// dump streams.
 ///
 /// The I/O is here and in [`read_table`]; what they decide with is pure: [`judge`],
@@ -224,12 +224,17 @@ pub fn run_focused_pass(
         since: &known,
         grace,
         now,
+        may_delete: true,
         seen: HashSet::new(),
     });
-    let waiting = scope.is_none().then(|| Grace {
+    // A scoped pass starts the clocks of the unseen backends it meets (a rollout's flows are
+    // met first by the triggered pass its change asks for), so their grace is not put off to
+    // the next full pass; only a full pass deletes them.
+    let waiting = Some(Grace {
         since: &unseen,
         grace,
         now,
+        may_delete: scope.is_none(),
         seen: HashSet::new(),
     });
     let mut sweep = Sweep::new(&decide, orphans, waiting, state.delete_batch);
@@ -262,21 +267,24 @@ pub fn run_focused_pass(
         }
     }
     if let Some(seen) = seen_unseen {
-        // Likewise the backends this pass saw unseen.
-        state.unseen.retain(|b, _| seen.contains(b));
+        // Likewise the backends a full pass saw unseen; a scoped pass saw only part of the
+        // table, so it forgets nothing.
+        if scope.is_none() {
+            state.unseen.retain(|b, _| seen.contains(b));
+        }
         for b in seen {
             state.unseen.entry(b).or_insert(now);
         }
     }
-    if scope.is_none() {
-        report.orphans_due_in = state
-            .orphans
-            .values()
-            .chain(state.unseen.values())
-            .map(|since| (*since + grace).saturating_duration_since(now))
-            .filter(|d| !d.is_zero())
-            .min();
-    }
+    // When a full pass is next due for a grace that runs out (also after a scoped pass, whose
+    // unseen backends only a full pass deletes).
+    report.orphans_due_in = state
+        .orphans
+        .values()
+        .chain(state.unseen.values())
+        .map(|since| (*since + grace).saturating_duration_since(now))
+        .filter(|d| !d.is_zero())
+        .min();
     match failed {
         Some(source) => Err(PassError::Delete {
             report: Box::new(report),
@@ -287,8 +295,9 @@ pub fn run_focused_pass(
 }
 
 /// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry), with the backends
-/// seen removed in `removed`. A scoped pass leaves flows to orphaned service IPs and to backends
-/// never seen serving alone: their grace is measured across full passes.
+/// seen removed in `removed`. A scoped pass leaves flows to orphaned service IPs alone (their
+/// grace is measured across full passes); flows to backends never seen serving reach the sweep,
+/// which only starts their clocks in a scoped pass.
 pub fn judge(
     e: &Entry,
     model: &FamilyModel,
@@ -299,8 +308,9 @@ pub fn judge(
     match scope {
         None => verdict(e, model, host_ips, removed),
         Some(s) if !s.touches(e) => None,
-        Some(_) => verdict(e, model, host_ips, removed)
-            .filter(|why| !matches!(why, Stale::OrphanedServiceIp | Stale::UnseenBackend)),
+        Some(_) => {
+            verdict(e, model, host_ips, removed).filter(|why| *why != Stale::OrphanedServiceIp)
+        }
     }
 }
 

@@ -1,7 +1,10 @@
 //! The unseen-backend rule over generated histories, without a kernel: a proxy that programs
 //! every EndpointSlice change at once, an agent whose model lags it by less than the grace, and
-//! full passes at random times. A flow to a backend that serves in the proxy's world is never
-//! deleted; a flow to a backend the agent saw stop serving goes in the first pass after that.
+//! passes at random times, triggered (scoped to the frontend) or full, with the full passes a
+//! grace asks for as the scheduler makes them. A flow to a backend that serves in the proxy's
+//! world is never deleted; a flow to a backend the agent saw stop serving goes in the first
+//! pass after that; a triggered pass never deletes a flow to a backend never seen serving, and
+//! every such flow is gone once the history is over.
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -11,12 +14,12 @@ use std::time::{Duration, Instant};
 use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Table};
-use super::decide::Stale;
+use super::decide::{Scope, Stale};
 use super::model::FamilyModel;
 use super::netlink::family::Family::V4;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::{BatchReport, DumpError};
-use super::pass::{PassState, run_pass};
+use super::pass::{PassState, run_focused_pass};
 
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -122,6 +125,11 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
         };
         let mut table = Flows(Vec::new());
         let mut judged: Option<BTreeSet<SocketAddr>> = None;
+        let mut recheck_at: Option<Duration> = None;
+        let scope = Scope {
+            frontends: [frontend()].into(),
+            ..Scope::default()
+        };
         let end = history.0.last().unwrap().0 + GRACE * 2;
         let mut t = Duration::ZERO;
         while t <= end {
@@ -139,7 +147,34 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
                 state.removed.observe(&model(old), &model(&agent), now);
             }
             state.now = Some(now);
-            run_pass(&mut table, V4, &model(&agent), &mut state).unwrap();
+            // Full when a grace asked for it, or now and then (the periodic one).
+            let full = recheck_at.is_some_and(|r| r <= t) || rng.chance(20);
+            let before = table.0.clone();
+            let report = run_focused_pass(
+                &mut table,
+                V4,
+                &model(&agent),
+                &mut state,
+                (!full).then_some(&scope),
+            )
+            .unwrap();
+            if full {
+                recheck_at = None;
+            }
+            if let Some(d) = report.orphans_due_in {
+                let at = t + d;
+                recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
+            }
+            if !full {
+                for e in before.iter().filter(|e| !table.0.contains(e)) {
+                    let b = SocketAddr::new(e.reply.src, e.reply.src_port);
+                    assert!(
+                        judged.as_ref().is_some_and(|j| j.contains(&b)),
+                        "seed {seed}, at {t:?}: a triggered pass deleted the flow to {b}, never \
+                         seen serving"
+                    );
+                }
+            }
             for b in proxy {
                 assert!(
                     table.0.contains(&flow(*b)),

@@ -32,13 +32,17 @@ pub const DELETE_BATCH: usize = 512;
 /// Failed deletes logged one by one in a pass; the rest are only counted.
 const FAILURES_LOGGED: usize = 5;
 
-/// What a full pass saw waiting for its grace (orphaned service IPs, backends never seen
-/// serving), and since when each has (from earlier passes): flows to one are deleted once it
-/// has for the grace period.
+/// What a pass saw waiting for its grace (orphaned service IPs, backends never seen serving),
+/// and since when each has (from earlier passes): flows to one are deleted once it has for the
+/// grace period, by a full pass only (`may_delete`). A scoped pass sees only part of the table,
+/// so it only starts clocks: whether a key was seen waiting *continuously* is settled by the
+/// full passes, which forget every key they no longer see.
 pub struct Grace<'a, K> {
     pub since: &'a HashMap<K, Instant>,
     pub grace: Duration,
     pub now: Instant,
+    /// Whether this pass may delete a flow whose grace is over (a full pass).
+    pub may_delete: bool,
     /// Seen in the current attempt.
     pub seen: HashSet<K>,
 }
@@ -46,16 +50,29 @@ pub struct Grace<'a, K> {
 /// Orphaned service IPs, by the flow's original destination.
 pub type Orphans<'a> = Grace<'a, IpAddr>;
 
-/// Backends the agent never saw serve, by the flow's reply source.
-pub type Unseen<'a> = Grace<'a, SocketAddr>;
+/// A flow's way to a backend the agent never saw serve it: (original destination, reply
+/// source). Keyed by the pair, not by the backend alone, so that a backend lagging on one
+/// frontend never inherits the clock another frontend started.
+pub type UnseenKey = (SocketAddr, SocketAddr);
+
+/// Backends the agent never saw serve, by [`UnseenKey`].
+pub type Unseen<'a> = Grace<'a, UnseenKey>;
 
 impl<K: Copy + Eq + Hash> Grace<'_, K> {
     /// Whether a flow waiting on `k` may go now; remembers that `k` was seen waiting.
     fn due(&mut self, k: K) -> bool {
         self.seen.insert(k);
         let since = self.since.get(&k).copied().unwrap_or(self.now);
-        self.now.saturating_duration_since(since) >= self.grace
+        self.may_delete && self.now.saturating_duration_since(since) >= self.grace
     }
+}
+
+/// The [`UnseenKey`] of a flow.
+pub fn unseen_key(e: &Entry) -> UnseenKey {
+    (
+        SocketAddr::new(canonical(e.orig.dst), e.orig.dst_port),
+        SocketAddr::new(canonical(e.reply.src), e.reply.src_port),
+    )
 }
 
 /// One pass's judging and deleting, entry by entry.
@@ -74,8 +91,8 @@ pub struct Sweep<'a> {
 }
 
 impl<'a> Sweep<'a> {
-    /// `orphans`, `unseen`: a full pass (flows to orphaned service IPs and to backends never
-    /// seen serving wait for their grace); a scoped pass never judges those flows stale.
+    /// `orphans`, `unseen`: flows to orphaned service IPs and to backends never seen serving
+    /// wait for their grace (`None`: such flows are never deleted).
     pub fn new(
         judge: &'a dyn Fn(&Entry) -> Option<Stale>,
         orphans: Option<Orphans<'a>>,
@@ -109,9 +126,8 @@ impl<'a> Sweep<'a> {
             return;
         }
         if why == Stale::UnseenBackend {
-            let backend = SocketAddr::new(canonical(e.reply.src), e.reply.src_port);
-            // Without a grace to measure (a scoped pass), never deleted here.
-            if !self.unseen.as_mut().is_some_and(|u| u.due(backend)) {
+            // Without a grace to measure, never deleted here.
+            if !self.unseen.as_mut().is_some_and(|u| u.due(unseen_key(e))) {
                 self.report.unseen_pending += 1;
                 return;
             }
@@ -184,11 +200,11 @@ impl<'a> Sweep<'a> {
 }
 
 /// What a sweep leaves: its report, the failed delete, whether any was sent, and what the
-/// attempt used saw waiting (full passes only).
+/// attempt used saw waiting.
 pub struct Parts {
     pub report: PassReport,
     pub failed: Option<io::Error>,
     pub sent: bool,
     pub orphans: Option<HashSet<IpAddr>>,
-    pub unseen: Option<HashSet<SocketAddr>>,
+    pub unseen: Option<HashSet<UnseenKey>>,
 }
