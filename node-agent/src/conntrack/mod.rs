@@ -16,6 +16,7 @@ pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod project;
+pub mod removed;
 pub mod report;
 pub mod round;
 pub mod schedule;
@@ -40,6 +41,8 @@ mod model_whole;
 mod pass_tests;
 #[cfg(test)]
 mod project_tests;
+#[cfg(test)]
+mod removed_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
@@ -83,7 +86,9 @@ pub struct ConntrackArgs {
     pub conntrack_gc_max: Duration,
 
     /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
-    /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
+    /// the flows DNATed to it are deleted, and how long a backend the agent never saw serve a
+    /// frontend or nodePort must look so before flows to it through that key are; must exceed
+    /// the lag of the IPAddress and EndpointSlice watches behind kube-proxy.
     #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub conntrack_orphan_grace: Duration,
 

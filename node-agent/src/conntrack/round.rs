@@ -74,8 +74,10 @@ impl RoundThread {
                         orphan_grace,
                         ..PassState::default()
                     })),
+                    judged: None,
                 };
                 for req in rx {
+                    round.observe(&req.model);
                     let summary = round.run(&req.model, req.focus.as_ref());
                     let _ = req.reply.send(summary);
                 }
@@ -121,9 +123,29 @@ struct Round {
     table: Box<dyn Table + Send>,
     metrics: Metrics,
     state: PerFamily<PassState>,
+    /// The model the last round judged: what a key served then and no longer does now was
+    /// seen removed (see [`super::removed`]).
+    judged: Option<Arc<Model>>,
 }
 
 impl Round {
+    /// Records the backends that stopped serving between the last model judged and `model`.
+    /// Rounds run in the order their models were built, so this sees every removal that
+    /// outlived a round; a backend added and removed between two rounds was never seen serving.
+    fn observe(&mut self, model: &Arc<Model>) {
+        let now = Instant::now();
+        let old = self.judged.replace(model.clone());
+        for fam in Family::ALL {
+            let removed = &mut self.state[fam].removed;
+            match &old {
+                Some(old) if !Arc::ptr_eq(old, model) => {
+                    removed.observe(&old[fam], &model[fam], now)
+                }
+                _ => removed.expire(now),
+            }
+        }
+    }
+
     fn run(&mut self, model: &Model, focus: Option<&Focus>) -> RoundSummary {
         let mut summary = RoundSummary {
             fill: self.observe_fill(),
@@ -170,7 +192,7 @@ impl Round {
                         }
                         PassError::Delete { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
-                            report
+                            *report
                         }
                     }
                 }
@@ -311,6 +333,7 @@ mod tests {
                 table: Box::new(Failing(fail)),
                 metrics: metrics.clone(),
                 state: PerFamily::default(),
+                judged: None,
             };
             round.run(&model, None);
             for label in [

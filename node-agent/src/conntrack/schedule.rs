@@ -150,7 +150,10 @@ impl Scheduler {
         if !(periodic || recheck || due(self.pass_at)) {
             return Due::Nothing;
         }
-        self.recheck_at = None;
+        if periodic || recheck {
+            // This round is the full one the recheck asked for; a triggered round leaves it due.
+            self.recheck_at = None;
+        }
         let Some((model, stamp)) = self.current.clone() else {
             self.gc_at = now + self.interval; // not listed yet
             return Due::Nothing;
@@ -222,7 +225,8 @@ impl Scheduler {
         }
         self.gc_at = now + self.interval;
         if let Some(d) = summary.recheck_in {
-            self.recheck_at = Some(now + d);
+            let at = now + d;
+            self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
         }
     }
 }
