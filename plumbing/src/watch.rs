@@ -19,15 +19,29 @@
 //! through it (a stuck proxy or load balancer, a half-open TCP connection), and kube-runtime
 //! notices only after its 295 s idle timeout, then resumes without a word. Every watch asks
 //! for bookmarks, which the apiserver sends about every minute on a quiet watch; one that has
-//! delivered neither an event nor a bookmark for `--watch-silent-after` is failed like any
-//! other: counted, relisted, and its cache stale since it was last heard from. kube-runtime
-//! keeps bookmarks to itself, so what the server sends is seen on the way in ([`Heard`]).
+//! delivered neither an event nor a bookmark for `--watch-silent-after` is failed: counted,
+//! and its cache stale since it was last heard from. kube-runtime keeps bookmarks to itself,
+//! so what the server sends is seen on the way in ([`Heard`]).
+//!
+//! Why a silent watch is re-watched, not relisted: silence says nothing about what the store
+//! holds, only that nothing came. So the silent stream is ended from our side and kube-runtime
+//! watches again from the last resourceVersion it saw (an event's or a bookmark's), as after a
+//! server-side timeout: the apiserver replays what was missed, or answers 410 Gone, which like
+//! every other error leads to a full relist. The watch stays failed (nothing destructive may
+//! act on its cache) until the re-watch delivers an event or a bookmark, after everything it
+//! delivered before has been applied. A re-watch that gets no answer at all within the bound
+//! (its request hangs on a dead connection) is dropped and the kind relisted on a new one. At
+//! 150k pods a relist after each silence cost a full list of every kind, minutes of stopped
+//! deletions and the client's QPS budget (issue 26).
 
 use std::{
     fmt::Debug,
     hash::{BuildHasher, RandomState},
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -84,9 +98,12 @@ struct Driver<K: Resource + Clone + 'static> {
     silent_after: Option<Duration>,
     inner: Option<BoxStream<'static, watcher::Result<Event<K>>>>,
     backoff: Backoff,
-    /// `InitDone` was handed out: the watch becomes healthy when the consumer asks for the
-    /// next event, i.e. once it has applied the list to its store.
-    listed: bool,
+    /// `InitDone`, or the first event of a re-watch after a silence, was handed out: the watch
+    /// becomes healthy when the consumer asks for the next event, i.e. once it has applied it.
+    caught_up: bool,
+    /// The watch went silent, was cut and is resuming from its last resourceVersion: failed
+    /// until the server sends an event or a bookmark. Holds when it was cut.
+    resuming: Option<Instant>,
     /// A new list was asked for and the server has not answered yet.
     awaiting_answer: bool,
     /// How long that first answer may take before the request is dropped and made again.
@@ -152,12 +169,13 @@ where
         silent_after,
         inner: None,
         backoff,
-        listed: false,
+        caught_up: false,
+        resuming: None,
         awaiting_answer: false,
         list_deadline: LIST_DEADLINE,
     };
     futures::stream::unfold(driver, |mut d| async move {
-        if std::mem::take(&mut d.listed) {
+        if std::mem::take(&mut d.caught_up) {
             d.flag.mark_ready();
         }
         loop {
@@ -191,6 +209,14 @@ where
                     tokio::select! {
                         biased;
                         n = &mut next => break Ok(n),
+                        // Only once `next` is pending: every event the stream delivered
+                        // before the bookmark has been handed out and applied.
+                        _ = d.heard.bookmarked() => {
+                            if d.resuming.is_some() && d.heard.bookmark_since_cut() {
+                                d.resuming = None;
+                                d.flag.mark_ready();
+                            }
+                        }
                         _ = tokio::time::sleep_until(last + bound) => {
                             // A bookmark kube-runtime kept to itself may have come meanwhile.
                             if d.heard.last() == last {
@@ -202,14 +228,32 @@ where
                 match silent {
                     Ok(n) => n,
                     Err(last) => {
-                        d.inner = None;
-                        d.flag.silent_since(
-                            &format_args!(
-                                "no event or bookmark for {:?} (--watch-silent-after {bound:?}); relisting",
-                                last.elapsed()
-                            ),
-                            last,
-                        );
+                        match d.resuming {
+                            // The re-watch was not even answered: its request hangs on a dead
+                            // connection, which only a new request (and so a list) escapes.
+                            Some(cut) if last <= cut => {
+                                d.inner = None;
+                                d.resuming = None;
+                                d.flag.silent_since(
+                                    &format_args!(
+                                        "no answer to the re-watch for {:?}; relisting",
+                                        last.elapsed()
+                                    ),
+                                    last,
+                                );
+                            }
+                            _ => {
+                                let since = d.heard.cut();
+                                d.resuming = Some(since);
+                                d.flag.silent_since(
+                                    &format_args!(
+                                        "no event or bookmark for {:?} (--watch-silent-after {bound:?}); re-watching from the last resourceVersion",
+                                        last.elapsed()
+                                    ),
+                                    last,
+                                );
+                            }
+                        }
                         continue;
                     }
                 }
@@ -224,7 +268,13 @@ where
                         _ => {
                             d.awaiting_answer = false;
                             d.list_deadline = LIST_DEADLINE;
-                            d.listed |= matches!(ev, Event::InitDone);
+                            // A re-watch's first event proves it as a bookmark would.
+                            let resumed = d.resuming.is_some()
+                                && matches!(ev, Event::Apply(_) | Event::Delete(_));
+                            if resumed {
+                                d.resuming = None;
+                            }
+                            d.caught_up |= resumed || matches!(ev, Event::InitDone);
                             // Only an event from the watch itself proves the watch works: were a
                             // good list enough, a watch refused right after it (RBAC granting
                             // list but not watch, a proxy cutting streams) would relist every
@@ -238,35 +288,76 @@ where
                 }
                 Some(Err(e)) => {
                     d.inner = None;
+                    d.resuming = None;
                     let delay = d.backoff.next_delay();
                     d.flag.failed(&Explained(&e), delay);
                     tokio::time::sleep(delay).await;
                 }
                 // `watcher` does not end; if it did, start over like after an error.
-                None => d.inner = None,
+                None => {
+                    d.inner = None;
+                    d.resuming = None;
+                }
             }
         }
     })
 }
 
 /// When the server last sent one watch anything: response headers or a body frame (an event,
-/// a bookmark, a list page). Shared by the watch's client, which records it, and its driver.
+/// a bookmark, a list page). Shared by the watch's client, which records it, and its driver,
+/// which can also end ("cut") every response body received so far.
 #[derive(Clone)]
-struct Heard(Arc<Mutex<Instant>>);
+struct Heard(Arc<HeardState>);
+
+struct HeardState {
+    last: Mutex<Instant>,
+    /// Bumped by each cut: a body from an older generation ends at its next poll.
+    generation: AtomicU64,
+    /// 1 + the generation of the last watch body a bookmark came through; 0 before any.
+    bookmarked: AtomicU64,
+    bookmark: tokio::sync::Notify,
+}
 
 impl Default for Heard {
     fn default() -> Self {
-        Self(Arc::new(Mutex::new(Instant::now())))
+        Self(Arc::new(HeardState {
+            last: Mutex::new(Instant::now()),
+            generation: AtomicU64::new(0),
+            bookmarked: AtomicU64::new(0),
+            bookmark: tokio::sync::Notify::new(),
+        }))
     }
 }
 
+/// How the apiserver starts a bookmark line of a JSON watch stream.
+const BOOKMARK_LINE: &[u8] = br#"{"type":"BOOKMARK""#;
+
 impl Heard {
     fn now(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
     fn last(&self) -> Instant {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ends every body received so far (kube-runtime then sees its watch end, as at a
+    /// server-side timeout, and watches again from its last resourceVersion). Returns when;
+    /// the silence bound counts from here.
+    fn cut(&self) -> Instant {
+        self.0.generation.fetch_add(1, Ordering::AcqRel);
+        self.now();
+        self.last()
+    }
+
+    /// A bookmark came through a watch opened since the last cut.
+    fn bookmark_since_cut(&self) -> bool {
+        self.0.bookmarked.load(Ordering::Acquire) > self.0.generation.load(Ordering::Acquire)
+    }
+
+    /// Wakes after a bookmark came through a watch (or at once, for one not yet waited for).
+    async fn bookmarked(&self) {
+        self.0.bookmark.notified().await
     }
 
     /// `client`, recording here whatever its responses bring in.
@@ -275,20 +366,58 @@ impl Heard {
         let heard = self.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let (client, heard) = (client.clone(), heard.clone());
+            let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
             async move {
+                let generation = heard.0.generation.load(Ordering::Acquire);
                 let res = client.send(req).await?;
                 heard.now();
-                Ok::<_, kube::Error>(res.map(|body| HeardBody { body, heard }))
+                Ok::<_, kube::Error>(res.map(|body| HeardBody {
+                    body,
+                    heard,
+                    generation,
+                    bookmarks: watch.then(Vec::new),
+                }))
             }
         });
         kube::Client::new(service, ns)
     }
 }
 
-/// A response body that records in [`Heard`] each frame it yields.
+/// A response body that records in [`Heard`] each frame it yields, and ends once cut.
 struct HeardBody {
     body: kube::client::Body,
     heard: Heard,
+    /// [`Heard`]'s generation when the request was sent.
+    generation: u64,
+    /// For a watch: the tail of the last frame, where a bookmark line may have begun.
+    bookmarks: Option<Vec<u8>>,
+}
+
+impl HeardBody {
+    fn look_for_bookmark(&mut self, data: &[u8]) {
+        let Some(tail) = self.bookmarks.as_mut() else {
+            return;
+        };
+        let n = BOOKMARK_LINE.len();
+        let is_bookmark = |w: &[u8]| w == BOOKMARK_LINE;
+        // A line that began in the last frame: its tail and this frame's head.
+        let mut across = std::mem::take(tail);
+        across.extend_from_slice(&data[..data.len().min(n - 1)]);
+        let seen = across.windows(n).any(is_bookmark) || data.windows(n).any(is_bookmark);
+        let from = across.len().saturating_sub(n - 1);
+        tail.extend_from_slice(&across[from..]);
+        if data.len() >= n - 1 {
+            tail.clear();
+            tail.extend_from_slice(&data[data.len() - (n - 1)..]);
+        }
+        if seen {
+            let state = &self.heard.0;
+            state
+                .bookmarked
+                .fetch_max(self.generation + 1, Ordering::AcqRel);
+            state.bookmark.notify_one();
+        }
+    }
 }
 
 impl http_body::Body for HeardBody {
@@ -299,15 +428,23 @@ impl http_body::Body for HeardBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.heard.0.generation.load(Ordering::Acquire) > self.generation {
+            return Poll::Ready(None);
+        }
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
             self.heard.now();
+            if let Some(data) = frame.data_ref() {
+                let data = data.clone();
+                self.look_for_bookmark(&data);
+            }
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.heard.0.generation.load(Ordering::Acquire) > self.generation
+            || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -254,47 +254,294 @@ where
     }
 }
 
-/// The connection stays up and nothing comes through it, not even a bookmark: the watch
-/// is failed, counted and relisted once the bound has passed, not after kube-runtime's
-/// 295 s (which then resumed without a word).
-#[tokio::test(start_paused = true)]
-async fn a_watch_silent_past_the_bound_is_failed_and_relisted() {
+/// What one watch request of [`scripted_apiserver`] gets.
+#[derive(Clone, Copy, Debug)]
+enum Script {
+    /// Answered, then open and silent.
+    Silent,
+    /// Never answered (a request on a dead connection).
+    Unanswered,
+    /// Answered; after the delay, one line, then open and silent.
+    After(Duration, Line),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Line {
+    Bookmark(&'static str),
+    Added(&'static str, &'static str),
+    /// 410 Gone: the resourceVersion was compacted away.
+    Gone,
+}
+
+impl Line {
+    /// As the apiserver writes it: `type` first (serde_json would sort it after `object`).
+    fn json(self) -> String {
+        let (kind, object) = match self {
+            Line::Bookmark(rv) => (
+                "BOOKMARK",
+                serde_json::json!({
+                "kind": "ConfigMap", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}),
+            ),
+            Line::Added(name, rv) => (
+                "ADDED",
+                serde_json::json!({
+                "kind": "ConfigMap", "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": "default", "resourceVersion": rv}}),
+            ),
+            Line::Gone => (
+                "ERROR",
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "Expired", "code": 410, "message": "too old resource version"}),
+            ),
+        };
+        format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n")
+    }
+}
+
+/// Lists answer one ConfigMap at resourceVersion 1; the nth watch request plays `scripts[n]`
+/// (`Silent` past the end). Records every request's query.
+fn scripted_apiserver(scripts: Vec<Script>, queries: Arc<Mutex<Vec<String>>>) -> kube::Client {
+    let watches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let query = req.uri().query().unwrap_or_default().to_string();
+        queries.lock().unwrap().push(query.clone());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<bytes::Bytes>();
+        let mut answered = true;
+        if query.contains("watch=true") {
+            let n = watches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let script = scripts.get(n).copied().unwrap_or(Script::Silent);
+            answered = !matches!(script, Script::Unanswered);
+            tokio::spawn(async move {
+                if let Script::After(delay, line) = script {
+                    tokio::time::sleep(delay).await;
+                    if tx.send(line.json().into_bytes().into()).is_err() {
+                        return;
+                    }
+                }
+                // Open and silent: the sender lives as long as the stream is read.
+                tx.closed().await;
+            });
+        } else {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                "metadata": {"resourceVersion": "1"},
+                "items": [{"metadata": {"name": "a", "namespace": "default",
+                                        "resourceVersion": "1"}}]});
+            tx.send(list.to_string().into_bytes().into()).unwrap();
+        }
+        async move {
+            if !answered {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(200)
+                    .body(Chunks(rx))
+                    .unwrap(),
+            )
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+/// A bound at which kube-runtime's own watch timeouts (290 s) play no part.
+const BOUND: Duration = Duration::from_secs(80);
+
+/// A watch driven by a task of its own, as a component drives it: each event is "applied" at
+/// once and described on the channel.
+fn driven(
+    scripts: Vec<Script>,
+    queries: Arc<Mutex<Vec<String>>>,
+    readiness: &crate::Readiness,
+) -> (
+    crate::ReadyFlag,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+    let flag = readiness.register("test/configmaps");
+    let client = scripted_apiserver(scripts, queries);
+    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let said = match ev {
+                Ok(Event::Init) => "init".to_string(),
+                Ok(Event::InitApply(o)) => format!("init-apply {}", o.name_any()),
+                Ok(Event::InitDone) => "init-done".to_string(),
+                Ok(Event::Apply(o)) => format!("apply {}", o.name_any()),
+                Ok(Event::Delete(o)) => format!("delete {}", o.name_any()),
+                Err(e) => format!("error {e}"),
+            };
+            if tx.send(said).is_err() {
+                return;
+            }
+        }
+    });
+    (flag, rx)
+}
+
+fn lists(queries: &Mutex<Vec<String>>) -> usize {
+    let q = queries.lock().unwrap();
+    q.iter().filter(|q| !q.contains("watch=true")).count()
+}
+
+fn watches(queries: &Mutex<Vec<String>>) -> Vec<String> {
+    let q = queries.lock().unwrap();
+    q.iter()
+        .filter(|q| q.contains("watch=true"))
+        .cloned()
+        .collect()
+}
+
+async fn until(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let ev = rx.recv().await.expect("the watch task runs");
+        let done = ev == what;
+        seen.push(ev);
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// The rule after a silence: the watch is failed (nothing destructive may act) and re-opened
+/// from its last resourceVersion, with no list; it is healthy again once a bookmark comes
+/// through the new watch, and the next silence re-opens it from that bookmark's version.
+#[tokio::test(start_paused = true)]
+async fn a_silent_watch_is_failed_and_rewatched_from_its_last_resource_version() {
     let queries = Arc::new(Mutex::new(Vec::new()));
-    let readiness = silent_after_10s();
+    let readiness = crate::Readiness::new(crate::WatchSettings {
+        silent_after: BOUND,
+        ..Default::default()
+    });
     let registry = prometheus::Registry::new();
     registry.register(readiness.collector()).unwrap();
-    let flag = readiness.register("test/configmaps");
-    let client = quiet_apiserver(None, queries.clone());
-    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
-    let mut stream = std::pin::pin!(stream);
-    until_listed(&mut stream).await;
+    let scripts = vec![
+        Script::Silent,
+        Script::After(Duration::from_secs(30), Line::Bookmark("7")),
+    ];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    let health = crate::cache::Health::new([flag.clone()]);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(flag.is_healthy());
     let listed = Instant::now();
-    let relist = tokio::time::timeout(Duration::from_secs(120), until_listed(&mut stream))
-        .await
-        .expect("relisted within the bound");
-    assert_eq!(relist[0], "init", "{relist:?}");
-    let took = listed.elapsed();
+    let seen = health.seen();
+    assert_eq!(health.may_act(&seen), Ok(()));
+
+    // Just past the bound: failed, already re-watching, not relisting.
+    tokio::time::sleep(BOUND + Duration::from_secs(1)).await;
+    assert!(!flag.is_healthy(), "silent past the bound");
+    assert_eq!(health.may_act(&seen), Err(crate::cache::Stale::NotHealthy));
+    assert_eq!(
+        health.may_act(&health.seen()),
+        Err(crate::cache::Stale::NotHealthy),
+        "nor on anything read now"
+    );
+    let w = watches(&queries);
+    assert_eq!(w.len(), 2, "{w:?}");
     assert!(
-        took >= Duration::from_secs(10) && took < Duration::from_secs(11),
-        "{took:?}"
+        w[1].contains("resourceVersion=1"),
+        "from the list's version: {w:?}"
+    );
+    // The re-watch is answered but says nothing for 29 s: still blocked.
+    tokio::time::sleep(Duration::from_secs(28)).await;
+    assert!(!flag.is_healthy(), "answered is not heard from");
+    assert_eq!(
+        health.may_act(&health.seen()),
+        Err(crate::cache::Stale::NotHealthy)
+    );
+    // The bookmark comes: healthy again; what was read before the silence stays stale.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(flag.is_healthy(), "the bookmark proves the re-watch");
+    assert_eq!(
+        health.may_act(&seen),
+        Err(crate::cache::Stale::ChangedSince)
+    );
+    assert_eq!(health.may_act(&health.seen()), Ok(()));
+    assert_eq!(lists(&queries), 1, "never relisted");
+    assert!(
+        rx.try_recv().is_err(),
+        "nothing handed out: no init, no relist"
     );
     let text = crate::metrics::render(&registry);
     assert!(
         text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
-        "{text}"
+        "the silence is counted: {text}"
     );
-    let queries = queries.lock().unwrap();
-    let watches: Vec<_> = queries
-        .iter()
-        .filter(|q| q.contains("watch=true"))
-        .collect();
+
+    // Silent again for a bound after the bookmark: re-opened from the bookmark's version.
+    tokio::time::sleep(BOUND).await;
+    assert!(!flag.is_healthy());
+    let w = watches(&queries);
+    assert_eq!(w.len(), 3, "{w:?}");
     assert!(
-        watches
-            .iter()
-            .all(|q| q.contains("allowWatchBookmarks=true") && q.contains("timeoutSeconds=5")),
-        "bookmarks asked for, and an end every half bound: {watches:?}"
+        w[2].contains("resourceVersion=7"),
+        "from the bookmark's version: {w:?}"
     );
+    assert_eq!(lists(&queries), 1, "never relisted");
+    assert!(listed.elapsed() < 3 * BOUND);
+}
+
+/// The first event of a re-opened watch proves it as a bookmark does, once it has been
+/// handed out and applied.
+#[tokio::test(start_paused = true)]
+async fn an_event_after_the_rewatch_makes_the_watch_healthy_again() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = crate::Readiness::new(crate::WatchSettings {
+        silent_after: BOUND,
+        ..Default::default()
+    });
+    let scripts = vec![
+        Script::Silent,
+        Script::After(Duration::from_secs(5), Line::Added("b", "8")),
+    ];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(BOUND + Duration::from_secs(1)).await;
+    assert!(!flag.is_healthy());
+    let seen = until(&mut rx, "apply b").await;
+    assert_eq!(seen, ["apply b"], "the replayed event, no relist");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(flag.is_healthy());
+    assert_eq!(lists(&queries), 1, "never relisted");
+}
+
+/// What forces a relist after a silence: the re-watch answered 410 Gone, or not answered at
+/// all. Unhealthy all along, until the relist has been applied.
+#[tokio::test(start_paused = true)]
+async fn a_rewatch_answered_410_or_not_answered_relists() {
+    for (second, when) in [
+        (
+            Script::After(Duration::from_secs(1), Line::Gone),
+            Duration::from_secs(2),
+        ),
+        (Script::Unanswered, BOUND + Duration::from_secs(1)),
+    ] {
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let readiness = crate::Readiness::new(crate::WatchSettings {
+            silent_after: BOUND,
+            ..Default::default()
+        });
+        let (flag, mut rx) = driven(vec![Script::Silent, second], queries.clone(), &readiness);
+        until(&mut rx, "init-done").await;
+        tokio::time::sleep(BOUND + Duration::from_millis(500)).await;
+        assert!(!flag.is_healthy(), "{second:?}");
+        assert_eq!(lists(&queries), 1, "{second:?}: re-watching first");
+        let cut = Instant::now();
+        let relist = until(&mut rx, "init-done").await;
+        assert!(
+            relist.contains(&"init".to_string()),
+            "{second:?}: {relist:?}"
+        );
+        assert!(cut.elapsed() < when, "{second:?}: {:?}", cut.elapsed());
+        assert_eq!(lists(&queries), 2, "{second:?}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(flag.is_healthy(), "{second:?}");
+    }
 }
 
 /// What must NOT happen: a quiet watch whose bookmarks arrive (kube-runtime keeps them to
