@@ -17,22 +17,33 @@
 //!
 //! Why a watch that is merely quiet can fail: a connection can stay up while nothing comes
 //! through it (a stuck proxy or load balancer, a half-open TCP connection), and kube-runtime
-//! notices only after its 295 s idle timeout, then resumes without a word. Every watch asks
-//! for bookmarks, which the apiserver sends about every minute on a quiet watch; one that has
-//! delivered neither an event nor a bookmark for `--watch-silent-after` is failed: counted,
-//! and its cache stale since it was last heard from. kube-runtime keeps bookmarks to itself,
-//! so what the server sends is seen on the way in ([`Heard`]).
+//! notices only after its idle timeout, then resumes without a word. So a watch that has
+//! heard nothing from the server (no event, no bookmark, no answer to a request) for
+//! `--watch-silent-after` is failed: counted, and its cache stale since it was last heard from.
+//! kube-runtime keeps bookmarks and requests to itself, so what the server sends is seen on the
+//! way in ([`Heard`]).
+//!
+//! Why every watch is asked to end within half the bound: a watch that is alive but has nothing
+//! to say must be heard from anyway. Bookmarks cannot be relied on for that: the apiserver sends
+//! one only when its cache of the kind has moved past the watch's resourceVersion, and on a kind
+//! nobody writes, against an etcd that cannot be asked for progress (3.4.23 here:
+//! "RequestWatchProgress is disabled"), it never does (measured: a node watch from the list's
+//! version got nothing in 75 s, not even before its timeout). So the server ends each watch
+//! after half the bound, kube-runtime watches again from the last resourceVersion (no list),
+//! and the answer to that request is heard. At 150k pods (issue 26) the quiet node, namespace
+//! and pod watches otherwise went "silent" every 90 s and, when silence meant a relist, listed
+//! 15k nodes every 90 s and all 150k pods once, with deletions stopped meanwhile.
 //!
 //! Why a silent watch is re-watched, not relisted: silence says nothing about what the store
 //! holds, only that nothing came. So the silent stream is ended from our side and kube-runtime
 //! watches again from the last resourceVersion it saw (an event's or a bookmark's), as after a
 //! server-side timeout: the apiserver replays what was missed, or answers 410 Gone, which like
 //! every other error leads to a full relist. The watch stays failed (nothing destructive may
-//! act on its cache) until the re-watch delivers an event or a bookmark, after everything it
-//! delivered before has been applied. A re-watch that gets no answer at all within the bound
-//! (its request hangs on a dead connection) is dropped and the kind relisted on a new one. At
-//! 150k pods a relist after each silence cost a full list of every kind, minutes of stopped
-//! deletions and the client's QPS budget (issue 26).
+//! act on its cache) until a watch opened after the silence proves itself: an event, a
+//! bookmark, or an end by the server (a clean end of a watch means it delivered everything up
+//! to it, and a 410 is never followed by one: kube-runtime stops at the error); only once every
+//! event before that proof has been applied. A silence while a request of ours goes unanswered
+//! (a dead connection the re-watch would hang on too) is relisted on a new one.
 
 use std::{
     fmt::Debug,
@@ -40,7 +51,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -102,8 +113,8 @@ struct Driver<K: Resource + Clone + 'static> {
     /// becomes healthy when the consumer asks for the next event, i.e. once it has applied it.
     caught_up: bool,
     /// The watch went silent, was cut and is resuming from its last resourceVersion: failed
-    /// until the server sends an event or a bookmark. Holds when it was cut.
-    resuming: Option<Instant>,
+    /// until a watch opened since proves itself (an event, a bookmark or a clean end).
+    resuming: bool,
     /// A new list was asked for and the server has not answered yet.
     awaiting_answer: bool,
     /// How long that first answer may take before the request is dropped and made again.
@@ -119,24 +130,18 @@ struct Driver<K: Resource + Clone + 'static> {
 pub(crate) const LIST_DEADLINE: Duration = Duration::from_secs(3);
 const LIST_DEADLINE_MAX: Duration = Duration::from_secs(60);
 
-/// The apiserver sends a bookmark on a quiet watch about this often (the cacher's
-/// `bookmarkFrequency`; measured on v1.36: 60-61 s), and one 2 s before a watch's timeout.
-const BOOKMARK_PERIOD: Duration = Duration::from_secs(60);
-
-/// Bookmarks asked for; when `silent_after` is too short for the periodic bookmark to arrive
-/// within it, the watch is asked to end after half of it, so that the bookmark sent before each
-/// end does (the watcher resumes from the last resourceVersion, no relist).
+/// Bookmarks asked for, and the watch asked to end after half of `silent_after` (at most the
+/// 290 s kube-runtime uses), so that a quiet watch is heard from, by the answer to its next
+/// request, within the bound even when no bookmark comes (see the module doc).
 pub(crate) fn with_bookmarks(
     mut config: watcher::Config,
     silent_after: Option<Duration>,
 ) -> watcher::Config {
     config.bookmarks = true;
-    if let Some(bound) = silent_after
-        && bound < BOOKMARK_PERIOD + Duration::from_secs(10)
-    {
+    if let Some(bound) = silent_after {
         let half = u32::try_from(bound.as_secs() / 2)
             .unwrap_or(u32::MAX)
-            .max(3);
+            .clamp(3, 290);
         config.timeout = Some(config.timeout.map_or(half, |t| t.min(half)));
     }
     config
@@ -170,7 +175,7 @@ where
         inner: None,
         backoff,
         caught_up: false,
-        resuming: None,
+        resuming: false,
         awaiting_answer: false,
         list_deadline: LIST_DEADLINE,
     };
@@ -210,10 +215,10 @@ where
                         biased;
                         n = &mut next => break Ok(n),
                         // Only once `next` is pending: every event the stream delivered
-                        // before the bookmark has been handed out and applied.
-                        _ = d.heard.bookmarked() => {
-                            if d.resuming.is_some() && d.heard.bookmark_since_cut() {
-                                d.resuming = None;
+                        // before the proof has been handed out and applied.
+                        _ = d.heard.proved() => {
+                            if d.resuming && d.heard.proved_since_cut() {
+                                d.resuming = false;
                                 d.flag.mark_ready();
                             }
                         }
@@ -228,31 +233,28 @@ where
                 match silent {
                     Ok(n) => n,
                     Err(last) => {
-                        match d.resuming {
-                            // The re-watch was not even answered: its request hangs on a dead
+                        let silence = format!(
+                            "nothing from the server for {:?} (--watch-silent-after {bound:?})",
+                            last.elapsed()
+                        );
+                        if d.heard.in_flight() {
+                            // A request of ours hangs: a re-watch would hang on the same dead
                             // connection, which only a new request (and so a list) escapes.
-                            Some(cut) if last <= cut => {
-                                d.inner = None;
-                                d.resuming = None;
-                                d.flag.silent_since(
-                                    &format_args!(
-                                        "no answer to the re-watch for {:?}; relisting",
-                                        last.elapsed()
-                                    ),
-                                    last,
-                                );
-                            }
-                            _ => {
-                                let since = d.heard.cut();
-                                d.resuming = Some(since);
-                                d.flag.silent_since(
-                                    &format_args!(
-                                        "no event or bookmark for {:?} (--watch-silent-after {bound:?}); re-watching from the last resourceVersion",
-                                        last.elapsed()
-                                    ),
-                                    last,
-                                );
-                            }
+                            d.inner = None;
+                            d.resuming = false;
+                            d.flag.silent_since(
+                                &format_args!("{silence}, a request unanswered; relisting"),
+                                last,
+                            );
+                        } else {
+                            d.heard.cut();
+                            d.resuming = true;
+                            d.flag.silent_since(
+                                &format_args!(
+                                    "{silence}; re-watching from the last resourceVersion"
+                                ),
+                                last,
+                            );
                         }
                         continue;
                     }
@@ -269,10 +271,10 @@ where
                             d.awaiting_answer = false;
                             d.list_deadline = LIST_DEADLINE;
                             // A re-watch's first event proves it as a bookmark would.
-                            let resumed = d.resuming.is_some()
-                                && matches!(ev, Event::Apply(_) | Event::Delete(_));
+                            let resumed =
+                                d.resuming && matches!(ev, Event::Apply(_) | Event::Delete(_));
                             if resumed {
-                                d.resuming = None;
+                                d.resuming = false;
                             }
                             d.caught_up |= resumed || matches!(ev, Event::InitDone);
                             // Only an event from the watch itself proves the watch works: were a
@@ -288,7 +290,7 @@ where
                 }
                 Some(Err(e)) => {
                     d.inner = None;
-                    d.resuming = None;
+                    d.resuming = false;
                     let delay = d.backoff.next_delay();
                     d.flag.failed(&Explained(&e), delay);
                     tokio::time::sleep(delay).await;
@@ -296,7 +298,7 @@ where
                 // `watcher` does not end; if it did, start over like after an error.
                 None => {
                     d.inner = None;
-                    d.resuming = None;
+                    d.resuming = false;
                 }
             }
         }
@@ -313,9 +315,12 @@ struct HeardState {
     last: Mutex<Instant>,
     /// Bumped by each cut: a body from an older generation ends at its next poll.
     generation: AtomicU64,
-    /// 1 + the generation of the last watch body a bookmark came through; 0 before any.
-    bookmarked: AtomicU64,
-    bookmark: tokio::sync::Notify,
+    /// 1 + the generation of the last watch that proved itself (a bookmark came through it,
+    /// or the server ended it); 0 before any.
+    proved: AtomicU64,
+    proof: tokio::sync::Notify,
+    /// Requests sent and not answered yet.
+    in_flight: AtomicUsize,
 }
 
 impl Default for Heard {
@@ -323,14 +328,31 @@ impl Default for Heard {
         Self(Arc::new(HeardState {
             last: Mutex::new(Instant::now()),
             generation: AtomicU64::new(0),
-            bookmarked: AtomicU64::new(0),
-            bookmark: tokio::sync::Notify::new(),
+            proved: AtomicU64::new(0),
+            proof: tokio::sync::Notify::new(),
+            in_flight: AtomicUsize::new(0),
         }))
     }
 }
 
 /// How the apiserver starts a bookmark line of a JSON watch stream.
 const BOOKMARK_LINE: &[u8] = br#"{"type":"BOOKMARK""#;
+
+/// Counts a request in flight until it is answered or dropped.
+struct InFlight(Heard);
+
+impl InFlight {
+    fn new(heard: &Heard) -> Self {
+        heard.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(heard.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl Heard {
     fn now(&self) {
@@ -341,23 +363,31 @@ impl Heard {
         *self.0.last.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn in_flight(&self) -> bool {
+        self.0.in_flight.load(Ordering::Acquire) > 0
+    }
+
     /// Ends every body received so far (kube-runtime then sees its watch end, as at a
-    /// server-side timeout, and watches again from its last resourceVersion). Returns when;
-    /// the silence bound counts from here.
-    fn cut(&self) -> Instant {
+    /// server-side timeout, and watches again from its last resourceVersion). The silence
+    /// bound counts from here.
+    fn cut(&self) {
         self.0.generation.fetch_add(1, Ordering::AcqRel);
         self.now();
-        self.last()
     }
 
-    /// A bookmark came through a watch opened since the last cut.
-    fn bookmark_since_cut(&self) -> bool {
-        self.0.bookmarked.load(Ordering::Acquire) > self.0.generation.load(Ordering::Acquire)
+    /// A watch requested since the last cut proved itself.
+    fn proved_since_cut(&self) -> bool {
+        self.0.proved.load(Ordering::Acquire) > self.0.generation.load(Ordering::Acquire)
     }
 
-    /// Wakes after a bookmark came through a watch (or at once, for one not yet waited for).
-    async fn bookmarked(&self) {
-        self.0.bookmark.notified().await
+    /// Wakes after a watch proved itself (or at once, for a proof not yet waited for).
+    async fn proved(&self) {
+        self.0.proof.notified().await
+    }
+
+    fn prove(&self, generation: u64) {
+        self.0.proved.fetch_max(generation + 1, Ordering::AcqRel);
+        self.0.proof.notify_one();
     }
 
     /// `client`, recording here whatever its responses bring in.
@@ -369,8 +399,12 @@ impl Heard {
             let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
             async move {
                 let generation = heard.0.generation.load(Ordering::Acquire);
-                let res = client.send(req).await?;
+                let in_flight = InFlight::new(&heard);
+                let res = client.send(req).await;
+                drop(in_flight);
+                let res = res?;
                 heard.now();
+                let watch = watch && res.status().is_success();
                 Ok::<_, kube::Error>(res.map(|body| HeardBody {
                     body,
                     heard,
@@ -394,6 +428,10 @@ struct HeardBody {
 }
 
 impl HeardBody {
+    fn cut(&self) -> bool {
+        self.heard.0.generation.load(Ordering::Acquire) > self.generation
+    }
+
     fn look_for_bookmark(&mut self, data: &[u8]) {
         let Some(tail) = self.bookmarks.as_mut() else {
             return;
@@ -411,11 +449,7 @@ impl HeardBody {
             tail.extend_from_slice(&data[data.len() - (n - 1)..]);
         }
         if seen {
-            let state = &self.heard.0;
-            state
-                .bookmarked
-                .fetch_max(self.generation + 1, Ordering::AcqRel);
-            state.bookmark.notify_one();
+            self.heard.prove(self.generation);
         }
     }
 }
@@ -428,23 +462,30 @@ impl http_body::Body for HeardBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.heard.0.generation.load(Ordering::Acquire) > self.generation {
+        if self.cut() {
             return Poll::Ready(None);
         }
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            self.heard.now();
-            if let Some(data) = frame.data_ref() {
-                let data = data.clone();
-                self.look_for_bookmark(&data);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.heard.now();
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.look_for_bookmark(&data);
+                }
             }
+            // The server ended the watch: everything before was delivered.
+            Poll::Ready(None) if self.bookmarks.is_some() => {
+                self.heard.now();
+                self.heard.prove(self.generation);
+            }
+            _ => {}
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.heard.0.generation.load(Ordering::Acquire) > self.generation
-            || self.body.is_end_stream()
+        self.cut() || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
