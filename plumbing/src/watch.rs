@@ -42,8 +42,9 @@
 //! act on its cache) until a watch opened after the silence proves itself: an event, a
 //! bookmark, or an end by the server (a clean end of a watch means it delivered everything up
 //! to it, and a 410 is never followed by one: kube-runtime stops at the error); only once every
-//! event before that proof has been applied. A silence while a request of ours goes unanswered
-//! (a dead connection the re-watch would hang on too) is relisted on a new one.
+//! event before that proof has been applied. A request of ours still unanswered at the silence
+//! (a re-watch hanging on a dead connection) is dropped at the cut and made again, from the same
+//! version, after the usual backoff.
 
 use std::{
     fmt::Debug,
@@ -233,29 +234,22 @@ where
                 match silent {
                     Ok(n) => n,
                     Err(last) => {
-                        let silence = format!(
-                            "nothing from the server for {:?} (--watch-silent-after {bound:?})",
-                            last.elapsed()
-                        );
-                        if d.heard.in_flight() {
-                            // A request of ours hangs: a re-watch would hang on the same dead
-                            // connection, which only a new request (and so a list) escapes.
-                            d.inner = None;
-                            d.resuming = false;
-                            d.flag.silent_since(
-                                &format_args!("{silence}, a request unanswered; relisting"),
-                                last,
-                            );
+                        // A request still unanswered hangs on a dead connection: the cut
+                        // drops it, and kube-runtime asks again from the same version.
+                        let unanswered = if d.heard.in_flight() {
+                            ", a request unanswered (dropped)"
                         } else {
-                            d.heard.cut();
-                            d.resuming = true;
-                            d.flag.silent_since(
-                                &format_args!(
-                                    "{silence}; re-watching from the last resourceVersion"
-                                ),
-                                last,
-                            );
-                        }
+                            ""
+                        };
+                        d.heard.cut();
+                        d.resuming = true;
+                        d.flag.silent_since(
+                            &format_args!(
+                                "nothing from the server for {:?} (--watch-silent-after {bound:?}){unanswered}; re-watching from the last resourceVersion",
+                                last.elapsed()
+                            ),
+                            last,
+                        );
                         continue;
                     }
                 }
@@ -289,8 +283,13 @@ where
                     return Some((Ok(ev), d));
                 }
                 Some(Err(e)) => {
-                    d.inner = None;
-                    d.resuming = false;
+                    // After a silence, a watch that could not be opened (its request dropped
+                    // at the cut, or refused) is asked again from the same version by
+                    // kube-runtime; anything else (410 Gone included) is relisted.
+                    if !(d.resuming && matches!(e, watcher::Error::WatchStartFailed(_))) {
+                        d.inner = None;
+                        d.resuming = false;
+                    }
                     let delay = d.backoff.next_delay();
                     d.flag.failed(&Explained(&e), delay);
                     tokio::time::sleep(delay).await;
@@ -321,6 +320,8 @@ struct HeardState {
     proof: tokio::sync::Notify,
     /// Requests sent and not answered yet.
     in_flight: AtomicUsize,
+    /// Wakes the requests in flight at a cut, which drops them.
+    cuts: tokio::sync::Notify,
 }
 
 impl Default for Heard {
@@ -331,6 +332,7 @@ impl Default for Heard {
             proved: AtomicU64::new(0),
             proof: tokio::sync::Notify::new(),
             in_flight: AtomicUsize::new(0),
+            cuts: tokio::sync::Notify::new(),
         }))
     }
 }
@@ -372,7 +374,21 @@ impl Heard {
     /// bound counts from here.
     fn cut(&self) {
         self.0.generation.fetch_add(1, Ordering::AcqRel);
+        self.0.cuts.notify_waiters();
         self.now();
+    }
+
+    /// Returns once a cut came after `generation`.
+    async fn cut_after(&self, generation: u64) {
+        loop {
+            let cut = self.0.cuts.notified();
+            let mut cut = std::pin::pin!(cut);
+            cut.as_mut().enable();
+            if self.0.generation.load(Ordering::Acquire) > generation {
+                return;
+            }
+            cut.await;
+        }
     }
 
     /// A watch requested since the last cut proved itself.
@@ -400,7 +416,12 @@ impl Heard {
             async move {
                 let generation = heard.0.generation.load(Ordering::Acquire);
                 let in_flight = InFlight::new(&heard);
-                let res = client.send(req).await;
+                let res = tokio::select! {
+                    res = client.send(req) => res,
+                    _ = heard.cut_after(generation) => Err(kube::Error::Service(
+                        "dropped unanswered: the watch went silent".into(),
+                    )),
+                };
                 drop(in_flight);
                 let res = res?;
                 heard.now();

@@ -575,27 +575,48 @@ async fn a_rewatch_is_proved_by_an_event_or_by_its_end() {
     }
 }
 
-/// What forces a relist after a silence: the re-watch answered 410 Gone, or not answered at
-/// all. Unhealthy all along, until the relist is applied.
+/// What forces a relist after a silence: the re-watch answered 410 Gone. Unhealthy all along,
+/// until the relist is applied.
 #[tokio::test(start_paused = true)]
-async fn a_rewatch_answered_410_or_not_answered_relists() {
-    for second in [Script::Live(&[(1, Line::Gone)]), Script::Unanswered] {
-        let queries = Arc::new(Mutex::new(Vec::new()));
-        let readiness = readiness();
-        let (flag, mut rx) = driven(vec![Script::Stuck, second], queries.clone(), &readiness);
-        until(&mut rx, "init-done").await;
-        tokio::time::sleep(BOUND + Duration::from_millis(500)).await;
-        assert!(!flag.is_healthy(), "{second:?}");
-        assert_eq!(lists(&queries), 1, "{second:?}: re-watching first");
-        let relist = until(&mut rx, "init-done").await;
-        assert!(
-            relist.contains(&"init".to_string()),
-            "{second:?}: {relist:?}"
-        );
-        assert_eq!(lists(&queries), 2, "{second:?}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        assert!(flag.is_healthy(), "{second:?}");
-    }
+async fn a_rewatch_answered_410_relists() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = readiness();
+    let scripts = vec![Script::Stuck, Script::Live(&[(1, Line::Gone)])];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(BOUND + Duration::from_millis(500)).await;
+    assert!(!flag.is_healthy());
+    assert_eq!(lists(&queries), 1, "re-watching first");
+    let relist = until(&mut rx, "init-done").await;
+    assert!(relist.contains(&"init".to_string()), "{relist:?}");
+    assert_eq!(lists(&queries), 2);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(flag.is_healthy());
+}
+
+/// A re-watch that is never answered (a dead connection) is dropped at the next silence and
+/// asked again from the same version: still no list, healthy once the new one proves itself.
+#[tokio::test(start_paused = true)]
+async fn a_rewatch_left_unanswered_is_dropped_and_asked_again_from_the_same_version() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = readiness();
+    let scripts = vec![Script::Stuck, Script::Unanswered];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(2 * BOUND + Duration::from_millis(500)).await;
+    assert!(!flag.is_healthy(), "silent twice");
+    let w = watches(&queries);
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(w.iter().all(|q| q.contains("resourceVersion=1")), "{w:?}");
+    // The third is answered and ended by the server after 4 s: proved.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(flag.is_healthy());
+    assert_eq!(lists(&queries), 1, "never relisted");
+    let handed: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    assert!(
+        handed.iter().all(|e| e.starts_with("error")),
+        "only the dropped request's error: {handed:?}"
+    );
 }
 
 /// What must NOT happen: a quiet watch whose bookmarks arrive (kube-runtime keeps them to
