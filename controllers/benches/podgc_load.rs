@@ -36,7 +36,8 @@
 //! finished as a kubelet reports it, PODGC_BENCH_TTL_EXPIRED (7500) of them 2 h ago and the rest
 //! a minute ago; PodGC with --terminated-pod-ttl=1h --kube-api-qps=1000 collects the expired
 //! ones. It prints the RSS, the collection rate, and the 429 answers PodGC's client received and
-//! the apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row.
+//! the apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row;
+//! PODGC_BENCH_ONLY=qps20 stops after the QPS 20 rows (with PODGC_BENCH_TTL_PODS=0: no TTL row).
 
 use std::{
     net::SocketAddr,
@@ -850,7 +851,17 @@ async fn run(
         let mut sets = node_names.chunks(slow_nodes.max(1));
         let slow_qps = "--kube-api-qps=20 --kube-api-burst=30";
         let ours = row.measure("groundskeeper", slow_qps, sets.next().expect("nodes")).await?;
-        println!("RSS after: {:.1} MiB", mib(run.proc_status("VmRSS:")));
+        let hwm = mib(run.proc_status("VmHWM:"));
+        println!("RSS after: {:.1} MiB; peak (VmHWM) over the whole run: {hwm:.1} MiB", mib(run.proc_status("VmRSS:")));
+        figure(&format!("manager_rss_peak_run_{size}"), hwm, "MiB");
+        // Every watch failure of the run (silences included), relists or re-watches: each one
+        // stops deletions until the watch is back.
+        let logs = run.bin.logs();
+        let failures: Vec<&str> = logs.lines().filter(|l| l.contains("watch failed")).collect();
+        for l in failures.iter().take(20) {
+            println!("  {l}");
+        }
+        figure(&format!("manager_watch_failures_{size}"), failures.len() as f64, "count");
         drop(run);
         let kcm = kcm_bin();
         let kcm_rate = match &kcm {
@@ -879,6 +890,9 @@ async fn run(
             figure("orphans_per_s_ratio_qps20", ours / k, "ratio");
         }
 
+        if std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok("qps20") {
+            return anyhow::Ok(());
+        }
         let mut sets = node_names[2 * slow_nodes..].chunks(fast_nodes.max(1));
         let (qps, burst) = (fast_qps.to_string(), (fast_qps * 2).to_string());
         let fast = format!("--kube-api-qps={qps} --kube-api-burst={burst}");

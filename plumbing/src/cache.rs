@@ -12,7 +12,7 @@
 //! Whether what the cache shows may be acted on is [`Health`]'s to say, for every component.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt::Debug,
     hash::Hash,
     sync::{Arc, Mutex, MutexGuard},
@@ -30,21 +30,49 @@ use crate::{Readiness, ReadyFlag};
 mod health;
 #[cfg(test)]
 mod health_tests;
+#[cfg(test)]
+mod store_tests;
 pub use health::{Health, Seen, Stale};
 
 /// One watched kind, as the component keeps it: `V` per key `K`.
 pub struct Store<K, V> {
     live: HashMap<K, V>,
-    relist: Option<HashMap<K, V>>,
+    relist: Relist<K, V>,
     listed: bool,
+}
+
+/// How a relist reaches the store.
+enum Relist<K, V> {
+    /// Buffered into a new map, swapped in whole at `InitDone` (the default).
+    Buffered(Option<HashMap<K, V>>),
+    /// Applied page by page into the live map, each key marked; at `InitDone` whatever was not
+    /// marked is swept ([`Store::relisting_in_place`]). `None` outside a relist.
+    InPlace(Option<HashSet<K>>),
 }
 
 impl<K: Eq + Hash, V> Default for Store<K, V> {
     fn default() -> Self {
         Self {
             live: HashMap::new(),
-            relist: None,
+            relist: Relist::Buffered(None),
             listed: false,
+        }
+    }
+}
+
+impl<K: Eq + Hash, V> Store<K, V> {
+    /// A store that applies a relist in place instead of buffering it: never two full maps at
+    /// once (PodGC's 150k pods: ~37 MiB more for the length of a relist, issue 26). A value
+    /// replaced or removed is dropped as soon as the relist reaches it, and an unchanged key
+    /// keeps its allocation. The price: between `Init` and `InitDone` readers see a mix of the
+    /// old and the new list (objects deleted meanwhile still there, updated ones already
+    /// changed). Only for a store whose readers act on it through [`Health`], which answers
+    /// `NotHealthy` from `Init` until the list has been folded in; `InitDone` then sweeps what
+    /// the list no longer has, so the store equals one built from that list alone.
+    pub fn relisting_in_place() -> Self {
+        Self {
+            relist: Relist::InPlace(None),
+            ..Self::default()
         }
     }
 }
@@ -103,7 +131,8 @@ pub enum Applied<K, V> {
     /// `key` was removed; it held `old`.
     Removed { key: K, old: V },
     /// A full list was swapped in; `old` is the map it replaced (keys missing from the new
-    /// list were deleted while the watch was down).
+    /// list were deleted while the watch was down). In a store relisting in place, each listed
+    /// object was already `Upserted`, and `old` holds only what the list no longer has.
     Relisted { old: HashMap<K, V> },
 }
 
@@ -128,28 +157,60 @@ impl<K, V> Applied<K, V> {
 
 impl<K: Eq + Hash + Clone, V> Store<K, V> {
     pub fn apply(&mut self, u: Update<K, V>) -> Applied<K, V> {
-        match u {
-            Update::Init => {
-                self.relist = Some(HashMap::new());
+        match (u, &mut self.relist) {
+            (Update::Init, Relist::Buffered(relist)) => {
+                *relist = Some(HashMap::new());
                 Applied::Nothing
             }
-            Update::InitApply(k, v) => {
-                self.relist.get_or_insert_with(HashMap::new).insert(k, v);
+            (Update::InitApply(k, v), Relist::Buffered(relist)) => {
+                relist.get_or_insert_with(HashMap::new).insert(k, v);
                 Applied::Nothing
             }
-            Update::InitDone => {
-                let mut new = self.relist.take().unwrap_or_default();
+            (Update::InitDone, Relist::Buffered(relist)) => {
+                let mut new = relist.take().unwrap_or_default();
                 new.shrink_to_fit();
                 self.listed = true;
                 Applied::Relisted {
                     old: std::mem::replace(&mut self.live, new),
                 }
             }
-            Update::Apply(k, v) => {
+            (Update::Init, Relist::InPlace(marks)) => {
+                *marks = Some(HashSet::with_capacity(self.live.len()));
+                Applied::Nothing
+            }
+            (Update::InitApply(k, v), Relist::InPlace(marks)) => {
+                // An existing key keeps its allocation (the mark shares it); the old value is
+                // dropped here.
+                let old = self.live.insert(k.clone(), v);
+                if let Some((kept, _)) = self.live.get_key_value(&k) {
+                    marks.get_or_insert_with(HashSet::new).insert(kept.clone());
+                }
+                Applied::Upserted { key: k, old }
+            }
+            (Update::InitDone, Relist::InPlace(marks)) => {
+                let marks = marks.take().unwrap_or_default();
+                let gone: Vec<K> = self
+                    .live
+                    .keys()
+                    .filter(|k| !marks.contains(*k))
+                    .cloned()
+                    .collect();
+                let old = gone
+                    .into_iter()
+                    .filter_map(|k| self.live.remove_entry(&k))
+                    .collect();
+                // Shrunk only when mostly empty: a rehash holds two tables at once.
+                if self.live.len() * 4 < self.live.capacity() {
+                    self.live.shrink_to_fit();
+                }
+                self.listed = true;
+                Applied::Relisted { old }
+            }
+            (Update::Apply(k, v), _) => {
                 let old = self.live.insert(k.clone(), v);
                 Applied::Upserted { key: k, old }
             }
-            Update::Delete(k) => match self.live.remove(&k) {
+            (Update::Delete(k), _) => match self.live.remove(&k) {
                 Some(old) => Applied::Removed { key: k, old },
                 None => Applied::Nothing,
             },

@@ -88,11 +88,11 @@ pub struct CommonArgs {
     #[arg(long, env = "GROUNDSKEEPER_WATCH_BACKOFF_MAX", default_value = "2s", value_parser = parse_duration)]
     pub watch_backoff_max: Duration,
 
-    /// A watch that delivers neither an event nor a bookmark for this long is treated as
-    /// failed (counted, relisted; its cache stale since it was last heard from), however
-    /// healthy its connection looks. The apiserver sends a bookmark about every minute; below
-    /// 70 s watches are also asked to end every half of this, each ending preceded by a
-    /// bookmark. 0 turns the check off (an apiserver without a watch cache sends none).
+    /// A watch that hears nothing from the server (no event, no bookmark, no answer) for this
+    /// long is treated as failed (counted; its cache stale since it was last heard from) and
+    /// watched again from its last resourceVersion, however healthy its connection looks.
+    /// Every watch is asked to end after half of this, so a quiet one is heard from (the answer
+    /// to its next watch) even when no bookmark comes. 0 turns the check off.
     #[arg(long, env = "GROUNDSKEEPER_WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
     pub watch_silent_after: Duration,
 
@@ -106,8 +106,8 @@ pub struct CommonArgs {
     pub kube: KubeArgs,
 }
 
-/// Least `--watch-silent-after` (other than 0): a watch asked to end after half of it gets its
-/// bookmark 2 s before the end only when the end is a few seconds away.
+/// Least `--watch-silent-after` (other than 0): a watch asked to end after half of it needs a few
+/// seconds to be answered again before the bound.
 const SILENT_AFTER_MIN: Duration = Duration::from_secs(6);
 
 fn parse_silent_after(s: &str) -> Result<Duration, String> {

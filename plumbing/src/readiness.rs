@@ -146,7 +146,8 @@ impl ReadyFlag {
         self.watch.listed.store(s.listed, Ordering::Release);
     }
 
-    /// A full list has completed and been applied: the store is current and the watch runs.
+    /// A full list has completed and been applied, or a watch re-opened after a silence has
+    /// delivered an event or a bookmark: the store is current and the watch runs.
     pub fn mark_ready(&self) {
         self.change(|s| {
             s.listed = true;
@@ -160,7 +161,8 @@ impl ReadyFlag {
         self.change(|s| s.relisting = true);
     }
 
-    /// The watch failed; it stays unhealthy until a full list completes. Logged here, one way
+    /// The watch failed; it stays unhealthy until a full list completes (or, after a silence,
+    /// until the re-opened watch is heard from: [`ReadyFlag::mark_ready`]). Logged here, one way
     /// for every watch: a warning when the failure starts and every 10 s while it lasts.
     pub fn failed(&self, error: &dyn fmt::Display, retry_in: Duration) {
         self.fail(error, retry_in, None);

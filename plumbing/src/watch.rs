@@ -17,17 +17,43 @@
 //!
 //! Why a watch that is merely quiet can fail: a connection can stay up while nothing comes
 //! through it (a stuck proxy or load balancer, a half-open TCP connection), and kube-runtime
-//! notices only after its 295 s idle timeout, then resumes without a word. Every watch asks
-//! for bookmarks, which the apiserver sends about every minute on a quiet watch; one that has
-//! delivered neither an event nor a bookmark for `--watch-silent-after` is failed like any
-//! other: counted, relisted, and its cache stale since it was last heard from. kube-runtime
-//! keeps bookmarks to itself, so what the server sends is seen on the way in ([`Heard`]).
+//! notices only after its idle timeout, then resumes without a word. So a watch that has
+//! heard nothing from the server (no event, no bookmark, no answer to a request) for
+//! `--watch-silent-after` is failed: counted, and its cache stale since it was last heard from.
+//! kube-runtime keeps bookmarks and requests to itself, so what the server sends is seen on the
+//! way in ([`Heard`]).
+//!
+//! Why every watch is asked to end within half the bound: a watch that is alive but has nothing
+//! to say must be heard from anyway. Bookmarks cannot be relied on for that: the apiserver sends
+//! one only when its cache of the kind has moved past the watch's resourceVersion, and on a kind
+//! nobody writes, against an etcd that cannot be asked for progress (3.4.23 here:
+//! "RequestWatchProgress is disabled"), it never does (measured: a node watch from the list's
+//! version got nothing in 75 s, not even before its timeout). So the server ends each watch
+//! after half the bound, kube-runtime watches again from the last resourceVersion (no list),
+//! and the answer to that request is heard. At 150k pods (issue 26) the quiet node, namespace
+//! and pod watches otherwise went "silent" every 90 s and, when silence meant a relist, listed
+//! 15k nodes every 90 s and all 150k pods once, with deletions stopped meanwhile.
+//!
+//! Why a silent watch is re-watched, not relisted: silence says nothing about what the store
+//! holds, only that nothing came. So the silent stream is ended from our side and kube-runtime
+//! watches again from the last resourceVersion it saw (an event's or a bookmark's), as after a
+//! server-side timeout: the apiserver replays what was missed, or answers 410 Gone, which like
+//! every other error leads to a full relist. The watch stays failed (nothing destructive may
+//! act on its cache) until a watch opened after the silence proves itself: an event, a
+//! bookmark, or an end by the server (a clean end of a watch means it delivered everything up
+//! to it, and a 410 is never followed by one: kube-runtime stops at the error); only once every
+//! event before that proof has been applied. A request of ours still unanswered at the silence
+//! (a re-watch hanging on a dead connection) is dropped at the cut and made again, from the same
+//! version, after the usual backoff.
 
 use std::{
     fmt::Debug,
     hash::{BuildHasher, RandomState},
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -84,9 +110,12 @@ struct Driver<K: Resource + Clone + 'static> {
     silent_after: Option<Duration>,
     inner: Option<BoxStream<'static, watcher::Result<Event<K>>>>,
     backoff: Backoff,
-    /// `InitDone` was handed out: the watch becomes healthy when the consumer asks for the
-    /// next event, i.e. once it has applied the list to its store.
-    listed: bool,
+    /// `InitDone`, or the first event of a re-watch after a silence, was handed out: the watch
+    /// becomes healthy when the consumer asks for the next event, i.e. once it has applied it.
+    caught_up: bool,
+    /// The watch went silent, was cut and is resuming from its last resourceVersion: failed
+    /// until a watch opened since proves itself (an event, a bookmark or a clean end).
+    resuming: bool,
     /// A new list was asked for and the server has not answered yet.
     awaiting_answer: bool,
     /// How long that first answer may take before the request is dropped and made again.
@@ -102,24 +131,18 @@ struct Driver<K: Resource + Clone + 'static> {
 pub(crate) const LIST_DEADLINE: Duration = Duration::from_secs(3);
 const LIST_DEADLINE_MAX: Duration = Duration::from_secs(60);
 
-/// The apiserver sends a bookmark on a quiet watch about this often (the cacher's
-/// `bookmarkFrequency`; measured on v1.36: 60-61 s), and one 2 s before a watch's timeout.
-const BOOKMARK_PERIOD: Duration = Duration::from_secs(60);
-
-/// Bookmarks asked for; when `silent_after` is too short for the periodic bookmark to arrive
-/// within it, the watch is asked to end after half of it, so that the bookmark sent before each
-/// end does (the watcher resumes from the last resourceVersion, no relist).
+/// Bookmarks asked for, and the watch asked to end after half of `silent_after` (at most the
+/// 290 s kube-runtime uses), so that a quiet watch is heard from, by the answer to its next
+/// request, within the bound even when no bookmark comes (see the module doc).
 pub(crate) fn with_bookmarks(
     mut config: watcher::Config,
     silent_after: Option<Duration>,
 ) -> watcher::Config {
     config.bookmarks = true;
-    if let Some(bound) = silent_after
-        && bound < BOOKMARK_PERIOD + Duration::from_secs(10)
-    {
+    if let Some(bound) = silent_after {
         let half = u32::try_from(bound.as_secs() / 2)
             .unwrap_or(u32::MAX)
-            .max(3);
+            .clamp(3, 290);
         config.timeout = Some(config.timeout.map_or(half, |t| t.min(half)));
     }
     config
@@ -152,12 +175,13 @@ where
         silent_after,
         inner: None,
         backoff,
-        listed: false,
+        caught_up: false,
+        resuming: false,
         awaiting_answer: false,
         list_deadline: LIST_DEADLINE,
     };
     futures::stream::unfold(driver, |mut d| async move {
-        if std::mem::take(&mut d.listed) {
+        if std::mem::take(&mut d.caught_up) {
             d.flag.mark_ready();
         }
         loop {
@@ -191,6 +215,14 @@ where
                     tokio::select! {
                         biased;
                         n = &mut next => break Ok(n),
+                        // Only once `next` is pending: every event the stream delivered
+                        // before the proof has been handed out and applied.
+                        _ = d.heard.proved() => {
+                            if d.resuming && d.heard.proved_since_cut() {
+                                d.resuming = false;
+                                d.flag.mark_ready();
+                            }
+                        }
                         _ = tokio::time::sleep_until(last + bound) => {
                             // A bookmark kube-runtime kept to itself may have come meanwhile.
                             if d.heard.last() == last {
@@ -202,10 +234,18 @@ where
                 match silent {
                     Ok(n) => n,
                     Err(last) => {
-                        d.inner = None;
+                        // A request still unanswered hangs on a dead connection: the cut
+                        // drops it, and kube-runtime asks again from the same version.
+                        let unanswered = if d.heard.in_flight() {
+                            ", a request unanswered (dropped)"
+                        } else {
+                            ""
+                        };
+                        d.heard.cut();
+                        d.resuming = true;
                         d.flag.silent_since(
                             &format_args!(
-                                "no event or bookmark for {:?} (--watch-silent-after {bound:?}); relisting",
+                                "nothing from the server for {:?} (--watch-silent-after {bound:?}){unanswered}; re-watching from the last resourceVersion",
                                 last.elapsed()
                             ),
                             last,
@@ -224,7 +264,13 @@ where
                         _ => {
                             d.awaiting_answer = false;
                             d.list_deadline = LIST_DEADLINE;
-                            d.listed |= matches!(ev, Event::InitDone);
+                            // A re-watch's first event proves it as a bookmark would.
+                            let resumed =
+                                d.resuming && matches!(ev, Event::Apply(_) | Event::Delete(_));
+                            if resumed {
+                                d.resuming = false;
+                            }
+                            d.caught_up |= resumed || matches!(ev, Event::InitDone);
                             // Only an event from the watch itself proves the watch works: were a
                             // good list enough, a watch refused right after it (RBAC granting
                             // list but not watch, a proxy cutting streams) would relist every
@@ -237,36 +283,127 @@ where
                     return Some((Ok(ev), d));
                 }
                 Some(Err(e)) => {
-                    d.inner = None;
+                    // After a silence, a watch that could not be opened (its request dropped
+                    // at the cut, or refused) is asked again from the same version by
+                    // kube-runtime; anything else (410 Gone included) is relisted.
+                    if !(d.resuming && matches!(e, watcher::Error::WatchStartFailed(_))) {
+                        d.inner = None;
+                        d.resuming = false;
+                    }
                     let delay = d.backoff.next_delay();
                     d.flag.failed(&Explained(&e), delay);
                     tokio::time::sleep(delay).await;
                 }
                 // `watcher` does not end; if it did, start over like after an error.
-                None => d.inner = None,
+                None => {
+                    d.inner = None;
+                    d.resuming = false;
+                }
             }
         }
     })
 }
 
 /// When the server last sent one watch anything: response headers or a body frame (an event,
-/// a bookmark, a list page). Shared by the watch's client, which records it, and its driver.
+/// a bookmark, a list page). Shared by the watch's client, which records it, and its driver,
+/// which can also end ("cut") every response body received so far.
 #[derive(Clone)]
-struct Heard(Arc<Mutex<Instant>>);
+struct Heard(Arc<HeardState>);
+
+struct HeardState {
+    last: Mutex<Instant>,
+    /// Bumped by each cut: a body from an older generation ends at its next poll.
+    generation: AtomicU64,
+    /// 1 + the generation of the last watch that proved itself (a bookmark came through it,
+    /// or the server ended it); 0 before any.
+    proved: AtomicU64,
+    proof: tokio::sync::Notify,
+    /// Requests sent and not answered yet.
+    in_flight: AtomicUsize,
+    /// Wakes the requests in flight at a cut, which drops them.
+    cuts: tokio::sync::Notify,
+}
 
 impl Default for Heard {
     fn default() -> Self {
-        Self(Arc::new(Mutex::new(Instant::now())))
+        Self(Arc::new(HeardState {
+            last: Mutex::new(Instant::now()),
+            generation: AtomicU64::new(0),
+            proved: AtomicU64::new(0),
+            proof: tokio::sync::Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            cuts: tokio::sync::Notify::new(),
+        }))
+    }
+}
+
+/// How the apiserver starts a bookmark line of a JSON watch stream.
+const BOOKMARK_LINE: &[u8] = br#"{"type":"BOOKMARK""#;
+
+/// Counts a request in flight until it is answered or dropped.
+struct InFlight(Heard);
+
+impl InFlight {
+    fn new(heard: &Heard) -> Self {
+        heard.0.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(heard.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Heard {
     fn now(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
     fn last(&self) -> Instant {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.0.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn in_flight(&self) -> bool {
+        self.0.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Ends every body received so far (kube-runtime then sees its watch end, as at a
+    /// server-side timeout, and watches again from its last resourceVersion). The silence
+    /// bound counts from here.
+    fn cut(&self) {
+        self.0.generation.fetch_add(1, Ordering::AcqRel);
+        self.0.cuts.notify_waiters();
+        self.now();
+    }
+
+    /// Returns once a cut came after `generation`.
+    async fn cut_after(&self, generation: u64) {
+        loop {
+            let cut = self.0.cuts.notified();
+            let mut cut = std::pin::pin!(cut);
+            cut.as_mut().enable();
+            if self.0.generation.load(Ordering::Acquire) > generation {
+                return;
+            }
+            cut.await;
+        }
+    }
+
+    /// A watch requested since the last cut proved itself.
+    fn proved_since_cut(&self) -> bool {
+        self.0.proved.load(Ordering::Acquire) > self.0.generation.load(Ordering::Acquire)
+    }
+
+    /// Wakes after a watch proved itself (or at once, for a proof not yet waited for).
+    async fn proved(&self) {
+        self.0.proof.notified().await
+    }
+
+    fn prove(&self, generation: u64) {
+        self.0.proved.fetch_max(generation + 1, Ordering::AcqRel);
+        self.0.proof.notify_one();
     }
 
     /// `client`, recording here whatever its responses bring in.
@@ -275,20 +412,67 @@ impl Heard {
         let heard = self.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let (client, heard) = (client.clone(), heard.clone());
+            let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
             async move {
-                let res = client.send(req).await?;
+                let generation = heard.0.generation.load(Ordering::Acquire);
+                let in_flight = InFlight::new(&heard);
+                let res = tokio::select! {
+                    res = client.send(req) => res,
+                    _ = heard.cut_after(generation) => Err(kube::Error::Service(
+                        "dropped unanswered: the watch went silent".into(),
+                    )),
+                };
+                drop(in_flight);
+                let res = res?;
                 heard.now();
-                Ok::<_, kube::Error>(res.map(|body| HeardBody { body, heard }))
+                let watch = watch && res.status().is_success();
+                Ok::<_, kube::Error>(res.map(|body| HeardBody {
+                    body,
+                    heard,
+                    generation,
+                    bookmarks: watch.then(Vec::new),
+                }))
             }
         });
         kube::Client::new(service, ns)
     }
 }
 
-/// A response body that records in [`Heard`] each frame it yields.
+/// A response body that records in [`Heard`] each frame it yields, and ends once cut.
 struct HeardBody {
     body: kube::client::Body,
     heard: Heard,
+    /// [`Heard`]'s generation when the request was sent.
+    generation: u64,
+    /// For a watch: the tail of the last frame, where a bookmark line may have begun.
+    bookmarks: Option<Vec<u8>>,
+}
+
+impl HeardBody {
+    fn cut(&self) -> bool {
+        self.heard.0.generation.load(Ordering::Acquire) > self.generation
+    }
+
+    fn look_for_bookmark(&mut self, data: &[u8]) {
+        let Some(tail) = self.bookmarks.as_mut() else {
+            return;
+        };
+        let n = BOOKMARK_LINE.len();
+        let is_bookmark = |w: &[u8]| w == BOOKMARK_LINE;
+        // A line that began in the last frame: its tail and this frame's head.
+        let mut across = std::mem::take(tail);
+        across.extend_from_slice(&data[..data.len().min(n - 1)]);
+        let seen = across.windows(n).any(is_bookmark) || data.windows(n).any(is_bookmark);
+        let from = across.len().saturating_sub(n - 1);
+        tail.extend_from_slice(&across[from..]);
+        if data.len() >= n - 1 {
+            tail.clear();
+            tail.extend_from_slice(&data[data.len() - (n - 1)..]);
+        }
+        if seen {
+            self.heard.prove(self.generation);
+        }
+    }
 }
 
 impl http_body::Body for HeardBody {
@@ -299,15 +483,30 @@ impl http_body::Body for HeardBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.cut() {
+            return Poll::Ready(None);
+        }
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
-            self.heard.now();
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.heard.now();
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.look_for_bookmark(&data);
+                }
+            }
+            // The server ended the watch: everything before was delivered.
+            Poll::Ready(None) if self.bookmarks.is_some() => {
+                self.heard.now();
+                self.heard.prove(self.generation);
+            }
+            _ => {}
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.cut() || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

@@ -254,46 +254,368 @@ where
     }
 }
 
-/// The connection stays up and nothing comes through it, not even a bookmark: the watch
-/// is failed, counted and relisted once the bound has passed, not after kube-runtime's
-/// 295 s (which then resumed without a word).
-#[tokio::test(start_paused = true)]
-async fn a_watch_silent_past_the_bound_is_failed_and_relisted() {
+/// What one watch request of [`scripted_apiserver`] gets.
+#[derive(Clone, Copy, Debug)]
+enum Script {
+    /// Never answered (a request on a dead connection).
+    Unanswered,
+    /// Answered, then nothing at all, and never ended (a stuck proxy).
+    Stuck,
+    /// Answered; each line after its delay (from the answer), then ended at the request's
+    /// `timeoutSeconds` as the apiserver ends it (never, without one).
+    Live(&'static [(u64, Line)]),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Line {
+    Bookmark(&'static str),
+    Added(&'static str, &'static str),
+    /// 410 Gone: the resourceVersion was compacted away.
+    Gone,
+}
+
+impl Line {
+    /// As the apiserver writes it: `type` first (serde_json would sort it after `object`).
+    fn json(self) -> String {
+        let (kind, object) = match self {
+            Line::Bookmark(rv) => (
+                "BOOKMARK",
+                serde_json::json!({
+                "kind": "ConfigMap", "apiVersion": "v1", "metadata": {"resourceVersion": rv}}),
+            ),
+            Line::Added(name, rv) => (
+                "ADDED",
+                serde_json::json!({
+                "kind": "ConfigMap", "apiVersion": "v1",
+                "metadata": {"name": name, "namespace": "default", "resourceVersion": rv}}),
+            ),
+            Line::Gone => (
+                "ERROR",
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "Expired", "code": 410, "message": "too old resource version"}),
+            ),
+        };
+        format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n")
+    }
+}
+
+/// Lists answer one ConfigMap at resourceVersion 1; the nth watch request plays `scripts[n]`
+/// (`Live(&[])` past the end: a quiet kind on a live apiserver, which sends no bookmark).
+/// Records every request's query.
+fn scripted_apiserver(scripts: Vec<Script>, queries: Arc<Mutex<Vec<String>>>) -> kube::Client {
+    let watches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let query = req.uri().query().unwrap_or_default().to_string();
+        queries.lock().unwrap().push(query.clone());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<bytes::Bytes>();
+        let mut answered = true;
+        if query.contains("watch=true") {
+            let n = watches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let script = scripts.get(n).copied().unwrap_or(Script::Live(&[]));
+            answered = !matches!(script, Script::Unanswered);
+            let timeout = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("timeoutSeconds="))
+                .map(|t| Duration::from_secs(t.parse().unwrap()));
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let Script::Live(lines) = script else {
+                    // Open and silent: the sender lives as long as the stream is read.
+                    tx.closed().await;
+                    return;
+                };
+                let run = async {
+                    for (after, line) in lines {
+                        tokio::time::sleep_until(start + Duration::from_secs(*after)).await;
+                        if tx.send(line.json().into_bytes().into()).is_err() {
+                            return;
+                        }
+                    }
+                    tx.closed().await;
+                };
+                match timeout {
+                    // Dropping the sender ends the body: the server's clean end.
+                    Some(t) => drop(tokio::time::timeout(t, run).await),
+                    None => run.await,
+                }
+            });
+        } else {
+            let list = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                "metadata": {"resourceVersion": "1"},
+                "items": [{"metadata": {"name": "a", "namespace": "default",
+                                        "resourceVersion": "1"}}]});
+            tx.send(list.to_string().into_bytes().into()).unwrap();
+        }
+        async move {
+            if !answered {
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(200)
+                    .body(Chunks(rx))
+                    .unwrap(),
+            )
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+/// The bound of most of these tests: each watch is asked to end after 4 s, and kube-runtime's
+/// own idle timeout (that plus 5 s) comes after the bound, so a stuck stream stays stuck until
+/// the bound. (With longer bounds kube-runtime re-watches a stuck stream itself first.)
+const BOUND: Duration = Duration::from_secs(8);
+
+fn readiness_at(bound: Duration) -> crate::Readiness {
+    crate::Readiness::new(crate::WatchSettings {
+        silent_after: bound,
+        ..Default::default()
+    })
+}
+
+fn readiness() -> crate::Readiness {
+    readiness_at(BOUND)
+}
+
+/// A watch driven by a task of its own, as a component drives it: each event is "applied" at
+/// once and described on the channel.
+fn driven(
+    scripts: Vec<Script>,
+    queries: Arc<Mutex<Vec<String>>>,
+    readiness: &crate::Readiness,
+) -> (
+    crate::ReadyFlag,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+    let flag = readiness.register("test/configmaps");
+    let client = scripted_apiserver(scripts, queries);
+    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            let said = match ev {
+                Ok(Event::Init) => "init".to_string(),
+                Ok(Event::InitApply(o)) => format!("init-apply {}", o.name_any()),
+                Ok(Event::InitDone) => "init-done".to_string(),
+                Ok(Event::Apply(o)) => format!("apply {}", o.name_any()),
+                Ok(Event::Delete(o)) => format!("delete {}", o.name_any()),
+                Err(e) => format!("error {e}"),
+            };
+            if tx.send(said).is_err() {
+                return;
+            }
+        }
+    });
+    (flag, rx)
+}
+
+fn lists(queries: &Mutex<Vec<String>>) -> usize {
+    let q = queries.lock().unwrap();
+    q.iter().filter(|q| !q.contains("watch=true")).count()
+}
+
+fn watches(queries: &Mutex<Vec<String>>) -> Vec<String> {
+    let q = queries.lock().unwrap();
+    q.iter()
+        .filter(|q| q.contains("watch=true"))
+        .cloned()
+        .collect()
+}
+
+async fn until(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, what: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let ev = rx.recv().await.expect("the watch task runs");
+        let done = ev == what;
+        seen.push(ev);
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn errors(registry: &prometheus::Registry) -> String {
+    let text = crate::metrics::render(registry);
+    text.lines()
+        .find(|l| l.starts_with("groundskeeper_watch_errors_total{watch=\"test/configmaps\"}"))
+        .unwrap_or_default()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The cause of issue 26's relists: the apiserver sends no bookmark on a kind nobody writes
+/// (etcd without progress requests), so a watch alive but quiet must still be heard from within
+/// the bound. Each is asked to end after half of it and, watched again from its
+/// resourceVersion, answers: never failed, never relisted. (Before: failed at the bound and
+/// relisted, every bound.)
+#[tokio::test(start_paused = true)]
+async fn a_quiet_watch_without_bookmarks_is_never_failed_nor_relisted() {
     let queries = Arc::new(Mutex::new(Vec::new()));
-    let readiness = silent_after_10s();
+    let bound = Duration::from_secs(80);
+    let readiness = readiness_at(bound);
     let registry = prometheus::Registry::new();
     registry.register(readiness.collector()).unwrap();
-    let flag = readiness.register("test/configmaps");
-    let client = quiet_apiserver(None, queries.clone());
-    let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag.clone());
-    let mut stream = std::pin::pin!(stream);
-    until_listed(&mut stream).await;
-    let listed = Instant::now();
-    let relist = tokio::time::timeout(Duration::from_secs(120), until_listed(&mut stream))
-        .await
-        .expect("relisted within the bound");
-    assert_eq!(relist[0], "init", "{relist:?}");
-    let took = listed.elapsed();
+    // The first watch is stuck: kube-runtime ends it after its idle timeout (45 s), within the
+    // bound, and watches again from the same version: not a silence either.
+    let (flag, mut rx) = driven(vec![Script::Stuck], queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    for _ in 0..20 {
+        tokio::time::sleep(bound / 2).await;
+        assert!(flag.is_healthy());
+    }
+    assert_eq!(errors(&registry), "0");
+    assert_eq!(lists(&queries), 1, "never relisted");
+    let w = watches(&queries);
+    assert!(w.len() >= 20, "{w:?}");
     assert!(
-        took >= Duration::from_secs(10) && took < Duration::from_secs(11),
-        "{took:?}"
+        w.iter().all(|q| q.contains("timeoutSeconds=40")
+            && q.contains("allowWatchBookmarks=true")
+            && q.contains("resourceVersion=1")),
+        "each asked to end after half the bound, from the list's version: {w:?}"
     );
-    let text = crate::metrics::render(&registry);
-    assert!(
-        text.contains("groundskeeper_watch_errors_total{watch=\"test/configmaps\"} 1"),
-        "{text}"
+}
+
+/// The rule after a silence: the watch is failed (nothing destructive may act) and re-opened
+/// from its last resourceVersion, with no list; it is healthy again once a bookmark comes
+/// through the new watch, and goes on from that bookmark's version.
+#[tokio::test(start_paused = true)]
+async fn a_silent_watch_is_failed_and_rewatched_from_its_last_resource_version() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = readiness();
+    let registry = prometheus::Registry::new();
+    registry.register(readiness.collector()).unwrap();
+    let scripts = vec![Script::Stuck, Script::Live(&[(3, Line::Bookmark("7"))])];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    let health = crate::cache::Health::new([flag.clone()]);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(flag.is_healthy());
+    let seen = health.seen();
+    assert_eq!(health.may_act(&seen), Ok(()));
+
+    // Just past the bound: failed, already re-watching, not relisting.
+    tokio::time::sleep(BOUND + Duration::from_secs(1)).await;
+    assert!(!flag.is_healthy(), "silent past the bound");
+    assert_eq!(health.may_act(&seen), Err(crate::cache::Stale::NotHealthy));
+    assert_eq!(
+        health.may_act(&health.seen()),
+        Err(crate::cache::Stale::NotHealthy),
+        "nor on anything read now"
     );
-    let queries = queries.lock().unwrap();
-    let watches: Vec<_> = queries
-        .iter()
-        .filter(|q| q.contains("watch=true"))
-        .collect();
+    assert_eq!(errors(&registry), "1", "the silence is counted");
+    let w = watches(&queries);
+    assert_eq!(w.len(), 2, "{w:?}");
     assert!(
-        watches
-            .iter()
-            .all(|q| q.contains("allowWatchBookmarks=true") && q.contains("timeoutSeconds=5")),
-        "bookmarks asked for, and an end every half bound: {watches:?}"
+        w[1].contains("resourceVersion=1"),
+        "from the list's version: {w:?}"
+    );
+    assert_eq!(lists(&queries), 1, "re-watched, not relisted");
+    // The re-watch is answered but says nothing for 3 s: still blocked.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!flag.is_healthy(), "answered is not proved");
+    assert_eq!(
+        health.may_act(&health.seen()),
+        Err(crate::cache::Stale::NotHealthy)
+    );
+    // The bookmark comes: healthy again; what was read before the silence stays stale.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(flag.is_healthy(), "the bookmark proves the re-watch");
+    assert_eq!(
+        health.may_act(&seen),
+        Err(crate::cache::Stale::ChangedSince)
+    );
+    assert_eq!(health.may_act(&health.seen()), Ok(()));
+    assert!(
+        rx.try_recv().is_err(),
+        "nothing handed out: no init, no relist"
+    );
+
+    // The re-watch ends at its timeout; the next one goes on from the bookmark's version.
+    tokio::time::sleep(BOUND).await;
+    assert!(flag.is_healthy());
+    let w = watches(&queries);
+    assert!(w.len() >= 3, "{w:?}");
+    assert!(
+        w[2].contains("resourceVersion=7"),
+        "from the bookmark's version: {w:?}"
+    );
+    assert_eq!(lists(&queries), 1, "never relisted");
+    assert_eq!(errors(&registry), "1");
+}
+
+/// Without bookmarks (a quiet kind), a re-watch proves itself by its first event, once that
+/// is applied, or by being ended by the server: it delivered everything before its end.
+#[tokio::test(start_paused = true)]
+async fn a_rewatch_is_proved_by_an_event_or_by_its_end() {
+    for (second, proved_after) in [
+        (Script::Live(&[(2, Line::Added("b", "8"))]), 2),
+        (Script::Live(&[]), 4),
+    ] {
+        let queries = Arc::new(Mutex::new(Vec::new()));
+        let readiness = readiness();
+        let (flag, mut rx) = driven(vec![Script::Stuck, second], queries.clone(), &readiness);
+        until(&mut rx, "init-done").await;
+        tokio::time::sleep(BOUND + Duration::from_millis(500)).await;
+        assert!(!flag.is_healthy(), "{second:?}");
+        tokio::time::sleep(Duration::from_secs(proved_after - 1)).await;
+        assert!(!flag.is_healthy(), "{second:?}: not yet proved");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if proved_after == 2 {
+            assert_eq!(rx.recv().await.as_deref(), Some("apply b"), "replayed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(flag.is_healthy(), "{second:?}");
+        assert_eq!(lists(&queries), 1, "{second:?}: never relisted");
+    }
+}
+
+/// What forces a relist after a silence: the re-watch answered 410 Gone. Unhealthy all along,
+/// until the relist is applied.
+#[tokio::test(start_paused = true)]
+async fn a_rewatch_answered_410_relists() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = readiness();
+    let scripts = vec![Script::Stuck, Script::Live(&[(1, Line::Gone)])];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(BOUND + Duration::from_millis(500)).await;
+    assert!(!flag.is_healthy());
+    assert_eq!(lists(&queries), 1, "re-watching first");
+    let relist = until(&mut rx, "init-done").await;
+    assert!(relist.contains(&"init".to_string()), "{relist:?}");
+    assert_eq!(lists(&queries), 2);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(flag.is_healthy());
+}
+
+/// A re-watch that is never answered (a dead connection) is dropped at the next silence and
+/// asked again from the same version: still no list, healthy once the new one proves itself.
+#[tokio::test(start_paused = true)]
+async fn a_rewatch_left_unanswered_is_dropped_and_asked_again_from_the_same_version() {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let readiness = readiness();
+    let scripts = vec![Script::Stuck, Script::Unanswered];
+    let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
+    until(&mut rx, "init-done").await;
+    tokio::time::sleep(2 * BOUND + Duration::from_millis(500)).await;
+    assert!(!flag.is_healthy(), "silent twice");
+    let w = watches(&queries);
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(w.iter().all(|q| q.contains("resourceVersion=1")), "{w:?}");
+    // The third is answered and ended by the server after 4 s: proved.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(flag.is_healthy());
+    assert_eq!(lists(&queries), 1, "never relisted");
+    let handed: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    assert!(
+        handed.iter().all(|e| e.starts_with("error")),
+        "only the dropped request's error: {handed:?}"
     );
 }
 
@@ -323,12 +645,14 @@ async fn bookmarks_keep_a_quiet_watch_alive() {
 }
 
 #[test]
-fn a_bound_under_the_bookmark_period_asks_watches_to_end_every_half_of_it() {
+fn every_watch_is_asked_to_end_within_half_the_bound() {
     let s = Duration::from_secs;
     for (bound, preset, want) in [
         (None, None, None),
-        (Some(s(90)), None, None),
-        (Some(s(70)), None, None),
+        (Some(s(90)), None, Some(45)),
+        (Some(s(70)), None, Some(35)),
+        (Some(s(3600)), None, Some(290)),
+        (Some(s(90)), Some(30), Some(30)),
         (Some(s(60)), None, Some(30)),
         (Some(s(10)), None, Some(5)),
         (Some(s(6)), None, Some(3)),

@@ -36,14 +36,27 @@ const LIST_PAGE_SIZE: u32 = 500;
 pub type PodKey = (Arc<str>, Arc<str>);
 
 /// The three caches, and the names they share.
-#[derive(Default)]
 pub struct Caches {
     /// Shared with each cycle's snapshot, which then costs a pointer per pod, not a copy.
+    /// Relisted in place: a relist of 150k pods never holds a second map of them. Every pass
+    /// acts through `Health`, which says `NotHealthy` from the relist's start to its end, and a
+    /// pass that read before it sees its epoch changed before each write.
     pub pods: Store<PodKey, Arc<PodFacts>>,
     pub nodes: Store<Arc<str>, NodeFacts>,
     /// Only namespaces that carry a policy annotation.
     pub namespaces: Store<Arc<str>, NsAnnotations>,
     names: Interner,
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        Self {
+            pods: Store::relisting_in_place(),
+            nodes: Store::default(),
+            namespaces: Store::default(),
+            names: Interner::default(),
+        }
+    }
 }
 
 impl Caches {
