@@ -5,6 +5,7 @@
 pub mod addr;
 pub mod apply;
 pub mod cache;
+pub mod changes;
 pub mod claim;
 pub mod decide;
 pub mod fill;

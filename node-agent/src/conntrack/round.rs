@@ -75,9 +75,12 @@ impl RoundThread {
                         ..PassState::default()
                     })),
                 };
-                for req in rx {
-                    let summary = round.run(&req.model, req.focus.as_ref());
-                    let _ = req.reply.send(summary);
+                for Request { model, focus, reply } in rx {
+                    let summary = round.run(&model, focus.as_ref());
+                    // Let go of the model before the scheduler hears the round is over: its
+                    // next update then changes the model in place instead of copying it.
+                    drop(model);
+                    let _ = reply.send(summary);
                 }
             })?;
         ready_rx
