@@ -26,6 +26,8 @@ pub mod sysctls;
 #[cfg(test)]
 mod cache_tests;
 #[cfg(test)]
+mod changes_tests;
+#[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
 mod focus_tests;
