@@ -150,9 +150,25 @@ impl Changes {
         new
     }
 
-    /// Whether `current` differs from the model at the point.
+    /// Whether `current` differs from the model at the point (read in place: after a relist
+    /// every service is noted, and a copy of them here would be a second model).
     pub fn changed(&self, current: &Model) -> bool {
-        self.new(current) != self.old
+        Family::ALL.into_iter().any(|fam| {
+            let (old, new) = (&self.old[fam], &current[fam]);
+            self.frontends[fam]
+                .iter()
+                .any(|f| frontend_judgment(old, f) != frontend_judgment(new, f))
+                || self.node_ports[fam]
+                    .iter()
+                    .any(|p| node_port_judgment(old, p) != node_port_judgment(new, p))
+                || self
+                    .services
+                    .iter()
+                    .any(|s| old.services.get(s) != new.services.get(s))
+                || self.service_ips
+                    && (old.service_cidrs != new.service_cidrs || old.allocated != new.allocated)
+                || self.node_ips && old.node_ips != new.node_ips
+        })
     }
 
     /// What a triggered pass looks at after the model at the point became `current`: exactly
@@ -176,10 +192,7 @@ impl Changes {
                     .chain(&m.deleted_frontends)
             });
             for f in frontends {
-                let (mut a, mut b) = (FamilyModel::default(), FamilyModel::default());
-                copy_frontend(o, &mut a, *f);
-                copy_frontend(n, &mut b, *f);
-                if a != b {
+                if frontend_judgment(o, f) != frontend_judgment(n, f) {
                     c.note_frontend(old, *f);
                 }
             }
@@ -191,10 +204,7 @@ impl Changes {
                     .chain(&m.deleted_node_ports)
             });
             for p in node_ports {
-                let (mut a, mut b) = (FamilyModel::default(), FamilyModel::default());
-                copy_node_port(o, &mut a, *p);
-                copy_node_port(n, &mut b, *p);
-                if a != b {
+                if node_port_judgment(o, p) != node_port_judgment(n, p) {
                     c.note_node_port(old, fam, *p);
                 }
             }
@@ -212,6 +222,26 @@ impl Changes {
         }
         c
     }
+}
+
+type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
+
+fn frontend_judgment<'a>(m: &'a FamilyModel, f: &SocketAddr) -> Judgment<'a> {
+    (
+        m.frontends.get(f),
+        m.settling_frontends.contains(f),
+        m.foreign_frontends.contains(f),
+        m.deleted_frontends.contains(f),
+    )
+}
+
+fn node_port_judgment<'a>(m: &'a FamilyModel, p: &u16) -> Judgment<'a> {
+    (
+        m.node_ports.get(p),
+        m.settling_node_ports.contains(p),
+        m.foreign_node_ports.contains(p),
+        m.deleted_node_ports.contains(p),
+    )
 }
 
 /// Sets `f`'s entries in `to` as they are in `from` (absent where absent).
