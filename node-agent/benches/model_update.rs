@@ -188,7 +188,10 @@ fn row(services: usize) {
         black_box(held);
     }
     let scheduled = per_change_ms(t0.elapsed());
-    assert_eq!(focused, CHANGES, "each focus is the changed service's frontend");
+    assert_eq!(
+        focused, CHANGES,
+        "each focus is the changed service's frontend"
+    );
 
     println!(
         "{services} services: whole rebuild {rebuild:.3} ms per change; live update {update:.3} ms; live update with the previous model held and compared {shared:.3} ms; live update with what it changed and the focus, as scheduled now {scheduled:.3} ms"

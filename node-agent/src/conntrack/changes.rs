@@ -126,7 +126,7 @@ impl Changes {
     }
 
     /// The entries noted, as they are in `current`.
-    fn new(&self, current: &Model) -> Model {
+    fn now_in(&self, current: &Model) -> Model {
         let mut new = Model::default();
         for fam in Family::ALL {
             let (from, to) = (&current[fam], &mut new[fam]);
@@ -174,7 +174,7 @@ impl Changes {
     /// What a triggered pass looks at after the model at the point became `current`: exactly
     /// `Focus::between(model at the point, current)`.
     pub fn focus(&self, current: &Model) -> Option<Focus> {
-        Focus::between(&self.old, &self.new(current))
+        Focus::between(&self.old, &self.now_in(current))
     }
 
     /// Every entry that differs between `old` and `new`, noted from `old`: what an update from

@@ -106,7 +106,11 @@ fn the_changes_added_up_since_a_round_give_the_focus_the_whole_models_give() {
         ("scoped focuses", seen.scoped, 50),
         ("focuses with backends taken away", seen.backends, 10),
         ("whole passes", seen.whole, 50),
-        ("changes undone before they were handed out", seen.undone, 50),
+        (
+            "changes undone before they were handed out",
+            seen.undone,
+            50,
+        ),
         ("rounds over changes of several models", seen.merged, 50),
     ] {
         assert!(n > floor, "only {n} {what}: {seen:?}");
@@ -139,7 +143,10 @@ fn an_update_changes_the_model_in_place_when_only_a_weak_reference_is_held() {
     // A change to no service the model holds: every held name must be the same allocation.
     live.set_node_ips(&["192.0.2.1".parse().unwrap()]);
     live.update([("default", "absent")], &w, now);
-    assert!(weak.upgrade().is_none(), "the weak reference no longer upgrades");
+    assert!(
+        weak.upgrade().is_none(),
+        "the weak reference no longer upgrades"
+    );
     assert_eq!(names(live.model()), before, "the model was copied");
     // While an Arc is held (a round judging it), an update copies it.
     let held = live.model().clone();

@@ -75,7 +75,12 @@ impl RoundThread {
                         ..PassState::default()
                     })),
                 };
-                for Request { model, focus, reply } in rx {
+                for Request {
+                    model,
+                    focus,
+                    reply,
+                } in rx
+                {
                     let summary = round.run(&model, focus.as_ref());
                     // Let go of the model before the scheduler hears the round is over: its
                     // next update then changes the model in place instead of copying it.
