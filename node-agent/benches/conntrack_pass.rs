@@ -163,6 +163,25 @@ fn model() -> FamilyModel {
     model_without(&[])
 }
 
+/// A pass's state after the agent saw `old` become `new` (the flows to backends that stopped
+/// serving go at once; to any other not-serving backend they would wait the grace).
+fn seen(old: &FamilyModel, new: &FamilyModel) -> PassState {
+    let mut state = PassState::default();
+    state.removed.observe(old, new, Instant::now());
+    state
+}
+
+/// What every service served before the bench's stale flows went stale: 10.244.{0,1,2,99}.s.
+fn model_before() -> FamilyModel {
+    let mut m = model();
+    for (f, serving) in &mut m.frontends {
+        if let IpAddr::V4(v4) = f.ip() {
+            serving.insert(SocketAddr::new(ip(10, 244, 99, v4.octets()[3]), 53));
+        }
+    }
+    m
+}
+
 /// The changes a triggered pass is measured after: (what, per changed service, its endpoints
 /// after the change: `ep` octets of 10.244.ep.svc; before, every service has 0, 1, 2 and 99).
 /// The `bench` line of "1 service, an endpoint removed" is `triggered_pass_ratio_<scale>`;
@@ -335,7 +354,7 @@ fn reset_peak() -> u64 {
 fn full_pass(table: &mut Kernel, m: &FamilyModel) -> Full {
     let rss_before = reset_peak();
     let t = Instant::now();
-    let report = run_pass(table, V4, m, &mut PassState::default()).expect("pass");
+    let report = run_pass(table, V4, m, &mut seen(&model_before(), m)).expect("pass");
     let took = t.elapsed();
     Full {
         took,
@@ -479,6 +498,7 @@ fn main() {
                 let (m0, m1) = (services_model(&[]), services_model(&change));
                 let focus = Focus::between(&m0, &m1).expect("a focused change");
                 let scope = &focus[V4];
+                let removed = seen(&m0[V4], &m1[V4]).removed;
                 let selections = pass::selections(V4, scope);
                 // The bare kernel-filtered dumps of the entries the scope touches (what the
                 // triggered pass costs at the least), the deletes of the stale ones among
@@ -489,7 +509,9 @@ fn main() {
                     for s in sel {
                         ct.dump_select(V4, IPPROTO_UDP, *s, &mut |e| {
                             matched += 1;
-                            if pass::judge(e, &m1[V4], &HashSet::new(), Some(scope)).is_some() {
+                            if pass::judge(e, &m1[V4], &HashSet::new(), &removed, Some(scope))
+                                .is_some()
+                            {
                                 stale.insert(*e);
                             }
                         })
@@ -523,7 +545,7 @@ fn main() {
                         &mut cleaned,
                         V4,
                         &m1[V4],
-                        &mut PassState::default(),
+                        &mut seen(&m0[V4], &m1[V4]),
                         Some(scope),
                     )
                     .expect("focused pass");

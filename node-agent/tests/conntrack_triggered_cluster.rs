@@ -43,6 +43,10 @@ type Flow = (u8, u16, SocketAddr);
 /// How soon a triggered pass must have acted (the bound is 20 s).
 const TRIGGERED: Duration = Duration::from_secs(5);
 
+/// `--conntrack-orphan-grace` where a test has flows to a backend never an endpoint: those wait
+/// it (a proxy may DNAT to a new endpoint before our watch has it), then go.
+const GRACE: Duration = Duration::from_secs(2);
+
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -251,7 +255,11 @@ async fn case2_flows_dnated_to_an_address_never_an_endpoint_go() -> anyhow::Resu
     let np = node_port(&svc).expect("nodePort allocated");
     slices(&c, &ns, "np", "dns", &["10.244.22.5"], &["fd00:244:22::5"]).await?;
     let netns = netns_owning("ct24-case2", &["192.168.22.7", "fd00:22::7"])?;
-    let agent = agent_on(&netns, &[]).await?;
+    let agent = agent_on(
+        &netns,
+        &[&format!("--conntrack-orphan-grace={}ms", GRACE.as_millis())],
+    )
+    .await?;
 
     let (node4, node6) = (
         SocketAddr::new("192.168.22.7".parse()?, np),
@@ -287,11 +295,13 @@ async fn case2_flows_dnated_to_an_address_never_an_endpoint_go() -> anyhow::Resu
         )
         .await?;
     }
+    // Never seen serving: they may be a new endpoint's that the proxy knows before our watch
+    // does, so they wait the grace, then go.
     expect_table(
         &netns,
         &agent,
-        TRIGGERED,
-        "flows DNATed to an address in no slice deleted",
+        TRIGGERED + GRACE,
+        "flows DNATed to an address in no slice deleted after the grace",
         &keys(&stay),
     )
     .await?;
@@ -504,10 +514,11 @@ async fn a_service_claiming_kube_dns_clusterip_does_not_cut_dns_flows() -> anyho
         udp(6003, f6, sa("[fd00:244:26::5]:5353")),
     ];
     fill(&netns, &dns_flows)?;
-    let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=1s"]).await?;
+    let grace = format!("--conntrack-orphan-grace={}ms", GRACE.as_millis());
+    let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=1s", &grace]).await?;
 
-    // Through the same frontend: to a dead backend (goes), to the second claimant's own
-    // endpoint (stays: one claimant serves it).
+    // Through the same frontend: to a backend never an endpoint (goes after the grace), to the
+    // second claimant's own endpoint (stays: one claimant serves it).
     let gone = [
         udp(6100, f4, sa("10.244.99.9:5353")),
         udp(6101, f6, sa("[fd00:244:99::9]:5353")),
@@ -528,7 +539,7 @@ async fn a_service_claiming_kube_dns_clusterip_does_not_cut_dns_flows() -> anyho
     expect_table(
         &netns,
         &agent,
-        TRIGGERED + Duration::from_secs(1),
+        TRIGGERED + GRACE + Duration::from_secs(1),
         "flows through the shared frontend judged against both claimants",
         &want,
     )
@@ -565,7 +576,16 @@ async fn an_endpointslice_recreated_cuts_no_flow_and_a_deleted_service_loses_its
         flow(IPPROTO_TCP, 7003, f4, ep4),
     ];
     fill(&netns, &healthy)?;
-    let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=3s"]).await?;
+    // The grace (over the 1.5 s hold below) keeps the flow to a backend never an endpoint
+    // until after the flap; it must not be what the hold sees go.
+    let agent = agent_on(
+        &netns,
+        &[
+            "--conntrack-no-endpoint-settle=3s",
+            "--conntrack-orphan-grace=3s",
+        ],
+    )
+    .await?;
     let dead = udp(7100, f4, sa("10.244.99.9:5353"));
     fill(&netns, &[dead])?;
 
@@ -590,8 +610,8 @@ async fn an_endpointslice_recreated_cuts_no_flow_and_a_deleted_service_loses_its
     expect_table(
         &netns,
         &agent,
-        TRIGGERED,
-        "only the flow to the dead backend deleted",
+        TRIGGERED + Duration::from_secs(3),
+        "only the flow to the dead backend deleted (after the grace: never seen serving)",
         &keys(&healthy),
     )
     .await?;

@@ -18,7 +18,7 @@ use super::model::{FamilyModel, Model};
 use super::netlink::family::{Family, PerFamily};
 
 /// The old value of every entry an update changed since a point (the first value wins).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Changes {
     /// Per family, the model as it was at the point, restricted to the entries noted.
     old: Model,
@@ -125,8 +125,13 @@ impl Changes {
         }
     }
 
-    /// The entries noted, as they are in `current`.
-    fn now_in(&self, current: &Model) -> Model {
+    /// The entries noted, as they were at the point (a partial model).
+    pub fn old(&self) -> &Model {
+        &self.old
+    }
+
+    /// The entries noted, as they are in `current` (a partial model).
+    pub fn now_in(&self, current: &Model) -> Model {
         let mut new = Model::default();
         for fam in Family::ALL {
             let (from, to) = (&current[fam], &mut new[fam]);

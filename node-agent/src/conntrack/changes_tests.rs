@@ -2,7 +2,9 @@
 //! IPAddress and Node changes and passages of time applied to the live model: the changes it
 //! hands out, added up since a round judged the model, give exactly the focus the old way
 //! gives (`Focus::between` over a copy of the judged model and the current one), and say
-//! whether the model changed exactly when the two models differ.
+//! whether the model changed exactly when the two models differ; and the round's record of
+//! backends seen removed (`Removed::observe`) is the same from the changes as from the two
+//! whole models.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +16,8 @@ use super::decide::Focus;
 use super::live::Live;
 use super::live_tests::{RETENTION, SETTLE, STEPS_MS, World, change};
 use super::model::Model;
+use super::netlink::family::Family;
+use super::removed::{Key, Removed};
 
 /// What the checks saw, so a generator that stops reaching a case fails the test.
 #[derive(Default, Debug)]
@@ -28,6 +32,8 @@ struct Seen {
     undone: usize,
     /// Rounds judged with changes added up over more than one model handed out.
     merged: usize,
+    /// Backends seen removed from a key between two rounds.
+    removed: usize,
 }
 
 fn run(seed: u64, seen: &mut Seen) {
@@ -80,6 +86,29 @@ fn run(seed: u64, seen: &mut Seen) {
             let expected = Focus::between(&old, &m);
             assert_eq!(since.focus(&m), expected, "seed {seed} step {step}");
             assert_eq!(since.changed(&m), old != *m, "seed {seed} step {step}");
+            // The round's record of backends seen removed, from the changes' partial models,
+            // is the one from the whole models.
+            let (part_old, part_new) = (since.old(), since.now_in(&m));
+            for fam in Family::ALL {
+                let (mut whole, mut part) = (Removed::default(), Removed::default());
+                whole.observe(&old[fam], &m[fam], now);
+                part.observe(&part_old[fam], &part_new[fam], now);
+                assert_eq!(part.len(), whole.len(), "seed {seed} step {step}");
+                let frontends = old[fam]
+                    .frontends
+                    .iter()
+                    .map(|(f, s)| (Key::Frontend(*f), s));
+                let node_ports = old[fam]
+                    .node_ports
+                    .iter()
+                    .map(|(p, s)| (Key::NodePort(*p), s));
+                for (key, served) in frontends.chain(node_ports) {
+                    for b in served {
+                        assert_eq!(part.saw(key, *b), whole.saw(key, *b), "seed {seed}");
+                    }
+                }
+                seen.removed += whole.len();
+            }
             match &expected {
                 None => seen.whole += 1,
                 Some(f) if f.iter().any(|(_, s)| !s.is_empty()) => {
@@ -112,6 +141,7 @@ fn the_changes_added_up_since_a_round_give_the_focus_the_whole_models_give() {
             50,
         ),
         ("rounds over changes of several models", seen.merged, 50),
+        ("backends seen removed between rounds", seen.removed, 50),
     ] {
         assert!(n > floor, "only {n} {what}: {seen:?}");
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::model::{Claim, FamilyModel, Model, Ports, canonical};
 use super::netlink::family::{Family, PerFamily};
 use super::netlink::msg::{Entry, IPPROTO_UDP};
+use super::removed::{Key, Removed};
 
 /// Why an entry is stale, for the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,11 @@ pub enum Stale {
     NodePort,
     /// DNATed, addressed to this node on a NodePort no live service holds any more.
     DeletedNodePort,
+    /// Through a live frontend or nodePort that has serving endpoints, to a backend not among
+    /// them that the agent never saw serve that key: the proxy may already DNAT to it while our
+    /// EndpointSlice watch lags. The pass deletes it only once the backend has looked unseen
+    /// for the grace period, as an orphaned service IP.
+    UnseenBackend,
 }
 
 /// Whether the connection was translated: the reply comes from somewhere other than where the
@@ -95,6 +101,37 @@ pub fn stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> 
 
 pub fn is_stale(entry: &Entry, model: &FamilyModel, host_ips: &HashSet<IpAddr>) -> bool {
     stale(entry, model, host_ips).is_some()
+}
+
+/// The verdict a pass acts on: [`stale`], except that a flow through a live frontend or nodePort
+/// with serving endpoints, to a backend that is not one of them, is deleted at once only when
+/// the agent saw that backend serve the key and stop (`removed`); otherwise it is
+/// [`Stale::UnseenBackend`] and waits the grace. No serving endpoint at all (after the settle)
+/// still judges every flow through the key at once.
+pub fn verdict(
+    entry: &Entry,
+    model: &FamilyModel,
+    host_ips: &HashSet<IpAddr>,
+    removed: &Removed,
+) -> Option<Stale> {
+    let why = stale(entry, model, host_ips)?;
+    let (key, serving) = match why {
+        Stale::Frontend => {
+            let f = SocketAddr::new(canonical(entry.orig.dst), entry.orig.dst_port);
+            (Key::Frontend(f), model.frontends.get(&f))
+        }
+        Stale::NodePort => {
+            let p = entry.orig.dst_port;
+            (Key::NodePort(p), model.node_ports.get(&p))
+        }
+        _ => return Some(why),
+    };
+    let backend = SocketAddr::new(canonical(entry.reply.src), entry.reply.src_port);
+    // An un-NATed flow reached no endpoint at all (it came before the rules): no proxy can be
+    // ahead of us on it, so it goes at once as upstream deletes it.
+    let seen_go =
+        !dnated(entry) || serving.is_none_or(HashSet::is_empty) || removed.saw(key, backend);
+    Some(if seen_go { why } else { Stale::UnseenBackend })
 }
 
 /// Reply sources a model change took away: backends that a frontend or nodePort of `old`

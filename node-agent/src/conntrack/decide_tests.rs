@@ -542,3 +542,105 @@ fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
     assert_eq!(stale(&dead, &m, &host()), None);
     assert_eq!(stale(&to_node, &m, &host()), None);
 }
+
+/// The verdict a pass acts on: a flow through a live key with serving endpoints, to a backend
+/// that is not one of them, goes at once only when the agent saw that backend serve that key
+/// and stop; otherwise it waits the grace as `UnseenBackend`. Everything else is `stale`'s.
+#[test]
+fn only_backends_seen_removed_go_at_once() {
+    use super::removed::Removed;
+    let m = model();
+    // Before: 10.244.3.9 served the ClusterIP and the nodePort, 10.244.5.5 only the nodePort.
+    let mut old = m.clone();
+    old.frontends
+        .get_mut(&sa("10.96.0.10:53"))
+        .unwrap()
+        .insert(sa("10.244.3.9:53"));
+    old.node_ports
+        .get_mut(&30053)
+        .unwrap()
+        .extend([sa("10.244.3.9:53"), sa("10.244.5.5:53")]);
+    let mut seen = Removed::default();
+    seen.observe(&old, &m, std::time::Instant::now());
+    let never = Removed::default();
+    let c = "10.0.0.1:40000";
+    let u = IPPROTO_UDP;
+    let cases = [
+        (
+            "seen removed from the frontend: at once",
+            flow(u, c, "10.96.0.10:53", "10.244.3.9:53"),
+            &seen,
+            Some(Stale::Frontend),
+        ),
+        (
+            "never seen serving (the watch may lag the proxy): waits",
+            flow(u, c, "10.96.0.10:53", "10.244.4.4:53"),
+            &seen,
+            Some(Stale::UnseenBackend),
+        ),
+        (
+            "a removal the agent did not see (after a start): waits",
+            flow(u, c, "10.96.0.10:53", "10.244.3.9:53"),
+            &never,
+            Some(Stale::UnseenBackend),
+        ),
+        (
+            "seen removed from another key only: waits",
+            flow(u, c, "10.96.0.10:53", "10.244.5.5:53"),
+            &seen,
+            Some(Stale::UnseenBackend),
+        ),
+        (
+            "serving backend kept",
+            flow(u, c, "10.96.0.10:53", "10.244.1.5:53"),
+            &never,
+            None,
+        ),
+        (
+            "no serving endpoint: at once (zero-endpoint rule)",
+            flow(u, c, "10.96.0.11:53", "10.244.4.4:53"),
+            &never,
+            Some(Stale::Frontend),
+        ),
+        (
+            "nodePort, seen removed: at once",
+            flow(u, c, "192.168.0.7:30053", "10.244.5.5:53"),
+            &seen,
+            Some(Stale::NodePort),
+        ),
+        (
+            "nodePort, never seen serving: waits",
+            flow(u, c, "192.168.0.7:30053", "10.244.4.4:53"),
+            &seen,
+            Some(Stale::UnseenBackend),
+        ),
+        (
+            "nodePort with no serving endpoint: at once",
+            flow(u, c, "192.168.0.7:30011", "10.244.4.4:53"),
+            &never,
+            Some(Stale::NodePort),
+        ),
+        (
+            "deleted frontend: at once",
+            flow(u, c, "10.96.0.13:53", "10.244.4.4:53"),
+            &never,
+            Some(Stale::DeletedFrontend),
+        ),
+        (
+            "orphaned service IP: its own grace",
+            flow(u, c, "10.96.0.30:53", "10.244.4.4:53"),
+            &never,
+            Some(Stale::OrphanedServiceIp),
+        ),
+        (
+            "ipv6, never seen serving: waits",
+            flow(u, "[2001:db8::1]:4000", "[fd00::a]:53", "[fd00:1::6]:5353"),
+            &never,
+            Some(Stale::UnseenBackend),
+        ),
+    ];
+    let host = host();
+    for (name, e, removed, want) in cases {
+        assert_eq!(verdict(&e, &m, &host, removed), want, "{name}: {e}");
+    }
+}

@@ -649,7 +649,7 @@ pub(super) fn host() -> HashSet<IpAddr> {
 fn state() -> PassState {
     PassState {
         orphan_grace: Duration::from_secs(3600),
-        ..PassState::default()
+        ..PassState::seen_all()
     }
 }
 

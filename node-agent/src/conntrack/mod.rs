@@ -17,6 +17,7 @@ pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod project;
+pub mod removed;
 pub mod report;
 pub mod round;
 pub mod schedule;
@@ -43,6 +44,8 @@ mod model_whole;
 mod pass_tests;
 #[cfg(test)]
 mod project_tests;
+#[cfg(test)]
+mod removed_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
@@ -86,7 +89,9 @@ pub struct ConntrackArgs {
     pub conntrack_gc_max: Duration,
 
     /// How long an IP inside a ServiceCIDR must look unallocated (no IPAddress object) before
-    /// the flows DNATed to it are deleted; must exceed the lag of the IPAddress watch.
+    /// the flows DNATed to it are deleted, and how long a backend the agent never saw serve a
+    /// frontend or nodePort must look so before flows to it through that key are; must exceed
+    /// the lag of the IPAddress and EndpointSlice watches behind kube-proxy.
     #[arg(long, env = "GROUNDSKEEPER_CONNTRACK_ORPHAN_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub conntrack_orphan_grace: Duration,
 
@@ -199,8 +204,9 @@ impl schedule::Rounds for Cleanup {
         &mut self,
         model: Arc<model::Model>,
         focus: Option<decide::Focus>,
+        since: Option<changes::Changes>,
     ) -> round::RoundSummary {
-        let summary = self.rounds.run(model, focus).await;
+        let summary = self.rounds.run(model, focus, since).await;
         if let Some(f) = summary.fill {
             self.fill.observe(f).await;
         }

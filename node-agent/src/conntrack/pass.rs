@@ -9,14 +9,15 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use super::apply::{Dump, Table};
-use super::decide::{Scope, Stale, stale};
+use super::decide::{Scope, Stale, verdict};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family;
 use super::netlink::filter::Select;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::DumpError;
+use super::removed::Removed;
 pub use super::report::{PassContext, PassReport};
-use super::sweep::{DELETE_BATCH, Orphans, Sweep};
+use super::sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep, UnseenKey};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -25,7 +26,8 @@ pub const MAX_DUMP_ATTEMPTS: usize = 5;
 /// watched list) before flows DNATed to it are deleted. The IPAddress exists before its
 /// Service, so kube-proxy cannot DNAT to an IP before the apiserver holds its IPAddress; only
 /// the lag of our own IPAddress watch can make a new service's IP look orphaned, and that lag
-/// must stay below this.
+/// must stay below this. The same grace holds back flows to a backend the agent never saw serve
+/// its key ([`Stale::UnseenBackend`]): it bounds our EndpointSlice watch's lag the same way.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
 /// Carried from pass to pass: whether the kernel accepts the protocol filter, and since when
@@ -40,8 +42,16 @@ pub struct PassState {
     /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
     /// soon as a pass no longer sees it orphaned.
     pub orphans: HashMap<IpAddr, Instant>,
+    /// (frontend, backend) -> first pass that saw flows judged [`Stale::UnseenBackend`] on that
+    /// way. Forgotten as soon as a full pass no longer sees any.
+    pub unseen: HashMap<UnseenKey, Instant>,
+    /// Backends the agent saw stop serving a key (fed by the round with each model it judges).
+    pub removed: Removed,
     /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
     pub delete_batch: usize,
+    /// A virtual clock for the pass (property tests over simulated time); `None`: the real one.
+    #[cfg(test)]
+    pub now: Option<Instant>,
 }
 
 impl Default for PassState {
@@ -51,7 +61,23 @@ impl Default for PassState {
             select_filter: true,
             orphan_grace: ORPHAN_GRACE,
             orphans: HashMap::new(),
+            unseen: HashMap::new(),
+            removed: Removed::default(),
             delete_batch: DELETE_BATCH,
+            #[cfg(test)]
+            now: None,
+        }
+    }
+}
+
+#[cfg(test)]
+impl PassState {
+    /// For tests of other rules (streaming, focus, retries): every backend counts as seen
+    /// removed, so flows to not-serving backends go at once as before the unseen-backend rule.
+    pub fn seen_all() -> Self {
+        Self {
+            removed: Removed::everything(),
+            ..Self::default()
         }
     }
 }
@@ -71,7 +97,7 @@ pub enum PassError {
     /// Some deletes may have been made (counted in the report).
     #[error("deleting conntrack entries: {source}")]
     Delete {
-        report: PassReport,
+        report: Box<PassReport>,
         source: io::Error,
     },
 }
@@ -158,8 +184,8 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// is scoped to what the last model change touched ([`Scope::between`]): the kernel returns only
 /// those entries when a few filtered dumps can ask for them ([`selections`]), else one UDP dump
 /// is filtered here. It deletes exactly what a full pass would among the entries in scope,
-/// except flows to orphaned service IPs, left to full passes (their grace is measured across
-/// those). Stale entries are deleted in batches of at most `state.delete_batch` while the
+/// except flows to orphaned service IPs and to backends never seen serving, left to full passes
+/// (their grace is measured across those; a scoped pass starts an unseen backend's clock). Stale entries are deleted in batches of at most `state.delete_batch` while the
 /// dump streams.
 ///
 /// The I/O is here and in [`read_table`]; what they decide with is pure: [`judge`],
@@ -187,19 +213,42 @@ pub fn run_focused_pass(
         }
     };
     let now = Instant::now();
-    let decide = |e: &Entry| judge(e, model, &host_ips, scope);
+    #[cfg(test)]
+    let now = state.now.unwrap_or(now);
+    let removed = std::mem::take(&mut state.removed);
+    let decide = |e: &Entry| judge(e, model, &host_ips, &removed, scope);
     let grace = state.orphan_grace;
     let known = std::mem::take(&mut state.orphans);
+    let unseen = std::mem::take(&mut state.unseen);
     let orphans = scope.is_none().then(|| Orphans {
         since: &known,
         grace,
         now,
+        may_delete: true,
         seen: HashSet::new(),
     });
-    let mut sweep = Sweep::new(&decide, orphans, state.delete_batch);
+    // A scoped pass starts the clocks of the unseen backends it meets (a rollout's flows are
+    // met first by the triggered pass its change asks for), so their grace is not put off to
+    // the next full pass; only a full pass deletes them.
+    let waiting = Some(Grace {
+        since: &unseen,
+        grace,
+        now,
+        may_delete: scope.is_none(),
+        seen: HashSet::new(),
+    });
+    let mut sweep = Sweep::new(&decide, orphans, waiting, state.delete_batch);
     let read = read_table(table, family, state, scope, &mut sweep);
-    let (mut report, failed, sent, seen) = sweep.into_parts();
+    let Parts {
+        mut report,
+        failed,
+        sent,
+        orphans: seen,
+        unseen: seen_unseen,
+    } = sweep.into_parts();
     state.orphans = known;
+    state.unseen = unseen;
+    state.removed = removed;
     if let Err(e) = read {
         return Err(if sent {
             PassError::DumpAfterDeletes {
@@ -216,31 +265,52 @@ pub fn run_focused_pass(
         for ip in seen {
             state.orphans.entry(ip).or_insert(now);
         }
-        report.orphans_due_in = state
-            .orphans
-            .values()
-            .map(|since| (*since + grace).saturating_duration_since(now))
-            .filter(|d| !d.is_zero())
-            .min();
     }
+    if let Some(seen) = seen_unseen {
+        // Likewise the backends a full pass saw unseen; a scoped pass saw only part of the
+        // table, so it forgets nothing.
+        if scope.is_none() {
+            state.unseen.retain(|b, _| seen.contains(b));
+        }
+        for b in seen {
+            state.unseen.entry(b).or_insert(now);
+        }
+    }
+    // When a full pass is next due for a grace that runs out (also after a scoped pass, whose
+    // unseen backends only a full pass deletes).
+    report.orphans_due_in = state
+        .orphans
+        .values()
+        .chain(state.unseen.values())
+        .map(|since| (*since + grace).saturating_duration_since(now))
+        .filter(|d| !d.is_zero())
+        .min();
     match failed {
-        Some(source) => Err(PassError::Delete { report, source }),
+        Some(source) => Err(PassError::Delete {
+            report: Box::new(report),
+            source,
+        }),
         None => Ok(report),
     }
 }
 
-/// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry). A scoped pass
-/// leaves flows to orphaned service IPs alone: their grace is measured across full passes.
+/// Why `e` is stale, if it is, for a pass over `scope` (`None`: every entry), with the backends
+/// seen removed in `removed`. A scoped pass leaves flows to orphaned service IPs alone (their
+/// grace is measured across full passes); flows to backends never seen serving reach the sweep,
+/// which only starts their clocks in a scoped pass.
 pub fn judge(
     e: &Entry,
     model: &FamilyModel,
     host_ips: &HashSet<IpAddr>,
+    removed: &Removed,
     scope: Option<&Scope>,
 ) -> Option<Stale> {
     match scope {
-        None => stale(e, model, host_ips),
+        None => verdict(e, model, host_ips, removed),
         Some(s) if !s.touches(e) => None,
-        Some(_) => stale(e, model, host_ips).filter(|why| *why != Stale::OrphanedServiceIp),
+        Some(_) => {
+            verdict(e, model, host_ips, removed).filter(|why| *why != Stale::OrphanedServiceIp)
+        }
     }
 }
 

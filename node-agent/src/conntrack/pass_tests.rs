@@ -164,7 +164,7 @@ fn eperm() -> DumpError {
 }
 
 fn run(t: &mut Fake) -> Result<PassReport, PassError> {
-    let mut state = PassState::default();
+    let mut state = PassState::seen_all();
     run_pass(t, V4, &model(), &mut state)
 }
 
@@ -227,7 +227,7 @@ fn dry_run_deletes_nothing_but_reports() {
         inner: DryRun(Fake::new(table(), vec![(4, Ok(()))])),
         ports: vec![],
     };
-    let mut state = PassState::default();
+    let mut state = PassState::seen_all();
     let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
     let (t, seen) = (t.inner.0, t.ports);
     assert!(t.deleted.is_empty());
@@ -280,7 +280,7 @@ fn other_dump_errors_abort_without_deleting() {
 #[test]
 fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
     let mut t = Fake::new(table(), vec![(0, Err(rejected)), (4, Ok(()))]);
-    let mut state = PassState::default();
+    let mut state = PassState::seen_all();
     let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
     assert_eq!(t.filters, vec![Some(IPPROTO_UDP), None]);
     assert_eq!(
@@ -294,7 +294,7 @@ fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
 #[test]
 fn empty_model_does_not_read_the_table() {
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
-    let mut state = PassState::default();
+    let mut state = PassState::seen_all();
     let r = run_pass(&mut t, V4, &FamilyModel::default(), &mut state).unwrap();
     assert!(r.skipped);
     assert_eq!(t.attempts, 0);
@@ -347,7 +347,7 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
         let (m, entries) = node_port_table();
         let mut t = Fake::new(entries, vec![(2, Ok(()))]);
         t.host = host;
-        let mut state = PassState::default();
+        let mut state = PassState::seen_all();
         run_pass(&mut t, V4, &m, &mut state).unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(ports, want, "{name}");
@@ -365,7 +365,7 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
     // 10.96.0.10 (the table's frontend) has no IPAddress: every DNATed flow to it is orphaned.
     let mut state = PassState {
         orphan_grace: std::time::Duration::from_secs(3600),
-        ..PassState::default()
+        ..PassState::seen_all()
     };
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
     let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
@@ -398,7 +398,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
     for rejected in [false, true] {
         let mut t = Fake::new(table(), vec![(4, Ok(()))]);
         t.reply_filter_rejected = rejected;
-        let mut state = PassState::default();
+        let mut state = PassState::seen_all();
         let r = run_focused_pass(&mut t, V4, &model(), &mut state, Some(&focus)).unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(
@@ -426,7 +426,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         &mut t,
         V4,
         &model(),
-        &mut PassState::default(),
+        &mut PassState::seen_all(),
         Some(&Scope::default()),
     )
     .unwrap();

@@ -22,7 +22,10 @@ pub struct PassReport {
     /// Flows to orphaned ServiceCIDR IPs kept this time: the IP has not looked orphaned for
     /// the grace period yet.
     pub orphans_pending: usize,
-    /// When the first of those finishes its grace.
+    /// Flows to backends never seen serving their key that a full pass kept this time: the
+    /// backend has not looked unseen for the grace period yet.
+    pub unseen_pending: u32,
+    /// When the first of those kept for a grace (orphans and unseen backends) finishes it.
     pub orphans_due_in: Option<Duration>,
 }
 
@@ -48,6 +51,7 @@ impl PassReport {
             failed_deletes,
             partial,
             orphans_pending,
+            unseen_pending,
             ..
         } = *self;
         let PassContext {
@@ -68,6 +72,7 @@ impl PassReport {
             failed = failed_deletes,
             partial,
             orphans_pending,
+            unseen_pending,
             triggered,
             scope_frontends,
             scope_node_ports,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::apply::Table;
+use super::changes::Changes;
 use super::decide::Focus;
 use super::fill::Fill;
 use super::metrics::Metrics;
@@ -39,6 +40,8 @@ struct Request {
     model: Arc<Model>,
     /// Only the entries in each family's scope (a triggered round); `None`: every entry.
     focus: Option<Focus>,
+    /// What changed since the model the last round judged; `None` for the first round.
+    since: Option<Changes>,
     reply: oneshot::Sender<RoundSummary>,
 }
 
@@ -78,9 +81,11 @@ impl RoundThread {
                 for Request {
                     model,
                     focus,
+                    since,
                     reply,
                 } in rx
                 {
+                    round.observe(&model, since.as_ref());
                     let summary = round.run(&model, focus.as_ref());
                     // Let go of the model before the scheduler hears the round is over: its
                     // next update then changes the model in place instead of copying it.
@@ -98,13 +103,20 @@ impl RoundThread {
     }
 
     /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
-    /// judges only the entries in that family's scope.
-    pub async fn run(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+    /// judges only the entries in that family's scope. `since`: what changed since the model
+    /// the last round judged (`None` for the first round).
+    pub async fn run(
+        &self,
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        since: Option<Changes>,
+    ) -> RoundSummary {
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.as_ref().is_some_and(|tx| {
             tx.send(Request {
                 model,
                 focus,
+                since,
                 reply,
             })
             .is_ok()
@@ -132,6 +144,25 @@ struct Round {
 }
 
 impl Round {
+    /// Records the backends that stopped serving between the last model judged and `model`.
+    /// Rounds run in the order their models were built, so this sees every removal that
+    /// outlived a round; a backend added and removed between two rounds was never seen serving.
+    ///
+    /// `since` holds the old values of what changed since that model (see [`Changes`]): what
+    /// a key served then and no longer does now is read from them, not from a copy of that
+    /// model held until this round (which would make every update copy the model whole).
+    fn observe(&mut self, model: &Model, since: Option<&Changes>) {
+        let now = Instant::now();
+        let seen = since.map(|c| (c.old(), c.now_in(model)));
+        for fam in Family::ALL {
+            let removed = &mut self.state[fam].removed;
+            match &seen {
+                Some((old, new)) => removed.observe(&old[fam], &new[fam], now),
+                None => removed.expire(now),
+            }
+        }
+    }
+
     fn run(&mut self, model: &Model, focus: Option<&Focus>) -> RoundSummary {
         let mut summary = RoundSummary {
             fill: self.observe_fill(),
@@ -178,7 +209,7 @@ impl Round {
                         }
                         PassError::Delete { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
-                            report
+                            *report
                         }
                     }
                 }

@@ -37,10 +37,12 @@ pub struct Timing {
 
 /// What runs a round: the kernel passes (and the fill Event), or a test's fake.
 pub trait Rounds {
+    /// `since`: what changed since the model the last round judged (`None` for the first).
     fn round(
         &mut self,
         model: Arc<Model>,
         focus: Option<Focus>,
+        since: Option<Changes>,
     ) -> impl Future<Output = RoundSummary> + Send;
 }
 
@@ -58,6 +60,8 @@ pub enum Due {
         model: Arc<Model>,
         focus: Option<Box<Focus>>,
         periodic: bool,
+        /// What changed since the model the last round judged (`None` before the first).
+        since: Option<Box<Changes>>,
     },
 }
 
@@ -154,7 +158,10 @@ impl Scheduler {
         if !(periodic || recheck || due(self.pass_at)) {
             return Due::Nothing;
         }
-        self.recheck_at = None;
+        if periodic || recheck {
+            // This round is the full one the recheck asked for; a triggered round leaves it due.
+            self.recheck_at = None;
+        }
         let Some((held, stamp)) = self.current.clone() else {
             self.gc_at = now + self.interval; // not listed yet
             return Due::Nothing;
@@ -175,12 +182,17 @@ impl Scheduler {
         // a periodic round, an orphan recheck and the first round at everything.
         let since_judged = self.judged.replace(Changes::default());
         let focus = (!periodic && !recheck)
-            .then(|| since_judged.and_then(|c| c.focus(&model).map(Box::new)))
+            .then(|| {
+                since_judged
+                    .as_ref()
+                    .and_then(|c| c.focus(&model).map(Box::new))
+            })
             .flatten();
         Due::Round {
             model,
             focus,
             periodic,
+            since: since_judged.map(Box::new),
         }
     }
 
@@ -224,7 +236,8 @@ impl Scheduler {
         }
         self.gc_at = now + self.interval;
         if let Some(d) = summary.recheck_in {
-            self.recheck_at = Some(now + d);
+            let at = now + d;
+            self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
         }
     }
 }
@@ -261,8 +274,11 @@ pub async fn run(
                 model,
                 focus,
                 periodic,
+                since,
             } => {
-                let summary = rounds.round(model, focus.map(|f| *f)).await;
+                let summary = rounds
+                    .round(model, focus.map(|f| *f), since.map(|c| *c))
+                    .await;
                 scheduler.on_round(Instant::now(), periodic, &summary);
                 tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
             }

@@ -124,7 +124,12 @@ struct Recorder {
 }
 
 impl Rounds for Recorder {
-    async fn round(&mut self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+    async fn round(
+        &mut self,
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        _since: Option<Changes>,
+    ) -> RoundSummary {
         let mut ran = self.ran.lock().unwrap();
         let i = ran.len().min(self.summaries.len().saturating_sub(1));
         ran.push(Ran {
@@ -432,4 +437,28 @@ async fn orphans_kept_for_their_grace_are_rechecked_when_it_ends() {
     let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
     assert_eq!(at, [COALESCE, COALESCE + secs(5)]);
     assert!(ran.iter().all(|r| r.focus.is_none()), "both full rounds");
+}
+
+/// A triggered round in between neither consumes a recheck a grace asked for nor puts it off:
+/// the full round still runs when the grace ends.
+#[tokio::test(start_paused = true)]
+async fn a_triggered_round_in_between_keeps_the_recheck_due() {
+    let w = World {
+        recheck_in: Some(secs(5)),
+        ..World::new(dns(&[5]))
+    };
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            w.watches.set_model(dns(&[5, 6]));
+            w.changed.notify_one();
+            sleep(secs(6)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(ran.len(), 3, "{at:?}");
+    assert!(ran[1].focus.is_some(), "the change runs a triggered round");
+    assert_eq!(at[2], COALESCE + secs(5), "the recheck when the grace ends");
+    assert!(ran[2].focus.is_none(), "the recheck is a full round");
 }

@@ -110,7 +110,7 @@ fn collect_then_delete(
         .iter()
         .filter(|e| e.orig.family() == fam && e.orig.proto == IPPROTO_UDP)
         .filter(|e| sels.as_ref().is_none_or(|s| s.iter().any(|s| s.matches(e))))
-        .filter_map(|e| judge(e, model, &host, scope).map(|why| (*e, why)))
+        .filter_map(|e| judge(e, model, &host, &state.removed, scope).map(|why| (*e, why)))
         .collect();
     if scope.is_none() {
         let seen: HashSet<IpAddr> = marked
@@ -141,7 +141,7 @@ fn state(rng: &mut Rng, cap: usize) -> PassState {
     let mut s = PassState {
         orphan_grace: Duration::from_secs(3600),
         delete_batch: cap,
-        ..PassState::default()
+        ..PassState::seen_all()
     };
     let long_ago = Instant::now() - Duration::from_secs(7200);
     for ip in ORPHANED {
@@ -328,7 +328,7 @@ fn deleting_while_the_kernel_dump_streams_skips_nothing_and_touches_nothing_else
         assert_eq!(r.ok, all.len(), "{r:?}");
         let mut state = PassState {
             delete_batch: 7,
-            ..PassState::default()
+            ..PassState::seen_all()
         };
         let r = run_pass(&mut Kernel::default(), V4, &model, &mut state).unwrap();
         assert_eq!(

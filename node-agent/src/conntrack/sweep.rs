@@ -8,14 +8,16 @@
 //! meanwhile is not touched (its delete fails as not found). The kernel's dump resumes after
 //! the last entry it could not send yet, which the pass has not seen and so cannot have
 //! deleted: deletes of entries already returned make it skip nothing. The one verdict that
-//! depends on more than the entry, the orphaned service IP's grace, is measured across passes
+//! depends on more than the entry, the grace of an orphaned service IP or of a backend the agent
+//! never saw serve (and of the model's removal memory, fixed for the pass), is measured across passes
 //! from the state the pass started with, and that state is updated only from the attempt the
 //! pass used. What an attempt still holds when it turns out interrupted, or when the dump
 //! fails, is dropped unsent: the retry judges those entries again as the table is now.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::apply::Delete;
@@ -30,30 +32,54 @@ pub const DELETE_BATCH: usize = 512;
 /// Failed deletes logged one by one in a pass; the rest are only counted.
 const FAILURES_LOGGED: usize = 5;
 
-/// The orphaned service IPs a full pass saw, and since when each has looked orphaned (from
-/// earlier passes): flows to one are deleted once it has for the grace period.
-pub struct Orphans<'a> {
-    pub since: &'a HashMap<IpAddr, Instant>,
+/// What a pass saw waiting for its grace (orphaned service IPs, backends never seen serving),
+/// and since when each has (from earlier passes): flows to one are deleted once it has for the
+/// grace period, by a full pass only (`may_delete`). A scoped pass sees only part of the table,
+/// so it only starts clocks: whether a key was seen waiting *continuously* is settled by the
+/// full passes, which forget every key they no longer see.
+pub struct Grace<'a, K> {
+    pub since: &'a HashMap<K, Instant>,
     pub grace: Duration,
     pub now: Instant,
+    /// Whether this pass may delete a flow whose grace is over (a full pass).
+    pub may_delete: bool,
     /// Seen in the current attempt.
-    pub seen: HashSet<IpAddr>,
+    pub seen: HashSet<K>,
 }
 
-impl Orphans<'_> {
-    /// Whether a flow to `ip` may go now; remembers that `ip` looked orphaned.
-    fn due(&mut self, ip: IpAddr) -> bool {
-        let ip = canonical(ip);
-        self.seen.insert(ip);
-        let since = self.since.get(&ip).copied().unwrap_or(self.now);
-        self.now.saturating_duration_since(since) >= self.grace
+/// Orphaned service IPs, by the flow's original destination.
+pub type Orphans<'a> = Grace<'a, IpAddr>;
+
+/// A flow's way to a backend the agent never saw serve it: (original destination, reply
+/// source). Keyed by the pair, not by the backend alone, so that a backend lagging on one
+/// frontend never inherits the clock another frontend started.
+pub type UnseenKey = (SocketAddr, SocketAddr);
+
+/// Backends the agent never saw serve, by [`UnseenKey`].
+pub type Unseen<'a> = Grace<'a, UnseenKey>;
+
+impl<K: Copy + Eq + Hash> Grace<'_, K> {
+    /// Whether a flow waiting on `k` may go now; remembers that `k` was seen waiting.
+    fn due(&mut self, k: K) -> bool {
+        self.seen.insert(k);
+        let since = self.since.get(&k).copied().unwrap_or(self.now);
+        self.may_delete && self.now.saturating_duration_since(since) >= self.grace
     }
+}
+
+/// The [`UnseenKey`] of a flow.
+pub fn unseen_key(e: &Entry) -> UnseenKey {
+    (
+        SocketAddr::new(canonical(e.orig.dst), e.orig.dst_port),
+        SocketAddr::new(canonical(e.reply.src), e.reply.src_port),
+    )
 }
 
 /// One pass's judging and deleting, entry by entry.
 pub struct Sweep<'a> {
     judge: &'a dyn Fn(&Entry) -> Option<Stale>,
     orphans: Option<Orphans<'a>>,
+    unseen: Option<Unseen<'a>>,
     batch: Vec<(Entry, Stale)>,
     cap: usize,
     pub report: PassReport,
@@ -65,17 +91,19 @@ pub struct Sweep<'a> {
 }
 
 impl<'a> Sweep<'a> {
-    /// `orphans`: a full pass (flows to orphaned service IPs wait for their grace); a scoped
-    /// pass never judges those flows stale.
+    /// `orphans`, `unseen`: flows to orphaned service IPs and to backends never seen serving
+    /// wait for their grace (`None`: such flows are never deleted).
     pub fn new(
         judge: &'a dyn Fn(&Entry) -> Option<Stale>,
         orphans: Option<Orphans<'a>>,
+        unseen: Option<Unseen<'a>>,
         cap: usize,
     ) -> Self {
         let cap = cap.max(1);
         Self {
             judge,
             orphans,
+            unseen,
             batch: Vec::with_capacity(cap),
             cap,
             report: PassReport::default(),
@@ -92,10 +120,17 @@ impl<'a> Sweep<'a> {
         };
         if why == Stale::OrphanedServiceIp
             && let Some(o) = &mut self.orphans
-            && !o.due(e.orig.dst)
+            && !o.due(canonical(e.orig.dst))
         {
             self.report.orphans_pending += 1;
             return;
+        }
+        if why == Stale::UnseenBackend {
+            // Without a grace to measure, never deleted here.
+            if !self.unseen.as_mut().is_some_and(|u| u.due(unseen_key(e))) {
+                self.report.unseen_pending += 1;
+                return;
+            }
         }
         if self.failed.is_some() {
             // Counted, never sent: the deletes stopped at the failure.
@@ -143,19 +178,33 @@ impl<'a> Sweep<'a> {
     pub fn drop_attempt(&mut self) {
         self.batch.clear();
         self.report.orphans_pending = 0;
+        self.report.unseen_pending = 0;
         if let Some(o) = &mut self.orphans {
             o.seen.clear();
         }
+        if let Some(u) = &mut self.unseen {
+            u.seen.clear();
+        }
     }
 
-    /// The report, the delete failure if any, whether any delete was sent, and (a full pass)
-    /// the orphaned IPs the attempt used saw.
-    pub fn into_parts(self) -> (PassReport, Option<io::Error>, bool, Option<HashSet<IpAddr>>) {
-        (
-            self.report,
-            self.failed,
-            self.sent,
-            self.orphans.map(|o| o.seen),
-        )
+    /// The orphaned IPs and unseen backends the attempt used saw.
+    pub fn into_parts(self) -> Parts {
+        Parts {
+            report: self.report,
+            failed: self.failed,
+            sent: self.sent,
+            orphans: self.orphans.map(|o| o.seen),
+            unseen: self.unseen.map(|u| u.seen),
+        }
     }
+}
+
+/// What a sweep leaves: its report, the failed delete, whether any was sent, and what the
+/// attempt used saw waiting.
+pub struct Parts {
+    pub report: PassReport,
+    pub failed: Option<io::Error>,
+    pub sent: bool,
+    pub orphans: Option<HashSet<IpAddr>>,
+    pub unseen: Option<HashSet<UnseenKey>>,
 }
