@@ -17,7 +17,9 @@
 //! all, so the CPU per change shows whether it grows with the cluster.
 //!
 //! `AGENT_SCALE_COMPARE=/path/to/node-agent` also runs that binary (an older build) on the same
-//! objects, its figures named `compared_…`.
+//! objects, its figures named `compared_…`; several paths separated by commas run each, the
+//! second one's figures named `compared2_…` and so on (a wrapper that runs the agent under a
+//! heap profiler, for one).
 //! Every figure is also printed as `bench <name> <value> <unit>`. Without KUBE_APISERVER it
 //! prints one SKIPPED line and exits 0.
 
@@ -409,8 +411,12 @@ async fn main() -> anyhow::Result<()> {
         let bin = env!("CARGO_BIN_EXE_node-agent");
         agent_row(&c, size, &nss, bin, "", churn_round).await?;
         churn_round += 1;
-        if let Some(other) = &compare {
-            agent_row(&c, size, &nss, other, "compared_", churn_round).await?;
+        for (n, other) in compare.iter().flat_map(|c| c.split(',')).enumerate() {
+            let tag = match n {
+                0 => "compared_".to_string(),
+                n => format!("compared{}_", n + 1),
+            };
+            agent_row(&c, size, &nss, other, &tag, churn_round).await?;
             churn_round += 1;
         }
     }

@@ -7,15 +7,19 @@
 //!
 //! The agent's own figure (`agent_scale`, `agent_cpu_per_change_*`) also holds the watch event
 //! and the triggered pass each change causes; this one is the model's part alone. The live
-//! model is measured twice: alone, and while the previous model is still held (the scheduler
-//! keeps the model it judged until the next round, so an update copies it first, and the
-//! scheduler compares the two).
+//! model is measured three times: alone; while the previous model is still held and then
+//! compared whole (what the scheduler did before issue 26's churn step: it kept the model it
+//! judged, so an update copied it first, and compared the two); and as the scheduler uses it
+//! now, with only a `Weak` held: each change handed out with what it changed, added up, and
+//! the focus of a triggered round computed from that (one round per change).
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use groundskeeper_node_agent::conntrack::changes::Changes;
 use groundskeeper_node_agent::conntrack::live::{Live, Views};
 use groundskeeper_node_agent::conntrack::model::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
@@ -147,6 +151,7 @@ fn row(services: usize) {
     let mut live = Live::new(settle_after, retention);
     let all: Vec<Key> = w.services.keys().cloned().collect();
     live.update(all.iter().map(|(ns, n)| (ns.as_str(), n.as_str())), &w, now);
+    live.take_changes();
     let t0 = Instant::now();
     for k in 0..CHANGES {
         let (ns, name) = change(&mut w, services, k);
@@ -164,9 +169,32 @@ fn row(services: usize) {
         black_box(*held == **live.model());
     }
     let shared = per_change_ms(t0.elapsed());
+    live.take_changes();
+
+    // The scheduler's path now: a Weak held between rounds, the changes handed out with each
+    // model, added up since the round judged, and the round's focus from them.
+    let t0 = Instant::now();
+    let mut focused = 0;
+    for k in 0..CHANGES {
+        let held = Arc::downgrade(live.model());
+        let (ns, name) = change(&mut w, services, 2 * CHANGES + k);
+        live.update([(ns.as_str(), name.as_str())], &w, now);
+        let (m, changes) = (live.model().clone(), live.take_changes());
+        let mut judged = Changes::default();
+        black_box(changes.changed(&m));
+        judged.merge(changes);
+        let focus = judged.focus(&m);
+        focused += focus.map_or(0, |f| f.iter().map(|(_, s)| s.frontends.len()).sum());
+        black_box(held);
+    }
+    let scheduled = per_change_ms(t0.elapsed());
+    assert_eq!(
+        focused, CHANGES,
+        "each focus is the changed service's frontend"
+    );
 
     println!(
-        "{services} services: whole rebuild {rebuild:.3} ms per change; live update {update:.3} ms; live update with the previous model held and compared {shared:.3} ms"
+        "{services} services: whole rebuild {rebuild:.3} ms per change; live update {update:.3} ms; live update with the previous model held and compared {shared:.3} ms; live update with what it changed and the focus, as scheduled now {scheduled:.3} ms"
     );
     bench(
         &format!("model_rebuild_per_change_{size}_services"),
@@ -181,6 +209,11 @@ fn row(services: usize) {
     bench(
         &format!("model_update_held_per_change_{size}_services"),
         shared,
+        "ms",
+    );
+    bench(
+        &format!("model_update_scheduled_per_change_{size}_services"),
+        scheduled,
         "ms",
     );
 }

@@ -22,6 +22,7 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
+use super::changes::Changes;
 use super::live::{self, Live};
 use super::model::{self, Model, ServiceIpRange};
 use super::project::{self, ServiceView, SliceView};
@@ -252,9 +253,10 @@ impl Skip {
 
 /// Where models come from: the watches, or a test's fake.
 pub trait Models {
-    /// The current model with the watch health it was built at; `None` while a watch is not
-    /// healthy.
-    fn model(&self) -> Option<(Arc<Model>, Seen)>;
+    /// The current model with what changed since the last model handed out and the watch
+    /// health it was built at; `None` while a watch is not healthy (what changed meanwhile is
+    /// handed out with the next model).
+    fn model(&self) -> Option<(Arc<Model>, Changes, Seen)>;
     /// The watches' health now.
     fn health(&self) -> Seen;
     /// The unhealthy watches, named, for the skip warning.
@@ -340,23 +342,21 @@ impl Models for ModelSource {
 
     /// The model with the health it was built at; `None` while a watch is not healthy (a
     /// half-listed or failing cache would make serving endpoints look removed).
-    fn model(&self) -> Option<(Arc<Model>, Seen)> {
+    fn model(&self) -> Option<(Arc<Model>, Changes, Seen)> {
         let before = self.health.seen();
         if !before.is_current() {
             return None;
         }
         // Only what changed since the last call is redone, under the cache's lock.
-        let m = {
-            let mut c = self.cache.lock();
-            let mut live = lock(&self.live);
-            c.update(&mut live, std::time::Instant::now());
-            live.model().clone()
-        };
-        // Health changed while the cache was read: the model may mix old and new.
+        let mut c = self.cache.lock();
+        let mut live = lock(&self.live);
+        c.update(&mut live, std::time::Instant::now());
+        // Health changed while the cache was read: the model may mix old and new. Its changes
+        // stay in `live`, handed out with the next model.
         if self.health.may_act(&before).is_err() {
             return None;
         }
-        Some((m, before))
+        Some((live.model().clone(), live.take_changes(), before))
     }
 
     fn changes_in(&self) -> Option<Duration> {

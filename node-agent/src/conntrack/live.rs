@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::changes::Changes;
 use super::model::{Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims};
 use super::netlink::family::Family;
 use super::project::{ServiceView, SliceView};
@@ -32,6 +33,14 @@ impl Key {
     }
 
     /// Whether `c` claims this key (in the key's family).
+    /// Notes this key in `changes` as it is in `m`, before it changes.
+    fn note(self, changes: &mut Changes, m: &Model) {
+        match self {
+            Key::Frontend(f) => changes.note_frontend(m, f),
+            Key::NodePort(fam, p) => changes.note_node_port(m, fam, p),
+        }
+    }
+
     fn claimed_by(self, c: &Claim) -> bool {
         match self {
             Key::Frontend(f) => c.frontends.contains(&f),
@@ -70,9 +79,11 @@ pub trait Views {
 /// make them, updated one service at a time.
 #[derive(Debug)]
 pub struct Live {
-    /// Shared with the rounds; an update copies it only while a round or the scheduler still
-    /// holds the previous one.
+    /// Shared with the round that judges it; between rounds only this holds it (the scheduler
+    /// keeps a `Weak`), so an update changes it in place instead of copying it whole.
     model: Arc<Model>,
+    /// What the updates changed since the last [`Live::take_changes`].
+    changes: Changes,
     /// The keys each service claimed at the last update, and whether it is another proxy's.
     held: HashMap<Arc<str>, (bool, Vec<Key>)>,
     claimants: HashMap<Key, Claimants>,
@@ -91,6 +102,7 @@ impl Live {
     pub fn new(settle_after: Duration, retention: Duration) -> Self {
         Self {
             model: Arc::default(),
+            changes: Changes::default(),
             held: HashMap::new(),
             claimants: HashMap::new(),
             settle_after,
@@ -105,6 +117,12 @@ impl Live {
     /// The model as of the last update.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// What the updates changed since the last call (the scheduler adds it up between the
+    /// rounds, for the focus of a triggered one).
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
     }
 
     /// Every service the model holds something of, by namespace and name (a relist redoes
@@ -123,6 +141,7 @@ impl Live {
 
     /// Sets the ServiceCIDR prefixes and allocated IPs (see `Model::with_service_ranges`).
     pub fn set_service_ips(&mut self, ranges: &[ServiceIpRange], allocated: &[IpAddr]) {
+        self.changes.note_service_ips(&self.model);
         let m = Arc::make_mut(&mut self.model);
         let fresh = Model::default().with_service_ranges(ranges, allocated.iter().copied());
         for (fm, new) in m.0.iter_mut().zip(fresh.0) {
@@ -133,6 +152,7 @@ impl Live {
 
     /// Sets this node's addresses.
     pub fn set_node_ips(&mut self, ips: &[IpAddr]) {
+        self.changes.note_node_ips(&self.model);
         let m = Arc::make_mut(&mut self.model);
         let fresh = Model::default().with_node_ips(ips);
         for (fm, new) in m.0.iter_mut().zip(fresh.0) {
@@ -165,6 +185,7 @@ impl Live {
         // Whether each key touched was ours before this update (for the tombstones).
         let mut was_ours: HashMap<Key, bool> = HashMap::new();
         for svc in &dirty {
+            self.changes.note_service(model, svc);
             let since = self.forget(model, svc, &mut was_ours);
             let (ns, name) = split(svc);
             if let Some((view, slices)) = views.service(ns, name) {
@@ -172,6 +193,7 @@ impl Live {
             }
         }
         for (key, was) in was_ours {
+            key.note(&mut self.changes, model);
             self.refresh(model, key, views);
             let c = self.claimants.get(&key);
             let ours = c.is_some_and(|c| !c.ours.is_empty());
@@ -191,6 +213,7 @@ impl Live {
         while let Some(&(at, key)) = self.expiry.first().filter(|(at, _)| *at <= now) {
             self.expiry.pop_first();
             if self.gone.get(&key) == Some(&at) {
+                key.note(&mut self.changes, model);
                 self.gone.remove(&key);
                 set_deleted(model, key, false);
             }

@@ -15,19 +15,19 @@ use super::project::{self, ServiceView, SliceView};
 use super::project_tests;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
-const SETTLE: Duration = Duration::from_secs(2);
-const RETENTION: Duration = Duration::from_secs(600);
-const STEPS_MS: [u64; 7] = [0, 0, 300, 1000, 2000, 5000, 601_000];
+pub(super) const SETTLE: Duration = Duration::from_secs(2);
+pub(super) const RETENTION: Duration = Duration::from_secs(600);
+pub(super) const STEPS_MS: [u64; 7] = [0, 0, 300, 1000, 2000, 5000, 601_000];
 
 type Key = (String, String);
 
 #[derive(Default)]
-struct World {
+pub(super) struct World {
     services: BTreeMap<Key, ServiceView>,
     slices: BTreeMap<Key, SliceView>,
-    ranges: Vec<ServiceIpRange>,
-    allocated: Vec<IpAddr>,
-    node_ips: Vec<IpAddr>,
+    pub(super) ranges: Vec<ServiceIpRange>,
+    pub(super) allocated: Vec<IpAddr>,
+    pub(super) node_ips: Vec<IpAddr>,
 }
 
 impl Views for World {
@@ -61,7 +61,7 @@ fn ip(s: &str) -> IpAddr {
 }
 
 /// One generated change to `w`; returns the services whose views it touched.
-fn change(rng: &mut Rng, w: &mut World) -> (Vec<Key>, bool) {
+pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<Key>, bool) {
     let ns = rng.pick(&NAMESPACES).to_string();
     let i = rng.below(6);
     let name = format!("s{i}");

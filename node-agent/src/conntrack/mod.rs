@@ -5,6 +5,7 @@
 pub mod addr;
 pub mod apply;
 pub mod cache;
+pub mod changes;
 pub mod claim;
 pub mod decide;
 pub mod fill;
@@ -25,6 +26,8 @@ pub mod sysctls;
 
 #[cfg(test)]
 mod cache_tests;
+#[cfg(test)]
+mod changes_tests;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
@@ -201,8 +204,9 @@ impl schedule::Rounds for Cleanup {
         &mut self,
         model: Arc<model::Model>,
         focus: Option<decide::Focus>,
+        since: Option<changes::Changes>,
     ) -> round::RoundSummary {
-        let summary = self.rounds.run(model, focus).await;
+        let summary = self.rounds.run(model, focus, since).await;
         if let Some(f) = summary.fill {
             self.fill.observe(f).await;
         }

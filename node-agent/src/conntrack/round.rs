@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::apply::Table;
+use super::changes::Changes;
 use super::decide::Focus;
 use super::fill::Fill;
 use super::metrics::Metrics;
@@ -39,6 +40,8 @@ struct Request {
     model: Arc<Model>,
     /// Only the entries in each family's scope (a triggered round); `None`: every entry.
     focus: Option<Focus>,
+    /// What changed since the model the last round judged; `None` for the first round.
+    since: Option<Changes>,
     reply: oneshot::Sender<RoundSummary>,
 }
 
@@ -74,12 +77,20 @@ impl RoundThread {
                         orphan_grace,
                         ..PassState::default()
                     })),
-                    judged: None,
                 };
-                for req in rx {
-                    round.observe(&req.model);
-                    let summary = round.run(&req.model, req.focus.as_ref());
-                    let _ = req.reply.send(summary);
+                for Request {
+                    model,
+                    focus,
+                    since,
+                    reply,
+                } in rx
+                {
+                    round.observe(&model, since.as_ref());
+                    let summary = round.run(&model, focus.as_ref());
+                    // Let go of the model before the scheduler hears the round is over: its
+                    // next update then changes the model in place instead of copying it.
+                    drop(model);
+                    let _ = reply.send(summary);
                 }
             })?;
         ready_rx
@@ -92,13 +103,20 @@ impl RoundThread {
     }
 
     /// Runs one round (IPv4 then IPv6) and waits for it. With `focus`, each family's pass
-    /// judges only the entries in that family's scope.
-    pub async fn run(&self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+    /// judges only the entries in that family's scope. `since`: what changed since the model
+    /// the last round judged (`None` for the first round).
+    pub async fn run(
+        &self,
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        since: Option<Changes>,
+    ) -> RoundSummary {
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.as_ref().is_some_and(|tx| {
             tx.send(Request {
                 model,
                 focus,
+                since,
                 reply,
             })
             .is_ok()
@@ -123,25 +141,24 @@ struct Round {
     table: Box<dyn Table + Send>,
     metrics: Metrics,
     state: PerFamily<PassState>,
-    /// The model the last round judged: what a key served then and no longer does now was
-    /// seen removed (see [`super::removed`]).
-    judged: Option<Arc<Model>>,
 }
 
 impl Round {
     /// Records the backends that stopped serving between the last model judged and `model`.
     /// Rounds run in the order their models were built, so this sees every removal that
     /// outlived a round; a backend added and removed between two rounds was never seen serving.
-    fn observe(&mut self, model: &Arc<Model>) {
+    ///
+    /// `since` holds the old values of what changed since that model (see [`Changes`]): what
+    /// a key served then and no longer does now is read from them, not from a copy of that
+    /// model held until this round (which would make every update copy the model whole).
+    fn observe(&mut self, model: &Model, since: Option<&Changes>) {
         let now = Instant::now();
-        let old = self.judged.replace(model.clone());
+        let seen = since.map(|c| (c.old(), c.now_in(model)));
         for fam in Family::ALL {
             let removed = &mut self.state[fam].removed;
-            match &old {
-                Some(old) if !Arc::ptr_eq(old, model) => {
-                    removed.observe(&old[fam], &model[fam], now)
-                }
-                _ => removed.expire(now),
+            match &seen {
+                Some((old, new)) => removed.observe(&old[fam], &new[fam], now),
+                None => removed.expire(now),
             }
         }
     }
@@ -333,7 +350,6 @@ mod tests {
                 table: Box::new(Failing(fail)),
                 metrics: metrics.clone(),
                 state: PerFamily::default(),
-                judged: None,
             };
             round.run(&model, None);
             for label in [

@@ -4,7 +4,7 @@
 //! owed until a current model exists. A state machine over explicit instants, driven by [`run`].
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use groundskeeper_plumbing::cache::Seen;
 
 use super::cache::{Models, Skip};
+use super::changes::Changes;
 use super::decide::{Focus, next_interval};
 use super::model::Model;
 use super::netlink::family::Family;
@@ -36,10 +37,12 @@ pub struct Timing {
 
 /// What runs a round: the kernel passes (and the fill Event), or a test's fake.
 pub trait Rounds {
+    /// `since`: what changed since the model the last round judged (`None` for the first).
     fn round(
         &mut self,
         model: Arc<Model>,
         focus: Option<Focus>,
+        since: Option<Changes>,
     ) -> impl Future<Output = RoundSummary> + Send;
 }
 
@@ -57,6 +60,8 @@ pub enum Due {
         model: Arc<Model>,
         focus: Option<Box<Focus>>,
         periodic: bool,
+        /// What changed since the model the last round judged (`None` before the first).
+        since: Option<Box<Changes>>,
     },
 }
 
@@ -64,13 +69,16 @@ pub struct Scheduler {
     timing: Timing,
     /// The periodic interval, adapted after each periodic round.
     interval: Duration,
-    /// The last model built, with the watch health it was built at.
-    current: Option<(Arc<Model>, Seen)>,
+    /// The last model built, with the watch health it was built at. Weak: the model source
+    /// alone holds it between rounds, so its next update changes it in place instead of
+    /// copying it whole (it then moves, and this no longer upgrades; see `on_wake`).
+    current: Option<(Weak<Model>, Seen)>,
     rebuild_at: Option<Instant>,
     pass_at: Option<Instant>,
     last_pass: Option<Instant>,
-    /// The model the last round judged (a triggered round looks at what changed since).
-    judged: Option<Arc<Model>>,
+    /// What changed since the model the last round judged (a triggered round looks at that);
+    /// `None` before the first round.
+    judged: Option<Changes>,
     gc_at: Instant,
     /// When the model changes by time alone (see [`Models::changes_in`]).
     settle_at: Option<Instant>,
@@ -140,8 +148,8 @@ impl Scheduler {
             self.rebuild_at = None;
             // Consumed even if the watches are not healthy: their recovery asks for a rebuild.
             self.settle_at = None;
-            if let Some((m, stamp)) = models.model() {
-                self.rebuilt(now, m, stamp);
+            if let Some((m, changes, stamp)) = models.model() {
+                self.rebuilt(now, &m, changes, stamp);
                 self.settle_at = models.changes_in().map(|d| now + d);
             }
         }
@@ -154,57 +162,60 @@ impl Scheduler {
             // This round is the full one the recheck asked for; a triggered round leaves it due.
             self.recheck_at = None;
         }
-        let Some((model, stamp)) = self.current.clone() else {
+        let Some((held, stamp)) = self.current.clone() else {
             self.gc_at = now + self.interval; // not listed yet
             return Due::Nothing;
         };
         self.pass_at = None;
-        if stamp.may_act(&models.health()).is_err() {
+        // The model moves only when the source updated it without handing it out, which it
+        // does only when the watches' health changed meanwhile: the stamp is stale then too.
+        let model = held.upgrade();
+        let Some(model) = model.filter(|_| stamp.may_act(&models.health()).is_ok()) else {
             let skip = Skip::StaleModel;
             self.owed = true;
             self.gc_at = now + self.interval;
             // A rebuild is due once the watches are back (their InitDone asks for one).
             return Due::Skipped { skip, periodic };
-        }
+        };
         self.last_pass = Some(now);
         // A triggered round looks only at what changed since the model the last round judged;
         // a periodic round, an orphan recheck and the first round at everything.
+        let since_judged = self.judged.replace(Changes::default());
         let focus = (!periodic && !recheck)
             .then(|| {
-                self.judged
-                    .as_deref()
-                    .and_then(|j| Focus::between(j, &model).map(Box::new))
+                since_judged
+                    .as_ref()
+                    .and_then(|c| c.focus(&model).map(Box::new))
             })
             .flatten();
-        self.judged = Some(model.clone());
         Due::Round {
             model,
             focus,
             periodic,
+            since: since_judged.map(Box::new),
         }
     }
 
-    fn rebuilt(&mut self, now: Instant, m: Arc<Model>, stamp: Seen) {
+    /// `changes`: what changed since the last model handed out (the one in `current`).
+    fn rebuilt(&mut self, now: Instant, m: &Arc<Model>, changes: Changes, stamp: Seen) {
         let earliest = self
             .last_pass
             .map_or(now, |t| t + self.timing.min_interval)
             .max(now);
-        // The live model hands back the same one when nothing changed.
-        let same = self
-            .current
-            .as_ref()
-            .is_some_and(|(c, _)| Arc::ptr_eq(c, &m) || **c == *m);
+        let same = self.current.is_some() && !changes.changed(m);
+        if let Some(judged) = self.judged.as_mut() {
+            judged.merge(changes);
+        }
+        // Same model (a copy equal to it, or itself), confirmed by a current list: it is
+        // current again.
+        self.current = Some((Arc::downgrade(m), stamp));
         if !same {
             tracing::debug!(
                 ipv4_frontends = m[Family::V4].frontends.len(),
                 ipv6_frontends = m[Family::V6].frontends.len(),
                 "UDP service model changed"
             );
-            self.current = Some((m, stamp));
             self.pass_at.get_or_insert(earliest);
-        } else if let Some((_, s)) = self.current.as_mut() {
-            // Same model, confirmed by a current list: it is current again.
-            *s = stamp;
         }
         if std::mem::take(&mut self.owed) {
             self.pass_at.get_or_insert(earliest);
@@ -263,8 +274,11 @@ pub async fn run(
                 model,
                 focus,
                 periodic,
+                since,
             } => {
-                let summary = rounds.round(model, focus.map(|f| *f)).await;
+                let summary = rounds
+                    .round(model, focus.map(|f| *f), since.map(|c| *c))
+                    .await;
                 scheduler.on_round(Instant::now(), periodic, &summary);
                 tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
             }

@@ -11,6 +11,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
 use super::cache::Models;
+use super::changes::Changes;
 use super::decide::{Focus, Scope};
 use super::model::Model;
 use super::netlink::family::Family::V4;
@@ -48,6 +49,9 @@ struct Watches {
     builds: Mutex<usize>,
     /// What `changes_in` says after the next build.
     changes_in: Mutex<Option<Duration>>,
+    /// The last model handed out (what the next one's changes are from); held, as the real
+    /// source holds its model.
+    last: Mutex<Arc<Model>>,
 }
 
 impl Watches {
@@ -57,6 +61,7 @@ impl Watches {
             health: Mutex::new(HEALTHY),
             builds: Mutex::new(0),
             changes_in: Mutex::new(None),
+            last: Mutex::default(),
         }
     }
 
@@ -74,13 +79,17 @@ impl Watches {
 }
 
 impl Models for Watches {
-    fn model(&self) -> Option<(Arc<Model>, Seen)> {
+    fn model(&self) -> Option<(Arc<Model>, Changes, Seen)> {
         *self.builds.lock().unwrap() += 1;
         let h = self.health();
         if !h.is_current() {
             return None;
         }
-        self.model.lock().unwrap().clone().map(|m| (Arc::new(m), h))
+        let m = Arc::new(self.model.lock().unwrap().clone()?);
+        let mut last = self.last.lock().unwrap();
+        let changes = Changes::between(&last, &m);
+        *last = m.clone();
+        Some((m, changes, h))
     }
 
     fn health(&self) -> Seen {
@@ -115,7 +124,12 @@ struct Recorder {
 }
 
 impl Rounds for Recorder {
-    async fn round(&mut self, model: Arc<Model>, focus: Option<Focus>) -> RoundSummary {
+    async fn round(
+        &mut self,
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        _since: Option<Changes>,
+    ) -> RoundSummary {
         let mut ran = self.ran.lock().unwrap();
         let i = ran.len().min(self.summaries.len().saturating_sub(1));
         ran.push(Ran {
