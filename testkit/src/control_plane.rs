@@ -301,6 +301,19 @@ impl ControlPlane {
         })
     }
 
+    /// Whether etcd holds `key` (a seeding bench checks its key prefix on an object the
+    /// apiserver wrote). Blocking.
+    pub fn etcd_has(&self, key: &str) -> anyhow::Result<bool> {
+        let body = format!(
+            r#"{{"key":"{}","count_only":true}}"#,
+            base64(key.as_bytes())
+        );
+        let answer = etcd_post(self.etcd_port, "/v3/kv/range", &body)?;
+        let v: serde_json::Value = serde_json::from_str(&answer)?;
+        // The gateway writes int64s as strings and leaves out zero values.
+        Ok(v["count"].as_str().is_some_and(|c| c != "0"))
+    }
+
     /// The pids of etcd and kube-apiserver, for a bench that reports their memory.
     pub fn pids(&self) -> (Option<u32>, Option<u32>) {
         let pid = |m: &Mutex<Option<Child>>| m.lock().unwrap().as_ref().map(Child::id);
