@@ -171,8 +171,17 @@ async fn seed_services(
     let ns0 = ns_of(services[0]);
     let first = serde_json::to_value(service(ns0, i0, j0))?;
     let name0 = format!("svc-{i0}-{j0}");
-    seed::post(client, &format!("/api/v1/namespaces/{ns0}/services"), &first).await?;
-    let svc = seed::stored(client, &format!("/api/v1/namespaces/{ns0}/services/{name0}")).await?;
+    seed::post(
+        client,
+        &format!("/api/v1/namespaces/{ns0}/services"),
+        &first,
+    )
+    .await?;
+    let svc = seed::stored(
+        client,
+        &format!("/api/v1/namespaces/{ns0}/services/{name0}"),
+    )
+    .await?;
     let (ip4, ip6) = (v4(i0, j0 + 1), v6(i0, j0 + 1));
     // The allocator writes the IPAddresses before the Service: both are there now.
     let tpl4 = seed::stored(client, &format!("{IPS_PATH}/{ip4}")).await?;
@@ -239,12 +248,22 @@ async fn check_seeded(client: &Client, want: u64) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(75)).await;
     let have = seed::served(client, IPS_PATH).await?;
     let mut reasons = std::collections::BTreeMap::<String, usize>::new();
-    let events = seed::stored(client, "/api/v1/events?fieldSelector=type%3DWarning&limit=5000").await;
-    for e in events.iter().flat_map(|l| l["items"].as_array().into_iter().flatten()) {
+    let events = seed::stored(
+        client,
+        "/api/v1/events?fieldSelector=type%3DWarning&limit=5000",
+    )
+    .await;
+    for e in events
+        .iter()
+        .flat_map(|l| l["items"].as_array().into_iter().flatten())
+    {
         let reason = e["reason"].as_str().unwrap_or("").to_string();
         let n = reasons.entry(reason.clone()).or_default();
         if *n < 3 {
-            println!("  Warning {reason}: {}", e["message"].as_str().unwrap_or(""));
+            println!(
+                "  Warning {reason}: {}",
+                e["message"].as_str().unwrap_or("")
+            );
         }
         *n += e["count"].as_u64().unwrap_or(1).max(1) as usize;
     }
@@ -252,7 +271,11 @@ async fn check_seeded(client: &Client, want: u64) -> anyhow::Result<()> {
         "{:.0} s after seeding: {have} IPAddresses served ({want} seeded, the `kubernetes` Service's included); Warning Events by reason: {reasons:?}",
         t0.elapsed().as_secs_f64()
     );
-    bench("servicecidr_seeded_ips_kept_after_75s", have as f64, "IPAddresses");
+    bench(
+        "servicecidr_seeded_ips_kept_after_75s",
+        have as f64,
+        "IPAddresses",
+    );
     anyhow::ensure!(
         have >= want,
         "the apiserver removed {} seeded IPAddresses within 75 s (Events {reasons:?})",

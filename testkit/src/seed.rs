@@ -16,11 +16,7 @@ use crate::{ControlPlane, wait_for};
 /// A UID of its own for the `i`th copy of kind `kind` (a number the caller picks per kind, so
 /// two kinds seeded by one process never share one), of this process.
 pub fn uid(kind: u16, i: usize) -> String {
-    format!(
-        "{:08x}-{kind:04x}-4000-8000-{:012x}",
-        std::process::id(),
-        i
-    )
+    format!("{:08x}-{kind:04x}-4000-8000-{:012x}", std::process::id(), i)
 }
 
 /// Now, as `metadata.creationTimestamp` reads (whole seconds, UTC): for copies whose age
@@ -119,7 +115,13 @@ pub struct Kind<'a> {
 /// Creates `first` through the apiserver, then the other `n - 1` straight into etcd as copies
 /// of what the apiserver stored for it, each with its own UID and `vary(i, copy)` applied (`i`
 /// from 1; `vary` sets the name). Returns the seconds until the apiserver serves all of them.
-pub async fn seed<V>(client: &Client, cp: &ControlPlane, kind: Kind<'_>, first: Value, vary: V) -> anyhow::Result<f64>
+pub async fn seed<V>(
+    client: &Client,
+    cp: &ControlPlane,
+    kind: Kind<'_>,
+    first: Value,
+    vary: V,
+) -> anyhow::Result<f64>
 where
     V: Fn(usize, &mut Value) + Sync,
 {
