@@ -54,7 +54,7 @@ use kube::{
 };
 use serde_json::json;
 use testkit::figures::{bench as figure, env_num, mib, status_kib};
-use testkit::{Binary, http_get, unique_name, wait_for, wait_ready};
+use testkit::{Binary, http_get, seed, unique_name, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 96;
 
@@ -130,73 +130,6 @@ async fn create_pods(
         )
     })
     .await
-}
-
-/// Creates the first of `names` through the apiserver, then the rest straight into etcd as
-/// copies of what the apiserver stored for it (defaults, managedFields and all), each with its
-/// own name and UID and `vary(i, object)` applied. Returns the seconds until the apiserver
-/// serves all of them.
-async fn seed<V>(
-    client: &Client,
-    cp: &testkit::ControlPlane,
-    what: &str,
-    (api_path, etcd_prefix): (&str, &str),
-    n: usize,
-    first: serde_json::Value,
-    vary: V,
-) -> anyhow::Result<f64>
-where
-    V: Fn(usize, &mut serde_json::Value) + Send + Sync + 'static,
-{
-    let start = Instant::now();
-    let name0 = first["metadata"]["name"]
-        .as_str()
-        .expect("named")
-        .to_string();
-    match post_raw(client.clone(), api_path.to_string(), first).await {
-        Ok(()) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => return Err(e.into()),
-    }
-    let req = http::Request::get(format!("{api_path}/{name0}")).body(Vec::new())?;
-    let mut template: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
-    template["metadata"]
-        .as_object_mut()
-        .expect("metadata")
-        .remove("resourceVersion");
-    let prefix = etcd_prefix.to_string();
-    let run = format!("{:08x}", std::process::id());
-    let put = move |i: usize| {
-        let mut v = template.clone();
-        vary(i + 1, &mut v);
-        v["metadata"]["uid"] = format!("{run}-0000-4000-8000-{:012x}", i + 1).into();
-        let name = v["metadata"]["name"].as_str().expect("named").to_string();
-        (
-            format!("{prefix}/{name}"),
-            serde_json::to_vec(&v).expect("json"),
-        )
-    };
-    let cp_threads = env_num("PODGC_BENCH_SEED_THREADS", 4);
-    tokio::task::block_in_place(|| cp.etcd_put_all(n.saturating_sub(1), cp_threads, put))?;
-    let written = start.elapsed().as_secs_f64();
-    wait_for(
-        Duration::from_secs(600),
-        "the apiserver serves every seeded object",
-        || async {
-            let req = http::Request::get(format!("{api_path}?limit=1")).body(Vec::new())?;
-            let list: serde_json::Value = serde_json::from_str(&client.request_text(req).await?)?;
-            let items = list["items"].as_array().map_or(0, Vec::len) as u64;
-            let rest = list["metadata"]["remainingItemCount"].as_u64().unwrap_or(0);
-            Ok(items + rest >= n as u64)
-        },
-    )
-    .await?;
-    let secs = start.elapsed().as_secs_f64();
-    println!(
-        "seeded {n} {what} in {secs:.1}s ({:.0}/s; the first through the apiserver, the rest written to etcd in {written:.1}s as copies of it)",
-        n as f64 / secs
-    );
-    Ok(secs)
 }
 
 /// One create, the body serialised once and the answer not decoded: at 150k pods the bench
@@ -805,14 +738,18 @@ async fn run(
         let secs = match cp {
             Some(cp) if std::env::var("PODGC_BENCH_CREATE").as_deref() != Ok("api") => {
                 let names = node_names.clone();
-                seed(&client, cp, "nodes", ("/api/v1/nodes", "/registry/minions"), n_nodes,
+                let threads = env_num("PODGC_BENCH_SEED_THREADS", 4);
+                let nodes = seed::Kind { what: "nodes", api_path: "/api/v1/nodes", etcd_prefix: "/registry/minions",
+                    uid_kind: 0, n: n_nodes, threads };
+                seed::seed(&client, cp, nodes,
                     node_json(&node_names[0]), move |i, v| {
                         v["metadata"]["name"] = names[i].clone().into();
                         v["metadata"]["labels"]["kubernetes.io/hostname"] = names[i].clone().into();
                     }).await?;
                 let (names, ns2) = (node_names.clone(), ns.clone());
                 let paths = (format!("/api/v1/namespaces/{ns}/pods"), format!("/registry/pods/{ns}"));
-                seed(&client, cp, "pods", (&paths.0, &paths.1), n_pods,
+                let pods = seed::Kind { what: "pods", api_path: &paths.0, etcd_prefix: &paths.1, uid_kind: 1, n: n_pods, threads };
+                seed::seed(&client, cp, pods,
                     pod_json(&ns, 0, &node_names[0]), move |i, v| {
                         let want = pod_json(&ns2, i, &names[i % names.len()]);
                         v["metadata"]["name"] = want["metadata"]["name"].clone();

@@ -7,12 +7,17 @@
 //! On a private control plane (dual-stack Service ranges) it creates SERVICECIDR_SCALE_CIDRS
 //! (default 1,000) dual-stack ServiceCIDRs, `10.<100+i/256>.<i%256>.0/24` and
 //! `fd00:100::<i>:0/112`, plus one parent `10.100.0.0/16,fd00:100::/96` covering the first 256
-//! and every IPv6 one. The IPAddresses (IPS, default 100,000) are made as a cluster makes them:
-//! by creating dual-stack Services with explicit clusterIPs (IPS/2 Services, half the IPs in
-//! each family, spread evenly over the ServiceCIDRs), so the apiserver's allocator writes each
-//! IPAddress with its parentRef and its own repair loop keeps them (it deletes allocator-managed
-//! IPAddresses whose Service does not exist). The apiserver allocates only from Ready
-//! ServiceCIDRs, so this controller first marks them Ready (a run not measured).
+//! and every IPv6 one. The IPAddresses (IPS, default 100,000) are those of dual-stack Services
+//! with explicit clusterIPs (IPS/2 Services, half the IPs in each family, spread evenly over the
+//! ServiceCIDRs), each IPAddress with its parentRef to its Service, so the apiserver's own
+//! repair loop keeps them (it deletes allocator-managed IPAddresses whose Service does not
+//! exist). The first Service is created through the apiserver (it allocates only from Ready
+//! ServiceCIDRs, so this controller first marks them Ready, a run not measured); the others and
+//! their IPAddresses are written straight into etcd as copies of those three objects
+//! (`testkit::seed`; the apiserver creates 19 Services/s here), then, 75 s later (past the
+//! repair loop's 60 s grace), the IPAddresses are counted again and the bench fails if any went.
+//! SERVICECIDR_SCALE_CREATE=api creates every Service through the apiserver instead;
+//! SERVICECIDR_SCALE_SEED_THREADS (4) etcd writers.
 //!
 //! Then, for this build's `controller-manager --controllers servicecidr` and for upstream
 //! `kube-controller-manager --controllers=service-cidr-controller` (v1.36.2;
@@ -51,7 +56,7 @@ use kube::{
 };
 use serde_json::json;
 use testkit::figures::{bench, env_num, mib, status_kib};
-use testkit::{Binary, http_get, networking::service_cidr, wait_for, wait_ready};
+use testkit::{Binary, http_get, networking::service_cidr, seed, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 128;
 const NAMESPACES: usize = 20;
@@ -141,6 +146,142 @@ where
         }
     }
     Ok(t0.elapsed())
+}
+
+const IPS_PATH: &str = "/apis/networking.k8s.io/v1/ipaddresses";
+
+/// Makes the Services and their IPAddresses as the apiserver would have stored them, without
+/// the apiserver's 19 Services/s: the first Service through the apiserver (its allocator writes
+/// its two IPAddresses), the rest as copies of those three straight into etcd, each Service
+/// with its own name, namespace, UID, labels and clusterIPs, each IPAddress named by its IP,
+/// labelled as the allocator labels (family, managed-by: copied from the allocator's own) and
+/// with its parentRef to its Service. A Service and its two IPAddresses are written side by
+/// side (the same or the next etcd transaction) and dated when written, so the apiserver's repair loop (`repairip`) finds
+/// every Service's IPs allocated to it and every IP's Service, and never an IPAddress past its
+/// 60 s grace without its Service. Returns the seconds until the apiserver served them all.
+async fn seed_services(
+    client: &Client,
+    cp: &testkit::ControlPlane,
+    nss: &[String],
+    services: &[(usize, usize)],
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let ns_of = |(i, j): (usize, usize)| &nss[(i + j) % NAMESPACES];
+    let (i0, j0) = services[0];
+    let ns0 = ns_of(services[0]);
+    let first = serde_json::to_value(service(ns0, i0, j0))?;
+    let name0 = format!("svc-{i0}-{j0}");
+    seed::post(
+        client,
+        &format!("/api/v1/namespaces/{ns0}/services"),
+        &first,
+    )
+    .await?;
+    let svc = seed::stored(
+        client,
+        &format!("/api/v1/namespaces/{ns0}/services/{name0}"),
+    )
+    .await?;
+    let (ip4, ip6) = (v4(i0, j0 + 1), v6(i0, j0 + 1));
+    // The allocator writes the IPAddresses before the Service: both are there now.
+    let tpl4 = seed::stored(client, &format!("{IPS_PATH}/{ip4}")).await?;
+    let tpl6 = seed::stored(client, &format!("{IPS_PATH}/{ip6}")).await?;
+    seed::ensure_key(cp, &format!("/registry/services/specs/{ns0}/{name0}"))?;
+    seed::ensure_key(cp, &format!("/registry/ipaddresses/{ip4}"))?;
+    let put = |k: usize| {
+        // Object k of the copies: the IPv4 address of Service k/3 + 1, its IPv6 one, then the
+        // Service (its IPs first: the repair loop recreates a Service's missing IP, and gives
+        // an IP 60 s to get its Service).
+        let s = k / 3 + 1;
+        let (i, j) = services[s];
+        let (ns, name) = (ns_of((i, j)), format!("svc-{i}-{j}"));
+        let (ips, now) = ([v4(i, j + 1), v6(i, j + 1)], seed::created_now());
+        let (key, v) = match k % 3 {
+            2 => {
+                let mut v = svc.clone();
+                let m = &mut v["metadata"];
+                m["name"] = name.clone().into();
+                m["namespace"] = ns.clone().into();
+                m["uid"] = seed::uid(1, s).into();
+                m["creationTimestamp"] = now.into();
+                m["labels"] = json!({"app": format!("app-{i}-{j}")});
+                v["spec"]["selector"] = json!({"app": format!("app-{i}-{j}")});
+                v["spec"]["clusterIP"] = ips[0].clone().into();
+                v["spec"]["clusterIPs"] = json!(ips);
+                (format!("/registry/services/specs/{ns}/{name}"), v)
+            }
+            f => {
+                let ip = &ips[f];
+                let mut v = if f == 0 { tpl4.clone() } else { tpl6.clone() };
+                let m = &mut v["metadata"];
+                m["name"] = ip.clone().into();
+                m["uid"] = seed::uid(2 + f as u16, s).into();
+                m["creationTimestamp"] = now.into();
+                let parent = &mut v["spec"]["parentRef"];
+                parent["namespace"] = ns.clone().into();
+                parent["name"] = name.into();
+                (format!("/registry/ipaddresses/{ip}"), v)
+            }
+        };
+        (key, serde_json::to_vec(&v).expect("json"))
+    };
+    let n = services.len();
+    let want = [("/api/v1/services", n as u64), (IPS_PATH, 2 * n as u64)];
+    let threads = env_num("SERVICECIDR_SCALE_SEED_THREADS", 4);
+    // One object to a transaction: the repair loop's informers watch while they are written,
+    // and objects sharing a revision are lost to a watch that restarts between them.
+    let batch = (3 * (n - 1), threads, 1);
+    let (written, secs) = seed::put_and_wait(client, cp, batch, put, &want).await?;
+    println!(
+        "seeded {n} dual-stack Services and {} IPAddresses in {:.1} s (the first through the apiserver, the rest written to etcd in {written:.1} s, all served {secs:.1} s after the first write)",
+        2 * n,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// After seeding: waits past the repair loop's 60 s grace from the last write and counts the
+/// IPAddresses again, and the Warning Events the repair loop writes when it repairs or removes
+/// one (`ClusterIPNotAllocated`, `IPAddressNotAllocated`, `IPAddressWrongReference` …).
+async fn check_seeded(client: &Client, want: u64) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(75)).await;
+    let have = seed::served(client, IPS_PATH).await?;
+    let mut reasons = std::collections::BTreeMap::<String, usize>::new();
+    let events = seed::stored(
+        client,
+        "/api/v1/events?fieldSelector=type%3DWarning&limit=5000",
+    )
+    .await;
+    for e in events
+        .iter()
+        .flat_map(|l| l["items"].as_array().into_iter().flatten())
+    {
+        let reason = e["reason"].as_str().unwrap_or("").to_string();
+        let n = reasons.entry(reason.clone()).or_default();
+        if *n < 3 {
+            println!(
+                "  Warning {reason}: {}",
+                e["message"].as_str().unwrap_or("")
+            );
+        }
+        *n += e["count"].as_u64().unwrap_or(1).max(1) as usize;
+    }
+    println!(
+        "{:.0} s after seeding: {have} IPAddresses served ({want} seeded, the `kubernetes` Service's included); Warning Events by reason: {reasons:?}",
+        t0.elapsed().as_secs_f64()
+    );
+    bench(
+        "servicecidr_seeded_ips_kept_after_75s",
+        have as f64,
+        "IPAddresses",
+    );
+    anyhow::ensure!(
+        have >= want,
+        "the apiserver removed {} seeded IPAddresses within 75 s (Events {reasons:?})",
+        want - have
+    );
+    Ok(())
 }
 
 /// How many objects of `api` exist (one page of one item and the remaining count).
@@ -518,20 +659,26 @@ async fn main() -> anyhow::Result<()> {
         let o: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
         api.create(&PostParams::default(), &o).await?;
     }
-    let took = create_all("Services", services.clone(), |(i, j)| {
-        let client = client.clone();
-        let ns = nss[(i + j) % NAMESPACES].clone();
-        async move {
-            let api: Api<Service> = Api::namespaced(client, &ns);
-            api.create(&PostParams::default(), &service(&ns, i, j))
-                .await
-                .map(|_| ())
-        }
-    })
-    .await?;
+    let seeding = std::env::var("SERVICECIDR_SCALE_CREATE").as_deref() != Ok("api");
+    let took = if seeding {
+        Duration::from_secs_f64(seed_services(&client, &cp, &nss, &services).await?)
+    } else {
+        create_all("Services", services.clone(), |(i, j)| {
+            let client = client.clone();
+            let ns = nss[(i + j) % NAMESPACES].clone();
+            async move {
+                let api: Api<Service> = Api::namespaced(client, &ns);
+                api.create(&PostParams::default(), &service(&ns, i, j))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await?
+    };
     let n_ips = count(&Api::<IPAddress>::all(client.clone())).await?;
     println!(
-        "created {} dual-stack Services in {:.1} s ({:.0}/s); {n_ips} IPAddresses exist",
+        "{} {} dual-stack Services in {:.1} s ({:.0}/s); {n_ips} IPAddresses exist",
+        if seeding { "seeded" } else { "created" },
         services.len(),
         took.as_secs_f64(),
         services.len() as f64 / took.as_secs_f64()
@@ -541,6 +688,9 @@ async fn main() -> anyhow::Result<()> {
         took.as_secs_f64(),
         "s",
     );
+    if seeding {
+        check_seeded(&client, n_ips).await?;
+    }
     // The ServiceCIDRs each row deletes: covered ones lie in the parent's /16, blocked ones
     // outside it.
     let pair = |row: usize| (cidr_name(5 + row), cidr_name(n_cidrs - 1 - row));

@@ -270,15 +270,30 @@ impl ControlPlane {
         item: impl Fn(usize) -> (String, Vec<u8>) + Sync,
     ) -> anyhow::Result<()> {
         // etcd 3.4's default --max-txn-ops.
-        const TXN_OPS: usize = 128;
+        self.etcd_put_in_txns(n, threads, 128, item)
+    }
+
+    /// [`ControlPlane::etcd_put_all`] with `txn_ops` puts to a transaction. The objects of one
+    /// transaction share one revision (their resourceVersion); an informer whose watch restarts
+    /// after seeing one of them resumes *after* that revision and never sees the others. One
+    /// put a transaction (`txn_ops` 1) for objects an informer of the apiserver's own (its IP
+    /// repair loop) watches while they are written.
+    pub fn etcd_put_in_txns(
+        &self,
+        n: usize,
+        threads: usize,
+        txn_ops: usize,
+        item: impl Fn(usize) -> (String, Vec<u8>) + Sync,
+    ) -> anyhow::Result<()> {
+        let txn_ops = txn_ops.max(1);
         let next = std::sync::atomic::AtomicUsize::new(0);
         let worker = || -> anyhow::Result<()> {
             loop {
-                let from = next.fetch_add(TXN_OPS, std::sync::atomic::Ordering::Relaxed);
+                let from = next.fetch_add(txn_ops, std::sync::atomic::Ordering::Relaxed);
                 if from >= n {
                     return Ok(());
                 }
-                let ops: Vec<String> = (from..(from + TXN_OPS).min(n))
+                let ops: Vec<String> = (from..(from + txn_ops).min(n))
                     .map(|i| {
                         let (k, v) = item(i);
                         format!(
@@ -299,6 +314,19 @@ impl ControlPlane {
                     .map_err(|_| anyhow::anyhow!("etcd writer panicked"))?
             })
         })
+    }
+
+    /// Whether etcd holds `key` (a seeding bench checks its key prefix on an object the
+    /// apiserver wrote). Blocking.
+    pub fn etcd_has(&self, key: &str) -> anyhow::Result<bool> {
+        let body = format!(
+            r#"{{"key":"{}","count_only":true}}"#,
+            base64(key.as_bytes())
+        );
+        let answer = etcd_post(self.etcd_port, "/v3/kv/range", &body)?;
+        let v: serde_json::Value = serde_json::from_str(&answer)?;
+        // The gateway writes int64s as strings and leaves out zero values.
+        Ok(v["count"].as_str().is_some_and(|c| c != "0"))
     }
 
     /// The pids of etcd and kube-apiserver, for a bench that reports their memory.

@@ -19,6 +19,7 @@ pub mod networking;
 pub mod proxy;
 mod rbac;
 pub mod rng;
+pub mod seed;
 pub mod services;
 pub mod webhook;
 
