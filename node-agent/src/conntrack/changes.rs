@@ -13,7 +13,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::decide::Focus;
+use super::decide::{Focus, frontend_judgment, node_port_judgment};
 use super::model::{FamilyModel, Model};
 use super::netlink::family::{Family, PerFamily};
 
@@ -227,26 +227,6 @@ impl Changes {
         }
         c
     }
-}
-
-type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
-
-fn frontend_judgment<'a>(m: &'a FamilyModel, f: &SocketAddr) -> Judgment<'a> {
-    (
-        m.frontends.get(f),
-        m.settling_frontends.contains(f),
-        m.foreign_frontends.contains(f),
-        m.deleted_frontends.contains(f),
-    )
-}
-
-fn node_port_judgment<'a>(m: &'a FamilyModel, p: &u16) -> Judgment<'a> {
-    (
-        m.node_ports.get(p),
-        m.settling_node_ports.contains(p),
-        m.foreign_node_ports.contains(p),
-        m.deleted_node_ports.contains(p),
-    )
 }
 
 /// Sets `f`'s entries in `to` as they are in `from` (absent where absent).

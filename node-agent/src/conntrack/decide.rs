@@ -264,9 +264,11 @@ fn changed_services<'a>(old: &'a Model, new: &'a Model) -> BTreeSet<&'a String> 
     out
 }
 
+/// What a frontend or nodePort is to the rules: its serving set, settling, foreign, deleted.
+/// Two models judge a key alike exactly when these are equal (also read by `changes.rs`).
 type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
 
-fn frontend_judgment<'a>(m: &'a FamilyModel, k: &SocketAddr) -> Judgment<'a> {
+pub(super) fn frontend_judgment<'a>(m: &'a FamilyModel, k: &SocketAddr) -> Judgment<'a> {
     (
         m.frontends.get(k),
         m.settling_frontends.contains(k),
@@ -275,7 +277,7 @@ fn frontend_judgment<'a>(m: &'a FamilyModel, k: &SocketAddr) -> Judgment<'a> {
     )
 }
 
-fn node_port_judgment<'a>(m: &'a FamilyModel, p: &u16) -> Judgment<'a> {
+pub(super) fn node_port_judgment<'a>(m: &'a FamilyModel, p: &u16) -> Judgment<'a> {
     (
         m.node_ports.get(p),
         m.settling_node_ports.contains(p),
