@@ -56,7 +56,8 @@ use kube::{
 };
 use serde_json::json;
 use testkit::figures::{bench, env_num, mib, status_kib};
-use testkit::{Binary, http_get, networking::service_cidr, seed, wait_for, wait_ready};
+use testkit::networking::{self, service_cidr};
+use testkit::{Binary, http_get, seed, wait_for, wait_ready};
 
 const CREATE_CONCURRENCY: usize = 128;
 const NAMESPACES: usize = 20;
@@ -299,13 +300,7 @@ fn is_ready(o: &ServiceCIDR) -> bool {
 }
 
 fn ready_condition(o: &ServiceCIDR) -> Option<(String, String)> {
-    o.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| (c.status.clone(), c.reason.clone()))
+    networking::ready_condition(o).map(|c| (c.status.clone(), c.reason.clone()))
 }
 
 async fn all_ready(api: &Api<ServiceCIDR>, want: usize) -> anyhow::Result<bool> {

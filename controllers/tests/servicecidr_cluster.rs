@@ -69,12 +69,7 @@ async fn get_cidr(c: &Cluster, name: &str) -> anyhow::Result<Option<ServiceCIDR>
 }
 
 fn ready(o: &ServiceCIDR) -> Option<(String, String, String)> {
-    o.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
+    testkit::networking::ready_condition(o)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::networking::v1::{
     IPAddress, IPAddressSpec, ParentReference, ServiceCIDR, ServiceCIDRSpec,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::ObjectMeta;
 
 pub const LABEL_FAMILY: &str = "ipaddress.kubernetes.io/ip-family";
@@ -61,4 +62,14 @@ pub fn allocated_ip(ip: &str, namespace: &str, service: &str) -> IPAddress {
         namespace,
         service,
     )
+}
+
+/// The `Ready` condition of a ServiceCIDR's status, if it has one.
+pub fn ready_condition(o: &ServiceCIDR) -> Option<&Condition> {
+    o.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
 }

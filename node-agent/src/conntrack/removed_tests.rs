@@ -46,13 +46,7 @@ impl Table for Flows {
 
 impl Delete for Flows {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        let mut report = BatchReport::default();
-        for (e, _) in stale {
-            let before = self.0.len();
-            self.0.retain(|x| x != e);
-            report.ok += before - self.0.len();
-        }
-        Ok(report)
+        Ok(super::focus_tests::remove_entries(&mut self.0, stale))
     }
 }
 
