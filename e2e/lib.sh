@@ -10,6 +10,9 @@ AGENT_PORT=$(sed -n 's/^  adminPort: *\([0-9]*\).*$/\1/p' "$(dirname "${BASH_SOU
 CTR="ctr --address $NODE_STATE/containerd.sock -n k8s.io"
 
 k() { kubectl "$@"; }
+# grep -q in a pipeline stops reading at its first match; the writer's SIGPIPE then fails the
+# pipeline under pipefail, at random. `has` reads everything.
+has() { grep "$@" >/dev/null; }
 say() { echo "    $*"; }
 fail() {
   echo "    FAIL: $*"

@@ -459,7 +459,7 @@ wait_up() {
   for ((i = 0; i < 300; i++)); do
     [ -e "$s/broken" ] && { tail -n 20 "$s"/logs/*.log >&2; die "the node broke while starting"; }
     if [ -e "$s/started" ] && in_node "$s" "$s/bin/kubectl" get node "$NODE_NAME" \
-      -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -q True \
+      -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep True >/dev/null \
       && in_node "$s" "$s/bin/kubectl" -n default get serviceaccount default >/dev/null 2>&1; then
       log "node $NODE_NAME Ready after $((SECONDS - t0)) s; state in $s"
       return 0

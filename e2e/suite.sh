@@ -25,7 +25,7 @@ install_chart() {
   local unhealthy restarts
   unhealthy=$(k -n "$NS" get events --field-selector reason=Unhealthy -o jsonpath='{range .items[*]}{.involvedObject.name}: {.message}{"\n"}{end}')
   say "probe failures at start: $(echo "$unhealthy" | grep -c . || true)"
-  ! echo "$unhealthy" | grep -q Liveness || fail "liveness probe failures at start: $unhealthy"
+  ! echo "$unhealthy" | has Liveness || fail "liveness probe failures at start: $unhealthy"
   restarts=$(k -n "$NS" get pods -o jsonpath='{.items[*].status.containerStatuses[*].restartCount}' | tr ' ' '\n' | awk '{ s += $1 } END { print s + 0 }')
   [ "$restarts" = 0 ] || fail "$restarts container restarts at start"
 }

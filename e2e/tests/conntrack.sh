@@ -80,7 +80,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
   # kube-proxy programs the new endpoint at its next sync (minSyncPeriod 1 s): the agent can
   # only be judged from the moment the rules exist, as upstream's conntrack e2e does.
   ip=$(k -n "$ns" get pod "$new" -o jsonpath='{.status.podIP}')
-  for _ in $(seq 400); do iptables-save -t nat | grep -q -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
+  for _ in $(seq 400); do iptables-save -t nat | has -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
   t_rules=$((${EPOCHREALTIME/./} / 1000))
   say "kube-proxy programmed $new ($ip) $((t_rules - t_ready)) ms after its endpoint was ready"
   # The old server, terminating, still serves (and is still an endpoint) until its grace
@@ -89,7 +89,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
   local t_gone
   for _ in $(seq 400); do
     k -n "$ns" get endpointslices -l kubernetes.io/service-name=udp \
-      -o jsonpath='{range .items[*].endpoints[*]}{.targetRef.name} {end}' | grep -qw "$old" || break
+      -o jsonpath='{range .items[*].endpoints[*]}{.targetRef.name} {end}' | has -w "$old" || break
     sleep 0.05
   done
   t_gone=$((${EPOCHREALTIME/./} / 1000))
@@ -131,7 +131,7 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
     || fail "the server's endpoint did not go"
   # Until kube-proxy has taken the endpoint out of its rules, the client's next datagram makes a
   # new flow to it: the agent is judged from the later of the two, as in the switch test.
-  for _ in $(seq 400); do iptables-save -t nat | grep -q -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
+  for _ in $(seq 400); do iptables-save -t nat | has -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
   t0=$EPOCHREALTIME
   until_ok 15 sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
     || fail "flows DNATed to the removed endpoint $ip are still there 15 s after it went: $(conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"
@@ -145,7 +145,7 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   say "agent's kubeproxy_conntrack_reconciler_deleted_entries_total: $before -> $after"
   awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "the agent's deletion counter did not move: something else removed the flows"
   k -n "$NS" logs "$(agent_pod)" --since=60s | grep 'conntrack cleanup pass' | grep -v 'deleted=0' | tail -n 2 | sed 's/^/    log: /'
-  conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | grep -q sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"
+  conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | has sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"
   conntrack -D -p udp -s 10.244.0.250 -d 10.244.0.251 >/dev/null 2>&1
   k delete namespace "$ns" --wait=false >/dev/null
 }

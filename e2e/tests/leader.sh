@@ -54,7 +54,7 @@ test_leader_sigkill_takeover_within_lease() {
 test_leader_no_false_conflict_alarm_after_failover() {
   local p
   for p in $(cm_pods); do
-    k -n "$NS" logs "$p" | grep -q 'another ServiceCIDR controller writes' && fail "$p reports a foreign ServiceCIDR controller after failover"
+    k -n "$NS" logs "$p" | has 'another ServiceCIDR controller writes' && fail "$p reports a foreign ServiceCIDR controller after failover"
     [ "$(cm_metric "$p" groundskeeper_servicecidr_conflicting_controller_detected)" = 0 ] \
       || fail "$p: groundskeeper_servicecidr_conflicting_controller_detected is not 0"
   done

@@ -32,7 +32,7 @@ Y
   t0=$EPOCHREALTIME
   until_ok 60 sh -c "! kubectl -n $ns get pod orphan" || fail "the orphaned pod is still there 60 s after its node went"
   say "orphaned pod deleted $(since "$t0") s after its Node (quarantine 10 s)"
-  k -n "$ns" get pod alive -o jsonpath='{.status.phase}' | grep -qx Running || fail "the pod on the live node was touched"
+  k -n "$ns" get pod alive -o jsonpath='{.status.phase}' | has -x Running || fail "the pod on the live node was touched"
   k -n "$ns" delete pod alive --wait=false >/dev/null
   k delete namespace "$ns" --wait=false >/dev/null
 }
@@ -62,6 +62,6 @@ Y
   local newest
   newest=$(seq -w 1 16 | sed 's/^/done-/' | tail -n "$(echo "$left" | grep -c .)")
   [ "$left" = "$newest" ] || fail "the pods kept are not the newest: kept $(echo $left), newest $(echo $newest)"
-  k -n "$ns" get pod runner -o jsonpath='{.status.phase}' | grep -qx Running || fail "the running pod was touched"
+  k -n "$ns" get pod runner -o jsonpath='{.status.phase}' | has -x Running || fail "the running pod was touched"
   k delete namespace "$ns" --wait=false >/dev/null
 }

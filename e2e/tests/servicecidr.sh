@@ -3,7 +3,7 @@
 test_servicecidr_default_has_finalizer_and_ready() {
   until_ok 30 sh -c "kubectl get servicecidr kubernetes -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" \
     || fail "the default ServiceCIDR never became Ready=True"
-  k get servicecidr kubernetes -o jsonpath='{.metadata.finalizers}' | grep -q networking.k8s.io/service-cidr-finalizer \
+  k get servicecidr kubernetes -o jsonpath='{.metadata.finalizers}' | has networking.k8s.io/service-cidr-finalizer \
     || fail "the default ServiceCIDR has no finalizer"
   k get servicecidrs | sed 's/^/    /'
 }

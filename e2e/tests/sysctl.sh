@@ -24,7 +24,7 @@ Y
 
 # Did kubelet start a container of this pod, ever?
 ran() { # ns pod
-  k -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}{.status.containerStatuses[0].lastState.terminated.startedAt}' 2>/dev/null | grep -q .
+  k -n "$1" get pod "$2" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}{.status.containerStatuses[0].lastState.terminated.startedAt}' 2>/dev/null | has .
 }
 
 test_sysctl_audit_fails_nothing() {
@@ -51,7 +51,7 @@ test_sysctl_allowed_sysctl_runs_under_enforce() {
   k delete sysctlpolicy e2e-allowed >/dev/null
   enforce_policy e2e-narrow '[]'
   sleep 5
-  k -n "$ns" get pod allowed -o jsonpath='{.status.phase}' | grep -qx Running || fail "a running pod was touched after the policy changed"
+  k -n "$ns" get pod allowed -o jsonpath='{.status.phase}' | has -x Running || fail "a running pod was touched after the policy changed"
   k delete sysctlpolicy e2e-narrow >/dev/null
   k delete namespace "$ns" --wait=false >/dev/null
 }

@@ -9,8 +9,8 @@ test_ops_logs_one_line_per_decision() {
   local p
   p=$(leader_pod) || fail "no leader"
   # The ServiceCIDR and PodGC tests ran: each decision left one line naming its object.
-  k -n "$NS" logs "$p" | grep -E 'servicecidr=' | grep -q 'finalizer' || fail "no finalizer decision logged by the leader"
-  k -n "$NS" logs "$p" | grep -E 'pod=' | grep -qi 'delet' || fail "no pod deletion logged by the leader"
+  k -n "$NS" logs "$p" | grep -E 'servicecidr=' | has 'finalizer' || fail "no finalizer decision logged by the leader"
+  k -n "$NS" logs "$p" | grep -E 'pod=' | has -i 'delet' || fail "no pod deletion logged by the leader"
   # Plain logs carry plain values, not Rust's Debug (Some(..), quoted strings).
   ! k -n "$NS" logs "$p" | grep -E '=Some\(' | head -n 3 | grep . || fail "Debug formatting in the logs"
 }
@@ -25,7 +25,7 @@ test_ops_agent_metrics_need_an_authorized_token() {
   k -n default create serviceaccount e2e-nobody >/dev/null 2>&1 || true
   code=$(http_get "$url/metrics" "$(k -n default create token e2e-nobody)" 2>&1 >/dev/null) && fail "/metrics answered a token without RBAC"
   [ "$code" = 403 ] || fail "/metrics with an unauthorized token: $code, not 403"
-  http_get "$url/metrics" "$(scraper_token)" | grep -q '^groundskeeper_' || fail "/metrics refused the metrics reader"
+  http_get "$url/metrics" "$(scraper_token)" | has '^groundskeeper_' || fail "/metrics refused the metrics reader"
 }
 
 test_ops_rss() {

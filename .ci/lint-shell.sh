@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Under pipefail, `producer | grep -q` fails at random: grep -q exits at its first match and the
+# producer, still writing, dies of SIGPIPE (CI failed on charts/check.sh's cert-manager check
+# that way). The scripts use `has` (grep to /dev/null, which reads everything) instead. Lines
+# inside `sh -c "..."` run under dash, without pipefail, and may keep grep -q.
+# Usage: lint-shell.sh [FILE...] (default: every pipefail script of the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -eq 0 ]; then
+  mapfile -t files < <(git ls-files '*.sh' | xargs grep -l 'set -[a-z]*o pipefail')
+  # e2e/tests/*.sh run inside suite.sh's pipefail shell.
+  mapfile -t -O "${#files[@]}" files < <(git ls-files 'e2e/tests/*.sh')
+else
+  files=("$@")
+fi
+bad=$(grep -nE '\|[[:space:]]*grep[[:space:]]+-[a-zA-Z]*q' "${files[@]}" /dev/null | grep -v 'sh -c "' || true)
+if [ -n "$bad" ]; then
+  echo "FAIL: grep -q at the end of a pipeline under pipefail (use has, or grep -q <<<\"\$x\"):"
+  echo "$bad"
+  exit 1
+fi
+echo "lint-shell: ${#files[@]} scripts, no grep -q behind a pipe"
