@@ -1,7 +1,12 @@
 //! A rate-limited work queue with client-go's semantics: a key waiting in the queue is there
 //! once, a key being processed is not handed to a second worker (it is queued again when the
 //! first finishes), delayed adds keep the earliest due time, and retries back off per key
-//! (exponential) and overall (token bucket), the larger delay winning.
+//! (exponential) and overall (token bucket), the larger delay winning. A named queue exports
+//! client-go's `workqueue_*` metrics ([`metrics`]).
+
+pub mod metrics;
+#[cfg(test)]
+mod metrics_tests;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -12,6 +17,8 @@ use std::{
 
 use groundskeeper_plumbing::ratelimit::TokenBucket;
 use tokio::{sync::Notify, time::Instant};
+
+use self::metrics::{QueueMetricFamilies, QueueMetrics};
 
 /// `DefaultTypedControllerRateLimiter`'s shape: per key `base·2^n` capped at `max`, and a
 /// shared bucket of `qps`/`burst`.
@@ -57,6 +64,7 @@ struct State<K> {
     waiting: HashMap<K, Instant>,
     bucket: TokenBucket,
     shut_down: bool,
+    metrics: Option<QueueMetrics<K>>,
 }
 
 struct Inner<K> {
@@ -89,11 +97,28 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                     waiting: HashMap::new(),
                     bucket: TokenBucket::new(limit.qps, limit.burst),
                     shut_down: false,
+                    metrics: None,
                 }),
                 ready: Notify::new(),
                 limit,
             }),
         }
+    }
+
+    /// A queue exporting client-go's `workqueue_*` series under `name` (upstream's name for the
+    /// same controller's queue, so that its dashboards apply). Needs a tokio runtime: the
+    /// in-progress gauges are refreshed by a task of their own.
+    pub fn named(limit: RateLimit, families: &QueueMetricFamilies, name: &str) -> Self {
+        let queue = Self::new(limit);
+        queue.lock().metrics = Some(QueueMetrics::new(families, name));
+        metrics::spawn_updater(&queue.inner, |inner: &Inner<K>| {
+            let s = inner.state.lock().expect("work queue lock");
+            if let Some(m) = &s.metrics {
+                m.update_unfinished();
+            }
+            !s.shut_down
+        });
+        queue
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K>> {
@@ -108,6 +133,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     fn add_locked(&self, s: &mut State<K>, key: K) {
         if s.shut_down || s.dirty.contains(&key) {
             return;
+        }
+        if let Some(m) = &mut s.metrics {
+            m.add(&key);
         }
         s.dirty.insert(key.clone());
         if s.processing.contains(&key) {
@@ -151,6 +179,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             let mut s = self.lock();
             let n = s.failures.get(&key).copied().unwrap_or(0);
             s.failures.insert(key.clone(), n.saturating_add(1));
+            if let Some(m) = &s.metrics {
+                m.retry();
+            }
             let per_key = self.inner.limit.backoff(n);
             let overall = s.bucket.reserve(Instant::now());
             per_key.max(overall)
@@ -183,6 +214,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
                     s.processing.insert(key.clone());
+                    if let Some(m) = &mut s.metrics {
+                        m.get(&key);
+                    }
                     if !s.queue.is_empty() {
                         // Pass the wake-up on: other workers may be idle.
                         self.inner.ready.notify_one();
@@ -197,6 +231,9 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     pub fn done(&self, key: &K) {
         let mut s = self.lock();
         s.processing.remove(key);
+        if let Some(m) = &mut s.metrics {
+            m.done(key);
+        }
         if s.dirty.contains(key) && !s.shut_down {
             s.queue.push_back(key.clone());
             self.inner.ready.notify_one();

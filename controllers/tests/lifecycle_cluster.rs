@@ -1,5 +1,6 @@
 //! The manager's life as the kubelet sees it, against a real apiserver: /readyz only after
-//! every watch listed, /metrics with the controllers' families, SIGTERM drains and exits 0.
+//! every watch listed, /metrics with the controllers' families (the ServiceCIDR queue's under
+//! upstream's `workqueue_*` names), SIGTERM drains and exits 0.
 
 use std::time::{Duration, Instant};
 
@@ -23,9 +24,21 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         "groundskeeper_leader_election_is_leader",
         "process_resident_memory_bytes",
         "groundskeeper_build_info{",
+        "workqueue_depth{name=\"ipaddresses\"}",
+        "workqueue_longest_running_processor_seconds{name=\"ipaddresses\"}",
     ] {
         assert!(metrics.contains(family), "{family} missing:\n{metrics}");
     }
+    // The apiserver's default ServiceCIDR, queued on every replica from the first list on
+    // (upstream's queue name, for kube-controller-manager's dashboards).
+    let adds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("workqueue_adds_total{name=\"ipaddresses\"} "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        adds.is_some_and(|n| n >= 1.0),
+        "workqueue_adds_total{{name=\"ipaddresses\"}} is {adds:?}:\n{metrics}"
+    );
     manager.signal("TERM").await?;
     let start = Instant::now();
     let code = manager.wait_exit(Duration::from_secs(30)).await?;

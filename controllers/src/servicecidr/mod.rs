@@ -27,7 +27,7 @@ use tokio::sync::watch as signal;
 
 use crate::{
     context::Context,
-    workqueue::{RateLimit, WorkQueue},
+    workqueue::{RateLimit, WorkQueue, metrics::QueueMetricFamilies},
 };
 use apply::KubeWrites;
 use cache::Cache;
@@ -36,6 +36,9 @@ use metrics::Metrics;
 use sync::{Syncer, work};
 
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
+/// Upstream's name for this controller's work queue (sic: it queues ServiceCIDRs), kept so that
+/// `workqueue_*{name="ipaddresses"}` dashboards and alerts written for kube-controller-manager apply.
+pub const QUEUE_NAME: &str = "ipaddresses";
 
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "ServiceCIDR controller")]
@@ -55,7 +58,11 @@ pub struct ServiceCidrArgs {
 pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::<Cache>::default();
-    let queue: WorkQueue<String> = WorkQueue::new(RateLimit::default());
+    let queue: WorkQueue<String> = WorkQueue::named(
+        RateLimit::default(),
+        &QueueMetricFamilies::register(&ctx.base.registry)?,
+        QUEUE_NAME,
+    );
 
     let (flags, changes) =
         cache::watch(&ctx.base.readiness, ctx.base.client.clone(), cache.clone());
