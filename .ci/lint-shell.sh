@@ -13,7 +13,7 @@ if [ $# -eq 0 ]; then
 else
   files=("$@")
 fi
-bad=$(grep -nE '\|[[:space:]]*grep[[:space:]]+-[a-zA-Z]*q' "${files[@]}" /dev/null | grep -v 'sh -c "' || true)
+bad=$(grep -nE '\|[[:space:]]*grep[[:space:]]+-[a-zA-Z]*q' "${files[@]}" /dev/null | grep -vE 'sh -c "|^[^:]*:[0-9]+:[[:space:]]*#' || true)
 if [ -n "$bad" ]; then
   echo "FAIL: grep -q at the end of a pipeline under pipefail (use has, or grep -q <<<\"\$x\"):"
   echo "$bad"
