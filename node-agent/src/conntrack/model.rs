@@ -16,7 +16,9 @@ use super::netlink::family::{Family, PerFamily};
 use super::project::{self, ServiceView, SliceView};
 
 pub use super::addr::{ServiceIpRange, canonical};
-pub use super::project::{LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME};
+pub use super::project::{
+    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, not_kube_proxys,
+};
 
 /// One IP family's UDP services, as kube-proxy's CleanStaleEntries sees them, plus what
 /// kube-proxy does not know: recently deleted frontends, the service IP ranges and which of

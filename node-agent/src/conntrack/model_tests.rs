@@ -211,8 +211,16 @@ fn no_serving_endpoint_is_an_empty_set_not_a_skip() {
 
 #[test]
 fn another_proxys_services_are_foreign() {
+    // kube-proxy's informers leave out both labels, on Services as on slices: a Service
+    // labelled headless by hand keeps its ClusterIP but gets no rules.
+    for label in [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS] {
+        another_proxys_service_is_foreign(label);
+    }
+}
+
+fn another_proxys_service_is_foreign(label: &str) {
     let mut s = dns_service();
-    s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
+    s.metadata.labels = Some([(label.to_string(), "x".to_string())].into());
     let m = build([&s], &dns_slices());
     assert!(
         m[V4].frontends.is_empty() && m[V4].node_ports.is_empty(),

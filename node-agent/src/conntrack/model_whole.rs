@@ -12,14 +12,10 @@ use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 
 use super::addr::parse_ip;
 use super::model::{
-    Claim, FamilyModel, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model,
-    ServiceIpRange,
+    Claim, FamilyModel, LABEL_SERVICE_NAME, Model, ServiceIpRange, not_kube_proxys,
 };
 use super::netlink::family::{Family, PerFamily};
 
-fn has_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> bool {
-    meta.labels.as_ref().is_some_and(|l| l.contains_key(key))
-}
 fn protocol(p: &Option<String>) -> &str {
     p.as_deref().unwrap_or("TCP")
 }
@@ -175,9 +171,7 @@ pub fn build<'a>(
 ) -> Model {
     let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for s in slices {
-        if has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME)
-            || has_label(&s.metadata, LABEL_HEADLESS)
-        {
+        if not_kube_proxys(&s.metadata) {
             continue;
         }
         let Some(svc) = s
@@ -198,7 +192,7 @@ pub fn build<'a>(
                 .as_ref()
                 .is_some_and(|sp| sp.type_.as_deref() != Some("ExternalName"))
         })
-        .partition(|s| has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME));
+        .partition(|s| not_kube_proxys(&s.metadata));
     let by_name = |a: &&Service, b: &&Service| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
     };

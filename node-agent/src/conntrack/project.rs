@@ -27,6 +27,13 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 /// Set by the EndpointSlice controller on slices of headless Services.
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
+/// kube-proxy watches Services and EndpointSlices through one informer factory filtered by
+/// `!service-proxy-name,!headless`: a Service or slice with either label is not kube-proxy's,
+/// whatever its spec says (a Service labelled headless by hand, with a ClusterIP, gets no rules).
+pub fn not_kube_proxys(meta: &ObjectMeta) -> bool {
+    has_label(meta, LABEL_SERVICE_PROXY_NAME) || has_label(meta, LABEL_HEADLESS)
+}
+
 /// A Service as the model reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServiceView {
@@ -76,9 +83,9 @@ fn valid_port(p: i32) -> Option<u16> {
     u16::try_from(p).ok().filter(|p| *p != 0)
 }
 
-/// A Service: its frontend IPs per family, UDP ports and proxy-name label.
+/// A Service: its frontend IPs per family, UDP ports, and whether it is kube-proxy's.
 pub fn service(s: &Service) -> ServiceView {
-    let foreign = has_label(&s.metadata, LABEL_SERVICE_PROXY_NAME);
+    let foreign = not_kube_proxys(&s.metadata);
     let Some(spec) = s
         .spec
         .as_ref()
@@ -154,7 +161,7 @@ pub fn slice(s: &EndpointSlice) -> SliceView {
         .labels
         .as_ref()
         .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        .filter(|_| !has_label(meta, LABEL_SERVICE_PROXY_NAME) && !has_label(meta, LABEL_HEADLESS));
+        .filter(|_| !not_kube_proxys(meta));
     let family = Family::ALL
         .into_iter()
         .find(|f| s.address_type == f.label());
