@@ -8,11 +8,14 @@ use std::collections::BTreeMap;
 
 use groundskeeper_sysctl::args::PolicyArgs;
 use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
+use groundskeeper_sysctl::policy::merge;
 use groundskeeper_sysctl::verdict::{Verdict, node_policy};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, PodSpec};
 
 /// The annotation kubelet puts on the API copy of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+/// Set by kubelet from its GOOS, as `status.nodeInfo.operatingSystem`.
+const OS_LABEL: &str = "kubernetes.io/os";
 
 /// What the webhook reads of a pod.
 #[derive(Clone, Debug, PartialEq, Default)]
@@ -59,18 +62,32 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
     /// `status.nodeInfo.kernelVersion`, as kubelet reports it (`uname -r`).
     pub kernel: Option<String>,
+    /// `status.nodeInfo.operatingSystem`, else the `kubernetes.io/os` label; None: neither.
+    pub os: Option<String>,
+}
+
+impl NodeFacts {
+    /// Linux, or not said: kubelet's safe list is Linux's alone (`SafeSysctlAllowlist` is nil
+    /// on other systems), so a node that says it runs another allows no sysctl as safe.
+    fn linux(&self) -> bool {
+        self.os.as_deref().is_none_or(|os| os == "linux")
+    }
 }
 
 impl NodeFacts {
     pub fn of(node: &Node) -> Self {
+        let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let os = info
+            .map(|i| i.operating_system.clone())
+            .filter(|os| !os.is_empty())
+            .or_else(|| labels.get(OS_LABEL).cloned());
         NodeFacts {
-            labels: node.metadata.labels.clone().unwrap_or_default(),
-            kernel: node
-                .status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
+            labels,
+            kernel: info
                 .map(|i| i.kernel_version.clone())
                 .filter(|k| !k.is_empty()),
+            os,
         }
     }
 }
@@ -118,8 +135,13 @@ pub fn decide(
             ),
         };
     };
-    let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
-    let policy = node_policy(args, kernel.as_ref(), policies, &node.labels);
+    let policy = if node.linux() {
+        let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
+        node_policy(args, kernel.as_ref(), policies, &node.labels)
+    } else {
+        let flag = args.allowed_unsafe_sysctls();
+        merge(&[], &flag, args.sysctl_default_mode, policies, &node.labels)
+    };
     match policy.judge(Some(spec)) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
@@ -169,6 +191,7 @@ mod tests {
         NodeFacts {
             labels: case.labels(),
             kernel: case.kernel.map(String::from),
+            os: Some("linux".into()),
         }
     }
 
@@ -225,6 +248,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Off Linux kubelet has no safe sysctls: over every shared case, a node that says it runs
+    /// another system is never judged more leniently than a Linux node, a safe sysctl is
+    /// refused there as kubelet refuses it, and a node that does not say is judged as Linux.
+    #[test]
+    fn off_linux_no_sysctl_is_safe() {
+        let rank = |d: &Decision| match d {
+            Decision::Allow => 0,
+            Decision::Audit { .. } => 1,
+            Decision::Deny { .. } => 2,
+        };
+        for case in cases::cases() {
+            let linux = node(&case);
+            let windows = NodeFacts {
+                os: Some("windows".into()),
+                ..linux.clone()
+            };
+            let unsaid = NodeFacts {
+                os: None,
+                ..linux.clone()
+            };
+            let v = view(&case);
+            let (l, w) = (run(&case, &v, Some(&linux)), run(&case, &v, Some(&windows)));
+            assert!(
+                rank(&w) >= rank(&l),
+                "case {:?}: {l:?} on Linux, {w:?} on Windows",
+                case.name
+            );
+            assert_eq!(run(&case, &v, Some(&unsaid)), l, "case {:?}", case.name);
+        }
+        let cases = cases::cases();
+        let safe = *cases.iter().find(|c| c.name == "safe sysctl").unwrap();
+        let windows = NodeFacts {
+            os: Some("windows".into()),
+            ..node(&safe)
+        };
+        let Decision::Deny { message } = run(&safe, &view(&safe), Some(&windows)) else {
+            panic!("a safe sysctl on a Windows node under Enforce was not denied")
+        };
+        assert!(
+            message.contains(r#""kernel.shm_rmid_forced" not allowlisted"#),
+            "{message}"
+        );
+        // The flag's patterns still allow there.
+        let flag = *cases
+            .iter()
+            .find(|c| c.name == "flag pattern allows")
+            .unwrap();
+        assert_eq!(run(&flag, &view(&flag), Some(&windows)), Decision::Allow);
     }
 
     #[test]
@@ -291,6 +364,12 @@ mod tests {
         let facts = NodeFacts::of(&node);
         assert_eq!(facts.kernel.as_deref(), Some("6.1.0-18-amd64"));
         assert_eq!(facts.labels["pool"], "db");
+        assert_eq!(facts.os.as_deref(), Some("linux"));
         assert_eq!(NodeFacts::of(&Node::default()), NodeFacts::default());
+        let labelled: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w", "labels": {OS_LABEL: "windows"}},
+        }))
+        .unwrap();
+        assert_eq!(NodeFacts::of(&labelled).os.as_deref(), Some("windows"));
     }
 }
