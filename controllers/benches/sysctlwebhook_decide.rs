@@ -46,6 +46,7 @@ fn main() {
             .map(|i| (format!("label-{i}"), format!("v{i}")))
             .collect::<BTreeMap<_, _>>(),
         kernel: Some("6.1.0-18-amd64".into()),
+        os: Some("linux".into()),
     };
     for n in [1usize, 10, 100] {
         let policies: Vec<SysctlPolicy> = (0..n)

@@ -72,9 +72,7 @@ impl NodeFacts {
     fn linux(&self) -> bool {
         self.os.as_deref().is_none_or(|os| os == "linux")
     }
-}
 
-impl NodeFacts {
     pub fn of(node: &Node) -> Self {
         let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
         let labels = node.metadata.labels.clone().unwrap_or_default();
