@@ -17,7 +17,7 @@ fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
-fn flow(proto: u8, client_port: u16, backend: &str) -> Entry {
+pub(super) fn flow(proto: u8, client_port: u16, backend: &str) -> Entry {
     let b = sa(backend);
     let c: std::net::IpAddr = "10.0.0.1".parse().unwrap();
     Entry {
@@ -40,7 +40,7 @@ fn flow(proto: u8, client_port: u16, backend: &str) -> Entry {
     }
 }
 
-fn model() -> FamilyModel {
+pub(super) fn model() -> FamilyModel {
     let mut m = FamilyModel::default();
     m.frontends
         .insert(sa("10.96.0.10:53"), [sa("10.244.1.5:53")].into());
@@ -48,16 +48,16 @@ fn model() -> FamilyModel {
 }
 
 /// Per dump attempt: how many entries to visit, then the result.
-type Script = Vec<(usize, Result<(), fn() -> DumpError>)>;
+pub(super) type Script = Vec<(usize, Result<(), fn() -> DumpError>)>;
 
 /// Scripted dump results, one per attempt; records deletes.
-struct Fake {
+pub(super) struct Fake {
     entries: Vec<Entry>,
     script: Script,
     attempts: usize,
     filters: Vec<Option<u8>>,
     deleted: Vec<Entry>,
-    delete_result: Option<fn() -> io::Error>,
+    pub(super) delete_result: Option<fn() -> io::Error>,
     host: Option<Vec<&'static str>>,
     /// The kernel rejects the filter on the reply source.
     reply_filter_rejected: bool,
@@ -65,7 +65,7 @@ struct Fake {
 }
 
 impl Fake {
-    fn new(entries: Vec<Entry>, script: Script) -> Self {
+    pub(super) fn new(entries: Vec<Entry>, script: Script) -> Self {
         Self {
             entries,
             script,

@@ -180,7 +180,8 @@ impl Round {
                 focus,
             );
             let elapsed = start.elapsed();
-            let report = match res {
+            // Whether the pass listed the whole table: upstream observes the latency only then.
+            let (report, listed) = match res {
                 Ok(r) if r.skipped => {
                     tracing::debug!(
                         ip_family = label,
@@ -188,7 +189,7 @@ impl Round {
                     );
                     continue;
                 }
-                Ok(r) => r,
+                Ok(r) => (r, true),
                 Err(e) => {
                     self.metrics
                         .failures
@@ -205,19 +206,22 @@ impl Round {
                         }
                         PassError::DumpAfterDeletes { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "listing conntrack entries failed after some stale ones were deleted; the rest is left to the next pass");
-                            *report
+                            (*report, false)
                         }
                         PassError::Delete { report, source } => {
                             tracing::error!(ip_family = label, error = %source, deleted = report.deleted, "deleting stale conntrack entries failed");
-                            *report
+                            (*report, true)
                         }
                     }
                 }
             };
-            self.metrics
-                .sync_duration
-                .with_label_values(&[label])
-                .observe(elapsed.as_secs_f64());
+            if listed {
+                self.metrics
+                    .sync_duration
+                    .with_label_values(&[label])
+                    .observe(elapsed.as_secs_f64());
+            }
+            // What was deleted before a failed list was deleted: counted all the same.
             self.metrics
                 .deleted
                 .with_label_values(&[label])
@@ -367,6 +371,89 @@ mod tests {
                     "{want}: {label}"
                 );
             }
+            assert_eq!(
+                latency_samples(&metrics),
+                0,
+                "{want}: a failed list is no pass"
+            );
+        }
+    }
+
+    fn latency_samples(metrics: &Metrics) -> u64 {
+        metrics
+            .sync_duration
+            .with_label_values(&["IPv4"])
+            .get_sample_count()
+    }
+
+    /// Upstream observes the pass latency only after a list that succeeded (a failed delete
+    /// included); entries deleted before a list failed are counted all the same.
+    #[test]
+    fn the_latency_is_observed_only_after_a_whole_list() {
+        use crate::conntrack::pass_tests::{Fake, flow, model};
+        use crate::conntrack::{netlink::msg::IPPROTO_UDP, pass::PassState};
+        let stale = || {
+            (1..=3)
+                .map(|port| flow(IPPROTO_UDP, port, "10.244.9.9:53"))
+                .collect::<Vec<_>>()
+        };
+        let io_error: fn() -> DumpError = || DumpError::Io(io::ErrorKind::UnexpectedEof.into());
+        // (what, table, want failure label, want latency samples, want deleted)
+        let cases: [(&str, Fake, Option<&str>, u64, u64); 3] = [
+            (
+                "whole list",
+                Fake::new(stale(), vec![(3, Ok(()))]),
+                None,
+                1,
+                3,
+            ),
+            (
+                "list failed after deletes",
+                Fake::new(stale(), vec![(2, Err(io_error))]),
+                Some("io"),
+                0,
+                2,
+            ),
+            (
+                "deletes failed",
+                {
+                    let mut t = Fake::new(stale(), vec![(3, Ok(()))]);
+                    t.delete_result = Some(|| io::Error::from_raw_os_error(libc::EPERM));
+                    t
+                },
+                Some("delete"),
+                1,
+                0,
+            ),
+        ];
+        for (what, table, failure, samples, deleted) in cases {
+            let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
+            let mut state = PerFamily::<PassState>::default();
+            state[Family::V4] = PassState {
+                delete_batch: 1,
+                ..PassState::seen_all()
+            };
+            let mut round = Round {
+                table: Box::new(table),
+                metrics: metrics.clone(),
+                state,
+            };
+            let mut m = Model::default();
+            m[Family::V4] = model();
+            round.run(&m, None);
+            for label in ["io", "delete"] {
+                assert_eq!(
+                    metrics.failures.with_label_values(&["IPv4", label]).get(),
+                    u64::from(failure == Some(label)),
+                    "{what}: {label}"
+                );
+            }
+            assert_eq!(latency_samples(&metrics), samples, "{what}");
+            assert_eq!(
+                metrics.deleted.with_label_values(&["IPv4"]).get(),
+                deleted,
+                "{what}"
+            );
         }
     }
 }
