@@ -44,8 +44,10 @@ impl PolicyArgs {
     }
 }
 
-/// A flag pattern; an empty item (`--allowed-unsafe-sysctls=` or a trailing comma) is no
-/// pattern, as kubelet's string-slice flag has it.
+/// A flag pattern; an empty item (`--allowed-unsafe-sysctls=`, a trailing or doubled comma) is
+/// no pattern. Laxer than kubelet on purpose: its string-slice flag keeps the empty item of
+/// `a,` and refuses it as a pattern, so kubelet does not start; here it allows nothing either
+/// way, and a chart list with an empty entry does not stop every node's agent.
 fn parse_flag_pattern(s: &str) -> Result<String, String> {
     if s.is_empty() {
         Ok(String::new())
