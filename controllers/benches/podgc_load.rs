@@ -38,6 +38,20 @@
 //! ones. It prints the RSS, the collection rate, and the 429 answers PodGC's client received and
 //! the apiserver's own count of them (its /metrics). PODGC_BENCH_ONLY=ttl runs only this row;
 //! PODGC_BENCH_ONLY=qps20 stops after the QPS 20 rows (with PODGC_BENCH_TTL_PODS=0: no TTL row).
+//!
+//! The relist row (first after the objects are made; needs the bench's own control plane): a
+//! PodGC of its own, steady on every pod and node, is frozen (SIGSTOP) through an apiserver
+//! restart after an etcd compaction (testkit's `Outage::FrozenThroughCompaction`), so that once
+//! resumed its watches find their resourceVersion gone and list everything again. Its VmHWM is
+//! reset (`/proc/PID/clear_refs` 5) just before, so `manager_rss_peak_relist_<size>` is the
+//! peak from the freeze to two cycles after the relist, not the first list's;
+//! `manager_rss_after_relist_<size>` is the RSS then, `manager_relist_<size>_s` the time from
+//! the resume until every watch is healthy again (backoff included). The relist must show, or
+//! the row fails: the pod watch's error counted and logged (not a silence), and the restarted
+//! apiserver's count of cluster-wide pod LISTs above 0. The same for kube-controller-manager
+//! (`kcm_rss_peak_relist_<size>`, `kcm_rss_after_relist_<size>`, `kcm_relist_<size>_s`: until
+//! its reflector logs `Caches populated` for pods again), skipped visibly without it.
+//! PODGC_BENCH_ONLY=relist makes the objects and runs only this row.
 
 use std::{
     net::SocketAddr,
@@ -307,11 +321,20 @@ fn finished_status(ago: Duration) -> serde_json::Value {
 /// 429s the apiserver itself answered so far, all clients: the sum of its
 /// `apiserver_request_total{code="429"}` series (None if /metrics is not readable).
 async fn apiserver_429s(client: &Client) -> Option<f64> {
+    apiserver_requests(client, &["code=\"429\""]).await
+}
+
+/// Requests the apiserver answered since it started, all clients: the sum of its
+/// `apiserver_request_total` series whose labels hold every one of `labels` (None if /metrics
+/// is not readable).
+async fn apiserver_requests(client: &Client, labels: &[&str]) -> Option<f64> {
     let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
     let text = client.request_text(req).await.ok()?;
     Some(
         text.lines()
-            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("code=\"429\""))
+            .filter(|l| {
+                l.starts_with("apiserver_request_total{") && labels.iter().all(|k| l.contains(k))
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum(),
     )
@@ -663,6 +686,222 @@ impl Steady {
     }
 }
 
+/// Which row alone PODGC_BENCH_ONLY asks for (`ttl`, `qps20`, `relist`), if any.
+fn only(row: &str) -> bool {
+    std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok(row)
+}
+
+/// Resets the peak RSS (VmHWM) of `pid` to its RSS now, so that the next read of it is the peak
+/// of what came after (Linux's `clear_refs` 5; root, as the bench runs).
+fn reset_peak(pid: u32) -> anyhow::Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").map_err(|e| {
+        anyhow::anyhow!("resetting VmHWM of pid {pid} (/proc/{pid}/clear_refs): {e}: a relist peak would be the first list's")
+    })
+}
+
+/// A PodGC's memory around one forced relist of all its watches.
+struct Relisted {
+    steady_kib: u64,
+    /// VmHWM before the reset: the first list's peak.
+    first_peak_kib: u64,
+    /// VmHWM from the freeze to the settled state after the relist.
+    peak_kib: u64,
+    after_kib: u64,
+    /// From the resume until the relist was done.
+    took: Duration,
+}
+
+impl Relisted {
+    fn print(&self, who: &str, prefix: &str, size: &str) {
+        println!(
+            "relist row: {who}: RSS steady {:.1} MiB (first list's peak {:.1} MiB); \
+             relisted {:.1}s after it resumed; peak across the relist {:.1} MiB, RSS after {:.1} MiB",
+            mib(self.steady_kib),
+            mib(self.first_peak_kib),
+            self.took.as_secs_f64(),
+            mib(self.peak_kib),
+            mib(self.after_kib)
+        );
+        figure(
+            &format!("{prefix}_rss_peak_relist_{size}"),
+            mib(self.peak_kib),
+            "MiB",
+        );
+        figure(
+            &format!("{prefix}_rss_after_relist_{size}"),
+            mib(self.after_kib),
+            "MiB",
+        );
+        figure(
+            &format!("{prefix}_relist_{size}_s"),
+            self.took.as_secs_f64(),
+            "s",
+        );
+    }
+}
+
+/// The relist row: see the module doc.
+async fn relist_row(
+    cluster: &testkit::Cluster,
+    cp: Option<&testkit::ControlPlane>,
+    bin: &str,
+    size: &str,
+) -> anyhow::Result<()> {
+    let Some(cp) = cp else {
+        println!("relist row: SKIPPED (it restarts the apiserver: only on the bench's own control plane, KUBE_APISERVER)");
+        return Ok(());
+    };
+    let kubeconfig = cluster.kubeconfig.display().to_string();
+    let run = Run::start(bin, &kubeconfig, &["--gc-period=5s"])?;
+    wait_ready(run.admin(), Duration::from_secs(600), "podgc ready").await?;
+    run.wait_cycles(2.0).await?;
+    let ours = relist_ours(cluster, cp, &run).await;
+    drop(run);
+    ours?.print("groundskeeper", "manager", size);
+    match kcm_bin() {
+        Some(kcm) => {
+            let k = Run::start_kcm(&kcm, &kubeconfig, 20, 30)?;
+            k.bin
+                .wait_for_log("Caches are synced", Duration::from_secs(900))
+                .await?;
+            // Two of its 20 s cycles, as in its steady row.
+            tokio::time::sleep(Duration::from_secs(45)).await;
+            let theirs = relist_kcm(cp, &k).await;
+            drop(k);
+            theirs?.print("kube-controller-manager", "kcm", size);
+        }
+        None => println!(
+            "relist row: kube-controller-manager SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/node.sh` once)"
+        ),
+    }
+    Ok(())
+}
+
+/// Freezes `bin` through an apiserver restart after an etcd compaction, its peak RSS reset
+/// just before: what it reads of the freeze, and when it was resumed.
+async fn freeze_through_compaction(
+    cp: &testkit::ControlPlane,
+    bin: &Binary,
+) -> anyhow::Result<(u64, u64, Instant)> {
+    let pid = bin.pid().expect("running");
+    let (steady, first_peak) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
+    reset_peak(pid)?;
+    let resumed = cp
+        .restart_while_frozen(bin, testkit::control_plane::Outage::FrozenThroughCompaction)
+        .await?;
+    Ok((steady, first_peak, resumed))
+}
+
+/// Ours: relisted once the pod watch has failed (until the resumed process notices, its
+/// caches look current) and every watch is healthy again; proven by the failure in its log and
+/// the apiserver's own count of pod LISTs since its restart.
+async fn relist_ours(
+    cluster: &testkit::Cluster,
+    cp: &testkit::ControlPlane,
+    run: &Run,
+) -> anyhow::Result<Relisted> {
+    let errors = "groundskeeper_watch_errors_total{watch=\"podgc/pods\"} ";
+    let errors_before = run.metric(errors).await?;
+    let log_before = run.bin.logs().len();
+    let (steady_kib, first_peak_kib, resumed) = freeze_through_compaction(cp, &run.bin).await?;
+    let no_relist = |what: &str| {
+        let logs = run.bin.logs();
+        anyhow::anyhow!(
+            "relist row: NO RELIST: {what}; log since the freeze:\n{}",
+            logs.get(log_before..).unwrap_or(&logs)
+        )
+    };
+    wait_for(Duration::from_secs(120), "the pod watch to fail", || async {
+        Ok(run.metric(errors).await? > errors_before)
+    })
+    .await
+    .map_err(|e| no_relist(&format!("{e:#}")))?;
+    wait_for(Duration::from_secs(1800), "every watch relisted", || async {
+        let (_, body) = http_get(run.admin(), "/metrics").await?;
+        let stale: Vec<f64> = body
+            .lines()
+            .filter(|l| l.starts_with("groundskeeper_watch_stale_seconds{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        Ok(!stale.is_empty() && stale.iter().all(|s| *s == 0.0))
+    })
+    .await?;
+    let took = resumed.elapsed();
+    let logs = run.bin.logs();
+    let since = logs.get(log_before..).unwrap_or(&logs);
+    let failed: Vec<&str> = since
+        .lines()
+        .filter(|l| l.contains("watch=podgc/pods") && l.contains("watch failed"))
+        .collect();
+    for l in &failed {
+        println!("  {l}");
+    }
+    // A silence is re-watched from the last resourceVersion, not relisted.
+    if !failed.iter().any(|l| !l.contains("nothing from the server")) {
+        return Err(no_relist("no failure of the pod watch that leads to a list"));
+    }
+    // Through a client whose pooled connection died with the old apiserver: a few tries.
+    let mut lists = None;
+    for _ in 0..5 {
+        let labels = ["verb=\"LIST\"", "resource=\"pods\"", "scope=\"cluster\""];
+        lists = apiserver_requests(&cluster.client, &labels).await;
+        if lists.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    match lists {
+        Some(n) if n > 0.0 => println!(
+            "relist row: the restarted apiserver answered {n} cluster-wide pod LISTs (one a page)"
+        ),
+        Some(_) => return Err(no_relist("the restarted apiserver answered no pod LIST")),
+        None => println!("relist row: WARNING: the apiserver's /metrics not readable; relist proven by the log alone"),
+    }
+    let c0 = run.cycles().await?;
+    run.wait_cycles(c0 + 2.0).await?;
+    Ok(Relisted {
+        steady_kib,
+        first_peak_kib,
+        peak_kib: run.proc_status("VmHWM:"),
+        after_kib: run.proc_status("VmRSS:"),
+        took,
+    })
+}
+
+/// kube-controller-manager: relisted once its pod reflector logs `Caches populated` again.
+async fn relist_kcm(cp: &testkit::ControlPlane, k: &Run) -> anyhow::Result<Relisted> {
+    let populated = || {
+        k.bin
+            .logs()
+            .lines()
+            .filter(|l| l.contains("Caches populated") && l.contains("*v1.Pod"))
+            .count()
+    };
+    let before = populated();
+    anyhow::ensure!(
+        before > 0,
+        "relist row: kube-controller-manager never logged `Caches populated` for pods (-v=2): its relist could not be seen; log {}",
+        k.bin.log_path().display()
+    );
+    let (steady_kib, first_peak_kib, resumed) = freeze_through_compaction(cp, &k.bin).await?;
+    wait_for(
+        Duration::from_secs(1800),
+        "kube-controller-manager to list pods again",
+        || async { Ok(populated() > before) },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("relist row: NO RELIST of kube-controller-manager: {e:#}"))?;
+    let took = resumed.elapsed();
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    Ok(Relisted {
+        steady_kib,
+        first_peak_kib,
+        peak_kib: k.proc_status("VmHWM:"),
+        after_kib: k.proc_status("VmRSS:"),
+        took,
+    })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let n_pods = env_num("PODGC_BENCH_PODS", 150_000);
@@ -701,7 +940,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await;
     let result = match result {
-        Ok(()) if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0 => {
+        Ok(()) if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0 && !only("relist") => {
             compact(cp.as_deref(), "before the TTL row");
             ttl_row(&cluster, &bin).await
         }
@@ -721,7 +960,7 @@ async fn run(
     [slow_nodes, fast_nodes]: [usize; 2],
     fast_qps: usize,
 ) -> anyhow::Result<()> {
-    if std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok("ttl") {
+    if only("ttl") {
         return Ok(());
     }
     let client = cluster.client.clone();
@@ -770,6 +1009,10 @@ async fn run(
         figure(&format!("create_{size}_s"), secs, "s");
         compact(cp, "after creating");
         println!("control plane: {}", control_plane_rss(cp));
+        relist_row(cluster, cp, bin, &size).await?;
+        if only("relist") {
+            return anyhow::Ok(());
+        }
 
         // Run 1: the default QPS budget (20/30).
         let run = Run::start(bin, &kubeconfig, &["--gc-period=5s"])?;
@@ -827,7 +1070,7 @@ async fn run(
             figure("orphans_per_s_ratio_qps20", ours / k, "ratio");
         }
 
-        if std::env::var("PODGC_BENCH_ONLY").as_deref() == Ok("qps20") {
+        if only("qps20") {
             return anyhow::Ok(());
         }
         let mut sets = node_names[2 * slow_nodes..].chunks(fast_nodes.max(1));
