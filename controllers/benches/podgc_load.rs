@@ -748,7 +748,9 @@ async fn relist_row(
     size: &str,
 ) -> anyhow::Result<()> {
     let Some(cp) = cp else {
-        println!("relist row: SKIPPED (it restarts the apiserver: only on the bench's own control plane, KUBE_APISERVER)");
+        println!(
+            "relist row: SKIPPED (it restarts the apiserver: only on the bench's own control plane, KUBE_APISERVER)"
+        );
         return Ok(());
     };
     let kubeconfig = cluster.kubeconfig.display().to_string();
@@ -811,20 +813,26 @@ async fn relist_ours(
             logs.get(log_before..).unwrap_or(&logs)
         )
     };
-    wait_for(Duration::from_secs(120), "the pod watch to fail", || async {
-        Ok(run.metric(errors).await? > errors_before)
-    })
+    wait_for(
+        Duration::from_secs(120),
+        "the pod watch to fail",
+        || async { Ok(run.metric(errors).await? > errors_before) },
+    )
     .await
     .map_err(|e| no_relist(&format!("{e:#}")))?;
-    wait_for(Duration::from_secs(1800), "every watch relisted", || async {
-        let (_, body) = http_get(run.admin(), "/metrics").await?;
-        let stale: Vec<f64> = body
-            .lines()
-            .filter(|l| l.starts_with("groundskeeper_watch_stale_seconds{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-            .collect();
-        Ok(!stale.is_empty() && stale.iter().all(|s| *s == 0.0))
-    })
+    wait_for(
+        Duration::from_secs(1800),
+        "every watch relisted",
+        || async {
+            let (_, body) = http_get(run.admin(), "/metrics").await?;
+            let stale: Vec<f64> = body
+                .lines()
+                .filter(|l| l.starts_with("groundskeeper_watch_stale_seconds{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+                .collect();
+            Ok(!stale.is_empty() && stale.iter().all(|s| *s == 0.0))
+        },
+    )
     .await?;
     let took = resumed.elapsed();
     let logs = run.bin.logs();
@@ -837,8 +845,13 @@ async fn relist_ours(
         println!("  {l}");
     }
     // A silence is re-watched from the last resourceVersion, not relisted.
-    if !failed.iter().any(|l| !l.contains("nothing from the server")) {
-        return Err(no_relist("no failure of the pod watch that leads to a list"));
+    if !failed
+        .iter()
+        .any(|l| !l.contains("nothing from the server"))
+    {
+        return Err(no_relist(
+            "no failure of the pod watch that leads to a list",
+        ));
     }
     // Through a client whose pooled connection died with the old apiserver: a few tries.
     let mut lists = None;
@@ -855,7 +868,9 @@ async fn relist_ours(
             "relist row: the restarted apiserver answered {n} cluster-wide pod LISTs (one a page)"
         ),
         Some(_) => return Err(no_relist("the restarted apiserver answered no pod LIST")),
-        None => println!("relist row: WARNING: the apiserver's /metrics not readable; relist proven by the log alone"),
+        None => println!(
+            "relist row: WARNING: the apiserver's /metrics not readable; relist proven by the log alone"
+        ),
     }
     let c0 = run.cycles().await?;
     run.wait_cycles(c0 + 2.0).await?;
