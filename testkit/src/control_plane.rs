@@ -64,6 +64,8 @@ pub struct ControlPlane {
     apiserver_args: Mutex<Vec<String>>,
     /// Extra etcd flags (a bench's `--quota-backend-bytes`), fixed at start.
     etcd_args: Vec<String>,
+    /// How long a (re)started kube-apiserver may take to answer `/readyz`.
+    ready_timeout: Mutex<Duration>,
     /// An admin kubeconfig (`system:masters`).
     pub kubeconfig: PathBuf,
     /// One JSON audit event per line, for every write.
@@ -124,6 +126,7 @@ impl ControlPlane {
             apiserver: Mutex::new(None),
             apiserver_args: Mutex::new(Vec::new()),
             etcd_args: etcd_args.iter().map(|a| a.to_string()).collect(),
+            ready_timeout: Mutex::new(READY_TIMEOUT),
             kubeconfig,
         };
         cp.start_etcd()?;
@@ -203,6 +206,12 @@ impl ControlPlane {
     /// Flags added to kube-apiserver's from its next start (see `restart_apiserver`) on.
     pub fn set_apiserver_args(&self, args: &[&str]) {
         *self.apiserver_args.lock().unwrap() = args.iter().map(|a| a.to_string()).collect();
+    }
+
+    /// How long kube-apiserver may take to be ready from its next (re)start on (60 s by
+    /// default): a restart on a bench's 150k pods reads them all back from etcd first.
+    pub fn set_ready_timeout(&self, timeout: Duration) {
+        *self.ready_timeout.lock().unwrap() = timeout;
     }
 
     /// Kills kube-apiserver (SIGKILL, as a crash would); etcd and its data stay.
@@ -342,6 +351,7 @@ impl ControlPlane {
     fn wait_ready(&self) -> anyhow::Result<()> {
         let kubeconfig = self.kubeconfig.clone();
         let log = self.dir.join("kube-apiserver.log");
+        let timeout = *self.ready_timeout.lock().unwrap();
         // Our caller may be inside a tokio runtime, where a nested runtime may not block.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -355,9 +365,9 @@ impl ControlPlane {
                     if client.request_text(req).await.is_ok_and(|t| t == "ok") {
                         return Ok(());
                     }
-                    if start.elapsed() > READY_TIMEOUT {
+                    if start.elapsed() > timeout {
                         anyhow::bail!(
-                            "kube-apiserver not ready after {READY_TIMEOUT:?}; log {}",
+                            "kube-apiserver not ready after {timeout:?}; log {}",
                             log.display()
                         );
                     }
