@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -eq 0 ]; then
-  mapfile -t files < <(git ls-files '*.sh' | xargs grep -l 'set -[a-z]*o pipefail')
+  # .ci/run too: CI's entry point has no .sh suffix.
+  mapfile -t files < <(git ls-files '*.sh' .ci/run | xargs grep -l 'set -[a-z]*o pipefail')
   # e2e/tests/*.sh run inside suite.sh's pipefail shell.
   mapfile -t -O "${#files[@]}" files < <(git ls-files 'e2e/tests/*.sh')
 else

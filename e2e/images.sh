@@ -20,7 +20,9 @@ if [ "$what" = pause ] || [ "$what" = all ]; then
 fi
 if [ "$what" = tools ] || [ "$what" = all ]; then
   busybox=$(command -v busybox) || { echo "images.sh: no busybox (apt-get install busybox-static)" >&2; exit 1; }
-  file -L "$busybox" 2>/dev/null | grep 'statically linked' >/dev/null || ldd "$busybox" 2>&1 | grep 'not a dynamic' >/dev/null \
+  # ldd exits 1 on a static binary (pipefail would count it), and `file` may not be installed:
+  # read ldd's words.
+  grep -q 'not a dynamic' <<<"$(ldd "$busybox" 2>&1)" \
     || { echo "images.sh: $busybox is not static (apt-get install busybox-static)" >&2; exit 1; }
   root=$(cd "$here/.." && pwd)
   probe=${CARGO_TARGET_DIR:-$root/target}/debug/udp-probe
