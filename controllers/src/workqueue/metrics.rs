@@ -11,7 +11,8 @@ use std::{
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use tokio::time::Instant;
 
@@ -111,10 +112,16 @@ impl QueueMetricFamilies {
     }
 }
 
-/// One queue's series and the times they are measured from (client-go's `defaultQueueMetrics`).
+/// One queue's series, resolved once, and the times they are measured from (client-go's
+/// `defaultQueueMetrics`).
 pub(super) struct QueueMetrics<K> {
-    name: String,
-    families: QueueMetricFamilies,
+    depth: IntGauge,
+    adds: IntCounter,
+    queue_duration: Histogram,
+    work_duration: Histogram,
+    unfinished_work: Gauge,
+    longest_running: Gauge,
+    retries: IntCounter,
     /// When each queued key was added (its first add since it was last handed out).
     added: HashMap<K, Instant>,
     /// When each key being worked on was handed out.
@@ -122,57 +129,45 @@ pub(super) struct QueueMetrics<K> {
 }
 
 impl<K: Clone + Eq + Hash> QueueMetrics<K> {
+    /// Every series exists from here on, at zero, as upstream's do.
     pub(super) fn new(families: &QueueMetricFamilies, name: &str) -> Self {
-        let families = families.clone();
-        // Every series exists from the start, at zero, as upstream's do.
-        families.adds.with_label_values(&[name]);
-        families.retries.with_label_values(&[name]);
-        families.depth.with_label_values(&[name]);
-        families.queue_duration.with_label_values(&[name]);
-        families.work_duration.with_label_values(&[name]);
-        families.unfinished_work.with_label_values(&[name]);
-        families.longest_running.with_label_values(&[name]);
+        let name = &[name];
         Self {
-            name: name.to_string(),
-            families,
+            depth: families.depth.with_label_values(name),
+            adds: families.adds.with_label_values(name),
+            queue_duration: families.queue_duration.with_label_values(name),
+            work_duration: families.work_duration.with_label_values(name),
+            unfinished_work: families.unfinished_work.with_label_values(name),
+            longest_running: families.longest_running.with_label_values(name),
+            retries: families.retries.with_label_values(name),
             added: HashMap::new(),
             started: HashMap::new(),
         }
     }
 
-    fn label(&self) -> [&str; 1] {
-        [self.name.as_str()]
-    }
-
     pub(super) fn add(&mut self, key: &K) {
-        self.families.adds.with_label_values(&self.label()).inc();
-        self.families.depth.with_label_values(&self.label()).inc();
+        self.adds.inc();
+        self.depth.inc();
         self.added.entry(key.clone()).or_insert_with(Instant::now);
     }
 
     pub(super) fn get(&mut self, key: &K) {
         let now = Instant::now();
-        self.families.depth.with_label_values(&self.label()).dec();
+        self.depth.dec();
         if let Some(t) = self.added.remove(key) {
-            self.families
-                .queue_duration
-                .with_label_values(&self.label())
-                .observe((now - t).as_secs_f64());
+            self.queue_duration.observe((now - t).as_secs_f64());
         }
         self.started.insert(key.clone(), now);
     }
 
     pub(super) fn done(&mut self, key: &K) {
         if let Some(t) = self.started.remove(key) {
-            self.families
-                .work_duration
-                .with_label_values(&self.label())
-                .observe(t.elapsed().as_secs_f64());
+            self.work_duration.observe(t.elapsed().as_secs_f64());
         }
     }
 
     pub(super) fn retry(&self) {
-        self.families.retries.with_label_values(&self.label()).inc();
+        self.retries.inc();
     }
 
     /// The in-progress gauges: the summed and the longest age of the work handed out and not done.
@@ -184,15 +179,8 @@ impl<K: Clone + Eq + Hash> QueueMetrics<K> {
             total += age;
             longest = longest.max(age);
         }
-        let label = self.label();
-        self.families
-            .unfinished_work
-            .with_label_values(&label)
-            .set(total);
-        self.families
-            .longest_running
-            .with_label_values(&label)
-            .set(longest);
+        self.unfinished_work.set(total);
+        self.longest_running.set(longest);
     }
 }
 
