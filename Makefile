@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e node
+.PHONY: all build run run-binaries test fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -105,13 +105,15 @@ run-check: build
 image:
 	@bash image/build.sh
 
-## e2e: a real single-node cluster, the image loaded into it, `helm install`, every end-to-end
-## test through real pods, teardown; the last line is "e2e: N passed, M failed".
+## e2e: a real cluster of NODES (default 3) dual-stack nodes, the image loaded into it, `helm
+## install`, every end-to-end test through real pods, teardown; the last line is
+## "e2e: N passed, M failed".
 e2e: tools
 	bash e2e/run.sh
 
-## node: a real node with the chart installed, left running for you (state in /tmp/gk-node).
-node: tools
+## cluster: a real multi-node cluster with the chart installed, left running for you (state in
+## /tmp/gk-cluster; `make node` is the same).
+cluster node: tools
 	bash e2e/try.sh
 
 ## crds: regenerate the committed CRD YAML (crds/ and the chart) from the Rust types.

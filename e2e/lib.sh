@@ -1,13 +1,38 @@
-# Helpers of the end-to-end suite (sourced by e2e/suite.sh). Everything runs inside the node's
-# network namespace with KUBECONFIG set by e2e/node.sh; NODE_STATE is the node's state dir.
+# Helpers of the end-to-end suite (sourced by e2e/suite.sh). Everything runs inside the control
+# plane's network namespace (on the bridge every node is on) with KUBECONFIG set by
+# e2e/cluster.sh; CLUSTER_STATE is the cluster's state dir. Commands that read or change one
+# node's kernel (conntrack, iptables-save) run in that node's namespace through `on_node`.
 
 NS=${GK_NAMESPACE:-groundskeeper}
 RELEASE=gk
-NODE=${NODE_NAME:-gk-node}
-NODE_IP=172.30.0.2
+CLUSTER_SH=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster.sh
+# The node the single-node tests run on; the multi-node tests name the others.
+NODE=gk-node-1
+node_ip() { echo "172.30.0.$((10 + ${1##*-}))"; }
+node_ip6() { echo "fd00:30::$((10 + ${1##*-}))"; }
+NODE_IP=$(node_ip "$NODE")
+all_nodes() { seq 1 "${NODES:-3}" | sed 's/^/gk-node-/'; }
 # The node-agent's admin port on the host network: the chart's default (e2e/values.yaml keeps it).
 AGENT_PORT=$(sed -n 's/^  adminPort: *\([0-9]*\).*$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../charts/groundskeeper/values.yaml")
-CTR="ctr --address $NODE_STATE/containerd.sock -n k8s.io"
+
+# on_node NODE CMD...: CMD in NODE's network namespace (its conntrack table, its iptables).
+on_node() {
+  local n=$1
+  shift
+  nsenter --target "$(cat "$CLUSTER_STATE/nodes/$n/ns-pid")" --net -- "$@"
+}
+# ctr_on NODE ...: that node's containerd.
+ctr_on() {
+  local n=$1
+  shift
+  ctr --address "$CLUSTER_STATE/nodes/$n/containerd.sock" -n k8s.io "$@"
+}
+# Faults on demand (e2e/cluster.sh): crash (processes and containers killed at once), boot
+# (again, from its disk), cut (link down: a partition) and heal.
+crash_node() { bash "$CLUSTER_SH" crash "$CLUSTER_STATE" "$1" >/dev/null 2>&1; }
+boot_node() { bash "$CLUSTER_SH" start "$CLUSTER_STATE" "$1" >/dev/null 2>&1; }
+cut_node() { bash "$CLUSTER_SH" cut "$CLUSTER_STATE" "$1"; }
+heal_node() { bash "$CLUSTER_SH" heal "$CLUSTER_STATE" "$1"; }
 
 k() { kubectl "$@"; }
 # grep -q in a pipeline stops reading at its first match; the writer's SIGPIPE then fails the
@@ -33,7 +58,13 @@ until_ok() {
 since() { awk -v t0="$1" -v now="$EPOCHREALTIME" 'BEGIN { printf "%.3f", now - t0 }'; }
 
 cm_pods() { k -n "$NS" get pods -l app.kubernetes.io/component=controller-manager -o jsonpath='{.items[*].metadata.name}'; }
-agent_pod() { k -n "$NS" get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[0].metadata.name}'; }
+# The node-agent pod of NODE (default: the first node).
+agent_pod() {
+  k -n "$NS" get pods -l app.kubernetes.io/component=node-agent --field-selector "spec.nodeName=${1:-$NODE}" \
+    -o jsonpath='{.items[0].metadata.name}'
+}
+agent_pods() { k -n "$NS" get pods -l app.kubernetes.io/component=node-agent -o jsonpath='{.items[*].metadata.name}'; }
+pod_node() { k -n "${2:-$NS}" get pod "$1" -o jsonpath='{.spec.nodeName}'; }
 
 # The Lease holder's pod (the identity is the pod name plus a random suffix).
 leader_pod() {
@@ -77,7 +108,7 @@ PY
 # kubernetes), as Prometheus would scrape it: a ServiceAccount bound to the chart's
 # metrics-reader ClusterRole, its token.
 scraper_token() {
-  local f=$NODE_STATE/scraper.token
+  local f=$CLUSTER_STATE/scraper.token
   if [ ! -s "$f" ]; then
     k -n default create serviceaccount e2e-scraper >/dev/null 2>&1 || true
     k create clusterrolebinding e2e-scraper --clusterrole="$RELEASE-groundskeeper-metrics-reader" \
@@ -115,13 +146,12 @@ new_namespace() {
 
 # Pods' RSS as the kernel counts it (VmRSS of the container's first process), by name.
 rss() {
-  local pod=$1 ns=${2:-$NS} cid pid
+  local pod=$1 ns=${2:-$NS} cid pid node
   cid=$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
-  pid=$($CTR tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
+  node=$(pod_node "$pod" "$ns")
+  pid=$(ctr_on "$node" tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
   [ -n "$pid" ] || { echo "?"; return; }
-  # ctr reports the PID in the node's PID namespace; the host's /proc knows it by its host PID.
-  local host
-  # NSpid: host PID, the node's, then the container's own.
-  host=$(awk -v p="$pid" '/^NSpid:/ && NF >= 3 && $3 == p { print FILENAME }' /proc/[0-9]*/status 2>/dev/null | head -n 1)
-  [ -n "$host" ] && awk '/^VmRSS:/ { printf "%.1f MiB", $2 / 1024 }' "$host" || echo "?"
+  # ctr reports the PID in the node's PID namespace: read it there (the node's /proc).
+  nsenter --target "$(cat "$CLUSTER_STATE/nodes/$node/ns-pid")" --pid --mount -- \
+    awk '/^VmRSS:/ { printf "%.1f MiB", $2 / 1024 }' "/proc/$pid/status" 2>/dev/null || echo "?"
 }

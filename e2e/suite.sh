@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The end-to-end tests: groundskeeper installed with `helm install` on a real node (e2e/node.sh)
-# and tested the user's way, through its real pods, a real kubelet, scheduler and kube-proxy.
-# Runs inside the node's network namespace (e2e/run.sh starts it there). Each test_* function
-# is one test; the last line is "N passed, M failed".
+# The end-to-end tests: groundskeeper installed with `helm install` on a real cluster of several
+# dual-stack nodes (e2e/cluster.sh) and tested the user's way, through its real pods, real
+# kubelets, scheduler and kube-proxies. Runs inside the control plane's network namespace (e2e/run.sh
+# starts it there). Each test_* function is one test; the last line is "N passed, M failed".
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -54,7 +54,9 @@ run() {
 
 # In this order: the leader tests replace the pods whose logs the log test reads, and uninstall
 # takes the product away.
-order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_agent_metrics ops_rss ops_audit leader_delete leader_sigkill leader ops_helm_upgrade zz_"
+# The multi-node tests crash, cut and boot nodes: after the tests that read a quiet cluster
+# (idle memory, the audit of every delete so far).
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_agent_metrics ops_rss ops_audit multinode leader_delete leader_sigkill leader ops_helm_upgrade zz_"
 all=$(declare -F | awk '{print $3}' | grep '^test_')
 tests=""
 for group in $order; do

@@ -1,6 +1,7 @@
 # Conntrack cleanup with kube-proxy's real rules, as upstream's test/e2e/network/conntrack.go:
 # UDP clients keep one flow each (fixed source port) to a Service, through its ClusterIP and
-# through its NodePort; the server pod is replaced, then removed.
+# through its NodePort; the server pod is replaced, then removed. Server and clients are on one
+# node ($NODE), whose conntrack table is read; e2e/tests/multinode.sh spreads them.
 
 udp_setup() { # ns
   k -n "$1" apply -f - >/dev/null <<Y
@@ -13,6 +14,7 @@ spec:
   template:
     metadata: {labels: {app: udp-server}}
     spec:
+      nodeSelector: {kubernetes.io/hostname: $NODE}
       terminationGracePeriodSeconds: 1
       containers:
       - name: s
@@ -38,6 +40,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: client-clusterip}
 spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE}
   terminationGracePeriodSeconds: 0
   containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$vip:9000", "5000", "50"]}]
 ---
@@ -45,6 +48,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: client-nodeport}
 spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE}
   terminationGracePeriodSeconds: 0
   containers: [{name: c, image: gk.local/tools:1, command: [udp-probe, send, "$NODE_IP:$np", "5001", "50"]}]
 Y
@@ -80,7 +84,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
   # kube-proxy programs the new endpoint at its next sync (minSyncPeriod 1 s): the agent can
   # only be judged from the moment the rules exist, as upstream's conntrack e2e does.
   ip=$(k -n "$ns" get pod "$new" -o jsonpath='{.status.podIP}')
-  for _ in $(seq 400); do iptables-save -t nat | has -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
+  for _ in $(seq 400); do on_node "$NODE" iptables-save -t nat | has -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
   t_rules=$((${EPOCHREALTIME/./} / 1000))
   say "kube-proxy programmed $new ($ip) $((t_rules - t_ready)) ms after its endpoint was ready"
   # The old server, terminating, still serves (and is still an endpoint) until its grace
@@ -106,7 +110,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
     if [ "$lag" -gt 5000 ]; then
       # What the client saw around the switch, relative to kube-proxy's rules for the new server.
       k -n "$ns" logs "$c" | awk -v t="$t_rules" '$1 > t - 1500 && $1 < t + 6000 { $1 = $1 - t; print "    client: " $0 }' | head -n 40
-      conntrack -L -p udp 2>/dev/null | grep -E 'dport=9000|dport='"$(k -n "$ns" get svc udp -o jsonpath='{.spec.ports[0].nodePort}')" | sed 's/^/    ct: /'
+      on_node "$NODE" conntrack -L -p udp 2>/dev/null | grep -E 'dport=9000|dport='"$(k -n "$ns" get svc udp -o jsonpath='{.spec.ports[0].nodePort}')" | sed 's/^/    ct: /'
       fail "$c reached the new server ${lag} ms after the switch was due"
     fi
   done
@@ -121,9 +125,9 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   ns=$(new_namespace conntrack)
   udp_setup "$ns"
   ip=$(k -n "$ns" get pods -l app=udp-server -o jsonpath='{.items[0].status.podIP}')
-  until_ok 20 sh -c "conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" || fail "no UDP flow to the server $ip"
+  until_ok 20 on_node "$NODE" sh -c "conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" || fail "no UDP flow to the server $ip"
   # A flow that is not kube-proxy's: a UDP entry between two addresses of no Service.
-  conntrack -I -p udp -s 10.244.0.250 -d 10.244.0.251 --sport 4000 --dport 4001 -t 300 -u ASSURED >/dev/null 2>&1 \
+  on_node "$NODE" conntrack -I -p udp -s 10.244.0.250 -d 10.244.0.251 --sport 4000 --dport 4001 -t 300 -u ASSURED >/dev/null 2>&1 \
     || fail "could not insert the bystander flow"
   before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
   k -n "$ns" scale deployment/udp-server --replicas=0 >/dev/null
@@ -131,10 +135,10 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
     || fail "the server's endpoint did not go"
   # Until kube-proxy has taken the endpoint out of its rules, the client's next datagram makes a
   # new flow to it: the agent is judged from the later of the two, as in the switch test.
-  for _ in $(seq 400); do iptables-save -t nat | has -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
+  for _ in $(seq 400); do on_node "$NODE" iptables-save -t nat | has -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
   t0=$EPOCHREALTIME
-  until_ok 15 sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
-    || fail "flows DNATed to the removed endpoint $ip are still there 15 s after it went: $(conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"
+  until_ok 15 on_node "$NODE" sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
+    || fail "flows DNATed to the removed endpoint $ip are still there 15 s after it went: $(on_node "$NODE" conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"
   local took
   took=$(since "$t0")
   # Expected: the settle (1 s: an EndpointSlice re-created is not a service without endpoints)
@@ -145,7 +149,7 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   say "agent's kubeproxy_conntrack_reconciler_deleted_entries_total: $before -> $after"
   awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "the agent's deletion counter did not move: something else removed the flows"
   k -n "$NS" logs "$(agent_pod)" --since=60s | grep 'conntrack cleanup pass' | grep -v 'deleted=0' | tail -n 2 | sed 's/^/    log: /'
-  conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | has sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"
-  conntrack -D -p udp -s 10.244.0.250 -d 10.244.0.251 >/dev/null 2>&1
+  on_node "$NODE" conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | has sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"
+  on_node "$NODE" conntrack -D -p udp -s 10.244.0.250 -d 10.244.0.251 >/dev/null 2>&1
   k delete namespace "$ns" --wait=false >/dev/null
 }

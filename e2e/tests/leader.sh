@@ -36,7 +36,7 @@ test_leader_sigkill_takeover_within_lease() {
   id=$(k -n "$NS" get lease groundskeeper-controller-manager -o jsonpath='{.spec.holderIdentity}')
   cid=$(k -n "$NS" get pod "$old" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
   t0=$EPOCHREALTIME
-  $CTR tasks kill -s SIGKILL "$cid" >/dev/null || fail "could not SIGKILL the leader's container"
+  ctr_on "$(pod_node "$old")" tasks kill -s SIGKILL "$cid" >/dev/null || fail "could not SIGKILL the leader's container"
   # The other replica, or the killed one restarted by kubelet (a new process: a new identity).
   until_ok 30 sh -c "id=\$(kubectl -n $NS get lease groundskeeper-controller-manager -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$id\" ] && [ \"\$id\" != '$id' ]" \
     || fail "nobody took over within 30 s of the SIGKILL"

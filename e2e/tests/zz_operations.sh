@@ -78,7 +78,7 @@ test_ops_helm_upgrade_from_previous_version() {
 # Pods of the real node that groundskeeper had no reason to touch were not: every pod delete it
 # made is of a test's garbage (an orphan or a terminated pod), none of a running pod.
 test_ops_audit_no_running_pod_deleted() {
-  local audit=$NODE_STATE/logs/audit.log
+  local audit=$CLUSTER_STATE/cp/logs/audit.log
   python3 - "$audit" <<'PY' || fail "groundskeeper deleted pods it must not have"
 import json, sys
 bad, n = [], 0

@@ -49,7 +49,11 @@ fn serve(port: &str) -> Result<(), String> {
     let port: u16 = port
         .parse()
         .map_err(|_| format!("port {port:?} is not a port number"))?;
-    let socket = UdpSocket::bind(("0.0.0.0", port)).map_err(|e| format!("binding :{port}: {e}"))?;
+    // Both families on one socket where the pod has IPv6 (a dual-stack Service reaches it either
+    // way); IPv4 alone where it has not.
+    let socket = UdpSocket::bind(("::", port))
+        .or_else(|_| UdpSocket::bind(("0.0.0.0", port)))
+        .map_err(|e| format!("binding :{port}: {e}"))?;
     let me = hostname();
     println!("serving on :{port} as {me}");
     let mut buf = [0u8; 1500];
@@ -74,7 +78,15 @@ fn send(target: &str, source_port: &str, interval_ms: &str) -> Result<(), String
     let interval: u64 = interval_ms
         .parse()
         .map_err(|_| format!("interval {interval_ms:?} is not a number of milliseconds"))?;
-    let socket = UdpSocket::bind(("0.0.0.0", source_port))
+    // The source socket is of the target's family: one flow, whose conntrack entry is the
+    // family's own (no v4-mapped addresses).
+    let first = target
+        .to_socket_addrs()
+        .map_err(|e| format!("resolving {target}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{target} resolves to nothing"))?;
+    let any = if first.is_ipv6() { "::" } else { "0.0.0.0" };
+    let socket = UdpSocket::bind((any, source_port))
         .map_err(|e| format!("binding :{source_port}: {e}"))?;
     socket
         .set_read_timeout(Some(Duration::from_millis(interval.max(10))))
