@@ -15,6 +15,7 @@
 #   cluster.sh heal STATE NODE                bring NODE's link back up
 #   cluster.sh load STATE IMAGE.tar...        import OCI archives into every node's containerd
 #   cluster.sh binaries                       unpack and check shared/'s node binaries only
+#   cluster.sh cost STATE [SECONDS]           each node's and the control plane's RSS and CPU
 #   cluster.sh down STATE                     stop it and remove what it left
 #
 # NODES (default 3) sets the number of worker nodes, gk-node-1 ... gk-node-N.
@@ -703,6 +704,51 @@ stop() {
   rm -rf "$s"
 }
 
+# What each piece costs: the RSS and CPU of the processes of its own PID namespace (a node's
+# containerd, shims, kubelet and kube-proxy; not its pods, whose PID namespaces nest), CPU as a
+# share of one core over SECONDS.
+cost() { # state seconds
+  python3 - "$1" "${2:-10}" <<'PY'
+import glob, os, sys, time
+state, secs = sys.argv[1], float(sys.argv[2])
+tick = os.sysconf("SC_CLK_TCK")
+def members(nspid):
+    ns = os.readlink(f"/proc/{nspid}/ns/pid")
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{p}/ns/pid") == ns:
+                out.append(p)
+        except OSError:
+            pass
+    return out
+def rss(p):
+    try:
+        return next(int(l.split()[1]) for l in open(f"/proc/{p}/status") if l.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+def cpu(p):
+    try:
+        f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except OSError:
+        return 0
+pieces = [("control plane", f"{state}/cp")] + [(os.path.basename(d), d) for d in sorted(glob.glob(f"{state}/nodes/*"))]
+procs = {}
+for name, d in pieces:
+    try:
+        procs[name] = members(open(f"{d}/ns-pid").read().strip())
+    except OSError:
+        procs[name] = []
+before = {n: sum(cpu(p) for p in ps) for n, ps in procs.items()}
+time.sleep(secs)
+for name, _ in pieces:
+    ps = procs[name]
+    used = (sum(cpu(p) for p in ps) - before[name]) / tick
+    print(f"{name}: RSS {sum(rss(p) for p in ps) / 1024:.0f} MiB, CPU {100 * used / secs:.1f}% of a core")
+PY
+}
+
 cmd=${1:-}
 shift || true
 case $cmd in
@@ -712,6 +758,7 @@ case $cmd in
   _cp_keeper) cp_keeper "$@" ;;
   _node_keeper) node_keeper "$@" ;;
   binaries) binaries ;;
+  cost) cost "${1:?usage: cluster.sh cost STATE [SECONDS]}" "${2:-10}" ;;
   up)
     s=${1:?usage: cluster.sh up STATE [--images DIR]}
     imgs=""
@@ -768,5 +815,5 @@ case $cmd in
     rc=$?
     exit $rc
     ;;
-  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -56,7 +56,7 @@ run() {
 # takes the product away.
 # The multi-node tests crash, cut and boot nodes: after the tests that read a quiet cluster
 # (idle memory, the audit of every delete so far).
-order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_agent_metrics ops_rss ops_audit multinode leader_delete leader_sigkill leader ops_helm_upgrade zz_"
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_agent_metrics ops_rss ops_cluster ops_audit multinode leader_delete leader_sigkill leader ops_helm_upgrade zz_"
 all=$(declare -F | awk '{print $3}' | grep '^test_')
 tests=""
 for group in $order; do
@@ -66,7 +66,8 @@ for group in $order; do
 done
 for t in $all; do case " $tests " in *" $t "*) ;; *) tests="$tests $t" ;; esac; done
 [ -z "${E2E_TESTS:-}" ] || tests=$E2E_TESTS
-run install_chart
+# E2E_INSTALLED=1: the chart is already installed (a person re-running tests on `make cluster`).
+[ -n "${E2E_INSTALLED:-}" ] || run install_chart
 if [ "$failed" -eq 0 ]; then
   for t in $tests; do run "$t"; done
 fi

@@ -26,10 +26,11 @@ Y
 
 # UIDs of every pod on NODES (namespace/name=uid), to prove afterwards that none was touched.
 pods_on() { # node...
-  local n sel=""
+  local n
+  # Pods already being deleted (a namespace of an earlier test going) are not the live nodes'.
   for n in "$@"; do
     k get pods -A --field-selector "spec.nodeName=$n" \
-      -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name}={.metadata.uid}{"\n"}{end}'
+      -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.namespace}}/{{.metadata.name}}={{.metadata.uid}}{{"\n"}}{{end}}{{end}}'
   done | sort
 }
 
@@ -64,6 +65,20 @@ PY
 }
 now_rfc3339() { date -u +%Y-%m-%dT%H:%M:%S.%6NZ; }
 
+# Whatever a test did to the nodes is undone when it ends, pass or fail (each test runs in a
+# subshell: `trap restore_nodes EXIT` there), so the next test starts from a whole cluster.
+restore_nodes() {
+  local n
+  for n in $(all_nodes); do
+    heal_node "$n" >/dev/null 2>&1 || true
+    [ -s "$CLUSTER_STATE/nodes/$n/ns-pid" ] || boot_node "$n" || echo "    could not boot $n again"
+  done
+  # shellcheck disable=SC2046
+  k uncordon $(all_nodes) >/dev/null 2>&1 || true
+  k taint node --all node.kubernetes.io/out-of-service- >/dev/null 2>&1 || true
+  k label node --all e2e-sysctl- >/dev/null 2>&1 || true
+}
+
 # Waits until every node is Ready and the node-agent runs Ready on each: the state the next
 # test starts from.
 cluster_whole() {
@@ -76,6 +91,7 @@ cluster_whole() {
 # A node killed and its Node deleted, as an autoscaler or a cloud controller does: its pods are
 # orphans, force-deleted after the quarantine. Nothing on A or C is touched.
 test_multinode_podgc_node_lost() {
+  trap restore_nodes EXIT
   local ns before t0 tcut
   ns=$(new_namespace lost)
   {
@@ -111,6 +127,7 @@ test_multinode_podgc_node_lost() {
 # marked Failed with a DisruptionTarget condition as upstream does, and the StatefulSet pod runs
 # on another node. After the taint goes and B is back, nothing more is deleted.
 test_multinode_out_of_service_statefulset() {
+  trap restore_nodes EXIT
   local ns before tcrash t0 node
   ns=$(new_namespace oos)
   # Only B schedulable while the StatefulSet's pod is placed: it lands on B, and may move later.
@@ -170,6 +187,7 @@ Y
 # (the apiserver's audit log says so: it records every write that reaches it); when the link
 # returns it rejoins as a follower.
 test_multinode_leader_node_cut_off() {
+  trap restore_nodes EXIT
   local old node others tcut t0 new
   until_ok 30 leader_pod || fail "no leader"
   old=$(leader_pod)
@@ -208,7 +226,7 @@ for line in open(path):
     print(e["verb"], r.get("resource"), r.get("namespace"), r.get("name"), code)
 PY
 )
-  echo "$writes" | grep . | sed 's/^/    old leader after the cut: /'
+  echo "$writes" | grep . | sed 's/^/    old leader after the cut: /' || true
   local took
   took=$(echo "$writes" | awk 'NF && $NF < 300')
   [ -z "$took" ] || fail "the cut-off leader $old made writes after its term: $took"
@@ -271,11 +289,14 @@ switch_backend() { # ns service client old new-ip-node
   say "$client: first answer from $5 ${lag} ms after $old left the EndpointSlice"
 }
 
-# A client on A, backends on B then C: B's backend goes, A's agent deletes A's flow to it, and
-# the client reaches C's. B's table holds the un-NATed half of that flow: not kube-proxy's on B,
-# left alone there.
+# A client on A, its backend on B. B's backend replaced by one on C: the client's flow leaves the
+# dead backend and reaches the live one (kube-proxy itself clears a flow whose Service has
+# another endpoint). Then C's backend goes too, with none left: kube-proxy v1.36 keeps such flows
+# until an endpoint returns (kubernetes#139629), and A's agent deletes them; a backend back on B
+# is reached. B's and C's tables hold the un-NATed half of the client's flows: not kube-proxy's
+# there, left alone; and flows that are nobody's stay on every node.
 test_multinode_conntrack_cross_node_backend_replaced() {
-  local ns vip cip bip before after
+  local ns vip cip bip c_ip before after t0
   ns=$(new_namespace xnode)
   bystanders_in
   udp_server "$ns" server-b "$B" udp-x | k apply -f - >/dev/null
@@ -297,14 +318,27 @@ Y
   on_node "$B" conntrack -L -p udp -s "$cip" -d "$bip" 2>/dev/null | has dport=9000 || fail "no flow from the client on $B"
   udp_server "$ns" server-c "$C" udp-x | k apply -f - >/dev/null
   k -n "$ns" wait pod/server-c --for=condition=Ready --timeout=60s >/dev/null || fail "server-c did not start"
-  programmed "$A" "$(k -n "$ns" get pod server-c -o jsonpath='{.status.podIP}')" || fail "$A's kube-proxy never programmed server-c"
-  before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  c_ip=$(k -n "$ns" get pod server-c -o jsonpath='{.status.podIP}')
+  programmed "$A" "$c_ip" || fail "$A's kube-proxy never programmed server-c"
   switch_backend "$ns" udp-x client server-b server-c
-  after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
-  say "$A's agent deleted entries: $before -> $after"
-  awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "$A's agent did not delete the stale flow: something else did"
+  on_node "$A" conntrack -L -p udp --reply-src "$bip" 2>/dev/null | has dport= && fail "$A still holds a flow to the deleted server-b"
   on_node "$B" conntrack -L -p udp -s "$cip" -d "$bip" 2>/dev/null | has dport=9000 \
     || fail "$B's agent deleted the un-NATed half of the client's flow (not kube-proxy's on $B)"
+  # No endpoint left: A's agent's own work.
+  before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  k -n "$ns" delete pod server-c --wait=false >/dev/null
+  left_slices "$ns" udp-x server-c || fail "server-c did not leave the EndpointSlices"
+  for _ in $(seq 400); do on_node "$A" iptables-save -t nat | has -- "--to-destination $c_ip:" || break; sleep 0.05; done
+  t0=$EPOCHREALTIME
+  until_ok 15 on_node "$A" sh -c "! conntrack -L -p udp --reply-src $c_ip 2>/dev/null | grep -q dport=" \
+    || fail "$A's flow to the removed server-c is still there 15 s after its Service lost its last endpoint"
+  after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  say "$A's flow to the last backend (on $C) gone $(since "$t0") s after it left; $A's agent deleted entries: $before -> $after"
+  awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "$A's agent's deletion counter did not move: something else removed the flow"
+  on_node "$C" conntrack -L -p udp -s "$cip" -d "$c_ip" 2>/dev/null | has dport=9000 \
+    || fail "$C's agent deleted the un-NATed half of the client's flow (not kube-proxy's on $C)"
+  udp_server "$ns" server-b2 "$B" udp-x | k apply -f - >/dev/null
+  answered_by "$ns" client server-b2 20 || fail "the client did not reach the backend back on $B"
   bystanders_still_there
   k delete namespace "$ns" --wait=false >/dev/null
 }
@@ -457,6 +491,7 @@ Y
 # B allows it (kubelet's --allowed-unsafe-sysctls, no policy). Pods asking for it run on B, none
 # on A or C, and none is failed or recreated on the way.
 test_multinode_sysctl_heterogeneous_nodes() {
+  trap restore_nodes EXIT
   local ns i on_b=0 elsewhere=0 p node
   ns=$(new_namespace hetero)
   k label node "$A" "$C" e2e-sysctl=strict --overwrite >/dev/null
@@ -488,6 +523,7 @@ Y
 # One controller-manager replica's node cut off (its pod still looks Ready for a while, and the
 # apiserver's calls to it time out): Enforce still holds for new pods.
 test_multinode_sysctl_enforce_with_a_replica_cut_off() {
+  trap restore_nodes EXIT
   local ns leader victim node i created=0 ran_n=0 p
   ns=$(new_namespace cutwebhook)
   until_ok 30 leader_pod || fail "no leader"
@@ -511,4 +547,33 @@ test_multinode_sysctl_enforce_with_a_replica_cut_off() {
   k delete namespace "$ns" --wait=false >/dev/null
   cluster_whole
   [ "$ran_n" -eq 0 ] || fail "$ran_n forbidden pods ran with one webhook replica cut off"
+}
+
+# Every webhook replica down (the Deployment scaled to 0): a pod that sets a forbidden sysctl
+# runs on no node, and every other pod schedules as if groundskeeper were not installed.
+test_multinode_sysctl_fail_closed_every_replica_down() {
+  local ns i n=10 m=10 ran_n=0 scheduled p deploy=$RELEASE-groundskeeper-controller-manager
+  ns=$(new_namespace failclosed)
+  enforce_policy e2e-failclosed '["kernel.shm_rmid_forced"]'
+  sleep 2
+  k -n "$NS" scale deployment "$deploy" --replicas=0 >/dev/null
+  until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -l app.kubernetes.io/component=controller-manager -o name)\" ]" \
+    || fail "the controller-manager replicas did not go"
+  for i in $(seq 1 "$n"); do sysctl_pod "$ns" "forbidden-$i" kernel.msgmax | k apply -f - >/dev/null 2>&1 || true; done
+  for i in $(seq 1 "$m"); do
+    k -n "$ns" run "plain-$i" --image=gk.local/tools:1 --restart=Never --command -- sleep 3600 >/dev/null
+  done
+  until_ok 60 sh -c "[ \$(kubectl -n $ns get pods -l run --field-selector=status.phase=Running --no-headers | wc -l) -eq $m ]" || true
+  sleep 5
+  scheduled=$(k -n "$ns" get pods -l run -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true)
+  for p in $(k -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
+    case $p in forbidden-*) ran "$ns" "$p" && ran_n=$((ran_n + 1)) ;; esac
+  done
+  k -n "$NS" scale deployment "$deploy" --replicas=2 >/dev/null
+  echo "sysctl fail-closed: $ran_n of $n forbidden pods ran with every webhook replica down; $scheduled of $m other pods scheduled"
+  rollout || fail "the controller-manager did not come back"
+  k delete sysctlpolicy e2e-failclosed >/dev/null
+  k delete namespace "$ns" --wait=false >/dev/null
+  [ "$ran_n" -eq 0 ] || fail "$ran_n forbidden pods ran with every webhook replica down"
+  [ "$scheduled" -eq "$m" ] || fail "only $scheduled of $m pods without sysctls were scheduled with every replica down"
 }

@@ -92,31 +92,3 @@ test_sysctl_enforce_measured() {
   k delete namespace "$ns" --wait=false >/dev/null
 }
 
-# Every webhook replica down (the Deployment scaled to 0): a pod that sets a forbidden sysctl
-# does not run anywhere, and every other pod schedules as if groundskeeper were not installed.
-test_sysctl_fail_closed_every_replica_down() {
-  local ns i n=10 m=10 ran_n=0 scheduled p deploy=$RELEASE-groundskeeper-controller-manager
-  ns=$(new_namespace failclosed)
-  enforce_policy e2e-failclosed '["kernel.shm_rmid_forced"]'
-  sleep 2
-  k -n "$NS" scale deployment "$deploy" --replicas=0 >/dev/null
-  until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -l app.kubernetes.io/component=controller-manager -o name)\" ]" \
-    || fail "the controller-manager replicas did not go"
-  for i in $(seq 1 "$n"); do sysctl_pod "$ns" "forbidden-$i" kernel.msgmax | k apply -f - >/dev/null 2>&1 || true; done
-  for i in $(seq 1 "$m"); do
-    k -n "$ns" run "plain-$i" --image=gk.local/tools:1 --restart=Never --command -- sleep 3600 >/dev/null
-  done
-  until_ok 60 sh -c "[ \$(kubectl -n $ns get pods -l run --field-selector=status.phase=Running --no-headers | wc -l) -eq $m ]" || true
-  sleep 5
-  scheduled=$(k -n "$ns" get pods -l run -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true)
-  for p in $(k -n "$ns" get pods -o jsonpath='{.items[*].metadata.name}'); do
-    case $p in forbidden-*) ran "$ns" "$p" && ran_n=$((ran_n + 1)) ;; esac
-  done
-  k -n "$NS" scale deployment "$deploy" --replicas=2 >/dev/null
-  echo "sysctl fail-closed: $ran_n of $n forbidden pods ran with every webhook replica down; $scheduled of $m other pods scheduled"
-  rollout || fail "the controller-manager did not come back"
-  k delete sysctlpolicy e2e-failclosed >/dev/null
-  k delete namespace "$ns" --wait=false >/dev/null
-  [ "$ran_n" -eq 0 ] || fail "$ran_n forbidden pods ran with every webhook replica down"
-  [ "$scheduled" -eq "$m" ] || fail "only $scheduled of $m pods without sysctls were scheduled with every replica down"
-}

@@ -33,6 +33,12 @@ test_ops_rss() {
   for p in $(cm_pods) $(agent_pod); do say "$p RSS $(rss "$p")"; done
 }
 
+# What the test cluster itself costs, per node and for the control plane, with the chart
+# installed and idle (README: the multi-node cluster).
+test_ops_cluster_cost() {
+  bash "$CLUSTER_SH" cost "$CLUSTER_STATE" 10 | sed 's/^/    cluster cost: /'
+}
+
 test_ops_helm_upgrade_one_leader_throughout() {
   "$HELM" upgrade "$RELEASE" "$root/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" \
     --set logLevel=info >/dev/null || fail "helm upgrade"
