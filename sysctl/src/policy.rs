@@ -318,6 +318,32 @@ mod tests {
         }
     }
 
+    /// A pattern only v1.37 knows as namespaced allows something on a v1.37 node only.
+    #[test]
+    fn patterns_count_only_where_the_kubelet_knows_their_namespace() {
+        let node = labels(&[]);
+        let flag = ["kernel.domainname".to_string()];
+        let user = policy("u", &["user.*"], None, Mode::Enforce);
+        let merged = |t| merge_in(t, &[], &flag, Mode::Audit, &[&user], &node);
+        let (old, new) = (
+            merged(NamespaceTable::IpcNet),
+            merged(NamespaceTable::NEWEST),
+        );
+        assert!(old.patterns.is_empty(), "{:?}", old.patterns);
+        assert_eq!(new.patterns, ["kernel.domainname", "user.*"]);
+        assert_ne!(old.revision, new.revision);
+        assert!(
+            old.allowlist
+                .validate("user.max_user_namespaces", false, false)
+                .is_err()
+        );
+        assert_eq!(
+            new.allowlist
+                .validate("user.max_user_namespaces", false, false),
+            Ok(())
+        );
+    }
+
     #[test]
     fn strictest_mode_wins() {
         let node = labels(&[]);
@@ -383,6 +409,9 @@ mod tests {
     fn validity_names_bad_patterns() {
         let ok = policy("p", &["net.*", "kernel/msg*"], None, Mode::Enforce);
         assert_eq!(validity(&ok.spec).0, "True");
+        // Valid for a v1.37 kubelet, whatever kubelet the writing agent's node runs.
+        let newer = policy("p", &["kernel.domainname", "user.*"], None, Mode::Enforce);
+        assert_eq!(validity(&newer.spec).0, "True");
         let bad = policy("p", &["net.*", "vm.swappiness", "a*b"], None, Mode::Enforce);
         let (status, reason, message) = validity(&bad.spec);
         assert_eq!((status, reason), ("False", "InvalidPatterns"));
