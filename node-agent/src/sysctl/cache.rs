@@ -182,3 +182,34 @@ fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
     });
     change
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent keeps the labels and the kubelet version of its Node, nothing else; an empty
+    /// version is none reported.
+    #[test]
+    fn node_view_keeps_labels_and_kubelet_version() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"pool": "db"}},
+            "status": {"nodeInfo": {"kubeletVersion": "v1.37.0-eks-4d1a2b", "kernelVersion": "6.1",
+              "machineID": "", "systemUUID": "", "bootID": "", "osImage": "",
+              "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux",
+              "architecture": "amd64"}},
+        }))
+        .unwrap();
+        let view = NodeView::of(node.clone());
+        assert_eq!(view.labels["pool"], "db");
+        assert_eq!(view.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
+        let mut unreported = node;
+        unreported
+            .status
+            .as_mut()
+            .and_then(|s| s.node_info.as_mut())
+            .unwrap()
+            .kubelet_version = String::new();
+        assert_eq!(NodeView::of(unreported).kubelet, None);
+        assert_eq!(NodeView::of(Node::default()), NodeView::default());
+    }
+}
