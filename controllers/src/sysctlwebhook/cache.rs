@@ -1,5 +1,5 @@
-//! What the webhook watches: nodes (labels, kernel, kubelet version), SysctlPolicies, pods not
-//! yet bound, and its own Secret and ValidatingWebhookConfiguration.
+//! What the webhook watches: nodes (labels, kernel), SysctlPolicies, pods not yet bound, and
+//! its own Secret and ValidatingWebhookConfiguration.
 //!
 //! Flags `sysctlwebhook/<kind>`. A binding names only its pod, so the pods not yet bound are
 //! kept (field selector `spec.nodeName=`, so the watch carries nothing of bound pods), each as

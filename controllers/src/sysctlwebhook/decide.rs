@@ -142,25 +142,12 @@ pub fn decide(
             ),
         };
     };
-    let judged = Kubelet::judge(node.kubelet.as_deref());
-    let kubelet = judged.kubelet;
-    let policy = if node.linux() {
-        let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
-        node_policy_as(kubelet, args, kernel.as_ref(), policies, &node.labels)
-    } else {
-        let flag = args.allowed_unsafe_sysctls();
-        let mode = args.sysctl_default_mode;
-        merge_in(
-            kubelet.namespaces(),
-            &[],
-            &flag,
-            mode,
-            policies,
-            &node.labels,
-        )
-    };
-    // Said only when the node's own version's rules could not be used.
-    let assumed = judged.assumed.map(|a| format!("; {a}")).unwrap_or_default();
+    let policy = policy_of(args, node, policies);
+    // Said only when the node's own kubelet version's rules could not be used.
+    let assumed = Kubelet::judge(node.kubelet.as_deref())
+        .assumed
+        .map(|a| format!("; {a}"))
+        .unwrap_or_default();
     match policy.judge(Some(spec)) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
@@ -184,6 +171,30 @@ pub fn decide(
                 by(&policy.policies)
             ),
         },
+    }
+}
+
+/// The policy of a known node, by the rules of its own kubelet version.
+fn policy_of(
+    args: &PolicyArgs,
+    node: &NodeFacts,
+    policies: &[&SysctlPolicy],
+) -> groundskeeper_sysctl::policy::NodePolicy {
+    let kubelet = Kubelet::judge(node.kubelet.as_deref()).kubelet;
+    if node.linux() {
+        let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
+        node_policy_as(kubelet, args, kernel.as_ref(), policies, &node.labels)
+    } else {
+        let flag = args.allowed_unsafe_sysctls();
+        let mode = args.sysctl_default_mode;
+        merge_in(
+            kubelet.namespaces(),
+            &[],
+            &flag,
+            mode,
+            policies,
+            &node.labels,
+        )
     }
 }
 
