@@ -47,6 +47,7 @@ fn main() {
             .collect::<BTreeMap<_, _>>(),
         kernel: Some("6.1.0-18-amd64".into()),
         os: Some("linux".into()),
+        kubelet: Some("v1.36.2".into()),
     };
     for n in [1usize, 10, 100] {
         let policies: Vec<SysctlPolicy> = (0..n)

@@ -665,3 +665,78 @@ async fn the_older_bindings_resource_is_judged_too() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A cluster mid-upgrade: two Nodes whose kubelets report v1.36 and v1.37. The same pod, setting
+/// `net.ipv4.tcp_slow_start_after_idle` (safe from v1.37 on), is denied its binding to the v1.36
+/// node and bound to the v1.37 one: the webhook reads each Node's `kubeletVersion`.
+#[tokio::test]
+async fn each_node_is_judged_by_its_own_kubelet_version() -> anyhow::Result<()> {
+    let test = "each_node_is_judged_by_its_own_kubelet_version";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let Some(w) = webhook(&c, test, "enforce", "Fail", &[]).await? else {
+        return Ok(());
+    };
+    let sysctl = "net.ipv4.tcp_slow_start_after_idle";
+    let mut nodes = Vec::new();
+    for version in ["v1.36.2", "v1.37.0"] {
+        let name = unique_name("gk-kubelet");
+        let mut node = webhook::node(&name, BTreeMap::new(), Some("6.1.0-18-amd64"));
+        let info = node.status.as_mut().and_then(|s| s.node_info.as_mut());
+        info.expect("nodeInfo").kubelet_version = version.into();
+        c.create(&node).await?;
+        nodes.push(name);
+    }
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &w.ns);
+    let old = c.create(&unbound_pod(&w.ns, "v136", &[sysctl])).await?;
+    wait_for(
+        WAIT,
+        "the binding to the v1.36 node to be denied",
+        || async {
+            match webhook::bind(&c.client, &w.ns, &old, &nodes[0]).await {
+                Err(kube::Error::Api(e)) if e.message.contains("not known") => Ok(false),
+                Err(kube::Error::Api(e)) => {
+                    assert!(
+                        e.message.contains(&format!("{sysctl:?} not allowlisted"))
+                            && !e.message.contains("judged as"),
+                        "{}",
+                        e.message
+                    );
+                    Ok(true)
+                }
+                Ok(()) => anyhow::bail!("bound to the v1.36 node"),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await?;
+    let new = c.create(&unbound_pod(&w.ns, "v137", &[sysctl])).await?;
+    wait_for(
+        WAIT,
+        "the binding to the v1.37 node to be allowed",
+        || async {
+            match webhook::bind(&c.client, &w.ns, &new, &nodes[1]).await {
+                Ok(()) => Ok(true),
+                Err(kube::Error::Api(e)) if e.message.contains("not known") => Ok(false),
+                Err(e) => anyhow::bail!("refused: {e}"),
+            }
+        },
+    )
+    .await?;
+    assert_eq!(
+        pods.get(&new.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
+        Some(nodes[1].clone())
+    );
+    assert_eq!(
+        pods.get(&old.name_any())
+            .await?
+            .spec
+            .and_then(|s| s.node_name),
+        None
+    );
+    Ok(())
+}

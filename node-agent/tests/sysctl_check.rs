@@ -156,3 +156,74 @@ fn bad_input_is_named_with_exit_2() {
         assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
     }
 }
+
+/// `--kubelet-version` checks as that kubelet: its safe list, its namespace table, the nearest
+/// known version (said on stderr) outside v1.33 to v1.37, and garbage refused.
+#[test]
+fn kubelet_version_picks_the_rules() {
+    const LOWAT: &str = "kind: Pod\nmetadata: {name: lowat}\nspec:\n  securityContext:\n    \
+                         sysctls: [{name: net.ipv4.tcp_notsent_lowat, value: '16384'}]\n";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--kernel-version", "6.1.0-18-amd64"];
+        args.extend(extra);
+        check(&args, LOWAT)
+    };
+    for (extra, code, out) in [
+        (
+            &[][..],
+            1,
+            "Pod/lowat: reject: SysctlForbidden: forbidden sysctl: \"net.ipv4.tcp_notsent_lowat\" not allowlisted\n",
+        ),
+        (
+            &["--kubelet-version", "v1.36.2"][..],
+            1,
+            "Pod/lowat: reject",
+        ),
+        (
+            &["--kubelet-version", "v1.37.0-eks-4d1a2b"][..],
+            0,
+            "Pod/lowat: admit\n",
+        ),
+        (
+            &["--kubelet-version", "v1.40.0"][..],
+            0,
+            "Pod/lowat: admit\n",
+        ),
+        (
+            &[
+                "--kubelet-version",
+                "v1.37.0",
+                "--allow",
+                "kernel.domainname",
+            ][..],
+            0,
+            "Pod/lowat: admit\n",
+        ),
+    ] {
+        let o = run(extra);
+        assert_eq!(o.status.code(), Some(code), "{extra:?}: {}", stderr(&o));
+        assert!(stdout(&o).starts_with(out), "{extra:?}: {}", stdout(&o));
+    }
+    let o = run(&["--kubelet-version", "v1.40.0"]);
+    assert!(
+        stderr(&o).contains("newer than the newest") && stderr(&o).contains("judged as v1.37"),
+        "{}",
+        stderr(&o)
+    );
+    for (extra, needle) in [
+        (&["--kubelet-version", "latest"][..], r#""latest""#),
+        (
+            &[
+                "--kubelet-version",
+                "v1.36.0",
+                "--allow",
+                "kernel.domainname",
+            ][..],
+            r#"kubelet v1.36 would not start: the sysctls "kernel.domainname" are not known to be namespaced"#,
+        ),
+    ] {
+        let o = run(extra);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{extra:?}: {}", stderr(&o));
+    }
+}

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::PodSpec;
 
-use super::names::{Namespace, PATTERN_REGEX, classify, go_quote, is_valid_pattern, normalize};
+use super::names::{
+    Namespace, NamespaceTable, PATTERN_REGEX, classify_in, go_quote, is_valid_pattern, normalize,
+};
 
 /// The rejection reason kubelet uses (`ForbiddenReason`).
 pub const FORBIDDEN_REASON: &str = "SysctlForbidden";
@@ -29,12 +31,17 @@ pub struct Entry {
     pub prefixed: bool,
 }
 
-/// Checks one pattern the way `NewAllowlist` does.
+/// Checks one pattern the way `NewAllowlist` of kubelet v1.33 to v1.36 does.
 pub fn check_pattern(pattern: &str) -> Result<Entry, PatternError> {
+    check_pattern_in(NamespaceTable::IpcNet, pattern)
+}
+
+/// Checks one pattern the way `NewAllowlist` does with namespace table `table`.
+pub fn check_pattern_in(table: NamespaceTable, pattern: &str) -> Result<Entry, PatternError> {
     if !is_valid_pattern(pattern) {
         return Err(PatternError::Invalid(pattern.to_string()));
     }
-    let c = classify(pattern);
+    let c = classify_in(table, pattern);
     if c.namespace == Namespace::Unknown {
         return Err(PatternError::UnknownNamespace(c.sysctl_or_prefix));
     }
@@ -64,11 +71,19 @@ pub enum Admission {
 }
 
 impl Allowlist {
-    /// `NewAllowlist`: the first bad pattern is the error.
+    /// `NewAllowlist` of kubelet v1.33 to v1.36: the first bad pattern is the error.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<Self, PatternError> {
+        Self::new_in(NamespaceTable::IpcNet, patterns)
+    }
+
+    /// `NewAllowlist` with namespace table `table`.
+    pub fn new_in<S: AsRef<str>>(
+        table: NamespaceTable,
+        patterns: &[S],
+    ) -> Result<Self, PatternError> {
         let mut list = Allowlist::default();
         for p in patterns {
-            list.insert(check_pattern(p.as_ref())?);
+            list.insert(check_pattern_in(table, p.as_ref())?);
         }
         Ok(list)
     }
@@ -89,7 +104,9 @@ impl Allowlist {
     }
 
     /// `validateSysctl`: exact entry first, then the first prefix (raw, no added dot); the host
-    /// check uses the namespace recorded for the entry that matched.
+    /// check uses the namespace recorded for the entry that matched. Only IPC (hostIPC) and Net
+    /// (hostNetwork) are checked, as upstream's `validateSysctl` does: a UTS or User entry is
+    /// allowed whatever the pod's host namespaces (see docs/sysctl.md, "Kubelet versions").
     pub fn validate(&self, name: &str, host_net: bool, host_ipc: bool) -> Result<(), String> {
         let name = normalize(name);
         let ns = self.sysctls.get(&name).copied().or_else(|| {
@@ -189,6 +206,35 @@ mod tests {
         );
         assert!(Allowlist::new(&["net.*", "fs.mqueue.*", "kernel/msg*", "kernel.sem"]).is_ok());
         assert!(Allowlist::new::<&str>(&[]).is_ok());
+    }
+
+    /// kubelet v1.37's table makes `kernel.domainname` and `user.*` patterns acceptable; older
+    /// kubelets refuse them as not namespaced. Neither is checked against host namespaces.
+    #[test]
+    fn uts_and_user_patterns_need_the_newer_table() {
+        for p in ["kernel.domainname", "user.*", "user/max_user_namespaces"] {
+            assert!(
+                matches!(check_pattern(p), Err(PatternError::UnknownNamespace(_))),
+                "{p}"
+            );
+            assert!(check_pattern_in(NamespaceTable::NEWEST, p).is_ok(), "{p}");
+        }
+        let list =
+            Allowlist::new_in(NamespaceTable::NEWEST, &["kernel.domainname", "user.*"]).unwrap();
+        for (host_net, host_ipc) in [(false, false), (true, true)] {
+            assert_eq!(
+                list.validate("kernel.domainname", host_net, host_ipc),
+                Ok(())
+            );
+            assert_eq!(
+                list.validate("user.max_user_namespaces", host_net, host_ipc),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            list.validate("kernel.hostname", false, false),
+            Err(r#""kernel.hostname" not allowlisted"#.into())
+        );
     }
 
     #[test]

@@ -4,9 +4,11 @@
 //! chart passes them the same values; a bad pattern stops either at start-up with kubelet's
 //! message.
 
-use super::allowlist::check_pattern;
+use super::allowlist::check_pattern_in;
 use super::crd::Mode;
 use super::kernel::{KernelVersion, ParseKernelVersionError};
+use super::kubelet::{KubeletVersion, ParseKubeletVersionError};
+use super::names::NamespaceTable;
 
 /// What a node is allowed beyond the safe list and the SysctlPolicies, and what it does when no
 /// policy selects it.
@@ -56,11 +58,20 @@ fn parse_flag_pattern(s: &str) -> Result<String, String> {
     }
 }
 
-/// A pattern as kubelet accepts it in `--allowed-unsafe-sysctls`.
+/// A pattern as the newest known kubelet accepts it in `--allowed-unsafe-sysctls`; on a node
+/// whose kubelet does not know the pattern's namespace it allows nothing.
 pub fn parse_pattern(s: &str) -> Result<String, String> {
-    check_pattern(s)
+    check_pattern_in(NamespaceTable::NEWEST, s)
         .map(|_| s.to_string())
         .map_err(|e| e.to_string())
+}
+
+/// A kubelet version for a flag: unparseable is an error; outside the known range it parses,
+/// and `Kubelet::judge` says which rules it gets.
+pub fn parse_kubelet_version(s: &str) -> Result<String, String> {
+    s.parse::<KubeletVersion>()
+        .map(|_| s.trim().to_string())
+        .map_err(|e: ParseKubeletVersionError| e.to_string())
 }
 
 pub fn parse_kernel_version(s: &str) -> Result<KernelVersion, String> {
@@ -113,6 +124,9 @@ mod tests {
             e.contains("vm.swappiness") && e.contains("not known to be namespaced"),
             "{e}"
         );
+        // What the newest known kubelet (v1.37) takes is taken.
+        let newer = parse(&["--allowed-unsafe-sysctls", "kernel.domainname,user.*"]).unwrap();
+        assert_eq!(newer.allowed_unsafe_sysctls().len(), 2);
         let e = parse(&["--allowed-unsafe-sysctls", "Net.*"]).unwrap_err();
         assert!(
             e.contains(r#"sysctl "Net.*" must have at most 253 characters"#),

@@ -26,18 +26,40 @@ pub const PATTERN_RE2: &str =
 pub enum Namespace {
     Ipc,
     Net,
+    /// `kernel.domainname`, known to kubelet from v1.37 on.
+    Uts,
+    /// `user.*`, known to kubelet from v1.37 on.
+    User,
     Unknown,
 }
 
 impl fmt::Display for Namespace {
-    /// The exact strings of the upstream messages (`host IPC`, `host Net`).
+    /// The exact strings of the upstream messages (`host IPC`, `host Net`) and constants
+    /// (`UTS`, `User`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Namespace::Ipc => "IPC",
             Namespace::Net => "Net",
+            Namespace::Uts => "UTS",
+            Namespace::User => "User",
             Namespace::Unknown => "",
         })
     }
+}
+
+/// Which namespace table a kubelet classifies by (`k8s.io/component-helpers`
+/// `node/util/sysctl/namespace.go`): IPC and Net up to v1.36; v1.37 adds `UTS` for
+/// `kernel.domainname` and `User` for `user.*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum NamespaceTable {
+    #[default]
+    IpcNet,
+    IpcNetUtsUser,
+}
+
+impl NamespaceTable {
+    /// The newest table: what any known kubelet accepts as namespaced.
+    pub const NEWEST: NamespaceTable = NamespaceTable::IpcNetUtsUser;
 }
 
 /// Names classified exactly; `kernel.shm` and `kernel.msg` keep old `kernel.shm*`/`kernel.msg*`
@@ -58,6 +80,10 @@ const EXACT: [(&str, Namespace); 10] = [
 /// Prefixes, matched with a following `.`.
 const PREFIXES: [(&str, Namespace); 2] = [("net", Namespace::Net), ("fs.mqueue", Namespace::Ipc)];
 
+/// What [`NamespaceTable::IpcNetUtsUser`] adds: one exact name, one prefix.
+const EXACT_UTS: (&str, Namespace) = ("kernel.domainname", Namespace::Uts);
+const PREFIX_USER: (&str, Namespace) = ("user", Namespace::User);
+
 /// `NormalizeName`: slash-separated names become dot-separated, but only when the FIRST
 /// separator is `/`; then every `.` and `/` swap, so a dot in an interface name (`eno2.100`)
 /// survives as `/`.
@@ -75,13 +101,21 @@ pub fn normalize(name: &str) -> String {
     }
 }
 
-/// The namespace of a normalized name or prefix: exact table first, then prefixes.
+/// The namespace of a normalized name or prefix by kubelet v1.33 to v1.36's table.
 pub fn namespace_of(name: &str) -> Namespace {
-    if let Some((_, ns)) = EXACT.iter().find(|(n, _)| *n == name) {
+    namespace_in(NamespaceTable::IpcNet, name)
+}
+
+/// The namespace of a normalized name or prefix by `table`: exact names first, then prefixes.
+pub fn namespace_in(table: NamespaceTable, name: &str) -> Namespace {
+    let newer = table == NamespaceTable::IpcNetUtsUser;
+    let exact = EXACT.iter().chain(newer.then_some(&EXACT_UTS));
+    if let Some((_, ns)) = exact.into_iter().find(|(n, _)| *n == name) {
         return *ns;
     }
     PREFIXES
         .iter()
+        .chain(newer.then_some(&PREFIX_USER))
         .find(|(p, _)| {
             name.strip_prefix(p)
                 .is_some_and(|rest| rest.starts_with('.'))
@@ -98,6 +132,11 @@ pub struct Classified {
 }
 
 pub fn classify(pattern: &str) -> Classified {
+    classify_in(NamespaceTable::IpcNet, pattern)
+}
+
+/// [`classify`] by `table`.
+pub fn classify_in(table: NamespaceTable, pattern: &str) -> Classified {
     let mut s = normalize(pattern);
     let prefixed = match s.find('*') {
         Some(i) => {
@@ -107,7 +146,7 @@ pub fn classify(pattern: &str) -> Classified {
         None => false,
     };
     Classified {
-        namespace: namespace_of(&s),
+        namespace: namespace_in(table, &s),
         sysctl_or_prefix: s,
         prefixed,
     }
@@ -263,6 +302,35 @@ mod tests {
                 "{input}"
             );
         }
+    }
+
+    /// The v1.37 table adds exactly `kernel.domainname` (UTS) and `user.*` (User); every name
+    /// the older table knows keeps its namespace.
+    #[test]
+    fn newer_table_adds_uts_and_user_only() {
+        use Namespace::*;
+        for (name, old, new) in [
+            ("kernel.domainname", Unknown, Uts),
+            ("kernel.domainname2", Unknown, Unknown),
+            ("kernel.hostname", Unknown, Unknown),
+            ("user.max_user_namespaces", Unknown, User),
+            ("user.", Unknown, User),
+            ("user", Unknown, Unknown),
+            ("users.x", Unknown, Unknown),
+            ("kernel.shm_rmid_forced", Ipc, Ipc),
+            ("net.core.somaxconn", Net, Net),
+            ("fs.mqueue.msg_max", Ipc, Ipc),
+            ("vm.swappiness", Unknown, Unknown),
+        ] {
+            assert_eq!(namespace_in(NamespaceTable::IpcNet, name), old, "{name}");
+            assert_eq!(namespace_of(name), old, "{name}");
+            assert_eq!(namespace_in(NamespaceTable::NEWEST, name), new, "{name}");
+        }
+        assert_eq!(
+            classify_in(NamespaceTable::NEWEST, "user/max_*").namespace,
+            User
+        );
+        assert_eq!(classify("user.*").namespace, Unknown);
     }
 
     /// Each of `ok` passes `valid` and each of `bad` fails it; the one that does not is named.

@@ -14,9 +14,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::core::{Selector, SelectorExt};
 
-use super::allowlist::{Allowlist, PatternError, check_pattern};
+use super::allowlist::{Allowlist, PatternError, check_pattern_in};
 use super::crd::{CONDITION_VALID, Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::hash::stable_hash;
+use super::names::NamespaceTable;
 
 /// The allowlist and mode in force on this node, and where they came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,9 +45,30 @@ pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, Strin
     }
 }
 
-/// Merges the sources. Flag patterns were validated at start-up; a policy's bad patterns are
-/// skipped (a pattern that can not be parsed allows nothing, so skipping it never widens).
+/// Merges the sources for a kubelet of v1.33 to v1.36 (see [`merge_in`]).
 pub fn merge(
+    safe: &[&str],
+    flag: &[String],
+    default_mode: Mode,
+    policies: &[&SysctlPolicy],
+    node_labels: &BTreeMap<String, String>,
+) -> NodePolicy {
+    merge_in(
+        NamespaceTable::IpcNet,
+        safe,
+        flag,
+        default_mode,
+        policies,
+        node_labels,
+    )
+}
+
+/// Merges the sources for a kubelet classifying by `table`. A pattern it does not know as
+/// namespaced is skipped, from a policy or the flag (the flag accepts what the newest known
+/// kubelet does, but an older kubelet would not start with it, so on its node it allows
+/// nothing); skipping a pattern never widens.
+pub fn merge_in(
+    table: NamespaceTable,
     safe: &[&str],
     flag: &[String],
     default_mode: Mode,
@@ -72,7 +94,7 @@ pub fn merge(
                 .flat_map(|p| p.spec.allowed_unsafe_sysctls.iter().cloned()),
         );
     for pattern in candidates {
-        if let Ok(entry) = check_pattern(&pattern) {
+        if let Ok(entry) = check_pattern_in(table, &pattern) {
             allowlist.insert(entry);
             if !patterns.contains(&pattern) {
                 patterns.push(pattern);
@@ -115,12 +137,15 @@ pub fn merge(
     }
 }
 
-/// The `Valid` condition a spec earns, without timestamps: (status, reason, message).
+/// The `Valid` condition a spec earns, without timestamps: (status, reason, message). Judged by
+/// the newest known kubelet's namespace table, the same on every node whatever its kubelet (so
+/// agents on nodes of different versions write the same status); a pattern only a newer kubelet
+/// knows allows nothing on an older one's node.
 pub fn validity(spec: &SysctlPolicySpec) -> (&'static str, &'static str, String) {
     let errors: Vec<PatternError> = spec
         .allowed_unsafe_sysctls
         .iter()
-        .filter_map(|p| check_pattern(p).err())
+        .filter_map(|p| check_pattern_in(NamespaceTable::NEWEST, p).err())
         .collect();
     let selector_error = spec
         .node_selector
@@ -293,6 +318,32 @@ mod tests {
         }
     }
 
+    /// A pattern only v1.37 knows as namespaced allows something on a v1.37 node only.
+    #[test]
+    fn patterns_count_only_where_the_kubelet_knows_their_namespace() {
+        let node = labels(&[]);
+        let flag = ["kernel.domainname".to_string()];
+        let user = policy("u", &["user.*"], None, Mode::Enforce);
+        let merged = |t| merge_in(t, &[], &flag, Mode::Audit, &[&user], &node);
+        let (old, new) = (
+            merged(NamespaceTable::IpcNet),
+            merged(NamespaceTable::NEWEST),
+        );
+        assert!(old.patterns.is_empty(), "{:?}", old.patterns);
+        assert_eq!(new.patterns, ["kernel.domainname", "user.*"]);
+        assert_ne!(old.revision, new.revision);
+        assert!(
+            old.allowlist
+                .validate("user.max_user_namespaces", false, false)
+                .is_err()
+        );
+        assert_eq!(
+            new.allowlist
+                .validate("user.max_user_namespaces", false, false),
+            Ok(())
+        );
+    }
+
     #[test]
     fn strictest_mode_wins() {
         let node = labels(&[]);
@@ -358,6 +409,9 @@ mod tests {
     fn validity_names_bad_patterns() {
         let ok = policy("p", &["net.*", "kernel/msg*"], None, Mode::Enforce);
         assert_eq!(validity(&ok.spec).0, "True");
+        // Valid for a v1.37 kubelet, whatever kubelet the writing agent's node runs.
+        let newer = policy("p", &["kernel.domainname", "user.*"], None, Mode::Enforce);
+        assert_eq!(validity(&newer.spec).0, "True");
         let bad = policy("p", &["net.*", "vm.swappiness", "a*b"], None, Mode::Enforce);
         let (status, reason, message) = validity(&bad.spec);
         assert_eq!((status, reason), ("False", "InvalidPatterns"));

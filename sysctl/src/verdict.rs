@@ -11,8 +11,8 @@ use super::allowlist::Admission;
 use super::args::PolicyArgs;
 use super::crd::{Mode, SysctlPolicy};
 use super::kernel::KernelVersion;
-use super::policy::{NodePolicy, merge};
-use super::safe::safe_sysctls;
+use super::kubelet::Kubelet;
+use super::policy::{NodePolicy, merge_in};
 
 /// A pod's verdict under a node's policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,15 +40,28 @@ impl NodePolicy {
 }
 
 /// The policy of a node with `labels` running `kernel` (None: not known, so only the ungated
-/// safe sysctls), under the binary's flags and every SysctlPolicy in the cluster.
+/// safe sysctls) and a kubelet of v1.33 to v1.36, under the binary's flags and every
+/// SysctlPolicy in the cluster.
 pub fn node_policy(
     args: &PolicyArgs,
     kernel: Option<&KernelVersion>,
     policies: &[&SysctlPolicy],
     labels: &BTreeMap<String, String>,
 ) -> NodePolicy {
-    merge(
-        &safe_sysctls(kernel),
+    node_policy_as(Kubelet::DEFAULT, args, kernel, policies, labels)
+}
+
+/// [`node_policy`] for a node whose kubelet has the rules of `kubelet` (see [`Kubelet::judge`]).
+pub fn node_policy_as(
+    kubelet: Kubelet,
+    args: &PolicyArgs,
+    kernel: Option<&KernelVersion>,
+    policies: &[&SysctlPolicy],
+    labels: &BTreeMap<String, String>,
+) -> NodePolicy {
+    merge_in(
+        kubelet.namespaces(),
+        &kubelet.safe_sysctls(kernel),
         &args.allowed_unsafe_sysctls(),
         args.sysctl_default_mode,
         policies,

@@ -1,15 +1,18 @@
 //! Whether a pod may be bound to (or created on) a node: plain values in, the decision out.
 //!
 //! The verdict is the shared one (`groundskeeper_sysctl`, the same the node-agent reports by),
-//! for the node's labels and kernel (`status.nodeInfo.kernelVersion`), the SysctlPolicies and
-//! the flags. Only an Enforce verdict denies; an Audit one is allowed with a warning.
+//! for the node's labels, kernel (`status.nodeInfo.kernelVersion`) and kubelet version
+//! (`status.nodeInfo.kubeletVersion`: each kubelet admits by its own version's rules), the
+//! SysctlPolicies and the flags. Only an Enforce verdict denies; an Audit one is allowed with a
+//! warning.
 
 use std::collections::BTreeMap;
 
 use groundskeeper_sysctl::args::PolicyArgs;
 use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
-use groundskeeper_sysctl::policy::merge;
-use groundskeeper_sysctl::verdict::{Verdict, node_policy};
+use groundskeeper_sysctl::kubelet::Kubelet;
+use groundskeeper_sysctl::policy::merge_in;
+use groundskeeper_sysctl::verdict::{Verdict, node_policy_as};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, PodSpec};
 
 /// The annotation kubelet puts on the API copy of a static pod.
@@ -64,6 +67,9 @@ pub struct NodeFacts {
     pub kernel: Option<String>,
     /// `status.nodeInfo.operatingSystem`, else the `kubernetes.io/os` label; None: neither.
     pub os: Option<String>,
+    /// `status.nodeInfo.kubeletVersion` (`v1.37.0`, `v1.36.2-eks-…`); None: not reported, and
+    /// the node is judged as a v1.36 kubelet.
+    pub kubelet: Option<String>,
 }
 
 impl NodeFacts {
@@ -86,6 +92,9 @@ impl NodeFacts {
                 .map(|i| i.kernel_version.clone())
                 .filter(|k| !k.is_empty()),
             os,
+            kubelet: info
+                .map(|i| i.kubelet_version.clone())
+                .filter(|k| !k.is_empty()),
         }
     }
 }
@@ -133,13 +142,12 @@ pub fn decide(
             ),
         };
     };
-    let policy = if node.linux() {
-        let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
-        node_policy(args, kernel.as_ref(), policies, &node.labels)
-    } else {
-        let flag = args.allowed_unsafe_sysctls();
-        merge(&[], &flag, args.sysctl_default_mode, policies, &node.labels)
-    };
+    let policy = policy_of(args, node, policies);
+    // Said only when the node's own kubelet version's rules could not be used.
+    let assumed = Kubelet::judge(node.kubelet.as_deref())
+        .assumed
+        .map(|a| format!("; {a}"))
+        .unwrap_or_default();
     match policy.judge(Some(spec)) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
@@ -147,7 +155,8 @@ pub fn decide(
             message,
         } => Decision::Audit {
             message: format!(
-                "{message} on node {node_name:?} (sysctl mode Audit{}): allowed, reported only",
+                "{message} on node {node_name:?} (sysctl mode Audit{}{assumed}): allowed, \
+                 reported only",
                 by(&policy.policies)
             ),
         },
@@ -156,11 +165,36 @@ pub fn decide(
             message,
         } => Decision::Deny {
             message: format!(
-                "pod {pod} may not run on node {node_name:?}: {message} (sysctl mode Enforce{}); \
-                 keep such pods off such nodes with node affinity (groundskeeper docs/sysctl.md)",
+                "pod {pod} may not run on node {node_name:?}: {message} (sysctl mode \
+                 Enforce{}{assumed}); keep such pods off such nodes with node affinity \
+                 (groundskeeper docs/sysctl.md)",
                 by(&policy.policies)
             ),
         },
+    }
+}
+
+/// The policy of a known node, by the rules of its own kubelet version.
+fn policy_of(
+    args: &PolicyArgs,
+    node: &NodeFacts,
+    policies: &[&SysctlPolicy],
+) -> groundskeeper_sysctl::policy::NodePolicy {
+    let kubelet = Kubelet::judge(node.kubelet.as_deref()).kubelet;
+    if node.linux() {
+        let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
+        node_policy_as(kubelet, args, kernel.as_ref(), policies, &node.labels)
+    } else {
+        let flag = args.allowed_unsafe_sysctls();
+        let mode = args.sysctl_default_mode;
+        merge_in(
+            kubelet.namespaces(),
+            &[],
+            &flag,
+            mode,
+            policies,
+            &node.labels,
+        )
     }
 }
 
@@ -190,6 +224,7 @@ mod tests {
             labels: case.labels(),
             kernel: case.kernel.map(String::from),
             os: Some("linux".into()),
+            kubelet: Some("v1.36.2".into()),
         }
     }
 
@@ -355,7 +390,7 @@ mod tests {
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"pool": "db"}},
             "status": {"nodeInfo": {"kernelVersion": "6.1.0-18-amd64", "machineID": "", "systemUUID": "",
-              "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "",
+              "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "v1.37.0-eks-4d1a2b",
               "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}},
         }))
         .unwrap();
@@ -363,11 +398,80 @@ mod tests {
         assert_eq!(facts.kernel.as_deref(), Some("6.1.0-18-amd64"));
         assert_eq!(facts.labels["pool"], "db");
         assert_eq!(facts.os.as_deref(), Some("linux"));
+        assert_eq!(facts.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
         assert_eq!(NodeFacts::of(&Node::default()), NodeFacts::default());
         let labelled: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "w", "labels": {OS_LABEL: "windows"}},
         }))
         .unwrap();
         assert_eq!(NodeFacts::of(&labelled).os.as_deref(), Some("windows"));
+    }
+
+    /// A cluster mid-upgrade: the same pod, kernel and policies on a v1.36 and a v1.37 node.
+    /// `net.ipv4.tcp_slow_start_after_idle` is safe only from v1.37 on, so only the v1.36
+    /// node's kubelet would reject it, and only that binding is denied.
+    #[test]
+    fn mixed_kubelet_versions_judge_by_their_own_rules() {
+        let args = PolicyArgs {
+            allowed_unsafe_sysctls: vec![],
+            sysctl_default_mode: Mode::Enforce,
+        };
+        let pod = PodView::of(&Pod {
+            spec: Some(PodSpec {
+                security_context: Some(testkit::sysctls(&["net.ipv4.tcp_slow_start_after_idle"])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let on = |kubelet: Option<&str>, kernel: &str| NodeFacts {
+            kernel: Some(kernel.into()),
+            os: Some("linux".into()),
+            kubelet: kubelet.map(String::from),
+            ..Default::default()
+        };
+        let old = on(Some("v1.36.2"), "6.1.0-18-amd64");
+        let new = on(Some("v1.37.0"), "6.1.0-18-amd64");
+        let Decision::Deny { message } = decide(&args, "ns/p", &pod, "old", Some(&old), &[]) else {
+            panic!("the v1.36 node's binding was not denied")
+        };
+        assert!(
+            message.contains(r#""net.ipv4.tcp_slow_start_after_idle" not allowlisted"#),
+            "{message}"
+        );
+        assert!(!message.contains("judged as"), "its own version: {message}");
+        assert_eq!(
+            decide(&args, "ns/p", &pod, "new", Some(&new), &[]),
+            Decision::Allow
+        );
+        // v1.37 still gates it by the kernel (4.15).
+        let new_old_kernel = on(Some("v1.37.0"), "4.14.300");
+        assert!(matches!(
+            decide(&args, "ns/p", &pod, "n", Some(&new_old_kernel), &[]),
+            Decision::Deny { .. }
+        ));
+        // Newer than known: judged as v1.37, and the message says so. Unreadable or absent:
+        // judged as v1.36, as before kubelet versions were read.
+        assert_eq!(
+            decide(
+                &args,
+                "ns/p",
+                &pod,
+                "n",
+                Some(&on(Some("v1.40.1"), "6.1")),
+                &[]
+            ),
+            Decision::Allow
+        );
+        for kubelet in [None, Some("garbage")] {
+            let Decision::Deny { message } =
+                decide(&args, "ns/p", &pod, "n", Some(&on(kubelet, "6.1")), &[])
+            else {
+                panic!("{kubelet:?}: not denied")
+            };
+            assert!(
+                message.contains("judged as v1.36"),
+                "{kubelet:?}: {message}"
+            );
+        }
     }
 }

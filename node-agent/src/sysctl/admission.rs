@@ -15,14 +15,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
+use groundskeeper_sysctl::kubelet::Kubelet;
 use groundskeeper_sysctl::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
 use super::cache::{Cache, Change, Flags, PodKey};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide};
+use super::kernel::KernelVersion;
 use super::metrics::Metrics;
-use super::policy::{NodePolicy, desired_status, merge};
+use super::policy::{NodePolicy, desired_status, merge_in};
 use groundskeeper_plumbing::cache::Health;
 
 /// How often failed writes are retried and delayed status writes come due.
@@ -46,8 +48,9 @@ pub fn status_offset(node: &str) -> Duration {
 /// What admission is configured with, fixed for the process.
 pub struct Settings {
     pub node_name: String,
-    /// The safe sysctls the kernel namespaces.
-    pub safe: Vec<&'static str>,
+    /// The host's kernel (None: unknown, so only the ungated safe sysctls); which safe sysctls
+    /// it gets also depends on the Node's kubelet version, read from the Node.
+    pub kernel: Option<KernelVersion>,
     /// `--allowed-unsafe-sysctls`.
     pub flag: Vec<String>,
     /// `--sysctl-default-mode`.
@@ -64,6 +67,9 @@ pub struct Admission<W> {
     writer: Writer<W>,
     metrics: Metrics,
     policy: Option<NodePolicy>,
+    /// The kubelet rules `policy` was merged by, and why they are not the Node's own version's
+    /// (logged when it changes).
+    kubelet: Option<(Kubelet, Option<String>)>,
     /// When `policy` came into force here: pods kubelet started later started under it.
     policy_since: jiff::Timestamp,
     memory: Memory,
@@ -89,6 +95,7 @@ impl<W: Writes> Admission<W> {
             writer,
             metrics,
             policy: None,
+            kubelet: None,
             policy_since: jiff::Timestamp::now(),
             memory: Memory::default(),
             retry: HashSet::new(),
@@ -157,14 +164,15 @@ impl<W: Writes> Admission<W> {
 
     /// Recomputes the node's policy once every watch has listed and the Node is known; pods are
     /// re-evaluated when it changed. Without the Node's labels nothing is decided, since a
-    /// policy selecting this node could allow what would otherwise be forbidden.
+    /// policy selecting this node could allow what would otherwise be forbidden. The rules are
+    /// the Node's own kubelet version's (`status.nodeInfo.kubeletVersion`).
     async fn policies_changed(&mut self) {
         if !self.watches.listed() {
             return;
         }
-        let merged = {
+        let (merged, judged) = {
             let cache = self.cache.lock();
-            let Some(labels) = cache.nodes.values().next() else {
+            let Some(node) = cache.nodes.values().next() else {
                 drop(cache);
                 tracing::warn!(node = %self.settings.node_name, "Node object not found; not admitting until it exists");
                 self.policy = None;
@@ -172,8 +180,35 @@ impl<W: Writes> Admission<W> {
             };
             let policies: Vec<&SysctlPolicy> = cache.policies.values().collect();
             let s = &self.settings;
-            merge(&s.safe, &s.flag, s.default_mode, &policies, labels)
+            let judged = Kubelet::judge(node.kubelet.as_deref());
+            let k = judged.kubelet;
+            let safe = k.safe_sysctls(s.kernel.as_ref());
+            let merged = merge_in(
+                k.namespaces(),
+                &safe,
+                &s.flag,
+                s.default_mode,
+                &policies,
+                &node.labels,
+            );
+            (merged, judged)
         };
+        let rules = (judged.kubelet, judged.assumed);
+        if self.kubelet.as_ref() != Some(&rules) {
+            let (kubelet, assumed) = &rules;
+            match assumed {
+                Some(why) => {
+                    tracing::warn!(node = %self.settings.node_name, kubelet = %kubelet, reason = %why, "judging sysctls by another kubelet version's rules")
+                }
+                None => {
+                    tracing::info!(node = %self.settings.node_name, kubelet = %kubelet, "judging sysctls by this node's kubelet version")
+                }
+            }
+            for (sysctl, why) in kubelet.dropped(self.settings.kernel.as_ref()) {
+                tracing::info!(sysctl, reason = %why, "dropping the sysctl from the safe sysctl list");
+            }
+            self.kubelet = Some(rules);
+        }
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);

@@ -14,8 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::admission::{Admission, Settings, status_offset};
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, Flags, Labels, PodKey};
+use super::cache::{Cache, Change, Flags, NodeView, PodKey};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
+use super::kernel::KernelVersion;
 use super::metrics::Metrics;
 
 const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
@@ -169,6 +170,16 @@ impl Rig {
 
     /// The Node in the cache, but no watch listed yet.
     fn unlisted(node: &str, default_mode: Mode, dry_run: bool) -> Self {
+        Self::unlisted_on(node, default_mode, dry_run, None)
+    }
+
+    /// [`Rig::unlisted`] on a host whose kernel is `kernel`.
+    fn unlisted_on(
+        node: &str,
+        default_mode: Mode,
+        dry_run: bool,
+        kernel: Option<KernelVersion>,
+    ) -> Self {
         let readiness = Readiness::default();
         let watches = Flags {
             pods: readiness.register("sysctl/pods"),
@@ -179,12 +190,12 @@ impl Rig {
         cache
             .lock()
             .nodes
-            .apply(Update::Apply(node.into(), Labels::new()));
+            .apply(Update::Apply(node.into(), NodeView::default()));
         let fake = Fake::default();
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let settings = Settings {
             node_name: node.into(),
-            safe: vec!["kernel.shm_rmid_forced"],
+            kernel,
             flag: vec![],
             default_mode,
         };
@@ -318,6 +329,45 @@ async fn a_forbidden_pod_is_not_written_while_pending_and_reported_once_it_runs(
     r.pod(&started(ok)).await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 4);
+}
+
+/// The Node's own kubelet version decides, and an in-place kubelet upgrade is picked up from
+/// the Node: `net.ipv4.tcp_slow_start_after_idle` is safe from v1.37 on.
+#[tokio::test]
+async fn the_nodes_own_kubelet_version_decides() {
+    let kernel = "6.1.0-18-amd64".parse().ok();
+    let mut r = Rig::unlisted_on("node-a", Mode::Enforce, false, kernel);
+    let set_kubelet = |r: &Rig, v: &str| {
+        let view = NodeView {
+            kubelet: Some(v.into()),
+            ..Default::default()
+        };
+        r.cache
+            .lock()
+            .nodes
+            .apply(Update::Apply("node-a".into(), view));
+    };
+    set_kubelet(&r, "v1.36.2");
+    r.set_healthy(true);
+    r.admission.on_change(Change::Merge).await;
+    let sysctl = "net.ipv4.tcp_slow_start_after_idle";
+    let old = pod("old", &[sysctl]);
+    r.pod(&old).await;
+    r.pod(&started(old)).await;
+    let written = r.fake.take();
+    assert!(
+        matches!(&written[..], [Write::Event { pod, reason, note, .. }]
+            if pod == "old" && reason == "SysctlForbiddenRan"
+                && note.contains(r#""net.ipv4.tcp_slow_start_after_idle" not allowlisted"#)),
+        "{written:?}"
+    );
+
+    set_kubelet(&r, "v1.37.0");
+    r.admission.on_change(Change::Merge).await;
+    let new = pod("new", &[sysctl]);
+    r.pod(&new).await;
+    r.pod(&started(new)).await;
+    assert_eq!(r.fake.take(), [], "allowed by a v1.37 kubelet");
 }
 
 /// Pods kubelet forbids are kubelet's to reject: the agent writes nothing for them.

@@ -1,4 +1,5 @@
-//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels.
+//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels and
+//! kubelet version.
 //!
 //! Each goes into a `plumbing::cache::Store`; the watches yield the changes admission reacts to.
 //!
@@ -38,15 +39,36 @@ impl PodKey {
     }
 }
 
-/// Node labels: all admission reads of its Node.
+/// Node labels.
 pub type Labels = BTreeMap<String, String>;
+
+/// All admission reads of its Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeView {
+    pub labels: Labels,
+    /// `status.nodeInfo.kubeletVersion`; None: not reported (judged as v1.36).
+    pub kubelet: Option<String>,
+}
+
+impl NodeView {
+    pub fn of(node: Node) -> Self {
+        NodeView {
+            kubelet: node
+                .status
+                .and_then(|s| s.node_info)
+                .map(|i| i.kubelet_version)
+                .filter(|k| !k.is_empty()),
+            labels: node.metadata.labels.unwrap_or_default(),
+        }
+    }
+}
 
 /// The three watched kinds. The node store holds at most this agent's own Node.
 #[derive(Default)]
 pub struct Cache {
     pub pods: Store<PodKey, Pod>,
     pub policies: Store<String, SysctlPolicy>,
-    pub nodes: Store<String, Labels>,
+    pub nodes: Store<String, NodeView>,
 }
 
 /// What a watch event means to admission, once the cache has applied it.
@@ -62,8 +84,8 @@ pub enum Change {
     PodsListed,
     /// A policy was listed, added or updated: its status may be due.
     Policy(Box<SysctlPolicy>),
-    /// The policies or the Node changed (deleted, relisted, relabelled): the node's policy
-    /// must be merged again.
+    /// The policies or the Node changed (deleted, relisted, relabelled, kubelet upgraded): the
+    /// node's policy must be merged again.
     Merge,
 }
 
@@ -156,7 +178,38 @@ fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
         Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,
     };
     cache.nodes.apply_event(ev, |n: Node| {
-        by_name(n.metadata.name, n.metadata.labels.unwrap_or_default())
+        by_name(n.metadata.name.clone(), NodeView::of(n))
     });
     change
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent keeps the labels and the kubelet version of its Node, nothing else; an empty
+    /// version is none reported.
+    #[test]
+    fn node_view_keeps_labels_and_kubelet_version() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "labels": {"pool": "db"}},
+            "status": {"nodeInfo": {"kubeletVersion": "v1.37.0-eks-4d1a2b", "kernelVersion": "6.1",
+              "machineID": "", "systemUUID": "", "bootID": "", "osImage": "",
+              "containerRuntimeVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux",
+              "architecture": "amd64"}},
+        }))
+        .unwrap();
+        let view = NodeView::of(node.clone());
+        assert_eq!(view.labels["pool"], "db");
+        assert_eq!(view.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
+        let mut unreported = node;
+        unreported
+            .status
+            .as_mut()
+            .and_then(|s| s.node_info.as_mut())
+            .unwrap()
+            .kubelet_version = String::new();
+        assert_eq!(NodeView::of(unreported).kubelet, None);
+        assert_eq!(NodeView::of(Node::default()), NodeView::default());
+    }
 }

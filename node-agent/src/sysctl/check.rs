@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::allowlist::{Admission, Allowlist};
 use super::kernel::KernelVersion;
-use super::safe::safe_sysctls;
+use super::kubelet::Kubelet;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CheckArgs {
@@ -16,6 +16,12 @@ pub struct CheckArgs {
     /// which safe sysctls exist. Default: this machine's /proc/sys/kernel/osrelease.
     #[arg(long, value_parser = parse_kernel_version)]
     pub kernel_version: Option<KernelVersion>,
+
+    /// Kubelet version of the node to check against (e.g. v1.37.0, v1.36.2-eks-4d1a2b): its
+    /// safe list and namespace table. Known: v1.33 to v1.37; a newer one is checked as v1.37,
+    /// an older one as v1.33 (said on stderr). Default: v1.36.
+    #[arg(long, value_parser = parse_kubelet_version)]
+    pub kubelet_version: Option<String>,
 
     /// An extra allowed sysctl pattern (name, or prefix ending in *), as in
     /// --allowed-unsafe-sysctls or a SysctlPolicy. Repeat for more.
@@ -28,7 +34,7 @@ pub struct CheckArgs {
     pub file: PathBuf,
 }
 
-pub use groundskeeper_sysctl::args::{parse_kernel_version, parse_pattern};
+pub use groundskeeper_sysctl::args::{parse_kernel_version, parse_kubelet_version, parse_pattern};
 
 /// The exit codes: all admitted, some rejected, input unusable.
 pub const EXIT_ADMITTED: u8 = 0;
@@ -179,12 +185,26 @@ fn run_inner(args: CheckArgs) -> Result<(Vec<String>, u8), String> {
         text = std::fs::read_to_string(&args.file)
             .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
     }
-    let patterns: Vec<String> = safe_sysctls(Some(&kernel))
+    let kubelet = match &args.kubelet_version {
+        Some(v) => {
+            let judged = Kubelet::judge(Some(v.as_str()));
+            if let Some(why) = judged.assumed {
+                eprintln!("note: {why}");
+            }
+            judged.kubelet
+        }
+        None => Kubelet::DEFAULT,
+    };
+    let patterns: Vec<String> = kubelet
+        .safe_sysctls(Some(&kernel))
         .into_iter()
         .map(String::from)
         .chain(args.allow)
         .collect();
-    let allowlist = Allowlist::new(&patterns).map_err(|e| e.to_string())?;
+    // As kubelet: a pattern this version does not know as namespaced stops it from starting.
+    let allowlist = kubelet
+        .allowlist(&patterns)
+        .map_err(|e| format!("kubelet {kubelet} would not start: {e}"))?;
     let found = workloads(&text)?;
     Ok(report(&allowlist, &found))
 }
@@ -242,7 +262,9 @@ items:
             ["Pod/plain", "Deployment/web", "CronJob/nightly", "Job/j"]
         );
 
-        let old = Allowlist::new(&safe_sysctls(Some(&"4.14".parse().unwrap()))).unwrap();
+        let old = Kubelet::DEFAULT
+            .allowlist(&Kubelet::DEFAULT.safe_sysctls(Some(&"4.14".parse().unwrap())))
+            .unwrap();
         let (lines, code) = report(&old, &found);
         assert_eq!(code, EXIT_REJECTED);
         assert_eq!(
@@ -254,6 +276,35 @@ items:
                 r#"Job/j: reject: SysctlForbidden: forbidden sysctl: "net.ipv4.tcp_rmem" not allowlisted"#,
             ]
         );
+    }
+
+    /// `--kubelet-version` picks the safe list and the namespace table; garbage is refused by
+    /// the flag's parser, an unknown version is checked as the nearest known one.
+    #[test]
+    fn kubelet_version_decides_the_rules() {
+        let pod = workloads(
+            "kind: Pod\nmetadata: {name: p}\nspec: {securityContext: {sysctls: \
+             [{name: net.ipv4.tcp_notsent_lowat, value: '16384'}]}}\n",
+        )
+        .unwrap();
+        let kernel: KernelVersion = "6.1.0-18-amd64".parse().unwrap();
+        let check = |flag: Option<&str>| {
+            let k = flag.map_or(Kubelet::DEFAULT, |f| Kubelet::judge(Some(f)).kubelet);
+            let list = k.allowlist(&k.safe_sysctls(Some(&kernel))).unwrap();
+            report(&list, &pod).1
+        };
+        assert_eq!(check(None), EXIT_REJECTED);
+        assert_eq!(check(Some("v1.36.2")), EXIT_REJECTED);
+        assert_eq!(check(Some("v1.37.0")), EXIT_ADMITTED);
+        assert_eq!(check(Some("v1.40.0")), EXIT_ADMITTED);
+        assert_eq!(check(Some("v1.30.0")), EXIT_REJECTED);
+        assert!(parse_kubelet_version("v1.37.0-gke.1").is_ok());
+        let e = parse_kubelet_version("latest").unwrap_err();
+        assert!(e.contains(r#""latest""#), "{e}");
+        // A UTS pattern: v1.36 refuses it as kubelet does at start-up, v1.37 takes it.
+        let allow = ["kernel.domainname".to_string()];
+        assert!(Kubelet::DEFAULT.allowlist(&allow).is_err());
+        assert!(Kubelet::NEWEST.allowlist(&allow).is_ok());
     }
 
     #[test]

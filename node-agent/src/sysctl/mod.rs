@@ -17,7 +17,7 @@ mod decide_tests;
 pub mod metrics;
 
 // The rules themselves are shared with the controller-manager's admission webhook.
-pub use groundskeeper_sysctl::{allowlist, crd, kernel, names, policy, safe};
+pub use groundskeeper_sysctl::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
 use futures::StreamExt;
 use groundskeeper_plumbing::cache::Shared;
@@ -57,12 +57,9 @@ fn kernel(args: &SysctlArgs) -> Option<KernelVersion> {
 /// Watches this node's pods, the SysctlPolicies and this Node, and admits until cancelled.
 pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
-    let safe = safe::safe_sysctls(kernel.as_ref());
-    for (sysctl, why) in safe::dropped(kernel.as_ref()) {
-        tracing::info!(sysctl, reason = %why, "dropping the sysctl from the safe sysctl list");
-    }
     let policy = &args.policy;
-    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), safe = %groundskeeper_plumbing::telemetry::joined(&safe), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl admission starting");
+    // The safe list also depends on the Node's kubelet version: logged once the Node is read.
+    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl admission starting");
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::default();
     let (watches, changes) = cache::follow_all(
@@ -78,7 +75,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     );
     let settings = Settings {
         node_name: ctx.node_name.clone(),
-        safe,
+        kernel,
         flag: policy.allowed_unsafe_sysctls(),
         default_mode: policy.sysctl_default_mode,
     };
