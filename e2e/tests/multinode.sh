@@ -114,8 +114,7 @@ test_multinode_podgc_node_lost() {
   local writes bad
   writes=$(audit_pod_writes_since "$tcut")
   say "groundskeeper's pod writes since the crash: $(echo "$writes" | grep -c . || true)"
-  bad=$(echo "$writes" | awk '{ print $2 }' | cut -d/ -f1,2 | sort -u | while read -r p; do
-    echo "$before" | has "^$p=" && echo "$p"; done)
+  bad=$(echo "$writes" | awk 'NF { print $2 }' | cut -d/ -f1,2 | sort -u | grep -Fx -f <(echo "$before" | sed 's/=.*//' | grep .) || true)
   [ -z "$bad" ] || fail "groundskeeper wrote pods of the live nodes: $bad"
   boot_node "$B" || fail "$B did not come back"
   cluster_whole
