@@ -64,6 +64,12 @@ pub fn spec_cidrs(obj: &ServiceCIDR) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Indexes a ServiceCIDR's CIDRs, and whether it is being deleted.
+pub fn index_cidr(cidrs: &mut CidrSet, name: &str, obj: &ServiceCIDR) {
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    cidrs.insert_with(name, &spec_cidrs(obj), deleting);
+}
+
 /// The ServiceCIDR as the pure decision sees it.
 pub fn cidr_state(obj: &ServiceCIDR) -> CidrState {
     let ready = obj
@@ -137,7 +143,7 @@ impl Cache {
             Applied::Nothing => vec![],
             Applied::Upserted { key, old } => {
                 if let Some(o) = self.objects.get(&key) {
-                    self.cidrs.insert(&key, &spec_cidrs(o));
+                    index_cidr(&mut self.cidrs, &key, o);
                 }
                 match old {
                     Some(_) => vec![key],
@@ -158,7 +164,7 @@ impl Cache {
                     self.cidrs.remove(k);
                 }
                 for (k, o) in self.objects.iter() {
-                    self.cidrs.insert(k, &spec_cidrs(o));
+                    index_cidr(&mut self.cidrs, k, o);
                 }
                 let mut keys: BTreeSet<String> = gone.into_iter().collect();
                 for k in self.objects.keys() {
