@@ -1127,3 +1127,74 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     drop(cp);
     Ok(())
 }
+
+/// Pods a finalizer holds once PodGC force-deleted them (the apiserver keeps them with
+/// deletionGracePeriodSeconds 0): the following cycles still choose them, as upstream's
+/// threshold does, and send them no DELETE; the count shows in the metrics.
+#[tokio::test]
+async fn finalizer_held_pods_are_force_deleted_once() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("finalizer_held_pods_are_force_deleted_once").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = c.namespace_for_pods("podgc-held", WAIT).await?;
+    annotate(&c, &ns, THRESHOLD_ANNOTATION, Some("1")).await;
+    let n = node(&c, Some(true), false).await?;
+    let names = ["h-0", "h-1", "h-2", "h-3"];
+    for name in names {
+        pod(&c, &ns, name, Some(&n), true).await?;
+        finish(&c, &ns, name, "Succeeded", None).await;
+        // Distinct creation seconds: the threshold keeps the newest.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let m = manager(&[]).await?;
+    wait_for(WAIT, "the three oldest force-deleted", || async {
+        let mut held = 0;
+        for name in &names[..3] {
+            held += usize::from(
+                get(&c, &ns, name)
+                    .await
+                    .metadata
+                    .deletion_timestamp
+                    .is_some(),
+            );
+        }
+        Ok(held == 3)
+    })
+    .await?;
+    for name in &names[..3] {
+        let p = get(&c, &ns, name).await;
+        assert_eq!(
+            p.metadata.deletion_grace_period_seconds,
+            Some(0),
+            "{name}: force-deleted, held by its finalizer"
+        );
+    }
+    let sent = format!(
+        "pod_gc_collector_force_delete_pods_total{{namespace=\"{ns}\",reason=\"terminated\"}}"
+    );
+    assert_eq!(series(&m, &sent).await?, 3.0);
+    // Eight cycles or more (--gc-period=500ms) choosing the same three pods.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(series(&m, &sent).await?, 3.0, "no DELETE sent again");
+    let skipped = series(
+        &m,
+        "groundskeeper_podgc_force_delete_skipped_total{reason=\"terminated\"}",
+    )
+    .await?;
+    assert!(skipped >= 3.0 * 6.0, "skipped every cycle: {skipped}");
+    assert!(series(&m, "groundskeeper_podgc_finalizer_held_pods").await? >= 3.0);
+    assert!(
+        get(&c, &ns, "h-3")
+            .await
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the newest is kept"
+    );
+    drop(m);
+    for name in names {
+        release_finalizer(&c, &ns, name).await;
+    }
+    Ok(())
+}

@@ -49,6 +49,8 @@ impl Cycle {
     pub async fn run(&mut self, caches: &Shared<Caches>) -> Summary {
         let snap = caches.lock().snapshot();
         let mut summary = Summary::default();
+        let held = snap.pods.iter().filter(|p| p.force_deleted).count();
+        self.applier.metrics.finalizer_held.set(held as i64);
 
         // Upstream's threshold on every terminated pod, whatever the policies say; what it
         // chose is not chosen again by the policy passes.

@@ -70,6 +70,10 @@ pub struct PodFacts {
     pub evicted: bool,
     /// `metadata.deletionTimestamp` is set.
     pub terminating: bool,
+    /// A force delete was already accepted: `deletionTimestamp` set with
+    /// `deletionGracePeriodSeconds: 0`. Still listed, so finalizers hold it; another DELETE
+    /// changes nothing (the apiserver answers 200 and writes nothing), only their removal does.
+    pub force_deleted: bool,
     /// `metadata.creationTimestamp`; a missing one sorts first, like Go's zero time.
     pub created: Timestamp,
     pub generation: Option<i64>,
@@ -239,6 +243,8 @@ impl PodFacts {
             phase,
             evicted: phase == Phase::Failed && status.reason.as_deref() == Some("Evicted"),
             terminating: m.deletion_timestamp.is_some(),
+            force_deleted: m.deletion_timestamp.is_some()
+                && m.deletion_grace_period_seconds == Some(0),
             created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
             generation: m.generation,
             disruption_target_true,
@@ -333,6 +339,7 @@ pub mod example {
             phase,
             evicted: false,
             terminating: false,
+            force_deleted: false,
             created: at(0),
             generation: Some(1),
             disruption_target_true: None,
@@ -349,6 +356,15 @@ pub mod example {
     pub fn terminating(p: PodFacts) -> PodFacts {
         PodFacts {
             terminating: true,
+            ..p
+        }
+    }
+
+    /// Force-deleted already (grace 0) and held by a finalizer.
+    pub fn force_deleted(p: PodFacts) -> PodFacts {
+        PodFacts {
+            terminating: true,
+            force_deleted: true,
             ..p
         }
     }

@@ -100,6 +100,14 @@ fn gen_pod(rng: &mut Rng, i: usize) -> Value {
     maybe(&mut meta, "creationTimestamp", 90, rng, json!(t));
     let t = time(rng);
     maybe(&mut meta, "deletionTimestamp", 20, rng, json!(t));
+    let grace = rng.pick(&[0, 0, 30]);
+    maybe(
+        &mut meta,
+        "deletionGracePeriodSeconds",
+        30,
+        rng,
+        json!(grace),
+    );
 
     let mut spec = json!({"containers": [
         {"name": "app", "image": "registry.example.com/app:v1",
@@ -216,6 +224,7 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
         phase,
         evicted: phase == Phase::Failed && status.reason.as_deref() == Some("Evicted"),
         terminating: m.deletion_timestamp.is_some(),
+        force_deleted: m.deletion_timestamp.is_some() && m.deletion_grace_period_seconds == Some(0),
         created: m
             .creation_timestamp
             .as_ref()
