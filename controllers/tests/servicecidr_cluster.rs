@@ -543,3 +543,54 @@ async fn overlapping_cidrs_deleted_together_both_wait_for_the_ip() -> anyhow::Re
     wait_gone(&c, &b, Duration::from_secs(30)).await?;
     Ok(())
 }
+
+/// A ServiceCIDR made dual-stack (`spec.cidrs` may grow by the other family) comes to cover the
+/// IPv6 range of one whose deletion an IP there blocks: its update re-checks the blocked one,
+/// whose deletion then finishes with no other event.
+#[tokio::test]
+async fn a_servicecidr_made_dual_stack_unblocks_the_deletion_it_now_covers() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("a_servicecidr_made_dual_stack_unblocks_the_deletion_it_now_covers").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let (v4, v6) = (format!("10.209.{x}.0/24"), format!("fd00:209:{x:x}::/112"));
+    let blocked = ready_cidr(&c, "gk-scidr-blocked", &[v4.clone(), v6]).await?;
+    let wide = ready_cidr(&c, "gk-scidr-wide", std::slice::from_ref(&v4)).await?;
+    let ip = format!("fd00:209:{x:x}::10");
+    c.create(&ip_address(
+        &ip,
+        &[
+            (LABEL_FAMILY, "IPv6"),
+            (LABEL_MANAGED_BY, "ipallocator.k8s.io"),
+        ],
+        "default",
+        "not-there",
+    ))
+    .await?;
+    delete_cidr(&c, &blocked).await?;
+    wait_for(Duration::from_secs(10), "blocked", || async {
+        Ok(get_cidr(&c, &blocked)
+            .await?
+            .and_then(|o| ready(&o))
+            .map(|r| r.1)
+            == Some("Terminating".into()))
+    })
+    .await?;
+    // Past the grace period: nothing is due for it any more.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(get_cidr(&c, &blocked).await?.is_some(), "still blocked");
+
+    let widened = serde_json::json!({"spec": {"cidrs": [v4, format!("fd00:209:{x:x}::/64")]}});
+    Api::<ServiceCIDR>::all(c.client.clone())
+        .patch(&wide, &PatchParams::default(), &Patch::Merge(widened))
+        .await?;
+    wait_gone(&c, &blocked, Duration::from_secs(10)).await?;
+    Api::<IPAddress>::all(c.client.clone())
+        .delete(&ip, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
