@@ -706,6 +706,10 @@ async fn gone(c: &Cluster, ns: &str, names: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The TTL counts on the cluster's clock: a pod is as old as the apiserver's record of its
+/// status says, never older, whatever its node's clock wrote in `finishedAt`.
+const SHORT_TTL: Duration = Duration::from_secs(20);
+
 #[tokio::test]
 async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Result<()> {
     let Some(c) = testkit::cluster("ttl_deletes_pods_finished_longer_ago_and_nothing_else").await
@@ -718,16 +722,26 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
     let hours = |h: u64| Some(Duration::from_secs(h * 3600));
     for (name, phase, ago, finalizer) in [
         ("old-succeeded", "Succeeded", hours(2), false),
-        ("old-failed", "Failed", hours(3), false),
+        ("old-failed", "Failed", Some(Duration::from_secs(5)), false),
         ("old-held", "Succeeded", hours(2), true),
-        ("young", "Succeeded", Some(Duration::from_secs(60)), false),
-        ("no-finish-time", "Failed", None, false),
-        ("running", "Running", None, false),
     ] {
         pod(&c, &ns, name, Some(&n), finalizer).await?;
         finish(&c, &ns, name, phase, ago).await;
     }
-    let m = manager(&["--terminated-pod-ttl=1h"]).await?;
+    // The TTL passes on the cluster's clock for those, not for the ones finished now.
+    tokio::time::sleep(SHORT_TTL + Duration::from_secs(1)).await;
+    for (name, phase, ago) in [
+        ("young", "Succeeded", Some(Duration::from_secs(5))),
+        // Finished now, on a node whose clock is two hours behind: it says 2 h ago.
+        ("node-clock-behind", "Failed", hours(2)),
+        ("no-finish-time", "Failed", None),
+        ("running", "Running", None),
+    ] {
+        pod(&c, &ns, name, Some(&n), false).await?;
+        finish(&c, &ns, name, phase, ago).await;
+    }
+    let ttl = format!("--terminated-pod-ttl={}s", SHORT_TTL.as_secs());
+    let m = manager(&[&ttl]).await?;
     gone(&c, &ns, &["old-succeeded", "old-failed"]).await?;
     // The finalizer holds it, as it holds upstream's deletes: deleted means terminating.
     wait_for(WAIT, "old-held terminating", || async {
@@ -741,8 +755,8 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
     kept(
         &c,
         &ns,
-        &["young", "no-finish-time", "running"],
-        "younger than the TTL, no finish time, or running",
+        &["young", "node-clock-behind", "no-finish-time", "running"],
+        "younger than the TTL on the cluster's clock, no finish time, or running",
     )
     .await?;
     assert_eq!(phase(&get(&c, &ns, "running").await), "Running");
@@ -776,7 +790,8 @@ async fn ttl_dry_run_deletes_nothing() -> anyhow::Result<()> {
     let n = node(&c, Some(true), false).await?;
     pod(&c, &ns, "old", Some(&n), false).await?;
     finish(&c, &ns, "old", "Succeeded", Some(Duration::from_secs(7200))).await;
-    let m = manager(&["--dry-run", "--terminated-pod-ttl=1h"]).await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let m = manager(&["--dry-run", "--terminated-pod-ttl=5s"]).await?;
     let line = format!("pod={ns}/old ");
     m.wait_for_log("the dry-run line", |l| {
         l.contains("would force-delete") && l.contains(&line) && l.contains("pass=ttl")
@@ -795,7 +810,22 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     let _serial = SERIAL.lock().await;
     let n = node(&c, Some(true), false).await?;
     let hours2 = Some(Duration::from_secs(7200));
+    // TTLs count on the cluster's clock (from the apiserver's record of each pod's status),
+    // so the pods meant to be past a TTL are made that long before the manager starts.
+    let start = std::time::Instant::now();
 
+    // short: its own TTL of 20s, shorter than the cluster's 40s.
+    let short = c.namespace_for_pods("podgc-ns-ttl", WAIT).await?;
+    annotate(&c, &short, TTL_ANNOTATION, Some("20s")).await;
+    pod(&c, &short, "finished-early", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-early",
+        "Failed",
+        Some(Duration::from_secs(1200)),
+    )
+    .await;
     // counted: its own threshold of 2 (no finish times: only the count acts).
     let counted = c.namespace_for_pods("podgc-ns-threshold", WAIT).await?;
     annotate(&c, &counted, THRESHOLD_ANNOTATION, Some("2")).await;
@@ -804,27 +834,6 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         finish(&c, &counted, name, "Succeeded", None).await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    // short: its own TTL of 10m, shorter than the cluster's 24h.
-    let short = c.namespace_for_pods("podgc-ns-ttl", WAIT).await?;
-    annotate(&c, &short, TTL_ANNOTATION, Some("10m")).await;
-    pod(&c, &short, "finished-20m-ago", Some(&n), false).await?;
-    finish(
-        &c,
-        &short,
-        "finished-20m-ago",
-        "Failed",
-        Some(Duration::from_secs(1200)),
-    )
-    .await;
-    pod(&c, &short, "finished-1m-ago", Some(&n), false).await?;
-    finish(
-        &c,
-        &short,
-        "finished-1m-ago",
-        "Failed",
-        Some(Duration::from_secs(60)),
-    )
-    .await;
     // bad: malformed values suspend both rules there, even the cluster's TTL...
     let bad = c.namespace_for_pods("podgc-ns-bad", WAIT).await?;
     annotate(&c, &bad, TTL_ANNOTATION, Some("1 week")).await;
@@ -840,19 +849,30 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         )
         .await;
     }
-    // plain: no policy; finished 2h ago, under the cluster's 24h TTL and the global threshold.
+    tokio::time::sleep(Duration::from_secs(21).saturating_sub(start.elapsed())).await;
+    pod(&c, &short, "finished-late", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-late",
+        "Failed",
+        Some(Duration::from_secs(60)),
+    )
+    .await;
+    // plain: no policy; finished now (its node says 2h ago), under the cluster's 40s TTL and
+    // the global threshold.
     let plain = c.namespace_for_pods("podgc-ns-plain", WAIT).await?;
     pod(&c, &plain, "p-0", Some(&n), false).await?;
     finish(&c, &plain, "p-0", "Succeeded", hours2).await;
 
-    let m = manager(&["--terminated-pod-ttl=24h"]).await?;
+    let m = manager(&["--terminated-pod-ttl=40s"]).await?;
     gone(&c, &counted, &["c-0", "c-1"]).await?;
-    gone(&c, &short, &["finished-20m-ago"]).await?;
+    gone(&c, &short, &["finished-early"]).await?;
     kept(&c, &counted, &["c-2", "c-3"], "the newest two are kept").await?;
     kept(
         &c,
         &short,
-        &["finished-1m-ago"],
+        &["finished-late"],
         "younger than the namespace TTL",
     )
     .await?;
@@ -915,8 +935,8 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     assert_eq!(warned("1 week"), 1, "logged once, not every cycle");
     assert_eq!(warned("-1"), 1);
 
-    // Removed: the namespace falls back to the cluster defaults. bad's pods finished two days
-    // ago, past the cluster's 24h; counted no longer has a count.
+    // Removed: the namespace falls back to the cluster defaults. bad's pods finished (their
+    // node says two days ago) before the cluster's 40s; counted no longer has a count.
     annotate(&c, &bad, TTL_ANNOTATION, None).await;
     annotate(&c, &bad, THRESHOLD_ANNOTATION, None).await;
     annotate(&c, &counted, THRESHOLD_ANNOTATION, None).await;
@@ -1065,8 +1085,19 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
         .await
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
-    pod(&c, &ns, "young", Some(&n), false).await?;
-    finish(&c, &ns, "young", "Succeeded", Some(Duration::from_secs(60))).await;
+    let finished = std::time::Instant::now();
+    // Never to expire while the test runs: its namespace's TTL is an hour.
+    let young_ns = c.namespace_for_pods("podgc-429-young", WAIT).await?;
+    annotate(&c, &young_ns, TTL_ANNOTATION, Some("1h")).await;
+    pod(&c, &young_ns, "young", Some(&n), false).await?;
+    finish(
+        &c,
+        &young_ns,
+        "young",
+        "Succeeded",
+        Some(Duration::from_secs(7200)),
+    )
+    .await;
 
     // Not the admin kubeconfig: the max-inflight filter lets system:masters through.
     let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rbac.yaml");
@@ -1080,6 +1111,8 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
         tokio::task::block_in_place(|| cp.restart_apiserver())
     };
     restart?;
+    // The TTL counts on the cluster's clock, from each pod's last status write.
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(finished.elapsed())).await;
 
     let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
@@ -1091,7 +1124,7 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
             "--kube-api-burst=2000",
             "--gc-concurrency=64",
             "--gc-period=500ms",
-            "--terminated-pod-ttl=1h",
+            "--terminated-pod-ttl=10s",
         ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     )?;
@@ -1101,10 +1134,13 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     wait_for(
         Duration::from_secs(120),
         "every expired pod deleted",
-        || async { Ok(pods.list(&Default::default()).await?.items.len() == 1) },
+        || async { Ok(pods.list(&Default::default()).await?.items.is_empty()) },
     )
     .await?;
-    assert!(exists(&c, &ns, "young").await?, "younger than the TTL");
+    assert!(
+        exists(&c, &young_ns, "young").await?,
+        "younger than its namespace's TTL"
+    );
     let throttled = series(&m, "groundskeeper_podgc_api_throttled_total").await?;
     assert!(throttled > 0.0, "the apiserver did answer 429: {throttled}");
     let limit = series(&m, "groundskeeper_podgc_delete_concurrency_limit").await?;

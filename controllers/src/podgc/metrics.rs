@@ -20,8 +20,8 @@ pub struct Metrics {
     pub throttled: IntCounter,
     /// 429s whose Retry-After was longer than PodGC waits.
     pub retry_after_capped: IntCounter,
-    /// TTL deletions chosen on the node's `finishedAt` alone (never seen becoming final here).
-    pub ttl_node_clock_only: IntCounter,
+    /// TTL deletions of pods never seen becoming final here (judged by their own times).
+    pub ttl_first_listed: IntCounter,
     /// Pods chosen whose force delete was already accepted: no DELETE sent again.
     force_delete_skipped: IntCounterVec,
     /// Pods whose force delete was accepted and that finalizers still hold, last cycle.
@@ -89,11 +89,11 @@ impl Metrics {
                     "429 answers whose Retry-After was longer than PodGC waits (60 s): it paused new deletes for 60 s instead.",
                 ),
             )?,
-            ttl_node_clock_only: registered(
+            ttl_first_listed: registered(
                 registry,
                 IntCounter::new(
-                    "groundskeeper_podgc_ttl_node_clock_only_total",
-                    "Pods the TTL chose on their kubelet's finishedAt alone (node clock): already terminated when this process first listed them, so it could not also time the TTL itself.",
+                    "groundskeeper_podgc_ttl_first_listed_total",
+                    "Pods the TTL chose that were already terminated when this process first listed them, so it could not also time the TTL itself: judged by their own times, the kubelet's finishedAt but never before the apiserver's last record of their status.",
                 ),
             )?,
             force_delete_skipped: registered(
