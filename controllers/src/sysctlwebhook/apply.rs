@@ -10,7 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 use super::cache::WebhookBundles;
@@ -36,7 +36,8 @@ pub trait Writes: Send + Sync {
         name: &str,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// The Secret's `ca.crt` as the apiserver holds it now (a live read), `None` without one.
+    /// The Secret's `ca.crt` as the apiserver holds it now (a live list by name), `None`
+    /// without one.
     fn live_bundle(
         &self,
         secret: &str,
@@ -75,8 +76,14 @@ impl Writes for KubeWrites {
     }
 
     async fn live_bundle(&self, secret: &str) -> Result<Option<Vec<u8>>, kube::Error> {
-        let s = self.secrets().get_opt(secret).await?;
-        Ok(s.and_then(|s| s.data?.remove(super::rotation::CA_BUNDLE))
+        // A list by name, not a GET: the Role grants list and watch of this one Secret only.
+        let by_name = ListParams::default().fields(&format!("metadata.name={secret}"));
+        let list = self.secrets().list(&by_name).await?;
+        Ok(list
+            .items
+            .into_iter()
+            .next()
+            .and_then(|s| s.data?.remove(super::rotation::CA_BUNDLE))
             .map(|b| b.0))
     }
 
