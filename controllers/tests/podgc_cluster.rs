@@ -466,10 +466,15 @@ async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Resul
     Ok(())
 }
 
+/// A pod never scheduled is deleted at once by the apiserver (grace 0): one that a finalizer
+/// holds is the only kind the unscheduled pass meets. It is marked Failed (what the Job
+/// controller reads) and sent no DELETE, which could not move it.
 #[tokio::test]
-async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> anyhow::Result<()> {
+async fn unscheduled_terminating_pod_is_marked_failed_and_not_deleted_again() -> anyhow::Result<()>
+{
     let Some(c) =
-        testkit::cluster("unscheduled_terminating_pod_is_marked_failed_and_force_deleted").await
+        testkit::cluster("unscheduled_terminating_pod_is_marked_failed_and_not_deleted_again")
+            .await
     else {
         return Ok(());
     };
@@ -479,38 +484,48 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> any
     pod(&c, &ns, "held", None, true).await?;
     pod(&c, &ns, "pending", None, false).await?;
     start_terminating(&c, &ns, "held").await;
+    let held = get(&c, &ns, "held").await;
+    assert_eq!(
+        held.metadata.deletion_grace_period_seconds,
+        Some(0),
+        "the apiserver deletes an unscheduled pod with grace 0"
+    );
     let m = manager(&[]).await?;
-    wait_for(WAIT, "the held pod force-deleted", || async {
-        Ok(m.counter(
-            "pod_gc_collector_force_delete_pods_total",
-            &ns,
-            "unscheduled",
+    wait_for(WAIT, "the held pod marked Failed", || async {
+        Ok(phase(&get(&c, &ns, "held").await) == "Failed")
+    })
+    .await?;
+    let held = get(&c, &ns, "held").await;
+    assert!(
+        !has_disruption_target(&held),
+        "only orphans get the condition"
+    );
+    wait_for(WAIT, "the skip counted", || async {
+        Ok(series(
+            &m,
+            "groundskeeper_podgc_force_delete_skipped_total{reason=\"unscheduled\"}",
         )
         .await?
             >= 1.0)
     })
     .await?;
-    let held = get(&c, &ns, "held").await;
-    assert_eq!(phase(&held), "Failed", "marked Failed before the delete");
     assert!(
-        !has_disruption_target(&held),
-        "only orphans get the condition"
-    );
-    assert!(
-        m.logs().lines().any(|l| l.contains("force-deleted pod")
+        m.logs().lines().any(|l| l.contains("skipped pod")
             && l.contains(&format!("pod={ns}/held "))
-            && l.contains("pass=unscheduled")),
-        "one log line per deleted pod"
+            && l.contains("pass=unscheduled")
+            && l.contains("force delete was already accepted")),
+        "one log line for the pod"
     );
-    assert_eq!(
-        m.counter(
-            "pod_gc_collector_force_delete_pod_errors_total",
-            &ns,
-            "unscheduled"
-        )
-        .await?,
-        0.0
-    );
+    for counter in [
+        "pod_gc_collector_force_delete_pods_total",
+        "pod_gc_collector_force_delete_pod_errors_total",
+    ] {
+        assert_eq!(
+            m.counter(counter, &ns, "unscheduled").await?,
+            0.0,
+            "{counter}: no DELETE sent"
+        );
+    }
     assert_eq!(
         phase(&get(&c, &ns, "pending").await),
         "Pending",
