@@ -2,7 +2,10 @@
 //! once the replicas are going, so that nothing of ours is left that blocks anyone:
 //!
 //! 1. it waits until no replica holds the Lease (released on SIGTERM, or expired), so that no
-//!    leader re-adds what it removes, then deletes the Lease;
+//!    leader re-adds what it removes, then deletes the Lease. Expired is judged as the electors
+//!    judge it: the record seen unchanged for a whole lease duration by this process's own
+//!    clock, never by comparing `renewTime` (another machine's clock) with ours; the delete is
+//!    preconditioned on the resourceVersion judged, so a renewal in between is never deleted;
 //! 2. it takes our finalizer off every ServiceCIDR that is not being deleted (nothing is lost:
 //!    kube-controller-manager's controller, when turned back on, adds it again);
 //! 3. a ServiceCIDR already being deleted keeps the finalizer while an IPAddress would be
@@ -20,10 +23,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, networking::v1::ServiceCIDR};
 use kube::{
     Api, Client, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
 };
 use serde_json::json;
+use tokio::time::Instant;
 
+use crate::leader::{
+    decide::{Observation, Step, decide, observe},
+    record_of,
+};
 use crate::servicecidr::{self, blockers, decide::FINALIZER};
 
 #[derive(Args, Debug, Clone)]
@@ -54,19 +62,33 @@ pub async fn run(client: Client, args: &UninstallArgs, dry_run: bool) -> u8 {
 
 async fn uninstall(client: Client, args: &UninstallArgs, dry_run: bool) -> anyhow::Result<()> {
     let leases = Api::<Lease>::namespaced(client.clone(), &args.lease_namespace);
-    wait_lease_free(&leases, &args.lease_name, args.lease_wait).await?;
-    if dry_run {
-        println!(
-            "dry-run: would delete Lease {}/{}",
-            args.lease_namespace, args.lease_name
-        );
-    } else {
-        match leases
-            .delete(&args.lease_name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => println!("deleted Lease {}/{}", args.lease_namespace, args.lease_name),
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+    let deadline = Instant::now() + args.lease_wait;
+    loop {
+        let Some(version) = wait_lease_free(&leases, &args.lease_name, deadline).await? else {
+            break;
+        };
+        if dry_run {
+            println!(
+                "dry-run: would delete Lease {}/{}",
+                args.lease_namespace, args.lease_name
+            );
+            break;
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: Some(version),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match leases.delete(&args.lease_name, &params).await {
+            Ok(_) => {
+                println!("deleted Lease {}/{}", args.lease_namespace, args.lease_name);
+                break;
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => break,
+            // Written since it was judged free: a replica renewed or took it; judge again.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(e.into()),
         }
     }
@@ -109,26 +131,45 @@ async fn uninstall(client: Client, args: &UninstallArgs, dry_run: bool) -> anyho
     Ok(())
 }
 
-/// Until no live holder: the holder gone, or its renewal older than the lease duration.
-async fn wait_lease_free(leases: &Api<Lease>, name: &str, wait: Duration) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + wait;
+/// The identity the hook judges the Lease as: never a replica's (theirs are `POD_NAME_…`).
+const JUDGE: &str = "groundskeeper-uninstall";
+
+/// Until no live holder: the Lease gone (`None`), or released or expired (the resourceVersion
+/// judged so). Expired means what it means to the electors (`leader::decide`): this process saw
+/// the record unchanged for a whole lease duration. `renewTime` is only compared for change,
+/// so a holder whose clock is hours off is as live as any while it renews, and one that stopped
+/// renewing is expired one lease duration after the hook first saw it, whatever it wrote.
+async fn wait_lease_free(
+    leases: &Api<Lease>,
+    name: &str,
+    deadline: Instant,
+) -> anyhow::Result<Option<String>> {
+    let mut seen: Option<Observation> = None;
     loop {
         let Some(lease) = leases.get_opt(name).await? else {
-            return Ok(());
+            return Ok(None);
         };
-        let spec = lease.spec.unwrap_or_default();
-        let holder = spec.holder_identity.unwrap_or_default();
-        let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(0) as u64);
-        let expired = spec
-            .renew_time
-            .is_none_or(|t| Timestamp::now().duration_since(t.0).unsigned_abs() > duration);
-        if holder.is_empty() || expired {
-            return Ok(());
+        let now = Instant::now();
+        let observed = observe(seen.take(), record_of(&lease), now);
+        match decide(JUDGE, Some(&observed), now) {
+            Step::Acquire => return Ok(Some(lease.resource_version().unwrap_or_default())),
+            step => {
+                let holder = &observed.record.holder;
+                anyhow::ensure!(
+                    now < deadline,
+                    "Lease {name} is still held by {holder}: it was renewed within the last \
+                     lease duration, so a replica still runs (uninstall the release first)"
+                );
+                let next = match step {
+                    Step::Follow { expires_in, .. } => expires_in.min(POLL),
+                    _ => POLL,
+                };
+                tokio::time::sleep(next).await;
+            }
         }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "Lease {name} is still held by {holder} after {wait:?}: a replica still runs (uninstall the release first)"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen = Some(observed);
     }
 }
+
+/// How often the Lease is read while a holder may still renew it.
+const POLL: Duration = Duration::from_millis(500);

@@ -466,10 +466,15 @@ async fn terminating_pods_on_out_of_service_nodes_are_deleted() -> anyhow::Resul
     Ok(())
 }
 
+/// A pod never scheduled is deleted at once by the apiserver (grace 0): one that a finalizer
+/// holds is the only kind the unscheduled pass meets. It is marked Failed (what the Job
+/// controller reads) and sent no DELETE, which could not move it.
 #[tokio::test]
-async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> anyhow::Result<()> {
+async fn unscheduled_terminating_pod_is_marked_failed_and_not_deleted_again() -> anyhow::Result<()>
+{
     let Some(c) =
-        testkit::cluster("unscheduled_terminating_pod_is_marked_failed_and_force_deleted").await
+        testkit::cluster("unscheduled_terminating_pod_is_marked_failed_and_not_deleted_again")
+            .await
     else {
         return Ok(());
     };
@@ -479,38 +484,48 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_force_deleted() -> any
     pod(&c, &ns, "held", None, true).await?;
     pod(&c, &ns, "pending", None, false).await?;
     start_terminating(&c, &ns, "held").await;
+    let held = get(&c, &ns, "held").await;
+    assert_eq!(
+        held.metadata.deletion_grace_period_seconds,
+        Some(0),
+        "the apiserver deletes an unscheduled pod with grace 0"
+    );
     let m = manager(&[]).await?;
-    wait_for(WAIT, "the held pod force-deleted", || async {
-        Ok(m.counter(
-            "pod_gc_collector_force_delete_pods_total",
-            &ns,
-            "unscheduled",
+    wait_for(WAIT, "the held pod marked Failed", || async {
+        Ok(phase(&get(&c, &ns, "held").await) == "Failed")
+    })
+    .await?;
+    let held = get(&c, &ns, "held").await;
+    assert!(
+        !has_disruption_target(&held),
+        "only orphans get the condition"
+    );
+    wait_for(WAIT, "the skip counted", || async {
+        Ok(series(
+            &m,
+            "groundskeeper_podgc_force_delete_skipped_total{reason=\"unscheduled\"}",
         )
         .await?
             >= 1.0)
     })
     .await?;
-    let held = get(&c, &ns, "held").await;
-    assert_eq!(phase(&held), "Failed", "marked Failed before the delete");
     assert!(
-        !has_disruption_target(&held),
-        "only orphans get the condition"
-    );
-    assert!(
-        m.logs().lines().any(|l| l.contains("force-deleted pod")
+        m.logs().lines().any(|l| l.contains("skipped pod")
             && l.contains(&format!("pod={ns}/held "))
-            && l.contains("pass=unscheduled")),
-        "one log line per deleted pod"
+            && l.contains("pass=unscheduled")
+            && l.contains("force delete was already accepted")),
+        "one log line for the pod"
     );
-    assert_eq!(
-        m.counter(
-            "pod_gc_collector_force_delete_pod_errors_total",
-            &ns,
-            "unscheduled"
-        )
-        .await?,
-        0.0
-    );
+    for counter in [
+        "pod_gc_collector_force_delete_pods_total",
+        "pod_gc_collector_force_delete_pod_errors_total",
+    ] {
+        assert_eq!(
+            m.counter(counter, &ns, "unscheduled").await?,
+            0.0,
+            "{counter}: no DELETE sent"
+        );
+    }
     assert_eq!(
         phase(&get(&c, &ns, "pending").await),
         "Pending",
@@ -706,6 +721,10 @@ async fn gone(c: &Cluster, ns: &str, names: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The TTL counts on the cluster's clock: a pod is as old as the apiserver's record of its
+/// status says, never older, whatever its node's clock wrote in `finishedAt`.
+const SHORT_TTL: Duration = Duration::from_secs(20);
+
 #[tokio::test]
 async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Result<()> {
     let Some(c) = testkit::cluster("ttl_deletes_pods_finished_longer_ago_and_nothing_else").await
@@ -718,16 +737,26 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
     let hours = |h: u64| Some(Duration::from_secs(h * 3600));
     for (name, phase, ago, finalizer) in [
         ("old-succeeded", "Succeeded", hours(2), false),
-        ("old-failed", "Failed", hours(3), false),
+        ("old-failed", "Failed", Some(Duration::from_secs(5)), false),
         ("old-held", "Succeeded", hours(2), true),
-        ("young", "Succeeded", Some(Duration::from_secs(60)), false),
-        ("no-finish-time", "Failed", None, false),
-        ("running", "Running", None, false),
     ] {
         pod(&c, &ns, name, Some(&n), finalizer).await?;
         finish(&c, &ns, name, phase, ago).await;
     }
-    let m = manager(&["--terminated-pod-ttl=1h"]).await?;
+    // The TTL passes on the cluster's clock for those, not for the ones finished now.
+    tokio::time::sleep(SHORT_TTL + Duration::from_secs(1)).await;
+    for (name, phase, ago) in [
+        ("young", "Succeeded", Some(Duration::from_secs(5))),
+        // Finished now, on a node whose clock is two hours behind: it says 2 h ago.
+        ("node-clock-behind", "Failed", hours(2)),
+        ("no-finish-time", "Failed", None),
+        ("running", "Running", None),
+    ] {
+        pod(&c, &ns, name, Some(&n), false).await?;
+        finish(&c, &ns, name, phase, ago).await;
+    }
+    let ttl = format!("--terminated-pod-ttl={}s", SHORT_TTL.as_secs());
+    let m = manager(&[&ttl]).await?;
     gone(&c, &ns, &["old-succeeded", "old-failed"]).await?;
     // The finalizer holds it, as it holds upstream's deletes: deleted means terminating.
     wait_for(WAIT, "old-held terminating", || async {
@@ -741,8 +770,8 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
     kept(
         &c,
         &ns,
-        &["young", "no-finish-time", "running"],
-        "younger than the TTL, no finish time, or running",
+        &["young", "node-clock-behind", "no-finish-time", "running"],
+        "younger than the TTL on the cluster's clock, no finish time, or running",
     )
     .await?;
     assert_eq!(phase(&get(&c, &ns, "running").await), "Running");
@@ -776,7 +805,8 @@ async fn ttl_dry_run_deletes_nothing() -> anyhow::Result<()> {
     let n = node(&c, Some(true), false).await?;
     pod(&c, &ns, "old", Some(&n), false).await?;
     finish(&c, &ns, "old", "Succeeded", Some(Duration::from_secs(7200))).await;
-    let m = manager(&["--dry-run", "--terminated-pod-ttl=1h"]).await?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let m = manager(&["--dry-run", "--terminated-pod-ttl=5s"]).await?;
     let line = format!("pod={ns}/old ");
     m.wait_for_log("the dry-run line", |l| {
         l.contains("would force-delete") && l.contains(&line) && l.contains("pass=ttl")
@@ -795,7 +825,22 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     let _serial = SERIAL.lock().await;
     let n = node(&c, Some(true), false).await?;
     let hours2 = Some(Duration::from_secs(7200));
+    // TTLs count on the cluster's clock (from the apiserver's record of each pod's status),
+    // so the pods meant to be past a TTL are made that long before the manager starts.
+    let start = std::time::Instant::now();
 
+    // short: its own TTL of 20s, shorter than the cluster's 40s.
+    let short = c.namespace_for_pods("podgc-ns-ttl", WAIT).await?;
+    annotate(&c, &short, TTL_ANNOTATION, Some("20s")).await;
+    pod(&c, &short, "finished-early", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-early",
+        "Failed",
+        Some(Duration::from_secs(1200)),
+    )
+    .await;
     // counted: its own threshold of 2 (no finish times: only the count acts).
     let counted = c.namespace_for_pods("podgc-ns-threshold", WAIT).await?;
     annotate(&c, &counted, THRESHOLD_ANNOTATION, Some("2")).await;
@@ -804,27 +849,6 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         finish(&c, &counted, name, "Succeeded", None).await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
-    // short: its own TTL of 10m, shorter than the cluster's 24h.
-    let short = c.namespace_for_pods("podgc-ns-ttl", WAIT).await?;
-    annotate(&c, &short, TTL_ANNOTATION, Some("10m")).await;
-    pod(&c, &short, "finished-20m-ago", Some(&n), false).await?;
-    finish(
-        &c,
-        &short,
-        "finished-20m-ago",
-        "Failed",
-        Some(Duration::from_secs(1200)),
-    )
-    .await;
-    pod(&c, &short, "finished-1m-ago", Some(&n), false).await?;
-    finish(
-        &c,
-        &short,
-        "finished-1m-ago",
-        "Failed",
-        Some(Duration::from_secs(60)),
-    )
-    .await;
     // bad: malformed values suspend both rules there, even the cluster's TTL...
     let bad = c.namespace_for_pods("podgc-ns-bad", WAIT).await?;
     annotate(&c, &bad, TTL_ANNOTATION, Some("1 week")).await;
@@ -840,19 +864,30 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
         )
         .await;
     }
-    // plain: no policy; finished 2h ago, under the cluster's 24h TTL and the global threshold.
+    tokio::time::sleep(Duration::from_secs(21).saturating_sub(start.elapsed())).await;
+    pod(&c, &short, "finished-late", Some(&n), false).await?;
+    finish(
+        &c,
+        &short,
+        "finished-late",
+        "Failed",
+        Some(Duration::from_secs(60)),
+    )
+    .await;
+    // plain: no policy; finished now (its node says 2h ago), under the cluster's 40s TTL and
+    // the global threshold.
     let plain = c.namespace_for_pods("podgc-ns-plain", WAIT).await?;
     pod(&c, &plain, "p-0", Some(&n), false).await?;
     finish(&c, &plain, "p-0", "Succeeded", hours2).await;
 
-    let m = manager(&["--terminated-pod-ttl=24h"]).await?;
+    let m = manager(&["--terminated-pod-ttl=40s"]).await?;
     gone(&c, &counted, &["c-0", "c-1"]).await?;
-    gone(&c, &short, &["finished-20m-ago"]).await?;
+    gone(&c, &short, &["finished-early"]).await?;
     kept(&c, &counted, &["c-2", "c-3"], "the newest two are kept").await?;
     kept(
         &c,
         &short,
-        &["finished-1m-ago"],
+        &["finished-late"],
         "younger than the namespace TTL",
     )
     .await?;
@@ -915,8 +950,8 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     assert_eq!(warned("1 week"), 1, "logged once, not every cycle");
     assert_eq!(warned("-1"), 1);
 
-    // Removed: the namespace falls back to the cluster defaults. bad's pods finished two days
-    // ago, past the cluster's 24h; counted no longer has a count.
+    // Removed: the namespace falls back to the cluster defaults. bad's pods finished (their
+    // node says two days ago) before the cluster's 40s; counted no longer has a count.
     annotate(&c, &bad, TTL_ANNOTATION, None).await;
     annotate(&c, &bad, THRESHOLD_ANNOTATION, None).await;
     annotate(&c, &counted, THRESHOLD_ANNOTATION, None).await;
@@ -1065,8 +1100,19 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
         .await
         .into_iter()
         .collect::<anyhow::Result<Vec<_>>>()?;
-    pod(&c, &ns, "young", Some(&n), false).await?;
-    finish(&c, &ns, "young", "Succeeded", Some(Duration::from_secs(60))).await;
+    let finished = std::time::Instant::now();
+    // Never to expire while the test runs: its namespace's TTL is an hour.
+    let young_ns = c.namespace_for_pods("podgc-429-young", WAIT).await?;
+    annotate(&c, &young_ns, TTL_ANNOTATION, Some("1h")).await;
+    pod(&c, &young_ns, "young", Some(&n), false).await?;
+    finish(
+        &c,
+        &young_ns,
+        "young",
+        "Succeeded",
+        Some(Duration::from_secs(7200)),
+    )
+    .await;
 
     // Not the admin kubeconfig: the max-inflight filter lets system:masters through.
     let rules = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rbac.yaml");
@@ -1080,6 +1126,8 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
         tokio::task::block_in_place(|| cp.restart_apiserver())
     };
     restart?;
+    // The TTL counts on the cluster's clock, from each pod's last status write.
+    tokio::time::sleep(Duration::from_secs(11).saturating_sub(finished.elapsed())).await;
 
     let (bin, admin) = Binary::start_with_admin(
         env!("CARGO_BIN_EXE_controller-manager"),
@@ -1091,7 +1139,7 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
             "--kube-api-burst=2000",
             "--gc-concurrency=64",
             "--gc-period=500ms",
-            "--terminated-pod-ttl=1h",
+            "--terminated-pod-ttl=10s",
         ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     )?;
@@ -1101,10 +1149,13 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     wait_for(
         Duration::from_secs(120),
         "every expired pod deleted",
-        || async { Ok(pods.list(&Default::default()).await?.items.len() == 1) },
+        || async { Ok(pods.list(&Default::default()).await?.items.is_empty()) },
     )
     .await?;
-    assert!(exists(&c, &ns, "young").await?, "younger than the TTL");
+    assert!(
+        exists(&c, &young_ns, "young").await?,
+        "younger than its namespace's TTL"
+    );
     let throttled = series(&m, "groundskeeper_podgc_api_throttled_total").await?;
     assert!(throttled > 0.0, "the apiserver did answer 429: {throttled}");
     let limit = series(&m, "groundskeeper_podgc_delete_concurrency_limit").await?;
@@ -1125,5 +1176,76 @@ async fn ttl_collection_adapts_to_an_apiserver_answering_429() -> anyhow::Result
     drop(m);
     drop(c);
     drop(cp);
+    Ok(())
+}
+
+/// Pods a finalizer holds once PodGC force-deleted them (the apiserver keeps them with
+/// deletionGracePeriodSeconds 0): the following cycles still choose them, as upstream's
+/// threshold does, and send them no DELETE; the count shows in the metrics.
+#[tokio::test]
+async fn finalizer_held_pods_are_force_deleted_once() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("finalizer_held_pods_are_force_deleted_once").await else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let ns = c.namespace_for_pods("podgc-held", WAIT).await?;
+    annotate(&c, &ns, THRESHOLD_ANNOTATION, Some("1")).await;
+    let n = node(&c, Some(true), false).await?;
+    let names = ["h-0", "h-1", "h-2", "h-3"];
+    for name in names {
+        pod(&c, &ns, name, Some(&n), true).await?;
+        finish(&c, &ns, name, "Succeeded", None).await;
+        // Distinct creation seconds: the threshold keeps the newest.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let m = manager(&[]).await?;
+    wait_for(WAIT, "the three oldest force-deleted", || async {
+        let mut held = 0;
+        for name in &names[..3] {
+            held += usize::from(
+                get(&c, &ns, name)
+                    .await
+                    .metadata
+                    .deletion_timestamp
+                    .is_some(),
+            );
+        }
+        Ok(held == 3)
+    })
+    .await?;
+    for name in &names[..3] {
+        let p = get(&c, &ns, name).await;
+        assert_eq!(
+            p.metadata.deletion_grace_period_seconds,
+            Some(0),
+            "{name}: force-deleted, held by its finalizer"
+        );
+    }
+    let sent = format!(
+        "pod_gc_collector_force_delete_pods_total{{namespace=\"{ns}\",reason=\"terminated\"}}"
+    );
+    assert_eq!(series(&m, &sent).await?, 3.0);
+    // Eight cycles or more (--gc-period=500ms) choosing the same three pods.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(series(&m, &sent).await?, 3.0, "no DELETE sent again");
+    let skipped = series(
+        &m,
+        "groundskeeper_podgc_force_delete_skipped_total{reason=\"terminated\"}",
+    )
+    .await?;
+    assert!(skipped >= 3.0 * 6.0, "skipped every cycle: {skipped}");
+    assert!(series(&m, "groundskeeper_podgc_finalizer_held_pods").await? >= 3.0);
+    assert!(
+        get(&c, &ns, "h-3")
+            .await
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the newest is kept"
+    );
+    drop(m);
+    for name in names {
+        release_finalizer(&c, &ns, name).await;
+    }
     Ok(())
 }

@@ -478,3 +478,119 @@ async fn network_broadcast_and_unmanaged_ips_do_not_block() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// Two equal ServiceCIDRs deleted at once while a Service holds an IP of theirs: neither is a
+/// parent of the other once both are being deleted, so both wait until the IP is freed.
+#[tokio::test]
+async fn overlapping_cidrs_deleted_together_both_wait_for_the_ip() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("overlapping_cidrs_deleted_together_both_wait_for_the_ip").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let range = vec![format!("10.208.{x}.0/24")];
+    let a = ready_cidr(&c, "gk-scidr-a", &range).await?;
+    let b = ready_cidr(&c, "gk-scidr-b", &range).await?;
+    let ns = c.namespace("scidr").await?;
+    let ip = format!("10.208.{x}.10");
+    service_with_ip(&c, &ns, "web", &ip).await?;
+    wait_ip(&c, &ip).await?;
+
+    let api = Api::<ServiceCIDR>::all(c.client.clone());
+    let dp = DeleteParams::default();
+    let (da, db) = tokio::join!(api.delete(&a, &dp), api.delete(&b, &dp));
+    da?;
+    db?;
+    for name in [&a, &b] {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{name} Ready=False/Terminating"),
+            || async {
+                Ok(get_cidr(&c, name)
+                    .await?
+                    .and_then(|o| ready(&o))
+                    .map(|r| r.1)
+                    == Some("Terminating".into()))
+            },
+        )
+        .await?;
+    }
+    // What must not happen: past the grace period, either finalizer released while the IP
+    // lies in no other ServiceCIDR.
+    holds_for(
+        Duration::from_secs(12),
+        "both finalizers kept while the IP exists",
+        || async {
+            for name in [&a, &b] {
+                let kept = get_cidr(&c, name)
+                    .await?
+                    .is_some_and(|o| o.finalizers().iter().any(|f| f == FINALIZER));
+                if !kept {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await?;
+
+    Api::<Service>::namespaced(c.client.clone(), &ns)
+        .delete("web", &DeleteParams::default())
+        .await?;
+    wait_gone(&c, &a, Duration::from_secs(30)).await?;
+    wait_gone(&c, &b, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// A ServiceCIDR made dual-stack (`spec.cidrs` may grow by the other family) comes to cover the
+/// IPv6 range of one whose deletion an IP there blocks: its update re-checks the blocked one,
+/// whose deletion then finishes with no other event.
+#[tokio::test]
+async fn a_servicecidr_made_dual_stack_unblocks_the_deletion_it_now_covers() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("a_servicecidr_made_dual_stack_unblocks_the_deletion_it_now_covers").await
+    else {
+        return Ok(());
+    };
+    let _serial = SERIAL.lock().await;
+    let (_bin, _) = controller(&[]);
+    let x = octet();
+    let (v4, v6) = (format!("10.209.{x}.0/24"), format!("fd00:209:{x:x}::/112"));
+    let blocked = ready_cidr(&c, "gk-scidr-blocked", &[v4.clone(), v6]).await?;
+    let wide = ready_cidr(&c, "gk-scidr-wide", std::slice::from_ref(&v4)).await?;
+    let ip = format!("fd00:209:{x:x}::10");
+    c.create(&ip_address(
+        &ip,
+        &[
+            (LABEL_FAMILY, "IPv6"),
+            (LABEL_MANAGED_BY, "ipallocator.k8s.io"),
+        ],
+        "default",
+        "not-there",
+    ))
+    .await?;
+    delete_cidr(&c, &blocked).await?;
+    wait_for(Duration::from_secs(10), "blocked", || async {
+        Ok(get_cidr(&c, &blocked)
+            .await?
+            .and_then(|o| ready(&o))
+            .map(|r| r.1)
+            == Some("Terminating".into()))
+    })
+    .await?;
+    // Past the grace period: nothing is due for it any more.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert!(get_cidr(&c, &blocked).await?.is_some(), "still blocked");
+
+    let widened = serde_json::json!({"spec": {"cidrs": [v4, format!("fd00:209:{x:x}::/64")]}});
+    Api::<ServiceCIDR>::all(c.client.clone())
+        .patch(&wide, &PatchParams::default(), &Patch::Merge(widened))
+        .await?;
+    wait_gone(&c, &blocked, Duration::from_secs(10)).await?;
+    Api::<IPAddress>::all(c.client.clone())
+        .delete(&ip, &DeleteParams::default())
+        .await?;
+    Ok(())
+}

@@ -157,3 +157,79 @@ async fn uninstall_removes_what_blocks_nobody_and_keeps_what_protects_ips() -> a
         .await?;
     Ok(())
 }
+
+async fn skewed_lease(c: &Cluster, ns: &str, name: &str, renewed: Timestamp) -> anyhow::Result<()> {
+    c.create(&Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("skewed-replica_1234".into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(renewed)),
+            ..Default::default()
+        }),
+    })
+    .await?;
+    Ok(())
+}
+
+/// The hook judges the Lease as the electors do, by watching its record change, never by
+/// comparing `renewTime` with its own clock: a holder whose clock is an hour behind, renewing
+/// every 2 s, is live and its Lease stays; a holder an hour ahead that no longer renews is
+/// expired one lease duration after the hook first saw the Lease, and only then deleted.
+#[tokio::test]
+async fn uninstall_judges_the_lease_by_its_renewals_not_its_clock() -> anyhow::Result<()> {
+    let Some(c) =
+        testkit::cluster("uninstall_judges_the_lease_by_its_renewals_not_its_clock").await
+    else {
+        return Ok(());
+    };
+    let ns = c.namespace("gk-uninstall").await?;
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &ns);
+    let hour = jiff::SignedDuration::from_hours(1);
+
+    let live = unique_name("gk-un-skewed-live");
+    skewed_lease(&c, &ns, &live, Timestamp::now() - hour).await?;
+    let renewer = {
+        let (leases, live) = (leases.clone(), live.clone());
+        tokio::spawn(async move {
+            loop {
+                let renewed = MicroTime(Timestamp::now() - hour);
+                let body = json!({"spec": {"renewTime": renewed}});
+                let _ = leases
+                    .patch(&live, &PatchParams::default(), &Patch::Merge(body))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
+    let result = uninstall(&c, &ns, &live, false).await;
+    renewer.abort();
+    let (code, out) = result?;
+    assert_eq!(code, 2, "a renewed Lease must not be judged free: {out}");
+    assert!(out.contains("still held by skewed-replica_1234"), "{out}");
+    assert!(
+        leases.get_opt(&live).await?.is_some(),
+        "the live Lease was deleted: {out}"
+    );
+
+    let abandoned = unique_name("gk-un-skewed-gone");
+    skewed_lease(&c, &ns, &abandoned, Timestamp::now() + hour).await?;
+    let started = std::time::Instant::now();
+    let (code, out) = uninstall(&c, &ns, &abandoned, false).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(leases.get_opt(&abandoned).await?.is_none(), "{out}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(15),
+        "deleted after {:?}, before the hook saw it unchanged for its 15 s: {out}",
+        started.elapsed()
+    );
+    println!(
+        "abandoned Lease (renewTime 1 h ahead) deleted {:?} after the hook started",
+        started.elapsed()
+    );
+    Ok(())
+}

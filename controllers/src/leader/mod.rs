@@ -391,7 +391,8 @@ impl Elector {
     }
 }
 
-fn record_of(lease: &Lease) -> Record {
+/// The parts of a Lease the election (and the uninstall hook) judges.
+pub fn record_of(lease: &Lease) -> Record {
     let spec = lease.spec.clone().unwrap_or_default();
     Record {
         holder: spec.holder_identity.unwrap_or_default(),

@@ -33,7 +33,7 @@ use groundskeeper_plumbing::{
 
 use super::{
     cache::Caches,
-    decide::{Deletion, Sweep, out_of_service_node},
+    decide::{Deletion, Sweep, already_accepted, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
     metrics::Metrics,
     wire::WirePod,
@@ -110,6 +110,8 @@ pub enum Skip {
     /// Out-of-service pass: the live node cache no longer says not Ready and tainted. Not an
     /// attempt: nothing is sent, nothing counted.
     NodeBack,
+    /// Force delete already accepted (finalizers hold it): patched if needed, no DELETE sent.
+    ForceDeleteAccepted,
 }
 
 impl Skip {
@@ -119,6 +121,9 @@ impl Skip {
             Skip::Recreated => "pod was recreated under the same name (UID precondition)",
             Skip::NodeBack => {
                 "its node is Ready again or lost the out-of-service taint since the cycle's snapshot"
+            }
+            Skip::ForceDeleteAccepted => {
+                "its force delete was already accepted; finalizers hold it"
             }
         }
     }
@@ -278,6 +283,9 @@ pub async fn force_delete(
             Ok(Err(e)) => return failed(e, DeleteError::patch),
             Ok(Ok(())) => {}
         }
+    }
+    if d.pod.force_deleted {
+        return Outcome::Skipped(Skip::ForceDeleteAccepted);
     }
     match fence.guard(writes.delete(&d.pod)).await {
         Err(_) => Outcome::Fenced,
@@ -441,9 +449,18 @@ impl Applier {
         (!self.dry_run).then_some(&*self.writes)
     }
 
-    /// Runs one pass's deletions through the pacer.
+    /// Runs one pass's deletions through the pacer; those that would change nothing
+    /// ([`already_accepted`]) are counted as skipped and never reach it.
     pub async fn apply(&self, deletions: Vec<Deletion>) -> Tally {
         let mut tally = Tally::default();
+        let (held, deletions): (Vec<Deletion>, Vec<Deletion>) =
+            deletions.into_iter().partition(already_accepted);
+        if let Some(first) = held.first() {
+            tally.skipped += held.len();
+            self.metrics.force_delete_skipped(first.pass, held.len());
+            let (pass, pods) = (first.pass.name(), held.len());
+            tracing::debug!(pass, pods, "not force-deleting pods finalizers hold again");
+        }
         let not_started = self
             .pacer
             .run(
@@ -516,8 +533,13 @@ impl Applier {
         // deletions.
         if matches!(
             o,
-            Outcome::WouldDelete | Outcome::Fenced | Outcome::Skipped(Skip::NodeBack)
+            Outcome::WouldDelete
+                | Outcome::Fenced
+                | Outcome::Skipped(Skip::NodeBack | Skip::ForceDeleteAccepted)
         ) {
+            if *o == Outcome::Skipped(Skip::ForceDeleteAccepted) {
+                self.metrics.force_delete_skipped(d.pass, 1);
+            }
             return;
         }
         let ns = &d.pod.namespace;

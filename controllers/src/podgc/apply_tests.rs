@@ -623,3 +623,155 @@ async fn a_failed_force_delete_is_counted_under_what_the_apiserver_answered() {
         }
     }
 }
+
+/// A terminated pod in `ns` as the apiserver serves it, created `i` seconds into the day, held
+/// by a finalizer; `accepted`: its force delete was accepted (what a DELETE with grace 0 leaves).
+fn held_pod(i: usize, accepted: bool) -> crate::podgc::wire::WirePod {
+    let mut meta = json!({
+        "name": format!("held-{i:03}"), "namespace": "ns", "uid": format!("uid-held-{i}"),
+        "creationTimestamp": Timestamp::from_second(1_767_225_600 + i as i64).unwrap().to_string(),
+        "finalizers": ["example.com/archive"],
+    });
+    if accepted {
+        meta["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
+        meta["deletionGracePeriodSeconds"] = json!(0);
+    }
+    serde_json::from_value(json!({
+        "metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": "Succeeded"}
+    }))
+    .unwrap()
+}
+
+fn deletes(mock: &Mock) -> usize {
+    mock.calls()
+        .iter()
+        .filter(|c| c.starts_with("DELETE"))
+        .count()
+}
+
+/// The threshold over pods a finalizer holds: the first cycle force-deletes them; once the
+/// apiserver has accepted that (deletionTimestamp, grace 0) the next cycles choose them again,
+/// as upstream's does, and send nothing.
+#[tokio::test]
+async fn finalizer_held_pods_are_not_force_deleted_again() {
+    use crate::podgc::{cache::Caches, decide::terminated};
+    use kube::runtime::watcher::Event;
+    const N: usize = 40;
+    let mut caches = Caches::default();
+    for i in 0..N {
+        caches.fold_pod(Event::Apply(held_pod(i, false)));
+    }
+    let mock = Mock::default();
+    let a = applier(&mock, false, 4);
+    let chosen = terminated(&caches.snapshot().pods, 10);
+    assert_eq!(chosen.len(), N - 10);
+    let first = a.apply(chosen).await;
+    assert_eq!((first.deleted, deletes(&mock)), (N - 10, N - 10));
+
+    // The apiserver accepted every one; finalizers keep them listed.
+    for i in 0..N - 10 {
+        caches.fold_pod(Event::Apply(held_pod(i, true)));
+    }
+    for cycle in 0..3 {
+        let chosen = terminated(&caches.snapshot().pods, 10);
+        assert_eq!(
+            chosen.len(),
+            N - 10,
+            "cycle {cycle}: still chosen, as upstream"
+        );
+        let again = a.apply(chosen).await;
+        assert_eq!(
+            deletes(&mock),
+            N - 10,
+            "cycle {cycle}: no DELETE sent again"
+        );
+        assert_eq!((again.deleted, again.skipped), (0, N - 10), "cycle {cycle}");
+    }
+    assert_eq!(
+        a.metrics.force_delete_skipped_count(Sweep::Terminated),
+        3 * (N - 10) as u64
+    );
+    assert_eq!(
+        a.metrics.counts("ns", Sweep::Terminated),
+        ((N - 10) as u64, 0)
+    );
+}
+
+/// Upstream's threshold, written as it reads: every terminated pod counts, the first
+/// `len − threshold` in eviction-then-age order are chosen. Over generated mixes of pods whose
+/// force delete was accepted and fresh ones, the applier sends a DELETE to exactly the chosen
+/// pods that were not accepted yet, and counts the rest as skipped.
+#[tokio::test]
+async fn held_pods_count_towards_the_threshold_as_upstream() {
+    use crate::podgc::decide::{eviction_then_age, terminated};
+    for seed in 0..200u64 {
+        let mut rng = testkit::rng::Rng(seed);
+        let pods: Vec<PodFacts> = (0..rng.below(30))
+            .map(|i| {
+                let phase = rng.pick(&[Phase::Succeeded, Phase::Failed, Phase::Running]);
+                let mut p = pod(&format!("p{i:02}"), phase);
+                p.created = example::at(rng.below(50) as i64);
+                p.evicted = phase == Phase::Failed && rng.chance(20);
+                if rng.chance(40) {
+                    p = example::force_deleted(p);
+                }
+                p
+            })
+            .collect();
+        let threshold = rng.below(25) as i64 + 1;
+        let mut done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
+        done.sort_by(|a, b| eviction_then_age(a, b));
+        let count = (done.len() as i64 - threshold).max(0) as usize;
+        let upstream: Vec<&str> = done[..count].iter().map(|p| &*p.name).collect();
+
+        let chosen = terminated(&pods, threshold);
+        let names: Vec<&str> = chosen.iter().map(|d| &*d.pod.name).collect();
+        assert_eq!(
+            names, upstream,
+            "seed {seed}: the threshold chose as upstream"
+        );
+        let mut want: Vec<String> = done[..count]
+            .iter()
+            .filter(|p| !p.force_deleted)
+            .map(|p| format!("DELETE /api/v1/namespaces/ns/pods/{}", p.name))
+            .collect();
+        let mock = Mock::default();
+        let a = applier(&mock, false, 4);
+        let tally = a.apply(chosen).await;
+        let mut sent = mock.calls();
+        sent.sort();
+        want.sort();
+        assert_eq!(
+            sent, want,
+            "seed {seed}: DELETEs only to pods not yet accepted"
+        );
+        assert_eq!(tally.skipped, count - want.len(), "seed {seed}");
+        assert_eq!(
+            a.metrics.force_delete_skipped_count(Sweep::Terminated),
+            (count - want.len()) as u64,
+            "seed {seed}"
+        );
+    }
+}
+
+/// An orphan whose force delete was accepted while it still ran gets the status patch the Job
+/// controller reads (Failed, DisruptionTarget), and no second DELETE.
+#[tokio::test]
+async fn a_held_orphan_is_marked_failed_but_not_deleted_again() {
+    let mock = Mock::default();
+    let d = Deletion {
+        pod: example::force_deleted(pod("p", Phase::Running)),
+        pass: Sweep::Orphaned,
+        why: "test".into(),
+    };
+    let a = applier(&mock, false, 1);
+    let tally = a.apply(vec![d]).await;
+    assert_eq!(
+        mock.calls(),
+        ["PATCH /api/v1/namespaces/ns/pods/p/status"],
+        "the patch, no DELETE"
+    );
+    assert_eq!(tally.skipped, 1);
+    assert_eq!(a.metrics.force_delete_skipped_count(Sweep::Orphaned), 1);
+    assert_eq!(a.metrics.counts("ns", Sweep::Orphaned), (0, 0));
+}

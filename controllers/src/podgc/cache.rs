@@ -145,8 +145,8 @@ impl Caches {
 /// updates and relists (a relist is buffered while the live map still holds the pod). Seen
 /// turning final, or appearing final through the watch: now. Already final in a list with no
 /// earlier state (the first list after start, or created and ended while the watch was down):
-/// unknown, `None`, and the TTL goes by the node's `finishedAt` alone (counted in
-/// `groundskeeper_podgc_ttl_node_clock_only_total`).
+/// unknown, `None`, and the TTL goes by the pod's own times (`policy::expired`; counted in
+/// `groundskeeper_podgc_ttl_first_listed_total`).
 pub fn seen_final(old: Option<&PodFacts>, watched: bool) -> Option<Instant> {
     match old {
         Some(old) if old.phase.is_final() => old.seen_final,

@@ -49,6 +49,8 @@ impl Cycle {
     pub async fn run(&mut self, caches: &Shared<Caches>) -> Summary {
         let snap = caches.lock().snapshot();
         let mut summary = Summary::default();
+        let held = snap.pods.iter().filter(|p| p.force_deleted).count();
+        self.applier.metrics.finalizer_held.set(held as i64);
 
         // Upstream's threshold on every terminated pod, whatever the policies say; what it
         // chose is not chosen again by the policy passes.
@@ -73,11 +75,11 @@ impl Cycle {
                 local_now: Instant::now(),
             },
         );
-        let node_clock_only = ttl.iter().filter(|d| d.pod.seen_final.is_none()).count();
+        let first_listed = ttl.iter().filter(|d| d.pod.seen_final.is_none()).count();
         self.applier
             .metrics
-            .ttl_node_clock_only
-            .inc_by(node_clock_only as u64);
+            .ttl_first_listed
+            .inc_by(first_listed as u64);
         summary.passes[Sweep::Ttl as usize] = self.applier.apply(ttl).await;
         summary.passes[Sweep::NamespaceThreshold as usize] = self.applier.apply(ns_threshold).await;
 
@@ -422,9 +424,9 @@ mod tests {
         assert_eq!(summary.passes[Sweep::Ttl as usize].deleted, 1);
         assert_eq!(c.applier.metrics.terminated_count("ttl"), 1);
         assert_eq!(
-            c.applier.metrics.ttl_node_clock_only.get(),
+            c.applier.metrics.ttl_first_listed.get(),
             1,
-            "listed already terminated: chosen on the node's clock alone"
+            "listed already terminated: chosen by its own times"
         );
         c.run(&caches).await;
         let events = events.seen.lock().unwrap().clone();

@@ -144,6 +144,16 @@ pub fn excess(mut done: Vec<&PodFacts>, threshold: i64) -> Vec<&PodFacts> {
     done
 }
 
+/// Whether making `d` would change nothing: the pod's force delete was already accepted
+/// (`deletionGracePeriodSeconds: 0`; finalizers hold it) and it needs no status patch (already
+/// Succeeded or Failed). Upstream sends the DELETE again every cycle, and since its passes
+/// choose by phase and age, the threshold picks the same held pods every time. Such a pod
+/// still counts as terminated and still takes its place in the threshold's order, so the
+/// other pods chosen are upstream's; only the useless call is left out.
+pub fn already_accepted(d: &Deletion) -> bool {
+    d.pod.force_deleted && d.pod.phase.is_final()
+}
+
 /// How a threshold's reason names the pod's state: `phase "Failed" (evicted)`.
 pub fn phase_note(p: &PodFacts) -> String {
     format!(

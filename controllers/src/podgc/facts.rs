@@ -70,6 +70,10 @@ pub struct PodFacts {
     pub evicted: bool,
     /// `metadata.deletionTimestamp` is set.
     pub terminating: bool,
+    /// A force delete was already accepted: `deletionTimestamp` set with
+    /// `deletionGracePeriodSeconds: 0`. Still listed, so finalizers hold it; another DELETE
+    /// changes nothing (the apiserver answers 200 and writes nothing), only their removal does.
+    pub force_deleted: bool,
     /// `metadata.creationTimestamp`; a missing one sorts first, like Go's zero time.
     pub created: Timestamp,
     pub generation: Option<i64>,
@@ -80,13 +84,12 @@ pub struct PodFacts {
     /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
     /// DisruptionTarget goes after the existing conditions instead of first.
     pub condition_types: Box<[Arc<str>]>,
-    /// When the pod terminated, for the TTL: see [`terminated_at`]. `None` means the TTL
-    /// never applies to it.
+    /// When the pod terminated, for the TTL: [`terminated_at`] (the node's clock), but never
+    /// before [`recorded_at`] (the apiserver's). `None` means the TTL never applies to it.
     pub terminated_at: Option<Timestamp>,
     /// When this process first saw the pod Succeeded or Failed, on its own monotonic clock
-    /// (set by the cache, kept across updates and relists). `terminated_at` is the node's
-    /// clock: a node an hour behind would make its pods look an hour older; the TTL also
-    /// needs this much time to have passed here.
+    /// (set by the cache, kept across updates and relists): the TTL also needs this much
+    /// time to have passed here.
     pub seen_final: Option<std::time::Instant>,
 }
 
@@ -213,6 +216,7 @@ impl PodFacts {
     pub fn from_wire(pod: WirePod, names: &mut Interner) -> Result<Self, Incomplete> {
         let missing = |field| Incomplete { kind: "Pod", field };
         let m = pod.metadata;
+        let recorded = recorded_at(&m);
         let namespace = names.intern(&m.namespace.ok_or(missing("namespace"))?);
         let name: Arc<str> = m.name.ok_or(missing("name"))?.into();
         let uid = Uid::from(&*m.uid.ok_or(missing("uid"))?);
@@ -223,7 +227,9 @@ impl PodFacts {
             .map(|n| names.intern(&n));
         let status = pod.status.unwrap_or_default();
         let phase = Phase::parse(status.phase.as_deref());
-        let terminated_at = terminated_at(&status);
+        // The kubelet's end is on the node's clock; the apiserver recorded the pod's status
+        // at or after it ended, on the cluster's: the later of the two is never early.
+        let terminated_at = terminated_at(&status).map(|end| recorded.map_or(end, |r| end.max(r)));
         let conditions = status.conditions.unwrap_or_default();
         let condition_types = conditions.iter().map(|c| names.intern(&c.type_)).collect();
         let disruption_target_true = conditions
@@ -239,6 +245,8 @@ impl PodFacts {
             phase,
             evicted: phase == Phase::Failed && status.reason.as_deref() == Some("Evicted"),
             terminating: m.deletion_timestamp.is_some(),
+            force_deleted: m.deletion_timestamp.is_some()
+                && m.deletion_grace_period_seconds == Some(0),
             created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
             generation: m.generation,
             disruption_target_true,
@@ -255,6 +263,25 @@ impl PodFacts {
     pub fn node(&self) -> &str {
         self.node_name.as_deref().unwrap_or_default()
     }
+}
+
+/// The latest time the apiserver recorded for the pod, on the cluster's clock: its last status
+/// write (the `time` of its `managedFields` entries for the `status` subresource; the write that
+/// made it Succeeded or Failed is at most that late), and never before its creation.
+pub fn recorded_at(
+    m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Timestamp> {
+    let status_written = m
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| e.subresource.as_deref() == Some("status"))
+        .filter_map(|e| e.time.as_ref().map(|t| t.0))
+        .max();
+    status_written
+        .into_iter()
+        .chain(m.creation_timestamp.as_ref().map(|t| t.0))
+        .max()
 }
 
 /// When a pod terminated, from its own status: the latest `state.terminated.finishedAt` over
@@ -333,6 +360,7 @@ pub mod example {
             phase,
             evicted: false,
             terminating: false,
+            force_deleted: false,
             created: at(0),
             generation: Some(1),
             disruption_target_true: None,
@@ -349,6 +377,15 @@ pub mod example {
     pub fn terminating(p: PodFacts) -> PodFacts {
         PodFacts {
             terminating: true,
+            ..p
+        }
+    }
+
+    /// Force-deleted already (grace 0) and held by a finalizer.
+    pub fn force_deleted(p: PodFacts) -> PodFacts {
+        PodFacts {
+            terminating: true,
+            force_deleted: true,
             ..p
         }
     }

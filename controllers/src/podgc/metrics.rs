@@ -2,7 +2,8 @@
 //!
 //! The two upstream counters, byte for byte (NotFound counts as an error, as upstream), a
 //! groundskeeper counter of real failures, a cycle histogram, deletions of terminated pods by
-//! the rule that chose them, and the apiserver's 429s (and the Retry-Afters that were capped).
+//! the rule that chose them, the apiserver's 429s (and the Retry-Afters that were capped), and
+//! the pods finalizers hold after their force delete was accepted.
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
@@ -19,8 +20,12 @@ pub struct Metrics {
     pub throttled: IntCounter,
     /// 429s whose Retry-After was longer than PodGC waits.
     pub retry_after_capped: IntCounter,
-    /// TTL deletions chosen on the node's `finishedAt` alone (never seen becoming final here).
-    pub ttl_node_clock_only: IntCounter,
+    /// TTL deletions of pods never seen becoming final here (judged by their own times).
+    pub ttl_first_listed: IntCounter,
+    /// Pods chosen whose force delete was already accepted: no DELETE sent again.
+    force_delete_skipped: IntCounterVec,
+    /// Pods whose force delete was accepted and that finalizers still hold, last cycle.
+    pub finalizer_held: prometheus::IntGauge,
     /// The force-delete concurrency the apiserver's answers currently allow.
     pub concurrency_limit: prometheus::Gauge,
     pub cycle_seconds: Histogram,
@@ -84,11 +89,28 @@ impl Metrics {
                     "429 answers whose Retry-After was longer than PodGC waits (60 s): it paused new deletes for 60 s instead.",
                 ),
             )?,
-            ttl_node_clock_only: registered(
+            ttl_first_listed: registered(
                 registry,
                 IntCounter::new(
-                    "groundskeeper_podgc_ttl_node_clock_only_total",
-                    "Pods the TTL chose on their kubelet's finishedAt alone (node clock): already terminated when this process first listed them, so it could not also time the TTL itself.",
+                    "groundskeeper_podgc_ttl_first_listed_total",
+                    "Pods the TTL chose that were already terminated when this process first listed them, so it could not also time the TTL itself: judged by their own times, the kubelet's finishedAt but never before the apiserver's last record of their status.",
+                ),
+            )?,
+            force_delete_skipped: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_podgc_force_delete_skipped_total",
+                        "Pods a pass chose whose force delete the apiserver had already accepted (deletionTimestamp with deletionGracePeriodSeconds 0, held by finalizers): no DELETE was sent again, by the upstream reason of the pass.",
+                    ),
+                    &["reason"],
+                ),
+            )?,
+            finalizer_held: registered(
+                registry,
+                prometheus::IntGauge::new(
+                    "groundskeeper_podgc_finalizer_held_pods",
+                    "Pods whose force delete was accepted (deletionGracePeriodSeconds 0) and that finalizers still hold, in the last cycle's snapshot: only whoever owns the finalizers can remove them.",
                 ),
             )?,
             concurrency_limit: registered(
@@ -123,6 +145,20 @@ impl Metrics {
         self.errors
             .with_label_values(&[namespace, pass.label()])
             .inc();
+    }
+
+    /// `n` pods chosen by `pass` were not force-deleted again: their force delete was accepted.
+    pub fn force_delete_skipped(&self, pass: Sweep, n: usize) {
+        self.force_delete_skipped
+            .with_label_values(&[pass.label()])
+            .inc_by(n as u64);
+    }
+
+    #[cfg(test)]
+    pub fn force_delete_skipped_count(&self, pass: Sweep) -> u64 {
+        self.force_delete_skipped
+            .with_label_values(&[pass.label()])
+            .get()
     }
 
     /// `error`: [`DeleteError::metric_label`](super::apply::DeleteError::metric_label).

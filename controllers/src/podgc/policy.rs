@@ -133,12 +133,12 @@ impl Policy<'_> {
 }
 
 /// Whether `p` terminated at least `ttl` ago. Only Succeeded and Failed pods with a known end
-/// qualify; an end in the future (clock skew) is not old. The end is the kubelet's, on the
-/// node's clock: so when this process saw the pod become final (`seen_final`, its own clock),
-/// the TTL must also have passed since then, and a node an hour behind can not make the pod
-/// look an hour older. A pod already final when first listed has no such time (requiring one
-/// would restart every TTL at every restart and rollout, and a TTL longer than the time
-/// between restarts would never fire): its end is the node's word alone, which is counted.
+/// qualify; an end in the future (clock skew) is not old. The end is the kubelet's `finishedAt`
+/// (the node's clock) but never before the apiserver last recorded the pod's status (the
+/// cluster's clock, see `facts::recorded_at`): a node an hour behind can not make the pod look
+/// an hour older, also for a pod already final when this process first listed it (after every
+/// failover and rollout). When this process saw the pod become final (`seen_final`, its own
+/// clock), the TTL must also have passed since then.
 pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp, local_now: std::time::Instant) -> bool {
     if !p.phase.is_final() {
         return false;
@@ -203,7 +203,7 @@ pub fn policy_passes<P: Borrow<PodFacts>>(
                 p.terminated_at.map(|t| t.to_string()).unwrap_or_default(),
                 humantime(ttl),
                 if p.seen_final.is_none() {
-                    "; by the node's clock alone: already terminated when first listed"
+                    "; already terminated when first listed: by the pod's own times"
                 } else {
                     ""
                 }

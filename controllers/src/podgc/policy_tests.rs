@@ -211,7 +211,7 @@ fn expiry_needs_the_ttl_on_this_processs_own_clock_too() {
             true,
         ),
         (
-            "already terminated when first listed: the node's clock alone",
+            "already terminated when first listed: by the pod's own times",
             None,
             seen(),
             true,
@@ -424,4 +424,64 @@ fn malformed_values_are_named() {
     for (a, want) in table {
         assert_eq!(malformed(&a), want, "{a:?}");
     }
+}
+
+/// A pod already terminated when this process first lists it (after every failover and
+/// rollout) is judged by its own times: the kubelet's `finishedAt` on the node's clock, and the
+/// apiserver's record of its last status write on the cluster's. Over generated node clocks (up
+/// to two hours behind or ahead), run and end times, and status writes up to a minute after the
+/// end: the TTL never chooses it before the TTL has passed since its end by the cluster's
+/// clock, and chooses it once the TTL has passed since the apiserver's last record of it.
+#[test]
+fn a_node_clock_behind_never_makes_a_first_listed_pod_expire_early() {
+    use crate::podgc::{facts::Interner, wire::WirePod};
+    use serde_json::json;
+    let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let mut early = 0;
+    for seed in 0..2000u64 {
+        let mut rng = testkit::rng::Rng(seed);
+        let secs = |n: u64| jiff::SignedDuration::from_secs(n as i64);
+        // The cluster's clock: the pod ran, ended, the kubelet wrote its status.
+        let created = at(0);
+        let end = created + secs(1 + rng.below_u64(4 * 3600));
+        let written = end + secs(rng.below_u64(60));
+        // The node's clock, up to two hours off either way.
+        let skew = jiff::SignedDuration::from_secs(rng.below_u64(4 * 3600) as i64 - 2 * 3600);
+        let finished_on_node = end + skew;
+        let pod: WirePod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u",
+                "creationTimestamp": stamp(created),
+                "managedFields": [
+                    {"manager": "kubectl", "operation": "Update", "time": stamp(created),
+                     "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}},
+                    {"manager": "kubelet", "operation": "Update", "subresource": "status",
+                     "time": stamp(written), "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:status": {"f:phase": {}}}}]},
+            "spec": {"nodeName": "n"},
+            "status": {"phase": "Succeeded", "containerStatuses": [
+                {"state": {"terminated": {"finishedAt": stamp(finished_on_node)}}}]}
+        }))
+        .unwrap();
+        let p = PodFacts::from_wire(pod, &mut Interner::default()).unwrap();
+        assert!(p.seen_final.is_none(), "first listed");
+        let ttl = Duration::from_secs(60 + rng.below_u64(2 * 3600));
+        let ttl_signed = jiff::SignedDuration::try_from(ttl).unwrap();
+        // Any moment from the end to well past the TTL, on the cluster's clock.
+        let now = end + secs(rng.below_u64(ttl.as_secs() + 3 * 3600));
+        let chosen = expired(&p, ttl, now, seen());
+        let whole_seconds =
+            |t: jiff::Timestamp| jiff::Timestamp::from_second(t.as_second()).unwrap();
+        assert!(
+            !chosen || now >= whole_seconds(end) + ttl_signed,
+            "seed {seed}: node {skew:?} off, ended {end}, TTL {ttl:?}, chosen at {now}"
+        );
+        if now >= whole_seconds(written).max(whole_seconds(finished_on_node)) + ttl_signed {
+            assert!(chosen, "seed {seed}: due at {now}, not chosen");
+        }
+        early += usize::from(skew.is_negative() && now < end + ttl_signed);
+    }
+    assert!(
+        early > 150,
+        "cases where a node behind would look expired early: {early}"
+    );
 }

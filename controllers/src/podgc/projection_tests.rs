@@ -72,8 +72,8 @@ fn gen_pod(rng: &mut Rng, i: usize) -> Value {
     let mut meta = json!({
         "labels": {"app": "a", "pod-template-hash": "7d9f8c6b5"},
         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(200)},
-        "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
-            "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}],
+        "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+            "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}}],
         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
             "uid": "7d0c1a4e-0000-4000-8000-000000000001", "controller": true}],
         "resourceVersion": format!("{}", 1000 + i),
@@ -100,6 +100,29 @@ fn gen_pod(rng: &mut Rng, i: usize) -> Value {
     maybe(&mut meta, "creationTimestamp", 90, rng, json!(t));
     let t = time(rng);
     maybe(&mut meta, "deletionTimestamp", 20, rng, json!(t));
+    let grace = rng.pick(&[0, 0, 30]);
+    maybe(
+        &mut meta,
+        "deletionGracePeriodSeconds",
+        30,
+        rng,
+        json!(grace),
+    );
+    // Entries for the status subresource (the kubelet's, a controller's), with or without a
+    // time, and of another subresource: only the latest status write counts.
+    for manager in ["kubelet", "some-controller", "kubectl"] {
+        if rng.chance(60) {
+            let mut entry = json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:phase": {}}}});
+            let t = time(rng);
+            maybe(&mut entry, "time", 85, rng, json!(t));
+            let sub = rng.pick(&["status", "status", "resize", ""]);
+            if !sub.is_empty() {
+                entry["subresource"] = json!(sub);
+            }
+            meta["managedFields"].as_array_mut().unwrap().push(entry);
+        }
+    }
 
     let mut spec = json!({"containers": [
         {"name": "app", "image": "registry.example.com/app:v1",
@@ -203,6 +226,17 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
             .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
             .max(),
     };
+    // Never before the apiserver's last record of the pod: its last status write, or else
+    // its creation.
+    let last_status_write = m
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|e| e.subresource.as_deref() == Some("status"))
+        .filter_map(|e| e.time.as_ref().map(|t| t.0))
+        .max();
+    let recorded = last_status_write.max(m.creation_timestamp.as_ref().map(|t| t.0));
+    let terminated_at = terminated_at.map(|end| recorded.map_or(end, |r| end.max(r)));
     Some(PodFacts {
         namespace: m.namespace.as_deref()?.into(),
         name: m.name.as_deref()?.into(),
@@ -216,6 +250,7 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
         phase,
         evicted: phase == Phase::Failed && status.reason.as_deref() == Some("Evicted"),
         terminating: m.deletion_timestamp.is_some(),
+        force_deleted: m.deletion_timestamp.is_some() && m.deletion_grace_period_seconds == Some(0),
         created: m
             .creation_timestamp
             .as_ref()

@@ -1,14 +1,14 @@
 //! The Pod and Node shapes PodGC reads off the wire.
 //!
-//! serde skips every other field while parsing (containers, volumes, managedFields,
-//! annotations, node images...), so a full object is never built, not even briefly: that is
-//! most of the memory difference with upstream.
+//! serde skips every other field while parsing (containers, volumes, managedFields but the
+//! last status write's time, annotations, node images...), so a full object is never built, not
+//! even briefly: that is most of the memory difference with upstream.
 
 use std::borrow::Cow;
 
 use k8s_openapi::{
     ClusterResourceScope, NamespaceResourceScope,
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time},
 };
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
@@ -121,6 +121,32 @@ struct SlimMeta {
     generation: Option<i64>,
     creation_timestamp: Option<Time>,
     deletion_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    /// Only the latest `time` of an entry for the `status` subresource survives: when the
+    /// apiserver last recorded a change to the pod's status, on the apiserver's clock.
+    #[serde(
+        default,
+        rename = "managedFields",
+        deserialize_with = "last_status_write"
+    )]
+    status_written: Option<Time>,
+}
+
+/// The two fields of a `managedFields` entry the last status write is read from.
+#[derive(Deserialize)]
+struct SlimManagedFields {
+    subresource: Option<String>,
+    time: Option<Time>,
+}
+
+fn last_status_write<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Time>, D::Error> {
+    let entries = Option::<Vec<SlimManagedFields>>::deserialize(d)?;
+    Ok(entries
+        .into_iter()
+        .flatten()
+        .filter(|e| e.subresource.as_deref() == Some("status"))
+        .filter_map(|e| e.time)
+        .max_by_key(|t| t.0))
 }
 
 fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
@@ -133,6 +159,14 @@ fn slim_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         generation: m.generation,
         creation_timestamp: m.creation_timestamp,
         deletion_timestamp: m.deletion_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        managed_fields: m.status_written.map(|t| {
+            vec![ManagedFieldsEntry {
+                subresource: Some("status".into()),
+                time: Some(t),
+                ..ManagedFieldsEntry::default()
+            }]
+        }),
         ..ObjectMeta::default()
     })
 }

@@ -11,7 +11,7 @@ use clap::Args;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
-use super::cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_entry, spec_cidrs};
+use super::cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, index_cidr, ip_entry, spec_cidrs};
 use super::index::{Blocker, CidrSet, IpIndex};
 
 #[derive(Args, Debug, Clone)]
@@ -112,7 +112,7 @@ pub async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)
     };
     let mut cidrs = CidrSet::default();
     for c in &all.items {
-        cidrs.insert(&c.name_any(), &spec_cidrs(c));
+        index_cidr(&mut cidrs, &c.name_any(), c);
     }
     let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}");
     let mut ips = IpIndex::default();

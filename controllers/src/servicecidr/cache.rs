@@ -64,6 +64,12 @@ pub fn spec_cidrs(obj: &ServiceCIDR) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Indexes a ServiceCIDR's CIDRs, and whether it is being deleted.
+pub fn index_cidr(cidrs: &mut CidrSet, name: &str, obj: &ServiceCIDR) {
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    cidrs.insert_with(name, &spec_cidrs(obj), deleting);
+}
+
 /// The ServiceCIDR as the pure decision sees it.
 pub fn cidr_state(obj: &ServiceCIDR) -> CidrState {
     let ready = obj
@@ -130,18 +136,20 @@ impl Cache {
     }
 
     /// Folds a ServiceCIDR event in. An add enqueues the ServiceCIDR and every one overlapping
-    /// it (itself included, as the lister already holds it); an update or a delete only itself.
-    /// A relist is each listed object's add or update and each vanished one's delete.
+    /// it (itself included, as the lister already holds it); an update only itself unless its
+    /// CIDRs changed ([`Cache::updated`]); a delete only itself. A relist is each listed
+    /// object's add or update and each vanished one's delete.
     pub fn cidr_event(&mut self, ev: Event<ServiceCIDR>) -> Vec<String> {
         match self.objects.apply_event(ev, project_cidr) {
             Applied::Nothing => vec![],
             Applied::Upserted { key, old } => {
+                let before = self.cidrs.get(&key).map(<[Prefix]>::to_vec);
                 if let Some(o) = self.objects.get(&key) {
-                    self.cidrs.insert(&key, &spec_cidrs(o));
+                    index_cidr(&mut self.cidrs, &key, o);
                 }
-                match old {
-                    Some(_) => vec![key],
-                    None => self.added(key),
+                match (old, before) {
+                    (Some(_), Some(before)) => self.updated(key, &before),
+                    _ => self.added(key),
                 }
             }
             Applied::Removed { key, .. } => {
@@ -158,14 +166,19 @@ impl Cache {
                     self.cidrs.remove(k);
                 }
                 for (k, o) in self.objects.iter() {
-                    self.cidrs.insert(k, &spec_cidrs(o));
+                    index_cidr(&mut self.cidrs, k, o);
                 }
                 let mut keys: BTreeSet<String> = gone.into_iter().collect();
                 for k in self.objects.keys() {
-                    if old.contains_key(k) {
-                        keys.insert(k.clone());
-                    } else {
-                        keys.extend(self.added(k.clone()));
+                    match old.get(k) {
+                        Some(was) => {
+                            let before: Vec<Prefix> = spec_cidrs(was)
+                                .iter()
+                                .filter_map(|c| c.parse().ok())
+                                .collect();
+                            keys.extend(self.updated(k.clone(), &before));
+                        }
+                        None => keys.extend(self.added(k.clone())),
                     }
                 }
                 keys.into_iter().collect()
@@ -176,7 +189,26 @@ impl Cache {
     /// The keys an added ServiceCIDR enqueues: itself first, then those overlapping it.
     fn added(&self, name: String) -> Vec<String> {
         let prefixes: Vec<Prefix> = self.cidrs.get(&name).unwrap_or_default().to_vec();
-        let overlapping = self.cidrs.overlapping(&prefixes);
+        self.with_overlapping(name, &prefixes)
+    }
+
+    /// The keys an updated ServiceCIDR enqueues: itself, and when its CIDRs changed (a
+    /// single-stack one made dual-stack: `spec.cidrs` is mutable so far) those overlapping
+    /// them before or after. Upstream enqueues only itself on update, so a ServiceCIDR whose
+    /// deletion waits for the IPs only it holds would not see a widened one come to cover them
+    /// until something else touched it.
+    fn updated(&self, name: String, before: &[Prefix]) -> Vec<String> {
+        let after = self.cidrs.get(&name).unwrap_or_default();
+        if after == before {
+            return vec![name];
+        }
+        let mut both = before.to_vec();
+        both.extend_from_slice(after);
+        self.with_overlapping(name, &both)
+    }
+
+    fn with_overlapping(&self, name: String, prefixes: &[Prefix]) -> Vec<String> {
+        let overlapping = self.cidrs.overlapping(prefixes);
         let others = overlapping.into_iter().filter(|n| *n != name);
         std::iter::once(name.clone()).chain(others).collect()
     }
@@ -258,10 +290,48 @@ mod tests {
             apply_cidr(&mut c, cidr("d", ["0.0.0.0/0"])),
             vec!["d", "a", "b", "c"]
         );
-        assert_eq!(apply_cidr(&mut c, cidr("a", ["10.0.0.0/8"])), vec!["a"]);
+        assert_eq!(apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"])), vec!["a"]);
+        // Beyond upstream: new CIDRs re-check their overlapping neighbours.
+        assert_eq!(
+            apply_cidr(&mut c, cidr("a", ["10.0.0.0/8"])),
+            vec!["a", "b", "c", "d"]
+        );
         assert_eq!(delete_cidr(&mut c, "a"), vec!["a"]);
         assert!(c.cidr("a").is_none());
         assert!(c.cidrs.get("a").is_none());
+    }
+
+    #[test]
+    fn an_update_that_changes_the_cidrs_enqueues_the_overlapping_ones() {
+        let mut c = Cache::default();
+        apply_cidr(&mut c, cidr("blocked", ["10.0.0.0/24", "fd00::/112"]));
+        apply_cidr(&mut c, cidr("wide", ["10.1.0.0/16"]));
+        apply_cidr(&mut c, cidr("other", ["10.9.0.0/16"]));
+        // Made dual-stack: its new IPv6 CIDR covers blocked's, which may now be deleted.
+        assert_eq!(
+            apply_cidr(&mut c, cidr("wide", ["10.1.0.0/16", "fd00::/64"])),
+            vec!["wide", "blocked"]
+        );
+        assert_eq!(
+            apply_cidr(&mut c, cidr("wide", ["10.1.0.0/16", "fd00::/64"])),
+            vec!["wide"],
+            "the same CIDRs: itself only"
+        );
+        // What it overlapped before counts too (a CIDR given up re-checks its old neighbours).
+        assert_eq!(
+            apply_cidr(&mut c, cidr("wide", ["10.9.0.0/24"])),
+            vec!["wide", "blocked", "other"]
+        );
+        // A relist that finds the CIDRs changed does the same.
+        let listed = vec![
+            cidr("blocked", ["10.0.0.0/24", "fd00::/112"]),
+            cidr("wide", ["10.9.0.0/24", "fd00::/64"]),
+            cidr("other", ["10.9.0.0/16"]),
+        ];
+        assert_eq!(
+            relist(Cache::cidr_event, &mut c, listed),
+            vec!["blocked", "other", "wide"]
+        );
     }
 
     #[test]

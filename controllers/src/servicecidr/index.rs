@@ -4,7 +4,10 @@
 //! per family, so that "which IPs would only this ServiceCIDR contain" is a few range queries
 //! instead of a list-and-scan.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use groundskeeper_plumbing::cache::Update;
 
@@ -15,24 +18,43 @@ use super::{
 };
 
 /// Every ServiceCIDR by name with the CIDRs of its spec that parse (the upstream helpers skip
-/// the others).
+/// the others), and whether it is being deleted.
 #[derive(Clone, Debug, Default)]
 pub struct CidrSet {
     by_name: BTreeMap<String, Vec<Prefix>>,
+    /// ServiceCIDRs with a `deletionTimestamp`: they still enqueue and are still synced, but
+    /// they hold no IP for another one, since their own finalizer may go at the same moment.
+    deleting: BTreeSet<String>,
 }
 
 impl CidrSet {
+    /// Adds or replaces a ServiceCIDR that is not being deleted.
     pub fn insert(&mut self, name: &str, cidrs: &[String]) {
+        self.insert_with(name, cidrs, false);
+    }
+
+    /// Adds or replaces a ServiceCIDR, `deleting` when it has a `deletionTimestamp`.
+    pub fn insert_with(&mut self, name: &str, cidrs: &[String], deleting: bool) {
         let parsed = cidrs.iter().filter_map(|c| c.parse().ok()).collect();
         self.by_name.insert(name.to_string(), parsed);
+        if deleting {
+            self.deleting.insert(name.to_string());
+        } else {
+            self.deleting.remove(name);
+        }
     }
 
     pub fn remove(&mut self, name: &str) {
         self.by_name.remove(name);
+        self.deleting.remove(name);
     }
 
     pub fn get(&self, name: &str) -> Option<&[Prefix]> {
         self.by_name.get(name).map(Vec::as_slice)
+    }
+
+    pub fn is_deleting(&self, name: &str) -> bool {
+        self.deleting.contains(name)
     }
 
     pub fn len(&self) -> usize {
@@ -43,9 +65,14 @@ impl CidrSet {
         self.by_name.is_empty()
     }
 
+    /// The (ServiceCIDR, CIDR index, CIDR) pairs that can hold IPs for another ServiceCIDR: every
+    /// CIDR of every ServiceCIDR not being deleted. Upstream counts deleting ones too, so two
+    /// overlapping ServiceCIDRs deleted together each see the other as parent (or as a second
+    /// owner of their IPs) and both lose their finalizer, orphaning the IPs they shared.
     pub(super) fn pairs(&self) -> impl Iterator<Item = (&str, usize, &Prefix)> {
         self.by_name
             .iter()
+            .filter(|(n, _)| !self.deleting.contains(*n))
             .flat_map(|(n, ps)| ps.iter().enumerate().map(move |(i, p)| (n.as_str(), i, p)))
     }
 
@@ -70,7 +97,7 @@ impl CidrSet {
     }
 
     /// `ContainsPrefix`: one entry per (ServiceCIDR, CIDR) that overlaps `prefix` and is equal
-    /// or larger, as upstream counts them.
+    /// or larger, as upstream counts them, among the ServiceCIDRs not being deleted.
     pub fn parents_of(&self, prefix: &Prefix) -> Vec<&str> {
         self.pairs()
             .filter(|(_, _, p)| p.covers(prefix))
@@ -79,7 +106,7 @@ impl CidrSet {
     }
 
     /// `canDeleteCIDR`'s first step: true when every parseable CIDR of `name` has a parent other
-    /// than itself (vacuously true with no parseable CIDR).
+    /// than itself that is not being deleted (vacuously true with no parseable CIDR).
     pub fn has_parent(&self, name: &str) -> bool {
         self.get(name).unwrap_or_default().iter().all(|p| {
             let parents = self.parents_of(p);
@@ -205,7 +232,8 @@ impl IpIndex {
     }
 
     /// `canDeleteCIDR`'s orphan step: managed IPs that `PrefixContainsIP` places in exactly one
-    /// (ServiceCIDR, CIDR) pair, that pair being one of `name`'s. Per CIDR of `name`, the
+    /// (ServiceCIDR, CIDR) pair, that pair being one of `name`'s; pairs of ServiceCIDRs being
+    /// deleted do not count. Per CIDR of `name`, the
     /// ranges contained by every other pair are cut out of its usable range and only the rest
     /// is read from the index, so the cost follows the number of overlapping CIDRs and of
     /// blockers returned, not the number of IPs. At most `limit` blockers are returned.

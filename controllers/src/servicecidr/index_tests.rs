@@ -1,5 +1,6 @@
-//! The IP index's tests: examples, and the property that the compact index answers exactly
-//! as the index it replaced (kept here as the reference) over generated update sequences.
+//! The IP index's tests: examples, the property that the compact index answers exactly as the
+//! index it replaced (kept here as the reference) over generated update sequences, and the
+//! property that ServiceCIDRs deleted together never orphan an IP.
 
 /// The index as it was before it was made compact (names and entries in a `Store` beside
 /// address-sorted name lists), verbatim but for its name and the methods the property does not call: the reference it
@@ -570,5 +571,159 @@ mod same_as_before {
                 check(seed, step, spellings, &new, &old, &s, &names);
             }
         }
+    }
+}
+
+/// ServiceCIDRs deleted together: a deleting ServiceCIDR is nobody's parent and owns no IP for
+/// another, so the finalizers released on one view of the cluster, all at once, never leave an
+/// IP outside every remaining ServiceCIDR.
+mod deleting_together {
+    use jiff::Timestamp;
+    use testkit::rng::Rng;
+
+    use super::super::decide::{Action, CidrState, decide};
+    use super::super::index::fixtures::{ips, set};
+    use super::super::index::{CidrSet, IpIndex};
+    use super::super::prefix::Addr;
+
+    /// Overlapping CIDRs of both families, from one pool so that equal and nested ones are common.
+    const V4: &[&str] = &[
+        "10.0.0.0/24",
+        "10.0.0.0/25",
+        "10.0.0.128/25",
+        "10.0.0.0/26",
+        "10.0.0.64/26",
+        "10.0.0.32/27",
+        "10.0.0.0/23",
+    ];
+    const V6: &[&str] = &["fd00::/120", "fd00::/121", "fd00::80/121", "fd00::/119"];
+
+    fn deleting(name: &str) -> CidrState {
+        CidrState {
+            name: name.into(),
+            has_finalizer: true,
+            deletion_timestamp: Some("2026-01-01T00:00:00Z".parse().unwrap()),
+            ready: None,
+        }
+    }
+
+    /// Well past the grace period: only the IPs decide.
+    fn later() -> Timestamp {
+        "2026-01-01T01:00:00Z".parse().unwrap()
+    }
+
+    /// The deleting ServiceCIDRs whose finalizer one view (`s`, `ix`) releases.
+    fn released(s: &CidrSet, ix: &IpIndex, names: &[String]) -> Vec<String> {
+        names
+            .iter()
+            .filter(|n| s.is_deleting(n))
+            .filter(|n| decide(&deleting(n), s, ix, later()).contains(&Action::RemoveFinalizer))
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn two_equal_cidrs_deleted_together_both_wait() {
+        let ix = ips(&["10.0.0.5"]);
+        let mut s = set(&[("a", &["10.0.0.0/24"])]);
+        s.insert_with("b", &["10.0.0.0/24".to_string()], true);
+        let names = ["a".to_string(), "b".to_string()];
+        assert_eq!(
+            released(&s, &ix, &names),
+            vec!["b"],
+            "a live equal ServiceCIDR is a parent"
+        );
+        s.insert_with("a", &["10.0.0.0/24".to_string()], true);
+        assert_eq!(
+            released(&s, &ix, &names),
+            Vec::<String>::new(),
+            "both deleting: neither holds the IP for the other"
+        );
+        // A smaller live one that contains the IP frees both.
+        s.insert("c", &["10.0.0.0/28".to_string()]);
+        let names = ["a".to_string(), "b".to_string(), "c".to_string()];
+        assert_eq!(released(&s, &ix, &names), vec!["a", "b"]);
+        // Without IPs there is nothing to orphan.
+        assert_eq!(released(&s, &IpIndex::default(), &names), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn no_ip_is_left_outside_every_servicecidr() {
+        let mut outcomes = [0usize; 2];
+        for seed in 0..2000u64 {
+            let mut r = Rng(seed);
+            let mut s = CidrSet::default();
+            let mut names = Vec::new();
+            for i in 0..2 + r.below(4) {
+                let mut cidrs = Vec::new();
+                if r.chance(85) {
+                    cidrs.push(r.pick(V4).to_string());
+                }
+                if r.chance(40) {
+                    cidrs.push(r.pick(V6).to_string());
+                }
+                let name = format!("c{i}");
+                s.insert_with(&name, &cidrs, r.chance(60));
+                names.push(name);
+            }
+            let mut addrs = Vec::new();
+            for _ in 0..r.below(6) {
+                let host = r.below(512);
+                addrs.push(if r.chance(70) {
+                    std::net::Ipv4Addr::from(0x0a00_0000 + host as u32).to_string()
+                } else {
+                    format!("fd00::{host:x}")
+                });
+            }
+            let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            let ix = ips(&refs);
+            let held = |s: &CidrSet| -> Vec<&str> {
+                refs.iter()
+                    .copied()
+                    .filter(|a| !s.containing(Addr::parse(a).unwrap()).is_empty())
+                    .collect()
+            };
+            // Every sync of one view releases at once, as workers on one cache do; then the
+            // survivors are synced again on the view that follows, until nothing changes.
+            for step in 0.. {
+                let gone = released(&s, &ix, &names);
+                if gone.is_empty() {
+                    break;
+                }
+                let before = held(&s);
+                for n in &gone {
+                    s.remove(n);
+                }
+                names.retain(|n| !gone.contains(n));
+                let after = held(&s);
+                assert_eq!(
+                    before, after,
+                    "seed {seed} step {step}: releasing {gone:?} orphaned IPs; left {s:?}"
+                );
+                outcomes[0] += gone.len();
+            }
+            // And no deletion waits for nothing: each one still held has an IP that no
+            // ServiceCIDR outside the deleting ones contains.
+            for n in names.iter().filter(|n| s.is_deleting(n)) {
+                let mut live = s.clone();
+                for d in names.iter().filter(|d| s.is_deleting(d)) {
+                    live.remove(d);
+                }
+                let own_only = refs.iter().any(|a| {
+                    let a = Addr::parse(a).unwrap();
+                    let mut only_me = s.clone();
+                    for o in names.iter().filter(|o| *o != n) {
+                        only_me.remove(o);
+                    }
+                    !only_me.containing(a).is_empty() && live.containing(a).is_empty()
+                });
+                assert!(
+                    own_only,
+                    "seed {seed}: {n} waits with nothing to hold in {s:?}"
+                );
+                outcomes[1] += 1;
+            }
+        }
+        assert!(outcomes[0] > 500 && outcomes[1] > 500, "{outcomes:?}");
     }
 }

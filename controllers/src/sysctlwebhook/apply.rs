@@ -10,7 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 use super::cache::WebhookBundles;
@@ -36,6 +36,12 @@ pub trait Writes: Send + Sync {
         name: &str,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// The Secret's `ca.crt` as the apiserver holds it now (a live list by name), `None`
+    /// without one.
+    fn live_bundle(
+        &self,
+        secret: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, kube::Error>> + Send;
 }
 
 pub struct KubeWrites {
@@ -69,6 +75,18 @@ impl Writes for KubeWrites {
             .map(|_| ())
     }
 
+    async fn live_bundle(&self, secret: &str) -> Result<Option<Vec<u8>>, kube::Error> {
+        // A list by name, not a GET: the Role grants list and watch of this one Secret only.
+        let by_name = ListParams::default().fields(&format!("metadata.name={secret}"));
+        let list = self.secrets().list(&by_name).await?;
+        Ok(list
+            .items
+            .into_iter()
+            .next()
+            .and_then(|s| s.data?.remove(super::rotation::CA_BUNDLE))
+            .map(|b| b.0))
+    }
+
     async fn patch_configuration(
         &self,
         name: &str,
@@ -90,10 +108,13 @@ impl Writes for KubeWrites {
 
 /// The JSON patch that sets every webhook's caBundle to `bundle`, each guarded by a test of
 /// the webhook's name at its index (a configuration reordered meanwhile fails the patch instead
-/// of getting a bundle in the wrong place); None when every one already holds it.
+/// of getting a bundle in the wrong place); None when every one already holds it. The
+/// resourceVersion the configuration was read at goes in too, as the precondition of the
+/// update (409 when it changed since): a replica whose view is behind never writes over a
+/// newer bundle.
 pub fn bundle_patch(webhooks: &WebhookBundles, bundle: &[u8]) -> Option<serde_json::Value> {
     let mut ops = Vec::new();
-    for (i, (name, ca)) in webhooks.iter().enumerate() {
+    for (i, (name, ca)) in webhooks.webhooks.iter().enumerate() {
         if ca.as_slice() == bundle {
             continue;
         }
@@ -104,7 +125,17 @@ pub fn bundle_patch(webhooks: &WebhookBundles, bundle: &[u8]) -> Option<serde_js
             "value": ByteString(bundle.to_vec()),
         }));
     }
-    (!ops.is_empty()).then_some(serde_json::Value::Array(ops))
+    if ops.is_empty() {
+        return None;
+    }
+    if !webhooks.resource_version.is_empty() {
+        ops.push(json!({
+            "op": "replace",
+            "path": "/metadata/resourceVersion",
+            "value": webhooks.resource_version,
+        }));
+    }
+    Some(serde_json::Value::Array(ops))
 }
 
 /// How a decision was answered, for the metrics.
@@ -181,23 +212,28 @@ mod tests {
 
     #[test]
     fn only_stale_bundles_are_patched_each_behind_a_name_test() {
-        let webhooks = vec![
+        let all = vec![
             (
                 "binding.sysctl.groundskeeper.dev".to_string(),
                 b"old".to_vec(),
             ),
             ("pod.sysctl.groundskeeper.dev".to_string(), b"new".to_vec()),
         ];
-        let patch = bundle_patch(&webhooks, b"new").unwrap();
+        let read_at = |webhooks: &[(String, Vec<u8>)]| WebhookBundles {
+            resource_version: "42".into(),
+            webhooks: webhooks.to_vec(),
+        };
+        let patch = bundle_patch(&read_at(&all), b"new").unwrap();
         assert_eq!(
             patch,
             json!([
                 {"op": "test", "path": "/webhooks/0/name", "value": "binding.sysctl.groundskeeper.dev"},
                 {"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "bmV3"},
+                {"op": "replace", "path": "/metadata/resourceVersion", "value": "42"},
             ])
         );
-        assert_eq!(bundle_patch(&webhooks[1..].to_vec(), b"new"), None);
-        assert_eq!(bundle_patch(&vec![], b"new"), None);
+        assert_eq!(bundle_patch(&read_at(&all[1..]), b"new"), None);
+        assert_eq!(bundle_patch(&read_at(&[]), b"new"), None);
     }
 
     #[test]

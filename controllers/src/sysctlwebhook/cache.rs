@@ -33,8 +33,13 @@ pub struct SecretView {
     pub resource_version: String,
 }
 
-/// Each webhook of the configuration, in order: its name and caBundle.
-pub type WebhookBundles = Vec<(String, Vec<u8>)>;
+/// Each webhook of the configuration, in order: its name and caBundle; and the
+/// configuration's resourceVersion they were read at (the precondition of the caBundle patch).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WebhookBundles {
+    pub resource_version: String,
+    pub webhooks: Vec<(String, Vec<u8>)>,
+}
 
 #[derive(Default)]
 pub struct Cache {
@@ -157,7 +162,8 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
     cache
         .webhooks
         .apply_event(ev, |c: ValidatingWebhookConfiguration| {
-            let bundles = c
+            let resource_version = c.metadata.resource_version.clone().unwrap_or_default();
+            let webhooks = c
                 .webhooks
                 .unwrap_or_default()
                 .into_iter()
@@ -166,6 +172,10 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
                     (w.name, ca)
                 })
                 .collect();
+            let bundles = WebhookBundles {
+                resource_version,
+                webhooks,
+            };
             by_name(c.metadata.name, bundles)
         });
     Change::Certificates

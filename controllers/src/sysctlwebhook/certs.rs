@@ -104,13 +104,17 @@ impl<W: Writes> CertTask<W> {
         // A configuration that does not exist (yet) calls nobody with an old bundle.
         let trusted = |ca: &str| {
             webhooks.as_ref().is_none_or(|ws| {
-                ws.iter()
+                ws.webhooks
+                    .iter()
                     .all(|(_, b)| String::from_utf8_lossy(b).contains(ca.trim_end()))
             })
         };
         let now = Timestamp::now();
         let step = rotation::plan(&stored, &self.hosts, now, self.timing, trusted);
-        if matches!(step, Step::Issue | Step::Stage | Step::Promote) {
+        if matches!(
+            step,
+            Step::Issue | Step::Stage | Step::Promote | Step::MarkTrusted | Step::Untrusted
+        ) {
             let fresh = match step {
                 Step::Issue | Step::Stage => {
                     match rotation::issue(&self.hosts, now, self.timing.validity) {
@@ -131,6 +135,20 @@ impl<W: Writes> CertTask<W> {
             && let Some(bundle) = s.data.get(CA_BUNDLE)
             && let Some(patch) = bundle_patch(ws, bundle)
         {
+            // The Secret may have moved on since this replica's watch saw it (a renewal staged
+            // or promoted by another): its old bundle must not be written back. The
+            // configuration's side is the patch's resourceVersion.
+            match self.writes.live_bundle(&self.own.secret).await {
+                Ok(Some(live)) if live == *bundle => {}
+                Ok(_) => {
+                    tracing::debug!(configuration = %name, "webhook: the Secret changed since it was read; waiting for its event before patching the caBundles");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(secret = %self.own.secret, error = %e, "webhook: reading the Secret before patching the caBundles failed; will retry");
+                    return;
+                }
+            }
             match self.writes.patch_configuration(name, &patch).await {
                 Ok(()) => {
                     tracing::info!(configuration = %name, "webhook: caBundles set to the Secret's ca.crt");
@@ -138,6 +156,9 @@ impl<W: Writes> CertTask<W> {
                         .certificate_steps
                         .with_label_values(&["ca_bundle"])
                         .inc();
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    tracing::debug!(configuration = %name, "webhook: the configuration changed since it was read; its event brings the next try")
                 }
                 Err(e) => {
                     tracing::warn!(configuration = %name, error = %e, "webhook: patching the caBundles failed; will retry")
@@ -198,6 +219,8 @@ impl<W: Writes> CertTask<W> {
         let label = match step {
             Step::Issue => "issue",
             Step::Stage => "stage",
+            Step::MarkTrusted => "trusted",
+            Step::Untrusted => "untrusted",
             _ => "promote",
         };
         match written {

@@ -55,8 +55,9 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "groundskeeper_sysctl_webhook_certificate_steps_total",
-                    "Certificate writes made by this replica (self-signed mode): issue, stage, promote, \
-                     ca_bundle (the webhook configuration's caBundles patched).",
+                    "Certificate writes made by this replica (self-signed mode): issue, stage, trusted \
+                     (the caBundles seen holding the staged CA), untrusted (seen without it again), \
+                     promote, ca_bundle (the webhook configuration's caBundles patched).",
                 ),
                 &["step"],
             ),

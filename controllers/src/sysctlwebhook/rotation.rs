@@ -5,8 +5,9 @@
 //! dropped once the certificate is signed, so the Secret holds no key that can sign anything.
 //! A renewal is staged first: the next generation's CA joins `ca.crt` (which every webhook of
 //! the ValidatingWebhookConfiguration gets as its caBundle) while the current certificate is
-//! still served. It is promoted to `tls.crt` only once the apiserver trusts it (the caBundle
-//! holds it) and a grace period has passed for the apiserver to load it. The CA of the
+//! still served. It is promoted to `tls.crt` only once the apiserver trusts it (every webhook's
+//! caBundle holds it, as this controller observed and recorded in the Secret) and a grace period
+//! has passed since that observation for the apiserver to load it. The CA of the
 //! generation it replaces stays in the bundle until the next renewal, for replicas that have
 //! not yet loaded the new certificate. So no replica ever serves a certificate the apiserver
 //! does not trust.
@@ -35,6 +36,7 @@ const TLS_HOSTS: &str = "groundskeeper.dev/tls-hosts";
 const NEXT_NOT_AFTER: &str = "groundskeeper.dev/next-not-after";
 const NEXT_HOSTS: &str = "groundskeeper.dev/next-hosts";
 const NEXT_STAGED_AT: &str = "groundskeeper.dev/next-staged-at";
+const NEXT_TRUSTED_AT: &str = "groundskeeper.dev/next-trusted-at";
 
 /// Certificates are valid from this long before they are issued, for clocks a little behind.
 const BACKDATE: Duration = Duration::from_secs(300);
@@ -56,6 +58,9 @@ pub struct Stored {
     pub current: Option<Generation>,
     /// The staged renewal and when it was staged.
     pub next: Option<(Generation, Timestamp)>,
+    /// When the webhook configuration was first seen to trust the staged CA (every caBundle
+    /// holding it): the promotion grace counts from here.
+    pub next_trusted: Option<Timestamp>,
     /// The CA of the generation the current one replaced.
     pub previous_ca: Option<String>,
 }
@@ -65,8 +70,9 @@ pub type Data = BTreeMap<String, Vec<u8>>;
 pub type Annotations = BTreeMap<String, String>;
 
 impl Stored {
-    /// Reads what the Secret holds; a generation missing a part or an annotation is absent
-    /// (and so issued again).
+    /// Reads what the Secret holds; a generation missing a part, or its expiry, is absent (and
+    /// so issued again). Missing hosts read as none: the certificate is still served, and a
+    /// renewal for the hosts wanted is staged, trusted, then promoted, as for a change of hosts.
     pub fn read(data: &Data, annotations: &Annotations) -> Self {
         let text = |k: &str| {
             data.get(k)
@@ -88,13 +94,14 @@ impl Stored {
                 cert: text(cert)?,
                 key: text(key)?,
                 not_after: time(not_after)?,
-                hosts: hosts(h)?,
+                hosts: hosts(h).unwrap_or_default(),
             })
         };
         Stored {
             current: generation(TLS_CA, TLS_CRT, TLS_KEY, TLS_NOT_AFTER, TLS_HOSTS),
             next: generation(NEXT_CA, NEXT_CRT, NEXT_KEY, NEXT_NOT_AFTER, NEXT_HOSTS)
                 .zip(time(NEXT_STAGED_AT)),
+            next_trusted: time(NEXT_TRUSTED_AT),
             previous_ca: text(PREVIOUS_CA),
         }
     }
@@ -116,6 +123,9 @@ impl Stored {
         if let Some((g, staged)) = &self.next {
             put(g, [NEXT_CA, NEXT_CRT, NEXT_KEY, NEXT_NOT_AFTER, NEXT_HOSTS]);
             annotations.insert(NEXT_STAGED_AT.into(), staged.to_string());
+            if let Some(t) = self.next_trusted {
+                annotations.insert(NEXT_TRUSTED_AT.into(), t.to_string());
+            }
         }
         if let Some(ca) = &self.previous_ca {
             data.insert(PREVIOUS_CA.into(), ca.clone().into_bytes());
@@ -161,6 +171,12 @@ pub enum Step {
     Stage,
     /// The staged generation is trusted and its grace has passed: serve it.
     Promote,
+    /// The caBundles hold the staged CA (first seen now, or again after losing it): record
+    /// when, for the grace to count from.
+    MarkTrusted,
+    /// The caBundles no longer hold the staged CA although it was recorded trusted (a stale
+    /// write put an old bundle back): forget that, so the grace counts anew once they do.
+    Untrusted,
     /// Nothing before this time, unless something changes.
     Wait(Timestamp),
     /// The staged CA is not in every webhook's caBundle yet: wait for the patch to show.
@@ -186,16 +202,13 @@ pub fn plan(
     match &stored.next {
         // Staged for other hosts, or left staged so long it expired: stage again.
         Some((next, _)) if next.hosts != hosts || next.not_after <= now => Step::Stage,
-        Some((next, staged)) => {
-            let ready = *staged + t.grace;
-            if now < ready {
-                Step::Wait(ready)
-            } else if trusted(&next.ca) {
-                Step::Promote
-            } else {
-                Step::AwaitTrust
-            }
-        }
+        Some((next, _)) => match (trusted(&next.ca), stored.next_trusted) {
+            (false, None) => Step::AwaitTrust,
+            (false, Some(_)) => Step::Untrusted,
+            (true, None) => Step::MarkTrusted,
+            (true, Some(since)) if now < since + t.grace => Step::Wait(since + t.grace),
+            (true, Some(_)) => Step::Promote,
+        },
         None if now >= renew_at || current.hosts != hosts => Step::Stage,
         None => Step::Wait(renew_at),
     }
@@ -207,18 +220,25 @@ pub fn apply(stored: &Stored, step: &Step, now: Timestamp, fresh: Option<Generat
     match (step, fresh) {
         (Step::Issue, Some(fresh)) => Stored {
             current: Some(fresh),
-            next: None,
-            previous_ca: None,
+            ..Stored::default()
         },
         (Step::Stage, Some(fresh)) => Stored {
             current: stored.current.clone(),
             next: Some((fresh, now)),
-            previous_ca: None,
+            ..Stored::default()
         },
         (Step::Promote, _) if stored.next.is_some() => Stored {
             previous_ca: stored.current.as_ref().map(|g| g.ca.clone()),
             current: stored.next.as_ref().map(|(g, _)| g.clone()),
-            next: None,
+            ..Stored::default()
+        },
+        (Step::MarkTrusted, _) if stored.next.is_some() => Stored {
+            next_trusted: Some(now),
+            ..stored.clone()
+        },
+        (Step::Untrusted, _) => Stored {
+            next_trusted: None,
+            ..stored.clone()
         },
         _ => stored.clone(),
     }
@@ -310,7 +330,11 @@ mod tests {
         let staged = |when| Stored {
             current: Some(cur.clone()),
             next: Some((fake("b", at(150)), when)),
-            previous_ca: None,
+            ..Default::default()
+        };
+        let trusted_at = |when| Stored {
+            next_trusted: Some(when),
+            ..staged(at(59))
         };
         let only = Stored {
             current: Some(cur.clone()),
@@ -361,28 +385,58 @@ mod tests {
                 Step::Stage,
             ),
             (
-                "staged, in grace",
+                "staged, not trusted yet",
                 staged(at(60)),
+                hosts(),
+                at(61),
+                false,
+                Step::AwaitTrust,
+            ),
+            (
+                "staged, seen trusted: recorded",
+                staged(at(60)),
+                hosts(),
+                at(61),
+                true,
+                Step::MarkTrusted,
+            ),
+            (
+                "trusted, in the grace since it was seen so (not since staging)",
+                trusted_at(at(60)),
                 hosts(),
                 at(60),
                 true,
                 Step::Wait(at(60) + grace),
             ),
             (
-                "staged, grace over, trusted",
-                staged(at(60)),
+                "trusted, grace over",
+                trusted_at(at(60)),
                 hosts(),
                 at(61),
                 true,
                 Step::Promote,
             ),
             (
-                "staged, grace over, not trusted",
-                staged(at(60)),
+                "recorded trusted, but an old bundle was written back",
+                trusted_at(at(60)),
                 hosts(),
                 at(61),
                 false,
-                Step::AwaitTrust,
+                Step::Untrusted,
+            ),
+            (
+                "hosts annotation lost: the certificate is kept and a renewal staged",
+                Stored {
+                    current: Some(Generation {
+                        hosts: vec![],
+                        ..cur.clone()
+                    }),
+                    ..Default::default()
+                },
+                hosts(),
+                at(1),
+                true,
+                Step::Stage,
             ),
             (
                 "staged for other hosts: stage again",
@@ -398,17 +452,32 @@ mod tests {
         }
     }
 
-    /// Over three lifetimes, stepping an hour at a time, with the caBundle patched one step
-    /// after each Secret change (as the apiserver sees it): the certificate served is never
-    /// expired and always signed by a CA the caBundle already held.
+    /// Over three lifetimes, stepping 10 s to an hour at a time, with the caBundle patched one
+    /// step after each Secret change (as the apiserver sees it), and now and then an old bundle
+    /// written back by a replica with a stale view: the certificate served is never expired,
+    /// always signed by a CA the caBundle already held, and promoted only once the caBundle has
+    /// held its CA for the whole grace.
     #[test]
     fn the_served_certificate_is_always_trusted_and_valid() {
+        let mut rng = testkit::rng::Rng(7);
         let mut stored = Stored::default();
         let mut bundle_seen = String::new();
+        // Since when the caBundle has held each CA without a break.
+        let mut held_since: BTreeMap<String, Timestamp> = BTreeMap::new();
         let mut n = 0;
         let mut now = at(0);
         while now < at(270) {
             let step = plan(&stored, &hosts(), now, T, |ca| bundle_seen.contains(ca));
+            if step == Step::Promote {
+                let (next, _) = stored.next.as_ref().unwrap();
+                let since = held_since.get(&next.ca).copied();
+                assert!(
+                    since.is_some_and(|s| now.duration_since(s)
+                        >= jiff::SignedDuration::try_from(T.grace).unwrap()),
+                    "{now}: promoted {} held since {since:?}",
+                    next.ca
+                );
+            }
             let fresh = matches!(step, Step::Issue | Step::Stage).then(|| {
                 n += 1;
                 fake(&format!("g{n}"), now + T.validity)
@@ -436,9 +505,24 @@ mod tests {
                     "{now}: the replaced CA left the bundle while replicas may still serve its certificate"
                 );
             }
-            bundle_seen = stored.bundle();
+            // The bundle the apiserver holds: the Secret's as of the last step, or now and then
+            // an older one a stale replica writes back.
+            let stale = rng.chance(5).then(|| bundle_seen.clone());
+            bundle_seen = stale.unwrap_or_else(|| stored.bundle());
+            held_since.retain(|ca, _| bundle_seen.contains(ca.as_str()));
+            for g in [
+                stored.current.as_ref(),
+                stored.next.as_ref().map(|(g, _)| g),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if bundle_seen.contains(&g.ca) {
+                    held_since.entry(g.ca.clone()).or_insert(now);
+                }
+            }
             stored = next;
-            now += Duration::from_secs(3600);
+            now += Duration::from_secs(*[10, 20, 60, 3600].get(rng.below(4)).unwrap());
         }
         assert!(n >= 4, "renewed {n} times");
         assert!(stored.bundle().lines().count() <= 3);
@@ -449,6 +533,7 @@ mod tests {
         let stored = Stored {
             current: Some(fake("a", at(90))),
             next: Some((fake("b", at(150)), at(60))),
+            next_trusted: Some(at(61)),
             previous_ca: Some("CA z".into()),
         };
         let (data, annotations) = stored.write();

@@ -194,6 +194,26 @@ impl Scope {
             || self.backends.contains(&canonical(entry.reply.src))
     }
 
+    /// Adds every frontend and nodePort of `m` that has no serving endpoint (settled: the
+    /// zero-endpoint rule judges every flow through it). A flow through one can appear at any
+    /// time (a client sending on, a proxy whose rules still lead there) and the model does not
+    /// change when it does, so every triggered pass looks at them again, as kube-proxy v1.36
+    /// looks at its whole table at each sync; one address is a cheap, kernel-filtered dump.
+    pub fn add_unserved(&mut self, m: &FamilyModel) {
+        self.frontends.extend(
+            m.frontends
+                .iter()
+                .filter(|(_, serving)| serving.is_empty())
+                .map(|(k, _)| *k),
+        );
+        self.node_ports.extend(
+            m.node_ports
+                .iter()
+                .filter(|(_, serving)| serving.is_empty())
+                .map(|(p, _)| *p),
+        );
+    }
+
     fn claim(&mut self, c: &Claim) {
         self.frontends.extend(&c.frontends);
         self.node_ports.extend(c.node_port);

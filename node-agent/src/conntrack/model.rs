@@ -61,6 +61,12 @@ pub struct FamilyModel {
 pub use super::claim::{Addrs, Claim, Ports};
 
 impl FamilyModel {
+    /// Whether a frontend or nodePort has no serving endpoint (and has settled).
+    pub fn has_unserved(&self) -> bool {
+        self.frontends.values().any(HashSet::is_empty)
+            || self.node_ports.values().any(HashSet::is_empty)
+    }
+
     /// Nothing to compare entries against: a pass could not delete anything.
     pub fn is_empty(&self) -> bool {
         self.frontends.is_empty()

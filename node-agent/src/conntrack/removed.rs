@@ -46,8 +46,19 @@ impl Removed {
     }
 
     /// Records what each key's serving set lost from `old` to `new` (everything of a key no
-    /// longer live), seen at `now`, and forgets removals older than the retention.
+    /// longer live), seen at `now`; forgets the removal of every backend `new` shows serving its
+    /// key again, and removals older than the retention.
+    ///
+    /// A backend back (a pod whose readiness flaps keeps its IP) is a live endpoint again: only a
+    /// removal seen after that may delete its flows at once, never the one before it.
     pub fn observe(&mut self, old: &FamilyModel, new: &FamilyModel, now: Instant) {
+        let serving_frontends = new.frontends.iter().map(|(k, s)| (Key::Frontend(*k), s));
+        let serving_ports = new.node_ports.iter().map(|(p, s)| (Key::NodePort(*p), s));
+        for (key, serving) in serving_frontends.chain(serving_ports) {
+            for b in serving {
+                self.at.remove(&(key, *b));
+            }
+        }
         let none = HashSet::new();
         let frontends = old.frontends.iter().map(|(k, was)| {
             (
@@ -79,7 +90,8 @@ impl Removed {
                 break;
             }
             self.queue.pop_front();
-            // Seen removed again later: that later sighting keeps it.
+            // Seen removed again later: that later sighting keeps it (one seen serving again
+            // is gone from `at` already).
             if self.at.get(&(key, b)) == Some(&t) {
                 self.at.remove(&(key, b));
             }

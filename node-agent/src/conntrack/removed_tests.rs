@@ -5,6 +5,12 @@
 //! world is never deleted; a flow to a backend the agent saw stop serving goes in the first
 //! pass after that; a triggered pass never deletes a flow to a backend never seen serving, and
 //! every such flow is gone once the history is over.
+//!
+//! Histories with flapping readiness re-use backends: a backend the agent saw removed and then
+//! saw serving again is never "seen removed" until a later removal, and its flows are kept
+//! whenever the agent sees it serve. The one exception is the window docs/conntrack.md names:
+//! a backend back in the proxy's world whose return the agent has not seen yet (its flows are
+//! judged by its earlier turn).
 
 use std::collections::{BTreeSet, HashSet};
 use std::io;
@@ -20,6 +26,7 @@ use super::netlink::family::Family::V4;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::{BatchReport, DumpError};
 use super::pass::{PassState, run_focused_pass};
+use super::removed::Key;
 
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -75,13 +82,15 @@ fn model(serving: &BTreeSet<SocketAddr>) -> FamilyModel {
 }
 
 /// The proxy's serving set after each change, in time order; the first always serves (the
-/// zero-endpoint rule is another one). Backends are never re-used: a rollout's new pods get new
-/// addresses (a backend back within the lag of its removal is a window docs/conntrack.md names).
+/// zero-endpoint rule is another one). Without `flapping`, backends are never re-used (a
+/// rollout's new pods get new addresses); with it, an added backend is often one removed
+/// before (a pod whose readiness flaps keeps its IP).
 struct History(Vec<(Duration, BTreeSet<SocketAddr>)>);
 
 impl History {
-    fn generate(rng: &mut Rng, steps: usize) -> Self {
+    fn generate(rng: &mut Rng, steps: usize, flapping: bool) -> Self {
         let mut serving: BTreeSet<SocketAddr> = [backend(0)].into();
+        let mut gone: Vec<SocketAddr> = Vec::new();
         let mut next = 1;
         let mut at = Duration::ZERO;
         let mut out = vec![(at, serving.clone())];
@@ -89,14 +98,34 @@ impl History {
             at += Duration::from_millis(rng.below_u64(3000));
             let removable: Vec<SocketAddr> = serving.iter().copied().skip(1).collect();
             if removable.is_empty() || rng.chance(55) {
-                serving.insert(backend(next));
-                next += 1;
+                if flapping && !gone.is_empty() && rng.chance(60) {
+                    let back = gone.swap_remove(rng.below(gone.len()));
+                    serving.insert(back);
+                } else {
+                    serving.insert(backend(next));
+                    next += 1;
+                }
             } else {
-                serving.remove(&rng.pick(&removable));
+                let b = rng.pick(&removable);
+                serving.remove(&b);
+                gone.push(b);
             }
             out.push((at, serving.clone()));
         }
         Self(out)
+    }
+
+    /// Whether `b` was removed at least once by `t` (and so, serving at `t`, is back).
+    fn came_back(&self, b: SocketAddr, t: Duration) -> bool {
+        let mut served = false;
+        for (_, s) in self.0.iter().take_while(|(at, _)| *at <= t) {
+            if s.contains(&b) {
+                served = true;
+            } else if served {
+                return true;
+            }
+        }
+        false
     }
 
     /// The serving set as of `t`.
@@ -109,8 +138,21 @@ impl History {
 #[test]
 fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once() {
     for seed in 0..300u64 {
+        check(seed, false);
+    }
+}
+
+#[test]
+fn a_flapping_backend_seen_serving_again_is_not_remembered_removed() {
+    for seed in 0..300u64 {
+        check(seed, true);
+    }
+}
+
+fn check(seed: u64, flapping: bool) {
+    {
         let mut rng = Rng(seed);
-        let history = History::generate(&mut rng, 40);
+        let history = History::generate(&mut rng, 40, flapping);
         let lag = Duration::from_millis(rng.below_u64(GRACE.as_millis() as u64 - 200));
         let start = Instant::now();
         let mut state = PassState {
@@ -119,6 +161,8 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
         };
         let mut table = Flows(Vec::new());
         let mut judged: Option<BTreeSet<SocketAddr>> = None;
+        // Every backend a model the agent judged showed serving.
+        let mut seen_serving: BTreeSet<SocketAddr> = BTreeSet::new();
         let mut recheck_at: Option<Duration> = None;
         let scope = Scope {
             frontends: [frontend()].into(),
@@ -139,6 +183,15 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
             let now = start + t;
             if let Some(old) = &judged {
                 state.removed.observe(&model(old), &model(&agent), now);
+            }
+            // What the agent sees serve is never remembered as removed, however often it
+            // came and went before.
+            for b in &agent {
+                assert!(
+                    !state.removed.saw(Key::Frontend(frontend()), *b),
+                    "seed {seed}, at {t:?}: {b} serves in the agent's model and is still \
+                     remembered removed"
+                );
             }
             state.now = Some(now);
             // Full when a grace asked for it, or now and then (the periodic one).
@@ -162,14 +215,24 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
             if !full {
                 for e in before.iter().filter(|e| !table.0.contains(e)) {
                     let b = SocketAddr::new(e.reply.src, e.reply.src_port);
+                    // Re-used, a backend may be back and gone again between two rounds: seen
+                    // serving before that is what counts.
+                    let seen = judged.as_ref().is_some_and(|j| j.contains(&b))
+                        || (flapping && seen_serving.contains(&b));
                     assert!(
-                        judged.as_ref().is_some_and(|j| j.contains(&b)),
+                        seen,
                         "seed {seed}, at {t:?}: a triggered pass deleted the flow to {b}, never \
                          seen serving"
                     );
                 }
             }
             for b in proxy {
+                // The window docs/conntrack.md names: back in the proxy's world after a
+                // removal, while the agent does not see it back yet. Its flows are judged by
+                // its earlier turn: seen removed then, or looked unseen since then.
+                if !agent.contains(b) && history.came_back(*b, t) {
+                    continue;
+                }
                 assert!(
                     table.0.contains(&flow(*b)),
                     "seed {seed}, lag {lag:?}, at {t:?}: the flow to {b}, serving in the proxy's \
@@ -182,6 +245,7 @@ fn a_lagging_agent_never_deletes_a_serving_flow_and_a_seen_removal_goes_at_once(
                     "seed {seed}, at {t:?}: the flow to {b}, seen removed, survived the pass"
                 );
             }
+            seen_serving.extend(agent.iter().copied());
             judged = Some(agent);
             t += Duration::from_millis(100 + rng.below_u64(1500));
         }

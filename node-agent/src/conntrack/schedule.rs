@@ -46,6 +46,18 @@ pub trait Rounds {
     ) -> impl Future<Output = RoundSummary> + Send;
 }
 
+/// What a triggered round over `model` looks at, `since` being what changed since the model the
+/// last round judged: what the change touched ([`Changes::focus`]), and every frontend and
+/// nodePort without a serving endpoint ([`super::decide::Scope::add_unserved`]). `None`: the
+/// change needs a full round.
+pub fn triggered_focus(since: &Changes, model: &Model) -> Option<Focus> {
+    let mut focus = since.focus(model)?;
+    for fam in Family::ALL {
+        focus[fam].add_unserved(&model[fam]);
+    }
+    Some(focus)
+}
+
 /// What is due when the scheduler wakes.
 #[derive(Debug, PartialEq)]
 pub enum Due {
@@ -185,7 +197,7 @@ impl Scheduler {
             .then(|| {
                 since_judged
                     .as_ref()
-                    .and_then(|c| c.focus(&model).map(Box::new))
+                    .and_then(|c| triggered_focus(c, &model).map(Box::new))
             })
             .flatten();
         Due::Round {
@@ -215,6 +227,11 @@ impl Scheduler {
                 ipv6_frontends = m[Family::V6].frontends.len(),
                 "UDP service model changed"
             );
+            self.pass_at.get_or_insert(earliest);
+        } else if Family::ALL.into_iter().any(|f| m[f].has_unserved()) {
+            // A service without serving endpoints: a watch event is a sync for kube-proxy,
+            // which then deletes flows through it; a triggered round looks at them (alone, as
+            // nothing else changed).
             self.pass_at.get_or_insert(earliest);
         }
         if std::mem::take(&mut self.owed) {

@@ -462,3 +462,66 @@ async fn a_triggered_round_in_between_keeps_the_recheck_due() {
     assert_eq!(at[2], COALESCE + secs(5), "the recheck when the grace ends");
     assert!(ran[2].focus.is_none(), "the recheck is a full round");
 }
+
+/// A frontend whose service has no serving endpoint (settled): flows through it can appear at
+/// any time and are all stale, and the model does not change when they do. So a watch event
+/// that leaves the model as it is still runs a triggered round, over that frontend alone, and
+/// every triggered round looks at it besides what its change touched.
+#[tokio::test(start_paused = true)]
+async fn a_frontend_without_endpoints_is_in_every_triggered_round() {
+    let unserved: std::net::SocketAddr = "10.96.0.20:53".parse().unwrap();
+    let with_unserved = |backends: &[u8]| {
+        let mut m = dns(backends);
+        m[V4].frontends.insert(unserved, HashSet::new());
+        m
+    };
+    let w = World::new(with_unserved(&[5, 6]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            // An event that changes nothing in the model (another slice of the same service
+            // naming a port it does not have, say).
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            w.watches.set_model(with_unserved(&[5]));
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+        })
+        .await;
+    let at: Vec<Duration> = ran.iter().map(|r| r.at).collect();
+    assert_eq!(
+        at,
+        [COALESCE, secs(2) + COALESCE, secs(4) + COALESCE],
+        "the unchanged model still runs a round"
+    );
+    let mut alone = Focus::default();
+    alone[V4].frontends.insert(unserved);
+    assert_eq!(
+        ran[1].focus,
+        Some(alone),
+        "the frontend without endpoints alone"
+    );
+    let mut with_change = focus(&["10.244.1.6"]).unwrap();
+    with_change[V4].frontends.insert(unserved);
+    assert_eq!(
+        ran[2].focus,
+        Some(with_change),
+        "what the change touched, and the frontend without endpoints"
+    );
+}
+
+/// Without a frontend lacking endpoints, an event that changes nothing runs nothing.
+#[tokio::test(start_paused = true)]
+async fn an_unchanged_model_with_every_frontend_served_runs_nothing() {
+    let w = World::new(dns(&[5]));
+    let ran = w
+        .drive(vec![(10, 0)], async {
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+            w.changed.notify_one();
+            sleep(secs(2)).await;
+        })
+        .await;
+    assert_eq!(ran.len(), 1, "{ran:?}");
+}
