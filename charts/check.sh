@@ -109,7 +109,7 @@ for m in $metrics; do
   echo "FAIL: alerts/dashboard use $m, which no crate registers"; exit 1
 done
 # The previous chart version, to upgrade from and to compare default names with: the chart as
-# of the last commit before issue 22 changed it (PREV_CHART_REF overrides).
+# of the last commit before its names, labels and CRD template changed (PREV_CHART_REF overrides).
 prev_ref=${PREV_CHART_REF:-4c8b12f367f96c64fecc0c5611b5cc516cab8a45}
 prev=
 if git -C .. cat-file -e "$prev_ref^{commit}" 2>/dev/null; then

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 22's chart items against a real kube-apiserver (KUBECONFIG): the conventions' renders
-# accepted by a server-side dry-run (item 3), Pod Security refusing the node-agent where the
-# namespace does not allow it and admitting it in the namespace the chart creates (item 6), the
-# CRD adopted, upgraded and kept through the template (item 7), helm upgrade from the previous
-# chart version and helm uninstall leaving nothing that blocks (item 8). Run by charts/check.sh
+# The chart against a real kube-apiserver (KUBECONFIG): the conventions' renders accepted by a
+# server-side dry-run, Pod Security refusing the node-agent where the namespace does not allow
+# it and admitting it in the namespace the chart creates, the CRD adopted, upgraded and kept
+# through the template, helm upgrade from the previous chart version and helm uninstall leaving
+# nothing that blocks (an admin must be able to undo an install). Run by charts/check.sh
 # (cwd: charts/) as: check_cluster.sh HELM KUBECTL OUT_DIR PREV_DIR NS (PREV_DIR may be empty).
 # No kubelet or kube-controller-manager runs here: no pod starts, so what a running pod does
 # (one leader through the upgrade, the post-delete Job) is e2e's (e2e/tests/zz_operations.sh).

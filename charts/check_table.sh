@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chart's conventions and refusals (issue 22, items 3, 4, 6, 7), by rendering with the real
+# The chart's conventions and refusals, by rendering with the real
 # helm: names and labels (helm create's conventions, the defaults unchanged from the previous
 # chart version), the unsafe combinations refused with their message, the Prometheus Operator
 # objects only where their CRDs are served, the namespace and its Pod Security labels, the CRD
@@ -214,8 +214,8 @@ if msg=$(render --set controllerManager.podGC.mode=sometimes 2>&1); then fail "p
 echo "$msg" | has mode || fail "schema error does not name mode: $msg"
 
 ## The node-agent's memory limit holds at Kubernetes' documented limits: the agent_scale bench
-## measured 48 MiB peak under churn at 10k Services / 100k endpoints (145 MiB before issue 26's
-## work); the default keeps headroom over both.
+## measured 48 MiB peak under churn at 10k Services / 100k endpoints (docs/benchmarks.md); the
+## default keeps headroom over it and over a cluster past those limits.
 limit=$(docs_of DaemonSet < "$out/t-default.yaml" | sed -n 's/^ *memory: \([0-9]*\)Mi$/\1/p' | sort -n | tail -n 1)
 [ "${limit:-0}" -ge 200 ] || fail "the node-agent's default memory limit (${limit:-none} Mi) is under 200 Mi: OOM-killed at 10k Services (see values.yaml)"
 

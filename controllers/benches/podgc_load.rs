@@ -3,8 +3,10 @@
 //! time of one cycle, and the orphan force-delete rate at the default and a large QPS budget,
 //! each beside kube-controller-manager v1.36.2's PodGC on the same apiserver and objects.
 //!
-//!   KUBE_APISERVER=/work/shared/bin/kube-apiserver flock /work/notes/bench.lock \
-//!     cargo bench -p groundskeeper-controllers --bench podgc_load
+//!   KUBE_APISERVER=path/to/kube-apiserver cargo bench -p groundskeeper-controllers --bench podgc_load
+//!
+//! At the default size it holds etcd, the apiserver and several GiB for 10 to 20 minutes: run it
+//! alone on the machine. Measured figures and their commands: docs/benchmarks.md.
 //!
 //! With `KUBE_APISERVER` the bench starts its own throwaway control plane (testkit), its etcd
 //! with `--quota-backend-bytes` PODGC_BENCH_ETCD_QUOTA_GIB (8) GiB, compacted and defragmented
