@@ -1,6 +1,6 @@
 //! The shape docs/architecture.md describes, checked on the source tree so that it does not
 //! drift: one watch primitive, the same files in every component, no import of a binary's
-//! wiring from a component, no product file over 600 lines, a `//!` line opening every file,
+//! wiring from a component, no file over 600 lines (product code, benches, testkit), a `//!` line opening every file,
 //! sibling test files declared without `#[path]`, one dry-run log style, no import circle
 //! between the modules of a crate.
 
@@ -118,15 +118,83 @@ fn components_depend_on_their_context_not_the_wiring() {
     );
 }
 
+/// Files allowed past [`MAX_LINES`], each with the reason it is still one file. An entry
+/// whose file is gone or back under the limit fails the test, so the list only shrinks.
+const LONG_FILES: &[(&str, &str)] = &[
+    (
+        "testkit/src/control_plane.rs",
+        "not split yet: the PKI and kubeconfig writing could leave the process management; \
+         testkit is being changed for the multi-node cluster",
+    ),
+    (
+        "controllers/benches/servicecidr_scale.rs",
+        "not split yet: by row, as benches/podgc_load/ (seeding, ours, kube-controller-manager's)",
+    ),
+    (
+        "node-agent/benches/conntrack_pass.rs",
+        "not split yet: by row, as benches/podgc_load/ (fill, full pass, triggered passes)",
+    ),
+];
+
+/// The code the line limit covers: every crate's product files (`src/`, less the sibling
+/// `*_tests.rs` files), its benches, and all of testkit (its `src/` and its `tests/`).
+fn limited_files() -> Vec<(String, usize)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries {
+            let p = e.expect("directory entry").path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+        walk(&repo().join(krate).join("src"), &mut files);
+        walk(&repo().join(krate).join("benches"), &mut files);
+    }
+    walk(&repo().join("testkit/tests"), &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let rel = p.strip_prefix(repo()).unwrap().display().to_string();
+            let lines = std::fs::read_to_string(&p)
+                .unwrap_or_default()
+                .lines()
+                .count();
+            (rel, lines)
+        })
+        .filter(|(rel, _)| !is_test_file(rel) || rel.starts_with("testkit/"))
+        .collect()
+}
+
 #[test]
-fn no_product_file_over_600_lines() {
-    check(
-        "product files over 600 lines (split by domain, or move tests to <file>_tests.rs)",
-        |path, text| {
-            let lines = text.lines().count();
-            let product = !is_test_file(path) && !path.starts_with("testkit/");
-            (product && lines > MAX_LINES).then(|| format!(": {lines} lines"))
-        },
+fn no_file_over_600_lines() {
+    let files = limited_files();
+    let offenders = files
+        .iter()
+        .filter(|(path, lines)| *lines > MAX_LINES && !LONG_FILES.iter().any(|(p, _)| p == path))
+        .map(|(path, lines)| format!("{path}: {lines} lines"))
+        .collect();
+    assert_none(
+        "files over 600 lines (split by domain or by row, move tests to <file>_tests.rs, or name \
+         the file in LONG_FILES with the reason it is one file)",
+        offenders,
+    );
+    let stale = LONG_FILES
+        .iter()
+        .filter(|(p, _)| !files.iter().any(|(f, n)| f == p && *n > MAX_LINES))
+        .map(|(p, _)| format!("{p}: gone or under the limit, drop it from LONG_FILES"))
+        .collect();
+    assert_none("stale LONG_FILES entries", stale);
+    assert!(
+        LONG_FILES.iter().all(|(_, why)| why.len() > 20),
+        "every LONG_FILES entry says why"
     );
 }
 
