@@ -21,10 +21,12 @@ binaries() {
   trap 'kill -TERM $cm $na 2>/dev/null || true' INT TERM
   local pids=("$cm" "$na") rc=0 done status rest pid
   while [ ${#pids[@]} -gt 0 ]; do
+    # `wait -p` unsets its variable first and leaves it unset when a signal interrupts the wait:
+    # read it as "${done:-}", as `set -u` requires.
     done=
     wait -n -p done "${pids[@]}" && status=0 || status=$?
     # No pid: a signal interrupted the wait (the trap has stopped both); wait for them again.
-    [ -n "$done" ] || continue
+    [ -n "${done:-}" ] || continue
     [ "$rc" -ne 0 ] || rc=$status
     rest=()
     for pid in "${pids[@]}"; do [ "$pid" = "$done" ] || rest+=("$pid"); done

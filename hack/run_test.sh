@@ -4,7 +4,9 @@
 #    and no build first;
 # 2. the binaries' status is make's: both refusing a flag value makes `make run-binaries` fail;
 # 3. no kube context but a kube-apiserver (KUBE_APISERVER or ../shared/bin): both binaries come
-#    up against a throwaway control plane by themselves, and Ctrl-C ends it all with status 0.
+#    up against a throwaway control plane by themselves, and Ctrl-C ends it all with status 0;
+# 4. Ctrl-C (SIGINT to the process group) while both binaries run: status 0 and nothing on
+#    stderr when both stop cleanly, the binary's status when one does not.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}}
@@ -38,6 +40,46 @@ GROUNDSKEEPER_WATCH_SILENT_AFTER=2s KUBECONFIG=/dev/null make -s -C "$root" run-
 code=$?
 set -e
 [ "$code" != 0 ] || fail "make run-binaries exited 0 while both binaries failed: $(cat "$scratch/out")"
+
+# 4. Ctrl-C as a terminal sends it: SIGINT to the whole foreground process group, while both
+#    binaries run. Stand-ins take the binaries' place (they stop cleanly on SIGINT or SIGTERM,
+#    as the real ones do, or with the status a test gives them), so this needs no cluster.
+fake=$scratch/fake
+mkdir -p "$fake/debug"
+for b in controller-manager node-agent; do
+  cat >"$fake/debug/$b" <<EOS
+#!/usr/bin/env bash
+trap 'exit \${STOP_STATUS_$(tr - _ <<<"$b"):-0}' INT TERM
+touch "$scratch/started-$b"
+while :; do sleep 0.1; done
+EOS
+  chmod +x "$fake/debug/$b"
+done
+ctrl_c() {
+  rm -f "$scratch"/started-*
+  # setsid: a process group of its own, as a terminal's foreground job; python3 undoes the
+  # SIGINT-ignored this script's background jobs start with, so run.sh meets SIGINT as under
+  # a terminal.
+  setsid python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+    env "$@" TARGET_DIR="$fake" bash "$root/hack/run.sh" binaries >"$scratch/out" 2>"$scratch/err" &
+  local run=$! i
+  for i in $(seq 1 100); do
+    [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ] && break
+    sleep 0.1
+  done
+  [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ] \
+    || { kill -KILL -- "-$run" 2>/dev/null; fail "the stand-in binaries did not start: $(cat "$scratch/err")"; }
+  kill -INT -- "-$run"
+  set +e
+  wait "$run"
+  code=$?
+  set -e
+}
+ctrl_c
+[ "$code" = 0 ] || fail "Ctrl-C with both binaries stopping cleanly: make run exited $code, not 0: $(cat "$scratch/out" "$scratch/err")"
+[ ! -s "$scratch/err" ] || fail "Ctrl-C printed errors: $(cat "$scratch/err")"
+ctrl_c STOP_STATUS_node_agent=3
+[ "$code" = 3 ] || fail "Ctrl-C with the node-agent stopping with status 3: make run exited $code, not 3: $(cat "$scratch/out" "$scratch/err")"
 
 # 3. Against a throwaway control plane, started by make run itself.
 apiserver=${KUBE_APISERVER:-}
@@ -75,4 +117,4 @@ PY
   [ "$code" = 0 ] || fail "make run after Ctrl-C exited $code, not 0: $(tail -n 30 "$scratch/log")"
   grep -q "throwaway control plane" "$scratch/log" || fail "no control plane was started: $(tail -n 30 "$scratch/log")"
 fi
-echo "run: one line when nothing to run against, the binaries' status, a throwaway control plane by itself"
+echo "run: one line when nothing to run against, the binaries' status, Ctrl-C, a throwaway control plane by itself"
