@@ -87,7 +87,7 @@ pub async fn cluster(test_name: &str) -> Option<Cluster> {
     if ControlPlane::configured().is_none() {
         skipped(
             test_name,
-            "neither KUBECONFIG nor KUBE_APISERVER set (see README: Tests)",
+            "neither KUBECONFIG nor KUBE_APISERVER set (see docs/testing.md)",
         );
         return None;
     }
