@@ -62,8 +62,8 @@ ctrl_c() {
   # a terminal.
   setsid python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
     env "$@" TARGET_DIR="$fake" bash "$root/hack/run.sh" binaries >"$scratch/out" 2>"$scratch/err" &
-  local run=$! i
-  for i in $(seq 1 100); do
+  local run=$!
+  for _ in $(seq 1 100); do
     [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ] && break
     sleep 0.1
   done
