@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e node
 
 all: build
 
@@ -113,6 +113,11 @@ run-check: build
 ## the last line printed is its digest.
 image:
 	@bash image/build.sh
+
+## image-repro: `make image` in two clones at different paths must give one digest (two release
+## builds from scratch, about half an hour: run by hand, not part of make test).
+image-repro:
+	bash image/repro_check.sh
 
 ## e2e: a real single-node cluster, the image loaded into it, `helm install`, every end-to-end
 ## test through real pods, teardown; the last line is "e2e: N passed, M failed".
