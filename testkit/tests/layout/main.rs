@@ -216,4 +216,5 @@ fn one_dry_run_log_style() {
 
 mod circles;
 mod code_maps;
+mod history;
 mod skips;
