@@ -8,6 +8,9 @@ COPY . .
 # (docker build --build-arg GROUNDSKEEPER_REVISION=$(git rev-parse HEAD) .), else "unknown".
 ARG GROUNDSKEEPER_REVISION=
 ENV GROUNDSKEEPER_REVISION=$GROUNDSKEEPER_REVISION
+# The same paths in the binaries as `make image` gives them (image/build.sh): cargo's home as
+# /cargo, the sources as /src, so no path of the build machine is in a panic message.
+ENV RUSTFLAGS="--remap-path-prefix=/usr/local/cargo=/cargo --remap-path-prefix=/src=/src --remap-path-prefix=/src/target=/src/target"
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chart's conventions and refusals (issue 22, items 3, 4, 6, 7), by rendering with the real
+# The chart's conventions and refusals, by rendering with the real
 # helm: names and labels (helm create's conventions, the defaults unchanged from the previous
 # chart version), the unsafe combinations refused with their message, the Prometheus Operator
 # objects only where their CRDs are served, the namespace and its Pod Security labels, the CRD
@@ -21,7 +21,7 @@ names() {
 # The documents of one kind.
 docs_of() { awk -v want="$1" '/^---/{on=0} $0=="kind: "want{on=1} on'; }
 
-## Item 3: names and labels.
+## names and labels.
 render > "$out/t-default.yaml"
 # The e2e suite and users' scripts rely on these names; they must never change.
 for obj in "Deployment gk-groundskeeper-controller-manager" "DaemonSet gk-groundskeeper-node-agent" \
@@ -105,7 +105,7 @@ for bad in "controllerManager.serviceAccount.automountToken=true|automountToken"
   echo "$msg" | has "${bad##*|}" || fail "schema error for ${bad%|*} does not name ${bad##*|}: $msg"
 done
 
-## Item 4: unsafe combinations refused, each with its message; their safe neighbours render.
+## unsafe combinations refused, each with its message; their safe neighbours render.
 # Each: values (space-separated --set), then what the refusal must say, or "ok".
 while IFS='|' read -r sets want; do
   [ -n "$sets" ] || continue
@@ -143,7 +143,7 @@ for kind in ServiceMonitor PrometheusRule; do
     | sed -n '/^NOTES:/,$p' | has "NOT RENDERED: metrics.$key.enabled=true" || fail "NOTES do not say the $kind was left out"
 done
 
-## Item 6: the namespace and its Pod Security labels, only when asked.
+## the namespace and its Pod Security labels, only when asked.
 names < "$out/t-default.yaml" | has "^Namespace " && fail "the default render has a Namespace"
 render --set namespace.create=true --set-string namespace.labels.team=x | docs_of Namespace > "$out/t-ns.yaml"
 for want in "^  name: groundskeeper$" "^    pod-security.kubernetes.io/enforce: privileged$" "^    team: x$" \
@@ -179,7 +179,7 @@ if DOWN=controller-manager PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test
 has PodSecurity "$out/t-test.out" && fail "helm test blames Pod Security for the controller-manager"
 DOWN=nothing PATH=$out/shims "$sh" "$out/t-test.sh" > "$out/t-test.out" 2>&1 || fail "helm test failed with both answering: $(cat "$out/t-test.out")"
 
-## Item 7: the CRD as a template, when asked, equal to crds/.
+## the CRD as a template, when asked, equal to crds/.
 names < "$out/t-default.yaml" | has "^CustomResourceDefinition " && fail "crds.install=false (default) renders the CRD as a template"
 render --set crds.install=true --show-only templates/crds.yaml > "$out/t-crd.yaml"
 for crd in "$chart"/crds/*.yaml; do
@@ -199,7 +199,7 @@ done
 grep -q "^    helm.sh/resource-policy: keep$" "$out/t-crd.yaml" || fail "crds.keep (default) does not add helm.sh/resource-policy: keep"
 render --set crds.install=true --set crds.keep=false --show-only templates/crds.yaml | has "resource-policy" \
   && fail "crds.keep=false still keeps the CRD"
-## Item 9: beside kube-controller-manager (managed clusters): the preset and podGC.mode.
+## beside kube-controller-manager (managed clusters): the preset and podGC.mode.
 render -f "$chart/presets/managed-cluster.yaml" > "$out/t-managed.yaml"
 docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc$" || fail "the managed preset must run PodGC only"
 docs_of Deployment < "$out/t-managed.yaml" | has -- "- --terminated-pod-gc-threshold=0$" \
@@ -214,8 +214,8 @@ if msg=$(render --set controllerManager.podGC.mode=sometimes 2>&1); then fail "p
 echo "$msg" | has mode || fail "schema error does not name mode: $msg"
 
 ## The node-agent's memory limit holds at Kubernetes' documented limits: the agent_scale bench
-## measured 48 MiB peak under churn at 10k Services / 100k endpoints (145 MiB before issue 26's
-## work); the default keeps headroom over both.
+## measured 48 MiB peak under churn at 10k Services / 100k endpoints (docs/benchmarks.md); the
+## default keeps headroom over it and over a cluster past those limits.
 limit=$(docs_of DaemonSet < "$out/t-default.yaml" | sed -n 's/^ *memory: \([0-9]*\)Mi$/\1/p' | sort -n | tail -n 1)
 [ "${limit:-0}" -ge 200 ] || fail "the node-agent's default memory limit (${limit:-none} Mi) is under 200 Mi: OOM-killed at 10k Services (see values.yaml)"
 

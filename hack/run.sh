@@ -19,15 +19,17 @@ binaries() {
   local na=$!
   # Ctrl-C reaches both through the terminal; SIGTERM to this script is passed on.
   trap 'kill -TERM $cm $na 2>/dev/null || true' INT TERM
-  local pids=("$cm" "$na") rc=0 done status rest pid
+  local pids=("$cm" "$na") rc=0 ended status rest pid
   while [ ${#pids[@]} -gt 0 ]; do
-    done=
-    wait -n -p done "${pids[@]}" && status=0 || status=$?
+    # `wait -p` unsets its variable first and leaves it unset when a signal interrupts the wait:
+    # read it as "${ended:-}", as `set -u` requires.
+    ended=
+    wait -n -p ended "${pids[@]}" && status=0 || status=$?
     # No pid: a signal interrupted the wait (the trap has stopped both); wait for them again.
-    [ -n "$done" ] || continue
+    [ -n "${ended:-}" ] || continue
     [ "$rc" -ne 0 ] || rc=$status
     rest=()
-    for pid in "${pids[@]}"; do [ "$pid" = "$done" ] || rest+=("$pid"); done
+    for pid in "${pids[@]}"; do [ "$pid" = "$ended" ] || rest+=("$pid"); done
     pids=("${rest[@]}")
     # Half of `make run` is no run: when one binary ends, the other is stopped too.
     [ ${#pids[@]} -eq 0 ] || kill -TERM "${pids[@]}" 2>/dev/null || true

@@ -11,7 +11,16 @@ tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/charts/gro
 repo=$(sed -n 's/^  repository: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
 name=${IMAGE:-$repo:$tag}
 
-cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent >&2
+# No path of this machine in the binaries (panic locations and file!() in the dependencies, in
+# code build scripts generate under the target folder): the digest must not depend on where the
+# checkout, its target folder or cargo's home are. rustc applies the last prefix that matches, so
+# the most specific comes last. image/repro_check.sh proves it with two checkouts.
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+flags=()
+[ -z "${RUSTFLAGS:-}" ] || read -ra flags <<<"$RUSTFLAGS"
+flags+=("--remap-path-prefix=$cargo_home=/cargo" "--remap-path-prefix=$root=/src" "--remap-path-prefix=$target=/src/target")
+CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f'; echo "${flags[*]}") \
+  cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent >&2
 bash "$root/image/rootfs.sh" "$out/rootfs" "$out/debs" >&2
 install -D -m 0755 "$target/release/controller-manager" "$out/rootfs/usr/local/bin/controller-manager"
 install -D -m 0755 "$target/release/node-agent" "$out/rootfs/usr/local/bin/node-agent"

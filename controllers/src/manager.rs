@@ -328,7 +328,7 @@ mod tests {
         );
     }
 
-    /// Item 11: no flag falls back to an unprefixed variable other than the downward-API ones.
+    /// Hostile or unrelated environment: no flag falls back to an unprefixed variable other than the downward-API ones.
     #[test]
     fn env_fallbacks_are_prefixed() {
         use clap::CommandFactory;

@@ -127,7 +127,7 @@ async fn sigkilled_leader_is_replaced_and_sigterm_hands_over() -> anyhow::Result
     Ok(())
 }
 
-/// Item 1 of issue 21, black-box: a standby whose GET of the Lease is held (its connection
+/// Two leaders at once is the worst case, black-box: a standby whose GET of the Lease is held (its connection
 /// frozen behind a proxy for 7 s, under the 10 s round deadline) while the leader renews and
 /// then dies must take over no earlier than lease duration (15 s) after that GET was answered,
 /// which is after the proxy resumed. Timed from when it asked, it took over about 8 s after the

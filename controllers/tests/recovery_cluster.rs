@@ -147,7 +147,7 @@ async fn controllers_act_within_5s_after_apiserver_outages() -> anyhow::Result<(
     Ok(())
 }
 
-/// Item 4 of issue 21, black-box: the manager reaches the apiserver through a proxy that stops
+/// A silent apiserver must not look healthy, black-box: the manager reaches the apiserver through a proxy that stops
 /// forwarding (connections stay open, nothing comes through: no event, no bookmark, no error).
 /// Within `--watch-silent-after` (10 s) the watches count as failed: `/readyz` answers 503, the
 /// error counter moves, and PodGC skips its cycles instead of deleting on caches that stopped

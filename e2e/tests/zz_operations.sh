@@ -48,8 +48,9 @@ test_ops_helm_upgrade_one_leader_throughout() {
 }
 
 # helm upgrade from the previous chart version (docs/upgrade.md: the chart at PREV_CHART_REF, the
-# last commit before issue 22 changed it): down to it, then up again, one leader throughout both
-# rollouts, and work that comes due while the leader changes hands is done after it.
+# last commit before its names, labels and CRD template changed): down to it, then up again, one
+# leader throughout both rollouts, and work that comes due while the leader changes hands is
+# done after it.
 test_ops_helm_upgrade_from_previous_version() {
   local ref=${PREV_CHART_REF:-4c8b12f367f96c64fecc0c5611b5cc516cab8a45} dir ns i
   # As charts/check.sh does: a clone without that commit (shallow, or no git) skips, visibly.

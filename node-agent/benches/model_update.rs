@@ -8,7 +8,7 @@
 //! The agent's own figure (`agent_scale`, `agent_cpu_per_change_*`) also holds the watch event
 //! and the triggered pass each change causes; this one is the model's part alone. The live
 //! model is measured three times: alone; while the previous model is still held and then
-//! compared whole (what the scheduler did before issue 26's churn step: it kept the model it
+//! compared whole (the cost of a scheduler that kept the model it
 //! judged, so an update copied it first, and compared the two); and as the scheduler uses it
 //! now, with only a `Weak` held: each change handed out with what it changed, added up, and
 //! the focus of a triggered round computed from that (one round per change).

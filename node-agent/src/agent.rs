@@ -87,7 +87,7 @@ mod tests {
     use super::*;
     use testkit::cli::CommandLine;
 
-    /// Item 11: no flag, in any subcommand, falls back to an unprefixed variable other than
+    /// Hostile or unrelated environment: no flag, in any subcommand, falls back to an unprefixed variable other than
     /// the downward-API ones.
     #[test]
     fn env_fallbacks_are_prefixed() {

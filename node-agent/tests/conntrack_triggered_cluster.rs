@@ -1,4 +1,4 @@
-//! Issue #24 black-box, against a real apiserver and the kernel's conntrack table of a network
+//! Triggered passes black-box, against a real apiserver and the kernel's conntrack table of a network
 //! namespace of the test's own: a triggered pass (after a change to a service) deletes what a
 //! full pass would among the flows touching that service, IPv4 and IPv6, and never someone
 //! else's flows.

@@ -1,4 +1,4 @@
-//! `--metrics-auth=kubernetes` against a real apiserver (issue 21, item 11): the node-agent
+//! `--metrics-auth=kubernetes` against a real apiserver: the node-agent
 //! serves `/metrics` only to a bearer token whose user RBAC allows `get` on the non-resource
 //! URL `/metrics` (TokenReview, then SubjectAccessReview), while `/healthz` and `/readyz` stay
 //! open for kubelet's probes.

@@ -1,4 +1,4 @@
-//! What the node-agent reads of the pods (issue 21, item 12): the sysctl task lists and watches
+//! What the node-agent reads of the pods (a DaemonSet's reads multiply by the nodes): the sysctl task lists and watches
 //! only the pods bound to its own node (`fieldSelector=spec.nodeName=<node>`) and only its own
 //! Node, and the conntrack task reads no pod at all (Services, EndpointSlices, ServiceCIDRs,
 //! IPAddresses, its Node). Checked on the requests themselves, against a scripted apiserver.

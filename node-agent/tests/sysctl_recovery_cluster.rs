@@ -1,4 +1,4 @@
-//! The outage of issue 10, replayed against a private etcd + kube-apiserver: both down for
+//! An etcd and apiserver outage, replayed against a private etcd + kube-apiserver: both down for
 //! 35 s, then back on the same data. With the default flags the agent stays live, turns
 //! not-ready past `--watch-stale-after` (30 s), and a new forbidden pod under an Enforce
 //! SysctlPolicy is judged within 5 s of the apiserver answering again (it took 48 s, or over

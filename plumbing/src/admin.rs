@@ -253,7 +253,7 @@ mod tests {
         kube::Client::new(service, "default")
     }
 
-    /// Item 11 of issue 21: with `--metrics-auth=kubernetes`, /metrics answers only a token the
+    /// Only whom RBAC allows may read /metrics: with `--metrics-auth=kubernetes`, /metrics answers only a token the
     /// apiserver authenticates whose user may get /metrics; the probes' endpoints stay open;
     /// a scraper's verdict is reused, not asked again at every scrape.
     #[tokio::test]

@@ -30,7 +30,7 @@
 //! "RequestWatchProgress is disabled"), it never does (measured: a node watch from the list's
 //! version got nothing in 75 s, not even before its timeout). So the server ends each watch
 //! after half the bound, kube-runtime watches again from the last resourceVersion (no list),
-//! and the answer to that request is heard. At 150k pods (issue 26) the quiet node, namespace
+//! and the answer to that request is heard. At 150k pods the quiet node, namespace
 //! and pod watches otherwise went "silent" every 90 s and, when silence meant a relist, listed
 //! 15k nodes every 90 s and all 150k pods once, with deletions stopped meanwhile.
 //!

@@ -449,7 +449,7 @@ fn errors(registry: &prometheus::Registry) -> String {
         .to_string()
 }
 
-/// The cause of issue 26's relists: the apiserver sends no bookmark on a kind nobody writes
+/// Why quiet watches relisted at 150k pods: the apiserver sends no bookmark on a kind nobody writes
 /// (etcd without progress requests), so a watch alive but quiet must still be heard from within
 /// the bound. Each is asked to end after half of it and, watched again from its
 /// resourceVersion, answers: never failed, never relisted. (Before: failed at the bound and

@@ -4,7 +4,7 @@
 //! fails.
 //!
 //! With neither variable set every cluster test prints one `SKIPPED <test>: …` line and passes:
-//! the skip is visible, never silent. Tests never pick a cluster on their own (no
+//! the skip is visible, never silent; under `CI=true` it fails instead ([`skipped`]). Tests never pick a cluster on their own (no
 //! `~/.kube/config`, no in-cluster config): only the one they were told to use.
 
 pub mod api;
@@ -87,7 +87,7 @@ pub async fn cluster(test_name: &str) -> Option<Cluster> {
     if ControlPlane::configured().is_none() {
         skipped(
             test_name,
-            "neither KUBECONFIG nor KUBE_APISERVER set (see README: Tests)",
+            "neither KUBECONFIG nor KUBE_APISERVER set (see docs/testing.md)",
         );
         return None;
     }
@@ -319,10 +319,20 @@ impl Drop for Cluster {
 }
 
 /// Prints `SKIPPED <test>: <why>` past the test harness's output capture, so a skipped test
-/// is visible in a plain `cargo test` run instead of passing silently.
+/// is visible in a plain `cargo test` run instead of passing silently. Under `CI=true` a skip
+/// fails the test instead: a CI whose environment lost the apiserver, root or helm must go red,
+/// never pass by skipping every test that needs them.
 pub fn skipped(test_name: &str, why: &str) {
     use std::io::Write;
+    if skips_fail(std::env::var("CI").ok().as_deref()) {
+        panic!("SKIPPED {test_name}: {why}; under CI=true a skip is a failure");
+    }
     let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test_name}: {why}");
+}
+
+/// Whether the `CI` variable's value makes a skip a failure: `true` or `1`, as CI services set it.
+pub fn skips_fail(ci: Option<&str>) -> bool {
+    ci.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1"))
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

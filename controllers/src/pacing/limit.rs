@@ -233,7 +233,7 @@ mod tests {
         }
     }
 
-    /// Item 9 of issue 21: a Retry-After of a day (a webhook, a proxy) paused every new delete
+    /// A hostile or broken Retry-After: one of a day (a webhook, a proxy) paused every new delete
     /// for a day. It is capped; one within the cap is honoured as given.
     #[test]
     fn a_huge_retry_after_pauses_no_longer_than_the_cap() {

@@ -514,7 +514,7 @@ impl Writes for AsksToWait {
     }
 }
 
-/// Item 9 of issue 21: a 429 asking to wait a day pauses new deletes for the cap (60 s), and
+/// A hostile or broken Retry-After: a 429 asking to wait a day pauses new deletes for the cap (60 s), and
 /// says so in a counter; a Retry-After within the cap is not counted.
 #[tokio::test]
 async fn a_retry_after_of_a_day_is_capped_and_counted() {

@@ -322,7 +322,7 @@ mod tests {
         assert!(c.pods.is_empty());
     }
 
-    /// Item 8 of issue 21: when this process saw each pod become final, kept across updates
+    /// A node's clock cannot age a pod alone: when this process saw each pod become final, kept across updates
     /// and relists; unknown for a pod already final when first listed.
     #[test]
     fn the_time_a_pod_was_seen_final_is_kept() {

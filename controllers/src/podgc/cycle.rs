@@ -478,7 +478,7 @@ mod tests {
         }
     }
 
-    /// Item 5 of issue 21: the out-of-service pass runs behind the threshold and TTL passes,
+    /// Deleting on stale state is the worst bug: the out-of-service pass runs behind the threshold and TTL passes,
     /// minutes after the cycle's snapshot at a low QPS. A node the admin took back meanwhile
     /// (taint removed, Ready) must keep its terminating pods, as upstream's lister read at pass
     /// time would; one still out of service loses them.

@@ -478,7 +478,7 @@ mod tests {
                 t("2026-01-01T00:01:00Z"),
             ),
             (
-                // Issue 21, item 8: failed in init, long after the first init container
+                // Aged by the wrong end: failed in init, long after the first init container
                 // ended; its main containers never ran. Aged from that, it lost its TTL early.
                 "main containers never terminated: not an init container's end",
                 json!({"initContainerStatuses": [fin("2026-01-01T00:01:00Z")],

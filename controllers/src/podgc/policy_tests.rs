@@ -183,7 +183,7 @@ fn expiry() {
     }
 }
 
-/// Item 8 of issue 21: the end is the node's clock. A node an hour behind writes finishedAt
+/// A skewed node clock: the end is the node's clock. A node an hour behind writes finishedAt
 /// an hour early, and the pod looked expired as soon as this controller saw it terminate. The
 /// TTL must also have passed since this process saw the pod become final, when it did.
 #[test]
