@@ -1,4 +1,4 @@
-# Sysctl admission against a real kubelet (e2e/node.sh's kubelet allows kernel.msg*).
+# Sysctl admission against a real kubelet (e2e/cluster.sh's kubelets allow kernel.msg*).
 
 sysctl_pod() { # ns name sysctl
   cat <<Y

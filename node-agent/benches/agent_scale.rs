@@ -308,7 +308,7 @@ fn kube_proxy_bin() -> Option<PathBuf> {
 async fn kube_proxy_row(c: &testkit::Cluster, services: usize) -> anyhow::Result<()> {
     let Some(bin) = kube_proxy_bin() else {
         println!(
-            "kube-proxy: SKIPPED (no target/e2e/bin/kube-proxy: run `bash e2e/node.sh` once, or set AGENT_SCALE_KUBE_PROXY)"
+            "kube-proxy: SKIPPED (no target/e2e/bin/kube-proxy: run `bash e2e/cluster.sh binaries` once, or set AGENT_SCALE_KUBE_PROXY)"
         );
         return Ok(());
     };

@@ -17,7 +17,7 @@
 //! (orphaned nodes per PodGC for the QPS 20 rows, 60), PODGC_BENCH_ORPHAN_NODES_FAST (300),
 //! PODGC_BENCH_FAST_QPS (1000), PODGC_BENCH_CREATE_CONCURRENCY (96), PODGC_BENCH_BIN (binary to
 //! run; default: this build's), PODGC_BENCH_KCM (kube-controller-manager; default
-//! target/e2e/bin/kube-controller-manager, which `e2e/node.sh` unpacks; its rows are skipped,
+//! target/e2e/bin/kube-controller-manager, which `e2e/cluster.sh binaries` unpacks; its rows are skipped,
 //! visibly, without one), PODGC_BENCH_COMPARE (an older controller-manager: its idle RSS and
 //! cycle CPU on the same objects, `_compare` figures, for before/after in one run).
 //!
@@ -233,7 +233,7 @@ async fn run(
                 Some(r)
             }
             None => {
-                println!("kube-controller-manager: SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/node.sh` once)");
+                println!("kube-controller-manager: SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/cluster.sh binaries` once)");
                 None
             }
         };

@@ -146,7 +146,7 @@ pub(crate) async fn apiserver_requests(client: &Client, labels: &[&str]) -> Opti
 }
 
 /// kube-controller-manager: `PODGC_BENCH_KCM`, else the node tarball's copy that
-/// `e2e/node.sh` unpacks into target/e2e/bin.
+/// `e2e/cluster.sh binaries` unpacks into target/e2e/bin.
 pub(crate) fn kcm_bin() -> Option<String> {
     if let Ok(p) = std::env::var("PODGC_BENCH_KCM") {
         return (!p.is_empty()).then_some(p);

@@ -81,7 +81,7 @@ pub(crate) async fn relist_row(
             theirs?.print("kube-controller-manager", "kcm", size);
         }
         None => println!(
-            "relist row: kube-controller-manager SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/node.sh` once)"
+            "relist row: kube-controller-manager SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/cluster.sh binaries` once)"
         ),
     }
     Ok(())

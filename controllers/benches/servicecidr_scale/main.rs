@@ -179,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
 
     match kcm_bin() {
         None => println!(
-            "kube-controller-manager: SKIPPED (no target/e2e/bin/kube-controller-manager: run `bash e2e/node.sh` once, or set SERVICECIDR_SCALE_KCM)"
+            "kube-controller-manager: SKIPPED (no target/e2e/bin/kube-controller-manager: run `bash e2e/cluster.sh binaries` once, or set SERVICECIDR_SCALE_KCM)"
         ),
         Some(bin) => {
             let r = kcm_row(&c, &bin, &kcm_covered, &kcm_blocked).await?;
