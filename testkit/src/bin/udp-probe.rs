@@ -86,8 +86,8 @@ fn send(target: &str, source_port: &str, interval_ms: &str) -> Result<(), String
         .next()
         .ok_or_else(|| format!("{target} resolves to nothing"))?;
     let any = if first.is_ipv6() { "::" } else { "0.0.0.0" };
-    let socket = UdpSocket::bind((any, source_port))
-        .map_err(|e| format!("binding :{source_port}: {e}"))?;
+    let socket =
+        UdpSocket::bind((any, source_port)).map_err(|e| format!("binding :{source_port}: {e}"))?;
     socket
         .set_read_timeout(Some(Duration::from_millis(interval.max(10))))
         .map_err(|e| e.to_string())?;
