@@ -175,6 +175,46 @@ pub fn answer(decision: Decision, dry_run: bool, what: &str) -> (Answer, Outcome
     }
 }
 
+/// The gate webhook's answer for `gating` of pod `what`: the patch to send (None: none), the
+/// warnings, and the `result` label. Under `--dry-run` the pod is not gated (a gated pod would
+/// wait for a placement that dry-run does not make): allowed unchanged, with a warning.
+pub fn gate(
+    gating: super::gate::Gating,
+    dry_run: bool,
+    what: &str,
+) -> (Option<serde_json::Value>, Vec<String>, &'static str) {
+    use super::gate::{GATE, Gating};
+    match gating {
+        Gating::Pass(why) => {
+            tracing::debug!(pod = what, why, "webhook: not gated");
+            (None, vec![], "allowed")
+        }
+        Gating::AlreadyGated => (None, vec![], "gated"),
+        Gating::Gate(_) if dry_run => {
+            tracing::info!(
+                pod = what,
+                gate = GATE,
+                "dry-run: would add the scheduling gate"
+            );
+            (
+                None,
+                vec![format!(
+                    "groundskeeper dry-run: would add scheduling gate {GATE} until the pod is placed on a node that admits its sysctls"
+                )],
+                "dry_run",
+            )
+        }
+        Gating::Gate(patch) => {
+            tracing::debug!(
+                pod = what,
+                gate = GATE,
+                "webhook: gating a pod that sets sysctls"
+            );
+            (Some(patch), vec![], "gated")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ pub mod apply;
 pub mod cache;
 pub mod certs;
 pub mod decide;
+pub mod gate;
 pub mod metrics;
 pub mod review;
 pub mod rotation;
