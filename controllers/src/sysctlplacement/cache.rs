@@ -12,10 +12,11 @@ use groundskeeper_plumbing::{
     cache::{Applied, Health, Kept, Shared, Store, Watches},
 };
 use groundskeeper_sysctl::crd::{SysctlPolicy, SysctlPolicySpec};
-use k8s_openapi::api::core::v1::{Node, NodeSelector, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::{self, Event};
 
 use super::CONDITION;
+use super::decide::Constraints;
 use crate::sysctlwebhook::decide::{NodeFacts, PodView};
 use crate::sysctlwebhook::gate::GATE;
 
@@ -34,8 +35,8 @@ pub struct GatedPod {
     pub view: PodView,
     /// The names of the sysctls it sets, for messages.
     pub sysctls: Vec<String>,
-    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
-    pub required: Option<NodeSelector>,
+    /// Its nodeSelector and required node affinity.
+    pub own: Constraints,
     /// Every scheduling gate, ours included, in order.
     pub gates: Vec<String>,
     /// The message of the pod's placement condition, when it has one saying it is held.
@@ -74,14 +75,17 @@ impl GatedPod {
                 .and_then(|s| s.sysctls.as_ref())
                 .map(|s| s.iter().map(|s| s.name.clone()).collect())
                 .unwrap_or_default(),
-            required: spec
-                .affinity
-                .as_ref()
-                .and_then(|a| a.node_affinity.as_ref())
-                .and_then(|n| {
-                    n.required_during_scheduling_ignored_during_execution
-                        .clone()
-                }),
+            own: Constraints {
+                node_selector: spec.node_selector.clone().unwrap_or_default(),
+                required: spec
+                    .affinity
+                    .as_ref()
+                    .and_then(|a| a.node_affinity.as_ref())
+                    .and_then(|n| {
+                        n.required_during_scheduling_ignored_during_execution
+                            .clone()
+                    }),
+            },
             gates,
             held,
         })

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
-use groundskeeper_sysctl::policy::selects;
+use groundskeeper_sysctl::policy::selects as policy_selects;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
 use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide};
@@ -60,21 +60,84 @@ pub enum Placement {
     Hold { reason: String },
 }
 
-/// The placement of pod `pod` (`namespace/name`) seen as `view`, which sets `sysctls`, has the
-/// required node affinity `existing`, over every known node and SysctlPolicy.
+/// What the placement reads of a gated pod's own node constraints.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Constraints {
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
+    pub required: Option<NodeSelector>,
+}
+
+impl Constraints {
+    /// Whether the pod's own constraints let it onto node `name` with `labels`: only those
+    /// nodes are judged, so a pod confined to some nodes is held or narrowed by those alone.
+    pub fn allow(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self
+                .required
+                .as_ref()
+                .filter(|s| !s.node_selector_terms.is_empty())
+                .is_none_or(|s| selects(s, name, labels))
+    }
+}
+
+/// Whether `s` selects node `name` with `labels`, as the scheduler's node affinity does: terms
+/// ORed, requirements ANDed, a term with no requirement selecting nothing. A requirement that
+/// can not be read (`Gt` on a non-number) selects nothing.
+pub fn selects(s: &NodeSelector, name: &str, labels: &BTreeMap<String, String>) -> bool {
+    s.node_selector_terms.iter().any(|t| {
+        let exprs = t.match_expressions.as_deref().unwrap_or_default();
+        let fields = t.match_fields.as_deref().unwrap_or_default();
+        (!exprs.is_empty() || !fields.is_empty())
+            && exprs
+                .iter()
+                .all(|r| matches(r, labels.get(&r.key).map(String::as_str)))
+            && fields
+                .iter()
+                .all(|r| r.key == NAME_FIELD && matches(r, Some(name)))
+    })
+}
+
+fn matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => match (
+            value.and_then(number),
+            values.first().and_then(|x| number(x)),
+        ) {
+            (Some(v), Some(bound)) => {
+                (r.operator == "Gt" && v > bound) || (r.operator == "Lt" && v < bound)
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The placement of pod `pod` (`namespace/name`) seen as `view`, which sets `sysctls` and is
+/// confined by `own`, over every known node and SysctlPolicy.
 pub fn place(
     args: &PolicyArgs,
     pod: &str,
     view: &PodView,
     sysctls: &[String],
-    existing: Option<&NodeSelector>,
+    own: &Constraints,
     nodes: &[(&str, &NodeFacts)],
     policies: &[&SysctlPolicy],
 ) -> Placement {
     let mut admitting = Vec::new();
     let mut forbidding = Vec::new();
     let mut causes: BTreeMap<Cause, usize> = BTreeMap::new();
-    for (name, facts) in nodes {
+    let candidates = nodes.iter().filter(|(n, f)| own.allow(n, &f.labels));
+    for (name, facts) in candidates {
         match decide(args, pod, view, name, Some(facts), policies) {
             Decision::Allow | Decision::Audit { .. } => admitting.push(*name),
             Decision::Deny { .. } => {
@@ -96,7 +159,7 @@ pub fn place(
         return Placement::Anywhere;
     }
     Placement::Narrow {
-        required: narrow(existing, &admitting, &forbidding),
+        required: narrow(own.required.as_ref(), &admitting, &forbidding),
         admitting: admitting.len(),
         forbidding: forbidding.len(),
     }
@@ -127,7 +190,7 @@ fn cause(
     let mut enforcing: Vec<String> = policies
         .iter()
         .filter(|p| p.spec.mode == Mode::Enforce)
-        .filter(|p| selects(p.spec.node_selector.as_ref(), &facts.labels))
+        .filter(|p| policy_selects(p.spec.node_selector.as_ref(), &facts.labels))
         .filter_map(|p| p.metadata.name.clone())
         .collect();
     enforcing.sort();
@@ -149,7 +212,9 @@ pub fn hold_reason(sysctls: &[String], causes: &BTreeMap<Cause, usize>) -> Strin
     let mut groups: Vec<(&Cause, &usize)> = causes.iter().collect();
     groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     if groups.is_empty() {
-        return format!("no node admits {what}: no node is known yet");
+        return format!(
+            "no node admits {what}: no node that the pod's own node selector and affinity allow is known"
+        );
     }
     let parts: Vec<String> = groups
         .iter()

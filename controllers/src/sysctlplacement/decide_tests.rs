@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use testkit::rng::Rng;
 
-use super::decide::{NAME_FIELD, Placement, narrow, place};
+use super::decide::{Constraints, NAME_FIELD, Placement, narrow, place, selects};
 use crate::sysctlwebhook::decide::{NodeFacts, PodView};
 
 fn args(default_mode: Mode) -> PolicyArgs {
@@ -175,7 +175,9 @@ fn rows() -> Vec<Row> {
             nodes: vec![],
             policies: vec![],
             sysctls: &["net.core.somaxconn"],
-            want: Want::Hold("no node admits net.core.somaxconn: no node is known yet"),
+            want: Want::Hold(
+                "no node admits net.core.somaxconn: no node that the pod's own node selector and affinity allow is known",
+            ),
         },
     ]
 }
@@ -208,7 +210,7 @@ fn each_row_gets_its_placement() {
             "ns/p",
             &view(row.sysctls),
             &sysctls,
-            None,
+            &Constraints::default(),
             &nodes,
             &policies,
         );
@@ -239,7 +241,7 @@ fn a_pod_without_sysctls_goes_anywhere() {
             "ns/p",
             &PodView::default(),
             &[],
-            None,
+            &Constraints::default(),
             &nodes,
             &policies,
         );
@@ -247,37 +249,7 @@ fn a_pod_without_sysctls_goes_anywhere() {
     }
 }
 
-// What the apiserver does with a selector: the scheduler's matching, and the update rule.
-
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.clone().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        other => panic!("operator {other} not generated"),
-    }
-}
-
-/// Whether `s` selects node `name` with `labels` (terms ORed, requirements ANDed). A term
-/// with no requirement selects nothing, as upstream's `nodeaffinity` helper.
-fn selects(s: &NodeSelector, name: &str, labels: &BTreeMap<String, String>) -> bool {
-    s.node_selector_terms.iter().any(|t| {
-        let exprs = t.match_expressions.clone().unwrap_or_default();
-        let fields = t.match_fields.clone().unwrap_or_default();
-        if exprs.is_empty() && fields.is_empty() {
-            return false;
-        }
-        exprs
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-            && fields.iter().all(|r| {
-                assert_eq!(r.key, NAME_FIELD);
-                requirement_matches(r, Some(name))
-            })
-    })
-}
+// The update rule the apiserver applies to a gated pod.
 
 /// `ValidatePodUpdate` on a gated pod: with old required terms, the same number of terms, and
 /// each new term's matchExpressions and matchFields start with the old term's.
@@ -431,4 +403,84 @@ fn the_update_rule_refuses_what_the_apiserver_refuses() {
     assert!(only_additions(Some(&old), &changed).is_err());
     assert!(only_additions(Some(&old), &old).is_ok());
     assert!(only_additions(None, &more_terms).is_ok());
+}
+
+/// Only the nodes the pod's own nodeSelector and required affinity allow are judged: a pod
+/// confined to the web pool is held when the web pool forbids it, whatever the db pool says,
+/// and a pod allowed on db nodes outside its selector is not narrowed to them.
+#[test]
+fn only_the_nodes_the_pod_may_use_are_judged() {
+    let nodes = [
+        ("w", node("web", "6.1.0", "linux")),
+        ("d1", node("db", "6.1.0", "linux")),
+        ("d2", node("db", "6.1.0", "linux")),
+    ];
+    let nodes: Vec<(&str, &NodeFacts)> = nodes.iter().map(|(n, f)| (*n, f)).collect();
+    let db = policy(
+        "enforce-db",
+        Some("db"),
+        &["net.core.somaxconn"],
+        Mode::Enforce,
+    );
+    let web = policy("enforce-web", Some("web"), &[], Mode::Enforce);
+    let policies = [&db, &web];
+    let sysctls = ["net.core.somaxconn".to_string()];
+    let run = |own: &Constraints| {
+        place(
+            &args(Mode::Enforce),
+            "ns/p",
+            &view(&["net.core.somaxconn"]),
+            &sysctls,
+            own,
+            &nodes,
+            &policies,
+        )
+    };
+    let web_only = Constraints {
+        node_selector: [("pool".to_string(), "web".to_string())].into(),
+        required: None,
+    };
+    assert_eq!(
+        run(&web_only),
+        Placement::Hold {
+            reason:
+                "no node admits net.core.somaxconn: 1 node forbids it by SysctlPolicy enforce-web"
+                    .into()
+        }
+    );
+    let d1_or_w: NodeSelector = serde_json::from_value(serde_json::json!({"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["d1"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["w"]}]}]}))
+    .unwrap();
+    let own = Constraints {
+        node_selector: BTreeMap::new(),
+        required: Some(d1_or_w),
+    };
+    let Placement::Narrow {
+        required,
+        admitting,
+        forbidding,
+    } = run(&own)
+    else {
+        panic!("not narrowed")
+    };
+    assert_eq!(
+        (admitting, forbidding),
+        (1, 1),
+        "d2 is not the pod's to use"
+    );
+    let labels = |n: &str| {
+        nodes
+            .iter()
+            .find(|(m, _)| *m == n)
+            .unwrap()
+            .1
+            .labels
+            .clone()
+    };
+    let selected: Vec<&str> = ["w", "d1", "d2"]
+        .into_iter()
+        .filter(|n| selects(&required, n, &labels(n)))
+        .collect();
+    assert_eq!(selected, ["d1"]);
 }

@@ -212,7 +212,7 @@ impl<W: Writes> Placer<W> {
                 &name,
                 &pod.view,
                 &pod.sysctls,
-                pod.required.as_ref(),
+                &pod.own,
                 &nodes,
                 &refs,
             );

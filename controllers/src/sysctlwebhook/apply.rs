@@ -7,7 +7,6 @@
 use std::future::Future;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
@@ -30,12 +29,30 @@ pub trait Writes: Send + Sync {
         &self,
         secret: &Secret,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Applies a JSON patch (see [`bundle_patch`]) to the webhook configuration.
+    /// Applies a JSON patch (see [`bundle_patch`]) to the webhook configuration of `kind`.
     fn patch_configuration(
         &self,
+        kind: ConfigurationKind,
         name: &str,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+}
+
+/// The webhook configurations whose caBundles the controller-manager keeps: the validating
+/// one (bindings, pods created on a node) and the mutating one (the scheduling gate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigurationKind {
+    Validating,
+    Mutating,
+}
+
+impl ConfigurationKind {
+    pub fn resource(self) -> &'static str {
+        match self {
+            ConfigurationKind::Validating => "validatingwebhookconfigurations",
+            ConfigurationKind::Mutating => "mutatingwebhookconfigurations",
+        }
+    }
 }
 
 pub struct KubeWrites {
@@ -71,18 +88,22 @@ impl Writes for KubeWrites {
 
     async fn patch_configuration(
         &self,
+        kind: ConfigurationKind,
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
         // kube's typed JSON patch needs the json-patch crate; the body is plain JSON anyway.
-        let url =
-            format!("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}");
+        let url = format!(
+            "/apis/admissionregistration.k8s.io/v1/{}/{name}",
+            kind.resource()
+        );
         let req = http::Request::patch(url)
             .header(http::header::CONTENT_TYPE, "application/json-patch+json")
             .body(serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?)
             .map_err(kube::Error::HttpError)?;
+        // Either kind: only the status of the answer matters.
         self.client
-            .request::<ValidatingWebhookConfiguration>(req)
+            .request::<serde_json::Value>(req)
             .await
             .map(|_| ())
     }

@@ -81,6 +81,11 @@ pub struct WebhookArgs {
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CONFIGURATION")]
     pub webhook_configuration: Option<String>,
 
+    /// The MutatingWebhookConfiguration (the sysctl scheduling gate) whose caBundles are kept
+    /// equal to the Secret's ca.crt too (self-signed only).
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_MUTATING_CONFIGURATION")]
+    pub webhook_mutating_configuration: Option<String>,
+
     /// Comma-separated DNS names and IP addresses the self-signed certificate is for: the
     /// Service's name the apiserver calls (`<service>.<namespace>.svc`).
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
@@ -138,6 +143,10 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
         namespace: args.webhook_namespace.clone(),
         secret: args.webhook_tls_secret.clone(),
         configuration: args.webhook_configuration.clone().filter(|_| self_signed),
+        mutating: args
+            .webhook_mutating_configuration
+            .clone()
+            .filter(|_| self_signed),
     };
     let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
