@@ -12,6 +12,7 @@ pub mod audit;
 mod binary;
 pub mod chart;
 pub mod cli;
+pub mod components;
 pub mod control_plane;
 pub mod figures;
 pub mod leases;
