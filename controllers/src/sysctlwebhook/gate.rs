@@ -6,22 +6,12 @@
 //! and `matchConditions` that pass only pods setting sysctls. While no replica answers, those
 //! pods are not created (fail closed) and every other pod never reaches us, so an outage of
 //! groundskeeper blocks nothing else. The answer depends on the pod alone, never on a cache,
-//! so a replica answers from its first second.
+//! so a replica answers from its first second. Pure: `mutate.rs` serves it.
 
-use std::sync::Arc;
-
-use axum::{
-    body::Bytes,
-    extract::State,
-    http::{StatusCode, header},
-    response::{IntoResponse, Response},
-};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::decide::MIRROR_ANNOTATION;
-use super::review;
-use super::serve::Judge;
 
 /// The scheduling gate the placement removes (`spec.schedulingGates[].name`).
 pub const GATE: &str = "groundskeeper.dev/sysctl";
@@ -72,61 +62,6 @@ pub fn gating(pod: &Pod) -> Gating {
             {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}
         ])),
     }
-}
-
-/// `/mutate/pod`: reads the AdmissionReview, answers allowed with the gate's patch (or, under
-/// `--dry-run`, without it and with a warning that says so).
-pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
-    let start = std::time::Instant::now();
-    let count = |result: &str| {
-        judge
-            .metrics
-            .reviews
-            .with_label_values(&["gate", result])
-            .inc()
-    };
-    let (uid, pod) = match review::read_created_pod(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "webhook: unreadable request");
-            count("unreadable");
-            judge
-                .metrics
-                .errors
-                .with_label_values(&["unreadable"])
-                .inc();
-            return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
-        }
-    };
-    let gating = pod
-        .as_deref()
-        .map_or(Gating::Pass("not a pod CREATE"), gating);
-    let what = pod
-        .as_deref()
-        .map(|p| {
-            format!(
-                "{}/{}",
-                p.metadata.namespace.as_deref().unwrap_or_default(),
-                p.metadata
-                    .name
-                    .as_deref()
-                    .or(p.metadata.generate_name.as_deref())
-                    .unwrap_or_default()
-            )
-        })
-        .unwrap_or_default();
-    let (patch, warnings, result) = super::apply::gate(gating, judge.dry_run, &what);
-    count(result);
-    judge
-        .metrics
-        .duration
-        .with_label_values(&["gate"])
-        .observe(start.elapsed().as_secs_f64());
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        review::respond_patched(&uid, patch.as_ref(), &warnings).to_string(),
-    )
-        .into_response()
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 //!
 //! Served by every controller-manager replica, leader or not, on `pods/binding` CREATE (the
 //! scheduler binding a pod) and pod CREATE with `spec.nodeName`. A denied binding leaves the
-//! pod Pending; the scheduler retries it with backoff. The verdict is the shared one the
+//! pod Pending; the scheduler retries it with backoff. The same listener serves the mutating
+//! gate (`gate.rs`, `mutate.rs`) that holds a pod setting sysctls until the placement controller
+//! (`sysctlplacement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
 //! node-agent reports by (`groundskeeper_sysctl`). TLS comes from a Secret, written by the
 //! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
 
@@ -13,6 +15,7 @@ pub mod certs;
 pub mod decide;
 pub mod gate;
 pub mod metrics;
+pub mod mutate;
 pub mod review;
 pub mod rotation;
 pub mod serve;
@@ -169,9 +172,12 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
     });
     let stop = base.token.clone();
     let server = tokio::spawn(
-        axum::serve(listener, serve::router(judge))
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .into_future(),
+        axum::serve(
+            listener,
+            serve::router(judge.clone()).merge(mutate::router(judge)),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .into_future(),
     );
     let listed = health.clone();
     let task = CertTask::new(

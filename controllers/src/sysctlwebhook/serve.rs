@@ -65,7 +65,6 @@ pub fn router(judge: Arc<Judge>) -> Router {
     Router::new()
         .route("/validate/binding", post(handle))
         .route("/validate/pod", post(handle))
-        .route("/mutate/pod", post(super::gate::handle))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(judge)
 }
