@@ -62,14 +62,17 @@ struct Scene {
     ns: String,
     run: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     gk: Option<(Binary, SocketAddr)>,
     scheduler: &'static Component,
 }
 
 impl Scene {
     /// The configurations registered for a controller-manager at an address where nothing
-    /// listens yet: every replica down. None when a tool is missing (skipped).
-    async fn new(test: &str) -> anyhow::Result<Option<Scene>> {
+    /// listens yet: every replica down. None when a tool is missing (skipped). With `as_chart`,
+    /// the controller-manager acts as a ServiceAccount with exactly the chart's rendered RBAC,
+    /// under the chart's admission policy for its pod patches, with the chart's names.
+    async fn new(test: &str, as_chart: bool) -> anyhow::Result<Option<Scene>> {
         let Some(c) = testkit::cluster(test).await else {
             return Ok(None);
         };
@@ -79,7 +82,21 @@ impl Scene {
         c.ensure_crd(&crd_yaml()).await?;
         let ns = c.namespace_for_pods("gk-placement", WAIT).await?;
         let addr = free_addr();
-        let (vwc, mwc) = (unique_name("gk-sysctl"), unique_name("gk-sysctl-gate"));
+        let release = unique_name("gk");
+        let full = format!("{release}-groundskeeper");
+        let (vwc, mwc, secret) = if as_chart {
+            (
+                format!("{full}-sysctl"),
+                format!("{full}-sysctl-gate"),
+                format!("{full}-webhook-tls"),
+            )
+        } else {
+            (
+                unique_name("gk-sysctl"),
+                unique_name("gk-sysctl-gate"),
+                unique_name("gk-webhook-tls"),
+            )
+        };
         // The chart's defaults: the binding webhook fails open, the gate fails closed.
         let (Some(validating), Some(mutating)) = (
             webhook::chart_configuration(&vwc, addr, &ns, "Ignore"),
@@ -90,6 +107,11 @@ impl Scene {
         };
         c.create(&validating).await?;
         c.create(&mutating).await?;
+        let mut env = vec![("POD_NAMESPACE".to_string(), ns.clone())];
+        if as_chart {
+            let kubeconfig = as_chart_account(&c, &ns, &release).await?;
+            env.push(("KUBECONFIG".into(), kubeconfig));
+        }
         let args = [
             "--leader-elect=false",
             "--controllers=sysctlplacement",
@@ -98,7 +120,7 @@ impl Scene {
             "--webhook-cert-hosts=127.0.0.1",
             &format!("--webhook-configuration={vwc}"),
             &format!("--webhook-mutating-configuration={mwc}"),
-            &format!("--webhook-tls-secret={}", unique_name("gk-webhook-tls")),
+            &format!("--webhook-tls-secret={secret}"),
             "--sysctl-default-mode=enforce",
         ]
         .iter()
@@ -109,6 +131,7 @@ impl Scene {
             ns,
             run: unique_name("run"),
             args,
+            env,
             gk: None,
             scheduler,
         }))
@@ -182,11 +205,16 @@ impl Scene {
     /// gates a pod through it.
     async fn start(&mut self) -> anyhow::Result<()> {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = self
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         let (bin, admin) = Binary::start_with_admin(
             env!("CARGO_BIN_EXE_controller-manager"),
             "controller-manager-placement",
             &args,
-            &[("POD_NAMESPACE", self.ns.as_str())],
+            &env,
         )?;
         wait_ready(admin, WAIT, "controller-manager /readyz")
             .await
@@ -273,7 +301,7 @@ fn gates(p: &Pod) -> Vec<String> {
 #[tokio::test]
 async fn fails_closed_for_sysctl_pods_only_then_places_them_where_allowed() -> anyhow::Result<()> {
     let test = "fails_closed_for_sysctl_pods_only_then_places_them_where_allowed";
-    let Some(mut s) = Scene::new(test).await? else {
+    let Some(mut s) = Scene::new(test, false).await? else {
         return Ok(());
     };
     let a = s.node("a").await?;
@@ -388,7 +416,7 @@ async fn fails_closed_for_sysctl_pods_only_then_places_them_where_allowed() -> a
 #[tokio::test]
 async fn a_pod_no_node_admits_stays_pending_and_its_replicaset_stays_flat() -> anyhow::Result<()> {
     let test = "a_pod_no_node_admits_stays_pending_and_its_replicaset_stays_flat";
-    let Some(mut s) = Scene::new(test).await? else {
+    let Some(mut s) = Scene::new(test, false).await? else {
         return Ok(());
     };
     let Some(kcm_bin) = components::binary("kube-controller-manager")? else {
@@ -504,5 +532,161 @@ async fn a_pod_no_node_admits_stays_pending_and_its_replicaset_stays_flat() -> a
         let c = condition(&pods.get(n).await?).unwrap();
         assert_eq!(c.status, "True", "{n}: {c:?}");
     }
+    Ok(())
+}
+
+/// A ServiceAccount in `ns` bound to exactly the controller-manager's rules the chart renders
+/// for `release`, and the chart's admission policy for its pod patches, rendered for that
+/// account: a kubeconfig acting as it.
+async fn as_chart_account(c: &Cluster, ns: &str, release: &str) -> anyhow::Result<String> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    let docs = testkit::chart::render_release(release, &["-n", ns]).expect("helm renders");
+    let rules = |kind: &str| -> Vec<PolicyRule> {
+        docs.iter()
+            .filter(|d| {
+                d["kind"].as_str() == Some(kind)
+                    && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                        == Some("controller-manager")
+            })
+            .flat_map(|d| {
+                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
+            })
+            .collect()
+    };
+    let kubeconfig = c
+        .as_service_account_with(ns, rules("ClusterRole"), rules("Role"))
+        .await?;
+    let kc: serde_norway::Value = serde_norway::from_str(&std::fs::read_to_string(&kubeconfig)?)?;
+    let user = kc["users"][0]["user"]["as"]
+        .as_str()
+        .expect("impersonated")
+        .to_string();
+    let sa = user
+        .rsplit(':')
+        .next()
+        .expect("a ServiceAccount")
+        .to_string();
+    let guard = testkit::chart::render_release(
+        release,
+        &[
+            "-n",
+            ns,
+            "--set",
+            &format!("controllerManager.serviceAccount.name={sa}"),
+            "--show-only",
+            "templates/sysctl-placement-guard.yaml",
+        ],
+    )
+    .expect("helm renders");
+    let find = |kind: &str| {
+        guard
+            .iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .cloned()
+            .unwrap_or_else(|| panic!("the chart renders a {kind} for the placement"))
+    };
+    let vap: ValidatingAdmissionPolicy =
+        serde_norway::from_value(find("ValidatingAdmissionPolicy"))?;
+    let vapb: ValidatingAdmissionPolicyBinding =
+        serde_norway::from_value(find("ValidatingAdmissionPolicyBinding"))?;
+    c.create(&vap).await?;
+    c.create(&vapb).await?;
+    Ok(kubeconfig.display().to_string())
+}
+
+/// With the chart's RBAC and admission policy: the placement's writes go through (a pod lands
+/// on the only node that admits it, a held pod gets its condition), and the same account can
+/// not change a pod that carries no gate, nor a gated pod's image.
+#[tokio::test]
+async fn the_charts_rbac_and_admission_policy_let_the_placement_write_and_no_more()
+-> anyhow::Result<()> {
+    let test = "the_charts_rbac_and_admission_policy_let_the_placement_write_and_no_more";
+    let Some(mut s) = Scene::new(test, true).await? else {
+        return Ok(());
+    };
+    s.node("a").await?;
+    let b = s.node("b").await?;
+    s.policy("enforce-a", "a", &[]).await?;
+    s.policy("allow-b", "b", &[SYSCTL]).await?;
+    let kubeconfig = s
+        .env
+        .iter()
+        .find(|(k, _)| k == "KUBECONFIG")
+        .unwrap()
+        .1
+        .clone();
+    let as_gk = testkit::client_for(std::path::Path::new(&kubeconfig)).await?;
+    let theirs = Api::<Pod>::namespaced(as_gk, &s.ns);
+    let pods = s.pods();
+
+    // Before the controller-manager runs: a pod without the gate, and a gated one.
+    let plain = pods
+        .create(&PostParams::default(), &s.pod("plain", &[]))
+        .await?;
+    let mut gated = s.pod("gated", &[]);
+    gated.spec.as_mut().unwrap().scheduling_gates = Some(serde_json::from_value(
+        json!([{"name": GATE}, {"name": "example.com/hold"}]),
+    )?);
+    let gated = pods.create(&PostParams::default(), &gated).await?;
+    let label = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
+    wait_for(WAIT, "the admission policy to refuse a pod without the gate", || async {
+        Ok(matches!(
+            theirs.patch(&plain.name_any(), &PatchParams::default(), &label).await,
+            Err(kube::Error::Api(e)) if e.message.contains("only update pods that carry the scheduling gate")
+        ))
+    })
+    .await?;
+    let image = Patch::Strategic(
+        json!({"spec": {"containers": [{"name": "c", "image": "registry.invalid/other"}]}}),
+    );
+    match theirs
+        .patch(&gated.name_any(), &PatchParams::default(), &image)
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert!(
+            e.message
+                .contains("only change a gated pod's scheduling gates and node affinity"),
+            "{}",
+            e.message
+        ),
+        other => panic!("the image of a gated pod changed: {other:?}"),
+    }
+
+    s.start().await?;
+    let placed = pods
+        .create(&PostParams::default(), &s.pod("sysctl", &[SYSCTL]))
+        .await?
+        .name_any();
+    let bound = s.wait_bound(&[placed]).await?;
+    assert!(bound.values().all(|n| *n == b), "{bound:?}");
+    let nowhere = pods
+        .create(
+            &PostParams::default(),
+            &s.pod("nowhere", &["kernel.msgmax"]),
+        )
+        .await?
+        .name_any();
+    wait_for(WAIT, "the held pod's condition", || async {
+        Ok(pods
+            .get(&nowhere)
+            .await?
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "groundskeeper.dev/SysctlPlacement" && c.status == "False")
+            }))
+    })
+    .await?;
+    // The gated pod carrying another gate too: placed (it sets no sysctl), the other gate kept.
+    wait_for(
+        WAIT,
+        "our gate off the pod that also carries another",
+        || async { Ok(gates(&pods.get(&gated.name_any()).await?) == ["example.com/hold"]) },
+    )
+    .await?;
     Ok(())
 }

@@ -160,7 +160,7 @@ impl Cluster {
     }
 }
 
-pub(crate) async fn client_for(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
+pub async fn client_for(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
