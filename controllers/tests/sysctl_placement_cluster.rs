@@ -38,7 +38,7 @@ fn scheduler(test: &str) -> Option<&'static Component> {
         let Some(bin) = components::binary("kube-scheduler").map_err(|e| format!("{e:#}"))? else {
             return Ok(None);
         };
-        Component::scheduler(&bin, cp)
+        Component::scheduler(&bin, cp, &[])
             .map(Some)
             .map_err(|e| format!("{e:#}"))
     });

@@ -75,9 +75,10 @@ pub struct Component {
 }
 
 impl Component {
-    /// kube-scheduler `bin` against `cp`, as an admin, without leader election.
-    pub fn scheduler(bin: &Path, cp: &ControlPlane) -> anyhow::Result<Self> {
-        Self::start(bin, cp, &[])
+    /// kube-scheduler `bin` against `cp`, as an admin, without leader election, with `extra`
+    /// flags (a bench's `--kube-api-qps`).
+    pub fn scheduler(bin: &Path, cp: &ControlPlane, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start(bin, cp, extra)
     }
 
     /// kube-controller-manager `bin` against `cp`, running only `controllers`
