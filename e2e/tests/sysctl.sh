@@ -70,8 +70,8 @@ test_sysctl_enforce_measured() {
   sleep 20
   local unbound
   unbound=$(k -n "$ns" get pods -o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}' | awk 'NF == 1' | wc -l)
-  say "$unbound of $n forbidden pods left Pending and unbound (the binding was refused)"
-  k -n "$ns" get events --field-selector reason=FailedScheduling -o jsonpath='{.items[0].message}' 2>/dev/null | cut -c1-200 | sed 's/^/    scheduler: /'
+  say "$unbound of $n forbidden pods left Pending and unbound (held by the scheduling gate: no node admits them)"
+  k -n "$ns" get events --field-selector reason=NoNodeAdmitsSysctls -o jsonpath='{.items[0].note}' 2>/dev/null | cut -c1-200 | sed 's/^/    placement: /'
   echo
   # Created with its node already chosen: refused at creation, nothing to schedule.
   local out
@@ -89,5 +89,45 @@ test_sysctl_enforce_measured() {
   k delete sysctlpolicy e2e-enforce >/dev/null
   [ "$failed_started" -eq 0 ] || fail "$failed_started pods that kubelet started were failed"
   [ "$ran_n" -eq 0 ] || fail "$ran_n of $n forbidden pods ran under Enforce"
+  k delete namespace "$ns" --wait=false >/dev/null
+}
+
+# Fail closed, narrowly: with every controller-manager replica down, a pod that sets sysctls is
+# not created (the gate's webhook fails closed), and a pod that sets none is never sent to it:
+# it schedules and runs as if groundskeeper were not installed.
+test_sysctl_fail_closed_narrowly() {
+  local ns i n=10 m=10 refused=0 ran_n=0 scheduled replicas deploy
+  deploy=deployment/"$RELEASE"-groundskeeper-controller-manager
+  ns=$(new_namespace sysctl-fail-closed)
+  enforce_policy e2e-fail-closed '["kernel.shm_rmid_forced"]'
+  replicas=$(k -n "$NS" get "$deploy" -o jsonpath='{.spec.replicas}')
+  k -n "$NS" scale "$deploy" --replicas=0 >/dev/null
+  until_ok 90 sh -c "[ -z \"\$(kubectl -n $NS get pods -l app.kubernetes.io/component=controller-manager -o name)\" ]" \
+    || fail "the controller-manager pods did not go"
+  for i in $(seq 1 $n); do
+    sysctl_pod "$ns" "forbidden-$i" kernel.msgmax | k apply -f - >/dev/null 2>&1 || refused=$((refused + 1))
+  done
+  for i in $(seq 1 $m); do
+    k apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: plain-$i, namespace: $ns, labels: {e2e: plain}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers: [{name: c, image: gk.local/tools:1, command: [sleep, "3600"]}]
+Y
+  done
+  k -n "$ns" wait pod -l e2e=plain --for=condition=Ready --timeout=120s >/dev/null || say "not every ordinary pod became Ready"
+  scheduled=$(k -n "$ns" get pods -l e2e=plain -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | grep -c . || true)
+  for p in $(k -n "$ns" get pods -l e2e=sysctl -o jsonpath='{.items[*].metadata.name}'); do
+    ran "$ns" "$p" && ran_n=$((ran_n + 1))
+  done
+  echo "sysctl fail-closed: $ran_n of $n forbidden pods ran with every webhook replica down ($refused refused at creation); $scheduled of $m other pods scheduled"
+  k -n "$NS" scale "$deploy" --replicas="$replicas" >/dev/null
+  rollout || fail "the controller-manager did not come back"
+  k delete sysctlpolicy e2e-fail-closed >/dev/null
+  [ "$ran_n" -eq 0 ] || fail "$ran_n of $n forbidden pods ran with every replica down"
+  [ "$refused" -eq "$n" ] || fail "only $refused of $n pods that set sysctls were refused with every replica down"
+  [ "$scheduled" -eq "$m" ] || fail "only $scheduled of $m ordinary pods were scheduled with every replica down"
   k delete namespace "$ns" --wait=false >/dev/null
 }
