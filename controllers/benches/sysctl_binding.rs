@@ -94,7 +94,10 @@ async fn main() -> anyhow::Result<()> {
             &format!("--webhook-mutating-configuration={mwc}"),
             &format!("--webhook-tls-secret={}", unique_name("gk-webhook-tls")),
         ],
-        &[("POD_NAMESPACE", on.as_str())],
+        &[
+            ("POD_NAMESPACE", on.as_str()),
+            ("KUBECONFIG", &cp.kubeconfig.display().to_string()),
+        ],
     )?;
     wait_ready(admin, Duration::from_secs(60), "controller-manager /readyz")
         .await
