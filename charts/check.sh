@@ -56,9 +56,33 @@ done
 cm=$("$helm" template gk "$chart" -n groundskeeper --set controllerManager.sysctlWebhook.certificates.source=cert-manager)
 echo "$cm" | has "^kind: Certificate$" && echo "$cm" | has "cert-manager.io/inject-ca-from: groundskeeper/gk-groundskeeper-webhook" \
   && echo "$cm" | has -- "--webhook-certificates=secret$" || { echo "FAIL: cert-manager mode"; exit 1; }
-echo "$cm" | has "validatingwebhookconfigurations" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configuration"; exit 1; }
-"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | has -- "--sysctl-webhook\|ValidatingWebhookConfiguration" \
-  && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook"; exit 1; }
+echo "$cm" | has "validatingwebhookconfigurations\|mutatingwebhookconfigurations\|--webhook-mutating-configuration" && { echo "FAIL: with cert-manager the controller-manager must not patch the webhook configurations"; exit 1; }
+[ "$(echo "$cm" | grep -c "cert-manager.io/inject-ca-from: groundskeeper/gk-groundskeeper-webhook$")" = 2 ] \
+  || { echo "FAIL: cert-manager's cainjector must fill both webhook configurations"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.enabled=false | has -- "--sysctl-webhook\|ValidatingWebhookConfiguration\|MutatingWebhookConfiguration\|sysctlplacement" \
+  && { echo "FAIL: sysctlWebhook.enabled=false still renders the webhook, the gate or the placement"; exit 1; }
+# The sysctl scheduling gate: on by default, fails closed, only for pods that set sysctls and
+# name no node, outside the exempt namespaces (the admin's list too); the placement runs with it
+# and the controller-manager keeps its caBundle.
+gate=$("$helm" template gk "$chart" -n groundskeeper --set 'controllerManager.sysctlWebhook.exemptNamespaces={team-a}' \
+  --show-only templates/sysctl-webhook.yaml | awk '/^---/{on=0} /^kind: MutatingWebhookConfiguration$/{on=1} on')
+for want in "name: gk-groundskeeper-sysctl-gate$" "failurePolicy: Fail$" "path: /mutate/pod$" "name: sets-sysctls$" \
+  "name: not-bound-at-creation$" "name: not-a-mirror-pod$" "operations: \[\"CREATE\"\]" "resources: \[\"pods\"\]" \
+  "- kube-system$" "- groundskeeper$" "- team-a$" "sideEffects: None$"; do
+  echo "$gate" | has -- "$want" || { echo "FAIL: the gate's MutatingWebhookConfiguration lacks: $want"; exit 1; }
+done
+grep -q -- "--controllers=servicecidr,podgc,sysctlplacement$" "$out/default.yaml" || { echo "FAIL: the placement controller is not on with the gate"; exit 1; }
+grep -q -- "--webhook-mutating-configuration=gk-groundskeeper-sysctl-gate$" "$out/default.yaml" \
+  || { echo "FAIL: the controller-manager does not keep the gate's caBundle"; exit 1; }
+off=$("$helm" template gk "$chart" -n groundskeeper --set controllerManager.sysctlWebhook.gate.enabled=false)
+echo "$off" | has "MutatingWebhookConfiguration\|sysctlplacement\|mutatingwebhookconfigurations\|sysctl-placement-pods" \
+  && { echo "FAIL: gate.enabled=false still renders the gate, the placement or its RBAC"; exit 1; }
+echo "$off" | has "^kind: ValidatingWebhookConfiguration$" || { echo "FAIL: gate.enabled=false must keep the binding webhook"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.sysctlWebhook.gate.failurePolicy=Ignore --show-only templates/sysctl-webhook.yaml \
+  | awk '/^---/{on=0} /^kind: MutatingWebhookConfiguration$/{on=1} on' | has "failurePolicy: Ignore$" \
+  || { echo "FAIL: gate.failurePolicy=Ignore not rendered"; exit 1; }
+# The placement's pod patch is narrowed by an admission policy to gated pods, gates and affinity.
+grep -q "name: gk-groundskeeper-sysctl-placement-pods$" "$out/default.yaml" || { echo "FAIL: no admission policy narrows the placement's pod patch"; exit 1; }
 # The node-agent DaemonSet by default: Linux nodes only, and an admin port on the host network
 # that no well-known node component listens on.
 ds=$(awk '/^---/{ds=0} /^kind: DaemonSet$/{ds=1} ds' "$out/default.yaml")
@@ -135,7 +159,9 @@ for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type
   "controllerManager.extraVolumeMounts[0].name=x|mountPath" "networkPolicy.metricsFrom=open|metricsFrom" \
   "tests.image.tag=|tag" "nodeAgent.extraEnv[0].value=x|name" \
   "controllerManager.sysctlWebhook.failurePolicy=Sometimes|failurePolicy" \
-  "controllerManager.sysctlWebhook.certificates.source=vault|source"; do
+  "controllerManager.sysctlWebhook.certificates.source=vault|source" \
+  "controllerManager.sysctlWebhook.gate.failurePolicy=Sometimes|failurePolicy" \
+  "controllerManager.sysctlWebhook.gate.mode=x|mode"; do
   bad=${case%|*} want=${case##*|}
   if msg=$("$helm" template gk "$chart" --set "$bad" 2>&1); then echo "FAIL: $bad was accepted"; exit 1; fi
   echo "$msg" | has "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }

@@ -28,7 +28,7 @@ for obj in "Deployment gk-groundskeeper-controller-manager" "DaemonSet gk-ground
   "ServiceAccount gk-groundskeeper-controller-manager" "ServiceAccount gk-groundskeeper-node-agent" \
   "Service gk-groundskeeper-controller-manager-metrics" "Service gk-groundskeeper-node-agent-metrics" \
   "Service gk-groundskeeper-webhook" "ClusterRole gk-groundskeeper-metrics-reader" \
-  "ValidatingWebhookConfiguration gk-groundskeeper-sysctl"; do
+  "ValidatingWebhookConfiguration gk-groundskeeper-sysctl" "MutatingWebhookConfiguration gk-groundskeeper-sysctl-gate"; do
   names < "$out/t-default.yaml" | has -x "$obj" || fail "default render lacks $obj"
 done
 if [ -n "$prev" ]; then
@@ -201,7 +201,9 @@ render --set crds.install=true --set crds.keep=false --show-only templates/crds.
   && fail "crds.keep=false still keeps the CRD"
 ## beside kube-controller-manager (managed clusters): the preset and podGC.mode.
 render -f "$chart/presets/managed-cluster.yaml" > "$out/t-managed.yaml"
-docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc$" || fail "the managed preset must run PodGC only"
+# Of kube-controller-manager's controllers only PodGC; the sysctl placement is groundskeeper's own.
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc,sysctlplacement$" \
+  || fail "the managed preset must run PodGC only of kube-controller-manager's controllers (and the sysctl placement)"
 docs_of Deployment < "$out/t-managed.yaml" | has -- "- --terminated-pod-gc-threshold=0$" \
   || fail "podGC.mode=ttl-only must leave the threshold pass to kube-controller-manager"
 names < "$out/t-managed.yaml" | has "^Job " && fail "the managed preset renders the uninstall Job, which would strip kube-controller-manager's ServiceCIDR finalizer"

@@ -6,6 +6,7 @@ pub mod manager;
 pub mod pacing;
 pub mod podgc;
 pub mod servicecidr;
+pub mod sysctlplacement;
 pub mod sysctlwebhook;
 pub mod uninstall;
 pub mod workqueue;

@@ -7,7 +7,7 @@ use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
-    podgc, servicecidr, sysctlwebhook, uninstall,
+    podgc, servicecidr, sysctlplacement, sysctlwebhook, uninstall,
 };
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 use prometheus::IntGauge;
@@ -186,12 +186,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
     let servicecidr = servicecidr::run(ctx.clone(), cli.service_cidr.clone());
-    let podgc = podgc::run(ctx, cli.podgc.clone());
+    let podgc = podgc::run(ctx.clone(), cli.podgc.clone());
+    let placement = sysctlplacement::run(ctx, cli.placement.clone(), cli.sysctl.clone());
     Tasks::start_selected(
         &cli.controllers,
         vec![
             ("servicecidr", servicecidr.boxed()),
             ("podgc", podgc.boxed()),
+            ("sysctlplacement", placement.boxed()),
         ],
         "no controllers are enabled; the manager only holds the lease",
     )

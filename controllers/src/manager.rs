@@ -11,7 +11,10 @@ use groundskeeper_plumbing::{
 
 use groundskeeper_sysctl::args::PolicyArgs;
 
-use crate::{podgc::PodGcArgs, servicecidr::ServiceCidrArgs, sysctlwebhook::WebhookArgs};
+use crate::{
+    podgc::PodGcArgs, servicecidr::ServiceCidrArgs, sysctlplacement::PlacementArgs,
+    sysctlwebhook::WebhookArgs,
+};
 
 pub const NAME: &str = "controller-manager";
 pub const ABOUT: &str = "groundskeeper controller-manager: ServiceCIDR and PodGC controllers, one active replica through a Lease; the sysctl admission webhook on every replica";
@@ -25,7 +28,7 @@ pub type Cli = Binary<Command, ManagerArgs>;
 pub struct ManagerArgs {
     /// Controllers to run, comma-separated, as kube-controller-manager's --controllers:
     /// `servicecidr` (or service-cidr-controller), `podgc` (or pod-garbage-collector-controller),
-    /// `*` for all, `-name` to leave one out (`*,-podgc`); the first mention of a controller
+    /// `sysctlplacement` (places the pods the sysctl gate webhook gated), `*` for all, `-name` to leave one out (`*,-podgc`); the first mention of a controller
     /// wins. Empty: none.
     #[arg(long, env = "GROUNDSKEEPER_CONTROLLERS", default_value = "servicecidr,podgc",
           value_parser = parse_controllers, allow_hyphen_values = true)]
@@ -40,11 +43,14 @@ pub struct ManagerArgs {
     #[command(flatten)]
     pub podgc: PodGcArgs,
 
+    #[command(flatten)]
+    pub placement: PlacementArgs,
+
     /// The sysctl admission webhook (every replica, not only the leader).
     #[command(flatten)]
     pub webhook: WebhookArgs,
 
-    /// The node policy flags the webhook judges by: the node-agent's, passed the same values.
+    /// The node policy flags the webhook and the placement judge by: the node-agent's, passed the same values.
     #[command(flatten)]
     pub sysctl: PolicyArgs,
 }
@@ -59,6 +65,10 @@ pub const CONTROLLERS: &[Part] = &[
     Part {
         name: "podgc",
         aliases: &["pod-garbage-collector-controller"],
+    },
+    Part {
+        name: "sysctlplacement",
+        aliases: &[],
     },
 ];
 
@@ -258,18 +268,25 @@ mod tests {
     #[test]
     fn controllers_take_upstream_names_and_syntax() {
         let both = vec!["servicecidr", "podgc"];
+        let all = vec!["servicecidr", "podgc", "sysctlplacement"];
         for (flag, want) in [
-            ("--controllers=*", both.clone()),
+            ("--controllers=*", all.clone()),
             (
                 "--controllers=service-cidr-controller,pod-garbage-collector-controller",
                 both.clone(),
             ),
             (
                 "--controllers=*,-pod-garbage-collector-controller",
-                vec!["servicecidr"],
+                vec!["servicecidr", "sysctlplacement"],
             ),
-            ("--controllers=*,-podgc", vec!["servicecidr"]),
-            ("--controllers=-service-cidr-controller,*", vec!["podgc"]),
+            (
+                "--controllers=*,-podgc",
+                vec!["servicecidr", "sysctlplacement"],
+            ),
+            (
+                "--controllers=-service-cidr-controller,*",
+                vec!["podgc", "sysctlplacement"],
+            ),
             ("--controllers=-podgc", vec![]),
             ("--controllers=podgc", vec!["podgc"]),
             ("--controllers=servicecidr,podgc", both.clone()),
@@ -278,7 +295,7 @@ mod tests {
         }
         // A value starting with `-` as its own argument, as upstream's users write it.
         let cli = Cli::from_command_line(&["--controllers", "-podgc,*"]).unwrap();
-        assert_eq!(cli.controllers.0, vec!["servicecidr"]);
+        assert_eq!(cli.controllers.0, vec!["servicecidr", "sysctlplacement"]);
         for (flag, named) in [
             ("--controllers=*,-nodeipam", "nodeipam"),
             (

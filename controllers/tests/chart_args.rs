@@ -21,6 +21,13 @@ fn chart_args_parse() {
                     "controllerManager.serviceCIDR.enabled=false,controllerManager.podGC.enabled=false",
                 ],
             ),
+            (
+                "gate off",
+                vec![
+                    "--set",
+                    "controllerManager.sysctlWebhook.gate.enabled=false",
+                ],
+            ),
         ],
     ) else {
         return;
@@ -60,6 +67,23 @@ fn chart_args_parse() {
                 vec!["gk-groundskeeper-webhook.default.svc"]
             );
         }
+        // The gate's configuration is the one whose caBundle the binary keeps, and the
+        // placement controller runs exactly when it is rendered.
+        let gate = docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("MutatingWebhookConfiguration"))
+            .and_then(|d| d["metadata"]["name"].as_str())
+            .map(String::from);
+        assert_eq!(
+            cli.webhook.webhook_mutating_configuration, gate,
+            "{case}: --webhook-mutating-configuration names the rendered gate"
+        );
+        assert_eq!(
+            cli.controllers.has("sysctlplacement"),
+            gate.is_some(),
+            "{case}: the placement runs exactly with the gate"
+        );
+        assert_eq!(gate.is_none(), case == "gate off", "{case}");
         match case {
             "everything on" => {
                 assert!(cli.common.dry_run);
@@ -69,7 +93,7 @@ fn chart_args_parse() {
                     "the webhook judges with the node-agent's values"
                 );
             }
-            "both controllers off" => assert!(cli.controllers.0.is_empty()),
+            "both controllers off" => assert_eq!(cli.controllers.0, ["sysctlplacement"]),
             _ => assert!(
                 !cli.common.dry_run
                     && cli.controllers.has("podgc")

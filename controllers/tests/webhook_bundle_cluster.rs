@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
 use groundskeeper_controllers::sysctlwebhook::{
-    apply::{KubeWrites, Writes, bundle_patch},
+    apply::{ConfigurationKind, KubeWrites, Writes, bundle_patch},
     cache::WebhookBundles,
 };
 use testkit::unique_name;
@@ -76,13 +76,18 @@ async fn a_bundle_patch_from_a_stale_view_is_refused() -> anyhow::Result<()> {
     // Another replica, current, writes the new bundle.
     let writes = KubeWrites::new(c.client.clone(), "default".into());
     let fresh_patch = bundle_patch(&stale, b"new").expect("old differs from new");
-    writes.patch_configuration(&name, &fresh_patch).await?;
+    writes
+        .patch_configuration(ConfigurationKind::Validating, &name, &fresh_patch)
+        .await?;
     let now = api.get(&name).await?;
     assert_eq!(ca_bundle(&now), b"new");
 
     // This replica still sees the first version and would put another bundle in.
     let stale_patch = bundle_patch(&stale, b"older").expect("old differs from older");
-    match writes.patch_configuration(&name, &stale_patch).await {
+    match writes
+        .patch_configuration(ConfigurationKind::Validating, &name, &stale_patch)
+        .await
+    {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         other => anyhow::bail!("a patch from a stale view must be refused with 409: {other:?}"),
     }
@@ -94,7 +99,9 @@ async fn a_bundle_patch_from_a_stale_view_is_refused() -> anyhow::Result<()> {
 
     // From the current view the same patch goes through.
     let current_patch = bundle_patch(&bundles(&now), b"older").expect("differs");
-    writes.patch_configuration(&name, &current_patch).await?;
+    writes
+        .patch_configuration(ConfigurationKind::Validating, &name, &current_patch)
+        .await?;
     assert_eq!(ca_bundle(&api.get(&name).await?), b"older");
 
     api.delete(&name, &DeleteParams::default()).await?;

@@ -558,7 +558,8 @@ test_multinode_sysctl_fail_closed_every_replica_down() {
   k -n "$NS" scale deployment "$deploy" --replicas=0 >/dev/null
   until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -l app.kubernetes.io/component=controller-manager -o name)\" ]" \
     || fail "the controller-manager replicas did not go"
-  for i in $(seq 1 "$n"); do sysctl_pod "$ns" "forbidden-$i" kernel.msgmax | k apply -f - >/dev/null 2>&1 || true; done
+  local refused=0
+  for i in $(seq 1 "$n"); do sysctl_pod "$ns" "forbidden-$i" kernel.msgmax | k apply -f - >/dev/null 2>&1 || refused=$((refused + 1)); done
   for i in $(seq 1 "$m"); do
     k -n "$ns" run "plain-$i" --image=gk.local/tools:1 --restart=Never --command -- sleep 3600 >/dev/null
   done
@@ -569,10 +570,11 @@ test_multinode_sysctl_fail_closed_every_replica_down() {
     case $p in forbidden-*) ran "$ns" "$p" && ran_n=$((ran_n + 1)) ;; esac
   done
   k -n "$NS" scale deployment "$deploy" --replicas=2 >/dev/null
-  echo "sysctl fail-closed: $ran_n of $n forbidden pods ran with every webhook replica down; $scheduled of $m other pods scheduled"
+  echo "sysctl fail-closed: $ran_n of $n forbidden pods ran with every webhook replica down ($refused refused at creation); $scheduled of $m other pods scheduled"
   rollout || fail "the controller-manager did not come back"
   k delete sysctlpolicy e2e-failclosed >/dev/null
   k delete namespace "$ns" --wait=false >/dev/null
   [ "$ran_n" -eq 0 ] || fail "$ran_n forbidden pods ran with every webhook replica down"
+  [ "$refused" -eq "$n" ] || fail "only $refused of $n pods that set sysctls were refused at creation with every replica down"
   [ "$scheduled" -eq "$m" ] || fail "only $scheduled of $m pods without sysctls were scheduled with every replica down"
 }

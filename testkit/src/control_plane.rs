@@ -635,7 +635,7 @@ current-context: test
 }
 
 /// Spawns `cmd` with its output in `log`, from the one long-lived spawner thread.
-fn spawn_logged(mut cmd: Command, log: &Path) -> anyhow::Result<Child> {
+pub(crate) fn spawn_logged(mut cmd: Command, log: &Path) -> anyhow::Result<Child> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

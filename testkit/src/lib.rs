@@ -12,6 +12,7 @@ pub mod audit;
 mod binary;
 pub mod chart;
 pub mod cli;
+pub mod components;
 pub mod control_plane;
 pub mod figures;
 pub mod leases;
@@ -159,7 +160,7 @@ impl Cluster {
     }
 }
 
-pub(crate) async fn client_for(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
+pub async fn client_for(kubeconfig: &std::path::Path) -> anyhow::Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)

@@ -1,14 +1,17 @@
 //! The sysctl admission webhook as cluster tests register it: the chart's own
-//! ValidatingWebhookConfiguration, pointed at a controller-manager on 127.0.0.1 and narrowed to
-//! one namespace, Nodes that report a kernel, and pod bindings made the way the scheduler makes
-//! them.
+//! ValidatingWebhookConfiguration and the gate's MutatingWebhookConfiguration, pointed at a
+//! controller-manager on 127.0.0.1 and narrowed to one namespace, Nodes that report a kernel
+//! (Ready ones for the real scheduler), and pod bindings made the way the scheduler makes them.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::{Binding, Node, NodeStatus, NodeSystemInfo, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, NodeCondition, NodeStatus, NodeSystemInfo, ObjectReference, Pod,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
@@ -133,4 +136,76 @@ fn binding(namespace: &str, pod: &Pod, node: &str) -> Binding {
             ..Default::default()
         },
     }
+}
+
+/// The chart's MutatingWebhookConfiguration of the sysctl scheduling gate, renamed `name`,
+/// calling `https://<addr>/mutate/pod` with the chart's failurePolicy (Fail), for pods in
+/// `namespace` only. No caBundle: the controller-manager patches it in. None without helm.
+pub fn chart_gate_configuration(
+    name: &str,
+    addr: std::net::SocketAddr,
+    namespace: &str,
+) -> Option<MutatingWebhookConfiguration> {
+    let docs = crate::chart::render(&["--show-only", "templates/sysctl-webhook.yaml"])?;
+    let doc = docs
+        .into_iter()
+        .find(|d| d["kind"].as_str() == Some("MutatingWebhookConfiguration"))
+        .expect("the chart renders the gate's configuration");
+    let mut config: MutatingWebhookConfiguration =
+        serde_norway::from_value(doc).expect("a MutatingWebhookConfiguration");
+    config.metadata = ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    for w in config.webhooks.iter_mut().flatten() {
+        w.client_config = WebhookClientConfig {
+            url: Some(format!("https://{addr}/mutate/pod")),
+            ..Default::default()
+        };
+        w.namespace_selector = Some(only(namespace));
+    }
+    Some(config)
+}
+
+fn only(namespace: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(
+            [(
+                "kubernetes.io/metadata.name".to_string(),
+                namespace.to_string(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// A Node the scheduler places pods on: Ready, with room for 110 pods, `labels`, a kubelet of
+/// `kubelet` and kernel `kernel` in `status.nodeInfo`.
+pub fn ready_node(
+    name: &str,
+    labels: BTreeMap<String, String>,
+    kernel: &str,
+    kubelet: &str,
+) -> Node {
+    let mut n = node(name, labels, Some(kernel));
+    let status = n.status.get_or_insert_with(Default::default);
+    if let Some(info) = status.node_info.as_mut() {
+        info.kubelet_version = kubelet.into();
+    }
+    let room: BTreeMap<String, Quantity> = [
+        ("cpu".to_string(), Quantity("8".into())),
+        ("memory".to_string(), Quantity("32Gi".into())),
+        ("pods".to_string(), Quantity("110".into())),
+    ]
+    .into();
+    status.allocatable = Some(room.clone());
+    status.capacity = Some(room);
+    status.conditions = Some(vec![NodeCondition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: Some("KubeletReady".into()),
+        ..Default::default()
+    }]);
+    n
 }

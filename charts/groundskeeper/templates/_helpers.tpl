@@ -105,6 +105,7 @@ readinessProbe:
 {{- $c := list -}}
 {{- if .Values.controllerManager.serviceCIDR.enabled }}{{ $c = append $c "servicecidr" }}{{ end -}}
 {{- if .Values.controllerManager.podGC.enabled }}{{ $c = append $c "podgc" }}{{ end -}}
+{{- if include "groundskeeper.gateEnabled" . }}{{ $c = append $c "sysctlplacement" }}{{ end -}}
 {{- join "," $c -}}
 {{- end -}}
 
@@ -138,7 +139,19 @@ where kube-controller-manager's own threshold pass runs. */}}
 {{ include "groundskeeper.componentName" (list . "sysctl") }}
 {{- end -}}
 
-{{/* What both webhooks share: include with (dict "ctx" $ "path" "/validate/..."). */}}
+{{/* "true" when the sysctl scheduling gate and its placement controller are rendered. */}}
+{{- define "groundskeeper.gateEnabled" -}}
+{{- $wh := .Values.controllerManager.sysctlWebhook -}}
+{{- if and .Values.controllerManager.enabled $wh.enabled $wh.gate.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The MutatingWebhookConfiguration of the sysctl scheduling gate. */}}
+{{- define "groundskeeper.gateConfiguration" -}}
+{{ include "groundskeeper.componentName" (list . "sysctl-gate") }}
+{{- end -}}
+
+{{/* What the webhooks share: include with (dict "ctx" $ "path" "/validate/..."), and
+"failurePolicy" to override sysctlWebhook.failurePolicy (the gate's own). */}}
 {{- define "groundskeeper.webhookCommon" -}}
 {{- $wh := .ctx.Values.controllerManager.sysctlWebhook -}}
 clientConfig:
@@ -147,7 +160,7 @@ clientConfig:
     namespace: {{ .ctx.Release.Namespace }}
     path: {{ .path }}
     port: 443
-failurePolicy: {{ $wh.failurePolicy }}
+failurePolicy: {{ .failurePolicy | default $wh.failurePolicy }}
 timeoutSeconds: {{ $wh.timeoutSeconds }}
 sideEffects: None
 admissionReviewVersions: ["v1"]

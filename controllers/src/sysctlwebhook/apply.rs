@@ -7,7 +7,6 @@
 use std::future::Future;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -30,9 +29,10 @@ pub trait Writes: Send + Sync {
         &self,
         secret: &Secret,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
-    /// Applies a JSON patch (see [`bundle_patch`]) to the webhook configuration.
+    /// Applies a JSON patch (see [`bundle_patch`]) to the webhook configuration of `kind`.
     fn patch_configuration(
         &self,
+        kind: ConfigurationKind,
         name: &str,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
@@ -42,6 +42,23 @@ pub trait Writes: Send + Sync {
         &self,
         secret: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>, kube::Error>> + Send;
+}
+
+/// The webhook configurations whose caBundles the controller-manager keeps: the validating
+/// one (bindings, pods created on a node) and the mutating one (the scheduling gate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigurationKind {
+    Validating,
+    Mutating,
+}
+
+impl ConfigurationKind {
+    pub fn resource(self) -> &'static str {
+        match self {
+            ConfigurationKind::Validating => "validatingwebhookconfigurations",
+            ConfigurationKind::Mutating => "mutatingwebhookconfigurations",
+        }
+    }
 }
 
 pub struct KubeWrites {
@@ -89,18 +106,22 @@ impl Writes for KubeWrites {
 
     async fn patch_configuration(
         &self,
+        kind: ConfigurationKind,
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
         // kube's typed JSON patch needs the json-patch crate; the body is plain JSON anyway.
-        let url =
-            format!("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}");
+        let url = format!(
+            "/apis/admissionregistration.k8s.io/v1/{}/{name}",
+            kind.resource()
+        );
         let req = http::Request::patch(url)
             .header(http::header::CONTENT_TYPE, "application/json-patch+json")
             .body(serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?)
             .map_err(kube::Error::HttpError)?;
+        // Either kind: only the status of the answer matters.
         self.client
-            .request::<ValidatingWebhookConfiguration>(req)
+            .request::<serde_json::Value>(req)
             .await
             .map(|_| ())
     }
@@ -202,6 +223,46 @@ pub fn answer(decision: Decision, dry_run: bool, what: &str) -> (Answer, Outcome
                 },
                 Outcome::Denied,
             )
+        }
+    }
+}
+
+/// The gate webhook's answer for `gating` of pod `what`: the patch to send (None: none), the
+/// warnings, and the `result` label. Under `--dry-run` the pod is not gated (a gated pod would
+/// wait for a placement that dry-run does not make): allowed unchanged, with a warning.
+pub fn gate(
+    gating: super::gate::Gating,
+    dry_run: bool,
+    what: &str,
+) -> (Option<serde_json::Value>, Vec<String>, &'static str) {
+    use super::gate::{GATE, Gating};
+    match gating {
+        Gating::Pass(why) => {
+            tracing::debug!(pod = what, why, "webhook: not gated");
+            (None, vec![], "allowed")
+        }
+        Gating::AlreadyGated => (None, vec![], "gated"),
+        Gating::Gate(_) if dry_run => {
+            tracing::info!(
+                pod = what,
+                gate = GATE,
+                "dry-run: would add the scheduling gate"
+            );
+            (
+                None,
+                vec![format!(
+                    "groundskeeper dry-run: would add scheduling gate {GATE} until the pod is placed on a node that admits its sysctls"
+                )],
+                "dry_run",
+            )
+        }
+        Gating::Gate(patch) => {
+            tracing::debug!(
+                pod = what,
+                gate = GATE,
+                "webhook: gating a pod that sets sysctls"
+            );
+            (Some(patch), vec![], "gated")
         }
     }
 }

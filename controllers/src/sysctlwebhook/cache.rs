@@ -1,5 +1,5 @@
 //! What the webhook watches: nodes (labels, kernel), SysctlPolicies, pods not yet bound, and
-//! its own Secret and ValidatingWebhookConfiguration.
+//! its own Secret and webhook configurations (validating and mutating).
 //!
 //! Flags `sysctlwebhook/<kind>`. A binding names only its pod, so the pods not yet bound are
 //! kept (field selector `spec.nodeName=`, so the watch carries nothing of bound pods), each as
@@ -11,7 +11,9 @@ use groundskeeper_plumbing::{
     cache::{self, Health, Kept, Shared, Store, Watches},
 };
 use groundskeeper_sysctl::crd::SysctlPolicy;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::Api;
 use kube::runtime::watcher::{self, Event};
@@ -48,6 +50,8 @@ pub struct Cache {
     pub pending: Store<PodKey, PodView>,
     pub secret: Store<String, SecretView>,
     pub webhooks: Store<String, WebhookBundles>,
+    /// The mutating configuration's (the gate's), by name.
+    pub mutating: Store<String, WebhookBundles>,
 }
 
 /// What the certificate task reacts to, once the cache has applied it.
@@ -66,6 +70,8 @@ pub struct Own {
     /// Watched (and its caBundles patched) only when the controller-manager issues the
     /// certificates; cert-manager's cainjector patches it otherwise.
     pub configuration: Option<String>,
+    /// The MutatingWebhookConfiguration of the gate, on the same terms.
+    pub mutating: Option<String>,
 }
 
 /// The watches feeding `cache`, with their flags and their changes in one stream.
@@ -104,6 +110,12 @@ pub fn follow_all(
     if let Some(name) = &own.configuration {
         let (flag, webhooks) =
             watches.follow::<ValidatingWebhookConfiguration, _, _>(named(name), fold_webhooks);
+        flags.push(flag);
+        changes.push(webhooks.boxed());
+    }
+    if let Some(name) = &own.mutating {
+        let (flag, webhooks) =
+            watches.follow::<MutatingWebhookConfiguration, _, _>(named(name), fold_mutating);
         flags.push(flag);
         changes.push(webhooks.boxed());
     }
@@ -162,6 +174,29 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
     cache
         .webhooks
         .apply_event(ev, |c: ValidatingWebhookConfiguration| {
+            let resource_version = c.metadata.resource_version.clone().unwrap_or_default();
+            let webhooks = c
+                .webhooks
+                .unwrap_or_default()
+                .into_iter()
+                .map(|w| {
+                    let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
+                    (w.name, ca)
+                })
+                .collect();
+            let bundles = WebhookBundles {
+                resource_version,
+                webhooks,
+            };
+            by_name(c.metadata.name, bundles)
+        });
+    Change::Certificates
+}
+
+fn fold_mutating(cache: &mut Cache, ev: Event<MutatingWebhookConfiguration>) -> Change {
+    cache
+        .mutating
+        .apply_event(ev, |c: MutatingWebhookConfiguration| {
             let resource_version = c.metadata.resource_version.clone().unwrap_or_default();
             let webhooks = c
                 .webhooks

@@ -15,7 +15,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ObjectMeta;
 
-use super::apply::{Writes, bundle_patch};
+use super::apply::{ConfigurationKind, Writes, bundle_patch};
 use super::cache::{Cache, Own, SecretView};
 use super::metrics::Metrics;
 use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
@@ -81,15 +81,17 @@ impl<W: Writes> CertTask<W> {
         if !(self.listed)() {
             return;
         }
-        let (secret, webhooks) = {
+        // Each configuration the replica keeps, with its webhooks' bundles when it exists.
+        let (secret, configurations) = {
             let c = self.cache.lock();
-            (
-                c.secret.get(&self.own.secret).cloned(),
-                self.own
-                    .configuration
-                    .as_ref()
-                    .and_then(|n| c.webhooks.get(n).cloned()),
-            )
+            let mut configurations = Vec::new();
+            if let Some(n) = &self.own.configuration {
+                configurations.push((ConfigurationKind::Validating, n, c.webhooks.get(n).cloned()));
+            }
+            if let Some(n) = &self.own.mutating {
+                configurations.push((ConfigurationKind::Mutating, n, c.mutating.get(n).cloned()));
+            }
+            (c.secret.get(&self.own.secret).cloned(), configurations)
         };
         if let Some(s) = &secret {
             self.serve(s);
@@ -103,10 +105,12 @@ impl<W: Writes> CertTask<W> {
             .unwrap_or_default();
         // A configuration that does not exist (yet) calls nobody with an old bundle.
         let trusted = |ca: &str| {
-            webhooks.as_ref().is_none_or(|ws| {
-                ws.webhooks
-                    .iter()
-                    .all(|(_, b)| String::from_utf8_lossy(b).contains(ca.trim_end()))
+            configurations.iter().all(|(_, _, webhooks)| {
+                webhooks.as_ref().is_none_or(|ws| {
+                    ws.webhooks
+                        .iter()
+                        .all(|(_, b)| String::from_utf8_lossy(b).contains(ca.trim_end()))
+                })
             })
         };
         let now = Timestamp::now();
@@ -131,38 +135,45 @@ impl<W: Writes> CertTask<W> {
             self.write(secret.as_ref(), &step, &next).await;
             return;
         }
-        if let (Some(name), Some(ws), Some(s)) = (&self.own.configuration, &webhooks, &secret)
-            && let Some(bundle) = s.data.get(CA_BUNDLE)
-            && let Some(patch) = bundle_patch(ws, bundle)
-        {
-            // The Secret may have moved on since this replica's watch saw it (a renewal staged
-            // or promoted by another): its old bundle must not be written back. The
-            // configuration's side is the patch's resourceVersion.
-            match self.writes.live_bundle(&self.own.secret).await {
-                Ok(Some(live)) if live == *bundle => {}
-                Ok(_) => {
-                    tracing::debug!(configuration = %name, "webhook: the Secret changed since it was read; waiting for its event before patching the caBundles");
-                    return;
+        for (kind, name, webhooks) in &configurations {
+            if let (Some(ws), Some(s)) = (webhooks, &secret)
+                && let Some(bundle) = s.data.get(CA_BUNDLE)
+                && let Some(patch) = bundle_patch(ws, bundle)
+            {
+                // The Secret may have moved on since this replica's watch saw it (a renewal
+                // staged or promoted by another): its old bundle must not be written back. The
+                // configuration's side is the patch's resourceVersion.
+                match self.writes.live_bundle(&self.own.secret).await {
+                    Ok(Some(live)) if live == *bundle => {}
+                    Ok(_) => {
+                        tracing::debug!(configuration = %name, "webhook: the Secret changed since it was read; waiting for its event before patching the caBundles");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(secret = %self.own.secret, error = %e, "webhook: reading the Secret before patching the caBundles failed; will retry");
+                        return;
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(secret = %self.own.secret, error = %e, "webhook: reading the Secret before patching the caBundles failed; will retry");
-                    return;
-                }
+                self.patch_bundles(*kind, name, &patch).await;
             }
-            match self.writes.patch_configuration(name, &patch).await {
-                Ok(()) => {
-                    tracing::info!(configuration = %name, "webhook: caBundles set to the Secret's ca.crt");
-                    self.metrics
-                        .certificate_steps
-                        .with_label_values(&["ca_bundle"])
-                        .inc();
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    tracing::debug!(configuration = %name, "webhook: the configuration changed since it was read; its event brings the next try")
-                }
-                Err(e) => {
-                    tracing::warn!(configuration = %name, error = %e, "webhook: patching the caBundles failed; will retry")
-                }
+        }
+    }
+
+    async fn patch_bundles(&self, kind: ConfigurationKind, name: &str, patch: &serde_json::Value) {
+        let resource = kind.resource();
+        match self.writes.patch_configuration(kind, name, patch).await {
+            Ok(()) => {
+                tracing::info!(configuration = %name, resource, "webhook: caBundles set to the Secret's ca.crt");
+                self.metrics
+                    .certificate_steps
+                    .with_label_values(&["ca_bundle"])
+                    .inc();
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(configuration = %name, resource, "webhook: the configuration changed since it was read; its event brings the next try")
+            }
+            Err(e) => {
+                tracing::warn!(configuration = %name, resource, error = %e, "webhook: patching the caBundles failed; will retry")
             }
         }
     }

@@ -3,7 +3,9 @@
 //!
 //! Served by every controller-manager replica, leader or not, on `pods/binding` CREATE (the
 //! scheduler binding a pod) and pod CREATE with `spec.nodeName`. A denied binding leaves the
-//! pod Pending; the scheduler retries it with backoff. The verdict is the shared one the
+//! pod Pending; the scheduler retries it with backoff. The same listener serves the mutating
+//! gate (`gate.rs`, `mutate.rs`) that holds a pod setting sysctls until the placement controller
+//! (`sysctlplacement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
 //! node-agent reports by (`groundskeeper_sysctl`). TLS comes from a Secret, written by the
 //! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
 
@@ -11,7 +13,9 @@ pub mod apply;
 pub mod cache;
 pub mod certs;
 pub mod decide;
+pub mod gate;
 pub mod metrics;
+pub mod mutate;
 pub mod review;
 pub mod rotation;
 pub mod serve;
@@ -80,6 +84,11 @@ pub struct WebhookArgs {
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CONFIGURATION")]
     pub webhook_configuration: Option<String>,
 
+    /// The MutatingWebhookConfiguration (the sysctl scheduling gate) whose caBundles are kept
+    /// equal to the Secret's ca.crt too (self-signed only).
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_MUTATING_CONFIGURATION")]
+    pub webhook_mutating_configuration: Option<String>,
+
     /// Comma-separated DNS names and IP addresses the self-signed certificate is for: the
     /// Service's name the apiserver calls (`<service>.<namespace>.svc`).
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
@@ -137,6 +146,10 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
         namespace: args.webhook_namespace.clone(),
         secret: args.webhook_tls_secret.clone(),
         configuration: args.webhook_configuration.clone().filter(|_| self_signed),
+        mutating: args
+            .webhook_mutating_configuration
+            .clone()
+            .filter(|_| self_signed),
     };
     let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
@@ -159,9 +172,12 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
     });
     let stop = base.token.clone();
     let server = tokio::spawn(
-        axum::serve(listener, serve::router(judge))
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .into_future(),
+        axum::serve(
+            listener,
+            serve::router(judge.clone()).merge(mutate::router(judge)),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .into_future(),
     );
     let listed = health.clone();
     let task = CertTask::new(

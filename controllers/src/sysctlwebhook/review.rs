@@ -187,6 +187,55 @@ pub fn respond(uid: &str, answer: &Answer) -> serde_json::Value {
     })
 }
 
+/// The request's UID and, for a pod CREATE, the pod (its namespace filled in from the
+/// request): what the gate webhook reads. Anything else is `None` (answered unchanged).
+pub fn read_created_pod(body: &[u8]) -> Result<(String, Option<Box<Pod>>), Unreadable> {
+    let review: Review =
+        serde_json::from_slice(body).map_err(|e| Unreadable(format!("invalid JSON: {e}")))?;
+    let r = review
+        .request
+        .ok_or_else(|| Unreadable("no request".into()))?;
+    let is_pod_create = r.resource.group.is_empty()
+        && r.resource.resource == "pods"
+        && r.sub_resource.as_deref().unwrap_or_default().is_empty()
+        && r.operation == "CREATE";
+    if !is_pod_create {
+        return Ok((r.uid, None));
+    }
+    let object = r
+        .object
+        .ok_or_else(|| Unreadable("a CREATE without an object".into()))?;
+    let mut pod: Pod = serde_json::from_value(object)
+        .map_err(|e| Unreadable(format!("the object is not a Pod: {e}")))?;
+    if pod.metadata.namespace.is_none() {
+        pod.metadata.namespace = r.namespace;
+    }
+    Ok((r.uid, Some(Box::new(pod))))
+}
+
+/// The allowed AdmissionReview response for request `uid`, carrying `patch` (a JSON patch,
+/// base64 on the wire) when there is one, and `warnings`.
+pub fn respond_patched(
+    uid: &str,
+    patch: Option<&serde_json::Value>,
+    warnings: &[String],
+) -> serde_json::Value {
+    let mut response = json!({"uid": uid, "allowed": true});
+    if let Some(patch) = patch {
+        let bytes = serde_json::to_vec(patch).expect("a JSON value serializes");
+        response["patchType"] = json!("JSONPatch");
+        response["patch"] = json!(k8s_openapi::ByteString(bytes));
+    }
+    if !warnings.is_empty() {
+        response["warnings"] = json!(warnings);
+    }
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,5 +385,35 @@ mod tests {
         assert_eq!(warn["response"]["warnings"][0], "audit");
         assert!(warn["response"].get("status").is_none());
         assert_eq!(warn["kind"], "AdmissionReview");
+    }
+
+    #[test]
+    fn a_created_pod_is_read_and_a_patch_is_answered_in_base64() {
+        let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": []}});
+        let (uid, p) = read_created_pod(&review("pods", None, "CREATE", pod.clone())).unwrap();
+        assert_eq!(uid, "u-1");
+        assert_eq!(p.unwrap().metadata.namespace.as_deref(), Some("ns"));
+        for (resource, sub, op) in [
+            ("pods", None, "UPDATE"),
+            ("pods", Some("binding"), "CREATE"),
+        ] {
+            let (_, p) = read_created_pod(&review(resource, sub, op, pod.clone())).unwrap();
+            assert!(p.is_none(), "{resource} {sub:?} {op}");
+        }
+        assert!(read_created_pod(b"{").is_err());
+
+        let patch = json!([{"op": "add", "path": "/a", "value": 1}]);
+        let r = respond_patched("u-1", Some(&patch), &[]);
+        assert_eq!(r["response"]["allowed"], true);
+        assert_eq!(r["response"]["patchType"], "JSONPatch");
+        let wire: k8s_openapi::ByteString =
+            serde_json::from_value(r["response"]["patch"].clone()).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&wire.0).unwrap(),
+            patch
+        );
+        let r = respond_patched("u-2", None, &["w".into()]);
+        assert!(r["response"].get("patch").is_none());
+        assert_eq!(r["response"]["warnings"][0], "w");
     }
 }

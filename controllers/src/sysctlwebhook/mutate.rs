@@ -1,0 +1,83 @@
+//! The gate webhook's endpoint, `/mutate/pod`: reads the AdmissionReview of a pod CREATE and
+//! answers with [`gate::gating`]'s patch. Served beside the validating endpoints, on the same
+//! listener and certificate; it needs no cache, so it answers before the watches have listed.
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State},
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::post,
+};
+
+use super::gate::{self, Gating};
+use super::review;
+use super::serve::Judge;
+
+/// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
+const BODY_LIMIT: usize = 4 << 20;
+
+pub fn router(judge: Arc<Judge>) -> Router {
+    Router::new()
+        .route("/mutate/pod", post(handle))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(judge)
+}
+
+/// `/mutate/pod`: reads the AdmissionReview, answers allowed with the gate's patch (or, under
+/// `--dry-run`, without it and with a warning that says so).
+pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
+    let start = std::time::Instant::now();
+    let count = |result: &str| {
+        judge
+            .metrics
+            .reviews
+            .with_label_values(&["gate", result])
+            .inc()
+    };
+    let (uid, pod) = match review::read_created_pod(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "webhook: unreadable request");
+            count("unreadable");
+            judge
+                .metrics
+                .errors
+                .with_label_values(&["unreadable"])
+                .inc();
+            return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
+        }
+    };
+    let gating = pod
+        .as_deref()
+        .map_or(Gating::Pass("not a pod CREATE"), gate::gating);
+    let what = pod
+        .as_deref()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata
+                    .name
+                    .as_deref()
+                    .or(p.metadata.generate_name.as_deref())
+                    .unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    let (patch, warnings, result) = super::apply::gate(gating, judge.dry_run, &what);
+    count(result);
+    judge
+        .metrics
+        .duration
+        .with_label_values(&["gate"])
+        .observe(start.elapsed().as_secs_f64());
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        review::respond_patched(&uid, patch.as_ref(), &warnings).to_string(),
+    )
+        .into_response()
+}
