@@ -61,7 +61,7 @@ impl Default for Limits {
             max_body: MAX_BODY,
             small_body: SMALL_BODY,
             small_in_flight: 64,
-            large_in_flight: 2,
+            large_in_flight: 1,
             queue_wait: Duration::from_secs(1),
         }
     }

@@ -24,7 +24,7 @@ use kube::Api;
 use super::apply::{self, Outcome};
 use super::cache::Cache;
 use super::decide::{PodView, decide, decide_unread};
-use super::limits::MAX_BODY;
+use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
 use groundskeeper_plumbing::cache::Health;
@@ -88,7 +88,24 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         )
             .into_response();
     }
-    let (uid, subject) = match review::read(&body) {
+    let read = if body.len() > SMALL_BODY {
+        // Parsing a large body takes milliseconds of CPU: off the async workers, so that the
+        // bindings answered meanwhile do not wait behind it.
+        match tokio::task::spawn_blocking(move || review::read(&body)).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook: reading a request failed");
+                return (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "reading the request failed\n",
+                )
+                    .into_response();
+            }
+        }
+    } else {
+        review::read(&body)
+    };
+    let (uid, subject) = match read {
         Ok(r) => r,
         Err(e) => {
             let e = ReviewError::from(e);
