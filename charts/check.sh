@@ -18,6 +18,7 @@ trap 'rm -rf "$out"' EXIT
 # pipeline under pipefail, at random (CI failed on the cert-manager check that way). `has`
 # reads everything.
 has() { grep "$@" >/dev/null; }
+fail() { echo "FAIL: $*"; exit 1; }
 
 "$helm" lint --strict "$chart"
 "$helm" lint --strict "$chart" -f "$all"
@@ -221,6 +222,34 @@ else
   echo "chart: own-node policy has no type-check verdict (kube-controller-manager writes it and none runs here); own_node_cluster.rs runs its CEL on this apiserver"
 fi
 echo "chart: helm install created the workloads, RBAC, CRD, the sysctl webhook and the own-node admission policy"
+# RBAC by name, acting as the controller-manager's ServiceAccount: get and update reach only its
+# own Lease and Secret; create, which RBAC can not name, is held to them by the own-objects
+# policy (its type too: never a ServiceAccount token Secret).
+as_cm() { "$kubectl" --as="system:serviceaccount:$ns:gk-groundskeeper-controller-manager" -n "$ns" "$@"; }
+lease() { printf 'apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: %s}\nspec: {}\n' "$1"; }
+secret() { printf 'apiVersion: v1\nkind: Secret\nmetadata: {name: %s, annotations: {kubernetes.io/service-account.name: default}}\ntype: %s\n' "$1" "$2"; }
+lease kube-scheduler | "$kubectl" -n "$ns" create -f - >/dev/null
+secret someone-elses Opaque | "$kubectl" -n "$ns" create -f - >/dev/null
+for verb in "get lease kube-scheduler" "get secret someone-elses" "annotate lease kube-scheduler x=y" "annotate secret someone-elses x=y" \
+  "delete lease kube-scheduler"; do
+  # shellcheck disable=SC2086
+  as_cm $verb >/dev/null 2>"$out/err" && fail "the controller-manager may $verb"
+  has -i forbidden "$out/err" || fail "$verb failed otherwise: $(cat "$out/err")"
+done
+# Creates what the generator (and its arguments) prints, as the controller-manager, dry run.
+try_create() { "$@" | as_cm create --dry-run=server -f - >/dev/null 2>"$out/err"; }
+refused() { ! try_create "$@" && has "may create only its own" "$out/err"; }
+# The policy takes effect once the apiserver has loaded it: wait (bounded) for the first refusal.
+for _ in $(seq 1 50); do refused lease kube-controller-manager && break; sleep 0.2; done
+for obj in "lease kube-controller-manager" "secret gk-groundskeeper-webhook-tls kubernetes.io/service-account-token" "secret other Opaque"; do
+  # shellcheck disable=SC2086
+  refused $obj || fail "the controller-manager may create $obj: $(cat "$out/err")"
+done
+try_create lease groundskeeper-controller-manager || fail "the controller-manager may not create its own Lease: $(cat "$out/err")"
+try_create secret gk-groundskeeper-webhook-tls Opaque || fail "the controller-manager may not create its own TLS Secret: $(cat "$out/err")"
+"$kubectl" -n "$ns" delete lease kube-scheduler >/dev/null
+"$kubectl" -n "$ns" delete secret someone-elses >/dev/null
+echo "chart: the controller-manager reads and writes only its own Lease and Secret, and creates no other (own-objects policy)"
 # Without the Prometheus Operator's CRDs, asking for its objects installs the rest and says so
 # (it failed on "no matches for kind ServiceMonitor" before).
 notes=$("$helm" upgrade gk "$chart" -n "$ns" --set metrics.serviceMonitor.enabled=true --set metrics.prometheusRule.enabled=true 2>&1) \

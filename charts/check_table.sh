@@ -128,9 +128,11 @@ controllerManager.podGC.enabled=false controllerManager.sysctlWebhook.enabled=fa
 nodeAgent.conntrack.enabled=false nodeAgent.sysctl.enabled=false|the node-agent would run on every node and do nothing
 nodeAgent.conntrack.enabled=false nodeAgent.sysctl.enabled=false nodeAgent.enabled=false|ok
 --api-versions=v1/Pod|this cluster serves no admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
---api-versions=v1/Pod nodeAgent.ownNodeOnly.enabled=false|ok
+--api-versions=v1/Pod controllerManager.ownObjectsOnly.enabled=false|nodeAgent.ownNodeOnly.enabled=true, but this cluster serves no
+--api-versions=v1/Pod nodeAgent.ownNodeOnly.enabled=false|controllerManager.ownObjectsOnly.enabled=true, but this cluster serves no
+--api-versions=v1/Pod nodeAgent.ownNodeOnly.enabled=false controllerManager.ownObjectsOnly.enabled=false|ok
 --api-versions=v1/Pod --api-versions=admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy|ok
---api-versions=v1/Pod nodeAgent.enabled=false|ok
+--api-versions=v1/Pod nodeAgent.enabled=false controllerManager.enabled=false|ok
 EOF
 # ServiceMonitor and PrometheusRule: rendered only where the cluster serves their CRDs; else
 # nothing, and NOTES say so.
@@ -221,4 +223,47 @@ echo "$msg" | has mode || fail "schema error does not name mode: $msg"
 limit=$(docs_of DaemonSet < "$out/t-default.yaml" | sed -n 's/^ *memory: \([0-9]*\)Mi$/\1/p' | sort -n | tail -n 1)
 [ "${limit:-0}" -ge 200 ] || fail "the node-agent's default memory limit (${limit:-none} Mi) is under 200 Mi: OOM-killed at 10k Services (see values.yaml)"
 
-echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset)"
+## RBAC by name: in the release namespace (kube-system, as values.yaml suggests, included) no
+## Role rule reads or writes Leases or Secrets without resourceNames (a compromised
+## controller-manager could otherwise take kube-scheduler's Lease or read every Secret there),
+## no ClusterRole of ours names them at all, and create, which can not take resourceNames, is
+## bounded by the chart's own-objects ValidatingAdmissionPolicy (check_cluster.sh proves it on an
+## apiserver).
+# "Kind: resources verbs" of each rule of a Role or ClusterRole that touches Leases or Secrets
+# by a verb that resourceNames can limit and does not name them.
+unnamed_grants() {
+  awk 'function flush() {
+      if (rule && res ~ /"(leases|secrets)"/ && ((kind == "Role" && verbs ~ /"(get|list|watch|update|patch|delete)"/ && !named) || kind == "ClusterRole"))
+        print kind ": " res " " verbs
+      rule = 0; res = ""; verbs = ""; named = 0
+    }
+    /^---/ { flush(); kind = ""; inrules = 0 }
+    /^kind: / { kind = $2 }
+    /^rules:/ { inrules = 1; next }
+    /^[a-z]/ { flush(); inrules = 0 }
+    inrules && /^  - / { flush(); rule = 1; sub(/^  - /, "    ") }
+    inrules && rule && /^    resources:/ { res = $0 }
+    inrules && rule && /^    resourceNames:/ { named = 1 }
+    inrules && rule && /^    verbs:/ { verbs = $0 }
+    END { flush() }'
+}
+for values in "" "-f $chart/ci/everything-on-values.yaml" "--set controllerManager.sysctlWebhook.certificates.source=cert-manager"; do
+  for ns in groundskeeper kube-system; do
+    # shellcheck disable=SC2086
+    bad=$("$helm" template gk "$chart" -n "$ns" $values | unnamed_grants)
+    [ -z "$bad" ] || fail "-n $ns $values: Leases or Secrets granted without resourceNames: $bad"
+  done
+done
+# The check itself catches what it is for (a rule as the chart had it: update on every Lease).
+printf 'kind: Role\nrules:\n  - apiGroups: ["coordination.k8s.io"]\n    resources: ["leases"]\n    verbs: ["get", "create", "update"]\n' \
+  | unnamed_grants | has leases || fail "unnamed_grants misses an unnamed Lease update"
+policy=$(render --show-only templates/controller-manager-own-objects.yaml)
+for want in "resources: \[\"leases\"\]" "resources: \[\"secrets\"\]" "variables.name == 'groundskeeper-controller-manager'" \
+  "variables.name == 'gk-groundskeeper-webhook-tls'" "system:serviceaccount:groundskeeper:gk-groundskeeper-controller-manager" \
+  "validationActions: \[Deny\]"; do
+  echo "$policy" | has -- "$want" || fail "the own-objects policy lacks: $want"
+done
+render --set controllerManager.ownObjectsOnly.enabled=false | names | has "^ValidatingAdmissionPolicy gk-groundskeeper-controller-manager-own-objects$" \
+  && fail "ownObjectsOnly.enabled=false still renders the own-objects policy"
+
+echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset, RBAC by name)"

@@ -99,12 +99,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // The webhook serves on every replica, leader or not: its own token, cancelled only once
     // the controllers have drained, so it answers for as long as the process is up.
     let webhook_token = tokio_util::sync::CancellationToken::new();
+    // Its pod lookups have a client of their own: what callers of the webhook port cause never
+    // spends the controllers' QPS budget.
+    let lookups = match cli.webhook.enabled {
+        true => Some(cli.common.kube.own_client("sysctl-webhook").await?),
+        false => None,
+    };
     let mut webhook = start_webhook(
         &cli,
         Context {
             base: process.base(cli.common.dry_run, webhook_token.clone()),
             leadership: leadership.clone(),
         },
+        lookups,
     );
     let ctx = Context {
         base: process.base(cli.common.dry_run, controllers_token.clone()),
@@ -199,12 +206,12 @@ fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
     )
 }
 
-fn start_webhook(cli: &Cli, ctx: Context) -> Tasks {
+fn start_webhook(cli: &Cli, ctx: Context, lookups: Option<kube::Client>) -> Tasks {
     let mut tasks = Tasks::default();
-    if cli.webhook.enabled {
+    if let Some(lookups) = lookups.filter(|_| cli.webhook.enabled) {
         tasks.spawn(
             "sysctlwebhook",
-            sysctlwebhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone()),
+            sysctlwebhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone(), lookups),
         );
     }
     tasks

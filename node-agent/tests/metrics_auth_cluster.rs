@@ -1,7 +1,8 @@
-//! `--metrics-auth=kubernetes` against a real apiserver: the node-agent
-//! serves `/metrics` only to a bearer token whose user RBAC allows `get` on the non-resource
-//! URL `/metrics` (TokenReview, then SubjectAccessReview), while `/healthz` and `/readyz` stay
-//! open for kubelet's probes.
+//! `--metrics-auth=kubernetes` against a real apiserver: the node-agent serves `/metrics` only
+//! to a bearer token whose user RBAC allows `get` on the non-resource URL `/metrics`
+//! (TokenReview, then SubjectAccessReview), while `/healthz` and `/readyz` stay open for
+//! kubelet's probes; and a flood of made-up tokens costs the apiserver only the agent's budget
+//! of checks, while the agent's watches and readiness carry on.
 
 use std::time::Duration;
 
@@ -14,7 +15,10 @@ use kube::{
     Api,
     api::{ObjectMeta, PostParams},
 };
-use testkit::{Binary, free_addr, unique_name, wait_ready};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use testkit::{Binary, free_addr, unique_name, wait_for, wait_ready};
 
 fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
     ObjectMeta {
@@ -57,6 +61,15 @@ async fn token_of(c: &testkit::Cluster, ns: &str, role: Option<&str>) -> anyhow:
 }
 
 async fn get(admin: std::net::SocketAddr, path: &str, token: Option<&str>) -> anyhow::Result<u16> {
+    Ok(get_body(admin, path, token).await?.0)
+}
+
+/// The status and body of a GET of `path`, with `token` as bearer when given.
+async fn get_body(
+    admin: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(admin).await?;
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
@@ -66,11 +79,12 @@ async fn get(admin: std::net::SocketAddr, path: &str, token: Option<&str>) -> an
     .await?;
     let mut out = String::new();
     s.read_to_string(&mut out).await?;
-    Ok(out
+    let code = out
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or(0))
+        .unwrap_or(0);
+    Ok((code, out))
 }
 
 #[tokio::test]
@@ -132,6 +146,211 @@ async fn metrics_only_to_callers_rbac_allows() -> anyhow::Result<()> {
         get(admin, "/metrics", Some(&allowed)).await?,
         200,
         "bound to the metrics reader role"
+    );
+    Ok(())
+}
+
+/// A made-up token shaped as a ServiceAccount token (a JWT), distinct for each `i`.
+fn made_up_token(i: usize) -> String {
+    // {"alg":"RS256","kid":"flood"} . {"sub":"flood-<i>"} . a signature of the right length
+    format!(
+        "eyJhbGciOiJSUzI1NiIsImtpZCI6ImZsb29kIn0.{}.{}",
+        base64url(format!("{{\"sub\":\"flood-{i}\"}}").as_bytes()),
+        "c2ln".repeat(86)
+    )
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, b| (n << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+        for i in 0..=chunk.len() {
+            out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// The value of `name` in a Prometheus text body.
+fn value(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// 2,000 distinct made-up JWT-shaped tokens from 50 clients at once: at most 100 TokenReviews
+/// reach the apiserver (counted in its audit log, and printed), `/readyz` answers 200
+/// throughout, a scraper allowed before the flood keeps reading `/metrics`, and the agent's
+/// pod watch stays current: a pod bound to its node during the flood is checked while the flood
+/// goes on. The TokenReviews come from the agent's own client for them (user agent
+/// `...; metrics-auth`), not the one its watches share.
+#[tokio::test]
+async fn a_flood_of_made_up_tokens_costs_only_the_budget() -> anyhow::Result<()> {
+    const TEST: &str = "a_flood_of_made_up_tokens_costs_only_the_budget";
+    let Some(c) = testkit::cluster(TEST).await else {
+        return Ok(());
+    };
+    let Some(cp) = c.control_plane else {
+        testkit::skipped(
+            TEST,
+            "counts TokenReviews in the test control plane's audit log",
+        );
+        return Ok(());
+    };
+    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+        .await?;
+    let ns = c
+        .namespace_for_pods("metrics-flood", Duration::from_secs(30))
+        .await?;
+    let node = unique_name("gk-metrics-flood");
+    c.create(&Node {
+        metadata: meta(&node, None),
+        ..Default::default()
+    })
+    .await?;
+    let reader = unique_name("metrics-reader");
+    c.create(&ClusterRole {
+        metadata: meta(&reader, None),
+        rules: Some(vec![PolicyRule {
+            non_resource_urls: Some(vec!["/metrics".into()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    })
+    .await?;
+    let scraper = token_of(&c, &ns, Some(&reader)).await?;
+    let instance = unique_name("node-agent-flood");
+    let admin = free_addr();
+    let admin_s = admin.to_string();
+    let _agent = Binary::start(
+        env!("CARGO_BIN_EXE_node-agent"),
+        "node-agent-metrics-flood",
+        &[
+            "--admin-addr",
+            &admin_s,
+            "--tasks=sysctl",
+            "--metrics-auth=kubernetes",
+        ],
+        &[
+            ("NODE_NAME", node.as_str()),
+            ("POD_NAME", instance.as_str()),
+        ],
+    )?;
+    wait_ready(admin, Duration::from_secs(60), "readyz").await?;
+    let checked = || async {
+        let (code, body) = get_body(admin, "/metrics", Some(&scraper)).await?;
+        anyhow::ensure!(code == 200, "the scraper got {code}");
+        Ok::<_, anyhow::Error>(
+            value(&body, "groundskeeper_sysctl_pods_checked_total").unwrap_or(0.0),
+        )
+    };
+    let before = checked().await?;
+
+    let flooding = Arc::new(AtomicBool::new(true));
+    let readyz_failures = Arc::new(AtomicUsize::new(0));
+    let readyz = {
+        let (flooding, failures) = (flooding.clone(), readyz_failures.clone());
+        tokio::spawn(async move {
+            let mut probes = 0;
+            while flooding.load(Ordering::SeqCst) {
+                if get(admin, "/readyz", None).await.unwrap_or(0) != 200 {
+                    failures.fetch_add(1, Ordering::SeqCst);
+                }
+                probes += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            probes
+        })
+    };
+    // Each client sends its 40 tokens, then again until the pod below has been seen: the
+    // flood is on all the while the watch is put to the test.
+    let seen = Arc::new(AtomicBool::new(false));
+    let statuses = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        u16,
+        usize,
+    >::new()));
+    let clients: Vec<_> = (0..50)
+        .map(|k| {
+            let (seen, statuses) = (seen.clone(), statuses.clone());
+            tokio::spawn(async move {
+                let tokens: Vec<String> = (0..40).map(|i| made_up_token(k * 40 + i)).collect();
+                let mut round = 0;
+                while round == 0 || !seen.load(Ordering::SeqCst) {
+                    for t in &tokens {
+                        let code = get(admin, "/metrics", Some(t)).await.unwrap_or(0);
+                        *statuses.lock().unwrap().entry(code).or_default() += 1;
+                    }
+                    round += 1;
+                }
+            })
+        })
+        .collect();
+    let mut pod = testkit::bound_pod(&ns, "bound-during-the-flood", &node);
+    pod.spec.as_mut().unwrap().security_context =
+        Some(testkit::sysctls(&["kernel.shm_rmid_forced"]));
+    let created = std::time::Instant::now();
+    c.create(&pod).await?;
+    wait_for(
+        Duration::from_secs(30),
+        "the agent to check the pod bound during the flood",
+        || async { Ok(checked().await? > before) },
+    )
+    .await?;
+    let lag = created.elapsed();
+    seen.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await?;
+    }
+    flooding.store(false, Ordering::SeqCst);
+    let probes = readyz.await?;
+    // The audit log is written as requests complete: give the last lines a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reviews: Vec<_> = testkit::audit::read(&cp.audit_log)?
+        .into_iter()
+        .filter(|e| e.object_ref.resource == "tokenreviews" && e.user_agent.contains(&instance))
+        .collect();
+    let statuses = statuses.lock().unwrap().clone();
+    println!(
+        "bench metrics_auth_flood_tokenreviews {} (bound 100; 2000 distinct tokens, answers {statuses:?})",
+        reviews.len()
+    );
+    println!(
+        "bench metrics_auth_flood_watch_lag_ms {} (a pod bound during the flood, checked by the agent)",
+        lag.as_millis()
+    );
+    assert!(
+        reviews.len() <= 100,
+        "{} TokenReviews reached the apiserver",
+        reviews.len()
+    );
+    assert!(
+        !reviews.is_empty(),
+        "no TokenReview counted: the audit log filter is wrong"
+    );
+    for e in &reviews {
+        assert!(
+            e.user_agent.ends_with("; metrics-auth)"),
+            "a TokenReview from another client: {}",
+            e.user_agent
+        );
+    }
+    assert_eq!(
+        readyz_failures.load(Ordering::SeqCst),
+        0,
+        "/readyz failed during the flood ({probes} probes)"
+    );
+    assert!(probes > 0);
+    assert_eq!(
+        statuses
+            .keys()
+            .copied()
+            .filter(|c| ![401, 429].contains(c))
+            .collect::<Vec<_>>(),
+        Vec::<u16>::new(),
+        "made-up tokens get 401 or 429 only: {statuses:?}"
     );
     Ok(())
 }

@@ -206,8 +206,13 @@ mod tests {
         server.await.unwrap().unwrap();
     }
 
-    /// An apiserver that knows two tokens: `reader` (a user allowed to get /metrics) and
-    /// `other` (one that is not); counts the reviews it answers.
+    /// Shaped as JWTs, as ServiceAccount tokens are.
+    const READER: &str = "eyJhbGciOiJSUzI1NiJ9.cmVhZGVy.c2lnbmF0dXJl";
+    const OTHER: &str = "eyJhbGciOiJSUzI1NiJ9.b3RoZXI.c2lnbmF0dXJl";
+    const FORGED: &str = "eyJhbGciOiJSUzI1NiJ9.Zm9yZ2Vk.c2lnbmF0dXJl";
+
+    /// An apiserver that knows two tokens: READER (a user allowed to get /metrics) and
+    /// OTHER (one that is not); counts the reviews it answers.
     fn reviewing_apiserver(
         reviews: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     ) -> kube::Client {
@@ -222,8 +227,8 @@ mod tests {
                         .unwrap();
                 let answer = if path.ends_with("/tokenreviews") {
                     let user = match body["spec"]["token"].as_str() {
-                        Some("reader") => Some("system:serviceaccount:monitoring:prometheus"),
-                        Some("other") => Some("system:serviceaccount:default:someone"),
+                        Some(READER) => Some("system:serviceaccount:monitoring:prometheus"),
+                        Some(OTHER) => Some("system:serviceaccount:default:someone"),
                         _ => None,
                     };
                     let mut r = body.clone();
@@ -265,19 +270,24 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             metrics::registry(),
             readiness,
-            Some(Delegated::new(reviewing_apiserver(reviews.clone()))),
+            Some(
+                Delegated::new(reviewing_apiserver(reviews.clone()), &metrics::registry()).unwrap(),
+            ),
             token.clone(),
         )
         .await
         .unwrap();
         let server = tokio::spawn(serve);
+        let bearer = |t: &str| format!("Authorization: Bearer {t}\r\n");
         for (headers, want) in [
-            ("", "HTTP/1.1 401"),
-            ("Authorization: Basic eDp5\r\n", "HTTP/1.1 401"),
-            ("Authorization: Bearer forged\r\n", "HTTP/1.1 401"),
-            ("Authorization: Bearer other\r\n", "HTTP/1.1 403"),
-            ("Authorization: Bearer reader\r\n", "HTTP/1.1 200"),
+            (String::new(), "HTTP/1.1 401"),
+            ("Authorization: Basic eDp5\r\n".into(), "HTTP/1.1 401"),
+            (bearer("forged"), "HTTP/1.1 401"),
+            (bearer(FORGED), "HTTP/1.1 401"),
+            (bearer(OTHER), "HTTP/1.1 403"),
+            (bearer(READER), "HTTP/1.1 200"),
         ] {
+            let headers = headers.as_str();
             let r = get_with(addr, "/metrics", headers).await;
             assert!(r.starts_with(want), "{headers:?}: {r}");
             assert_eq!(
@@ -294,7 +304,7 @@ mod tests {
         }
         let asked = reviews.load(std::sync::atomic::Ordering::SeqCst);
         for _ in 0..5 {
-            let r = get_with(addr, "/metrics", "Authorization: Bearer reader\r\n").await;
+            let r = get_with(addr, "/metrics", &bearer(READER)).await;
             assert!(r.starts_with("HTTP/1.1 200"));
         }
         assert_eq!(

@@ -140,9 +140,18 @@ impl KubeArgs {
     /// leading. The elector makes about one read and one write per retry period, so it needs
     /// no budget of its own.
     pub async fn lease_client(&self) -> Result<Client, ClientError> {
+        self.own_client("leader-election").await
+    }
+
+    /// A client with connections of its own and outside the process's token bucket, named
+    /// `what` in its user agent: for calls that a caller outside the process causes (the
+    /// webhook's pod lookups, the admin server's TokenReviews), which must neither spend the
+    /// controllers' budget nor wait behind it. Its caller bounds it with a
+    /// [`Budget`](crate::ratelimit::Budget) of its own.
+    pub async fn own_client(&self, what: &str) -> Result<Client, ClientError> {
         let mut config = self.config().await?;
-        set_user_agent(&mut config, "leader-election");
-        tracing::info!(server = %config.cluster_url, "leader election client");
+        set_user_agent(&mut config, what);
+        tracing::info!(server = %config.cluster_url, client = what, "API client of its own");
         self.build(config, None)
     }
 

@@ -10,6 +10,7 @@ pub mod duration;
 pub mod events;
 #[cfg(test)]
 mod events_tests;
+pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;

@@ -7,9 +7,13 @@
 //! any process that reaches a node's address could read what the metrics say about the node's
 //! pods and services. `/healthz`, `/livez` and `/readyz` stay open: kubelet's probes carry no
 //! token, and they reveal nothing.
+//!
+//! What a caller without credentials can cost: a token not shaped as a JWT is refused without
+//! an API call; checks of tokens not seen allowed before are held to a small budget (past it:
+//! 429, not asked), apart from the renewals of scrapers' verdicts; verdicts are cached, refusals
+//! briefly, allowed and refused in two least-recently-used maps of bounded size.
 
 use std::{
-    collections::HashMap,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -20,7 +24,10 @@ use k8s_openapi::api::{
     authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
 };
 use kube::{Api, api::PostParams};
+use prometheus::{IntCounterVec, Opts};
 use tokio::time::Instant;
+
+use crate::{lru::Lru, ratelimit::Budget};
 
 /// `--metrics-auth`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -35,45 +42,144 @@ pub enum MetricsAuth {
 /// allowed caller is checked again after this long, a refused one sooner.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const REFUSED_FOR: Duration = Duration::from_secs(10);
-/// Verdicts kept at most (tokens of scrapers: a handful); beyond it the cache starts over.
+/// Verdicts kept at most, allowed and refused apart, each evicting its least recently used:
+/// made-up tokens fill only the refusals and never push a scraper's verdict out.
 const CACHED_MAX: usize = 256;
+/// The longest token sent to the apiserver: ServiceAccount tokens are about 1 KiB, an OIDC
+/// token with many groups a few.
+const TOKEN_MAX: usize = 8192;
+/// Checks (a TokenReview, then a SubjectAccessReview when the token is accepted) of tokens not
+/// allowed before: what any caller of the port can make this process ask the apiserver.
+const FRESH_QPS: f32 = 1.0;
+const FRESH_BURST: u32 = 10;
+/// Checks of tokens allowed before whose verdict ran out: a scraper is checked again on a budget
+/// that made-up tokens can not spend.
+const RENEWAL_QPS: f32 = 1.0;
+const RENEWAL_BURST: u32 = 5;
 
 /// A refusal: the status to answer and why.
 pub type Refusal = (StatusCode, String);
 
-/// Each token's verdict, and until when it holds.
-type Verdicts = HashMap<String, (Instant, Result<(), Refusal>)>;
+struct Verdicts {
+    /// Until when each allowed token's verdict holds; kept after that (until evicted) to
+    /// know the token for the renewal budget.
+    allowed: Lru<String, Instant>,
+    refused: Lru<String, (Instant, Refusal)>,
+}
 
 /// Checks callers of `/metrics` against the apiserver.
 #[derive(Clone)]
 pub struct Delegated {
     client: kube::Client,
     verdicts: Arc<Mutex<Verdicts>>,
+    fresh: Budget,
+    renewals: Budget,
+    refused: IntCounterVec,
 }
 
+/// Every value of the `reason` label of `groundskeeper_metrics_auth_refused_total`.
+pub const REFUSED_REASONS: [&str; 6] = [
+    "no_token",
+    "malformed",
+    "over_budget",
+    "unauthenticated",
+    "forbidden",
+    "unavailable",
+];
+
 impl Delegated {
-    pub fn new(client: kube::Client) -> Self {
-        Self {
-            client,
-            verdicts: Arc::default(),
+    /// Checks with `client`, which should be a client of its own (`KubeArgs::own_client`): the
+    /// checks callers cause must not wait behind, or spend, the budget the watches share.
+    pub fn new(client: kube::Client, registry: &prometheus::Registry) -> prometheus::Result<Self> {
+        let refused = crate::metrics::registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_metrics_auth_refused_total",
+                    "Requests for /metrics refused (--metrics-auth=kubernetes), by reason: no_token, malformed \
+                     (not a JWT: not sent to the apiserver), over_budget (too many tokens to check: 429), \
+                     unauthenticated (401), forbidden (403), unavailable (the apiserver could not be asked: 503).",
+                ),
+                &["reason"],
+            ),
+        )?;
+        for r in REFUSED_REASONS {
+            refused.with_label_values(&[r]);
         }
+        Ok(Self {
+            client,
+            verdicts: Arc::new(Mutex::new(Verdicts {
+                allowed: Lru::new(CACHED_MAX),
+                refused: Lru::new(CACHED_MAX),
+            })),
+            fresh: Budget::new(FRESH_QPS, FRESH_BURST),
+            renewals: Budget::new(RENEWAL_QPS, RENEWAL_BURST),
+            refused,
+        })
     }
 
     /// Ok if the request's bearer token belongs to a user allowed to `get` `/metrics`; else
-    /// 401 (no token, or one the apiserver does not accept), 403 (not allowed), or 503 (the
+    /// 401 (no token, one not shaped as a JWT, or one the apiserver does not accept), 403 (not
+    /// allowed), 429 (more new tokens than the budget of checks allows: not asked), or 503 (the
     /// apiserver could not be asked: not cached, the next scrape asks again).
     pub async fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let verdict = self.verdict(headers).await;
+        if let Err((status, _)) = &verdict {
+            let reason = match *status {
+                StatusCode::FORBIDDEN => "forbidden",
+                StatusCode::TOO_MANY_REQUESTS => "over_budget",
+                StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+                _ => match bearer(headers) {
+                    None => "no_token",
+                    Some(t) if !jwt_shaped(t) => "malformed",
+                    Some(_) => "unauthenticated",
+                },
+            };
+            self.refused.with_label_values(&[reason]).inc();
+        }
+        verdict
+    }
+
+    async fn verdict(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         let Some(token) = bearer(headers) else {
             return Err((
                 StatusCode::UNAUTHORIZED,
                 "a bearer token is required (--metrics-auth=kubernetes)\n".into(),
             ));
         };
+        if !jwt_shaped(token) {
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                "the bearer token is not a JWT (a ServiceAccount token)\n".into(),
+            ));
+        }
         let now = Instant::now();
-        if let Some((until, verdict)) = self.lock().get(token)
-            && *until > now
-        {
-            return verdict.clone();
+        let known = {
+            let mut guard = self.lock();
+            let v = &mut *guard;
+            match v.allowed.get(token) {
+                Some(until) if *until > now => return Ok(()),
+                Some(_) => true,
+                None => {
+                    if let Some((until, refusal)) = v.refused.get(token)
+                        && *until > now
+                    {
+                        return Err(refusal.clone());
+                    }
+                    false
+                }
+            }
+        };
+        let budget = if known { &self.renewals } else { &self.fresh };
+        if !budget.try_take() {
+            tracing::debug!(
+                renewal = known,
+                "/metrics: over the budget of token checks, not asked"
+            );
+            return Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many tokens to check with the apiserver; retry later\n".into(),
+            ));
         }
         let verdict = match self.review(token).await {
             Ok(v) => v,
@@ -85,16 +191,18 @@ impl Delegated {
                 ));
             }
         };
-        let keep = if verdict.is_ok() {
-            ALLOWED_FOR
-        } else {
-            REFUSED_FOR
-        };
-        let mut verdicts = self.lock();
-        if verdicts.len() >= CACHED_MAX {
-            verdicts.clear();
+        let mut v = self.lock();
+        match &verdict {
+            Ok(()) => {
+                v.refused.remove(token);
+                v.allowed.put(token.to_string(), now + ALLOWED_FOR);
+            }
+            Err(refusal) => {
+                v.allowed.remove(token);
+                v.refused
+                    .put(token.to_string(), (now + REFUSED_FOR, refusal.clone()));
+            }
         }
-        verdicts.insert(token.to_string(), (now + keep, verdict.clone()));
         verdict
     }
 
@@ -158,9 +266,169 @@ impl Delegated {
     }
 }
 
+/// Shaped as a JWT (what ServiceAccount and OIDC tokens are): three non-empty base64url
+/// segments, at most [`TOKEN_MAX`] long. Anything else is refused without asking the apiserver,
+/// so a caller sending junk costs it nothing. (Static and bootstrap tokens are not JWTs: they
+/// can not read `/metrics`.)
+pub fn jwt_shaped(token: &str) -> bool {
+    let b64url = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    token.len() <= TOKEN_MAX && {
+        let parts: Vec<&str> = token.split('.').collect();
+        parts.len() == 3 && parts.iter().all(|p| b64url(p))
+    }
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = v.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    const HEADER: &str = "eyJhbGciOiJSUzI1NiIsImtpZCI6IngifQ";
+
+    fn jwt(payload: &str) -> String {
+        format!("{HEADER}.{payload}.c2lnbmF0dXJl")
+    }
+
+    #[test]
+    fn only_jwt_shaped_tokens_are_sent() {
+        let long = format!("{HEADER}.{}.sig", "a".repeat(TOKEN_MAX));
+        for (token, want) in [
+            (jwt("cGF5bG9hZA").as_str(), true),
+            ("a.b.c", true),
+            ("a-_9.B.c_", true),
+            ("abcdef.0123456789abcdef", false), // a bootstrap token
+            ("not-a-token", false),
+            ("a.b.c.d", false),
+            ("a..c", false),
+            (".b.c", false),
+            ("a.b.", false),
+            ("a.b=.c", false),
+            ("a.b+/.c", false),
+            ("a.b c.d", false),
+            ("a.b.ç", false),
+            (long.as_str(), false),
+        ] {
+            assert_eq!(jwt_shaped(token), want, "{token:.40}");
+        }
+    }
+
+    /// An apiserver that accepts `jwt("reader")` (allowed to get /metrics) and no other token,
+    /// counting the TokenReviews it answers.
+    fn apiserver(reviews: Arc<AtomicUsize>) -> kube::Client {
+        use kube::client::Body;
+        let service = tower::service_fn(move |req: http::Request<Body>| {
+            let reviews = reviews.clone();
+            async move {
+                let path = req.uri().path().to_string();
+                let body: serde_json::Value =
+                    serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
+                        .unwrap();
+                let mut r = body.clone();
+                if path.ends_with("/tokenreviews") {
+                    reviews.fetch_add(1, Ordering::SeqCst);
+                    r["status"] = if body["spec"]["token"] == jwt("reader") {
+                        serde_json::json!({"authenticated": true, "user": {"username": "reader"}})
+                    } else {
+                        serde_json::json!({"authenticated": false})
+                    };
+                } else {
+                    r["status"] = serde_json::json!({"allowed": true});
+                }
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Body::from(r.to_string().into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    fn headers(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        h
+    }
+
+    /// A flood of made-up tokens, each new: the apiserver is asked within the budget only, the
+    /// rest answered 429 unasked; junk is never sent; the scraper's verdict survives the flood
+    /// in the cache, and once it runs out it is renewed on its own budget mid-flood.
+    #[tokio::test(start_paused = true)]
+    async fn made_up_tokens_cost_the_budget_and_no_scraper_its_verdict() {
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let auth =
+            Delegated::new(apiserver(reviews.clone()), &prometheus::Registry::new()).unwrap();
+        let reader = headers(&jwt("reader"));
+        assert_eq!(auth.check(&reader).await, Ok(()));
+        assert_eq!(reviews.load(Ordering::SeqCst), 1);
+
+        let flood = |from: usize| {
+            let auth = auth.clone();
+            async move {
+                let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+                for i in from..from + 2000 {
+                    let token = jwt(&format!("Ym9ndXM{i}"));
+                    let status = auth.check(&headers(&token)).await.unwrap_err().0;
+                    *statuses.entry(status.as_u16()).or_default() += 1;
+                }
+                statuses
+            }
+        };
+        let statuses = flood(0).await;
+        let asked = reviews.load(Ordering::SeqCst) - 1;
+        // The reader's first check took one of the burst.
+        assert_eq!(asked, FRESH_BURST as usize - 1, "{statuses:?}");
+        assert_eq!(statuses.get(&401), Some(&asked), "{statuses:?}");
+        assert_eq!(statuses.get(&429), Some(&(2000 - asked)), "{statuses:?}");
+        for junk in ["junk", "a.b", "a.b.c.d"] {
+            assert_eq!(
+                auth.check(&headers(junk)).await.unwrap_err().0,
+                StatusCode::UNAUTHORIZED
+            );
+        }
+        assert_eq!(
+            reviews.load(Ordering::SeqCst),
+            1 + asked,
+            "junk is not sent"
+        );
+        assert_eq!(
+            auth.check(&reader).await,
+            Ok(()),
+            "cached through the flood"
+        );
+        assert_eq!(reviews.load(Ordering::SeqCst), 1 + asked);
+        // A refusal is remembered: the same made-up token again costs nothing.
+        let bogus = headers(&jwt("Ym9ndXM0"));
+        assert_eq!(
+            auth.check(&bogus).await.unwrap_err().0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(reviews.load(Ordering::SeqCst), 1 + asked);
+
+        // The reader's verdict runs out while the flood goes on: it is checked again.
+        tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
+        flood(10_000).await;
+        let before = reviews.load(Ordering::SeqCst);
+        assert_eq!(auth.check(&reader).await, Ok(()), "renewed mid-flood");
+        assert_eq!(reviews.load(Ordering::SeqCst), before + 1);
+        let refused = |r: &str| auth.refused.with_label_values(&[r]).get();
+        assert_eq!(refused("malformed"), 3);
+        assert!(refused("over_budget") >= 2000 - FRESH_BURST as u64);
+    }
 }

@@ -178,7 +178,12 @@ impl Process {
         let (client, unretried_client) = kube.clients().await?;
         let auth = match args.admin.metrics_auth {
             MetricsAuth::None => None,
-            MetricsAuth::Kubernetes => Some(Delegated::new(client.clone())),
+            // A client of its own: the checks callers cause neither spend nor wait behind
+            // the budget the watches share.
+            MetricsAuth::Kubernetes => Some(Delegated::new(
+                kube.own_client("metrics-auth").await?,
+                &registry,
+            )?),
         };
         let (admin_addr, serve) = admin::bind(
             admin_addr,

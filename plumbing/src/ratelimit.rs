@@ -44,6 +44,47 @@ impl TokenBucket {
             Duration::from_secs_f64(-self.tokens / self.qps)
         }
     }
+
+    /// Takes a token if one is there now; never waits and takes nothing otherwise. For a caller
+    /// that has a cheaper answer than waiting (a budget of its own that refuses when spent).
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A [`TokenBucket`] shared by clones, that refuses instead of waiting: the budget of calls a
+/// caller without credentials can cause (the webhook's pod lookups, the admin server's
+/// TokenReviews). `qps <= 0` means unlimited.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    bucket: Option<Arc<Mutex<TokenBucket>>>,
+}
+
+impl Budget {
+    pub fn new(qps: f32, burst: u32) -> Self {
+        Self {
+            bucket: (qps > 0.0).then(|| Arc::new(Mutex::new(TokenBucket::new(qps, burst)))),
+        }
+    }
+
+    /// Whether one more call fits in the budget now (and counts it when it does).
+    pub fn try_take(&self) -> bool {
+        match &self.bucket {
+            None => true,
+            Some(b) => b
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .try_take(Instant::now()),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -150,6 +191,23 @@ mod tests {
         }
         // One from the burst, five more at 5 qps: one second.
         assert_eq!(start.elapsed(), Duration::from_secs(1));
+    }
+
+    /// The budget never goes below zero: a refused call costs nothing, so once the flood stops
+    /// the next call is allowed after one token period, however many were refused.
+    #[tokio::test(start_paused = true)]
+    async fn budget_refuses_without_debt() {
+        let budget = Budget::new(10.0, 3);
+        let taken = (0..1000).filter(|_| budget.try_take()).count();
+        assert_eq!(taken, 3, "the burst, then refusals");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(budget.try_take(), "one token period later");
+        assert!(!budget.try_take());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let taken = (0..1000).filter(|_| budget.try_take()).count();
+        assert_eq!(taken, 3, "refilled to the burst, never above");
+        let unlimited = Budget::new(0.0, 1);
+        assert!((0..1000).all(|_| unlimited.try_take()));
     }
 
     #[test]

@@ -130,9 +130,7 @@ pub fn decide(
         // Without the node's labels its policy is unknown; a binding denied now is retried by
         // the scheduler once the node is in the cache. Where nothing in the cluster enforces,
         // no verdict could deny, so nothing is held up.
-        let enforcing = args.sysctl_default_mode == Mode::Enforce
-            || policies.iter().any(|p| p.spec.mode == Mode::Enforce);
-        if !enforcing {
+        if !anything_enforces(args, policies) {
             return Decision::Allow;
         }
         return Decision::Deny {
@@ -172,6 +170,40 @@ pub fn decide(
             ),
         },
     }
+}
+
+/// The decision for a binding whose pod was not read (not cached, and the webhook's budget of
+/// pod lookups is spent: see `serve.rs`). Fail safe without the pod: where no verdict could
+/// deny (the node audits; or, for a node not known, nothing in the cluster enforces) the
+/// binding is allowed, as the pod's sysctls would be; where the node enforces it is denied,
+/// since the pod might set a forbidden sysctl. A denied binding costs the pod a retry: the
+/// scheduler binds it again with backoff, and by then the watch has usually delivered it.
+pub fn decide_unread(
+    args: &PolicyArgs,
+    pod: &str,
+    node_name: &str,
+    node: Option<&NodeFacts>,
+    policies: &[&SysctlPolicy],
+) -> Decision {
+    let enforcing = match node {
+        Some(node) => policy_of(args, node, policies).mode == Mode::Enforce,
+        None => anything_enforces(args, policies),
+    };
+    if !enforcing {
+        return Decision::Allow;
+    }
+    Decision::Deny {
+        message: format!(
+            "pod {pod} could not be read (the sysctl webhook is over its budget of API lookups) \
+             and node {node_name:?} enforces its sysctl policy; the binding is retried"
+        ),
+    }
+}
+
+/// Whether any node could enforce: the default mode, or any SysctlPolicy.
+fn anything_enforces(args: &PolicyArgs, policies: &[&SysctlPolicy]) -> bool {
+    args.sysctl_default_mode == Mode::Enforce
+        || policies.iter().any(|p| p.spec.mode == Mode::Enforce)
 }
 
 /// The policy of a known node, by the rules of its own kubelet version.
@@ -350,6 +382,44 @@ mod tests {
                 panic!("{name}: not denied")
             };
             assert!(message.contains(r#"node "n1" is not known"#), "{message}");
+        }
+    }
+
+    /// Over every shared case, a binding judged without its pod: never allowed where the pod,
+    /// had it been read, could have been denied, and never denied where nothing on the node
+    /// could deny (for a node known or not).
+    #[test]
+    fn unread_pods_fail_safe() {
+        for case in cases::cases() {
+            let policies = case.policies();
+            let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+            let args = case.args();
+            for n in [None, Some(node(&case))] {
+                let unread = decide_unread(&args, "ns/p", "n1", n.as_ref(), &refs);
+                let read = run(&case, &view(&case), n.as_ref());
+                let what = format!("case {:?}, node known: {}", case.name, n.is_some());
+                if matches!(read, Decision::Deny { .. }) {
+                    assert!(
+                        matches!(unread, Decision::Deny { .. }),
+                        "{what}: {unread:?}"
+                    );
+                }
+                let node_enforces = match &n {
+                    Some(n) => policy_of(&args, n, &refs).mode == Mode::Enforce,
+                    None => anything_enforces(&args, &refs),
+                };
+                assert_eq!(
+                    matches!(unread, Decision::Deny { .. }),
+                    node_enforces,
+                    "{what}: {unread:?}"
+                );
+                if let Decision::Deny { message } = unread {
+                    assert!(
+                        message.contains("could not be read") && message.contains("\"n1\""),
+                        "{what}: {message}"
+                    );
+                }
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The webhook's Prometheus metrics.
 //!
-//! Reviews answered (by subject and result), how long they took, the served certificate's
-//! expiry, and the certificate steps taken.
+//! Reviews answered (by subject and result), how long they took, what the server's limits
+//! refused, the served certificate's expiry, and the certificate steps taken.
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
@@ -14,6 +14,9 @@ pub struct Metrics {
     pub certificate_steps: IntCounterVec,
     /// `error`: [`ReviewError::metric_label`](super::serve::ReviewError::metric_label).
     pub errors: IntCounterVec,
+    /// `reason`: one of [`REFUSED_REASONS`](super::limits::REFUSED_REASONS).
+    pub refused: IntCounterVec,
+    pub connections: IntGauge,
 }
 
 impl Metrics {
@@ -75,12 +78,48 @@ impl Metrics {
                 &["error"],
             ),
         )?;
+        let refused = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_webhook_refused_total",
+                    "Connections and requests the webhook server cut short at one of its limits, by reason: \
+                     body_too_large (413), busy (429: too many requests in flight), body_timeout (408), \
+                     answer_timeout (503), header_timeout (headers not sent in time, or a connection idle too \
+                     long), handshake_timeout, lookup_budget (a binding judged without its pod: the webhook's \
+                     budget of pod lookups was spent).",
+                ),
+                &["reason"],
+            ),
+        )?;
+        for reason in super::limits::REFUSED_REASONS {
+            refused.with_label_values(&[reason]);
+        }
+        let connections = registered(
+            registry,
+            IntGauge::new(
+                "groundskeeper_sysctl_webhook_connections",
+                "Connections open to the webhook server (after their TLS handshake).",
+            ),
+        )?;
         Ok(Self {
+            refused,
+            connections,
             errors,
             reviews,
             duration,
             certificate_expiry,
             certificate_steps,
         })
+    }
+}
+
+impl Metrics {
+    /// What the server and its listener count.
+    pub fn counters(&self) -> super::limits::Counters {
+        super::limits::Counters {
+            refused: self.refused.clone(),
+            connections: self.connections.clone(),
+        }
     }
 }

@@ -14,11 +14,15 @@ pub mod cache;
 pub mod certs;
 pub mod decide;
 pub mod gate;
+pub mod limits;
 pub mod metrics;
 pub mod mutate;
 pub mod review;
 pub mod rotation;
 pub mod serve;
+pub mod server;
+#[cfg(test)]
+mod server_tests;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -27,16 +31,21 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::StreamExt;
-use groundskeeper_plumbing::{cache::Shared, client::parse_duration};
+use groundskeeper_plumbing::{
+    cache::Shared,
+    client::{parse_duration, parse_qps},
+    ratelimit::Budget,
+};
 use groundskeeper_sysctl::args::PolicyArgs;
 
 use crate::context::Context;
 use apply::KubeWrites;
 use cache::{COMPONENT, Change, Own};
 use certs::{CertTask, Source, TICK};
+use limits::Limits;
 use metrics::Metrics;
 use rotation::Timing;
-use serve::Judge;
+use serve::{Judge, Lookups};
 use tls::{Certificates, TlsListener};
 
 #[derive(Args, Debug, Clone)]
@@ -99,6 +108,17 @@ pub struct WebhookArgs {
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
     pub webhook_cert_validity: Duration,
 
+    /// Pod reads per second the webhook may make (a binding whose pod its watch has not
+    /// delivered yet), on a client of their own, apart from --kube-api-qps. Past it, such a
+    /// binding is judged without the pod: allowed where the node can not enforce, denied (and
+    /// retried by the scheduler) where it can. <= 0: unlimited.
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_LOOKUP_QPS", default_value_t = 5.0, value_parser = parse_qps)]
+    pub webhook_lookup_qps: f32,
+
+    /// Pod reads allowed in a burst above --webhook-lookup-qps.
+    #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_LOOKUP_BURST", default_value_t = 10)]
+    pub webhook_lookup_burst: u32,
+
     /// How long a renewed CA is in the caBundles before its certificate is served (for the
     /// apiserver to load the new bundle). Hidden: for tests of rotation.
     #[arg(long, env = "GROUNDSKEEPER_WEBHOOK_CERT_GRACE", default_value = "30s", value_parser = parse_duration, hide = true)]
@@ -135,8 +155,14 @@ impl WebhookArgs {
     }
 }
 
-/// Serves the webhook until the context's token is cancelled.
-pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow::Result<()> {
+/// Serves the webhook until the context's token is cancelled; `lookups` is the client of its
+/// pod reads (see [`Lookups`]).
+pub async fn run(
+    ctx: Context,
+    args: WebhookArgs,
+    policy: PolicyArgs,
+    lookups: kube::Client,
+) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let base = &ctx.base;
     let metrics = Metrics::register(&base.registry)?;
@@ -154,31 +180,37 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
     let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
+    let limits = Limits::default();
     let listener = TlsListener::bind(
         args.webhook_addr,
         tls::server_config(certs.clone())?,
+        &limits,
+        metrics.counters(),
         base.token.clone(),
     )
     .await?;
-    tracing::info!(addr = %axum::serve::Listener::local_addr(&listener)?, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(addr = %listener.local_addr(), certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
 
     let judge = Arc::new(Judge {
         args: policy,
         dry_run: base.dry_run,
         cache: cache.clone(),
         health: health.clone(),
-        client: base.client.clone(),
+        lookups: Lookups {
+            client: lookups,
+            budget: Budget::new(args.webhook_lookup_qps, args.webhook_lookup_burst),
+        },
         metrics: metrics.clone(),
     });
-    let stop = base.token.clone();
-    let server = tokio::spawn(
-        axum::serve(
-            listener,
-            serve::router(judge.clone()).merge(mutate::router(judge)),
-        )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .into_future(),
+    let router = server::limited(
+        serve::router(judge.clone()).merge(mutate::router(judge)),
+        &limits,
+        metrics.counters(),
     );
+    let server = tokio::spawn({
+        let (counters, token) = (metrics.counters(), base.token.clone());
+        async move { server::serve(listener, router, &limits, counters, token).await }
+    });
     let listed = health.clone();
     let task = CertTask::new(
         args.webhook_certificates,
@@ -208,7 +240,7 @@ pub async fn run(ctx: Context, args: WebhookArgs, policy: PolicyArgs) -> anyhow:
             _ = tick.tick() => task.reconcile().await,
         }
     }
-    server.await??;
+    server.await?;
     tracing::info!("sysctl webhook stopped");
     Ok(())
 }

@@ -80,11 +80,12 @@ pub fn read(body: &[u8]) -> Result<(String, Subject), Unreadable> {
     let r = review
         .request
         .ok_or_else(|| Unreadable("no request".into()))?;
-    let subject = subject(&r)?;
-    Ok((r.uid, subject))
+    let uid = r.uid.clone();
+    Ok((uid, subject(r)?))
 }
 
-fn subject(r: &Request) -> Result<Subject, Unreadable> {
+/// Takes the request whole: the object (up to the webhook's body limit) is moved, never copied.
+fn subject(r: Request) -> Result<Subject, Unreadable> {
     let sub = r.sub_resource.as_deref().unwrap_or_default();
     // POST .../bindings binds a pod exactly as POST .../pods/NAME/binding does.
     let sub = match (r.resource.resource.as_str(), sub) {
@@ -104,7 +105,6 @@ fn subject(r: &Request) -> Result<Subject, Unreadable> {
     }
     let object = r
         .object
-        .clone()
         .ok_or_else(|| Unreadable("a CREATE without an object".into()))?;
     match sub {
         "binding" => {
@@ -115,11 +115,7 @@ fn subject(r: &Request) -> Result<Subject, Unreadable> {
                 .name
                 .ok_or_else(|| Unreadable("a Binding without a name".into()))?;
             Ok(Subject::Binding {
-                namespace: b
-                    .metadata
-                    .namespace
-                    .or_else(|| r.namespace.clone())
-                    .unwrap_or_default(),
+                namespace: b.metadata.namespace.or(r.namespace).unwrap_or_default(),
                 name,
                 uid: b.metadata.uid.filter(|u| !u.is_empty()),
                 node: b.target.name.unwrap_or_default(),
@@ -129,7 +125,7 @@ fn subject(r: &Request) -> Result<Subject, Unreadable> {
             let mut pod: Pod = serde_json::from_value(object)
                 .map_err(|e| Unreadable(format!("the object is not a Pod: {e}")))?;
             if pod.metadata.namespace.is_none() {
-                pod.metadata.namespace = r.namespace.clone();
+                pod.metadata.namespace = r.namespace;
             }
             match pod
                 .spec

@@ -23,21 +23,30 @@ use kube::Api;
 
 use super::apply::{self, Outcome};
 use super::cache::Cache;
-use super::decide::{PodView, decide};
+use super::decide::{PodView, decide, decide_unread};
+use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
+use groundskeeper_plumbing::ratelimit::Budget;
 
-/// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
-const BODY_LIMIT: usize = 4 << 20;
+/// The webhook's live reads of pods (a binding whose pod the cache does not have yet): a
+/// client of their own, outside the token bucket the controllers share, and a budget of their
+/// own. Anyone who reaches the port can send bindings of pods that do not exist; what that
+/// costs the apiserver is this budget per replica, and it never delays PodGC or ServiceCIDR.
+#[derive(Clone)]
+pub struct Lookups {
+    pub client: kube::Client,
+    pub budget: Budget,
+}
 
 pub struct Judge {
     pub args: PolicyArgs,
     pub dry_run: bool,
     pub cache: Shared<Cache>,
     pub health: Health,
-    pub client: kube::Client,
+    pub lookups: Lookups,
     pub metrics: Metrics,
 }
 
@@ -65,7 +74,7 @@ pub fn router(judge: Arc<Judge>) -> Router {
     Router::new()
         .route("/validate/binding", post(handle))
         .route("/validate/pod", post(handle))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(judge)
 }
 
@@ -79,7 +88,24 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         )
             .into_response();
     }
-    let (uid, subject) = match review::read(&body) {
+    let read = if body.len() > SMALL_BODY {
+        // Parsing a large body takes milliseconds of CPU: off the async workers, so that the
+        // bindings answered meanwhile do not wait behind it.
+        match tokio::task::spawn_blocking(move || review::read(&body)).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook: reading a request failed");
+                return (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "reading the request failed\n",
+                )
+                    .into_response();
+            }
+        }
+    } else {
+        review::read(&body)
+    };
+    let (uid, subject) = match read {
         Ok(r) => r,
         Err(e) => {
             let e = ReviewError::from(e);
@@ -157,10 +183,25 @@ impl Judge {
             } => {
                 let key = (namespace.clone(), name.clone());
                 let cached = self.cache.lock().pending.get(&key).cloned();
+                let pod = format!("{namespace}/{name}");
                 let view = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
                     Some(v) => v,
-                    // Not seen by the watch yet (or another pod of the same name): read it.
-                    None => match Api::<Pod>::namespaced(self.client.clone(), &namespace)
+                    // Not seen by the watch yet (or another pod of the same name): read it,
+                    // within the budget; past it, judge without the pod, failing safe.
+                    None if !self.lookups.budget.try_take() => {
+                        self.metrics
+                            .refused
+                            .with_label_values(&["lookup_budget"])
+                            .inc();
+                        let decision = {
+                            let c = self.cache.lock();
+                            let policies: Vec<&SysctlPolicy> = c.policies.values().collect();
+                            decide_unread(&self.args, &pod, &node, c.nodes.get(&node), &policies)
+                        };
+                        let what = format!("pod {pod} onto node {node} (not read: over budget)");
+                        return Ok(apply::answer(decision, self.dry_run, &what));
+                    }
+                    None => match Api::<Pod>::namespaced(self.lookups.client.clone(), &namespace)
                         .get_opt(&name)
                         .await?
                     {
@@ -169,7 +210,7 @@ impl Judge {
                         None => PodView::default(),
                     },
                 };
-                (format!("{namespace}/{name}"), view, node)
+                (pod, view, node)
             }
         };
         let decision = {
@@ -206,7 +247,10 @@ mod tests {
             dry_run: false,
             cache: Shared::default(),
             health: Health::new([]),
-            client: mock.client(),
+            lookups: Lookups {
+                client: mock.client(),
+                budget: Budget::new(0.0, 1),
+            },
             metrics: Metrics::register(&prometheus::Registry::new()).unwrap(),
         }
     }
@@ -236,6 +280,39 @@ mod tests {
             .map(|l| (l, j.metrics.errors.with_label_values(&[l]).get()))
             .filter(|(_, n)| *n > 0)
             .collect()
+    }
+
+    /// A binding of a pod not cached, with the lookup budget spent: answered without asking
+    /// the apiserver, denied where the node could enforce (an unknown node under a default of
+    /// Enforce), allowed where nothing could deny; counted as `lookup_budget`.
+    #[tokio::test]
+    async fn over_its_lookup_budget_a_binding_is_judged_without_its_pod() {
+        for (mode, allowed) in [(Mode::Enforce, false), (Mode::Audit, true)] {
+            let mock = Mock::answering(&[]);
+            let mut j = judge(&mock);
+            j.args.sysctl_default_mode = mode;
+            j.lookups.budget = Budget::new(0.001, 1);
+            assert!(j.lookups.budget.try_take(), "the one token, spent");
+            let j = Arc::new(j);
+            let r = handle(State(j.clone()), binding()).await;
+            assert_eq!(r.status(), StatusCode::OK, "{mode:?}");
+            let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+            let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(review["response"]["allowed"], allowed, "{mode:?}: {review}");
+            assert!(mock.calls().is_empty(), "{mode:?}: {:?}", mock.calls());
+            let refused = j
+                .metrics
+                .refused
+                .with_label_values(&["lookup_budget"])
+                .get();
+            assert_eq!(refused, 1, "{mode:?}");
+        }
+        // Within the budget the pod is read (and the apiserver's failure is the answer's).
+        let mock = Mock::answering(&[500]);
+        let j = Arc::new(judge(&mock));
+        let r = handle(State(j.clone()), binding()).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(mock.calls().len(), 1, "{:?}", mock.calls());
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! TLS for the webhook server: the certificate every replica serves, swapped in place when its
-//! Secret changes, and a listener that hands axum connections whose handshake is done.
+//! Secret changes, and a listener that hands over connections whose handshake is done, with
+//! the connections and handshakes in progress capped.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -9,12 +10,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_util::sync::CancellationToken;
 
-/// A handshake not done in this time is dropped, so a stalled client holds nothing for long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use super::limits::{Counters, Limits};
 
 /// The certificate served, replaced whole when the Secret changes; none until it is loaded,
 /// and then handshakes fail (the replica is not ready meanwhile).
@@ -74,18 +74,31 @@ pub fn server_config(certs: Arc<Certificates>) -> Result<Arc<ServerConfig>, rust
     Ok(Arc::new(config))
 }
 
-/// Connections whose TLS handshake succeeded, for `axum::serve`.
+/// A connection whose TLS handshake succeeded, and its slot among the connections allowed
+/// (freed when the connection is dropped).
+pub struct Accepted {
+    pub tls: TlsStream<TcpStream>,
+    pub peer: SocketAddr,
+    pub slot: OwnedSemaphorePermit,
+}
+
+/// Connections whose TLS handshake succeeded.
 pub struct TlsListener {
-    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    handshaken: mpsc::Receiver<Accepted>,
     local: SocketAddr,
 }
 
 impl TlsListener {
-    /// Binds `addr` now (a port clash fails start-up) and accepts until `token` is cancelled,
-    /// each handshake in its own task so a slow client does not hold the others up.
+    /// Binds `addr` now (a port clash fails start-up) and accepts until `token` is cancelled:
+    /// up to `limits.connections` open at once and `limits.handshakes` handshaking, each
+    /// handshake in its own task (so a slow client holds up no other) and dropped after
+    /// `limits.handshake_timeout`. At either cap, accepting waits: new connections queue in
+    /// the kernel's backlog, costing this process nothing.
     pub async fn bind(
         addr: SocketAddr,
         config: Arc<ServerConfig>,
+        limits: &Limits,
+        counters: Counters,
         token: CancellationToken,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await.map_err(|e| {
@@ -97,8 +110,21 @@ impl TlsListener {
         let local = listener.local_addr()?;
         let (tx, handshaken) = mpsc::channel(64);
         let acceptor = TlsAcceptor::from(config);
+        let connections = Arc::new(Semaphore::new(limits.connections));
+        let handshakes = Arc::new(Semaphore::new(limits.handshakes));
+        let handshake_timeout = limits.handshake_timeout;
         tokio::spawn(async move {
             loop {
+                // The semaphores are never closed: acquiring fails only if they were.
+                let slots = async {
+                    let slot = connections.clone().acquire_owned().await.ok()?;
+                    let handshake = handshakes.clone().acquire_owned().await.ok()?;
+                    Some((slot, handshake))
+                };
+                let (slot, handshake) = tokio::select! {
+                    _ = token.cancelled() => return,
+                    s = slots => match s { Some(s) => s, None => return },
+                };
                 let (tcp, peer) = tokio::select! {
                     _ = token.cancelled() => return,
                     r = listener.accept() => match r {
@@ -110,37 +136,35 @@ impl TlsListener {
                         }
                     },
                 };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                let (acceptor, tx, counters) = (acceptor.clone(), tx.clone(), counters.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    let shaken =
+                        tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
+                    drop(handshake);
+                    match shaken {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
+                            let _ = tx.send(Accepted { tls, peer, slot }).await;
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed")
                         }
-                        Err(_) => tracing::debug!(%peer, "webhook: TLS handshake timed out"),
+                        Err(_) => {
+                            counters.refused("handshake_timeout");
+                            tracing::debug!(%peer, "webhook: TLS handshake timed out")
+                        }
                     }
                 });
             }
         });
         Ok(Self { handshaken, local })
     }
-}
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.handshaken.recv().await {
-            Some(c) => c,
-            // The accept loop ended (shutdown): nothing more will come.
-            None => std::future::pending().await,
-        }
+    /// The next connection; None once accepting has stopped (shutdown).
+    pub async fn accept(&mut self) -> Option<Accepted> {
+        self.handshaken.recv().await
     }
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 }
