@@ -26,12 +26,14 @@ Y
 
 # UIDs of every pod on NODES (namespace/name=uid), to prove afterwards that none was touched.
 pods_on() { # node...
-  local n
-  # Pods already being deleted (a namespace of an earlier test going) are not the live nodes'.
+  local n going
+  # Pods already being deleted, or in a namespace being deleted (an earlier test's), are not
+  # the live nodes' to keep.
+  going=$(k get namespaces -o jsonpath='{range .items[?(@.status.phase=="Terminating")]}{.metadata.name}{"\n"}{end}')
   for n in "$@"; do
     k get pods -A --field-selector "spec.nodeName=$n" \
       -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.namespace}}/{{.metadata.name}}={{.metadata.uid}}{{"\n"}}{{end}}{{end}}'
-  done | sort
+  done | sort | grep -v -F -f <(echo "$going" | grep . | sed 's|$|/|') || true
 }
 
 # Fails naming every pod of BEFORE (pods_on output) that is gone or was replaced.
@@ -77,6 +79,7 @@ restore_nodes() {
   k uncordon $(all_nodes) >/dev/null 2>&1 || true
   k taint node --all node.kubernetes.io/out-of-service- >/dev/null 2>&1 || true
   k label node --all e2e-sysctl- >/dev/null 2>&1 || true
+  k delete sysctlpolicy e2e-strict e2e-cut e2e-failclosed --ignore-not-found >/dev/null 2>&1 || true
 }
 
 # Waits until every node is Ready and the node-agent runs Ready on each: the state the next
@@ -551,6 +554,7 @@ test_multinode_sysctl_enforce_with_a_replica_cut_off() {
 # Every webhook replica down (the Deployment scaled to 0): a pod that sets a forbidden sysctl
 # runs on no node, and every other pod schedules as if groundskeeper were not installed.
 test_multinode_sysctl_fail_closed_every_replica_down() {
+  trap restore_nodes EXIT
   local ns i n=10 m=10 ran_n=0 scheduled p deploy=$RELEASE-groundskeeper-controller-manager
   ns=$(new_namespace failclosed)
   enforce_policy e2e-failclosed '["kernel.shm_rmid_forced"]'

@@ -62,6 +62,8 @@ test_sysctl_allowed_sysctl_runs_under_enforce() {
 test_sysctl_enforce_measured() {
   local ns i n=0 ran_n=0 failed_started=0
   ns=$(new_namespace sysctl-enforce)
+  # The policy goes with the test, pass or fail: it would forbid kernel.msgmax everywhere after.
+  trap 'kubectl delete sysctlpolicy e2e-enforce --ignore-not-found >/dev/null 2>&1' EXIT
   enforce_policy e2e-enforce '["kernel.shm_rmid_forced"]'
   sleep 2
   for i in $(seq 1 10); do sysctl_pod "$ns" "paced-$i" kernel.msgmax | k apply -f - >/dev/null; n=$((n + 1)); sleep 1; done
