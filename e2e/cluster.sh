@@ -690,7 +690,7 @@ stop() {
   if [ -f "$s/keeper-pid" ]; then
     pid=$(cat "$s/keeper-pid")
     # The pieces' PID 1s get a TERM to stop their daemons; the keepers' KILL then takes the rest.
-    for f in "$s"/cp/ns-pid "$s"/nodes/*/ns-pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; done
+    for f in "$s"/cp/ns-pid "$s"/nodes/*/ns-pid; do [ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null || true; done
     sleep 1
     pkill -KILL -P "$pid" 2>/dev/null || true
     kill -KILL "$pid" 2>/dev/null || true
