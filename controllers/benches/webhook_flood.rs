@@ -5,7 +5,7 @@
 //! sending their headers a byte a second; meanwhile two legitimate clients send binding reviews
 //! of pods the webhook has cached, over kept-alive connections, as the apiserver does.
 //!
-//!   KUBE_APISERVER=/work/shared/bin/kube-apiserver cargo bench -p groundskeeper-controllers --bench webhook_flood
+//!   KUBE_APISERVER=../shared/bin/kube-apiserver cargo bench -p groundskeeper-controllers --bench webhook_flood
 //!
 //! Prints the replica's peak RSS during the flood beside the chart's memory limit for the
 //! controller-manager (256 MiB), and the legitimate reviews' p99 beside its bound (100 ms),
