@@ -42,11 +42,12 @@ fn project_files() -> Vec<PathBuf> {
 }
 
 /// What a line says of a machine or of the project's history, if anything.
+// The patterns are built from parts, so that this file holds no path of a machine itself.
 fn history(line: &str) -> Option<&'static str> {
-    if line.contains("/work/") {
+    if line.contains(&["/", "work", "/"].concat()) {
         return Some("an absolute path of a developer's machine");
     }
-    if line.contains("bench.lock") {
+    if line.contains(&["bench", ".lock"].concat()) {
         return Some("a developer's lock file");
     }
     let lower = line.to_ascii_lowercase();
@@ -90,8 +91,11 @@ fn what_counts_as_history() {
         ("# Issue 22's chart items", true),
         ("(issue #24)", true),
         ("see issue-26's relists", true),
-        ("KUBE_APISERVER=/work/shared/bin/kube-apiserver", true),
-        ("flock notes/bench.lock cargo bench", true),
+        (
+            &*format!("KUBE_APISERVER=/{}/shared/bin/kube-apiserver", "work"),
+            true,
+        ),
+        (&*format!("flock notes/bench{} cargo bench", ".lock"), true),
         ("as upstream does (kubernetes#139629)", false),
         ("kubernetes/kubernetes issue 1234 explains it", false),
         ("a pod with an issue: no number here", false),
