@@ -174,21 +174,11 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
     cache
         .webhooks
         .apply_event(ev, |c: ValidatingWebhookConfiguration| {
-            let resource_version = c.metadata.resource_version.clone().unwrap_or_default();
-            let webhooks = c
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| {
-                    let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
-                    (w.name, ca)
-                })
-                .collect();
-            let bundles = WebhookBundles {
-                resource_version,
-                webhooks,
-            };
-            by_name(c.metadata.name, bundles)
+            let hooks = c.webhooks.unwrap_or_default().into_iter();
+            kept_bundles(
+                c.metadata,
+                hooks.map(|w| (w.name, w.client_config.ca_bundle)),
+            )
         });
     Change::Certificates
 }
@@ -197,21 +187,26 @@ fn fold_mutating(cache: &mut Cache, ev: Event<MutatingWebhookConfiguration>) -> 
     cache
         .mutating
         .apply_event(ev, |c: MutatingWebhookConfiguration| {
-            let resource_version = c.metadata.resource_version.clone().unwrap_or_default();
-            let webhooks = c
-                .webhooks
-                .unwrap_or_default()
-                .into_iter()
-                .map(|w| {
-                    let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
-                    (w.name, ca)
-                })
-                .collect();
-            let bundles = WebhookBundles {
-                resource_version,
-                webhooks,
-            };
-            by_name(c.metadata.name, bundles)
+            let hooks = c.webhooks.unwrap_or_default().into_iter();
+            kept_bundles(
+                c.metadata,
+                hooks.map(|w| (w.name, w.client_config.ca_bundle)),
+            )
         });
     Change::Certificates
+}
+
+/// What either kind of webhook configuration keeps: each webhook's caBundle, and the
+/// resourceVersion they were read at (the precondition of a caBundle patch).
+fn kept_bundles(
+    meta: kube::api::ObjectMeta,
+    hooks: impl Iterator<Item = (String, Option<k8s_openapi::ByteString>)>,
+) -> Kept<String, WebhookBundles> {
+    let bundles = WebhookBundles {
+        resource_version: meta.resource_version.unwrap_or_default(),
+        webhooks: hooks
+            .map(|(name, ca)| (name, ca.map(|b| b.0).unwrap_or_default()))
+            .collect(),
+    };
+    by_name(meta.name, bundles)
 }
