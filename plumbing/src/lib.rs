@@ -10,6 +10,9 @@ pub mod duration;
 pub mod events;
 #[cfg(test)]
 mod events_tests;
+pub mod klog;
+#[cfg(test)]
+mod klog_tests;
 pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
