@@ -162,53 +162,68 @@ fn header_caller(event: &Event<'_>) -> String {
 }
 
 /// Go's `strconv.Quote`: double quotes, backslash escapes for quotes, backslashes and control
-/// characters; printable Unicode as it is.
+/// characters (and the Unicode line separators); printable Unicode as it is.
 pub fn go_quote(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+            c => escape_control(c, out),
         }
     }
     out.push('"');
 }
 
+/// `c`, or Go's escape for it when it is a control character or a line separator: what a
+/// terminal or a log viewer would act on (a carriage return, an escape sequence) is written as
+/// text. A tab stays a tab only where the caller writes it itself.
+fn escape_control(c: char, out: &mut String) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        '\u{7}' => out.push_str("\\a"),
+        '\u{8}' => out.push_str("\\b"),
+        '\u{c}' => out.push_str("\\f"),
+        '\u{b}' => out.push_str("\\v"),
+        c if (c as u32) < 0x20 || c == '\u{7f}' => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        }
+        c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        }
+        c => out.push(c),
+    }
+}
+
 /// A text value as klog's key/value format writes it: quoted, or, holding a line break, one
-/// tab-indented line per line between `<` and ` >` (klog's multi-line form).
+/// tab-indented line per line between `<` and ` >` (klog's multi-line form). Unlike klog, the
+/// other control characters of such a line are escaped too, so no value can move a terminal's
+/// cursor over the lines before it.
 fn klog_text_value(s: &str, out: &mut String) {
     if !s.contains('\n') {
         go_quote(s, out);
         return;
     }
     out.push_str("<\n");
+    let line = |l: &str, out: &mut String| {
+        out.push('\t');
+        l.chars().for_each(|c| match c {
+            '\t' => out.push(c),
+            c => escape_control(c, out),
+        });
+        out.push('\n');
+    };
     let mut rest = s;
     while let Some(i) = rest.find('\n') {
-        out.push('\t');
-        out.push_str(&rest[..=i]);
+        line(&rest[..i], out);
         rest = &rest[i + 1..];
     }
-    if rest.is_empty() {
-        out.push_str(" >");
-    } else {
-        out.push('\t');
-        out.push_str(rest);
-        out.push_str("\n >");
+    if !rest.is_empty() {
+        line(rest, out);
     }
+    out.push_str(" >");
 }
 
 fn klog_pair(key: &str, value: &Value, out: &mut String) {

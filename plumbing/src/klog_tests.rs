@@ -325,3 +325,31 @@ fn verbosity_follows_kubernetes_conventions() {
         assert_eq!(verbosity(&level), v, "{level}");
     }
 }
+
+/// A value from the cluster (an annotation, a pod name, an error from the apiserver) cannot
+/// forge a log line: in text, every line a value adds starts with a tab or is klog's ` >`, never
+/// with a severity letter; in JSON the line stays one object.
+#[test]
+fn hostile_values_cannot_forge_lines() {
+    let forged = "x\nE1127 20:52:17.695837       1 apply.rs:1] \"force-deleted pod\"\n\r\u{1b}[2J";
+    for value in [forged, "\n", "a\n\nb", "\u{2028}line separator", "\"] \"x"] {
+        let out =
+            text(|| tracing::warn!(annotation = value, error = %value, "malformed {}", value));
+        let mut lines = out.lines();
+        assert!(lines.next().is_some_and(|l| l.starts_with('W')), "{out:?}");
+        for l in lines {
+            assert!(
+                l.starts_with('\t') || l == " >" || l.starts_with(" > "),
+                "{value:?} forged {l:?} in {out:?}"
+            );
+        }
+        assert!(!out.contains('\u{1b}') && !out.contains('\r'), "{out:?}");
+        let out =
+            json(|| tracing::warn!(annotation = value, error = %value, "malformed {}", value));
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+        assert_eq!(v["annotation"], value);
+        assert_eq!(v["err"], value);
+        assert_eq!(v["msg"], format!("malformed {value}"));
+    }
+}
