@@ -38,6 +38,7 @@ async fn start() -> ExitCode {
         .election
         .validate()
         .and_then(|()| cli.webhook.validate())
+        .and_then(|()| podgc::PodGcArgs::refuse_retired_env(|k| std::env::var(k).ok()))
     {
         eprintln!("{e}");
         return ExitCode::from(2);

@@ -96,6 +96,33 @@ pub struct PodGcArgs {
     pub gc_concurrency: u32,
 }
 
+/// The variables of the flags' former names, each with its new name: no longer read, so one set
+/// would be ignored without a word.
+const RETIRED_ENV: [(&str, &str); 3] = [
+    ("GROUNDSKEEPER_GC_PERIOD", "GROUNDSKEEPER_POD_GC_PERIOD"),
+    (
+        "GROUNDSKEEPER_GC_CONCURRENCY",
+        "GROUNDSKEEPER_POD_GC_CONCURRENCY",
+    ),
+    (
+        "GROUNDSKEEPER_ORPHAN_QUARANTINE",
+        "GROUNDSKEEPER_POD_GC_ORPHAN_QUARANTINE",
+    ),
+];
+
+impl PodGcArgs {
+    /// Refuses to start with a variable of a flag's former name set (`var` reads the
+    /// environment), naming the variable to set instead.
+    pub fn refuse_retired_env(var: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+        match RETIRED_ENV.iter().find(|(old, _)| var(old).is_some()) {
+            Some((old, new)) => Err(format!(
+                "{old} is no longer read: set {new} (or the flag) instead"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 fn positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
@@ -269,6 +296,25 @@ mod tests {
                 "upstream's {sweep:?} runs in ttl-only"
             );
         }
+    }
+
+    /// A variable of a former name refuses the start, naming the new one; the new names and an
+    /// empty environment pass.
+    #[test]
+    fn retired_variables_are_refused_by_name() {
+        for (old, new) in RETIRED_ENV {
+            let e = PodGcArgs::refuse_retired_env(|k| (k == old).then(|| "5s".into())).unwrap_err();
+            assert!(e.contains(old) && e.contains(new), "{e}");
+            assert!(PodGcArgs::refuse_retired_env(|k| (k == new).then(|| "5s".into())).is_ok());
+            // The new name is the flag's own variable.
+            let flag = PodGcArgs::augment_args(clap::Command::new("x"));
+            assert!(
+                flag.get_arguments()
+                    .any(|a| a.get_env().is_some_and(|e| e == new)),
+                "{new} is no flag's variable"
+            );
+        }
+        assert!(PodGcArgs::refuse_retired_env(|_| None).is_ok());
     }
 
     #[test]
