@@ -87,9 +87,13 @@ lint-shell:
 	  echo "FAIL: lint-shell passed grep -q behind a pipe"; exit 1; fi
 	bash .ci/lint-shell.sh
 
-# The chart tests among them need helm: fetch it first, or they print SKIPPED.
+# The chart tests among them need helm: fetch it first, or they print SKIPPED. Test binaries
+# run several at once (hack/unit.py says why); under make test as root, the release image the
+# end-to-end tests need is built alongside, niced, in the time the cluster tests spend waiting.
 unit: tools
-	$(CARGO) test --workspace
+	CARGO="$(CARGO)" python3 hack/unit.py $(if $(UNIT_ALONGSIDE),--alongside "$(UNIT_ALONGSIDE)")
+
+test: UNIT_ALONGSIDE = $(if $(ROOT),bash image/build.sh >/dev/null)
 
 # Against KUBECONFIG's cluster, or else a throwaway control plane when KUBE_APISERVER is set.
 chart-check: tools
