@@ -66,7 +66,8 @@ global.imageRegistry, when set, takes the place of the image's own registry (as 
 and cert-manager do); a digest pins the image, and a tag given beside it stays for readers. */}}
 {{- define "groundskeeper.imageRef" -}}
 {{- $img := .image -}}
-{{- $registry := (.ctx.Values.global | default dict).imageRegistry | default $img.registry -}}
+{{- $global := .ctx.Values.global | default dict -}}
+{{- $registry := $global.imageRegistry | default $img.registry -}}
 {{- $name := $img.repository -}}
 {{- with $registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end -}}
 {{- if $img.digest -}}
@@ -85,7 +86,8 @@ and cert-manager do); a digest pins the image, and a tag given beside it stays f
 name or a {name: ...} object, without repeats. Empty when there are none. */}}
 {{- define "groundskeeper.imagePullSecrets" -}}
 {{- $all := list -}}
-{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- $global := .Values.global | default dict -}}
+{{- range concat ($global.imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
 {{- $s := . -}}
 {{- if kindIs "string" . }}{{ $s = dict "name" . }}{{ end -}}
 {{- if not (has $s $all) }}{{ $all = append $all $s }}{{ end -}}
