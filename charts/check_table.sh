@@ -437,6 +437,7 @@ done <<'EOF'
 metrics.serviceMonitor.enabled=true metrics.podMonitor.enabled=true|Prometheus would scrape every target twice
 metrics.serviceMonitor.enabled=true metrics.service.enabled=false|a ServiceMonitor selects the metrics Services
 metrics.podMonitor.enabled=true metrics.scrapeToken.create=false|no metrics.scrapeToken.secretName
+metrics.scrapeToken.secretName=mine|metrics.scrapeToken.secretName=mine with metrics.scrapeToken.create=true
 metrics.serviceMonitor.scheme=ftp|scheme
 metrics.podMonitor.scrapeTimeout=soon|scrapeTimeout
 metrics.prometheusRule.disabledAlerts={GroundskeeperNoSuchAlert}|disabledAlerts
