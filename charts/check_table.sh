@@ -366,6 +366,7 @@ nodeAgent.updateStrategy.maxSurge=1|nodeAgent.updateStrategy.maxSurge=1: the nod
 nodeAgent.updateStrategy.maxSurge=10%|a surge pod can never start beside the old one
 nodeAgent.updateStrategy.type=Sometimes|type
 controllerManager.adminPort=9443|controllerManager.adminPort and controllerManager.sysctlWebhook.port are both 9443
+controllerManager.hostNetwork=true networkPolicy.enabled=true|network plugins do not apply NetworkPolicies to host-network pods
 controllerManager.leaderElection.renewDeadline=15s|leaseDuration=15s must exceed renewDeadline=15s by at least 1s
 controllerManager.leaderElection.leaseDuration=10500ms|leaseDuration=10500ms must exceed renewDeadline=10s
 controllerManager.leaderElection.retryPeriod=10s|renewDeadline=10s must be greater than retryPeriod=10s
