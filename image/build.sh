@@ -8,8 +8,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 out=$target/image
 tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/charts/groundskeeper/Chart.yaml")
+registry=$(sed -n 's/^  registry: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
 repo=$(sed -n 's/^  repository: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
-name=${IMAGE:-$repo:$tag}
+name=${IMAGE:-${registry:+$registry/}$repo:$tag}
 
 # No path of this machine in the binaries (panic locations and file!() in the dependencies, in
 # code build scripts generate under the target folder): the digest must not depend on where the

@@ -63,7 +63,9 @@ test_ops_helm_upgrade_from_previous_version() {
   dir=$(mktemp -d)
   git -C "$root" archive "$ref" charts/groundskeeper | tar -x -C "$dir" \
     || fail "could not extract the previous chart version ($ref)"
-  "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" >/dev/null \
+  # That chart's tests.image.repository carries the registry (its schema has no registry key).
+  sed '/^    registry: gk.local$/d; s|^    repository: tools$|    repository: gk.local/tools|' "$here/values.yaml" > "$dir/prev-values.yaml"
+  "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$dir/prev-values.yaml" >/dev/null \
     || fail "helm upgrade to the previous chart version"
   never_two_leaders 25
   rollout || fail "the previous chart version did not roll out"
