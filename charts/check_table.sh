@@ -321,7 +321,7 @@ for w in "Deployment controllerManager" "DaemonSet nodeAgent"; do
   docs_of "$kind" < "$out/t-default.yaml" | has startupProbe && fail "a startupProbe by default on the $kind"
   render --set "$v.startupProbe.enabled=true" --set "$v.startupProbe.failureThreshold=9" | docs_of "$kind" \
     | sed -n '/^          startupProbe:/,/^          [a-z]/p' > "$out/t-startup"
-  has -x "            failureThreshold: 9" "$out/t-startup" && has -x "            httpGet: {path: /healthz, port: metrics}" "$out/t-startup" \
+  has -x "            failureThreshold: 9" "$out/t-startup" && has -x "            httpGet: {path: /healthz, port: metrics, scheme: HTTPS}" "$out/t-startup" \
     && ! has enabled "$out/t-startup" || fail "$v.startupProbe: $(cat "$out/t-startup")"
   render --set "$v.extraContainers[0].name=side" --set "$v.extraContainers[0].image=x/y:1" --set "$v.extraInitContainers[0].name=first" \
     --set "$v.extraInitContainers[0].image=x/z:1" | docs_of "$kind" > "$out/t-extra"
@@ -388,11 +388,11 @@ for want in "      scheme: https" "      interval: 15s" "      scrapeTimeout: 10
   [ "$(docs_of ServiceMonitor < "$out/t-mon.yaml" | grep -cx -- "$want")" = 2 ] || fail "not on both ServiceMonitors: '$want'"
 done
 has bearerTokenFile "$out/t-mon.yaml" && fail "bearerTokenFile (deprecated) still rendered"
-# Only the node-agent's endpoint carries the token, from the Secret of the scraper account the
-# chart binds to metrics-reader.
-[ "$(grep -c "^      authorization:$" "$out/t-mon.yaml")" = 1 ] || fail "authorization must be on the node-agent's endpoint only"
-docs_of ServiceMonitor < "$out/t-mon.yaml" | awk '/^kind:/{k=0} /component: node-agent$/{k=1} k' | has -x "          name: gk-keeper-metrics-scraper-token" \
-  || fail "the node-agent's ServiceMonitor does not name the scraper's token Secret"
+# Both endpoints carry the token (both binaries check it by default), from the Secret of the
+# scraper account the chart binds to metrics-reader.
+[ "$(grep -c "^      authorization:$" "$out/t-mon.yaml")" = 2 ] || fail "authorization must be on both endpoints"
+[ "$(docs_of ServiceMonitor < "$out/t-mon.yaml" | grep -cx "          name: gk-keeper-metrics-scraper-token")" = 2 ] \
+  || fail "the ServiceMonitors do not name the scraper's token Secret"
 docs_of Secret < "$out/t-mon.yaml" | has -x "type: kubernetes.io/service-account-token" || fail "no token Secret for the scraper"
 docs_of ClusterRoleBinding < "$out/t-mon.yaml" | awk '/^---/{p=0} /name: gk-keeper-metrics-scraper$/{p=1} p' | has -x "  name: gk-keeper-metrics-reader" \
   || fail "the scraper is not bound to metrics-reader"
@@ -401,14 +401,20 @@ render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set metrics.scrap
 names < "$out/t-own.yaml" | has "metrics-scraper" && fail "scrapeToken.create=false still creates the scraper"
 docs_of ServiceMonitor < "$out/t-own.yaml" | has -x "          name: mine" && docs_of ServiceMonitor < "$out/t-own.yaml" | has -x "          key: t" \
   || fail "scrapeToken.secretName/key not in the ServiceMonitor"
-render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set nodeAgent.metricsAuth=none | has "authorization:\|metrics-scraper" \
-  && fail "metricsAuth=none still sends a token or creates the scraper"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set nodeAgent.metricsAuth=none > "$out/t-one-auth.yaml"
+docs_of ServiceMonitor < "$out/t-one-auth.yaml" | awk '/^kind:/{k=0} /component: node-agent$/{k=1} k' | has "authorization:" \
+  && fail "nodeAgent.metricsAuth=none still sends the node-agent a token"
+docs_of ServiceMonitor < "$out/t-one-auth.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has "authorization:" \
+  || fail "nodeAgent.metricsAuth=none took the controller-manager's token away"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set nodeAgent.metricsAuth=none --set controllerManager.metricsAuth=none \
+  | has "authorization:\|metrics-scraper" && fail "metricsAuth=none on both still sends a token or creates the scraper"
 names < "$out/t-default.yaml" | has "metrics-scraper" && fail "the scraper exists with no monitor"
 # PodMonitor: the pods' port, no Service needed.
 render "${mon[@]}" --set metrics.podMonitor.enabled=true --set metrics.service.enabled=false --set metrics.podMonitor.scrapeTimeout=5s \
   --set 'metrics.podMonitor.relabelings[0].targetLabel=x' > "$out/t-pod.yaml"
 [ "$(grep -c "^kind: PodMonitor$" "$out/t-pod.yaml")" = 2 ] || fail "one PodMonitor per component"
-for want in "  podMetricsEndpoints:" "    - port: metrics" "      scrapeTimeout: 5s" "        - targetLabel: x" "      scheme: http"; do
+for want in "  podMetricsEndpoints:" "    - port: metrics" "      scrapeTimeout: 5s" "        - targetLabel: x" "      scheme: https" \
+  "        insecureSkipVerify: true"; do
   docs_of PodMonitor < "$out/t-pod.yaml" | has -x -- "$want" || fail "the PodMonitor lacks '$want'"
 done
 has "^kind: ServiceMonitor$" "$out/t-pod.yaml" && fail "a ServiceMonitor with only podMonitor enabled"
@@ -444,7 +450,39 @@ metrics.podMonitor.scrapeTimeout=soon|scrapeTimeout
 metrics.prometheusRule.disabledAlerts={GroundskeeperNoSuchAlert}|disabledAlerts
 metrics.prometheusRule.additionalRules[0].expr=1|additionalRules
 EOF
-render --set metrics.podMonitor.enabled=true --set metrics.scrapeToken.create=false --set nodeAgent.metricsAuth=none >/dev/null \
-  || fail "no token is needed with metricsAuth=none"
+render --set metrics.podMonitor.enabled=true --set metrics.scrapeToken.create=false --set nodeAgent.metricsAuth=none \
+  --set controllerManager.metricsAuth=none >/dev/null || fail "no token is needed with metricsAuth=none"
+
+## admin servers: HTTPS and token-checked by default on both, the probes and monitors following.
+for kind in Deployment DaemonSet; do
+  docs_of $kind < "$out/t-default.yaml" > "$out/t-admin.yaml"
+  for want in "            - --admin-scheme=https" "            - --metrics-auth=kubernetes"; do
+    has -x -- "$want" "$out/t-admin.yaml" || fail "the $kind lacks '$want' by default"
+  done
+  [ "$(grep -c "port: metrics, scheme: HTTPS}" "$out/t-admin.yaml")" = 2 ] || fail "the $kind's probes are not HTTPS"
+  has admin-tls "$out/t-admin.yaml" && fail "the $kind mounts a certificate no value named"
+done
+docs_of ClusterRole < "$out/t-default.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has 'resources: \["tokenreviews"\]' \
+  || fail "the controller-manager may not create the TokenReviews its /metrics check needs"
+render --set metrics.scheme=http "${mon[@]}" --set metrics.serviceMonitor.enabled=true > "$out/t-http.yaml"
+has -- "--admin-scheme=https\|scheme: HTTPS\|insecureSkipVerify" "$out/t-http.yaml" && fail "metrics.scheme=http still serves or scrapes https"
+[ "$(grep -c -- "- --admin-scheme=http$" "$out/t-http.yaml")" = 2 ] || fail "metrics.scheme=http not passed to both binaries"
+[ "$(docs_of ServiceMonitor < "$out/t-http.yaml" | grep -cx "      scheme: http")" = 2 ] || fail "the monitors do not follow metrics.scheme"
+render --set metrics.tls.secretName=admin-cert > "$out/t-cert.yaml"
+for kind in Deployment DaemonSet; do
+  for want in "            - --admin-tls-cert-file=/etc/groundskeeper/admin-tls/tls.crt" \
+    "            - --admin-tls-private-key-file=/etc/groundskeeper/admin-tls/tls.key" \
+    "            - {name: admin-tls, mountPath: /etc/groundskeeper/admin-tls, readOnly: true}" \
+    "        - {name: admin-tls, secret: {secretName: admin-cert}}"; do
+    docs_of $kind < "$out/t-cert.yaml" | has -x -- "$want" || fail "metrics.tls.secretName: the $kind lacks '$want'"
+  done
+done
+render --set controllerManager.metricsAuth=none > "$out/t-noauth.yaml"
+docs_of Deployment < "$out/t-noauth.yaml" | has -x -- "            - --metrics-auth=none" || fail "controllerManager.metricsAuth=none not passed"
+docs_of ClusterRole < "$out/t-noauth.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has tokenreviews \
+  && fail "the controller-manager keeps TokenReviews with metricsAuth=none"
+for bad in metrics.scheme=ftp controllerManager.metricsAuth=basic; do
+  render --set "$bad" >/dev/null 2>&1 && fail "$bad accepted"
+done
 
 echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset, RBAC by name, images and pull secrets, workload knobs, monitoring knobs)"

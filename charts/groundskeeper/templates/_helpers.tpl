@@ -109,6 +109,11 @@ ms, s or m), in milliseconds, for the chart's comparisons. */}}
 {{- end -}}
 
 {{- define "groundskeeper.commonArgs" -}}
+- --admin-scheme={{ .Values.metrics.scheme }}
+{{- if and (eq .Values.metrics.scheme "https") .Values.metrics.tls.secretName }}
+- --admin-tls-cert-file=/etc/groundskeeper/admin-tls/tls.crt
+- --admin-tls-private-key-file=/etc/groundskeeper/admin-tls/tls.key
+{{- end }}
 - --log-format={{ .Values.logFormat }}
 - --log-level={{ .Values.logLevel }}
 - --kube-api-qps={{ .Values.kubeApi.qps }}
@@ -126,22 +131,26 @@ ms, s or m), in milliseconds, for the chart's comparisons. */}}
 
 {{/* A workload's probes, on its admin port "metrics": include with the workload's values
 (controllerManager or nodeAgent). The handlers are the chart's; the timings are the values'. */}}
+{{/* The probes of a component: (list $ $componentValues). kubelet does not verify the
+certificate of an HTTPS probe. */}}
 {{- define "groundskeeper.probes" -}}
+{{- $scheme := (index . 0).Values.metrics.scheme | upper -}}
+{{- $c := index . 1 -}}
 livenessProbe:
-  httpGet: {path: /healthz, port: metrics}
-  {{- with .livenessProbe }}
+  httpGet: {path: /healthz, port: metrics, scheme: {{ $scheme }}}
+  {{- with $c.livenessProbe }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 readinessProbe:
-  httpGet: {path: /readyz, port: metrics}
-  {{- with .readinessProbe }}
+  httpGet: {path: /readyz, port: metrics, scheme: {{ $scheme }}}
+  {{- with $c.readinessProbe }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
-{{- if .startupProbe.enabled }}
+{{- if $c.startupProbe.enabled }}
 # Holds the probes above off until /healthz first answers.
 startupProbe:
-  httpGet: {path: /healthz, port: metrics}
-  {{- with omit .startupProbe "enabled" }}
+  httpGet: {path: /healthz, port: metrics, scheme: {{ $scheme }}}
+  {{- with omit $c.startupProbe "enabled" }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
@@ -250,21 +259,34 @@ template` without --api-versions knows only group/versions, and there the chart'
 
 {{/* One scrape endpoint of a ServiceMonitor or PodMonitor: include with (dict "ctx" $ "monitor"
 <metrics.serviceMonitor or metrics.podMonitor> "component" <component>). */}}
+{{/* "true" when a component's /metrics asks for a token: (list $ component). */}}
+{{- define "groundskeeper.metricsAuth" -}}
+{{- $v := (index . 0).Values -}}
+{{- $auth := ternary $v.controllerManager.metricsAuth $v.nodeAgent.metricsAuth (eq (index . 1) "controller-manager") -}}
+{{- if eq $auth "kubernetes" }}true{{ end -}}
+{{- end -}}
+
+{{/* The admin-tls volume and its mount, with metrics.tls.secretName over https. */}}
+{{- define "groundskeeper.adminTLS" -}}
+{{- if and (eq .Values.metrics.scheme "https") .Values.metrics.tls.secretName }}true{{ end -}}
+{{- end -}}
+
 {{- define "groundskeeper.scrapeEndpoint" -}}
 {{- $m := .monitor -}}
 {{- $ctx := .ctx -}}
+{{- $scheme := $m.scheme | default $ctx.Values.metrics.scheme -}}
 port: metrics
 path: /metrics
-scheme: {{ $m.scheme }}
+scheme: {{ $scheme }}
 interval: {{ $m.interval }}
 {{- with $m.scrapeTimeout }}
 scrapeTimeout: {{ . }}
 {{- end }}
-{{- with $m.tlsConfig }}
+{{- if eq $scheme "https" }}
 tlsConfig:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml ($m.tlsConfig | default (dict "insecureSkipVerify" true)) | nindent 2 }}
 {{- end }}
-{{- if and (eq .component "node-agent") (eq $ctx.Values.nodeAgent.metricsAuth "kubernetes") }}
+{{- if include "groundskeeper.metricsAuth" (list $ctx .component) }}
 # --metrics-auth=kubernetes: a token whose user may get /metrics (metrics.scrapeToken).
 authorization:
   type: Bearer
