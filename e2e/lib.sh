@@ -87,7 +87,9 @@ url_host() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
 metrics() { # pod port
   local ip
   ip=$(k -n "$NS" get pod "$1" -o jsonpath='{.status.podIP}')
-  http_get "$SCHEME://$(url_host "$ip"):$2/metrics" "$(scraper_token)"
+  # A replica of the previous chart version (the upgrade test) serves plain HTTP.
+  http_get "$SCHEME://$(url_host "$ip"):$2/metrics" "$(scraper_token)" 2>/dev/null \
+    || http_get "http://$(url_host "$ip"):$2/metrics" "$(scraper_token)"
 }
 metric() { # pod port series-prefix: the sum of the matching samples
   metrics "$1" "$2" | awk -v m="$3" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
