@@ -1,0 +1,261 @@
+//! The sysctl verdicts the plugin explains: one pod on one node (`sysctl check`), and a
+//! Pending pod on every node its own constraints allow (`why pod`). Pure: the webhook's own
+//! decision (`sysctlwebhook::decide`) and the placement's (`sysctlplacement::decide::place`) on
+//! plain values. The one file of the plugin that names the `groundskeeper_sysctl` crate.
+
+use std::fmt::Write as _;
+
+use groundskeeper_sysctl::{args::PolicyArgs, kubelet::Kubelet};
+
+pub use groundskeeper_sysctl::crd::SysctlPolicy;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use serde::Serialize;
+
+use crate::sysctlplacement::decide::{Constraints, Placement, place};
+use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide, policy_of};
+
+/// The flags the controller-manager judges sysctls with (`--allowed-unsafe-sysctls`,
+/// `--sysctl-default-mode`): they are not in the API, so the plugin takes the same ones.
+pub type PolicyFlags = PolicyArgs;
+
+/// A pod's verdict on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeVerdict {
+    pub node: String,
+    /// `allowed`, `audited` (forbidden, but the node only audits: allowed with a warning) or
+    /// `refused`.
+    pub verdict: &'static str,
+    /// The webhook's own message, for `audited` and `refused`.
+    pub message: Option<String>,
+}
+
+impl NodeVerdict {
+    fn of(node: &str, d: Decision) -> Self {
+        let (verdict, message) = match d {
+            Decision::Allow => ("allowed", None),
+            Decision::Audit { message } => ("audited", Some(message)),
+            Decision::Deny { message } => ("refused", Some(message)),
+        };
+        NodeVerdict {
+            node: node.into(),
+            verdict,
+            message,
+        }
+    }
+
+    pub fn refused(&self) -> bool {
+        self.verdict == "refused"
+    }
+}
+
+/// `sysctl check`: the node, what it is judged by, and the verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub pod: String,
+    pub sysctls: Vec<String>,
+    pub kernel: Option<String>,
+    pub kubelet: Option<String>,
+    /// Said when the node's own kubelet version's rules could not be used.
+    pub kubelet_note: Option<String>,
+    pub os: Option<String>,
+    /// `Enforce` or `Audit`.
+    pub mode: String,
+    /// The SysctlPolicies that select the node, sorted.
+    pub policies: Vec<String>,
+    #[serde(flatten)]
+    pub verdict: NodeVerdict,
+}
+
+/// The sysctl names `pod` sets, in order.
+pub fn sysctl_names(spec: Option<&PodSpec>) -> Vec<String> {
+    spec.and_then(|s| s.security_context.as_ref())
+        .and_then(|s| s.sysctls.as_ref())
+        .map(|s| s.iter().map(|s| s.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The verdict for `pod` (`label`, for messages) on node `node_name` known as `node`.
+pub fn check(
+    flags: &PolicyFlags,
+    label: &str,
+    pod: &Pod,
+    node_name: &str,
+    node: &NodeFacts,
+    policies: &[SysctlPolicy],
+) -> Check {
+    let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+    let view = PodView::of(pod);
+    let policy = policy_of(flags, node, &refs);
+    let decision = decide(flags, label, &view, node_name, Some(node), &refs);
+    Check {
+        pod: label.into(),
+        sysctls: sysctl_names(pod.spec.as_ref()),
+        kernel: node.kernel.clone(),
+        kubelet: node.kubelet.clone(),
+        kubelet_note: Kubelet::judge(node.kubelet.as_deref()).assumed,
+        os: node.os.clone(),
+        mode: format!("{:?}", policy.mode),
+        policies: policy.policies.clone(),
+        verdict: NodeVerdict::of(node_name, decision),
+    }
+}
+
+pub fn render_check(c: &Check) -> String {
+    let mut out = String::new();
+    let v = &c.verdict;
+    let _ = writeln!(
+        out,
+        "{} on node {}: {}",
+        c.pod,
+        v.node,
+        match v.verdict {
+            "allowed" => "allowed".to_string(),
+            "audited" => "allowed (Audit: forbidden, reported only)".to_string(),
+            other => other.to_string(),
+        }
+    );
+    if c.sysctls.is_empty() {
+        let _ = writeln!(out, "  it sets no sysctl");
+    } else {
+        let _ = writeln!(out, "  sysctls: {}", c.sysctls.join(", "));
+    }
+    let said = |v: &Option<String>| v.clone().unwrap_or_else(|| "(not reported)".into());
+    let _ = writeln!(
+        out,
+        "  node: kernel {}, kubelet {}, os {}",
+        said(&c.kernel),
+        said(&c.kubelet),
+        said(&c.os)
+    );
+    if let Some(note) = &c.kubelet_note {
+        let _ = writeln!(out, "  {note}");
+    }
+    let by = if c.policies.is_empty() {
+        "no SysctlPolicy selects it: the default mode".to_string()
+    } else {
+        format!("SysctlPolicy {}", c.policies.join(", "))
+    };
+    let _ = writeln!(out, "  mode {} ({by})", c.mode);
+    if let Some(m) = &v.message {
+        let _ = writeln!(out, "  why: {m}");
+    }
+    out
+}
+
+/// Where a Pending pod may go, by its sysctls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Pending {
+    pub sysctls: Vec<String>,
+    /// It carries the placement's scheduling gate.
+    pub gated: bool,
+    /// The placement's condition message on the pod, when it says the pod is held.
+    pub held: Option<String>,
+    /// Every node its own nodeSelector and required affinity allow, judged.
+    pub nodes: Vec<NodeVerdict>,
+    /// Nodes its own constraints keep it off (not judged).
+    pub excluded: usize,
+    /// The placement's reason when no node admits it.
+    pub none_admits: Option<String>,
+}
+
+/// Each node `pod` (`label`) could go to, judged as the webhook and the placement judge it.
+pub fn pending(
+    flags: &PolicyFlags,
+    label: &str,
+    pod: &Pod,
+    gated: bool,
+    held: Option<String>,
+    nodes: &[(String, NodeFacts)],
+    policies: &[SysctlPolicy],
+) -> Pending {
+    let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+    let view = PodView::of(pod);
+    let spec = pod.spec.as_ref();
+    let own = Constraints {
+        node_selector: spec
+            .and_then(|s| s.node_selector.clone())
+            .unwrap_or_default(),
+        required: spec
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .clone()
+            }),
+    };
+    let sysctls = sysctl_names(spec);
+    let mut judged = Vec::new();
+    let mut excluded = 0;
+    for (name, facts) in nodes {
+        if own.allow(name, &facts.labels) {
+            let d = decide(flags, label, &view, name, Some(facts), &refs);
+            judged.push(NodeVerdict::of(name, d));
+        } else {
+            excluded += 1;
+        }
+    }
+    let named: Vec<(&str, &NodeFacts)> = nodes.iter().map(|(n, f)| (n.as_str(), f)).collect();
+    let none_admits = match place(flags, label, &view, &sysctls, &own, &named, &refs) {
+        Placement::Hold { reason } if view.spec.is_some() => Some(reason),
+        _ => None,
+    };
+    Pending {
+        sysctls,
+        gated,
+        held,
+        nodes: judged,
+        excluded,
+        none_admits,
+    }
+}
+
+pub fn render_pending(p: &Pending) -> String {
+    let mut out = String::new();
+    if p.sysctls.is_empty() {
+        let _ = writeln!(
+            out,
+            "Sysctls: it sets none; no sysctl verdict keeps it off a node"
+        );
+        return out;
+    }
+    let refused = p.nodes.iter().filter(|n| n.refused()).count();
+    let _ = writeln!(
+        out,
+        "Sysctls {}: {refused} of {} node(s) its own constraints allow refuse it{}",
+        p.sysctls.join(", "),
+        p.nodes.len(),
+        if p.excluded > 0 {
+            format!(
+                " ({} more excluded by its own nodeSelector or affinity)",
+                p.excluded
+            )
+        } else {
+            String::new()
+        }
+    );
+    if p.gated {
+        let _ = writeln!(
+            out,
+            "  it carries the scheduling gate groundskeeper.dev/sysctl: no scheduler binds it until the placement removes it"
+        );
+    }
+    if let Some(h) = &p.held {
+        let _ = writeln!(out, "  placement condition: {h}");
+    }
+    if let Some(r) = &p.none_admits {
+        let _ = writeln!(out, "  {r}");
+    }
+    for n in &p.nodes {
+        let _ = writeln!(
+            out,
+            "  {:<24} {}{}",
+            n.node,
+            n.verdict,
+            n.message
+                .as_deref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
+    }
+    out
+}
