@@ -4,6 +4,8 @@
 //! answers with the controllers' own decision code, so it can not disagree with them.
 
 pub mod collected;
+#[cfg(test)]
+mod collected_tests;
 pub mod manifest;
 pub mod read;
 pub mod verdicts;

@@ -259,3 +259,127 @@ pub fn render_pending(p: &Pending) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use groundskeeper_sysctl::{
+        cases::{self, Case},
+        crd::Mode,
+        verdict::Verdict,
+    };
+
+    fn node(case: &Case) -> NodeFacts {
+        NodeFacts {
+            labels: case.labels(),
+            kernel: case.kernel.map(String::from),
+            os: Some("linux".into()),
+            kubelet: Some("v1.36.2".into()),
+        }
+    }
+
+    fn pod(case: &Case) -> Pod {
+        Pod {
+            spec: Some(case.pod_spec()),
+            ..Default::default()
+        }
+    }
+
+    /// `sysctl check` says, on every row of the table both binaries are tested on, what the
+    /// row's verdict is, and quotes kubelet's message.
+    #[test]
+    fn check_says_every_shared_rows_verdict() {
+        for case in cases::cases() {
+            let c = check(
+                &case.args(),
+                "Pod/p",
+                &pod(&case),
+                "n1",
+                &node(&case),
+                &case.policies(),
+            );
+            let want = match case.want() {
+                Verdict::Allowed => "allowed",
+                Verdict::Forbidden {
+                    mode: Mode::Audit, ..
+                } => "audited",
+                Verdict::Forbidden { .. } => "refused",
+            };
+            assert_eq!(c.verdict.verdict, want, "case {:?}: {c:?}", case.name);
+            if let Verdict::Forbidden { message, .. } = case.want() {
+                let m = c.verdict.message.as_deref().unwrap_or_default();
+                assert!(m.contains(&message), "case {:?}: {m}", case.name);
+            }
+            let text = render_check(&c);
+            assert!(text.starts_with("Pod/p on node n1: "), "{text}");
+        }
+    }
+
+    /// Each node is judged by its own kubelet: the same pod refused on a v1.36 node under an
+    /// Enforce default, allowed on a v1.37 one, and the kernel and versions are said.
+    #[test]
+    fn the_nodes_kubelet_version_decides_and_is_said() {
+        let flags = PolicyFlags {
+            allowed_unsafe_sysctls: Vec::new(),
+            sysctl_default_mode: Mode::Enforce,
+        };
+        let pod = Pod {
+            spec: Some(PodSpec {
+                security_context: Some(k8s_openapi::api::core::v1::PodSecurityContext {
+                    sysctls: Some(vec![k8s_openapi::api::core::v1::Sysctl {
+                        name: "net.ipv4.tcp_slow_start_after_idle".into(),
+                        value: "0".into(),
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let at = |kubelet: &str| NodeFacts {
+            kernel: Some("6.1.0-18-amd64".into()),
+            kubelet: Some(kubelet.into()),
+            ..NodeFacts::default()
+        };
+        let old = check(&flags, "Pod/p", &pod, "a", &at("v1.36.2"), &[]);
+        assert_eq!(old.verdict.verdict, "refused", "{old:?}");
+        assert_eq!(old.mode, "Enforce");
+        let text = render_check(&old);
+        assert!(
+            text.contains("kernel 6.1.0-18-amd64, kubelet v1.36.2"),
+            "{text}"
+        );
+        assert!(text.contains("no SysctlPolicy selects it"), "{text}");
+        let new = check(&flags, "Pod/p", &pod, "b", &at("v1.37.0"), &[]);
+        assert_eq!(new.verdict.verdict, "allowed", "{new:?}");
+
+        // A Pending pod: both judged, one refuses; a node its own selector excludes is not.
+        let mut confined = pod.clone();
+        confined.spec.as_mut().unwrap().node_selector =
+            Some([("pool".to_string(), "x".to_string())].into());
+        let mut a = at("v1.36.2");
+        a.labels.insert("pool".into(), "x".into());
+        let mut b = at("v1.37.0");
+        b.labels.insert("pool".into(), "x".into());
+        let nodes = vec![
+            ("a".to_string(), a.clone()),
+            ("b".to_string(), b),
+            ("c".to_string(), at("v1.36.2")),
+        ];
+        let p = pending(&flags, "ns/p", &confined, true, None, &nodes, &[]);
+        let said: Vec<(&str, &str)> = p.nodes.iter().map(|n| (&*n.node, n.verdict)).collect();
+        assert_eq!(said, [("a", "refused"), ("b", "allowed")]);
+        assert_eq!(p.excluded, 1);
+        assert_eq!(p.none_admits, None);
+        // Only the refusing node left: no node admits it, and the placement's reason says why.
+        let p = pending(&flags, "ns/p", &confined, true, None, &nodes[..1], &[]);
+        let why = p.none_admits.as_deref().unwrap_or_default();
+        assert!(
+            why.starts_with("no node admits net.ipv4.tcp_slow_start_after_idle"),
+            "{why}"
+        );
+        let text = render_pending(&p);
+        assert!(text.contains("1 of 1 node(s)"), "{text}");
+        assert!(text.contains("scheduling gate"), "{text}");
+    }
+}
