@@ -180,6 +180,15 @@ pub async fn client(cli: &Cli) -> anyhow::Result<(Client, String)> {
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(cli.request_timeout);
     config.write_timeout = Some(cli.request_timeout);
+    // The apiserver's audit log and metrics then name the plugin.
+    let agent = format!("{NAME}/{}", env!("CARGO_PKG_VERSION"));
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&agent)?,
+    ));
     let namespace = cli
         .namespace
         .clone()
