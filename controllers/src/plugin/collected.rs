@@ -75,6 +75,7 @@ pub enum Choice {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PassNote {
     pub pass: &'static str,
     pub choice: Choice,
@@ -83,6 +84,7 @@ pub struct PassNote {
 
 /// How the pod was collected.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Collected {
     /// The pass, or the passes it can have been (`terminated, ttl or namespace-threshold`).
     pub pass: String,
@@ -97,6 +99,7 @@ pub struct Collected {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Explanation {
     pub collected: Option<Collected>,
     pub passes: Vec<PassNote>,

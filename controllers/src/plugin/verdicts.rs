@@ -20,6 +20,7 @@ pub type PolicyFlags = PolicyArgs;
 
 /// A pod's verdict on one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeVerdict {
     pub node: String,
     /// `allowed`, `audited` (forbidden, but the node only audits: allowed with a warning) or
@@ -50,6 +51,7 @@ impl NodeVerdict {
 
 /// `sysctl check`: the node, what it is judged by, and the verdict.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Check {
     pub pod: String,
     pub sysctls: Vec<String>,
@@ -144,6 +146,7 @@ pub fn render_check(c: &Check) -> String {
 
 /// Where a Pending pod may go, by its sysctls.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Pending {
     pub sysctls: Vec<String>,
     /// It carries the placement's scheduling gate.
