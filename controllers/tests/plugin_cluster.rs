@@ -459,6 +459,25 @@ async fn it_answers_with_read_only_rights_and_never_writes() -> anyhow::Result<(
         let a = plugin(&reader, args).await?;
         assert_eq!(a.code, 0, "{args:?} as a reader: {a}");
     }
+    // Events only help explain a pod that is gone: without them it is still "not found".
+    let no_events: Vec<PolicyRule> = read_only()
+        .into_iter()
+        .map(|mut r| {
+            if let Some(res) = r.resources.as_mut() {
+                res.retain(|x| x != "events");
+            }
+            r
+        })
+        .collect();
+    let partial = c
+        .as_service_account_with(&ns, no_events, Vec::new())
+        .await?;
+    let a = plugin(&partial, &["why", "pod", "never-was", "-n", &ns]).await?;
+    assert_eq!(a.code, 1, "{a}");
+    assert!(
+        a.err.contains("not found") && !a.err.contains("forbidden"),
+        "{a}"
+    );
     // Without them: an error that says forbidden, exit 1.
     let nobody = c
         .as_service_account_with(&ns, Vec::new(), Vec::new())

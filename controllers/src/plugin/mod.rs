@@ -299,7 +299,11 @@ async fn why_pod(
 ) -> anyhow::Result<String> {
     let label = format!("{ns}/{name}");
     let Some(pod) = read::pod(client, ns, name).await? else {
-        let events = read::pod_events(client, ns, name, EVENTS_SHOWN).await?;
+        // Events are a help, not the answer: a user who may not list them still learns
+        // the pod is gone.
+        let events = read::pod_events(client, ns, name, EVENTS_SHOWN)
+            .await
+            .unwrap_or_default();
         let mut msg = format!(
             "pods {name:?} not found in namespace {ns:?}. If PodGC collected it, the API keeps \
              no record of which pass did (PodGC, like kube-controller-manager's, records no \
