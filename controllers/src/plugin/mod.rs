@@ -316,12 +316,14 @@ async fn why_pod(
         }
         anyhow::bail!(msg);
     };
-    let state = read::pod_state(client, &pod).await?;
     let settings = Settings {
         threshold: flags.terminated_pod_gc_threshold,
         cluster_ttl: Some(flags.terminated_pod_ttl).filter(|d| !d.is_zero()),
         namespace: NsPolicy::parse(&read::ns_annotations(client, ns).await?),
     };
+    // Counting lists every terminated pod's metadata: only when a threshold can use it.
+    let count = settings.threshold > 0 || settings.namespace.threshold().is_some();
+    let state = read::pod_state(client, &pod, count).await?;
     let podgc = collected::explain(&state, &settings, jiff::Timestamp::now());
     let spec = pod.spec.as_ref();
     let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")

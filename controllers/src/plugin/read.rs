@@ -39,9 +39,9 @@ pub async fn pod(client: &Client, ns: &str, name: &str) -> Result<Option<Pod>, k
 }
 
 /// What PodGC would see of `pod`: its facts parsed by PodGC's own code from the same object,
-/// its node (a live GET, as the orphan pass makes), and the terminated pods counted when it
-/// is terminated itself.
-pub async fn pod_state(client: &Client, pod: &Pod) -> anyhow::Result<PodState> {
+/// its node (a live GET, as the orphan pass makes), and, when `count` (a threshold is in
+/// force) and it is terminated itself, the terminated pods counted.
+pub async fn pod_state(client: &Client, pod: &Pod, count: bool) -> anyhow::Result<PodState> {
     let wire: WirePod = serde_json::from_value(serde_json::to_value(pod)?)?;
     let facts = PodFacts::from_wire(wire, &mut Interner::default())?;
     let node = match facts.node_name.as_deref() {
@@ -61,7 +61,7 @@ pub async fn pod_state(client: &Client, pod: &Pod) -> anyhow::Result<PodState> {
             reason: c.reason.clone().unwrap_or_default(),
             since: c.last_transition_time.as_ref().map(|t| t.0),
         });
-    let terminated = match facts.phase.is_terminated() {
+    let terminated = match count && facts.phase.is_terminated() {
         true => Some(terminated_counts(client, &facts.namespace).await?),
         false => None,
     };
