@@ -10,7 +10,10 @@ use k8s_openapi::{
     api::{core::v1::Pod, rbac::v1::PolicyRule},
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
-use kube::{Api, ResourceExt, api::PostParams};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
 use serde_json::{Value, json};
 use testkit::{
     Binary, Cluster,
@@ -160,6 +163,9 @@ async fn why_pod_reads_back_what_podgc_did_and_why_it_left_a_pod() -> anyhow::Re
         .await?;
     c.create(&bound(&ns, "orphan", &gone_node, false)).await?;
     c.create(&bound(&ns, "kept", &live, false)).await?;
+    // Finished an hour ago on a node that exists: the TTL's to take, and a finalizer keeps it.
+    c.create(&bound(&ns, "held-done", &live, true)).await?;
+    finish(&c, &ns, "held-done").await?;
 
     // Before PodGC runs: the orphan pass will take it.
     let a = plugin(&c.kubeconfig, &["why", "pod", "held-orphan", "-n", &ns]).await?;
@@ -179,14 +185,22 @@ async fn why_pod_reads_back_what_podgc_did_and_why_it_left_a_pod() -> anyhow::Re
             "--controllers=podgc",
             "--gc-period=500ms",
             "--orphan-quarantine=1s",
+            "--terminated-pod-ttl=2s",
         ],
         &[],
     )?;
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
-    wait_for(WAIT, "PodGC to collect both orphans", || async {
-        let held = pods.get("held-orphan").await?;
-        Ok(held.metadata.deletion_timestamp.is_some() && pods.get_opt("orphan").await?.is_none())
-    })
+    wait_for(
+        WAIT,
+        "PodGC to collect both orphans and the finished pod",
+        || async {
+            let held = pods.get("held-orphan").await?;
+            let done = pods.get("held-done").await?;
+            Ok(held.metadata.deletion_timestamp.is_some()
+                && done.metadata.deletion_timestamp.is_some()
+                && pods.get_opt("orphan").await?.is_none())
+        },
+    )
     .await?;
     let kept_version = pods.get("kept").await?.resource_version();
 
@@ -207,6 +221,34 @@ async fn why_pod_reads_back_what_podgc_did_and_why_it_left_a_pod() -> anyhow::Re
     assert_eq!(j["podgc"]["collected"]["certain"], true, "{j}");
     assert!(j["podgc"]["collected"]["at"].is_string(), "{j}");
 
+    // Force-deleted without a mark of its own: the pass its state fits, said as inferred.
+    let a = plugin(
+        &c.kubeconfig,
+        &[
+            "why",
+            "pod",
+            "held-done",
+            "-n",
+            &ns,
+            "--terminated-pod-ttl",
+            "2s",
+        ],
+    )
+    .await?;
+    assert_eq!(a.code, 0, "{a}");
+    assert!(
+        a.out
+            .contains("collected by PodGC, pass terminated, ttl or namespace-threshold, at "),
+        "{a}"
+    );
+    assert!(a.out.contains("(inferred)"), "{a}");
+    assert!(
+        a.out
+            .lines()
+            .any(|l| l.contains("ttl") && l.contains("chooses it")),
+        "{a}"
+    );
+
     // Gone: an error (exit 1), and where the answer is instead.
     let a = plugin(&c.kubeconfig, &["why", "pod", "orphan", "-n", &ns]).await?;
     assert_eq!(a.code, 1, "{a}");
@@ -220,6 +262,24 @@ async fn why_pod_reads_back_what_podgc_did_and_why_it_left_a_pod() -> anyhow::Re
     assert!(a.out.contains(&format!("its node {live:?} exists")), "{a}");
     assert!(a.out.contains("not terminating"), "{a}");
     assert_eq!(pods.get("kept").await?.resource_version(), kept_version);
+    Ok(())
+}
+
+/// Marks a pod Succeeded as a kubelet would, its container finished an hour ago.
+async fn finish(c: &Cluster, ns: &str, name: &str) -> anyhow::Result<()> {
+    let at = |ago: i64| {
+        (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(ago))
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    let status = json!({"status": {"phase": "Succeeded", "containerStatuses": [{
+        "name": "c", "image": "registry.invalid/none", "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "startedAt": at(3700), "finishedAt": at(3600)}}
+    }]}});
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await?;
     Ok(())
 }
 
