@@ -25,6 +25,7 @@ CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f'; echo "${flags[*]}") \
 bash "$root/image/rootfs.sh" "$out/rootfs" "$out/debs" >&2
 install -D -m 0755 "$target/release/controller-manager" "$out/rootfs/usr/local/bin/controller-manager"
 install -D -m 0755 "$target/release/node-agent" "$out/rootfs/usr/local/bin/node-agent"
+install -D -m 0755 "$target/release/kubectl-groundskeeper" "$out/rootfs/usr/local/bin/kubectl-groundskeeper"
 # The architecture of the binaries and of the Debian packages just fetched: this machine's (the
 # release workflow builds arm64 on an arm64 runner).
 python3 "$root/image/oci.py" "$out/rootfs" "$out/groundskeeper.oci.tar" "$name" --arch "$(dpkg --print-architecture)" \
