@@ -83,6 +83,10 @@ leader_pod() {
 # reader's token (scraper_token) and no check of the self-signed certificate.
 SCHEME=https
 url_host() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
+# kubectl-groundskeeper as an admin runs it (`kubectl groundskeeper ...`): the release build's,
+# the binary the image ships.
+plugin() { "${GK_PLUGIN:-${CARGO_TARGET_DIR:-$root/target}/release/kubectl-groundskeeper}" "$@"; }
+
 # A pod's /metrics, at the pod's address (the control plane's namespace routes to every pod).
 metrics() { # pod port
   local ip
