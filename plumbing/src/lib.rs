@@ -20,6 +20,7 @@ pub mod process;
 pub mod ratelimit;
 pub mod readiness;
 pub mod restclient;
+pub mod serving;
 pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
