@@ -198,8 +198,24 @@ fn log_time(logs: &str, needle: &str) -> anyhow::Result<Timestamp> {
         .lines()
         .find(|l| l.contains(needle))
         .ok_or_else(|| anyhow::anyhow!("no log line with {needle:?}:\n{logs}"))?;
-    let ts = line.split_whitespace().next().unwrap_or_default();
-    Ok(ts.parse()?)
+    klog_time(line).ok_or_else(|| anyhow::anyhow!("no klog header on {line:?}"))
+}
+
+/// The time of a line in klog's text format (`I1127 20:52:17.695837 ...`, UTC, no year: this
+/// year's, or last year's for a line from December read in January).
+fn klog_time(line: &str) -> Option<Timestamp> {
+    let mut words = line.split_whitespace();
+    let (date, time) = (words.next()?, words.next()?);
+    let (month, day) = (date.get(1..3)?, date.get(3..5)?);
+    let now = Timestamp::now();
+    let year = now.to_zoned(jiff::tz::TimeZone::UTC).year();
+    let at = |y: i16| -> Option<Timestamp> { format!("{y}-{month}-{day}T{time}Z").parse().ok() };
+    let t = at(year)?;
+    if t > now + SignedDuration::from_hours(24) {
+        at(year - 1)
+    } else {
+        Some(t)
+    }
 }
 
 fn runs() -> usize {

@@ -931,13 +931,9 @@ async fn namespace_annotations_valid_malformed_and_removed() -> anyhow::Result<(
     assert!(notes.iter().any(|n| n.contains("\"1 week\"")), "{notes:?}");
     assert!(notes.iter().any(|n| n.contains("\"-1\"")), "{notes:?}");
     let warned = |value: &str| {
-        let ns = format!("namespace={bad} ");
-        // logfmt: quoted only when it needs to be.
-        let value = if groundskeeper_plumbing::telemetry::needs_quotes(value) {
-            format!("value={value:?}")
-        } else {
-            format!("value={value}")
-        };
+        // klog's text (the default format): every string value quoted.
+        let ns = format!("namespace={bad:?}");
+        let value = format!("value={value:?}");
         m.logs()
             .lines()
             .filter(|l| {
