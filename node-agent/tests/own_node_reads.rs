@@ -73,7 +73,7 @@ async fn the_sysctl_task_reads_only_its_nodes_pods_and_node() {
 async fn the_conntrack_task_reads_no_pod() {
     let mock = Mock::default();
     let ctx = context(&mock);
-    let (_watched, run) = conntrack::cache::ModelSource::start(
+    let (_watched, run) = conntrack::cache::start(
         &ctx,
         Duration::from_secs(60),
         Duration::from_secs(1),

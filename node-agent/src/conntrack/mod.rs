@@ -2,50 +2,26 @@
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
-pub mod addr;
 pub mod apply;
 pub mod cache;
-pub mod changes;
-pub mod claim;
 pub mod decide;
-pub mod fill;
-pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod netlink;
 #[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
-pub mod project;
-pub mod removed;
-pub mod report;
-pub mod round;
 pub mod schedule;
-pub mod sweep;
 pub mod sysctls;
 
 #[cfg(test)]
 mod cache_tests;
-#[cfg(test)]
-mod changes_tests;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
 mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
-#[cfg(test)]
-mod live_tests;
-#[cfg(test)]
-mod model_tests;
-#[cfg(test)]
-mod model_whole;
-#[cfg(test)]
-mod pass_tests;
-#[cfg(test)]
-mod project_tests;
-#[cfg(test)]
-mod removed_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
@@ -62,6 +38,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::context::Context;
+use model::Model;
+use model::changes::Changes;
+use model::focus::Focus;
+use pass::fill::Notifier;
+use pass::round::{RoundSummary, RoundThread};
 
 pub use metrics::Metrics;
 
@@ -151,16 +132,16 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     .await?;
     let metrics = Metrics::register(&ctx.base.registry)?;
     let mut rounds = Cleanup {
-        rounds: round::RoundThread::start(
+        rounds: RoundThread::start(
             args.conntrack_netns.clone(),
             metrics.clone(),
             apply::table(dry_run),
             args.conntrack_orphan_grace,
         )?,
-        fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
+        fill: Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
     };
     let changed = Arc::new(Notify::new());
-    let (models, watches) = cache::ModelSource::start(
+    let (models, watches) = cache::start(
         &ctx,
         deleted_retention(&args),
         args.conntrack_no_endpoint_settle,
@@ -195,17 +176,17 @@ fn deleted_retention(args: &ConntrackArgs) -> Duration {
 
 /// A round in the agent: both families' passes on the netlink thread, then the fill Event.
 struct Cleanup {
-    rounds: round::RoundThread,
-    fill: fill::Notifier,
+    rounds: RoundThread,
+    fill: Notifier,
 }
 
 impl schedule::Rounds for Cleanup {
     async fn round(
         &mut self,
-        model: Arc<model::Model>,
-        focus: Option<decide::Focus>,
-        since: Option<changes::Changes>,
-    ) -> round::RoundSummary {
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        since: Option<Changes>,
+    ) -> RoundSummary {
         let summary = self.rounds.run(model, focus, since).await;
         if let Some(f) = summary.fill {
             self.fill.observe(f).await;

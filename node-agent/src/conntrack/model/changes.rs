@@ -13,9 +13,9 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::decide::{Focus, frontend_judgment, node_port_judgment};
-use super::model::{FamilyModel, Model};
-use super::netlink::family::{Family, PerFamily};
+use super::focus::{Focus, frontend_judgment, node_port_judgment};
+use super::{FamilyModel, Model};
+use crate::conntrack::netlink::family::{Family, PerFamily};
 
 /// The old value of every entry an update changed since a point (the first value wins).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -180,6 +180,20 @@ impl Changes {
     /// `Focus::between(model at the point, current)`.
     pub fn focus(&self, current: &Model) -> Option<Focus> {
         Focus::between(&self.old, &self.now_in(current))
+    }
+
+    /// What a triggered round over `current` looks at, `self` being what changed since the
+    /// model the last round judged: what the change touched ([`Changes::focus`]), and every
+    /// frontend and nodePort without a serving endpoint ([`Scope::add_unserved`]). `None`: the
+    /// change needs a full round.
+    ///
+    /// [`Scope::add_unserved`]: super::focus::Scope::add_unserved
+    pub fn triggered_focus(&self, current: &Model) -> Option<Focus> {
+        let mut focus = self.focus(current)?;
+        for fam in Family::ALL {
+            focus[fam].add_unserved(&current[fam]);
+        }
+        Some(focus)
     }
 
     /// Every entry that differs between `old` and `new`, noted from `old`: what an update from

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use testkit::rng::Rng;
 
 use super::changes::Changes;
-use super::decide::Focus;
 use super::live::Live;
 use super::live_tests::{RETENTION, SETTLE, STEPS_MS, World, change};
-use super::model::Model;
-use super::netlink::family::Family;
 use super::removed::{Key, Removed};
+use crate::conntrack::model::Model;
+use crate::conntrack::model::focus::Focus;
+use crate::conntrack::netlink::family::Family;
 
 /// What the checks saw, so a generator that stops reaching a case fails the test.
 #[derive(Default, Debug)]

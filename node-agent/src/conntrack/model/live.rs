@@ -4,8 +4,8 @@
 //!
 //! The rule, checked by `live_tests.rs` over generated sequences of changes and settle-time
 //! passages: after every update the model equals the one built from scratch on the same inputs
-//! and times (`model::build_views`, then [`Settle`](super::model::Settle) and
-//! [`Tombstones`](super::model::Tombstones)), which stay the definition of what the model is.
+//! and times (`reference::build_views`, then `reference::Settle` and `reference::Tombstones`),
+//! which stay the definition of what the model is.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::changes::Changes;
-use super::model::{Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims};
-use super::netlink::family::Family;
 use super::project::{ServiceView, SliceView};
+use crate::conntrack::model::{Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims};
+use crate::conntrack::netlink::family::Family;
 
 /// A frontend or nodePort of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use testkit::rng::Rng;
 
 use super::live::{Live, Views};
-use super::model::{self, Model, ServiceIpRange, Settle, Tombstones};
 use super::project::{self, ServiceView, SliceView};
 use super::project_tests;
+use crate::conntrack::model::reference::{Settle, Tombstones};
+use crate::conntrack::model::{self, Model, ServiceIpRange};
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 pub(super) const SETTLE: Duration = Duration::from_secs(2);
@@ -45,7 +46,7 @@ impl Views for World {
 
 impl World {
     fn built_whole(&self) -> Model {
-        model::build_views(
+        model::reference::build_views(
             self.services
                 .iter()
                 .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),

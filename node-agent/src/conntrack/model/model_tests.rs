@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::addr::parse_ip;
-use super::model::*;
-use super::netlink::family::Family::{V4, V6};
+use crate::conntrack::model::reference::{Settle, Tombstones, build};
+use crate::conntrack::model::*;
+use crate::conntrack::netlink::family::Family::{V4, V6};
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()

@@ -8,7 +8,7 @@
 //! frontend IPs per family and its UDP ports, an EndpointSlice into its UDP ports and the parsed
 //! addresses of its serving endpoints. The rule: the model built from views equals the model
 //! built from whole objects (`project_tests.rs` checks it over generated objects against
-//! `model_whole.rs`, the reading of whole objects), so a field the model starts to read must be
+//! `reference::whole`, the reading of whole objects), so a field the model starts to read must be
 //! kept here too.
 
 use std::net::IpAddr;
@@ -19,7 +19,7 @@ use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::addr::{ServiceIpRange, parse_ip};
-use super::netlink::family::{Family, PerFamily};
+use crate::conntrack::netlink::family::{Family, PerFamily};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.

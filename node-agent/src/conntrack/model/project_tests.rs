@@ -10,10 +10,12 @@ use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::{Value, json};
 use testkit::rng::Rng;
 
-use super::model::{self, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model};
-use super::model_whole;
-use super::netlink::family::Family;
 use super::project;
+use super::reference::whole;
+use crate::conntrack::model::{
+    self, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model,
+};
+use crate::conntrack::netlink::family::Family;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const PROTOCOLS: [Option<&str>; 5] = [Some("UDP"), Some("UDP"), Some("TCP"), Some("SCTP"), None];
@@ -71,7 +73,7 @@ fn meta(rng: &mut Rng, ns: &str, name: &str, service: Option<&str>) -> Value {
     m
 }
 
-pub(super) fn addr(rng: &mut Rng) -> &'static str {
+pub(in crate::conntrack) fn addr(rng: &mut Rng) -> &'static str {
     if rng.chance(70) {
         rng.pick(&V4)
     } else {
@@ -83,7 +85,7 @@ fn opt<T: Into<Value>>(v: Option<T>) -> Value {
     v.map(Into::into).unwrap_or(Value::Null)
 }
 
-pub(super) fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
+pub(in crate::conntrack) fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
     let ports: Vec<Value> = (0..rng.below(4))
         .map(|_| {
             json!({
@@ -132,7 +134,12 @@ pub(super) fn service(rng: &mut Rng, ns: &str, name: &str) -> Service {
     .expect("a generated Service parses")
 }
 
-pub(super) fn slice(rng: &mut Rng, ns: &str, name: &str, service: Option<&str>) -> EndpointSlice {
+pub(in crate::conntrack) fn slice(
+    rng: &mut Rng,
+    ns: &str,
+    name: &str,
+    service: Option<&str>,
+) -> EndpointSlice {
     let ports: Vec<Value> = (0..rng.below(4))
         .map(|_| {
             json!({"name": opt(rng.pick(&PORT_NAMES)), "protocol": opt(rng.pick(&PROTOCOLS)),
@@ -225,16 +232,16 @@ fn world(seed: u64) -> World {
 
 /// The model as the agent builds it: from the views of the objects (`project`).
 fn model_of_views(w: &World) -> Model {
-    model::build(&w.services, &w.slices)
+    model::reference::build(&w.services, &w.slices)
         .with_service_ips(&w.cidrs, &w.addresses)
         .with_node(Some(&w.node))
 }
 
-/// The model read straight from the whole objects (`model_whole`, the reference).
+/// The model read straight from the whole objects (`reference::whole`, the reference).
 fn model_of_whole(w: &World) -> Model {
-    let m = model_whole::build(&w.services, &w.slices);
-    let m = model_whole::with_service_ips(m, &w.cidrs, &w.addresses);
-    model_whole::with_node(m, Some(&w.node))
+    let m = whole::build(&w.services, &w.slices);
+    let m = whole::with_service_ips(m, &w.cidrs, &w.addresses);
+    whole::with_node(m, Some(&w.node))
 }
 
 #[test]

@@ -19,14 +19,15 @@ use std::time::{Duration, Instant};
 
 use testkit::rng::Rng;
 
-use super::apply::{Delete, Dump, Table};
-use super::decide::{Scope, Stale};
-use super::model::FamilyModel;
-use super::netlink::family::Family::V4;
-use super::netlink::msg::{Entry, IPPROTO_UDP};
-use super::netlink::socket::{BatchReport, DumpError};
-use super::pass::{PassState, run_focused_pass};
 use super::removed::Key;
+use crate::conntrack::apply::{Delete, Dump, Table};
+use crate::conntrack::decide::Stale;
+use crate::conntrack::model::FamilyModel;
+use crate::conntrack::model::focus::Scope;
+use crate::conntrack::netlink::family::Family::V4;
+use crate::conntrack::netlink::msg::{Entry, IPPROTO_UDP};
+use crate::conntrack::netlink::socket::{BatchReport, DumpError};
+use crate::conntrack::pass::{PassState, run_focused_pass};
 
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -53,7 +54,10 @@ impl Table for Flows {
 
 impl Delete for Flows {
     fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        Ok(super::focus_tests::remove_entries(&mut self.0, stale))
+        Ok(crate::conntrack::focus_tests::remove_entries(
+            &mut self.0,
+            stale,
+        ))
     }
 }
 

@@ -1,23 +1,34 @@
 //! One cleanup pass over one IP family: stream the table (UDP only when the kernel lets us),
 //! decide per entry, and delete the stale entries by tuple + ID in bounded batches while the
-//! dump streams ([`super::sweep`] says why that is safe). Works against the `Table` trait so
-//! the retry and abort rules are tested without a kernel.
+//! dump streams ([`sweep`] says why that is safe). Works against the `Table` trait so
+//! the retry and abort rules are tested without a kernel. Beside it, the round that runs each
+//! family's pass on the netlink thread (`round`), what a pass reports (`report`) and the Node
+//! Event for a filling table (`fill`).
+
+pub mod fill;
+pub mod report;
+pub mod round;
+pub mod sweep;
+
+#[cfg(test)]
+mod pass_tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::apply::{Dump, Table};
-use super::decide::{Scope, Stale, verdict};
+use super::decide::{Flow, Stale, verdict};
+use super::model::focus::Scope;
+use super::model::removed::Removed;
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family;
 use super::netlink::filter::Select;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::DumpError;
-use super::removed::Removed;
-pub use super::report::{PassContext, PassReport};
-use super::sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep, UnseenKey};
+pub use report::{PassContext, PassReport};
+use sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep, UnseenKey};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -305,12 +316,22 @@ pub fn judge(
     removed: &Removed,
     scope: Option<&Scope>,
 ) -> Option<Stale> {
+    let flow = flow_of(e);
     match scope {
-        None => verdict(e, model, host_ips, removed),
-        Some(s) if !s.touches(e) => None,
+        None => verdict(&flow, model, host_ips, removed),
+        Some(s) if !s.touches(flow.orig_dst, flow.reply_src.ip()) => None,
         Some(_) => {
-            verdict(e, model, host_ips, removed).filter(|why| *why != Stale::OrphanedServiceIp)
+            verdict(&flow, model, host_ips, removed).filter(|why| *why != Stale::OrphanedServiceIp)
         }
+    }
+}
+
+/// What the rules judge of `e` ([`Flow`]): its protocol, original destination and reply source.
+pub fn flow_of(e: &Entry) -> Flow {
+    Flow {
+        udp: e.orig.proto == IPPROTO_UDP,
+        orig_dst: SocketAddr::new(e.orig.dst, e.orig.dst_port),
+        reply_src: SocketAddr::new(e.reply.src, e.reply.src_port),
     }
 }
 

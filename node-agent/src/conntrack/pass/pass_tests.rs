@@ -5,13 +5,14 @@ use std::net::{IpAddr, SocketAddr};
 
 use std::io;
 
-use super::apply::{Delete, DryRun, Dump, Table};
-use super::decide::{Scope, Stale};
-use super::model::FamilyModel;
-use super::netlink::family::Family::V4;
-use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
-use super::netlink::socket::{BatchReport, DumpError};
-use super::pass::*;
+use crate::conntrack::apply::{Delete, DryRun, Dump, Table};
+use crate::conntrack::decide::Stale;
+use crate::conntrack::model::FamilyModel;
+use crate::conntrack::model::focus::Scope;
+use crate::conntrack::netlink::family::Family::V4;
+use crate::conntrack::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
+use crate::conntrack::netlink::socket::{BatchReport, DumpError};
+use crate::conntrack::pass::*;
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -436,8 +437,8 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
 
 #[test]
 fn selections_ask_the_kernel_for_the_scope_in_few_walks() {
-    use super::netlink::family::Family::V6;
-    use super::netlink::filter::Select::{OrigDst, OrigDstPort, ReplySource};
+    use crate::conntrack::netlink::family::Family::V6;
+    use crate::conntrack::netlink::filter::Select::{OrigDst, OrigDstPort, ReplySource};
     let scope = |f: &[&str], n: &[u16], b: &[&str]| Scope {
         frontends: f.iter().map(|s| sa(s)).collect(),
         node_ports: n.iter().copied().collect(),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::netlink::family::Family;
+use crate::conntrack::netlink::family::Family;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {

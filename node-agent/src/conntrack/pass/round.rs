@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::apply::Table;
-use super::changes::Changes;
-use super::decide::Focus;
 use super::fill::Fill;
-use super::metrics::Metrics;
-use super::model::Model;
-use super::netlink::family::{Family, PerFamily};
-use super::netlink::socket::DumpError;
-use super::pass::{PassContext, PassError, PassState, run_focused_pass};
+use crate::conntrack::apply::Table;
+use crate::conntrack::metrics::Metrics;
+use crate::conntrack::model::Model;
+use crate::conntrack::model::changes::Changes;
+use crate::conntrack::model::focus::Focus;
+use crate::conntrack::netlink::family::{Family, PerFamily};
+use crate::conntrack::netlink::socket::DumpError;
+use crate::conntrack::pass::{PassContext, PassError, PassState, run_focused_pass};
 
 /// Fill ratio above which every pass logs a warning (and, once per crossing, a Node Event).
 const FILL_WARNING: f64 = super::fill::THRESHOLD;
@@ -390,7 +390,7 @@ mod tests {
     /// included); entries deleted before a list failed are counted all the same.
     #[test]
     fn the_latency_is_observed_only_after_a_whole_list() {
-        use crate::conntrack::pass_tests::{Fake, flow, model};
+        use crate::conntrack::pass::pass_tests::{Fake, flow, model};
         use crate::conntrack::{netlink::msg::IPPROTO_UDP, pass::PassState};
         let stale = || {
             (1..=3)

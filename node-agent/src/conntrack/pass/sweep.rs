@@ -3,7 +3,7 @@
 //! The table and its stale list are never held: memory stays flat in both.
 //!
 //! Why deleting while the dump streams is safe: every verdict is about one entry alone (its
-//! tuples against the model; [`super::decide::stale`]), never about what else the table holds,
+//! tuples against the model; [`crate::conntrack::decide::stale`]), never about what else the table holds,
 //! and each delete names the entry the kernel just returned by tuple + ID, so an entry replaced
 //! meanwhile is not touched (its delete fails as not found). The kernel's dump resumes after
 //! the last entry it could not send yet, which the pass has not seen and so cannot have
@@ -20,11 +20,11 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use super::apply::Delete;
-use super::decide::Stale;
-use super::model::canonical;
-use super::netlink::msg::Entry;
 use super::report::PassReport;
+use crate::conntrack::apply::Delete;
+use crate::conntrack::decide::Stale;
+use crate::conntrack::model::canonical;
+use crate::conntrack::netlink::msg::Entry;
 
 /// Stale entries held before they are deleted (one netlink `sendmsg` carries 128).
 pub const DELETE_BATCH: usize = 512;
