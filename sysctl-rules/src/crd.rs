@@ -149,7 +149,7 @@ pub struct SysctlPolicyStatus {
 pub fn crd_yaml() -> String {
     let crd = SysctlPolicy::crd();
     format!(
-        "# Generated from sysctl/src/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
+        "# Generated from sysctl-rules/src/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
         serde_norway::to_string(&crd).expect("a CRD serializes to YAML")
     )
 }

@@ -740,7 +740,7 @@ fn conntrack_cli_sees_what_netlink_created() {
 fn read_only_sysctl_is_a_clear_error_naming_the_file() {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::sysctls::{ConntrackSysctlArgs, Roots, apply};
+    use super::tuning::{ConntrackSysctlArgs, Roots, apply};
     const NAME: &str = "read_only_sysctl_is_a_clear_error_naming_the_file";
     if skip(NAME) {
         return;

@@ -12,7 +12,7 @@ pub mod netlink;
 pub mod netns;
 pub mod pass;
 pub mod schedule;
-pub mod sysctls;
+pub mod tuning;
 
 #[cfg(test)]
 mod cache_tests;
@@ -27,7 +27,7 @@ mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
-mod sysctls_tests;
+mod tuning_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,7 +88,7 @@ pub struct ConntrackArgs {
     pub conntrack_netns: Option<String>,
 
     #[command(flatten)]
-    pub sysctls: sysctls::ConntrackSysctlArgs,
+    pub tuning: tuning::ConntrackSysctlArgs,
 }
 
 impl ConntrackArgs {
@@ -124,10 +124,10 @@ impl ConntrackArgs {
 
 pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
-    let sysctl_args = args.sysctls.clone();
+    let sysctl_args = args.tuning.clone();
     let dry_run = ctx.base.dry_run;
     tokio::task::spawn_blocking(move || {
-        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default(), dry_run)
+        tuning::apply_and_log(&sysctl_args, &tuning::Roots::default(), dry_run)
     })
     .await?;
     let metrics = Metrics::register(&ctx.base.registry)?;
@@ -216,8 +216,8 @@ mod tests {
         assert_eq!(c.conntrack_orphan_grace.as_secs(), 30);
         assert_eq!(c.conntrack_min_interval.as_secs(), 2);
         assert_eq!(c.conntrack_gc_max.as_secs(), 300);
-        assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
-        assert!(c.sysctls.conntrack_tcp_be_liberal);
+        assert_eq!(c.tuning.conntrack_max_per_core, Some(32768));
+        assert!(c.tuning.conntrack_tcp_be_liberal);
         assert!(c.validate().is_ok());
     }
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use super::sysctls::*;
+use super::tuning::*;
 
 #[test]
 fn a_failed_write_says_what_was_tried_and_why() {

@@ -1,8 +1,8 @@
-//! Admission's writes to the API, behind a trait, with `--dry-run` decided in one place.
+//! The reporter's writes to the API, behind a trait, with `--dry-run` decided in one place.
 //!
 //! The status write is behind [`Writes`] (the kube one here, a recording fake in the tests);
 //! the report Events go through plumbing's Event writer, which decides `--dry-run` for them.
-//! [`Writer`] carries out what admission decided and is the one place `--dry-run` is decided
+//! [`Writer`] carries out what the reporter decided and is the one place `--dry-run` is decided
 //! for the status. No pod is ever written: the agent reports.
 
 use std::future::Future;
@@ -22,7 +22,7 @@ use crate::context::MANAGER;
 /// The Event reason of a pod that ran although the Enforce policy of its node forbade it.
 pub const RAN_REASON: &str = "SysctlForbiddenRan";
 
-/// A write of admission's that failed (retried on the tick).
+/// A write of the reporter's that failed (retried on the tick).
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("reporting the pod: {0}")]
@@ -43,7 +43,7 @@ impl WriteError {
     }
 }
 
-/// The API writes admission makes, nothing decided here.
+/// The API writes the reporter makes, nothing decided here.
 pub trait Writes: Send + Sync {
     /// Server-side applies a SysctlPolicy's status, forced, under [`MANAGER`].
     fn apply_policy_status(
@@ -113,7 +113,7 @@ enum Intent<'a> {
     },
 }
 
-/// Carries out admission's decisions through `W`; under `--dry-run` only logs them.
+/// Carries out the reporter's decisions through `W`; under `--dry-run` only logs them.
 pub struct Writer<W> {
     writes: W,
     dry_run: bool,

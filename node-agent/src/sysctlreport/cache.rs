@@ -1,7 +1,7 @@
-//! What admission watches: this node's pods, the SysctlPolicies and this Node's labels and
+//! What the reporter watches: this node's pods, the SysctlPolicies and this Node's labels and
 //! kubelet version.
 //!
-//! Each goes into a `plumbing::cache::Store`; the watches yield the changes admission reacts to.
+//! Each goes into a `plumbing::cache::Store`; the watches yield the changes the reporter reacts to.
 //!
 //! Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`): with a
 //! field selector, a paginated quorum list would page through every pod and node in the cluster
@@ -42,7 +42,7 @@ impl PodKey {
 /// Node labels.
 pub type Labels = BTreeMap<String, String>;
 
-/// All admission reads of its Node.
+/// All the reporter reads of its Node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeView {
     pub labels: Labels,
@@ -71,7 +71,7 @@ pub struct Cache {
     pub nodes: Store<String, NodeView>,
 }
 
-/// What a watch event means to admission, once the cache has applied it.
+/// What a watch event means to the reporter, once the cache has applied it.
 #[derive(Debug)]
 pub enum Change {
     /// Nothing to react to (a list starting, or a Node list item).

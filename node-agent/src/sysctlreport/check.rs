@@ -34,7 +34,9 @@ pub struct CheckArgs {
     pub file: PathBuf,
 }
 
-pub use groundskeeper_sysctl::args::{parse_kernel_version, parse_kubelet_version, parse_pattern};
+pub use groundskeeper_sysctl_rules::args::{
+    parse_kernel_version, parse_kubelet_version, parse_pattern,
+};
 
 /// The exit codes: all admitted, some rejected, input unusable.
 pub const EXIT_ADMITTED: u8 = 0;

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use groundskeeper_sysctl::verdict::Verdict;
+use groundskeeper_sysctl_rules::verdict::Verdict;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 
@@ -26,7 +26,7 @@ use super::crd::Mode;
 /// kubelet's annotation on the mirror pod of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// What admission reads of a pod.
+/// What the reporter reads of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
     pub uid: String,
@@ -140,7 +140,7 @@ pub fn started(status: &PodStatus) -> bool {
             .any(|c| KUBELET_CONDITIONS.contains(&c.type_.as_str()))
 }
 
-pub use groundskeeper_sysctl::hash::stable_hash;
+pub use groundskeeper_sysctl_rules::hash::stable_hash;
 
 /// The name of the one Warning event that reports a forbidden pod that started (ran despite
 /// Enforce, audited, or already started), for this pod UID, policy revision and the verdict's

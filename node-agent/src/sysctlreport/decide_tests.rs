@@ -1,10 +1,10 @@
 //! What the agent does per pod: started signals, the verdict it started under, memory, event
-//! names. The verdicts themselves come from the shared table (`groundskeeper_sysctl::cases`).
+//! names. The verdicts themselves come from the shared table (`groundskeeper_sysctl_rules::cases`).
 
 use super::decide::*;
-use groundskeeper_sysctl::cases;
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
-use groundskeeper_sysctl::verdict::{Verdict, node_policy};
+use groundskeeper_sysctl_rules::cases;
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
+use groundskeeper_sysctl_rules::verdict::{Verdict, node_policy};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
@@ -51,7 +51,7 @@ fn forbidden(mode: Mode) -> Verdict {
     }
 }
 
-/// As admission does it: remember what was handled.
+/// As the reporter does it: remember what was handled.
 fn run(p: &Pod, verdict: Verdict, memory: &mut Memory, chosen: bool) -> Action {
     let facts = PodFacts::of(p);
     let action = decide(&facts, verdict.clone(), memory, chosen, since());

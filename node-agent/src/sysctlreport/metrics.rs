@@ -1,4 +1,4 @@
-//! Admission's Prometheus metrics.
+//! The reports' Prometheus metrics.
 //!
 //! Pods checked; started pods the node's verdict forbade when they started (by mode: Enforce
 //! means the policy did not keep them off); started pods a later verdict forbids. The agent

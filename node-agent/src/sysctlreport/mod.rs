@@ -3,11 +3,8 @@
 //! A pod bound to this node whose sysctls the node does not allow is reported once kubelet has
 //! started it (as having run despite Enforce, as audited, or as started before the policy);
 //! no pod is ever written. Keeping such pods off the node is the controller-manager's admission
-//! webhook's. The rules are the shared `groundskeeper_sysctl` crate's.
+//! webhook's. The rules are the shared `groundskeeper_sysctl_rules` crate's.
 
-pub mod admission;
-#[cfg(test)]
-mod admission_tests;
 pub mod apply;
 pub mod cache;
 pub mod check;
@@ -15,21 +12,24 @@ pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 pub mod metrics;
+pub mod reporter;
+#[cfg(test)]
+mod reporter_tests;
 
 // The rules themselves are shared with the controller-manager's admission webhook.
-pub use groundskeeper_sysctl::{allowlist, crd, kernel, kubelet, names, policy, safe};
+pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
 use futures::StreamExt;
 use groundskeeper_plumbing::cache::Shared;
-use groundskeeper_sysctl::args::PolicyArgs;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
 use kernel::KernelVersion;
 
 use crate::context::Context;
-use admission::{Admission, Settings, TICK};
 use apply::{KubeWrites, Writer};
 use metrics::Metrics;
+use reporter::{Reporter, Settings, TICK};
 
-/// The agent's sysctl admission flags.
+/// The flags of the agent's sysctl reports.
 #[derive(clap::Args, Debug, Clone)]
 #[command(next_help_heading = "Sysctl admission")]
 pub struct SysctlArgs {
@@ -79,7 +79,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
         flag: policy.allowed_unsafe_sysctls(),
         default_mode: policy.sysctl_default_mode,
     };
-    let mut admission = Admission::new(settings, cache, watches, writer, metrics);
+    let mut reporter = Reporter::new(settings, cache, watches, writer, metrics);
 
     let mut changes = std::pin::pin!(changes);
     let mut tick = tokio::time::interval(TICK);
@@ -87,14 +87,11 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             _ = ctx.base.token.cancelled() => break,
-            Some(change) = changes.next() => admission.on_change(change).await,
-            _ = tick.tick() => admission.on_tick().await,
+            Some(change) = changes.next() => reporter.on_change(change).await,
+            _ = tick.tick() => reporter.on_tick().await,
         }
     }
-    tracing::info!(
-        decisions = admission.decisions(),
-        "sysctl admission stopped"
-    );
+    tracing::info!(decisions = reporter.decisions(), "sysctl admission stopped");
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! Admission's state machine: driven by watch changes and a tick, it acts through `apply`.
+//! The reporter's state machine: driven by watch changes and a tick, it acts through `apply`.
 //!
 //! It keeps the node's merged policy and since when it is in force, what was done per pod
 //! (`decide::Memory`), the pods whose reports are retried, and the policy status writes coming
@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use groundskeeper_sysctl::kubelet::Kubelet;
-use groundskeeper_sysctl::verdict::Verdict;
+use groundskeeper_sysctl_rules::kubelet::Kubelet;
+use groundskeeper_sysctl_rules::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
 use super::cache::{Cache, Change, Flags, PodKey};
@@ -45,7 +45,7 @@ pub fn status_offset(node: &str) -> Duration {
     )
 }
 
-/// What admission is configured with, fixed for the process.
+/// What the reporter is configured with, fixed for the process.
 pub struct Settings {
     pub node_name: String,
     /// The host's kernel (None: unknown, so only the ungated safe sysctls); which safe sysctls
@@ -57,10 +57,10 @@ pub struct Settings {
     pub default_mode: Mode,
 }
 
-pub struct Admission<W> {
+pub struct Reporter<W> {
     settings: Settings,
     cache: Shared<Cache>,
-    /// This task's own watches; other tasks' readiness must not hold admission back.
+    /// This task's own watches; other tasks' readiness must not hold the reporter back.
     watches: Health,
     /// The SysctlPolicy watch alone.
     policies: Health,
@@ -78,7 +78,7 @@ pub struct Admission<W> {
     status_offset: Duration,
 }
 
-impl<W: Writes> Admission<W> {
+impl<W: Writes> Reporter<W> {
     pub fn new(
         settings: Settings,
         cache: Shared<Cache>,

@@ -1,4 +1,4 @@
-//! Admission driven by plain cache changes and ticks, its writes recorded by a fake.
+//! The reporter driven by plain cache changes and ticks, its writes recorded by a fake.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -12,12 +12,12 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-use super::admission::{Admission, Settings, status_offset};
 use super::apply::{Writer, Writes};
 use super::cache::{Cache, Change, Flags, NodeView, PodKey};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
+use super::reporter::{Reporter, Settings, status_offset};
 
 const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 
@@ -151,9 +151,9 @@ fn policy(name: &str, mode: Mode) -> SysctlPolicy {
     p
 }
 
-/// Admission on node `node` with its watches listed and healthy, over an empty cache.
+/// The reporter on node `node` with its watches listed and healthy, over an empty cache.
 struct Rig {
-    admission: Admission<Fake>,
+    reporter: Reporter<Fake>,
     cache: Shared<Cache>,
     watches: Flags,
     fake: Fake,
@@ -164,7 +164,7 @@ impl Rig {
     async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let mut rig = Self::unlisted(node, default_mode, dry_run);
         rig.set_healthy(true);
-        rig.admission.on_change(Change::Merge).await;
+        rig.reporter.on_change(Change::Merge).await;
         rig
     }
 
@@ -206,7 +206,7 @@ impl Rig {
         );
         let writer = Writer::new(fake.clone(), dry_run, events);
         Rig {
-            admission: Admission::new(
+            reporter: Reporter::new(
                 settings,
                 cache.clone(),
                 watches.clone(),
@@ -240,7 +240,7 @@ impl Rig {
             .lock()
             .pods
             .apply(Update::Apply(PodKey::of(p), p.clone()));
-        self.admission
+        self.reporter
             .on_change(Change::Pod(Box::new(p.clone())))
             .await;
     }
@@ -252,7 +252,7 @@ impl Rig {
             .lock()
             .policies
             .apply(Update::Apply(name, p.clone()));
-        self.admission
+        self.reporter
             .on_change(Change::Policy(Box::new(p.clone())))
             .await;
     }
@@ -349,7 +349,7 @@ async fn the_nodes_own_kubelet_version_decides() {
     };
     set_kubelet(&r, "v1.36.2");
     r.set_healthy(true);
-    r.admission.on_change(Change::Merge).await;
+    r.reporter.on_change(Change::Merge).await;
     let sysctl = "net.ipv4.tcp_slow_start_after_idle";
     let old = pod("old", &[sysctl]);
     r.pod(&old).await;
@@ -363,7 +363,7 @@ async fn the_nodes_own_kubelet_version_decides() {
     );
 
     set_kubelet(&r, "v1.37.0");
-    r.admission.on_change(Change::Merge).await;
+    r.reporter.on_change(Change::Merge).await;
     let new = pod("new", &[sysctl]);
     r.pod(&new).await;
     r.pod(&started(new)).await;
@@ -378,17 +378,17 @@ async fn a_pod_kubelet_rejects_gets_nothing_from_the_agent() {
         let p = pod("web", &["kernel.msgmax"]);
         r.pod(&p).await;
         r.pod(&rejected_by_kubelet(p)).await;
-        r.admission.on_tick().await;
+        r.reporter.on_tick().await;
         assert_eq!(r.fake.take(), [], "{mode}");
         assert_eq!(r.ran(mode), 0, "{mode}");
     }
 }
 
 /// The three watches list in any order. When the pods list last, no Node or policy event may
-/// follow for a long time: the policy must be merged then, or admission never starts (seen
+/// follow for a long time: the policy must be merged then, or the reporter never starts (seen
 /// under load in rbac_cluster before this was fixed).
 #[tokio::test]
-async fn admission_starts_whichever_watch_lists_last() {
+async fn the_reporter_starts_whichever_watch_lists_last() {
     for order in [
         ["nodes", "policies", "pods"],
         ["pods", "nodes", "policies"],
@@ -407,7 +407,7 @@ async fn admission_starts_whichever_watch_lists_last() {
                 _ => (&r.watches.pods, Change::PodsListed),
             };
             flag.mark_ready();
-            r.admission.on_change(change).await;
+            r.reporter.on_change(change).await;
         }
         assert_eq!(r.metrics.checked.get(), 1, "lists in the order {order:?}");
         r.pod(&started(p)).await;
@@ -457,16 +457,16 @@ async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     let mut updated = p.clone();
     updated.metadata.resource_version = Some("9".into());
     r.pod(&updated).await;
-    r.admission.on_change(Change::PodsListed).await;
-    r.admission.on_change(Change::Merge).await;
-    r.admission.on_tick().await;
+    r.reporter.on_change(Change::PodsListed).await;
+    r.reporter.on_change(Change::Merge).await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 1);
     // Other sysctls are a change: judged again.
     r.pod(&started(pod("web", &["kernel.sem"]))).await;
     assert_eq!(r.fake.take().len(), 1);
     // Deleted and forgotten: the same UID would be judged afresh.
-    r.admission
+    r.reporter
         .on_change(Change::PodGone("uid-web".into()))
         .await;
     r.pod(&p).await;
@@ -489,10 +489,10 @@ async fn failed_reports_are_retried_on_the_tick() {
         1
     );
     assert_eq!(r.ran(Mode::Enforce), 0, "not counted before it is done");
-    r.admission.on_tick().await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), [ran("web")], "retried, still as having run");
     assert_eq!(r.ran(Mode::Enforce), 1);
-    r.admission.on_tick().await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), [], "done: no more retries");
 }
 
@@ -504,7 +504,7 @@ async fn an_existing_report_event_counts_as_reported() {
     r.fake.fail_next(409);
     r.pod(&started(p)).await;
     assert_eq!(r.ran(Mode::Audit), 1, "reported by an earlier process");
-    r.admission.on_tick().await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), [], "not retried");
 }
 
@@ -517,7 +517,7 @@ async fn dry_run_writes_nothing() {
     r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
     r.policy(&policy("p", Mode::Enforce)).await;
     tokio::time::advance(Duration::from_secs(10)).await;
-    r.admission.on_tick().await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), []);
     // Counted as done, as the cluster test reads it: what would have been.
     assert_eq!(r.ran(Mode::Enforce), 1);
@@ -538,10 +538,10 @@ async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged
         r.policy(&p).await;
         let due = start + status_offset(node);
         tokio::time::advance(due - tokio::time::Instant::now() - Duration::from_millis(1)).await;
-        r.admission.on_tick().await;
+        r.reporter.on_tick().await;
         assert_eq!(r.fake.take(), [], "{node}: not before its turn");
         tokio::time::advance(Duration::from_millis(1)).await;
-        r.admission.on_tick().await;
+        r.reporter.on_tick().await;
         let written = r.fake.take();
         let [Write::Status { policy, status }] = &written[..] else {
             panic!("{node}: one status write, got {written:?}");
@@ -554,7 +554,7 @@ async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged
         with_status.status = Some(status.clone());
         r.policy(&with_status).await;
         tokio::time::advance(Duration::from_secs(10)).await;
-        r.admission.on_tick().await;
+        r.reporter.on_tick().await;
         assert_eq!(r.fake.take(), [], "{node}: not repeated");
     }
 }
@@ -568,7 +568,7 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
     let mut other = Rig::new("node-b", Mode::Audit, false).await;
     other.policy(&p).await;
     tokio::time::advance(Duration::from_secs(5)).await;
-    other.admission.on_tick().await;
+    other.reporter.on_tick().await;
     let [Write::Status { status, .. }] = &other.fake.take()[..] else {
         panic!("node-b writes")
     };
@@ -578,7 +578,7 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
         .lock()
         .policies
         .apply(Update::Apply("p".into(), with_status));
-    r.admission.on_tick().await;
+    r.reporter.on_tick().await;
     assert_eq!(r.fake.take(), []);
 }
 

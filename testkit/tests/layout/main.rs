@@ -12,7 +12,7 @@ const COMPONENTS: &[&str] = &[
     "controllers/src/podgc",
     "controllers/src/sysctlwebhook",
     "node-agent/src/conntrack",
-    "node-agent/src/sysctl",
+    "node-agent/src/sysctlreport",
 ];
 const SHAPE: &[&str] = &["mod.rs", "decide.rs", "apply.rs", "cache.rs", "metrics.rs"];
 const MAX_LINES: usize = 600;
@@ -34,7 +34,13 @@ fn sources() -> Vec<(String, String)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         walk(&repo().join(krate).join("src"), &mut files);
     }
     files.sort();
@@ -143,7 +149,13 @@ fn limited_files() -> Vec<(String, usize)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         walk(&repo().join(krate).join("src"), &mut files);
         walk(&repo().join(krate).join("benches"), &mut files);
     }
