@@ -18,20 +18,20 @@ use super::project::{ServiceView, SliceView};
 /// Namespace ("" for cluster-scoped kinds) and name.
 pub type Key = (String, String);
 
-/// The watched objects of one kind as the model reads them ([`project`]).
-pub type Kept<V> = Store<Key, V>;
+/// The watched objects of one kind as the model reads them (`project.rs`).
+pub type ViewsOf<V> = Store<Key, V>;
 
 /// Every object of the five kinds the model is built from, as views, and what changed since
 /// the live model was last updated. The watches (`cache.rs`) fold their events in.
 #[derive(Default)]
 pub struct Cache {
-    pub services: Kept<ServiceView>,
-    pub slices: Kept<SliceView>,
+    pub services: ViewsOf<ServiceView>,
+    pub slices: ViewsOf<SliceView>,
     /// The names of each service's slices, by the service's namespace and name.
     pub slices_of: HashMap<Key, Vec<String>>,
-    pub cidrs: Kept<Box<[ServiceIpRange]>>,
-    pub addresses: Kept<Option<IpAddr>>,
-    pub nodes: Kept<Box<[IpAddr]>>,
+    pub cidrs: ViewsOf<Box<[ServiceIpRange]>>,
+    pub addresses: ViewsOf<Option<IpAddr>>,
+    pub nodes: ViewsOf<Box<[IpAddr]>>,
     pub dirty: Dirty,
 }
 
