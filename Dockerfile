@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image, both binaries: the same files, user and entrypoint as `make image` (image/build.sh),
+# One image, every binary: the same files, user and entrypoint as `make image` (image/build.sh),
 # for people who build with a container builder. Build: docker build -t groundskeeper:dev .
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -15,7 +15,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \
  && install -D -m 0755 target/release/controller-manager /out/controller-manager \
- && install -D -m 0755 target/release/node-agent /out/node-agent
+ && install -D -m 0755 target/release/node-agent /out/node-agent \
+ && install -D -m 0755 target/release/kubectl-groundskeeper /out/kubectl-groundskeeper
 
 # The distroless-style root filesystem from Debian 12's own packages, laid out by the same
 # script as `make image`: glibc, libgcc, the CA bundle, netbase, passwd with nonroot (65532).
@@ -25,7 +26,7 @@ RUN apt-get update -qq && bash /rootfs.sh /rootfs /debs
 
 FROM scratch
 COPY --from=rootfs /rootfs/ /
-COPY --from=build /out/controller-manager /out/node-agent /usr/local/bin/
+COPY --from=build /out/controller-manager /out/node-agent /out/kubectl-groundskeeper /usr/local/bin/
 ENV PATH=/usr/local/bin:/usr/bin:/bin
 USER 65532:65532
 EXPOSE 8080

@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -36,7 +36,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell unit chart-check tools-check run-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -87,15 +87,38 @@ lint-shell:
 	  echo "FAIL: lint-shell passed grep -q behind a pipe"; exit 1; fi
 	bash .ci/lint-shell.sh
 
-# The chart tests among them need helm: fetch it first, or they print SKIPPED.
+# The chart tests among them need helm: fetch it first, or they print SKIPPED. Test binaries
+# run several at once (hack/unit.py says why); under make test as root, the release image the
+# end-to-end tests need is built alongside, niced, in the time the cluster tests spend waiting.
 unit: tools
-	$(CARGO) test --workspace
+	CARGO="$(CARGO)" python3 hack/unit.py $(if $(UNIT_ALONGSIDE),--alongside "$(UNIT_ALONGSIDE)")
+
+test: UNIT_ALONGSIDE = $(if $(ROOT),bash image/build.sh >/dev/null)
 
 # Against KUBECONFIG's cluster, or else a throwaway control plane when KUBE_APISERVER is set.
 chart-check: tools
 	@if [ -z "$$KUBECONFIG" ] && [ -n "$(KUBE_APISERVER)" ]; then \
 	  $(CARGO) run -q -p testkit --bin control-plane -- -- bash charts/check.sh "$(HELM)" "$(KUBECTL)"; \
 	else bash charts/check.sh "$(HELM)" "$(KUBECTL)"; fi
+
+## chart-docs: regenerate charts/groundskeeper/README.md from the `# -- ` comments in its
+## values.yaml (charts/docs.py, helm-docs' convention).
+chart-docs:
+	python3 charts/docs.py charts/groundskeeper
+
+## chart-docs-check: the committed chart README is what values.yaml documents. A copy whose
+## values.yaml says something else, and one with an undocumented key, must fail, so a check that
+## compares nothing does not pass.
+chart-docs-check:
+	@rm -rf $(TARGET_DIR)/tmp/chart-docs && mkdir -p $(TARGET_DIR)/tmp/chart-docs
+	@cp -r charts/groundskeeper $(TARGET_DIR)/tmp/chart-docs/changed && cp -r charts/groundskeeper $(TARGET_DIR)/tmp/chart-docs/undocumented
+	@sed -i '0,/# -- /s/# -- /# -- Changed: /' $(TARGET_DIR)/tmp/chart-docs/changed/values.yaml
+	@if python3 charts/docs.py --check $(TARGET_DIR)/tmp/chart-docs/changed >/dev/null; then \
+	  echo "FAIL: chart-docs-check passed a README that values.yaml no longer matches"; exit 1; fi
+	@sed -i '0,/# -- /s/# -- /# /' $(TARGET_DIR)/tmp/chart-docs/undocumented/values.yaml
+	@if python3 charts/docs.py --check $(TARGET_DIR)/tmp/chart-docs/undocumented >/dev/null 2>&1; then \
+	  echo "FAIL: chart-docs-check passed a values.yaml with an undocumented key"; exit 1; fi
+	python3 charts/docs.py --check charts/groundskeeper
 
 tools:
 	@bash .ci/tools.sh >/dev/null

@@ -20,6 +20,18 @@ trap 'rm -rf "$out"' EXIT
 has() { grep "$@" >/dev/null; }
 fail() { echo "FAIL: $*"; exit 1; }
 
+# Every value the schema accepts is read by a template (values_used.py): an accepted value is
+# never silently ignored. A copy of the chart whose schema accepts one more key must fail.
+python3 values_used.py "$chart"
+mkdir -p "$out/unread" && cp -r "$chart" "$out/unread/"
+python3 - "$out/unread/$chart/values.schema.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["properties"]["controllerManager"]["properties"]["unreadKnob"] = {"type": "string"}
+json.dump(s, open(sys.argv[1], "w"))
+PY
+if python3 values_used.py "$out/unread/$chart" > "$out/unread.out"; then fail "values_used.py passed a schema key no template reads"; fi
+has "controllerManager.unreadKnob" "$out/unread.out" || fail "values_used.py did not name the unread key: $(cat "$out/unread.out")"
 "$helm" lint --strict "$chart"
 "$helm" lint --strict "$chart" -f "$all"
 "$helm" template gk "$chart" -n groundskeeper > "$out/default.yaml"
@@ -27,6 +39,13 @@ fail() { echo "FAIL: $*"; exit 1; }
 # PrometheusRule are rendered only there).
 "$helm" template gk "$chart" -n groundskeeper -f "$all" --api-versions monitoring.coreos.com/v1/ServiceMonitor \
   --api-versions monitoring.coreos.com/v1/PrometheusRule > "$out/all.yaml"
+# Chart.yaml's Artifact Hub annotations name the default image and the CRD of crds/.
+hub_image=$(sed -n 's/^ *image: \(.*\)$/\1/p' "$chart/Chart.yaml")
+has -x "          image: $hub_image" "$out/default.yaml" || fail "Chart.yaml's artifacthub.io/images (${hub_image:-none}) is not the default render's image"
+for want in "name: $(sed -n 's/^  name: //p' "$chart"/crds/*.yaml | head -1)" "version: $(sed -n 's/^    name: \(v[0-9a-z]*\)$/\1/p' "$chart"/crds/*.yaml | head -1)"; do
+  sed -n '/artifacthub.io\/crds: |/,/artifacthub.io\/crdsExamples/p' "$chart/Chart.yaml" | has -- "$want$" \
+    || fail "Chart.yaml's artifacthub.io/crds lacks $want (crds/)"
+done
 for f in default all; do
   for kind in Deployment DaemonSet ClusterRole ServiceAccount; do
     grep -q "^kind: $kind$" "$out/$f.yaml" || { echo "FAIL: $f render has no $kind"; exit 1; }
@@ -189,6 +208,9 @@ cleanup() {
   "$helm" uninstall gk -n "$ns" --no-hooks >/dev/null 2>&1 || true; "$kubectl" delete namespace "$ns" --wait=false >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 "$kubectl" apply --server-side --dry-run=server -f "$chart/crds/" >/dev/null
+# Artifact Hub's CRD example is one the CRD accepts (the CRD itself is applied for real further on
+# by helm install; here a dry run on its own would not know the kind yet).
+sed -n '/artifacthub.io\/crdsExamples: |/,$p' "$chart/Chart.yaml" | tail -n +2 | sed 's/^    - //; s/^      //' > "$out/crd-example.yaml"
 # No Prometheus Operator CRDs there: ServiceMonitor and PrometheusRule are left out.
 "$helm" template gk "$chart" -n "$ns" -f "$all" --set metrics.serviceMonitor.enabled=false \
   --set metrics.prometheusRule.enabled=false \
@@ -200,6 +222,8 @@ echo "chart: server-side dry-run apply passed"
 "$kubectl" get clusterrole/gk-groundskeeper-controller-manager clusterrole/gk-groundskeeper-node-agent \
   clusterrole/gk-groundskeeper-sysctlpolicies-view >/dev/null
 "$kubectl" get crd/sysctlpolicies.groundskeeper.dev >/dev/null
+"$kubectl" apply --dry-run=server -f "$out/crd-example.yaml" >/dev/null 2>"$out/err" \
+  || fail "Chart.yaml's artifacthub.io/crdsExamples is refused by the CRD: $(cat "$out/err")"
 "$kubectl" -n "$ns" get poddisruptionbudget/gk-groundskeeper-controller-manager role/gk-groundskeeper-controller-manager-leader-election >/dev/null
 "$kubectl" get validatingwebhookconfiguration/gk-groundskeeper-sysctl >/dev/null
 "$kubectl" -n "$ns" get service/gk-groundskeeper-webhook role/gk-groundskeeper-controller-manager-webhook-tls >/dev/null

@@ -32,12 +32,37 @@ long=$(printf 'x%.0s' $(seq 1 63))
 for extra in "--set fullnameOverride=$long" "--set nameOverride=${long:0:60}" \
   "--set commonLabels.team=platform --set-string controllerManager.podLabels.tier=cm --set-string nodeAgent.podLabels.tier=agent" \
   "--set nodeAgent.serviceAccount.create=false --set nodeAgent.serviceAccount.name=default --set controllerManager.serviceAccount.automount=false" \
-  "--set crds.install=true" "-f $chart/presets/managed-cluster.yaml"; do
+  "--set crds.install=true" "-f $chart/presets/managed-cluster.yaml" \
+  "--set controllerManager.hostNetwork=true --set controllerManager.sysctlWebhook.port=10260 --set controllerManager.startupProbe.enabled=true" \
+  "--set nodeAgent.updateStrategy.type=OnDelete --set nodeAgent.startupProbe.enabled=true --set nodeAgent.readinessProbe.successThreshold=2" \
+  "--set global.imageRegistry=mirror.example --set global.imagePullSecrets={a,b} --set imagePullSecrets[0].name=c --set image.digest=sha256:$(printf 'ab%.0s' $(seq 1 32))"; do
   # shellcheck disable=SC2086
   "$helm" template "r$(printf 'r%.0s' $(seq 1 52))" "$chart" -n "$ns" $extra \
     | k apply --dry-run=server -n "$ns" -f - >/dev/null 2>"$out/err" || fail "server dry-run refused the render with $extra: $(cat "$out/err")"
 done
-echo "chart: long names, labels, service accounts and the CRD template pass a server-side dry-run"
+echo "chart: long names, labels, service accounts, the CRD template and the workload knobs pass a server-side dry-run"
+
+## the monitoring objects, against the Prometheus Operator's own CRDs (testdata/, v0.93.0): every
+## scrape and alert knob in forms the operator accepts. Removed on exit, so what runs next on this
+## apiserver sees no Prometheus Operator.
+k apply --server-side -f testdata/prometheus-operator/ >/dev/null
+monitoring_crds=(servicemonitors.monitoring.coreos.com podmonitors.monitoring.coreos.com prometheusrules.monitoring.coreos.com)
+trap 'cleanup_cluster; k delete crd "${monitoring_crds[@]}" --ignore-not-found --wait=false >/dev/null 2>&1 || true' EXIT
+k wait --for condition=established --timeout=60s "${monitoring_crds[@]/#/crd/}" >/dev/null
+mon="--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule"
+all=$chart/ci/everything-on-values.yaml
+for extra in "-f $all" \
+  "-f $all --set metrics.serviceMonitor.enabled=false --set metrics.podMonitor.enabled=true --set metrics.podMonitor.scheme=https --set metrics.podMonitor.tlsConfig.insecureSkipVerify=true --set metrics.podMonitor.scrapeTimeout=5s --set metrics.podMonitor.relabelings[0].targetLabel=x --set metrics.podMonitor.metricRelabelings[0].action=drop --set metrics.podMonitor.metricRelabelings[0].regex=go_.*" \
+  "-f $all --set metrics.scrapeToken.create=false --set metrics.scrapeToken.secretName=my-token --set metrics.scrapeToken.key=t"; do
+  # shellcheck disable=SC2086
+  "$helm" template gk "$chart" -n "$ns" $mon $extra > "$out/mon.yaml"
+  for kind in ServiceMonitor PrometheusRule; do
+    [ "$kind" = ServiceMonitor ] && has "metrics.podMonitor.enabled=true" <<<"$extra" && kind=PodMonitor
+    has "^kind: $kind$" "$out/mon.yaml" || fail "$extra: no $kind to dry-run"
+  done
+  k apply --dry-run=server -n "$ns" -f "$out/mon.yaml" >/dev/null 2>"$out/err" || fail "server dry-run refused the monitoring render with $extra: $(cat "$out/err")"
+done
+echo "chart: ServiceMonitor, PodMonitor and PrometheusRule with every scrape and alert knob pass a server-side dry-run against the Prometheus Operator's CRDs"
 
 ## Pod Security. The node-agent's pod, as its DaemonSet makes it, in a namespace that
 ## enforces baseline (the DaemonSet itself is admitted: Pod Security judges only pods).

@@ -136,7 +136,7 @@ nodeAgent.conntrack.enabled=false nodeAgent.sysctl.enabled=false nodeAgent.enabl
 EOF
 # ServiceMonitor and PrometheusRule: rendered only where the cluster serves their CRDs; else
 # nothing, and NOTES say so.
-for kind in ServiceMonitor PrometheusRule; do
+for kind in ServiceMonitor PodMonitor PrometheusRule; do
   key=$(echo "${kind:0:1}" | tr "[:upper:]" "[:lower:]")${kind:1}
   render --set "metrics.$key.enabled=true" | has "^kind: $kind$" && fail "$kind rendered without its CRD"
   render --set "metrics.$key.enabled=true" --api-versions "monitoring.coreos.com/v1/$kind" | has "^kind: $kind$" \
@@ -266,4 +266,223 @@ done
 render --set controllerManager.ownObjectsOnly.enabled=false | names | has "^ValidatingAdmissionPolicy gk-groundskeeper-controller-manager-own-objects$" \
   && fail "ownObjectsOnly.enabled=false still renders the own-objects policy"
 
-echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset, RBAC by name)"
+## images: one reference for every container, global.imageRegistry over each image's registry,
+## pull secrets on every pod (the helm test's and the uninstall Job's too).
+images() { sed -n 's/^ *image: //p'; }
+[ "$(docs_of Deployment < "$out/t-default.yaml" | images)" = "ghcr.io/groundskeeper-dev/groundskeeper:0.1.0" ] \
+  || fail "the default image is not ghcr.io/groundskeeper-dev/groundskeeper:<appVersion>"
+render --set image.registry=registry.example.com:5000/mirror | docs_of DaemonSet | images | has -x "registry.example.com:5000/mirror/groundskeeper-dev/groundskeeper:0.1.0" \
+  || fail "image.registry does not prefix the repository"
+render --set image.registry= | docs_of Deployment | images | has -x "groundskeeper-dev/groundskeeper:0.1.0" || fail "image.registry= must leave the repository alone"
+d=sha256:$(printf 'ab%.0s' $(seq 1 32))
+render --set image.digest="$d" | docs_of Deployment | images | has -x "ghcr.io/groundskeeper-dev/groundskeeper@$d" || fail "image.digest without a tag"
+render --set image.digest="$d" --set image.tag=1.2.3 | docs_of Deployment | images | has -x "ghcr.io/groundskeeper-dev/groundskeeper:1.2.3@$d" \
+  || fail "image.digest with a tag must keep both"
+# global.imageRegistry: every container of every pod, the test's and the Job's included (the
+# extra containers of everything-on name their own images).
+render -f "$chart/ci/everything-on-values.yaml" --set global.imageRegistry=mirror.example > "$out/t-mirror.yaml"
+off=$(images < "$out/t-mirror.yaml" | grep -v "^mirror.example/\|^registry.example/tools/" || true)
+[ -z "$off" ] || fail "global.imageRegistry does not reach: $off"
+render --set global.imageRegistry=mirror.example | images | sort -u | has -x "mirror.example/library/busybox:1.37" || fail "global.imageRegistry does not reach the helm test"
+pods=$(render --set 'global.imagePullSecrets={a,b}' --set 'imagePullSecrets[0].name=b' --set 'imagePullSecrets[1]=c' | awk '
+  /^---/{k=""} /^kind: /{k=$2} /imagePullSecrets:$/{n[k]++; on=1; next} on&&/- name: /{s[k]=s[k] $3 ","; next} {on=0}
+  END{for (k in n) print k, n[k], s[k]}' | sort)
+[ "$pods" = "$(printf 'DaemonSet 1 a,b,c,\nDeployment 1 a,b,c,\nJob 1 a,b,c,\nPod 1 a,b,c,')" ] \
+  || fail "pull secrets (global first, no repeats) on every pod: got $pods"
+has "imagePullSecrets" "$out/t-default.yaml" && fail "no pull secrets set, yet imagePullSecrets rendered"
+while IFS='|' read -r bad want; do
+  if msg=$(render --set "$bad" 2>&1); then fail "$bad was accepted"; fi
+  echo "$msg" | has -F -- "$want" || fail "$bad: the refusal does not say \"$want\": $msg"
+done <<'EOF'
+image.repository=ghcr.io/groundskeeper-dev/groundskeeper|image.repository=ghcr.io/groundskeeper-dev/groundskeeper starts with a registry (ghcr.io): give the registry as image.registry=ghcr.io
+tests.image.repository=localhost/busybox|tests.image.repository=localhost/busybox starts with a registry (localhost)
+tests.image.repository=registry.example.com:5000/busybox|tests/image/repository
+image.repository=groundskeeper:1.0|repository
+global.imageRegistry=https://mirror|imageRegistry
+imagePullSecrets[0].nam=x|imagePullSecrets
+EOF
+
+## the workloads' knobs, each where it belongs; the defaults render what Kubernetes would default.
+knob() { # KIND WANT ARGS...: a KIND document rendered with ARGS has a line WANT (grep -x)
+  local kind=$1 want=$2; shift 2
+  render "$@" | docs_of "$kind" | has -x -- "$want" || fail "$*: no $kind line '$want'"
+}
+for w in "Deployment controllerManager" "DaemonSet nodeAgent"; do
+  kind=${w% *} v=${w#* }
+  knob "$kind" "  revisionHistoryLimit: 3" --set "$v.revisionHistoryLimit=3"
+  render --set "$v.annotations.team\.example/owner=x" | docs_of "$kind" | sed -n '/^metadata:/,/^spec:/p' | has -x "    team.example/owner: x" \
+    || fail "$v.annotations not on the $kind"
+  knob "$kind" "      terminationGracePeriodSeconds: 77" --set "$v.terminationGracePeriodSeconds=77"
+  knob "$kind" "        - name: ndots" --set "$v.dnsConfig.options[0].name=ndots"
+  render --set "$v.livenessProbe.timeoutSeconds=7" | docs_of "$kind" | sed -n '/^          livenessProbe:/,/^          [a-z]/p' \
+    | has -x "            timeoutSeconds: 7" || fail "$v.livenessProbe.timeoutSeconds not on the liveness probe"
+  render --set "$v.readinessProbe.successThreshold=2" | docs_of "$kind" | sed -n '/^          readinessProbe:/,/^          [a-z]/p' \
+    | has -x "            successThreshold: 2" || fail "$v.readinessProbe.successThreshold not on the readiness probe"
+  docs_of "$kind" < "$out/t-default.yaml" | has startupProbe && fail "a startupProbe by default on the $kind"
+  render --set "$v.startupProbe.enabled=true" --set "$v.startupProbe.failureThreshold=9" | docs_of "$kind" \
+    | sed -n '/^          startupProbe:/,/^          [a-z]/p' > "$out/t-startup"
+  has -x "            failureThreshold: 9" "$out/t-startup" && has -x "            httpGet: {path: /healthz, port: metrics, scheme: HTTPS}" "$out/t-startup" \
+    && ! has enabled "$out/t-startup" || fail "$v.startupProbe: $(cat "$out/t-startup")"
+  render --set "$v.extraContainers[0].name=side" --set "$v.extraContainers[0].image=x/y:1" --set "$v.extraInitContainers[0].name=first" \
+    --set "$v.extraInitContainers[0].image=x/z:1" | docs_of "$kind" > "$out/t-extra"
+  awk '/^      containers:/{c=1} /^      initContainers:/{c=0} c && /^        (- |  )name: side$/{f=1} END{exit !f}' "$out/t-extra" \
+    || fail "$v.extraContainers not among the containers"
+  awk '/^      initContainers:/{i=1} /^      containers:/{i=0} i && /^        (- |  )name: first$/{f=1} END{exit !f}' "$out/t-extra" \
+    || fail "$v.extraInitContainers not among the init containers"
+  if msg=$(render --set "$v.extraContainers[0].name=side" 2>&1); then fail "$v.extraContainers without an image accepted"; fi
+  echo "$msg" | has image || fail "$v.extraContainers without an image: the refusal does not name image: $msg"
+done
+# The node-agent's own init container and the extra ones share one list.
+render --set nodeAgent.conntrack.sysctls.min=1 --set 'nodeAgent.extraInitContainers[0].name=first' --set 'nodeAgent.extraInitContainers[0].image=x' \
+  | docs_of DaemonSet | grep -c "^      initContainers:$" | has -x 1 || fail "two initContainers lists in the DaemonSet"
+knob DaemonSet "    type: OnDelete" --set nodeAgent.updateStrategy.type=OnDelete
+render --set nodeAgent.updateStrategy.type=OnDelete | docs_of DaemonSet | has rollingUpdate && fail "OnDelete with a rollingUpdate"
+knob Service "    team.example/owner: x" --set "metrics.service.annotations.team\.example/owner=x"
+render --set "controllerManager.sysctlWebhook.service.annotations.team\.example/owner=x" --show-only templates/sysctl-webhook.yaml \
+  | docs_of Service | has -x "    team.example/owner: x" || fail "sysctlWebhook.service.annotations not on the webhook Service"
+# The webhook on the host network: the node's ports, ClusterFirstWithHostNet, the Service still
+# pointing at the webhook port by name.
+render --set controllerManager.hostNetwork=true --set controllerManager.sysctlWebhook.port=10260 --set controllerManager.adminPort=10262 > "$out/t-host.yaml"
+for want in "      hostNetwork: true" "      dnsPolicy: ClusterFirstWithHostNet" "            - --webhook-addr=0.0.0.0:10260" \
+  "              containerPort: 10260" "            - --admin-addr=0.0.0.0:10262" "              containerPort: 10262"; do
+  docs_of Deployment < "$out/t-host.yaml" | has -x -- "$want" || fail "controllerManager.hostNetwork: the Deployment lacks '$want'"
+done
+docs_of Service < "$out/t-host.yaml" | has -x "      targetPort: webhook" || fail "the webhook Service does not target the webhook port by name"
+docs_of Deployment < "$out/t-default.yaml" | has "hostNetwork\|dnsPolicy" && fail "the controller-manager is on the host network by default"
+# Leader election: the timings reach the binary (controllers/tests/chart_args.rs parses them).
+for want in "--leader-elect-lease-duration=30s" "--leader-elect-renew-deadline=20s" "--leader-elect-retry-period=3s"; do
+  knob Deployment "            - $want" --set controllerManager.leaderElection.leaseDuration=30s \
+    --set controllerManager.leaderElection.renewDeadline=20s --set controllerManager.leaderElection.retryPeriod=3s
+done
+for want in "--leader-elect-lease-duration=15s" "--leader-elect-renew-deadline=10s" "--leader-elect-retry-period=2s"; do
+  docs_of Deployment < "$out/t-default.yaml" | has -x -- "            - $want" || fail "the default leader-election timings changed: no $want"
+done
+while IFS='|' read -r sets want; do
+  args=(); for s in $sets; do args+=(--set "$s"); done
+  if msg=$(render "${args[@]}" 2>&1); then fail "$sets was accepted"; fi
+  echo "$msg" | has -F -- "$want" || fail "$sets: the refusal does not say \"$want\": $msg"
+done <<'EOF'
+nodeAgent.updateStrategy.maxSurge=1|nodeAgent.updateStrategy.maxSurge=1: the node-agent holds port 9846
+nodeAgent.updateStrategy.maxSurge=10%|a surge pod can never start beside the old one
+nodeAgent.updateStrategy.type=Sometimes|type
+controllerManager.adminPort=9443|controllerManager.adminPort and controllerManager.sysctlWebhook.port are both 9443
+controllerManager.hostNetwork=true networkPolicy.enabled=true|network plugins do not apply NetworkPolicies to host-network pods
+controllerManager.leaderElection.renewDeadline=15s|leaseDuration=15s must exceed renewDeadline=15s by at least 1s
+controllerManager.leaderElection.leaseDuration=10500ms|leaseDuration=10500ms must exceed renewDeadline=10s
+controllerManager.leaderElection.retryPeriod=10s|renewDeadline=10s must be greater than retryPeriod=10s
+controllerManager.leaderElection.retryPeriod=1.5s|retryPeriod
+controllerManager.livenessProbe.successThreshold=2|successThreshold
+controllerManager.startupProbe.handler=x|handler
+EOF
+# The neighbours that must render: a margin of exactly 1s, the webhook off (its port then unused).
+render --set controllerManager.leaderElection.leaseDuration=11s >/dev/null || fail "a 1s lease margin was refused"
+render --set controllerManager.adminPort=9443 --set controllerManager.sysctlWebhook.enabled=false >/dev/null || fail "adminPort 9443 refused with the webhook off"
+
+## monitoring: scrape settings, PodMonitor, the node-agent's token by authorization, alerts.
+mon=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor
+  --api-versions monitoring.coreos.com/v1/PrometheusRule)
+render "${mon[@]}" -f "$chart/ci/everything-on-values.yaml" > "$out/t-mon.yaml"
+[ "$(grep -c "^kind: ServiceMonitor$" "$out/t-mon.yaml")" = 2 ] || fail "one ServiceMonitor per component"
+for want in "      scheme: https" "      interval: 15s" "      scrapeTimeout: 10s" "        insecureSkipVerify: true" \
+  "          targetLabel: node" "        - action: drop"; do
+  [ "$(docs_of ServiceMonitor < "$out/t-mon.yaml" | grep -cx -- "$want")" = 2 ] || fail "not on both ServiceMonitors: '$want'"
+done
+has bearerTokenFile "$out/t-mon.yaml" && fail "bearerTokenFile (deprecated) still rendered"
+# Both endpoints carry the token (both binaries check it by default), from the Secret of the
+# scraper account the chart binds to metrics-reader.
+[ "$(grep -c "^      authorization:$" "$out/t-mon.yaml")" = 2 ] || fail "authorization must be on both endpoints"
+[ "$(docs_of ServiceMonitor < "$out/t-mon.yaml" | grep -cx "          name: gk-keeper-metrics-scraper-token")" = 2 ] \
+  || fail "the ServiceMonitors do not name the scraper's token Secret"
+docs_of Secret < "$out/t-mon.yaml" | has -x "type: kubernetes.io/service-account-token" || fail "no token Secret for the scraper"
+docs_of ClusterRoleBinding < "$out/t-mon.yaml" | awk '/^---/{p=0} /name: gk-keeper-metrics-scraper$/{p=1} p' | has -x "  name: gk-keeper-metrics-reader" \
+  || fail "the scraper is not bound to metrics-reader"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set metrics.scrapeToken.create=false --set metrics.scrapeToken.secretName=mine \
+  --set metrics.scrapeToken.key=t > "$out/t-own.yaml"
+names < "$out/t-own.yaml" | has "metrics-scraper" && fail "scrapeToken.create=false still creates the scraper"
+docs_of ServiceMonitor < "$out/t-own.yaml" | has -x "          name: mine" && docs_of ServiceMonitor < "$out/t-own.yaml" | has -x "          key: t" \
+  || fail "scrapeToken.secretName/key not in the ServiceMonitor"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set nodeAgent.metricsAuth=none > "$out/t-one-auth.yaml"
+docs_of ServiceMonitor < "$out/t-one-auth.yaml" | awk '/^kind:/{k=0} /component: node-agent$/{k=1} k' | has "authorization:" \
+  && fail "nodeAgent.metricsAuth=none still sends the node-agent a token"
+docs_of ServiceMonitor < "$out/t-one-auth.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has "authorization:" \
+  || fail "nodeAgent.metricsAuth=none took the controller-manager's token away"
+render "${mon[@]}" --set metrics.serviceMonitor.enabled=true --set nodeAgent.metricsAuth=none --set controllerManager.metricsAuth=none \
+  | has "authorization:\|metrics-scraper" && fail "metricsAuth=none on both still sends a token or creates the scraper"
+names < "$out/t-default.yaml" | has "metrics-scraper" && fail "the scraper exists with no monitor"
+# PodMonitor: the pods' port, no Service needed.
+render "${mon[@]}" --set metrics.podMonitor.enabled=true --set metrics.service.enabled=false --set metrics.podMonitor.scrapeTimeout=5s \
+  --set 'metrics.podMonitor.relabelings[0].targetLabel=x' > "$out/t-pod.yaml"
+[ "$(grep -c "^kind: PodMonitor$" "$out/t-pod.yaml")" = 2 ] || fail "one PodMonitor per component"
+for want in "  podMetricsEndpoints:" "    - port: metrics" "      scrapeTimeout: 5s" "        - targetLabel: x" "      scheme: https" \
+  "        insecureSkipVerify: true"; do
+  docs_of PodMonitor < "$out/t-pod.yaml" | has -x -- "$want" || fail "the PodMonitor lacks '$want'"
+done
+has "^kind: ServiceMonitor$" "$out/t-pod.yaml" && fail "a ServiceMonitor with only podMonitor enabled"
+# Alerts: some left out, one of the admin's added, runbooks at the chart's own version.
+render "${mon[@]}" --set metrics.prometheusRule.enabled=true > "$out/t-rule.yaml"
+grep "runbook_url:" "$out/t-rule.yaml" | grep -v "https://github.com/groundskeeper-dev/groundskeeper/blob/v0.1.0/docs/runbook.md#" \
+  && fail "runbook links not pinned to the chart's version"
+# The names disabledAlerts accepts are the chart's alerts (GroundskeeperControllerManagerAbsent
+# replaces GroundskeeperNoLeader without leader election).
+alerts=$(sed -n 's/^ *- alert: //p' "$out/t-rule.yaml" | sort)
+accepted=$(python3 -c 'import json,sys; print("\n".join(sorted(json.load(open(sys.argv[1]))["properties"]["metrics"]["properties"]["prometheusRule"]["properties"]["disabledAlerts"]["items"]["enum"])))' "$chart/values.schema.json")
+[ "$(printf '%s\nGroundskeeperControllerManagerAbsent' "$alerts" | sort)" = "$accepted" ] \
+  || fail "disabledAlerts accepts other names than the chart's alerts: $accepted"
+render "${mon[@]}" --set metrics.prometheusRule.enabled=true --set 'metrics.prometheusRule.disabledAlerts={GroundskeeperWatchStale,GroundskeeperNoLeader}' \
+  --set 'metrics.prometheusRule.additionalRules[0].record=gk:x' --set 'metrics.prometheusRule.additionalRules[0].expr=1' > "$out/t-rule2.yaml"
+has "alert: GroundskeeperWatchStale$\|alert: GroundskeeperNoLeader$" "$out/t-rule2.yaml" && fail "disabledAlerts still rendered"
+[ "$(grep -c -- "- alert: " "$out/t-rule2.yaml")" = $(($(echo "$alerts" | wc -l) - 2)) ] || fail "disabledAlerts removed other alerts too"
+has -x "    - name: groundskeeper-additional" "$out/t-rule2.yaml" && has -x "        - expr: 1" "$out/t-rule2.yaml" \
+  || fail "additionalRules not rendered"
+render "${mon[@]}" --set metrics.prometheusRule.enabled=true --set metrics.prometheusRule.runbookBaseURL=https://r.example/rb.md \
+  | has "runbook_url: https://r.example/rb.md#groundskeepernoleader$" || fail "runbookBaseURL not used"
+while IFS='|' read -r sets want; do
+  args=(); for s in $sets; do args+=(--set "$s"); done
+  if msg=$(render "${mon[@]}" "${args[@]}" 2>&1); then fail "$sets was accepted"; fi
+  echo "$msg" | has -F -- "$want" || fail "$sets: the refusal does not say \"$want\": $msg"
+done <<'EOF'
+metrics.serviceMonitor.enabled=true metrics.podMonitor.enabled=true|Prometheus would scrape every target twice
+metrics.serviceMonitor.enabled=true metrics.service.enabled=false|a ServiceMonitor selects the metrics Services
+metrics.podMonitor.enabled=true metrics.scrapeToken.create=false|no metrics.scrapeToken.secretName
+metrics.scrapeToken.secretName=mine|metrics.scrapeToken.secretName=mine with metrics.scrapeToken.create=true
+metrics.serviceMonitor.scheme=ftp|scheme
+metrics.podMonitor.scrapeTimeout=soon|scrapeTimeout
+metrics.prometheusRule.disabledAlerts={GroundskeeperNoSuchAlert}|disabledAlerts
+metrics.prometheusRule.additionalRules[0].expr=1|additionalRules
+EOF
+render --set metrics.podMonitor.enabled=true --set metrics.scrapeToken.create=false --set nodeAgent.metricsAuth=none \
+  --set controllerManager.metricsAuth=none >/dev/null || fail "no token is needed with metricsAuth=none"
+
+## admin servers: HTTPS and token-checked by default on both, the probes and monitors following.
+for kind in Deployment DaemonSet; do
+  docs_of $kind < "$out/t-default.yaml" > "$out/t-admin.yaml"
+  for want in "            - --admin-scheme=https" "            - --metrics-auth=kubernetes"; do
+    has -x -- "$want" "$out/t-admin.yaml" || fail "the $kind lacks '$want' by default"
+  done
+  [ "$(grep -c "port: metrics, scheme: HTTPS}" "$out/t-admin.yaml")" = 2 ] || fail "the $kind's probes are not HTTPS"
+  has admin-tls "$out/t-admin.yaml" && fail "the $kind mounts a certificate no value named"
+done
+docs_of ClusterRole < "$out/t-default.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has 'resources: \["tokenreviews"\]' \
+  || fail "the controller-manager may not create the TokenReviews its /metrics check needs"
+render --set metrics.scheme=http "${mon[@]}" --set metrics.serviceMonitor.enabled=true > "$out/t-http.yaml"
+has -- "--admin-scheme=https\|scheme: HTTPS\|insecureSkipVerify" "$out/t-http.yaml" && fail "metrics.scheme=http still serves or scrapes https"
+[ "$(grep -c -- "- --admin-scheme=http$" "$out/t-http.yaml")" = 2 ] || fail "metrics.scheme=http not passed to both binaries"
+[ "$(docs_of ServiceMonitor < "$out/t-http.yaml" | grep -cx "      scheme: http")" = 2 ] || fail "the monitors do not follow metrics.scheme"
+render --set metrics.tls.secretName=admin-cert > "$out/t-cert.yaml"
+for kind in Deployment DaemonSet; do
+  for want in "            - --admin-tls-cert-file=/etc/groundskeeper/admin-tls/tls.crt" \
+    "            - --admin-tls-private-key-file=/etc/groundskeeper/admin-tls/tls.key" \
+    "            - {name: admin-tls, mountPath: /etc/groundskeeper/admin-tls, readOnly: true}" \
+    "        - {name: admin-tls, secret: {secretName: admin-cert}}"; do
+    docs_of $kind < "$out/t-cert.yaml" | has -x -- "$want" || fail "metrics.tls.secretName: the $kind lacks '$want'"
+  done
+done
+render --set controllerManager.metricsAuth=none > "$out/t-noauth.yaml"
+docs_of Deployment < "$out/t-noauth.yaml" | has -x -- "            - --metrics-auth=none" || fail "controllerManager.metricsAuth=none not passed"
+docs_of ClusterRole < "$out/t-noauth.yaml" | awk '/^kind:/{k=0} /component: controller-manager$/{k=1} k' | has tokenreviews \
+  && fail "the controller-manager keeps TokenReviews with metricsAuth=none"
+for bad in metrics.scheme=ftp controllerManager.metricsAuth=basic; do
+  render --set "$bad" >/dev/null 2>&1 && fail "$bad accepted"
+done
+
+echo "chart: conventions table passed (names, labels, service accounts, refusals, monitoring CRDs, namespace, CRD template, managed-cluster preset, RBAC by name, images and pull secrets, workload knobs, monitoring knobs)"

@@ -78,9 +78,22 @@ leader_pod() {
   return 1
 }
 
-# A pod's /metrics through the apiserver's pod proxy.
+# Both admin servers serve HTTPS with a certificate of their own (the chart's metrics.scheme)
+# and /metrics only to an authorized caller: read as Prometheus scrapes them, with the metrics
+# reader's token (scraper_token) and no check of the self-signed certificate.
+SCHEME=https
+url_host() { case $1 in *:*) echo "[$1]" ;; *) echo "$1" ;; esac; }
+# kubectl-groundskeeper as an admin runs it (`kubectl groundskeeper ...`): the release build's,
+# the binary the image ships.
+plugin() { "${GK_PLUGIN:-${CARGO_TARGET_DIR:-$root/target}/release/kubectl-groundskeeper}" "$@"; }
+
+# A pod's /metrics, at the pod's address (the control plane's namespace routes to every pod).
 metrics() { # pod port
-  k get --raw "/api/v1/namespaces/$NS/pods/$1:$2/proxy/metrics"
+  local ip
+  ip=$(k -n "$NS" get pod "$1" -o jsonpath='{.status.podIP}')
+  # A replica of the previous chart version (the upgrade test) serves plain HTTP.
+  http_get "$SCHEME://$(url_host "$ip"):$2/metrics" "$(scraper_token)" 2>/dev/null \
+    || http_get "http://$(url_host "$ip"):$2/metrics" "$(scraper_token)"
 }
 metric() { # pod port series-prefix: the sum of the matching samples
   metrics "$1" "$2" | awk -v m="$3" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
@@ -88,15 +101,16 @@ metric() { # pod port series-prefix: the sum of the matching samples
 cm_metric() { metric "$1" 8080 "$2"; }
 
 # GET URL with an optional bearer token; the body on stdout, the HTTP code of a refusal on
-# stderr and exit 1.
+# stderr and exit 1. An https URL's certificate is not checked (the servers' own, self-signed,
+# as kube-prometheus scrapes kube-controller-manager's).
 http_get() { # url [token]
   python3 - "$1" "${2:-}" <<'PY'
-import sys, urllib.request, urllib.error
+import ssl, sys, urllib.request, urllib.error
 req = urllib.request.Request(sys.argv[1])
 if sys.argv[2]:
     req.add_header("Authorization", "Bearer " + sys.argv[2])
 try:
-    with urllib.request.urlopen(req, timeout=5) as r:
+    with urllib.request.urlopen(req, timeout=5, context=ssl._create_unverified_context()) as r:
         sys.stdout.write(r.read().decode())
 except urllib.error.HTTPError as e:
     print(e.code, file=sys.stderr)
@@ -118,7 +132,7 @@ scraper_token() {
   cat "$f"
 }
 agent_metric() {
-  http_get "http://$NODE_IP:$AGENT_PORT/metrics" "$(scraper_token)" \
+  http_get "$SCHEME://$NODE_IP:$AGENT_PORT/metrics" "$(scraper_token)" \
     | awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { printf "%g\n", s + 0 }'
 }
 

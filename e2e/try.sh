@@ -15,7 +15,7 @@ bash "$root/e2e/images.sh" all "$images" >/dev/null
 bash "$root/e2e/cluster.sh" up "$state" --images "$images" >/dev/null
 in_cp() { PATH="$root/.tools/bin:$PATH" bash "$root/e2e/cluster.sh" exec "$state" -- "$@"; }
 in_cp "$root/.tools/bin/helm" install gk "$root/charts/groundskeeper" -n groundskeeper --create-namespace \
-  --set tests.image.repository=gk.local/tools --set tests.image.tag=1 --wait --timeout 180s >/dev/null
+  --set tests.image.registry=gk.local --set tests.image.repository=tools --set tests.image.tag=1 --wait --timeout 180s >/dev/null
 in_cp kubectl get nodes -o wide
 in_cp kubectl get pods -A -o wide
 cat <<MSG

@@ -8,8 +8,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 out=$target/image
 tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/charts/groundskeeper/Chart.yaml")
+registry=$(sed -n 's/^  registry: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
 repo=$(sed -n 's/^  repository: *//p' "$root/charts/groundskeeper/values.yaml" | head -n 1)
-name=${IMAGE:-$repo:$tag}
+name=${IMAGE:-${registry:+$registry/}$repo:$tag}
 
 # No path of this machine in the binaries (panic locations and file!() in the dependencies, in
 # code build scripts generate under the target folder): the digest must not depend on where the
@@ -24,6 +25,7 @@ CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f'; echo "${flags[*]}") \
 bash "$root/image/rootfs.sh" "$out/rootfs" "$out/debs" >&2
 install -D -m 0755 "$target/release/controller-manager" "$out/rootfs/usr/local/bin/controller-manager"
 install -D -m 0755 "$target/release/node-agent" "$out/rootfs/usr/local/bin/node-agent"
+install -D -m 0755 "$target/release/kubectl-groundskeeper" "$out/rootfs/usr/local/bin/kubectl-groundskeeper"
 # The architecture of the binaries and of the Debian packages just fetched: this machine's (the
 # release workflow builds arm64 on an arm64 runner).
 python3 "$root/image/oci.py" "$out/rootfs" "$out/groundskeeper.oci.tar" "$name" --arch "$(dpkg --print-architecture)" \

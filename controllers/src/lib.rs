@@ -4,6 +4,7 @@ pub mod context;
 pub mod leader;
 pub mod manager;
 pub mod pacing;
+pub mod plugin;
 pub mod podgc;
 pub mod servicecidr;
 pub mod sysctlplacement;

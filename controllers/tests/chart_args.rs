@@ -1,6 +1,8 @@
 //! The chart and the binary agree: the args the chart renders for controller-manager, with
 //! defaults and with every option on, parse with the binary's own flag parser.
 
+use std::time::Duration;
+
 use groundskeeper_controllers::manager::Cli;
 use testkit::chart;
 
@@ -61,10 +63,24 @@ fn chart_args_parse() {
             vec![host],
             "{case}: the certificate is for the name the apiserver calls"
         );
+        let timings = (
+            cli.election.leader_elect_lease_duration,
+            cli.election.leader_elect_renew_deadline,
+            cli.election.leader_elect_retry_period,
+        );
         if case == "defaults" {
             assert_eq!(
                 cli.webhook.webhook_cert_hosts,
                 vec!["gk-groundskeeper-webhook.default.svc"]
+            );
+            assert_eq!(
+                timings,
+                (
+                    Duration::from_secs(15),
+                    Duration::from_secs(10),
+                    Duration::from_secs(2)
+                ),
+                "the chart's default leader-election timings are client-go's"
             );
         }
         // The gate's configuration is the one whose caBundle the binary keeps, and the
@@ -87,6 +103,15 @@ fn chart_args_parse() {
         match case {
             "everything on" => {
                 assert!(cli.common.dry_run);
+                assert_eq!(
+                    timings,
+                    (
+                        Duration::from_secs(30),
+                        Duration::from_secs(20),
+                        Duration::from_secs(4)
+                    ),
+                    "controllerManager.leaderElection's timings reach the binary"
+                );
                 assert_eq!(
                     cli.sysctl.allowed_unsafe_sysctls(),
                     vec!["net.core.somaxconn", "kernel.msg*"],

@@ -26,6 +26,10 @@ Y
     || fail "no Warning Event naming the blocking IP on $cidr"
   sleep 12
   k get servicecidr "$cidr" >/dev/null 2>&1 || fail "$cidr went while 10.97.0.10 was allocated from it"
+  # What an admin asks: the plugin names the IP, from the API alone.
+  plugin why servicecidr "$cidr" > "$CLUSTER_STATE/why-$cidr.txt" || fail "kubectl groundskeeper why servicecidr $cidr failed"
+  has 10.97.0.10 "$CLUSTER_STATE/why-$cidr.txt" || fail "the plugin does not name 10.97.0.10: $(cat "$CLUSTER_STATE/why-$cidr.txt")"
+  sed 's/^/    plugin: /' "$CLUSTER_STATE/why-$cidr.txt"
   k get events --field-selector involvedObject.name="$cidr" -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message --no-headers | sed 's/^/    event: /'
   local t0
   k -n "$ns" delete service "$svc" >/dev/null

@@ -15,17 +15,26 @@ test_ops_logs_one_line_per_decision() {
   ! k -n "$NS" logs "$p" | grep -E '=Some\(' | head -n 3 | grep . || fail "Debug formatting in the logs"
 }
 
-# The node-agent's /metrics on the host network: refused without a token and to a token whose
-# user may not read it, served to the metrics reader; the probes' endpoints stay open.
-test_ops_agent_metrics_need_an_authorized_token() {
-  local url=http://$NODE_IP:$AGENT_PORT code
-  http_get "$url/readyz" >/dev/null || fail "/readyz is not open to the kubelet's probes"
-  code=$(http_get "$url/metrics" 2>&1 >/dev/null) && fail "/metrics answered without a token"
-  [ "$code" = 401 ] || fail "/metrics without a token: $code, not 401"
+# Both admin servers (the node-agent's on the host network, each manager replica's on its pod):
+# HTTPS only; /metrics refused without a token and to a token whose user may not read it,
+# served to the metrics reader; the probes' endpoints stay open.
+admin_server_is_https_and_guarded() { # host port
+  local url=https://$(url_host "$1"):$2 code
+  http_get "$url/readyz" >/dev/null || fail "$url/readyz is not open to the kubelet's probes"
+  http_get "http://$(url_host "$1"):$2/healthz" >/dev/null 2>&1 && fail "$url answered in the clear"
+  code=$(http_get "$url/metrics" 2>&1 >/dev/null) && fail "$url/metrics answered without a token"
+  [ "$code" = 401 ] || fail "$url/metrics without a token: $code, not 401"
   k -n default create serviceaccount e2e-nobody >/dev/null 2>&1 || true
-  code=$(http_get "$url/metrics" "$(k -n default create token e2e-nobody)" 2>&1 >/dev/null) && fail "/metrics answered a token without RBAC"
-  [ "$code" = 403 ] || fail "/metrics with an unauthorized token: $code, not 403"
-  http_get "$url/metrics" "$(scraper_token)" | has '^groundskeeper_' || fail "/metrics refused the metrics reader"
+  code=$(http_get "$url/metrics" "$(k -n default create token e2e-nobody)" 2>&1 >/dev/null) && fail "$url/metrics answered a token without RBAC"
+  [ "$code" = 403 ] || fail "$url/metrics with an unauthorized token: $code, not 403"
+  http_get "$url/metrics" "$(scraper_token)" | has '^groundskeeper_' || fail "$url/metrics refused the metrics reader"
+}
+test_ops_metrics_need_https_and_an_authorized_token() {
+  local p
+  admin_server_is_https_and_guarded "$NODE_IP" "$AGENT_PORT"
+  for p in $(cm_pods); do
+    admin_server_is_https_and_guarded "$(k -n "$NS" get pod "$p" -o jsonpath='{.status.podIP}')" 8080
+  done
 }
 
 test_ops_rss() {
@@ -63,7 +72,9 @@ test_ops_helm_upgrade_from_previous_version() {
   dir=$(mktemp -d)
   git -C "$root" archive "$ref" charts/groundskeeper | tar -x -C "$dir" \
     || fail "could not extract the previous chart version ($ref)"
-  "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$here/values.yaml" >/dev/null \
+  # That chart's tests.image.repository carries the registry (its schema has no registry key).
+  sed '/^    registry: gk.local$/d; s|^    repository: tools$|    repository: gk.local/tools|' "$here/values.yaml" > "$dir/prev-values.yaml"
+  "$HELM" upgrade "$RELEASE" "$dir/charts/groundskeeper" -n "$NS" -f "$dir/prev-values.yaml" >/dev/null \
     || fail "helm upgrade to the previous chart version"
   never_two_leaders 25
   rollout || fail "the previous chart version did not roll out"

@@ -1,8 +1,9 @@
 //! The admin HTTP server: `/healthz` (the process serves), `/readyz` (every watch has listed
 //! and none has been failing for longer than `--watch-stale-after`), `/metrics` (Prometheus
-//! text; open, or only to authorized callers with `--metrics-auth=kubernetes`).
+//! text; open, or only to authorized callers with `--metrics-auth=kubernetes`). Plain HTTP or
+//! HTTPS (`--admin-scheme`), within the limits of a `serving` server either way.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use axum::{
     Router,
@@ -12,12 +13,14 @@ use axum::{
     routing::get,
 };
 use clap::Args;
-use prometheus::Registry;
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use rustls::ServerConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     Readiness, metrics,
     metrics_auth::{Delegated, MetricsAuth},
+    serving::{self, Counters, Limits, Listener, self_signed::Source},
 };
 
 #[derive(Args, Clone, Debug)]
@@ -27,12 +30,102 @@ pub struct AdminArgs {
     #[arg(long, env = "GROUNDSKEEPER_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
 
+    /// `https` serves the admin server over TLS (as kube-controller-manager's --secure-port):
+    /// with --admin-tls-cert-file and --admin-tls-private-key-file, or else a self-signed
+    /// certificate made in memory at start. kubelet's HTTPS probes do not verify it.
+    #[arg(long, env = "GROUNDSKEEPER_ADMIN_SCHEME", value_enum, default_value_t = Scheme::Http)]
+    pub admin_scheme: Scheme,
+
+    /// PEM certificate chain served with --admin-scheme=https, read again every minute (a
+    /// renewed Secret or cert-manager certificate is served without a restart).
+    #[arg(
+        long,
+        env = "GROUNDSKEEPER_ADMIN_TLS_CERT_FILE",
+        requires = "admin_tls_private_key_file"
+    )]
+    pub admin_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --admin-tls-cert-file (PEM).
+    #[arg(
+        long,
+        env = "GROUNDSKEEPER_ADMIN_TLS_PRIVATE_KEY_FILE",
+        requires = "admin_tls_cert_file"
+    )]
+    pub admin_tls_private_key_file: Option<PathBuf>,
+
     /// Who may read /metrics: `none` (anyone who reaches the port), or `kubernetes` (a bearer
     /// token the apiserver authenticates, whose user may `get` the non-resource URL /metrics:
     /// TokenReview and SubjectAccessReview, which this process's credentials must be allowed
     /// to create). /healthz and /readyz stay open for kubelet's probes.
     #[arg(long, env = "GROUNDSKEEPER_METRICS_AUTH", value_enum, default_value_t = MetricsAuth::None)]
     pub metrics_auth: MetricsAuth,
+}
+
+/// `--admin-scheme`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl AdminArgs {
+    /// Where the certificate comes from with `--admin-scheme=https`; None for plain HTTP. A
+    /// certificate file given with `http` is refused: it would not be served.
+    pub fn certificate_source(&self) -> Result<Option<Source>, String> {
+        match (
+            self.admin_scheme,
+            &self.admin_tls_cert_file,
+            &self.admin_tls_private_key_file,
+        ) {
+            (Scheme::Http, None, None) => Ok(None),
+            (Scheme::Http, _, _) => Err(
+                "--admin-tls-cert-file and --admin-tls-private-key-file need --admin-scheme=https"
+                    .into(),
+            ),
+            (Scheme::Https, Some(cert), Some(key)) => Ok(Some(Source::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (Scheme::Https, _, _) => Ok(Some(Source::SelfSigned {
+                hosts: self_signed_hosts(),
+            })),
+        }
+    }
+}
+
+/// The names a self-signed admin certificate carries: the host's name (a pod's name) and
+/// the loopback names. Scrapers of a self-signed endpoint do not verify it (kube-prometheus
+/// scrapes kube-controller-manager so); the names serve whoever pins it.
+fn self_signed_hosts() -> Vec<String> {
+    let mut hosts = Vec::new();
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let h = h.trim();
+        if !h.is_empty() && h != "localhost" {
+            hosts.push(h.to_string());
+        }
+    }
+    hosts.extend(["localhost", "127.0.0.1", "::1"].map(String::from));
+    hosts
+}
+
+/// What one caller can cost the admin server. It answers GETs of small pages to a few
+/// scrapers and kubelet's probes: few connections, no bodies, and a check of the caller with
+/// the apiserver at most (`--metrics-auth=kubernetes`) within the answer's time.
+pub fn limits() -> Limits {
+    Limits {
+        name: "admin server",
+        connections: 64,
+        handshakes: 8,
+        handshake_timeout: Duration::from_secs(5),
+        header_timeout: Duration::from_secs(10),
+        body_timeout: Duration::from_secs(5),
+        answer_timeout: Duration::from_secs(20),
+        max_body: 16 << 10,
+        small_body: 16 << 10,
+        small_in_flight: 16,
+        large_in_flight: 1,
+        queue_wait: Duration::from_secs(1),
+    }
 }
 
 #[derive(Clone)]
@@ -90,28 +183,70 @@ async fn metrics_handler(State(s): State<AdminState>, headers: HeaderMap) -> Res
 }
 
 /// Binds the admin address now (so a port clash fails start-up, not later) and returns the
-/// task that serves until `token` is cancelled.
+/// task that serves until `token` is cancelled: over TLS with `tls`, within [`limits`], its
+/// refusals counted in `registry`.
 pub async fn bind(
     addr: SocketAddr,
     registry: Registry,
     readiness: Readiness,
     auth: Option<Delegated>,
+    tls: Option<Arc<ServerConfig>>,
     token: CancellationToken,
 ) -> std::io::Result<(
     SocketAddr,
     impl std::future::Future<Output = std::io::Result<()>>,
 )> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("--admin-addr {addr}: cannot listen: {e}"))
-    })?;
-    let local = listener.local_addr()?;
-    let app = router_with(registry, readiness, auth);
+    let counters = counters(&registry).map_err(std::io::Error::other)?;
+    let limits = limits();
+    let listener = Listener::bind(
+        addr,
+        "--admin-addr",
+        tls,
+        &limits,
+        counters.clone(),
+        token.clone(),
+    )
+    .await?;
+    let local = listener.local_addr();
+    let app = serving::limited(
+        router_with(registry, readiness, auth),
+        &limits,
+        counters.clone(),
+    );
     let serve = async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { token.cancelled().await })
-            .await
+        serving::serve(listener, app, &limits, counters, token).await;
+        Ok(())
     };
     Ok((local, serve))
+}
+
+fn counters(registry: &Registry) -> prometheus::Result<Counters> {
+    let refused = metrics::registered(
+        registry,
+        IntCounterVec::new(
+            Opts::new(
+                "groundskeeper_admin_refused_total",
+                "Requests and connections the admin server (/metrics, /healthz, /readyz) refused or cut, by reason: \
+                 body_too_large, busy (too many in flight: 429), body_timeout, answer_timeout, header_timeout, \
+                 handshake_timeout.",
+            ),
+            &["reason"],
+        ),
+    )?;
+    for r in serving::REFUSED_REASONS {
+        refused.with_label_values(&[r]);
+    }
+    let connections = metrics::registered(
+        registry,
+        IntGauge::new(
+            "groundskeeper_admin_connections",
+            "Connections open to the admin server.",
+        ),
+    )?;
+    Ok(Counters {
+        refused,
+        connections,
+    })
 }
 
 #[cfg(test)]
@@ -149,6 +284,7 @@ mod tests {
             registry,
             readiness,
             None,
+            None,
             token.clone(),
         )
         .await
@@ -185,6 +321,7 @@ mod tests {
             "127.0.0.1:0".parse().unwrap(),
             metrics::registry(),
             readiness,
+            None,
             None,
             token.clone(),
         )
@@ -273,6 +410,7 @@ mod tests {
             Some(
                 Delegated::new(reviewing_apiserver(reviews.clone()), &metrics::registry()).unwrap(),
             ),
+            None,
             token.clone(),
         )
         .await
@@ -336,5 +474,116 @@ mod tests {
         );
         let e = parse(&["--metrics-auth=basic"]).err().unwrap().to_string();
         assert!(e.contains("basic"), "{e}");
+    }
+
+    /// With TLS the admin server answers HTTPS (the certificate it was given), and nothing in
+    /// the clear; its limits hold either way (a body over the cap: 413, unread).
+    #[tokio::test]
+    async fn https_when_asked_and_bodies_bounded() {
+        use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+        let hosts = vec!["127.0.0.1".to_string()];
+        let (cert, key) =
+            serving::self_signed::issue(&hosts, time::OffsetDateTime::now_utc()).unwrap();
+        let certs = Arc::new(serving::Certificates::default());
+        certs.load(cert.as_bytes(), key.as_bytes()).unwrap();
+        let token = CancellationToken::new();
+        let registry = metrics::registry();
+        let (addr, serve) = bind(
+            "127.0.0.1:0".parse().unwrap(),
+            registry.clone(),
+            Readiness::default(),
+            None,
+            Some(serving::server_config(certs).unwrap()),
+            token.clone(),
+        )
+        .await
+        .unwrap();
+        let server = tokio::spawn(serve);
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(cert.as_bytes()).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let https = |request: String| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let name = ServerName::try_from("127.0.0.1").unwrap();
+                let mut tls = connector.connect(name, tcp).await.unwrap();
+                tls.write_all(request.as_bytes()).await.unwrap();
+                let mut out = Vec::new();
+                let _ = tls.read_to_end(&mut out).await;
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        };
+        let r = https("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into()).await;
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.contains("process_resident_memory_bytes"),
+            "{r}"
+        );
+        let r = https(format!(
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            1 << 20
+        ))
+        .await;
+        assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+
+        let plain = tokio::time::timeout(std::time::Duration::from_secs(10), get(addr, "/healthz"))
+            .await
+            .unwrap_or_default();
+        assert!(!plain.contains("200"), "answered in the clear: {plain}");
+        let m = metrics::render(&registry);
+        assert!(
+            m.contains("groundskeeper_admin_refused_total{reason=\"body_too_large\"} 1"),
+            "{m}"
+        );
+        token.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn certificate_files_need_https_and_come_in_pairs() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            admin: AdminArgs,
+        }
+        use clap::Parser;
+        let parse = |a: &[&str]| {
+            Cli::try_parse_from(std::iter::once("bin").chain(a.iter().copied()))
+                .map(|c| c.admin.certificate_source())
+        };
+        assert_eq!(parse(&[]).unwrap(), Ok(None));
+        let Ok(Some(Source::SelfSigned { hosts })) = parse(&["--admin-scheme=https"]).unwrap()
+        else {
+            panic!("https without files: self-signed")
+        };
+        assert!(hosts.contains(&"localhost".to_string()), "{hosts:?}");
+        let files = ["--admin-tls-cert-file=c", "--admin-tls-private-key-file=k"];
+        assert!(
+            parse(&files)
+                .unwrap()
+                .unwrap_err()
+                .contains("--admin-scheme=https")
+        );
+        assert_eq!(
+            parse(&["--admin-scheme=https", files[0], files[1]]).unwrap(),
+            Ok(Some(Source::Files {
+                cert: "c".into(),
+                key: "k".into()
+            }))
+        );
+        assert!(
+            parse(&["--admin-scheme=https", files[0]]).is_err(),
+            "a cert without its key"
+        );
     }
 }

@@ -16,6 +16,7 @@ pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;
+pub mod serving;
 pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;

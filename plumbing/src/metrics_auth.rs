@@ -12,6 +12,10 @@
 //! an API call; checks of tokens not seen allowed before are held to a small budget (past it:
 //! 429, not asked), apart from the renewals of scrapers' verdicts; verdicts are cached, refusals
 //! briefly, allowed and refused in two least-recently-used maps of bounded size.
+//!
+//! During an apiserver outage a caller allowed before keeps being served for up to an hour
+//! after its verdict ran out (`groundskeeper_metrics_auth_unchecked_total` counts it); a token
+//! never seen gets 503.
 
 use std::{
     sync::{Arc, Mutex},
@@ -24,7 +28,7 @@ use k8s_openapi::api::{
     authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
 };
 use kube::{Api, api::PostParams};
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{IntCounter, IntCounterVec, Opts};
 use tokio::time::Instant;
 
 use crate::{lru::Lru, ratelimit::Budget};
@@ -42,6 +46,12 @@ pub enum MetricsAuth {
 /// allowed caller is checked again after this long, a refused one sooner.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const REFUSED_FOR: Duration = Duration::from_secs(10);
+/// How long after its verdict ran out a caller allowed before is still served when it can not
+/// be checked again (the apiserver is down, or the renewal budget is spent): scrapers keep
+/// their metrics through an outage, which is when they matter most. Bounded, so that a token
+/// revoked during a long outage is not served for ever; a projected ServiceAccount token is
+/// replaced by kubelet within the hour anyway, and a token never seen can not be checked.
+const UNCHECKED_FOR: Duration = Duration::from_secs(3600);
 /// Verdicts kept at most, allowed and refused apart, each evicting its least recently used:
 /// made-up tokens fill only the refusals and never push a scraper's verdict out.
 const CACHED_MAX: usize = 256;
@@ -75,6 +85,7 @@ pub struct Delegated {
     fresh: Budget,
     renewals: Budget,
     refused: IntCounterVec,
+    unchecked: IntCounter,
 }
 
 /// Every value of the `reason` label of `groundskeeper_metrics_auth_refused_total`.
@@ -106,6 +117,15 @@ impl Delegated {
         for r in REFUSED_REASONS {
             refused.with_label_values(&[r]);
         }
+        let unchecked = crate::metrics::registered(
+            registry,
+            IntCounter::new(
+                "groundskeeper_metrics_auth_unchecked_total",
+                "Requests for /metrics served to a caller allowed before whose verdict had run out, because it \
+                 could not be checked again (the apiserver could not be asked, or the budget of renewals was spent); \
+                 at most an hour after the verdict ran out.",
+            ),
+        )?;
         Ok(Self {
             client,
             verdicts: Arc::new(Mutex::new(Verdicts {
@@ -115,6 +135,7 @@ impl Delegated {
             fresh: Budget::new(FRESH_QPS, FRESH_BURST),
             renewals: Budget::new(RENEWAL_QPS, RENEWAL_BURST),
             refused,
+            unchecked,
         })
     }
 
@@ -154,26 +175,41 @@ impl Delegated {
             ));
         }
         let now = Instant::now();
+        // Until when a caller allowed before whose verdict ran out may still be served unchecked.
         let known = {
             let mut guard = self.lock();
             let v = &mut *guard;
             match v.allowed.get(token) {
                 Some(until) if *until > now => return Ok(()),
-                Some(_) => true,
+                Some(until) => Some(*until + UNCHECKED_FOR),
                 None => {
                     if let Some((until, refusal)) = v.refused.get(token)
                         && *until > now
                     {
                         return Err(refusal.clone());
                     }
-                    false
+                    None
                 }
             }
         };
-        let budget = if known { &self.renewals } else { &self.fresh };
+        let unchecked = || {
+            let serve = known.is_some_and(|until| now < until);
+            if serve {
+                self.unchecked.inc();
+            }
+            serve
+        };
+        let budget = if known.is_some() {
+            &self.renewals
+        } else {
+            &self.fresh
+        };
         if !budget.try_take() {
+            if unchecked() {
+                return Ok(());
+            }
             tracing::debug!(
-                renewal = known,
+                renewal = known.is_some(),
                 "/metrics: over the budget of token checks, not asked"
             );
             return Err((
@@ -184,6 +220,10 @@ impl Delegated {
         let verdict = match self.review(token).await {
             Ok(v) => v,
             Err(e) => {
+                if unchecked() {
+                    tracing::info!(error = %e, "could not check a /metrics caller with the apiserver; served it, as it was allowed before");
+                    return Ok(());
+                }
                 tracing::warn!(error = %e, "could not check a /metrics caller with the apiserver");
                 return Err((
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -291,7 +331,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use super::*;
 
@@ -327,10 +367,25 @@ mod tests {
     /// An apiserver that accepts `jwt("reader")` (allowed to get /metrics) and no other token,
     /// counting the TokenReviews it answers.
     fn apiserver(reviews: Arc<AtomicUsize>) -> kube::Client {
+        flaky_apiserver(reviews, Arc::default())
+    }
+
+    /// [`apiserver`], answering 503 to everything while `down` is set.
+    fn flaky_apiserver(reviews: Arc<AtomicUsize>, down: Arc<AtomicBool>) -> kube::Client {
         use kube::client::Body;
         let service = tower::service_fn(move |req: http::Request<Body>| {
-            let reviews = reviews.clone();
+            let (reviews, down) = (reviews.clone(), down.clone());
             async move {
+                if down.load(Ordering::SeqCst) {
+                    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "reason": "ServiceUnavailable", "code": 503});
+                    return Ok::<_, std::convert::Infallible>(
+                        http::Response::builder()
+                            .status(503)
+                            .body(Body::from(status.to_string().into_bytes()))
+                            .unwrap(),
+                    );
+                }
                 let path = req.uri().path().to_string();
                 let body: serde_json::Value =
                     serde_json::from_slice(&req.into_body().collect_bytes().await.unwrap())
@@ -430,5 +485,59 @@ mod tests {
         let refused = |r: &str| auth.refused.with_label_values(&[r]).get();
         assert_eq!(refused("malformed"), 3);
         assert!(refused("over_budget") >= 2000 - FRESH_BURST as u64);
+    }
+
+    /// Through an apiserver outage, a scraper allowed before keeps its metrics (for up to
+    /// UNCHECKED_FOR after its verdict ran out), while a token never seen, or refused before,
+    /// is not served; once the apiserver is back the scraper is checked again.
+    #[tokio::test(start_paused = true)]
+    async fn an_allowed_scraper_is_served_through_an_outage_and_no_one_else() {
+        let (reviews, down) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let auth = Delegated::new(
+            flaky_apiserver(reviews.clone(), down.clone()),
+            &prometheus::Registry::new(),
+        )
+        .unwrap();
+        let reader = headers(&jwt("reader"));
+        let bogus = headers(&jwt("Ym9ndXM"));
+        assert_eq!(auth.check(&reader).await, Ok(()));
+        assert_eq!(
+            auth.check(&bogus).await.unwrap_err().0,
+            StatusCode::UNAUTHORIZED
+        );
+
+        down.store(true, Ordering::SeqCst);
+        tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
+        for _ in 0..3 {
+            assert_eq!(auth.check(&reader).await, Ok(()), "allowed before: served");
+        }
+        assert_eq!(auth.unchecked.get(), 3);
+        let new = headers(&jwt("bmV3"));
+        assert_eq!(
+            auth.check(&new).await.unwrap_err().0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "never seen: not served"
+        );
+        assert_eq!(
+            auth.check(&bogus).await.unwrap_err().0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "refused before: not served"
+        );
+
+        tokio::time::advance(UNCHECKED_FOR).await;
+        assert_eq!(
+            auth.check(&reader).await.unwrap_err().0,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not for ever"
+        );
+        assert_eq!(auth.unchecked.get(), 3);
+
+        down.store(false, Ordering::SeqCst);
+        let before = reviews.load(Ordering::SeqCst);
+        assert_eq!(auth.check(&reader).await, Ok(()));
+        assert_eq!(reviews.load(Ordering::SeqCst), before + 1, "checked again");
     }
 }

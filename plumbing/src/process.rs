@@ -14,6 +14,7 @@ use crate::{
     client::{KubeArgs, parse_duration},
     metrics,
     metrics_auth::{Delegated, MetricsAuth},
+    serving::{self, Certificates, self_signed},
     telemetry::LogArgs,
 };
 
@@ -185,11 +186,31 @@ impl Process {
                 &registry,
             )?),
         };
+        let tls = match args
+            .admin
+            .certificate_source()
+            .map_err(anyhow::Error::msg)?
+        {
+            None => None,
+            Some(source) => {
+                let certs = std::sync::Arc::new(Certificates::default());
+                self_signed::load(&source, &certs)
+                    .map_err(|e| anyhow::anyhow!("the admin server's certificate: {e}"))?;
+                tokio::spawn(self_signed::keep_current(
+                    "admin server",
+                    source,
+                    certs.clone(),
+                    shutdown.token(),
+                ));
+                Some(serving::server_config(certs)?)
+            }
+        };
         let (admin_addr, serve) = admin::bind(
             admin_addr,
             registry.clone(),
             readiness.clone(),
             auth,
+            tls,
             shutdown.token(),
         )
         .await?;

@@ -60,16 +60,60 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* A digest, when set, pins the image whatever the tag says. */}}
-{{- define "groundskeeper.image" -}}
-{{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{/* An image reference, the one helper every container's image goes through: include with
+(dict "image" <an image's values> "ctx" $ "defaultTag" <tag when the values give none>).
+global.imageRegistry, when set, takes the place of the image's own registry (as kube-state-metrics
+and cert-manager do); a digest pins the image, and a tag given beside it stays for readers. */}}
+{{- define "groundskeeper.imageRef" -}}
+{{- $img := .image -}}
+{{- $global := .ctx.Values.global | default dict -}}
+{{- $registry := $global.imageRegistry | default $img.registry -}}
+{{- $name := $img.repository -}}
+{{- with $registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end -}}
+{{- if $img.digest -}}
+{{- if $img.tag }}{{ $name }}:{{ $img.tag }}@{{ $img.digest }}{{ else }}{{ $name }}@{{ $img.digest }}{{ end -}}
 {{- else -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ $name }}:{{ $img.tag | default .defaultTag }}
+{{- end -}}
+{{- end -}}
+
+{{/* groundskeeper's image (both binaries). */}}
+{{- define "groundskeeper.image" -}}
+{{ include "groundskeeper.imageRef" (dict "image" .Values.image "ctx" . "defaultTag" .Chart.AppVersion) }}
+{{- end -}}
+
+{{/* The imagePullSecrets of every pod: global.imagePullSecrets, then imagePullSecrets, each a
+name or a {name: ...} object, without repeats. Empty when there are none. */}}
+{{- define "groundskeeper.imagePullSecrets" -}}
+{{- $all := list -}}
+{{- $global := .Values.global | default dict -}}
+{{- range concat ($global.imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- $s := . -}}
+{{- if kindIs "string" . }}{{ $s = dict "name" . }}{{ end -}}
+{{- if not (has $s $all) }}{{ $all = append $all $s }}{{ end -}}
+{{- end -}}
+{{- with $all -}}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* A duration of the form the schema allows for the leader-election timings (a whole number of
+ms, s or m), in milliseconds, for the chart's comparisons. */}}
+{{- define "groundskeeper.milliseconds" -}}
+{{- $d := toString . -}}
+{{- if hasSuffix "ms" $d -}}{{ trimSuffix "ms" $d | int64 }}
+{{- else if hasSuffix "s" $d -}}{{ mul (trimSuffix "s" $d | int64) 1000 }}
+{{- else if hasSuffix "m" $d -}}{{ mul (trimSuffix "m" $d | int64) 60000 }}
 {{- end -}}
 {{- end -}}
 
 {{- define "groundskeeper.commonArgs" -}}
+- --admin-scheme={{ .Values.metrics.scheme }}
+{{- if and (eq .Values.metrics.scheme "https") .Values.metrics.tls.secretName }}
+- --admin-tls-cert-file=/etc/groundskeeper/admin-tls/tls.crt
+- --admin-tls-private-key-file=/etc/groundskeeper/admin-tls/tls.key
+{{- end }}
 - --log-format={{ .Values.logFormat }}
 - --log-level={{ .Values.logLevel }}
 - --kube-api-qps={{ .Values.kubeApi.qps }}
@@ -85,20 +129,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and .Values.nodeAgent.conntrack.enabled $set -}}true{{- end -}}
 {{- end -}}
 
+{{/* A workload's probes, on its admin port "metrics": include with the workload's values
+(controllerManager or nodeAgent). The handlers are the chart's; the timings are the values'. */}}
+{{/* The probes of a component: (list $ $componentValues). kubelet does not verify the
+certificate of an HTTPS probe. */}}
 {{- define "groundskeeper.probes" -}}
+{{- $scheme := (index . 0).Values.metrics.scheme | upper -}}
+{{- $c := index . 1 -}}
 livenessProbe:
-  httpGet: {path: /healthz, port: metrics}
-  periodSeconds: 10
-  failureThreshold: 3
-# Ready needs every watch listed: about a second after start on a small cluster, over 2 s on
-# a loaded 2-core node (measured on the e2e node). A first probe at 0 s failed on every start,
-# each a Warning Event that meant nothing; a short delay spares them without slowing a rollout
-# by more than it.
+  httpGet: {path: /healthz, port: metrics, scheme: {{ $scheme }}}
+  {{- with $c.livenessProbe }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 readinessProbe:
-  httpGet: {path: /readyz, port: metrics}
-  initialDelaySeconds: 3
-  periodSeconds: 2
-  failureThreshold: 3
+  httpGet: {path: /readyz, port: metrics, scheme: {{ $scheme }}}
+  {{- with $c.readinessProbe }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- if $c.startupProbe.enabled }}
+# Holds the probes above off until /healthz first answers.
+startupProbe:
+  httpGet: {path: /healthz, port: metrics, scheme: {{ $scheme }}}
+  {{- with omit $c.startupProbe "enabled" }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "groundskeeper.controllers" -}}
@@ -191,4 +246,60 @@ template` without --api-versions knows only group/versions, and there the chart'
 (list $ "ServiceMonitor"). Without it the object is not rendered and NOTES say so. */}}
 {{- define "groundskeeper.hasMonitoring" -}}
 {{- if (index . 0).Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the token the monitors scrape the node-agent with. */}}
+{{- define "groundskeeper.scrapeTokenSecret" -}}
+{{- if .Values.metrics.scrapeToken.create -}}
+{{ include "groundskeeper.componentName" (list . "metrics-scraper-token") }}
+{{- else -}}
+{{ .Values.metrics.scrapeToken.secretName }}
+{{- end -}}
+{{- end -}}
+
+{{/* One scrape endpoint of a ServiceMonitor or PodMonitor: include with (dict "ctx" $ "monitor"
+<metrics.serviceMonitor or metrics.podMonitor> "component" <component>). */}}
+{{/* "true" when a component's /metrics asks for a token: (list $ component). */}}
+{{- define "groundskeeper.metricsAuth" -}}
+{{- $v := (index . 0).Values -}}
+{{- $auth := ternary $v.controllerManager.metricsAuth $v.nodeAgent.metricsAuth (eq (index . 1) "controller-manager") -}}
+{{- if eq $auth "kubernetes" }}true{{ end -}}
+{{- end -}}
+
+{{/* The admin-tls volume and its mount, with metrics.tls.secretName over https. */}}
+{{- define "groundskeeper.adminTLS" -}}
+{{- if and (eq .Values.metrics.scheme "https") .Values.metrics.tls.secretName }}true{{ end -}}
+{{- end -}}
+
+{{- define "groundskeeper.scrapeEndpoint" -}}
+{{- $m := .monitor -}}
+{{- $ctx := .ctx -}}
+{{- $scheme := $m.scheme | default $ctx.Values.metrics.scheme -}}
+port: metrics
+path: /metrics
+scheme: {{ $scheme }}
+interval: {{ $m.interval }}
+{{- with $m.scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- if eq $scheme "https" }}
+tlsConfig:
+  {{- toYaml ($m.tlsConfig | default (dict "insecureSkipVerify" true)) | nindent 2 }}
+{{- end }}
+{{- if include "groundskeeper.metricsAuth" (list $ctx .component) }}
+# --metrics-auth=kubernetes: a token whose user may get /metrics (metrics.scrapeToken).
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "groundskeeper.scrapeTokenSecret" $ctx }}
+    key: {{ $ctx.Values.metrics.scrapeToken.key }}
+{{- end }}
+{{- with $m.relabelings }}
+relabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}

@@ -87,6 +87,51 @@ pub(crate) struct Orphans {
     pub(crate) per_s: f64,
 }
 
+/// The apiserver's own limit for the same work: a bare client that only force-deletes the pods
+/// bound to `nodes` (listed by field selector once the nodes are gone), `concurrency` at a time
+/// and with no client-side rate limit, measured by the same watch as the PodGCs. PodGC does
+/// more per orphan (a status patch with the DisruptionTarget condition, then the delete), so
+/// this is the ceiling: what the apiserver accepts when nothing else is asked of it.
+pub(crate) async fn raw_rate(
+    client: &Client,
+    ns: &str,
+    nodes: &[String],
+    per_node: usize,
+    concurrency: usize,
+) -> anyhow::Result<Orphans> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deleter = {
+        let (pods, nodes) = (pods.clone(), nodes.to_vec());
+        tokio::spawn(async move {
+            // Give the watch below its start, as PodGC's quarantine gives it to the others.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mut names = Vec::with_capacity(nodes.len() * per_node);
+            for n in &nodes {
+                let lp = ListParams::default().fields(&format!("spec.nodeName={n}"));
+                for p in pods.list_metadata(&lp).await? {
+                    names.extend(p.metadata.name);
+                }
+            }
+            let force = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            stream::iter(names)
+                .map(|name| {
+                    let (pods, force) = (pods.clone(), force.clone());
+                    async move { pods.delete(&name, &force).await.map(|_| ()) }
+                })
+                .buffer_unordered(concurrency)
+                .try_collect::<Vec<_>>()
+                .await?;
+            anyhow::Ok(())
+        })
+    };
+    let o = orphan_rate(client, ns, nodes, nodes.len() * per_node).await?;
+    deleter.await??;
+    Ok(o)
+}
+
 /// The two PodGCs on the same objects, one after the other: node sets of the same size, each
 /// PodGC's own, so neither deletes the other's orphans.
 pub(crate) struct OrphanRow<'a> {

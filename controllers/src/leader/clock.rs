@@ -71,10 +71,28 @@ impl Stamp {
 }
 
 /// How long the machine has been suspended since it booted: CLOCK_BOOTTIME − CLOCK_MONOTONIC.
+///
+/// The two clocks can not be read at once, and a thread preempted between the reads would
+/// count the preemption as suspend (9 ms on a loaded machine), making a lease look older, or
+/// younger, than it is. So BOOTTIME is read between two reads of MONOTONIC and compared with
+/// their midpoint (off by at most half the window), and the tightest of a few tries is kept.
 pub fn suspended() -> Duration {
-    let mono = read(libc::CLOCK_MONOTONIC);
-    let boot = read(libc::CLOCK_BOOTTIME);
-    boot.saturating_sub(mono)
+    const TIGHT: Duration = Duration::from_micros(20);
+    let mut best: Option<(Duration, Duration)> = None;
+    for _ in 0..5 {
+        let before = read(libc::CLOCK_MONOTONIC);
+        let boot = read(libc::CLOCK_BOOTTIME);
+        let after = read(libc::CLOCK_MONOTONIC);
+        let window = after.saturating_sub(before);
+        let asleep = boot.saturating_sub(before + window / 2);
+        if best.is_none_or(|(w, _)| window < w) {
+            best = Some((window, asleep));
+        }
+        if window <= TIGHT {
+            break;
+        }
+    }
+    best.map(|(_, asleep)| asleep).unwrap_or_default()
 }
 
 fn read(clock: libc::clockid_t) -> Duration {

@@ -104,11 +104,35 @@ pub async fn run(client: Client, args: &BlockersArgs) -> u8 {
 
 /// The report on ServiceCIDR `name` and whether something blocks its deletion.
 pub async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)> {
+    let Some(read) = read(client, name).await? else {
+        anyhow::bail!("no ServiceCIDR named {name:?}");
+    };
+    let blocked = matches!(read.verdict, Verdict::Blocked(_));
+    Ok((
+        render(name, &read.cidrs, read.deleting, &read.verdict),
+        blocked,
+    ))
+}
+
+/// What one fresh list says of ServiceCIDR `name`.
+#[derive(Debug)]
+pub struct Read {
+    /// Its `spec.cidrs`.
+    pub cidrs: Vec<String>,
+    /// It has a `deletionTimestamp`.
+    pub deleting: bool,
+    pub verdict: Verdict,
+}
+
+/// Lists the ServiceCIDRs and the allocator-managed IPAddresses once and decides for `name`
+/// with the controller's code; `None` when there is no such ServiceCIDR. API errors are
+/// returned as `kube::Error` inside the `anyhow::Error`, for callers that tell them apart.
+pub async fn read(client: Client, name: &str) -> anyhow::Result<Option<Read>> {
     let all = Api::<ServiceCIDR>::all(client.clone())
         .list(&ListParams::default())
         .await?;
     let Some(me) = all.items.iter().find(|c| c.name_any() == name) else {
-        anyhow::bail!("no ServiceCIDR named {name:?}");
+        return Ok(None);
     };
     let mut cidrs = CidrSet::default();
     for c in &all.items {
@@ -124,10 +148,11 @@ pub async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)
             ips.upsert(e);
         }
     }
-    let v = verdict(&cidrs, &ips, name);
-    let blocked = matches!(v, Verdict::Blocked(_));
-    let deleting = me.metadata.deletion_timestamp.is_some();
-    Ok((render(name, &spec_cidrs(me), deleting, &v), blocked))
+    Ok(Some(Read {
+        cidrs: spec_cidrs(me),
+        deleting: me.metadata.deletion_timestamp.is_some(),
+        verdict: verdict(&cidrs, &ips, name),
+    }))
 }
 
 #[cfg(test)]

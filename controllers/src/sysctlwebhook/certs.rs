@@ -19,7 +19,7 @@ use super::apply::{ConfigurationKind, Writes, bundle_patch};
 use super::cache::{Cache, Own, SecretView};
 use super::metrics::Metrics;
 use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
-use super::tls::Certificates;
+use groundskeeper_plumbing::serving::Certificates;
 
 /// Who writes the Secret.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -207,7 +207,7 @@ fn anything_enforces(args: &PolicyArgs, policies: &[&SysctlPolicy]) -> bool {
 }
 
 /// The policy of a known node, by the rules of its own kubelet version.
-fn policy_of(
+pub fn policy_of(
     args: &PolicyArgs,
     node: &NodeFacts,
     policies: &[&SysctlPolicy],

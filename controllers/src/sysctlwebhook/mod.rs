@@ -20,10 +20,8 @@ pub mod mutate;
 pub mod review;
 pub mod rotation;
 pub mod serve;
-pub mod server;
 #[cfg(test)]
 mod server_tests;
-pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,11 +40,10 @@ use crate::context::Context;
 use apply::KubeWrites;
 use cache::{COMPONENT, Change, Own};
 use certs::{CertTask, Source, TICK};
-use limits::Limits;
+use groundskeeper_plumbing::serving::{self, Certificates, Listener};
 use metrics::Metrics;
 use rotation::Timing;
 use serve::{Judge, Lookups};
-use tls::{Certificates, TlsListener};
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Sysctl admission webhook")]
@@ -180,10 +177,11 @@ pub async fn run(
     let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
-    let limits = Limits::default();
-    let listener = TlsListener::bind(
+    let limits = limits::limits();
+    let listener = Listener::bind(
         args.webhook_addr,
-        tls::server_config(certs.clone())?,
+        "--webhook-addr",
+        Some(serving::server_config(certs.clone())?),
         &limits,
         metrics.counters(),
         base.token.clone(),
@@ -202,14 +200,14 @@ pub async fn run(
         },
         metrics: metrics.clone(),
     });
-    let router = server::limited(
+    let router = serving::limited(
         serve::router(judge.clone()).merge(mutate::router(judge)),
         &limits,
         metrics.counters(),
     );
     let server = tokio::spawn({
         let (counters, token) = (metrics.counters(), base.token.clone());
-        async move { server::serve(listener, router, &limits, counters, token).await }
+        async move { serving::serve(listener, router, &limits, counters, token).await }
     });
     let listed = health.clone();
     let task = CertTask::new(

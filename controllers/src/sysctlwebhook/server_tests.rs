@@ -18,11 +18,12 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::limits::Limits;
+use groundskeeper_plumbing::serving::{
+    Certificates, Limits, Listener, limited, serve, server_config,
+};
+
 use super::metrics::Metrics;
 use super::serve::{Judge, Lookups, router};
-use super::server::{limited, serve};
-use super::tls::{Certificates, TlsListener, server_config};
 
 /// A served webhook: where it listens, a TLS client for it, its metrics.
 struct Served {
@@ -40,6 +41,7 @@ impl Drop for Served {
 
 fn short() -> Limits {
     Limits {
+        name: "test webhook",
         connections: 16,
         handshakes: 8,
         handshake_timeout: Duration::from_millis(500),
@@ -65,9 +67,10 @@ async fn served(limits: Limits) -> Served {
     certs.load(g.cert.as_bytes(), g.key.as_bytes()).unwrap();
     let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
     let token = CancellationToken::new();
-    let listener = TlsListener::bind(
+    let listener = Listener::bind(
         "127.0.0.1:0".parse().unwrap(),
-        server_config(certs).unwrap(),
+        "--webhook-addr",
+        Some(server_config(certs).unwrap()),
         &limits,
         metrics.counters(),
         token.clone(),

@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 
 use super::{COMPONENTS, assert_none, repo};
 
-/// The folders whose every product file a `## Code` map must name: the components, and the
-/// sysctl rules both binaries judge by.
+/// The folders whose every product file a `## Code` map must name: the components, the
+/// sysctl rules both binaries judge by, and the kubectl plugin.
 fn mapped() -> Vec<&'static str> {
     let mut dirs = COMPONENTS.to_vec();
     dirs.push("sysctl-rules/src");
+    dirs.push("controllers/src/plugin");
     dirs
 }
 

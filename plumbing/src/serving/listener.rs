@@ -1,6 +1,6 @@
-//! TLS for the webhook server: the certificate every replica serves, swapped in place when its
-//! Secret changes, and a listener that hands over connections whose handshake is done, with
-//! the connections and handshakes in progress capped.
+//! The port: the certificate served, swapped in place when it changes, and a listener that
+//! hands over connections (whose TLS handshake is done, when serving TLS), with the connections
+//! and handshakes in progress capped.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -12,12 +12,13 @@ use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
-use super::limits::{Counters, Limits};
+use super::{Counters, Limits};
 
-/// The certificate served, replaced whole when the Secret changes; none until it is loaded,
-/// and then handshakes fail (the replica is not ready meanwhile).
+/// The certificate served, replaced whole when its source changes; none until it is loaded,
+/// and then handshakes fail.
 #[derive(Debug, Default)]
 pub struct Certificates {
     current: RwLock<Option<(Arc<CertifiedKey>, Vec<u8>)>>,
@@ -74,51 +75,55 @@ pub fn server_config(certs: Arc<Certificates>) -> Result<Arc<ServerConfig>, rust
     Ok(Arc::new(config))
 }
 
-/// A connection whose TLS handshake succeeded, and its slot among the connections allowed
-/// (freed when the connection is dropped).
+/// A connection accepted: TLS or plain TCP.
+pub type Stream = Either<TlsStream<TcpStream>, TcpStream>;
+
+/// A connection accepted (its TLS handshake done, when serving TLS), and its slot among the
+/// connections allowed (freed when the connection is dropped).
 pub struct Accepted {
-    pub tls: TlsStream<TcpStream>,
+    pub stream: Stream,
     pub peer: SocketAddr,
     pub slot: OwnedSemaphorePermit,
 }
 
-/// Connections whose TLS handshake succeeded.
-pub struct TlsListener {
-    handshaken: mpsc::Receiver<Accepted>,
+/// Connections ready to serve HTTP on.
+pub struct Listener {
+    ready: mpsc::Receiver<Accepted>,
     local: SocketAddr,
 }
 
-impl TlsListener {
-    /// Binds `addr` now (a port clash fails start-up) and accepts until `token` is cancelled:
-    /// up to `limits.connections` open at once and `limits.handshakes` handshaking, each
-    /// handshake in its own task (so a slow client holds up no other) and dropped after
-    /// `limits.handshake_timeout`. At either cap, accepting waits: new connections queue in
-    /// the kernel's backlog, costing this process nothing.
+impl Listener {
+    /// Binds `addr` now (a port clash fails start-up, naming `flag`) and accepts until `token`
+    /// is cancelled: up to `limits.connections` open at once; with `tls`, up to
+    /// `limits.handshakes` handshaking, each handshake in its own task (so a slow client holds
+    /// up no other) and dropped after `limits.handshake_timeout`. At either cap, accepting
+    /// waits: new connections queue in the kernel's backlog, costing this process nothing.
     pub async fn bind(
         addr: SocketAddr,
-        config: Arc<ServerConfig>,
+        flag: &str,
+        tls: Option<Arc<ServerConfig>>,
         limits: &Limits,
         counters: Counters,
         token: CancellationToken,
     ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await.map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("--webhook-addr {addr}: cannot listen: {e}"),
-            )
+            std::io::Error::new(e.kind(), format!("{flag} {addr}: cannot listen: {e}"))
         })?;
         let local = listener.local_addr()?;
-        let (tx, handshaken) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
+        let (tx, ready) = mpsc::channel(64);
+        let acceptor = tls.map(TlsAcceptor::from);
         let connections = Arc::new(Semaphore::new(limits.connections));
         let handshakes = Arc::new(Semaphore::new(limits.handshakes));
-        let handshake_timeout = limits.handshake_timeout;
+        let (handshake_timeout, name) = (limits.handshake_timeout, limits.name);
         tokio::spawn(async move {
             loop {
                 // The semaphores are never closed: acquiring fails only if they were.
                 let slots = async {
                     let slot = connections.clone().acquire_owned().await.ok()?;
-                    let handshake = handshakes.clone().acquire_owned().await.ok()?;
+                    let handshake = match acceptor {
+                        Some(_) => Some(handshakes.clone().acquire_owned().await.ok()?),
+                        None => None,
+                    };
                     Some((slot, handshake))
                 };
                 let (slot, handshake) = tokio::select! {
@@ -130,38 +135,50 @@ impl TlsListener {
                     r = listener.accept() => match r {
                         Ok(c) => c,
                         Err(e) => {
-                            tracing::warn!(error = %e, "webhook: accepting a connection failed");
+                            tracing::warn!(error = %e, "{name}: accepting a connection failed");
                             tokio::time::sleep(Duration::from_millis(100)).await;
                             continue;
                         }
                     },
                 };
-                let (acceptor, tx, counters) = (acceptor.clone(), tx.clone(), counters.clone());
+                let Some(acceptor) = acceptor.clone() else {
+                    let accepted = Accepted {
+                        stream: Either::Right(tcp),
+                        peer,
+                        slot,
+                    };
+                    if tx.send(accepted).await.is_err() {
+                        return;
+                    }
+                    continue;
+                };
+                let (tx, counters) = (tx.clone(), counters.clone());
                 tokio::spawn(async move {
                     let shaken =
                         tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
                     drop(handshake);
                     match shaken {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send(Accepted { tls, peer, slot }).await;
+                            let stream = Either::Left(tls);
+                            let _ = tx.send(Accepted { stream, peer, slot }).await;
                         }
                         Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "webhook: TLS handshake failed")
+                            tracing::debug!(%peer, error = %e, "{name}: TLS handshake failed")
                         }
                         Err(_) => {
                             counters.refused("handshake_timeout");
-                            tracing::debug!(%peer, "webhook: TLS handshake timed out")
+                            tracing::debug!(%peer, "{name}: TLS handshake timed out")
                         }
                     }
                 });
             }
         });
-        Ok(Self { handshaken, local })
+        Ok(Self { ready, local })
     }
 
     /// The next connection; None once accepting has stopped (shutdown).
     pub async fn accept(&mut self) -> Option<Accepted> {
-        self.handshaken.recv().await
+        self.ready.recv().await
     }
 
     pub fn local_addr(&self) -> SocketAddr {

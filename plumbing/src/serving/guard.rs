@@ -1,13 +1,10 @@
-//! What a caller of the webhook port can cost a replica, bounded: connections, TLS handshakes,
-//! the time to send headers and a body, body sizes, and requests in flight.
+//! What a caller can cost a server, bounded: the time to send headers and a body, body sizes,
+//! and requests in flight (the connections and handshakes are capped by the listener).
 //!
-//! The port is reachable from every pod of the cluster (the apiserver calls it through a
-//! Service) and asks for no credentials, so whatever one connection may hold, a hostile pod can
-//! hold many times over. Every limit here answers in a way the apiserver understands: a
-//! connection over the cap waits in the kernel's backlog, a request over the cap gets 429 with
-//! `Retry-After` (client-go retries it within the webhook's `timeoutSeconds`), a body too large
-//! gets 413 unread, and what does not arrive in time is dropped. A review that gets no answer
-//! at all is decided by the webhook's `failurePolicy`, as when no replica answers.
+//! Whatever one connection may hold, a hostile caller can hold many times over, so every
+//! limit answers in a way an HTTP client understands: a request over the cap gets 429 with
+//! `Retry-After` (client-go retries it), a body too large gets 413 unread, and what does not
+//! arrive in time is dropped.
 
 use std::sync::Arc;
 
@@ -25,8 +22,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use super::limits::{Counters, Limits, READ_BUFFER};
-use super::tls::TlsListener;
+use super::{Counters, Limits, READ_BUFFER, listener::Listener};
 
 struct Lanes {
     small: Semaphore,
@@ -46,8 +42,8 @@ pub fn limited(router: Router, limits: &Limits, counters: Counters) -> Router {
     router.layer(middleware::from_fn_with_state(lanes, admit))
 }
 
-fn refusal(status: StatusCode, why: &str) -> Response {
-    let mut r = (status, format!("groundskeeper sysctl webhook: {why}\n")).into_response();
+fn refusal(name: &str, status: StatusCode, why: &str) -> Response {
+    let mut r = (status, format!("{name}: {why}\n")).into_response();
     if status == StatusCode::TOO_MANY_REQUESTS {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -71,7 +67,11 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > l.max_body as u64) {
         lanes.counters.refused("body_too_large");
-        return refusal(StatusCode::PAYLOAD_TOO_LARGE, "request body too large");
+        return refusal(
+            l.name,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body too large",
+        );
     }
     let lane = match declared {
         Some(n) if n <= l.small_body as u64 => &lanes.small,
@@ -79,7 +79,11 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
     };
     let Ok(Ok(_permit)) = tokio::time::timeout(l.queue_wait, lane.acquire()).await else {
         lanes.counters.refused("busy");
-        return refusal(StatusCode::TOO_MANY_REQUESTS, "too many requests in flight");
+        return refusal(
+            l.name,
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests in flight",
+        );
     };
     let (parts, body) = req.into_parts();
     let bytes =
@@ -89,6 +93,7 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
                 // Over the limit without saying so up front (chunked), or the body broke off.
                 lanes.counters.refused("body_too_large");
                 return refusal(
+                    l.name,
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "request body too large or cut",
                 );
@@ -96,6 +101,7 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
             Err(_) => {
                 lanes.counters.refused("body_timeout");
                 return refusal(
+                    l.name,
                     StatusCode::REQUEST_TIMEOUT,
                     "request body not received in time",
                 );
@@ -106,7 +112,7 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
         Ok(r) => r,
         Err(_) => {
             lanes.counters.refused("answer_timeout");
-            refusal(StatusCode::SERVICE_UNAVAILABLE, "no answer in time")
+            refusal(l.name, StatusCode::SERVICE_UNAVAILABLE, "no answer in time")
         }
     }
 }
@@ -115,7 +121,7 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
 /// the header and idle timeout, until `token` is cancelled; then lets the requests in flight
 /// finish (each bounded by the limits) and closes idle connections.
 pub async fn serve(
-    mut listener: TlsListener,
+    mut listener: Listener,
     router: Router,
     limits: &Limits,
     counters: Counters,
@@ -134,10 +140,10 @@ pub async fn serve(
         };
         let Some(accepted) = accepted else { break };
         let conn = http.serve_connection(
-            TokioIo::new(accepted.tls),
+            TokioIo::new(accepted.stream),
             TowerToHyperService::new(router.clone()),
         );
-        let (token, counters) = (token.clone(), counters.clone());
+        let (token, counters, name) = (token.clone(), counters.clone(), limits.name);
         counters.connections.inc();
         connections.spawn(async move {
             let _slot = accepted.slot;
@@ -154,7 +160,7 @@ pub async fn serve(
                 if e.is_timeout() {
                     counters.refused("header_timeout");
                 }
-                tracing::debug!(peer = %accepted.peer, error = %e, "webhook: connection ended");
+                tracing::debug!(peer = %accepted.peer, error = %e, "{name}: connection ended");
             }
         });
         while connections.try_join_next().is_some() {}

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The chart's README.md, built from values.yaml the way helm-docs builds it: each key's
+description is the `# -- ` comment above it (continued by the comment lines that follow, up to the
+key), its type comes from values.schema.json, its default from values.yaml.
+
+Usage: docs.py CHART_DIR          writes CHART_DIR/README.md
+       docs.py --check CHART_DIR  exits 1, saying what to run, when README.md is not current
+
+A key with its own description is one row, its default the whole value (a probe's timings, the
+resources); an undocumented map's keys are listed one by one; an undocumented leaf is an error,
+so every value the chart accepts is explained. Only the standard library: no YAML module is
+needed, because values.yaml keeps to block maps whose leaves sit on their key's line (flow style
+for lists and small maps), which this reads line by line.
+"""
+import json
+import os
+import re
+import sys
+
+KEY = re.compile(r'^( *)([A-Za-z0-9_./-]+|"[^"]+"):(?: +(.*))?$')
+
+
+class Entry:
+    def __init__(self, path, raw, doc, line):
+        self.path, self.raw, self.doc, self.line = path, raw, doc, line
+        self.children = []
+
+
+def parse_values(text):
+    """Entries of values.yaml in file order (a tree through .children); raw is the value's text
+    on the key's line, None for a block map."""
+    root = Entry((), None, None, 0)
+    stack = [(-1, root)]
+    comments = []
+    for n, line in enumerate(text.split("\n"), 1):
+        stripped = line.strip()
+        if not stripped:
+            comments = []
+            continue
+        if stripped.startswith("#"):
+            comments.append(stripped)
+            continue
+        m = KEY.match(line)
+        if not m:
+            raise SystemExit("values.yaml:%d: not a `key: value` line (keep lists in flow style): %s" % (n, line))
+        indent, key, raw = len(m.group(1)), m.group(2).strip('"'), m.group(3)
+        if raw is not None and re.search(r"\s#", raw) and not raw.startswith(("'", '"')):
+            raise SystemExit("values.yaml:%d: a comment after a value: put it above the key as `# -- `" % n)
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        entry = Entry(parent.path + (key,), raw, description(comments), n)
+        parent.children.append(entry)
+        if raw is None:
+            stack.append((indent, entry))
+        comments = []
+    return root
+
+
+def description(comments):
+    for i, c in enumerate(comments):
+        if c == "# --" or c.startswith("# -- "):
+            words = [c[4:].strip()] + [x.lstrip("#").strip() for x in comments[i + 1:]]
+            return " ".join(w for w in words if w)
+    return None
+
+
+def flow(entry):
+    if entry.raw is not None:
+        return entry.raw
+    return "{" + ", ".join("%s: %s" % (c.path[-1], flow(c)) for c in entry.children) + "}"
+
+
+def schema_at(schema, path):
+    node = schema
+    for key in path:
+        props = node.get("properties", {})
+        if key in props:
+            node = props[key]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        elif node.get("additionalProperties") is False:
+            raise SystemExit("values.yaml has %s, which values.schema.json refuses" % ".".join(path))
+        else:
+            return {}
+    return node
+
+
+def type_of(node):
+    if "enum" in node:
+        return "one of " + ", ".join(str(v) for v in node["enum"])
+    t = node.get("type", "")
+    return "/".join(t) if isinstance(t, list) else t
+
+
+def cell(text):
+    return text.replace("|", "\\|")
+
+
+def rows(entry, schema, out, missing):
+    for c in entry.children:
+        node = schema_at(schema, c.path)
+        if c.doc is None and c.raw is None:
+            rows(c, schema, out, missing)
+            continue
+        if c.doc is None:
+            missing.append("values.yaml:%d: %s has no `# -- ` description" % (c.line, ".".join(c.path)))
+            continue
+        out.append("| `%s` | %s | `%s` | %s |" % (".".join(c.path), cell(type_of(node)), cell(flow(c)), cell(c.doc)))
+        # A documented map whose keys are documented too: theirs follow it.
+        if c.raw is None and any(x.doc for x in c.children):
+            rows(c, schema, out, missing)
+
+
+def chart_field(chart_yaml, key):
+    m = re.search(r"^%s: *(.*)$" % key, chart_yaml, re.M)
+    if not m:
+        return ""
+    value = m.group(1).strip().strip('"')
+    if value in (">-", ">", "|", "|-"):
+        block = re.search(r"^%s: *[>|]-?\n((?:  .*\n)+)" % key, chart_yaml, re.M).group(1)
+        value = " ".join(line.strip() for line in block.split("\n") if line.strip())
+    return value
+
+
+def render(chart):
+    values = parse_values(open(os.path.join(chart, "values.yaml")).read())
+    schema = json.load(open(os.path.join(chart, "values.schema.json")))
+    chart_yaml = open(os.path.join(chart, "Chart.yaml")).read()
+    name = chart_field(chart_yaml, "name")
+    out = [
+        "<!-- Generated by charts/docs.py from values.yaml (`make chart-docs`); do not edit. -->",
+        "# %s" % name,
+        "",
+        chart_field(chart_yaml, "description"),
+        "",
+        "Chart version %s, app version %s, Kubernetes %s." % (
+            chart_field(chart_yaml, "version"), chart_field(chart_yaml, "appVersion"), chart_field(chart_yaml, "kubeVersion")),
+        "",
+        "```sh",
+        "helm install %s oci://ghcr.io/groundskeeper-dev/charts/%s --version %s -n %s --create-namespace"
+        % (name, name, chart_field(chart_yaml, "version"), name),
+        "```",
+        "",
+        "Before relying on it, turn off the kube-controller-manager controllers it replaces, or use the",
+        "managed-cluster preset where they cannot be turned off: see",
+        "[installing.md](%s/blob/main/docs/installing.md) and" % chart_field(chart_yaml, "home"),
+        "[managed-clusters.md](%s/blob/main/docs/managed-clusters.md)." % chart_field(chart_yaml, "home"),
+        "",
+        "`values.schema.json` refuses any value not listed here, and any listed value of the wrong",
+        "type or form, with a message naming it; combinations that can not work are refused with what",
+        "to change.",
+        "",
+        "## Values",
+        "",
+    ]
+    missing = []
+    for top in values.children:
+        table = []
+        if top.raw is not None or top.doc is not None:
+            wrapper = Entry((), None, None, 0)
+            wrapper.children = [top]
+            rows(wrapper, schema, table, missing)
+        else:
+            rows(top, schema, table, missing)
+        out += ["### %s" % top.path[0], "", "| Key | Type | Default | Description |", "|---|---|---|---|"] + table + [""]
+    if missing:
+        raise SystemExit("\n".join(missing))
+    return "\n".join(out)
+
+
+def main():
+    args = sys.argv[1:]
+    check = args[:1] == ["--check"]
+    chart = args[-1]
+    text = render(chart)
+    readme = os.path.join(chart, "README.md")
+    if check:
+        current = open(readme).read() if os.path.exists(readme) else ""
+        if current != text:
+            print("FAIL: %s is not what values.yaml documents: run `make chart-docs` and commit it" % readme)
+            return 1
+        print("chart-docs: %s is current" % readme)
+        return 0
+    with open(readme, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
