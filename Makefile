@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -36,7 +36,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -131,6 +131,14 @@ tools-check:
 # control plane started by itself.
 run-check: build
 	TARGET_DIR="$(TARGET_DIR)" bash hack/run_test.sh
+
+## metrics-check: both binaries' /metrics pass `promtool check metrics` (the text format and
+## Prometheus' naming lints; Debian's prometheus package has promtool), every controller and
+## task on, against KUBECONFIG's cluster or else a throwaway control plane (KUBE_APISERVER); a
+## bad exposition must fail promtool first, so a check that checks nothing does not pass.
+## See hack/metrics_check.sh.
+metrics-check: build
+	TARGET_DIR="$(TARGET_DIR)" KUBE_APISERVER="$(KUBE_APISERVER)" bash hack/metrics_check.sh
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.

@@ -208,6 +208,10 @@ docs_of Deployment < "$out/t-managed.yaml" | has -- "- --controllers=podgc,sysct
   || fail "the managed preset must run PodGC only of kube-controller-manager's controllers (and the sysctl placement)"
 docs_of Deployment < "$out/t-managed.yaml" | has -- "- --terminated-pod-gc-threshold=0$" \
   || fail "podGC.mode=ttl-only must leave the threshold pass to kube-controller-manager"
+docs_of Deployment < "$out/t-managed.yaml" | has -- "- --pod-gc-mode=ttl-only$" \
+  || fail "podGC.mode=ttl-only must leave the out-of-service, orphaned and unscheduled passes to kube-controller-manager (--pod-gc-mode=ttl-only)"
+docs_of Deployment < "$out/t-default.yaml" | has -- "- --pod-gc-mode=all$" \
+  || fail "podGC.mode=all (the default) must run every pass (--pod-gc-mode=all)"
 names < "$out/t-managed.yaml" | has "^Job " && fail "the managed preset renders the uninstall Job, which would strip kube-controller-manager's ServiceCIDR finalizer"
 render --set controllerManager.podGC.terminatedPodThreshold=77 | docs_of Deployment | has -- "- --terminated-pod-gc-threshold=77$" \
   || fail "podGC.mode=all must pass terminatedPodThreshold"

@@ -5,12 +5,11 @@ use std::process::ExitCode;
 use futures::FutureExt;
 use groundskeeper_controllers::{
     context::Context,
-    leader::{self, ElectionConfig, Elector, Leadership},
+    leader::{self, ElectionConfig, Elector, LeaderMetrics, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
     podgc, servicecidr, sysctlplacement, sysctlwebhook, uninstall,
 };
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
-use prometheus::IntGauge;
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)
@@ -39,6 +38,7 @@ async fn start() -> ExitCode {
         .election
         .validate()
         .and_then(|()| cli.webhook.validate())
+        .and_then(|()| podgc::PodGcArgs::refuse_retired_env(|k| std::env::var(k).ok()))
     {
         eprintln!("{e}");
         return ExitCode::from(2);
@@ -58,11 +58,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let registry = process.registry.clone();
     tracing::info!(admin_addr = %process.admin_addr, dry_run = cli.common.dry_run, "controller-manager starting");
 
-    let is_leader = IntGauge::new(
-        "groundskeeper_leader_election_is_leader",
-        "1 when this replica holds the controller-manager Lease, else 0.",
-    )?;
-    registry.register(Box::new(is_leader.clone()))?;
+    let is_leader = LeaderMetrics::register(&registry, &cli.election.leader_elect_lease_name)?;
 
     // Controllers stop on this child token, which leadership loss cancels as well as SIGTERM.
     let controllers_token = shutdown.token().child_token();
@@ -91,7 +87,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             leadership,
         )
     } else {
-        is_leader.set(1);
+        is_leader.set(true);
         tracing::info!("leader election disabled: acting as the only replica");
         (None, Leadership::always())
     };

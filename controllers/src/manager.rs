@@ -179,6 +179,27 @@ impl ElectionArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every controller reports its Events as `groundskeeper.dev/<its --controllers name>`, and
+    /// no two controllers share a reporter.
+    #[test]
+    fn each_controller_reports_under_its_own_name() {
+        use groundskeeper_plumbing::events::{is_reporting_controller, reporting_controller};
+        let reporters = [
+            ("servicecidr", crate::servicecidr::REPORTER),
+            ("podgc", crate::podgc::notice::CONTROLLER),
+            ("sysctlplacement", crate::sysctlplacement::REPORTER),
+        ];
+        for part in CONTROLLERS {
+            let (_, reporter) = reporters
+                .iter()
+                .find(|(name, _)| *name == part.name)
+                .unwrap_or_else(|| panic!("{}: no reporter listed", part.name));
+            assert_eq!(*reporter, reporting_controller(part.name), "{}", part.name);
+            assert!(is_reporting_controller(reporter), "{reporter}");
+        }
+        assert_eq!(reporters.len(), CONTROLLERS.len());
+    }
     use testkit::cli::CommandLine;
 
     #[test]

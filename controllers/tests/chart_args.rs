@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use groundskeeper_controllers::manager::Cli;
+use groundskeeper_controllers::{manager::Cli, podgc::Mode};
 use testkit::chart;
 
 #[test]
@@ -22,6 +22,10 @@ fn chart_args_parse() {
                     "--set",
                     "controllerManager.serviceCIDR.enabled=false,controllerManager.podGC.enabled=false",
                 ],
+            ),
+            (
+                "managed preset",
+                vec!["-f", "../charts/groundskeeper/presets/managed-cluster.yaml"],
             ),
             (
                 "gate off",
@@ -100,6 +104,9 @@ fn chart_args_parse() {
             "{case}: the placement runs exactly with the gate"
         );
         assert_eq!(gate.is_none(), case == "gate off", "{case}");
+        if case != "managed preset" {
+            assert_eq!(cli.podgc.mode, Mode::All, "{case}: every pass by default");
+        }
         match case {
             "everything on" => {
                 assert!(cli.common.dry_run);
@@ -119,6 +126,11 @@ fn chart_args_parse() {
                 );
             }
             "both controllers off" => assert_eq!(cli.controllers.0, ["sysctlplacement"]),
+            // Beside kube-controller-manager's PodGC: none of upstream's four passes runs.
+            "managed preset" => {
+                assert_eq!(cli.podgc.mode, Mode::TtlOnly);
+                assert_eq!(cli.controllers.0, ["podgc", "sysctlplacement"]);
+            }
             _ => assert!(
                 !cli.common.dry_run
                     && cli.controllers.has("podgc")

@@ -65,10 +65,13 @@ fn webhook_flags_are_refused_naming_the_flag() {
     );
 }
 
+/// `--logging-format=json` as a pipeline built for kube-controller-manager parses it: one object a
+/// line with component-base's keys (`ts` in Unix milliseconds, `caller`, `msg`, `v` on every line
+/// but an error's, the error under `err`), and the failure names the bad kubeconfig.
 #[test]
 fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
     let out = Command::new(BIN)
-        .args(["--log-format", "json", "--admin-addr", "127.0.0.1:0"])
+        .args(["--logging-format=json", "--admin-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
         .env_remove("RUST_LOG")
         .output()
@@ -81,15 +84,39 @@ fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
         "no log lines; stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Read after the process ended: every line's time is before it (a second of slack for
+    // the clocks' rounding).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0;
+    let mut errors = Vec::new();
     for l in &lines {
         let v: serde_json::Value =
             serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        let ts = v["ts"].as_f64().unwrap_or_else(|| panic!("no ts: {l}"));
         assert!(
-            v.get("level").is_some() && v.get("timestamp").is_some(),
+            (now_ms - 600_000.0..=now_ms + 1000.0).contains(&ts),
+            "ts is not Unix milliseconds of the last minutes: {l}"
+        );
+        let caller = v["caller"].as_str().unwrap_or_else(|| panic!("{l}"));
+        let (file, line) = caller.rsplit_once(':').unwrap_or_else(|| panic!("{l}"));
+        assert!(file.ends_with(".rs") && line.parse::<u32>().is_ok(), "{l}");
+        assert!(v["msg"].is_string(), "{l}");
+        match v.get("v") {
+            Some(level) => assert!(level.is_u64(), "{l}"),
+            None => errors.push(v.clone()),
+        }
+        assert!(
+            v.get("level").is_none() && v.get("message").is_none(),
             "{l}"
         );
     }
-    assert!(stdout.contains("/nonexistent/kubeconfig"), "{stdout}");
+    assert_eq!(errors.len(), 1, "one error line: {stdout}");
+    assert_eq!(errors[0]["msg"], "controller-manager failed", "{stdout}");
+    let err = errors[0]["err"].as_str().unwrap_or_default();
+    assert!(err.contains("/nonexistent/kubeconfig"), "{stdout}");
 }
 
 /// Values that parse as numbers but would overflow a timer or make a budget meaningless are
@@ -97,8 +124,8 @@ fn json_logs_are_one_object_per_line_and_name_the_bad_kubeconfig() {
 #[test]
 fn out_of_range_numbers_are_refused_not_panicked_on() {
     let cases: [(&str, &str); 5] = [
-        ("--gc-period", "99999999999999999999999s"),
-        ("--orphan-quarantine", "10000000h"),
+        ("--pod-gc-period", "99999999999999999999999s"),
+        ("--pod-gc-orphan-quarantine", "10000000h"),
         ("--kube-api-qps", "NaN"),
         ("--kube-api-qps", "1e-30"),
         ("--leader-elect-lease-duration", "1e20s"),

@@ -1,6 +1,7 @@
 //! The manager's life as the kubelet sees it, against a real apiserver: /readyz only after
 //! every watch listed, /metrics with the controllers' families (the ServiceCIDR queue's under
-//! upstream's `workqueue_*` names), SIGTERM drains and exits 0.
+//! upstream's `workqueue_*` names, client-go's leader and REST client metrics), SIGTERM drains
+//! and exits 0.
 
 use std::time::{Duration, Instant};
 
@@ -26,9 +27,30 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         "groundskeeper_build_info{",
         "workqueue_depth{name=\"ipaddresses\"}",
         "workqueue_longest_running_processor_seconds{name=\"ipaddresses\"}",
+        // client-go's, for the dashboards built for kube-controller-manager: the election off,
+        // this one replica leads under the Lease's name.
+        "leader_election_master_status{name=\"groundskeeper-controller-manager\"} 1",
     ] {
         assert!(metrics.contains(family), "{family} missing:\n{metrics}");
     }
+    // Every request to the apiserver, counted as client-go counts it: the first lists are GETs
+    // answered 200, timed by verb.
+    let host = |l: &str| l.contains("host=\"") && !l.contains("host=\"none\"");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rest_client_requests_total{code=\"200\"")
+                && l.contains("method=\"GET\"")
+                && host(l)),
+        "no rest_client_requests_total for the first lists:\n{metrics}"
+    );
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("rest_client_request_duration_seconds_count{")
+                && l.contains("verb=\"GET\"")
+        ),
+        "no rest_client_request_duration_seconds:\n{metrics}"
+    );
     // The apiserver's default ServiceCIDR, queued on every replica from the first list on
     // (upstream's queue name, for kube-controller-manager's dashboards).
     let adds = metrics

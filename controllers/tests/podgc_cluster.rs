@@ -299,9 +299,9 @@ async fn orphaned_pod_is_marked_then_deleted_after_quarantine() -> anyhow::Resul
         .unwrap_or_default();
     assert_eq!(types, ["PodScheduled", "Ready", "DisruptionTarget"]);
     // The watch can report the delete before the manager has logged it.
-    let line = format!("pod={ns}/orphan ");
+    let line = format!("pod=\"{ns}/orphan\"");
     m.wait_for_log("the orphan's log line", |l| {
-        l.contains("force-deleted pod") && l.contains(&line) && l.contains("pass=orphaned")
+        l.contains("force-deleted pod") && l.contains(&line) && l.contains("pass=\"orphaned\"")
     })
     .await?;
     assert!(
@@ -511,8 +511,8 @@ async fn unscheduled_terminating_pod_is_marked_failed_and_not_deleted_again() ->
     .await?;
     assert!(
         m.logs().lines().any(|l| l.contains("skipped pod")
-            && l.contains(&format!("pod={ns}/held "))
-            && l.contains("pass=unscheduled")
+            && l.contains(&format!("pod=\"{ns}/held\""))
+            && l.contains("pass=\"unscheduled\"")
             && l.contains("force delete was already accepted")),
         "one log line for the pod"
     );
@@ -571,8 +571,8 @@ async fn dry_run_logs_every_pass_and_touches_nothing() -> anyhow::Result<()> {
         ("orphan", "orphaned"),
         ("unscheduled", "unscheduled"),
     ] {
-        let pod = format!("pod={ns}/{name} ");
-        let pass = format!("pass={pass}");
+        let pod = format!("pod=\"{ns}/{name}\"");
+        let pass = format!("pass=\"{pass}\"");
         m.wait_for_log(&format!("dry-run line for {name}"), |l| {
             l.contains("would force-delete") && l.contains(&pod) && l.contains(&pass)
         })
@@ -783,11 +783,11 @@ async fn ttl_deletes_pods_finished_longer_ago_and_nothing_else() -> anyhow::Resu
         .await?
             >= 3.0
     );
-    let line = format!("pod={ns}/old-failed ");
+    let line = format!("pod=\"{ns}/old-failed\"");
     assert!(
         m.logs().lines().any(|l| l.contains("force-deleted pod")
             && l.contains(&line)
-            && l.contains("pass=ttl")),
+            && l.contains("pass=\"ttl\"")),
         "one log line per TTL deletion"
     );
     drop(m);
@@ -807,9 +807,9 @@ async fn ttl_dry_run_deletes_nothing() -> anyhow::Result<()> {
     finish(&c, &ns, "old", "Succeeded", Some(Duration::from_secs(7200))).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let m = manager(&["--dry-run", "--terminated-pod-ttl=5s"]).await?;
-    let line = format!("pod={ns}/old ");
+    let line = format!("pod=\"{ns}/old\"");
     m.wait_for_log("the dry-run line", |l| {
-        l.contains("would force-delete") && l.contains(&line) && l.contains("pass=ttl")
+        l.contains("would force-delete") && l.contains(&line) && l.contains("pass=\"ttl\"")
     })
     .await?;
     assert!(exists(&c, &ns, "old").await?);
@@ -1037,8 +1037,8 @@ async fn global_threshold_counts_every_pod_and_policies_act_on_the_rest() -> any
     )
     .await?;
     let line = |name: &str, pass: &str| {
-        let pod = format!("pod={x}/{name} ");
-        let pass = format!("pass={pass}");
+        let pod = format!("pod=\"{x}/{name}\"");
+        let pass = format!("pass=\"{pass}\"");
         m.logs()
             .lines()
             .filter(|l| l.contains("force-deleted pod") && l.contains(&pod) && l.contains(&pass))

@@ -172,7 +172,7 @@ async fn wait_ip(c: &Cluster, ip: &str) -> anyhow::Result<()> {
 async fn blocked_event(c: &Cluster, cidr: &str) -> anyhow::Result<Option<String>> {
     let events: Api<Event> = Api::namespaced(c.client.clone(), "default");
     let by_source = ListParams::default().fields(&format!(
-        "reportingComponent=service-cidr-controller,reason=ServiceCIDRDeletionBlocked,involvedObject.name={cidr}"
+        "reportingComponent=groundskeeper.dev/servicecidr,reason=ServiceCIDRDeletionBlocked,involvedObject.name={cidr}"
     ));
     Ok(events
         .list(&by_source)

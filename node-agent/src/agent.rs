@@ -87,6 +87,26 @@ mod tests {
     use super::*;
     use testkit::cli::CommandLine;
 
+    /// Every task reports its Events as `groundskeeper.dev/<its --tasks name>`.
+    #[test]
+    fn each_task_reports_under_its_own_name() {
+        use crate::context::{CONNTRACK_REPORTER, SYSCTL_REPORTER};
+        use groundskeeper_plumbing::events::{is_reporting_controller, reporting_controller};
+        let reporters = [
+            ("conntrack", CONNTRACK_REPORTER),
+            ("sysctl", SYSCTL_REPORTER),
+        ];
+        for part in TASKS {
+            let (_, reporter) = reporters
+                .iter()
+                .find(|(name, _)| *name == part.name)
+                .unwrap_or_else(|| panic!("{}: no reporter listed", part.name));
+            assert_eq!(*reporter, reporting_controller(part.name), "{}", part.name);
+            assert!(is_reporting_controller(reporter), "{reporter}");
+        }
+        assert_eq!(reporters.len(), TASKS.len());
+    }
+
     /// Hostile or unrelated environment: no flag, in any subcommand, falls back to an unprefixed variable other than
     /// the downward-API ones.
     #[test]

@@ -6,8 +6,13 @@ use groundskeeper_plumbing::{
     process::Base,
 };
 
-/// Field manager and Event reporter of every node-agent write.
+/// Field manager of every node-agent write.
 pub const MANAGER: &str = "groundskeeper-node-agent";
+
+/// The reporting controllers of the tasks' Events (`plumbing::events::REPORTING_DOMAIN`'s
+/// scheme: the task as `--tasks` names it).
+pub const CONNTRACK_REPORTER: &str = "groundskeeper.dev/conntrack";
+pub const SYSCTL_REPORTER: &str = "groundskeeper.dev/sysctl";
 
 /// Built once by `main`; a task depends on this type, never on the agent's wiring.
 #[derive(Clone)]
@@ -18,11 +23,12 @@ pub struct Context {
 }
 
 impl Context {
-    /// The Events a task records: the agent's, from this node; only logged under `--dry-run`.
-    pub fn events(&self) -> Events {
+    /// The Events a task records, reported by `reporter` from this node (the reporting instance
+    /// is the node's name, as kubelet's Events); only logged under `--dry-run`.
+    pub fn events(&self, reporter: &str) -> Events {
         Events::new(
             self.base.client.clone(),
-            Reporter::on(MANAGER, &self.node_name),
+            Reporter::on(reporter, &self.node_name),
             self.base.dry_run,
         )
     }

@@ -50,6 +50,14 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         metrics.contains("groundskeeper_sysctl_pods_checked_total"),
         "{metrics}"
     );
+    // client-go's REST client metrics: the first lists, GETs answered 200.
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rest_client_requests_total{code=\"200\"")
+                && l.contains("method=\"GET\"")),
+        "{metrics}"
+    );
 
     agent.signal("TERM").await?;
     let start = Instant::now();

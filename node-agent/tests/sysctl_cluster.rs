@@ -451,13 +451,13 @@ async fn flag_patterns_allow_and_dry_run_touches_nothing() -> anyhow::Result<()>
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|l| {
-            l["message"]
+            l["msg"]
                 .as_str()
                 .is_some_and(|m| m.starts_with("dry-run: would"))
         })
         .collect();
     assert_eq!(would.len(), 1, "{would:?}");
-    assert_eq!(would[0]["message"], would_line);
+    assert_eq!(would[0]["msg"], would_line);
     assert_eq!(would[0]["pod"], forbidden.as_str());
     assert_eq!(would[0]["forbidden"], MSGMAX);
     assert_eq!(forbidden_events(&c, &ns, &forbidden).await?, vec![]);

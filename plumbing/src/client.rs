@@ -10,7 +10,9 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{ratelimit::RateLimitLayer, timeout::RequestTimeoutLayer};
+use crate::{
+    ratelimit::RateLimitLayer, restclient::RestClientMetricsLayer, timeout::RequestTimeoutLayer,
+};
 
 // Where every flag parser has always found them.
 pub use crate::duration::{MAX_DURATION, parse_duration};
@@ -157,7 +159,11 @@ impl KubeArgs {
 
     fn build(&self, config: Config, limit: Option<RateLimitLayer>) -> Result<Client, ClientError> {
         // The deadline sits inside the rate limiter: time spent waiting for a token is not a hang.
+        // client-go's request metrics sit inside both: they time the apiserver, not the budget,
+        // and a request the deadline abandons is counted as a failed one.
+        let counted = RestClientMetricsLayer::for_url(&config.cluster_url);
         let builder = ClientBuilder::try_from(config)?
+            .with_layer(&counted)
             .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
         Ok(match limit {
             Some(layer) => builder.with_layer(&layer).build(),
@@ -344,6 +350,46 @@ mod tests {
         assert!(
             lease_took < Duration::from_millis(500),
             "the lease call waited {lease_took:?}"
+        );
+    }
+
+    /// Every client the flags build counts its requests in client-go's metrics, under the
+    /// apiserver's host:port: the shared client and a client of its own alike.
+    #[tokio::test]
+    async fn clients_count_their_requests_in_client_gos_metrics() {
+        let addr = version_server().await;
+        let args = KubeArgs {
+            kubeconfig: None,
+            kube_api_qps: 0.0,
+            kube_api_burst: 1,
+            kube_api_timeout: Duration::from_secs(30),
+        };
+        let host = addr.to_string();
+        let m = crate::restclient::metrics();
+        let count = || m.requests.with_label_values(&["200", "GET", &host]).get();
+        let timed = || {
+            m.duration
+                .with_label_values(&["GET", &host])
+                .get_sample_count()
+        };
+        let config = || Config::new(format!("http://{addr}").parse().unwrap());
+        let limited = args
+            .build(
+                config(),
+                RateLimitLayer::new(args.kube_api_qps, args.kube_api_burst),
+            )
+            .unwrap();
+        let own = args.build(config(), None).unwrap();
+        limited.apiserver_version().await.unwrap();
+        assert_eq!((count(), timed()), (1, 1));
+        own.apiserver_version().await.unwrap();
+        assert_eq!((count(), timed()), (2, 2));
+        let text = crate::metrics::render(&crate::metrics::registry());
+        assert!(
+            text.contains(&format!(
+                "rest_client_requests_total{{code=\"200\",host=\"{host}\",method=\"GET\"}} 2"
+            )),
+            "{text}"
         );
     }
 

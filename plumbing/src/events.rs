@@ -38,6 +38,37 @@ pub fn pod_name() -> Option<String> {
     std::env::var("POD_NAME").ok().filter(|s| !s.is_empty())
 }
 
+/// The domain of every reporting controller: a component's Events are reported by
+/// `groundskeeper.dev/<component>`, the component named as its binary's `--controllers` or
+/// `--tasks` names it (`groundskeeper.dev/podgc`, `groundskeeper.dev/conntrack`), so one field
+/// selector finds them all and none reads as kube-controller-manager's.
+pub const REPORTING_DOMAIN: &str = "groundskeeper.dev";
+
+/// The reporting controller of `component`'s Events: `groundskeeper.dev/<component>`.
+pub fn reporting_controller(component: &str) -> String {
+    format!("{REPORTING_DOMAIN}/{component}")
+}
+
+/// Whether `name` follows the scheme and the apiserver accepts it as an Event's
+/// `reportingController` (a qualified name: a DNS subdomain prefix, `/`, then at most 63
+/// characters of letters, digits, `-`, `_` and `.`, alphanumeric at both ends).
+pub fn is_reporting_controller(name: &str) -> bool {
+    let Some(component) = name
+        .strip_prefix(REPORTING_DOMAIN)
+        .and_then(|r| r.strip_prefix('/'))
+    else {
+        return false;
+    };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    !component.is_empty()
+        && component.len() <= 63
+        && edge(component.chars().next())
+        && edge(component.chars().last())
+        && component
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// Who reports the Events: the controller's name and this replica.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reporter {

@@ -212,3 +212,41 @@ async fn the_api_gets_a_create_then_a_series_patch() {
         "{calls:?}"
     );
 }
+
+/// The one scheme, and the apiserver's rule for a reportingController (a qualified name),
+/// over names that pass and names that must not: the binaries' tests hold every component's
+/// reporter to it.
+#[test]
+fn reporting_controllers_follow_one_scheme() {
+    for good in [
+        "podgc",
+        "servicecidr",
+        "sysctlplacement",
+        "conntrack",
+        "a",
+        "a.b_c-d",
+    ] {
+        let name = reporting_controller(good);
+        assert!(is_reporting_controller(&name), "{name}");
+    }
+    assert_eq!(reporting_controller("podgc"), "groundskeeper.dev/podgc");
+    for bad in [
+        "service-cidr-controller",
+        "groundskeeper-node-agent",
+        "groundskeeper.dev/",
+        "groundskeeper.dev/-podgc",
+        "groundskeeper.dev/podgc-",
+        "groundskeeper.dev/pod gc",
+        "groundskeeper.dev/pod/gc",
+        "example.com/podgc",
+        "groundskeeper.devx/podgc",
+    ] {
+        assert!(!is_reporting_controller(bad), "{bad}");
+    }
+    assert!(!is_reporting_controller(&reporting_controller(
+        &"a".repeat(64)
+    )));
+    assert!(is_reporting_controller(&reporting_controller(
+        &"a".repeat(63)
+    )));
+}

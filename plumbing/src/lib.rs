@@ -10,12 +10,16 @@ pub mod duration;
 pub mod events;
 #[cfg(test)]
 mod events_tests;
+pub mod klog;
+#[cfg(test)]
+mod klog_tests;
 pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;
+pub mod restclient;
 pub mod serving;
 pub mod shutdown;
 pub mod tasks;

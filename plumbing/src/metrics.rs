@@ -19,13 +19,18 @@ pub fn build_info() -> IntGauge {
     gauge
 }
 
-/// A registry with the process collector (CPU, RSS, open fds) and `groundskeeper_build_info`
-/// already in it.
+/// A registry with the process collector (CPU, RSS, open fds), `groundskeeper_build_info` and
+/// client-go's REST client metrics (`crate::restclient`) already in it.
 pub fn registry() -> Registry {
     let registry = Registry::new();
     registry
         .register(Box::new(build_info()))
         .expect("build_info registers once");
+    for c in crate::restclient::metrics().collectors() {
+        registry
+            .register(c)
+            .expect("the REST client metrics register once per registry");
+    }
     #[cfg(target_os = "linux")]
     registry
         .register(Box::new(

@@ -1,8 +1,11 @@
-//! Structured logs: plain text for people by default, one JSON object per line for log pipelines.
+//! Structured logs in Kubernetes' formats: klog's text by default, component-base's JSON for log
+//! pipelines (both in `klog.rs`), and logfmt.
 
 use std::fmt::Write as _;
 
 use clap::{Args, ValueEnum};
+
+use crate::klog::{ComponentJson, KlogText};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::{
     EnvFilter,
@@ -13,23 +16,29 @@ use tracing_subscriber::{
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// `text` is kube-controller-manager's name for it.
-    #[value(alias = "text")]
-    Plain,
+    /// klog's text format, as kube-controller-manager's `--logging-format=text`:
+    /// `I1127 20:52:17.695837       1 cycle.rs:12] "msg" key="value"`.
+    Text,
+    /// component-base's JSON, as kube-controller-manager's `--logging-format=json`: `ts`
+    /// (Unix milliseconds), `caller`, `msg`, `v`, `err` and the fields.
     Json,
+    /// logfmt, the message first: `pod gone pod=ns/name pass=orphaned` (`plain` is its older
+    /// name), for logfmt pipelines and people at a terminal (coloured there).
+    #[value(alias = "plain")]
+    Logfmt,
 }
 
 #[derive(Args, Clone, Debug)]
 #[command(next_help_heading = "Logging")]
 pub struct LogArgs {
-    /// Log output format (`text` is accepted for plain, as kube-controller-manager's
-    /// --logging-format names it).
+    /// Log output format: `text` (klog's, the default), `json` (component-base's, for log
+    /// pipelines built for Kubernetes components) or `logfmt` (`plain`).
     #[arg(
         long,
         visible_alias = "logging-format",
         env = "GROUNDSKEEPER_LOG_FORMAT",
         value_enum,
-        default_value = "plain"
+        default_value = "text"
     )]
     pub log_format: LogFormat,
 
@@ -102,22 +111,19 @@ impl LogArgs {
     pub fn init(&self) {
         let registry = tracing_subscriber::registry().with(self.filter());
         match self.log_format {
+            LogFormat::Text => registry
+                .with(fmt::layer().event_format(KlogText::default()))
+                .init(),
+            LogFormat::Json => registry
+                .with(fmt::layer().event_format(ComponentJson::default()))
+                .init(),
             // Colours only for a person at a terminal, never into a log file or collector.
-            LogFormat::Plain => registry
+            LogFormat::Logfmt => registry
                 .with(
                     fmt::layer()
                         .with_target(true)
                         .fmt_fields(PlainFields)
                         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
-                )
-                .init(),
-            LogFormat::Json => registry
-                .with(
-                    fmt::layer()
-                        .json()
-                        .flatten_event(true)
-                        .with_current_span(false)
-                        .with_span_list(false),
                 )
                 .init(),
         }
@@ -243,11 +249,12 @@ mod flag_tests {
     #[test]
     fn upstream_logging_flags() {
         for (args, want) in [
-            (&["--logging-format=text"][..], LogFormat::Plain),
+            (&["--logging-format=text"][..], LogFormat::Text),
             (&["--logging-format", "json"], LogFormat::Json),
-            (&["--log-format=text"], LogFormat::Plain),
-            (&["--log-format=plain"], LogFormat::Plain),
-            (&[], LogFormat::Plain),
+            (&["--log-format=text"], LogFormat::Text),
+            (&["--log-format=logfmt"], LogFormat::Logfmt),
+            (&["--log-format=plain"], LogFormat::Logfmt),
+            (&[], LogFormat::Text),
         ] {
             assert_eq!(parse(args).unwrap().log_format, want, "{args:?}");
         }

@@ -154,7 +154,7 @@ pub(crate) async fn relist_ours(
     let since = logs.get(log_before..).unwrap_or(&logs);
     let failed: Vec<&str> = since
         .lines()
-        .filter(|l| l.contains("watch=podgc/pods") && l.contains("watch failed"))
+        .filter(|l| l.contains("watch=\"podgc/pods\"") && l.contains("watch failed"))
         .collect();
     for l in &failed {
         println!("  {l}");

@@ -116,8 +116,8 @@ fn config() -> ElectionConfig {
     }
 }
 
-fn gauge() -> IntGauge {
-    IntGauge::new("is_leader", "test").unwrap()
+fn gauge() -> LeaderMetrics {
+    LeaderMetrics::register(&prometheus::Registry::new(), NAME).unwrap()
 }
 
 /// Starts an elector, waits until it leads and has renewed a few times.
@@ -126,7 +126,7 @@ async fn leading(
 ) -> (
     tokio::task::JoinHandle<Result<(), LeaderError>>,
     Leadership,
-    IntGauge,
+    LeaderMetrics,
 ) {
     let g = gauge();
     let (elector, leadership) = Elector::new(server.client(), config(), g.clone());
@@ -177,7 +177,7 @@ async fn hung_lease_calls_end_leadership_at_the_term() {
         assert_eq!(Instant::now(), end, "elector gave up at the term");
         assert!(!leadership.is_leading());
         assert_eq!(leadership.fence().term(), Term::Standby);
-        assert_eq!(g.get(), 0);
+        assert_eq!(g.value(), 0);
     }
 }
 
@@ -194,7 +194,7 @@ async fn renewals_keep_the_term_ahead() {
             ahead > Duration::from_secs(7) && ahead <= Duration::from_secs(10),
             "{ahead:?}"
         );
-        assert_eq!(g.get(), 1);
+        assert_eq!(g.value(), 1);
     }
     task.abort();
 }
@@ -242,7 +242,7 @@ async fn leading_until_cancelled() -> (
     LeaseServer,
     tokio::task::JoinHandle<Result<(), LeaderError>>,
     Leadership,
-    IntGauge,
+    LeaderMetrics,
     CancellationToken,
 ) {
     let server = LeaseServer::default();
@@ -267,7 +267,7 @@ async fn shutdown_does_not_wait_for_a_hung_round() {
     assert!(task.await.unwrap().is_ok());
     assert!(t.elapsed() <= Duration::from_secs(10), "{:?}", t.elapsed());
     assert_eq!(leadership.fence().term(), Term::Standby);
-    assert_eq!(g.get(), 0);
+    assert_eq!(g.value(), 0);
 }
 
 /// On SIGTERM the fence closes, and the leader gauge drops, before the Lease is freed: while the
@@ -277,7 +277,7 @@ async fn shutdown_does_not_wait_for_a_hung_round() {
 async fn shutdown_stops_acting_before_it_releases_the_lease() {
     let (server, task, leadership, g, token) = leading_until_cancelled().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(g.get(), 1);
+    assert_eq!(g.value(), 1);
     server.hang_writes.store(true, Ordering::SeqCst);
     token.cancel();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -286,7 +286,7 @@ async fn shutdown_stops_acting_before_it_releases_the_lease() {
         "the release is held, the elector waits for it"
     );
     assert_eq!(leadership.fence().term(), Term::Standby);
-    assert_eq!(g.get(), 0);
+    assert_eq!(g.value(), 0);
     assert_eq!(server.holder(), "me_1", "the Lease is not freed yet");
     assert!(task.await.unwrap().is_ok());
 }

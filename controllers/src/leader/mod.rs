@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod decide;
 pub mod fence;
+pub mod metrics;
 
 use std::time::Duration;
 
@@ -14,13 +15,13 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
 };
 use kube::{Api, api::PostParams};
-use prometheus::IntGauge;
 use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
 pub use fence::{Fence, Fenced, Term};
+pub use metrics::LeaderMetrics;
 
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
@@ -72,7 +73,7 @@ impl Leadership {
 pub struct Elector {
     api: Api<Lease>,
     cfg: ElectionConfig,
-    is_leader: IntGauge,
+    is_leader: LeaderMetrics,
     tx: watch::Sender<Term>,
 }
 
@@ -112,7 +113,7 @@ impl Elector {
     pub fn new(
         client: kube::Client,
         cfg: ElectionConfig,
-        is_leader: IntGauge,
+        is_leader: LeaderMetrics,
     ) -> (Self, Leadership) {
         let (tx, rx) = watch::channel(Term::Standby);
         let api = Api::namespaced(client, &cfg.namespace);
@@ -307,7 +308,7 @@ impl Elector {
     }
 
     fn set_term(&self, term: Term) {
-        self.is_leader.set(i64::from(term.valid_at(Stamp::now())));
+        self.is_leader.set(term.valid_at(Stamp::now()));
         self.tx.send_replace(term);
     }
 

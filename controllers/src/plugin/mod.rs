@@ -308,7 +308,7 @@ async fn why_pod(
             "pods {name:?} not found in namespace {ns:?}. If PodGC collected it, the API keeps \
              no record of which pass did (PodGC, like kube-controller-manager's, records no \
              Event per pod): the controller-manager's log line `force-deleted pod` with \
-             pod={label} names the pass and the time."
+             pod=\"{label}\" names the pass and the time."
         );
         if !events.is_empty() {
             msg.push_str("\nEvents about it still kept:\n  ");

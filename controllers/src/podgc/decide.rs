@@ -97,6 +97,27 @@ impl Sweep {
     }
 }
 
+/// Which sweeps a cycle runs (`--pod-gc-mode`, the chart's `podGC.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Upstream's four passes, then groundskeeper's TTL and namespace-threshold policy.
+    All,
+    /// Only groundskeeper's own policy (TTL, namespace threshold): beside a
+    /// kube-controller-manager whose PodGC cannot be turned off, which runs the four passes.
+    TtlOnly,
+}
+
+impl Mode {
+    /// Whether a cycle in this mode runs `sweep`; a sweep that does not run chooses nothing
+    /// (and reads nothing live: no node GET for an orphan pass that is off).
+    pub fn runs(self, sweep: Sweep) -> bool {
+        match self {
+            Mode::All => true,
+            Mode::TtlOnly => matches!(sweep, Sweep::Ttl | Sweep::NamespaceThreshold),
+        }
+    }
+}
+
 /// One pod to force-delete, and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Deletion {

@@ -12,6 +12,8 @@ pub mod apply;
 mod apply_tests;
 pub mod cache;
 pub mod cycle;
+#[cfg(test)]
+mod cycle_tests;
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
@@ -37,6 +39,7 @@ use groundskeeper_plumbing::{cache::Health, client::parse_duration};
 use crate::context::Context;
 use apply::{Applier, KubeWrites};
 use cycle::Cycle;
+pub use decide::Mode;
 use metrics::Metrics;
 use quarantine::Quarantine;
 
@@ -46,8 +49,21 @@ const STALE_RECHECK: Duration = Duration::from_secs(1);
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "PodGC controller")]
 pub struct PodGcArgs {
+    /// Which passes run: `all` (kube-controller-manager's four passes, and the TTL and
+    /// namespace policy) or `ttl-only` (only the TTL and namespace policy, beside a
+    /// kube-controller-manager whose PodGC cannot be turned off: --terminated-pod-gc-threshold
+    /// is then not used, and no pod is deleted as out-of-service, orphaned or unscheduled).
+    #[arg(
+        long = "pod-gc-mode",
+        env = "GROUNDSKEEPER_POD_GC_MODE",
+        value_enum,
+        default_value = "all"
+    )]
+    pub mode: Mode,
+
     /// Pause between the end of one PodGC cycle and the start of the next.
-    #[arg(long, env = "GROUNDSKEEPER_GC_PERIOD", default_value = "20s", value_parser = positive_duration)]
+    #[arg(long = "pod-gc-period", visible_alias = "gc-period", env = "GROUNDSKEEPER_POD_GC_PERIOD",
+          default_value = "20s", value_parser = positive_duration)]
     pub gc_period: Duration,
 
     /// Terminated pods (Succeeded, Failed, or no phase) kept before the oldest are deleted;
@@ -68,14 +84,43 @@ pub struct PodGcArgs {
 
     /// How long a node missing from the cache is left alone before a live GET decides whether
     /// its pods are orphans.
-    #[arg(long, env = "GROUNDSKEEPER_ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
+    #[arg(long = "pod-gc-orphan-quarantine", visible_alias = "orphan-quarantine",
+          env = "GROUNDSKEEPER_POD_GC_ORPHAN_QUARANTINE", default_value = "40s", value_parser = parse_duration)]
     pub orphan_quarantine: Duration,
 
     /// Pod force-deletes in flight at once (each is a status patch and a delete, within the
     /// client's --kube-api-qps budget).
-    #[arg(long, env = "GROUNDSKEEPER_GC_CONCURRENCY", default_value_t = 16,
+    #[arg(long = "pod-gc-concurrency", visible_alias = "gc-concurrency",
+          env = "GROUNDSKEEPER_POD_GC_CONCURRENCY", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub gc_concurrency: u32,
+}
+
+/// The variables of the flags' former names, each with its new name: no longer read, so one set
+/// would be ignored without a word.
+const RETIRED_ENV: [(&str, &str); 3] = [
+    ("GROUNDSKEEPER_GC_PERIOD", "GROUNDSKEEPER_POD_GC_PERIOD"),
+    (
+        "GROUNDSKEEPER_GC_CONCURRENCY",
+        "GROUNDSKEEPER_POD_GC_CONCURRENCY",
+    ),
+    (
+        "GROUNDSKEEPER_ORPHAN_QUARANTINE",
+        "GROUNDSKEEPER_POD_GC_ORPHAN_QUARANTINE",
+    ),
+];
+
+impl PodGcArgs {
+    /// Refuses to start with a variable of a flag's former name set (`var` reads the
+    /// environment), naming the variable to set instead.
+    pub fn refuse_retired_env(var: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+        match RETIRED_ENV.iter().find(|(old, _)| var(old).is_some()) {
+            Some((old, new)) => Err(format!(
+                "{old} is no longer read: set {new} (or the flag) instead"
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {
@@ -111,6 +156,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         _ = gate => {}
     }
     tracing::info!(
+        mode = ?args.mode,
         gc_period = ?args.gc_period,
         threshold = args.terminated_pod_gc_threshold,
         orphan_quarantine = ?args.orphan_quarantine,
@@ -134,6 +180,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             )
         },
         quarantine: Quarantine::new(args.orphan_quarantine),
+        mode: args.mode,
         threshold: args.terminated_pod_gc_threshold,
         ttl: Some(args.terminated_pod_ttl).filter(|d| !d.is_zero()),
         reported: notice::Reported::default(),
@@ -202,10 +249,80 @@ mod tests {
         assert_eq!(a.gc_concurrency, 64);
     }
 
+    /// The `--pod-gc-*` names, and the older names kept as aliases: a manifest written with
+    /// either sets the same value.
+    #[test]
+    fn pod_gc_names_and_their_aliases() {
+        for (new, old) in [
+            ("--pod-gc-period=7s", "--gc-period=7s"),
+            ("--pod-gc-orphan-quarantine=7s", "--orphan-quarantine=7s"),
+            ("--pod-gc-concurrency=7", "--gc-concurrency=7"),
+        ] {
+            let (a, b) = (
+                PodGcArgs::from_flags(&[new]).unwrap(),
+                PodGcArgs::from_flags(&[old]).unwrap(),
+            );
+            let seven = |a: &PodGcArgs| {
+                (
+                    a.gc_period == Duration::from_secs(7),
+                    a.orphan_quarantine == Duration::from_secs(7),
+                    a.gc_concurrency == 7,
+                )
+            };
+            assert_eq!(seven(&a), seven(&b), "{new} and {old}");
+            assert_ne!(seven(&a), (false, false, false), "{new} set nothing");
+        }
+        assert_eq!(PodGcArgs::from_flags(&[]).unwrap().mode, Mode::All);
+        let a = PodGcArgs::from_flags(&["--pod-gc-mode=ttl-only"]).unwrap();
+        assert_eq!(a.mode, Mode::TtlOnly);
+        let e = PodGcArgs::from_flags(&["--pod-gc-mode=sometimes"]).unwrap_err();
+        assert!(e.contains("sometimes"), "{e}");
+    }
+
+    /// What each mode runs, over every sweep: `all` everything, `ttl-only` exactly the policy.
+    #[test]
+    fn ttl_only_runs_exactly_the_policy_sweeps() {
+        for sweep in decide::Sweep::EVERY {
+            assert!(Mode::All.runs(sweep), "{sweep:?}");
+            assert_eq!(
+                Mode::TtlOnly.runs(sweep),
+                sweep.terminated_reason().is_some() && sweep != decide::Sweep::Terminated,
+                "{sweep:?}"
+            );
+        }
+        for sweep in decide::Sweep::ALL {
+            assert!(
+                !Mode::TtlOnly.runs(sweep),
+                "upstream's {sweep:?} runs in ttl-only"
+            );
+        }
+    }
+
+    /// A variable of a former name refuses the start, naming the new one; the new names and an
+    /// empty environment pass.
+    #[test]
+    fn retired_variables_are_refused_by_name() {
+        for (old, new) in RETIRED_ENV {
+            let e = PodGcArgs::refuse_retired_env(|k| (k == old).then(|| "5s".into())).unwrap_err();
+            assert!(e.contains(old) && e.contains(new), "{e}");
+            assert!(PodGcArgs::refuse_retired_env(|k| (k == new).then(|| "5s".into())).is_ok());
+            // The new name is the flag's own variable.
+            let flag = PodGcArgs::augment_args(clap::Command::new("x"));
+            assert!(
+                flag.get_arguments()
+                    .any(|a| a.get_env().is_some_and(|e| e == new)),
+                "{new} is no flag's variable"
+            );
+        }
+        assert!(PodGcArgs::refuse_retired_env(|_| None).is_ok());
+    }
+
     #[test]
     fn bad_values_are_named() {
         for (args, needle) in [
             (&["--gc-concurrency=0"][..], "0"),
+            (&["--pod-gc-concurrency=0"][..], "0"),
+            (&["--pod-gc-period=0s"][..], "0s"),
             (&["--gc-period=0s"][..], "0s"),
             (&["--gc-period=5x"][..], "5x"),
             (&["--orphan-quarantine=soon"][..], "soon"),

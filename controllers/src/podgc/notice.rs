@@ -14,7 +14,7 @@ use super::facts::NsAnnotations;
 use super::policy::malformed;
 
 pub const REASON: &str = "InvalidPodGCPolicy";
-/// The reporting controller of PodGC's Events.
+/// The reporting controller of PodGC's Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
 pub const CONTROLLER: &str = "groundskeeper.dev/podgc";
 
 /// The Warning Event for a malformed annotation on `namespace`.

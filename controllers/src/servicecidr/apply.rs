@@ -264,7 +264,7 @@ mod tests {
         // Events too: the Event writer passes the same fence.
         let events = Events::new(
             mock.client(),
-            groundskeeper_plumbing::events::Reporter::in_pod(FIELD_MANAGER),
+            groundskeeper_plumbing::events::Reporter::in_pod(crate::servicecidr::REPORTER),
             false,
         )
         .fenced(std::sync::Arc::new(Fence::new(rx)));

@@ -28,8 +28,6 @@ pub const FIELD_MANAGER: &str = "groundskeeper-controller-manager";
 pub const PATCH_FIELD_MANAGER: &str = FIELD_MANAGER;
 /// kube-controller-manager's ServiceCIDR controller applies status under this name; we never do.
 pub const KCM_FIELD_MANAGER: &str = "service-cidr-controller";
-/// The Events' reporting controller: upstream's name, so existing Event filters keep working.
-pub const REPORTER: &str = "service-cidr-controller";
 const KCM_MANAGER_PREFIX: &str = "kube-controller-manager";
 
 #[derive(Clone, Debug, PartialEq, Eq)]

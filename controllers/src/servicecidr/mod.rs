@@ -31,11 +31,12 @@ use crate::{
 };
 use apply::KubeWrites;
 use cache::Cache;
-use conflict::REPORTER;
 use metrics::Metrics;
 use sync::{Syncer, work};
 
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
+/// The reporting controller of its Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
+pub const REPORTER: &str = "groundskeeper.dev/servicecidr";
 /// Upstream's name for this controller's work queue (sic: it queues ServiceCIDRs), kept so that
 /// `workqueue_*{name="ipaddresses"}` dashboards and alerts written for kube-controller-manager apply.
 pub const QUEUE_NAME: &str = "ipaddresses";

@@ -33,6 +33,8 @@ use decide::{Placement, place};
 use metrics::Metrics;
 
 pub const CONTROLLER_NAME: &str = "sysctl-placement";
+/// The reporting controller of its Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
+pub const REPORTER: &str = "groundskeeper.dev/sysctlplacement";
 /// The pod condition the placement sets (`False`: no node admits the pod's sysctls).
 pub const CONDITION: &str = "groundskeeper.dev/SysctlPlacement";
 /// How soon a pod is tried again while the watches may not be acted on.
@@ -91,7 +93,7 @@ pub async fn run(ctx: Context, args: PlacementArgs, policy: PolicyArgs) -> anyho
         apply: Apply::new(
             KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence()),
             ctx.base.dry_run,
-            ctx.events(CONTROLLER_NAME),
+            ctx.events(REPORTER),
         ),
         metrics,
     });

@@ -71,7 +71,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let writer = Writer::new(
         KubeWrites::new(ctx.base.client.clone()),
         ctx.base.dry_run,
-        ctx.events(),
+        ctx.events(crate::context::SYSCTL_REPORTER),
     );
     let settings = Settings {
         node_name: ctx.node_name.clone(),

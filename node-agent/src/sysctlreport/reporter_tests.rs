@@ -201,7 +201,7 @@ impl Rig {
         };
         let events = events::Events::to(
             Arc::new(fake.clone()),
-            events::Reporter::on(crate::context::MANAGER, node),
+            events::Reporter::on(crate::context::SYSCTL_REPORTER, node),
             dry_run,
         );
         let writer = Writer::new(fake.clone(), dry_run, events);

@@ -66,7 +66,7 @@ impl Notifier {
         Self {
             events: Events::new(
                 client,
-                Reporter::on(crate::context::MANAGER, node_name),
+                Reporter::on(crate::context::CONNTRACK_REPORTER, node_name),
                 dry_run,
             ),
             // Node Events go in `default`, as kubelet's do; the uid is not needed to find them.
