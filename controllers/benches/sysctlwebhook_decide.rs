@@ -9,8 +9,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use groundskeeper_controllers::sysctlwebhook::decide::{NodeFacts, PodView, decide};
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 

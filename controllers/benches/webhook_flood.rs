@@ -292,7 +292,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let clients = env_num("FLOOD_BENCH_CLIENTS", 100);
     let secs = env_num("FLOOD_BENCH_SECONDS", 20) as u64;
-    c.ensure_crd(&groundskeeper_sysctl::crd::crd_yaml()).await?;
+    c.ensure_crd(&groundskeeper_sysctl_rules::crd::crd_yaml())
+        .await?;
     let ns = c.namespace_for_pods("gk-flood", WAIT).await?;
     let node = unique_name("gk-flood-node");
     c.create(&testkit::webhook::node(

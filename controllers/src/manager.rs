@@ -9,7 +9,7 @@ use groundskeeper_plumbing::{
     client::parse_duration,
 };
 
-use groundskeeper_sysctl::args::PolicyArgs;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 use crate::{
     podgc::PodGcArgs, servicecidr::ServiceCidrArgs, sysctlplacement::PlacementArgs,

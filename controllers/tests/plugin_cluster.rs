@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::{
     api::{core::v1::Pod, rbac::v1::PolicyRule},
     apimachinery::pkg::apis::meta::v1::LabelSelector,

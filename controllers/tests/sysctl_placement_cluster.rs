@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::api::events::v1::Event;

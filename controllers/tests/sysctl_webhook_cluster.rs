@@ -3,15 +3,15 @@
 //! 127.0.0.1 (the controller-manager issues the CA and patches the caBundle itself), and
 //! narrowed to the test's namespace. Pods are bound through `pods/binding` as the scheduler
 //! binds them, or created with `spec.nodeName`; every row of the shared sysctl table
-//! (`groundskeeper_sysctl::cases`) is a Node, its SysctlPolicies and a pod, and the apiserver's
+//! (`groundskeeper_sysctl_rules::cases`) is a Node, its SysctlPolicies and a pod, and the apiserver's
 //! answer must be what the row says.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use groundskeeper_sysctl::cases::{self, Case, Want};
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
+use groundskeeper_sysctl_rules::cases::{self, Case, Want};
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

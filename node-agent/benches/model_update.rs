@@ -1,5 +1,5 @@
 //! The CPU the conntrack model costs per EndpointSlice change, in process (no cluster, no
-//! kernel): the whole rebuild the agent made before (`model::build_views`, then `Settle` and
+//! kernel): the whole rebuild the agent made before (`reference::build_views`, then `Settle` and
 //! `Tombstones`) beside the live model's update of the one service that changed, at 1k and 10k
 //! Services of one UDP port and one slice of 10 endpoints each. Prints figures; asserts nothing.
 //!
@@ -19,11 +19,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::changes::Changes;
-use groundskeeper_node_agent::conntrack::live::{Live, Views};
-use groundskeeper_node_agent::conntrack::model::{self, Settle, Tombstones};
+use groundskeeper_node_agent::conntrack::model::changes::Changes;
+use groundskeeper_node_agent::conntrack::model::live::{Live, Views};
+use groundskeeper_node_agent::conntrack::model::project::{ServiceView, SliceView, UdpPort};
+use groundskeeper_node_agent::conntrack::model::reference::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
-use groundskeeper_node_agent::conntrack::project::{ServiceView, SliceView, UdpPort};
 use testkit::figures::bench;
 
 const ENDPOINTS_PER_SLICE: usize = 10;
@@ -136,7 +136,7 @@ fn row(services: usize) {
     let t0 = Instant::now();
     for k in 0..CHANGES {
         change(&mut w, services, k);
-        let m = model::build_views(
+        let m = reference::build_views(
             w.services
                 .iter()
                 .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use groundskeeper_node_agent::sysctl::allowlist::Allowlist;
-use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
-use groundskeeper_node_agent::sysctl::policy::merge;
-use groundskeeper_node_agent::sysctl::safe::safe_sysctls;
+use groundskeeper_node_agent::sysctlreport::allowlist::Allowlist;
+use groundskeeper_node_agent::sysctlreport::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
+use groundskeeper_node_agent::sysctlreport::policy::merge;
+use groundskeeper_node_agent::sysctlreport::safe::safe_sysctls;
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 

@@ -30,7 +30,7 @@ pub struct AgentArgs {
     pub conntrack: ConntrackArgs,
 
     #[command(flatten)]
-    pub sysctl: crate::sysctl::SysctlArgs,
+    pub sysctl: crate::sysctlreport::SysctlArgs,
 }
 
 pub const TASKS: &[Part] = &[
@@ -59,14 +59,14 @@ pub enum Command {
     /// the chart runs this in a privileged init container so that the agent itself never needs
     /// privilege. A write that fails is logged and the rest go on, as in the agent (exit 0);
     /// exit 2 on bad flags. Honours --dry-run (logs, writes nothing).
-    ConntrackSysctls(crate::conntrack::sysctls::ConntrackSysctlArgs),
+    ConntrackSysctls(crate::conntrack::tuning::ConntrackSysctlArgs),
 }
 
 #[derive(Subcommand, Debug)]
 pub enum SysctlCommand {
     /// Say, per pod in a manifest, whether this agent (and kubelet) would admit it; exit 0 when
     /// all are admitted, 1 when any is rejected, 2 on unusable input. No cluster needed.
-    Check(crate::sysctl::check::CheckArgs),
+    Check(crate::sysctlreport::check::CheckArgs),
 }
 
 impl AgentArgs {

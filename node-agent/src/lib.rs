@@ -1,6 +1,6 @@
-//! node-agent: per-node housekeeping (stale UDP conntrack entries, sysctl admission).
+//! node-agent: per-node housekeeping (stale UDP conntrack entries, sysctl reports).
 
 pub mod agent;
 pub mod conntrack;
 pub mod context;
-pub mod sysctl;
+pub mod sysctlreport;

@@ -6,7 +6,7 @@ use futures::FutureExt;
 
 use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
-use groundskeeper_node_agent::{conntrack, sysctl};
+use groundskeeper_node_agent::{conntrack, sysctlreport};
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 
 fn main() -> ExitCode {
@@ -19,14 +19,16 @@ async fn start() -> ExitCode {
     if let Some(cmd) = cli.command {
         return match cmd {
             Command::Crd => {
-                print!("{}", sysctl::crd::crd_yaml());
+                print!("{}", sysctlreport::crd::crd_yaml());
                 ExitCode::SUCCESS
             }
-            Command::Sysctl(SysctlCommand::Check(args)) => ExitCode::from(sysctl::check::run(args)),
+            Command::Sysctl(SysctlCommand::Check(args)) => {
+                ExitCode::from(sysctlreport::check::run(args))
+            }
             Command::ConntrackSysctls(args) => {
                 cli.common.log.init();
-                let roots = conntrack::sysctls::Roots::default();
-                conntrack::sysctls::apply_and_log(&args, &roots, cli.common.dry_run);
+                let roots = conntrack::tuning::Roots::default();
+                conntrack::tuning::apply_and_log(&args, &roots, cli.common.dry_run);
                 ExitCode::SUCCESS
             }
         };
@@ -82,7 +84,7 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
 
 fn start_tasks(cli: &Cli, ctx: Context) -> Tasks {
     let conntrack = conntrack::run(ctx.clone(), cli.conntrack.clone());
-    let sysctl = sysctl::run(ctx, cli.sysctl.clone());
+    let sysctl = sysctlreport::run(ctx, cli.sysctl.clone());
     Tasks::start_selected(
         &cli.tasks,
         vec![("conntrack", conntrack.boxed()), ("sysctl", sysctl.boxed())],

@@ -3,7 +3,7 @@
 //! the binary's own flag parser and pass its start-up validation.
 
 use groundskeeper_node_agent::agent::{Cli, Command};
-use groundskeeper_node_agent::sysctl::crd::Mode;
+use groundskeeper_node_agent::sysctlreport::crd::Mode;
 use testkit::chart;
 
 #[test]
@@ -37,7 +37,7 @@ fn chart_args_parse() {
         };
         assert_eq!(cli.sysctl.policy.sysctl_default_mode, want, "{case}");
         // The sysctls go to the privileged init container only, never to the agent.
-        assert_eq!(cli.conntrack.sysctls.conntrack_max_per_core, None, "{case}");
+        assert_eq!(cli.conntrack.tuning.conntrack_max_per_core, None, "{case}");
         if case == "everything on" {
             assert!(cli.common.dry_run);
             let args = chart::init_container_args(&docs, "DaemonSet");

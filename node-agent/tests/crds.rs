@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use groundskeeper_node_agent::sysctl::crd::{CRD_PATHS, REGENERATE, crd_yaml};
+use groundskeeper_node_agent::sysctlreport::crd::{CRD_PATHS, REGENERATE, crd_yaml};
 
 #[test]
 fn committed_crds_match_the_types() {

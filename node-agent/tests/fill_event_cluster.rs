@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use groundskeeper_node_agent::conntrack::fill::{Fill, Notifier, Outcome, REASON};
+use groundskeeper_node_agent::conntrack::pass::fill::{Fill, Notifier, Outcome, REASON};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, ObjectMeta};

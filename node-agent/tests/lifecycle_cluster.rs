@@ -13,7 +13,7 @@ async fn ready_after_first_lists_and_sigterm_exits_zero() -> anyhow::Result<()> 
         return Ok(());
     };
     // The sysctl task is ready only once the SysctlPolicy watch listed.
-    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+    c.ensure_crd(&groundskeeper_node_agent::sysctlreport::crd::crd_yaml())
         .await?;
     let node = c
         .create(&Node {

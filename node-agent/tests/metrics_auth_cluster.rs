@@ -92,7 +92,7 @@ async fn metrics_only_to_callers_rbac_allows() -> anyhow::Result<()> {
     let Some(c) = testkit::cluster("metrics_only_to_callers_rbac_allows").await else {
         return Ok(());
     };
-    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+    c.ensure_crd(&groundskeeper_node_agent::sysctlreport::crd::crd_yaml())
         .await?;
     let ns = c.namespace("metrics-auth").await?;
     let node = unique_name("gk-metrics");
@@ -199,7 +199,7 @@ async fn a_flood_of_made_up_tokens_costs_only_the_budget() -> anyhow::Result<()>
         );
         return Ok(());
     };
-    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+    c.ensure_crd(&groundskeeper_node_agent::sysctlreport::crd::crd_yaml())
         .await?;
     let ns = c
         .namespace_for_pods("metrics-flood", Duration::from_secs(30))

@@ -8,7 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use groundskeeper_node_agent::{conntrack, context::Context, sysctl};
+use groundskeeper_node_agent::{conntrack, context::Context, sysctlreport};
 use groundskeeper_plumbing::{Readiness, Shutdown, cache::Shared, process::Base};
 use testkit::api::Mock;
 
@@ -42,7 +42,7 @@ fn reads(mock: &Mock, path: &str) -> Vec<String> {
 async fn the_sysctl_task_reads_only_its_nodes_pods_and_node() {
     let mock = Mock::default();
     let ctx = context(&mock);
-    let (_health, changes) = sysctl::cache::follow_all(
+    let (_health, changes) = sysctlreport::cache::follow_all(
         &ctx.base.readiness,
         &ctx.base.client,
         NODE,
@@ -73,7 +73,7 @@ async fn the_sysctl_task_reads_only_its_nodes_pods_and_node() {
 async fn the_conntrack_task_reads_no_pod() {
     let mock = Mock::default();
     let ctx = context(&mock);
-    let (_watched, run) = conntrack::cache::ModelSource::start(
+    let (_watched, run) = conntrack::cache::start(
         &ctx,
         Duration::from_secs(60),
         Duration::from_secs(1),

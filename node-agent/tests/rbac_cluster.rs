@@ -18,7 +18,7 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
     let Some(c) = testkit::cluster("the_listed_rules_are_enough").await else {
         return Ok(());
     };
-    c.ensure_crd(&groundskeeper_node_agent::sysctl::crd::crd_yaml())
+    c.ensure_crd(&groundskeeper_node_agent::sysctlreport::crd::crd_yaml())
         .await?;
     let ns = c.namespace("rbac").await?;
     let rules = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rbac.yaml");

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use groundskeeper_node_agent::sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
+use groundskeeper_node_agent::sysctlreport::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;

@@ -1,13 +1,13 @@
 //! The sysctl verdicts the plugin explains: one pod on one node (`sysctl check`), and a
 //! Pending pod on every node its own constraints allow (`why pod`). Pure: the webhook's own
 //! decision (`sysctlwebhook::decide`) and the placement's (`sysctlplacement::decide::place`) on
-//! plain values. The one file of the plugin that names the `groundskeeper_sysctl` crate.
+//! plain values. The one file of the plugin that names the `groundskeeper_sysctl_rules` crate.
 
 use std::fmt::Write as _;
 
-use groundskeeper_sysctl::{args::PolicyArgs, kubelet::Kubelet};
+use groundskeeper_sysctl_rules::{args::PolicyArgs, kubelet::Kubelet};
 
-pub use groundskeeper_sysctl::crd::SysctlPolicy;
+pub use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use serde::Serialize;
 
@@ -266,7 +266,7 @@ pub fn render_pending(p: &Pending) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use groundskeeper_sysctl::{
+    use groundskeeper_sysctl_rules::{
         cases::{self, Case},
         crd::Mode,
         verdict::Verdict,

@@ -11,7 +11,7 @@ use groundskeeper_plumbing::{
     Readiness,
     cache::{Applied, Health, Kept, Shared, Store, Watches},
 };
-use groundskeeper_sysctl::crd::{SysctlPolicy, SysctlPolicySpec};
+use groundskeeper_sysctl_rules::crd::{SysctlPolicy, SysctlPolicySpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher::{self, Event};
 

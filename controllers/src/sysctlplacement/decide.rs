@@ -9,12 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
-use groundskeeper_sysctl::policy::selects as policy_selects;
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
+use groundskeeper_sysctl_rules::policy::selects as policy_selects;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
 use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide};
-use groundskeeper_sysctl::args::PolicyArgs;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 /// The field a node's name is selected by in `matchFields`.
 pub const NAME_FIELD: &str = "metadata.name";

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
 use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSecurityContext, PodSpec,
     Sysctl,

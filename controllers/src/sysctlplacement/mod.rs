@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use groundskeeper_plumbing::cache::{Health, Shared};
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::SysctlPolicy;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;
 
 use crate::context::Context;

@@ -10,7 +10,7 @@ use groundskeeper_plumbing::{
     Readiness,
     cache::{self, Health, Kept, Shared, Store, Watches},
 };
-use groundskeeper_sysctl::crd::SysctlPolicy;
+use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };

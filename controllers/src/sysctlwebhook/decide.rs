@@ -1,6 +1,6 @@
 //! Whether a pod may be bound to (or created on) a node: plain values in, the decision out.
 //!
-//! The verdict is the shared one (`groundskeeper_sysctl`, the same the node-agent reports by),
+//! The verdict is the shared one (`groundskeeper_sysctl_rules`, the same the node-agent reports by),
 //! for the node's labels, kernel (`status.nodeInfo.kernelVersion`) and kubelet version
 //! (`status.nodeInfo.kubeletVersion`: each kubelet admits by its own version's rules), the
 //! SysctlPolicies and the flags. Only an Enforce verdict denies; an Audit one is allowed with a
@@ -8,11 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::{Mode, SysctlPolicy};
-use groundskeeper_sysctl::kubelet::Kubelet;
-use groundskeeper_sysctl::policy::merge_in;
-use groundskeeper_sysctl::verdict::{Verdict, node_policy_as};
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
+use groundskeeper_sysctl_rules::kubelet::Kubelet;
+use groundskeeper_sysctl_rules::policy::merge_in;
+use groundskeeper_sysctl_rules::verdict::{Verdict, node_policy_as};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, PodSpec};
 
 /// The annotation kubelet puts on the API copy of a static pod.
@@ -211,7 +211,7 @@ pub fn policy_of(
     args: &PolicyArgs,
     node: &NodeFacts,
     policies: &[&SysctlPolicy],
-) -> groundskeeper_sysctl::policy::NodePolicy {
+) -> groundskeeper_sysctl_rules::policy::NodePolicy {
     let kubelet = Kubelet::judge(node.kubelet.as_deref()).kubelet;
     if node.linux() {
         let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
@@ -242,7 +242,7 @@ fn by(policies: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use groundskeeper_sysctl::cases::{self, Case};
+    use groundskeeper_sysctl_rules::cases::{self, Case};
 
     fn view(case: &Case) -> PodView {
         PodView::of(&Pod {

@@ -6,7 +6,7 @@
 //! pod Pending; the scheduler retries it with backoff. The same listener serves the mutating
 //! gate (`gate.rs`, `mutate.rs`) that holds a pod setting sysctls until the placement controller
 //! (`sysctlplacement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
-//! node-agent reports by (`groundskeeper_sysctl`). TLS comes from a Secret, written by the
+//! node-agent reports by (`groundskeeper_sysctl_rules`). TLS comes from a Secret, written by the
 //! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
 
 pub mod apply;
@@ -34,7 +34,7 @@ use groundskeeper_plumbing::{
     client::{parse_duration, parse_qps},
     ratelimit::Budget,
 };
-use groundskeeper_sysctl::args::PolicyArgs;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 use crate::context::Context;
 use apply::KubeWrites;

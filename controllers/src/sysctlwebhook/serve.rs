@@ -16,8 +16,8 @@ use axum::{
     routing::post,
 };
 use groundskeeper_plumbing::cache::Shared;
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::SysctlPolicy;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
@@ -232,7 +232,7 @@ impl Judge {
 
 #[cfg(test)]
 mod tests {
-    use groundskeeper_sysctl::crd::Mode;
+    use groundskeeper_sysctl_rules::crd::Mode;
     use serde_json::json;
     use testkit::api::Mock;
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use groundskeeper_plumbing::cache::{Health, Shared};
 use groundskeeper_plumbing::ratelimit::Budget;
-use groundskeeper_sysctl::args::PolicyArgs;
-use groundskeeper_sysctl::crd::Mode;
+use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::crd::Mode;
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -38,7 +38,7 @@ use crate::{
     table::{FULL_REPEATS, REPEATS, RaisedMax, chunks, entry, put_back},
 };
 use groundskeeper_node_agent::conntrack::apply::Kernel;
-use groundskeeper_node_agent::conntrack::decide::Focus;
+use groundskeeper_node_agent::conntrack::model::focus::Focus;
 use groundskeeper_node_agent::conntrack::netlink::family::Family::V4;
 use groundskeeper_node_agent::conntrack::netlink::filter::Select;
 use groundskeeper_node_agent::conntrack::netlink::msg::{

@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use crate::table::{SERVICES, ip};
-use groundskeeper_node_agent::conntrack::decide::Scope;
+use groundskeeper_node_agent::conntrack::model::focus::Scope;
 use groundskeeper_node_agent::conntrack::model::{self, FamilyModel, Model};
 use groundskeeper_node_agent::conntrack::netlink::filter::Select;
 use groundskeeper_node_agent::conntrack::pass::PassState;
@@ -112,7 +112,7 @@ pub(crate) fn services_model(changed: &[Endpoints]) -> Model {
         .unwrap();
         objects.push((svc, slice));
     }
-    model::build(
+    model::reference::build(
         objects.iter().map(|(s, _)| s),
         objects.iter().map(|(_, e)| e),
     )

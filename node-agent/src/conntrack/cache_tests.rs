@@ -12,10 +12,12 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 use testkit::rng::Rng;
 
-use super::cache::{Cache, fold_services, fold_slices};
-use super::live::Live;
-use super::model::{LABEL_SERVICE_NAME, Settle, Tombstones};
-use super::project_tests;
+use super::cache::{fold_services, fold_slices};
+use super::model::LABEL_SERVICE_NAME;
+use super::model::live::Live;
+use super::model::project_tests;
+use super::model::reference::{Settle, Tombstones};
+use super::model::source::Cache;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const SETTLE: Duration = Duration::from_secs(2);

@@ -4,10 +4,24 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::decide::*;
-use super::model::{FamilyModel, Model, ServiceIpRange};
-use super::netlink::family::Family::{V4, V6};
+use super::decide::{Stale, next_interval};
+use super::model::removed::Removed;
+use super::model::{FamilyModel, ServiceIpRange};
 use super::netlink::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use super::pass::flow_of;
+
+/// The rules read each entry's fields as a pass does ([`flow_of`]).
+fn stale(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>) -> Option<Stale> {
+    super::decide::stale(&flow_of(e), m, host)
+}
+
+fn is_stale(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>) -> bool {
+    super::decide::is_stale(&flow_of(e), m, host)
+}
+
+fn verdict(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>, removed: &Removed) -> Option<Stale> {
+    super::decide::verdict(&flow_of(e), m, host, removed)
+}
 
 fn sa(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -418,109 +432,6 @@ fn gc_interval_adapts_like_cilium() {
 }
 
 #[test]
-fn removed_backends_are_what_a_change_took_away() {
-    let set = |v: &[&str]| -> HashSet<SocketAddr> { v.iter().map(|s| sa(s)).collect() };
-    let with = |f: &[(&str, &[&str])], n: &[(u16, &[&str])]| {
-        let mut m = FamilyModel::default();
-        for (k, v) in f {
-            m.frontends.insert(sa(k), set(v));
-        }
-        for (k, v) in n {
-            m.node_ports.insert(*k, set(v));
-        }
-        m
-    };
-    let base = with(
-        &[("10.96.0.10:53", &["10.244.1.5:53", "10.244.2.7:53"])],
-        &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
-    );
-    let cases: Vec<(&str, FamilyModel, Vec<&str>)> = vec![
-        ("nothing changed", base.clone(), vec![]),
-        (
-            "endpoint added",
-            with(
-                &[(
-                    "10.96.0.10:53",
-                    &["10.244.1.5:53", "10.244.2.7:53", "10.244.4.4:53"],
-                )],
-                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
-            ),
-            vec![],
-        ),
-        (
-            "one endpoint removed",
-            with(
-                &[("10.96.0.10:53", &["10.244.1.5:53"])],
-                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
-            ),
-            vec!["10.244.2.7"],
-        ),
-        (
-            "endpoint port changed",
-            with(
-                &[("10.96.0.10:53", &["10.244.1.5:5353", "10.244.2.7:53"])],
-                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
-            ),
-            vec!["10.244.1.5"],
-        ),
-        (
-            "no endpoint left (flows never DNATed are in scope as flows to the frontend)",
-            with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
-            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
-        ),
-        (
-            "service gone (or deleted, or foreign)",
-            FamilyModel::default(),
-            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
-        ),
-    ];
-    for (name, new, want) in cases {
-        let want: HashSet<IpAddr> = want.iter().map(|s| ip(s)).collect();
-        assert_eq!(removed_backends(&base, &new), want, "{name}");
-    }
-}
-
-#[test]
-fn a_released_ip_makes_the_triggered_pass_a_full_one() {
-    let mut old = Model::default();
-    old[V4].allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
-    old[V4]
-        .frontends
-        .insert(sa("10.96.0.11:53"), [sa("10.244.1.5:53")].into());
-    let mut new = old.clone();
-    new[V4].allocated.insert(ip("10.96.0.12"));
-    new[V4]
-        .frontends
-        .insert(sa("10.96.0.11:53"), HashSet::new());
-    let f = Focus::between(&old, &new).expect("an IP allocated: focused");
-    assert_eq!(
-        f[V4],
-        Scope {
-            frontends: [sa("10.96.0.11:53")].into(),
-            node_ports: HashSet::new(),
-            backends: [ip("10.244.1.5")].into(),
-        }
-    );
-    assert!(f[V6].is_empty());
-    let mut other_node_ips = new.clone();
-    other_node_ips[V4].node_ips.insert(ip("192.168.0.8"));
-    assert_eq!(
-        Focus::between(&old, &other_node_ips),
-        None,
-        "other Node addresses: full"
-    );
-    let mut other_cidrs = new.clone();
-    other_cidrs[V6].service_cidrs = vec![ServiceIpRange::parse("fd00::/112").unwrap()];
-    assert_eq!(
-        Focus::between(&old, &other_cidrs),
-        None,
-        "another ServiceCIDR: full"
-    );
-    new[V4].allocated.remove(&ip("10.96.0.10"));
-    assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
-}
-
-#[test]
 fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
     let mut m = model();
     let c = "10.0.0.1:40000";
@@ -548,7 +459,7 @@ fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
 /// and stop; otherwise it waits the grace as `UnseenBackend`. Everything else is `stale`'s.
 #[test]
 fn only_backends_seen_removed_go_at_once() {
-    use super::removed::Removed;
+    use super::model::removed::Removed;
     let m = model();
     // Before: 10.244.3.9 served the ClusterIP and the nodePort, 10.244.5.5 only the nodePort.
     let mut old = m.clone();

@@ -19,8 +19,10 @@ use serde_json::json;
 use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Kernel, Table};
-use super::decide::{Focus, Stale};
-use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model, Settle, Tombstones};
+use super::decide::Stale;
+use super::model::focus::Focus;
+use super::model::reference::{Settle, Tombstones};
+use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model};
 use super::netlink::family::Family::{self, V4};
 use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
 use super::netlink::socket::{BatchReport, Conntrack, DumpError};
@@ -355,7 +357,7 @@ fn model_of(
     let node = serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"addresses":
         pools().node.iter().map(|a| json!({"type": "InternalIP", "address": a.to_string()})).collect::<Vec<_>>()}}))
     .unwrap();
-    let m = model::build(
+    let m = model::reference::build(
         objects.iter().map(|(s, _)| s),
         objects.iter().flat_map(|(_, sl)| sl),
     )

@@ -158,7 +158,7 @@ fn dns() -> Service {
 }
 
 fn dns_model(v4: Value, v6: Value) -> Model {
-    model::build(
+    model::reference::build(
         [&dns()],
         &[
             slice("dns", "IPv4", 5353, v4),
@@ -384,7 +384,7 @@ fn deleted_dns_model() -> Model {
         5353,
         json!([{"addresses": ["10.244.1.5"]}]),
     )];
-    let mut t = model::Tombstones::new(Duration::from_secs(600));
+    let mut t = model::reference::Tombstones::new(Duration::from_secs(600));
     let now = std::time::Instant::now();
     let mut both = live_slices.to_vec();
     both.push(slice(
@@ -393,8 +393,8 @@ fn deleted_dns_model() -> Model {
         5353,
         json!([{"addresses": ["10.244.1.5"]}]),
     ));
-    t.apply(model::build([&dns(), &live], &both), now);
-    t.apply(model::build([&live], &live_slices), now)
+    t.apply(model::reference::build([&dns(), &live], &both), now);
+    t.apply(model::reference::build([&live], &live_slices), now)
 }
 
 #[test]
@@ -586,7 +586,7 @@ fn endpoint_port_change_deletes_the_old_flows() {
     if skip("endpoint_port_change_deletes_the_old_flows") {
         return;
     }
-    let m = model::build(
+    let m = model::reference::build(
         [&dns()],
         &[slice(
             "dns",
@@ -740,7 +740,7 @@ fn conntrack_cli_sees_what_netlink_created() {
 fn read_only_sysctl_is_a_clear_error_naming_the_file() {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::sysctls::{ConntrackSysctlArgs, Roots, apply};
+    use super::tuning::{ConntrackSysctlArgs, Roots, apply};
     const NAME: &str = "read_only_sysctl_is_a_clear_error_naming_the_file";
     if skip(NAME) {
         return;
@@ -900,7 +900,7 @@ fn focused_pass_judges_only_the_given_reply_sources() {
                 ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
                 all.len()
             );
-            let focus = super::decide::Scope {
+            let focus = super::model::focus::Scope {
                 backends: sources.iter().map(|s| s.parse().unwrap()).collect(),
                 ..Default::default()
             };
@@ -1029,7 +1029,7 @@ fn a_triggered_pass_starts_the_grace_of_an_unseen_endpoint_and_only_a_full_pass_
             orphan_grace: grace,
             ..PassState::default()
         };
-        let scope = super::decide::Scope {
+        let scope = super::model::focus::Scope {
             frontends: ["10.96.0.10:53".parse().unwrap()].into(),
             ..Default::default()
         };
@@ -1115,8 +1115,8 @@ fn flows_through_a_frontend_without_endpoints_go_at_the_next_triggered_pass() {
             ct.create(&all, 300, STATUS_SEEN_REPLY).unwrap().ok,
             all.len()
         );
-        let since = super::changes::Changes::between(&m0, &m1);
-        let focus = super::schedule::triggered_focus(&since, &m1).expect("no global change");
+        let since = super::model::changes::Changes::between(&m0, &m1);
+        let focus = since.triggered_focus(&m1).expect("no global change");
         let mut cleaned = Kernel::default();
         let mut state = PassState::default();
         let report =

@@ -2,32 +2,20 @@
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
-pub mod addr;
 pub mod apply;
 pub mod cache;
-pub mod changes;
-pub mod claim;
 pub mod decide;
-pub mod fill;
-pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod netlink;
 #[cfg(any(test, feature = "testing"))]
 pub mod netns;
 pub mod pass;
-pub mod project;
-pub mod removed;
-pub mod report;
-pub mod round;
 pub mod schedule;
-pub mod sweep;
-pub mod sysctls;
+pub mod tuning;
 
 #[cfg(test)]
 mod cache_tests;
-#[cfg(test)]
-mod changes_tests;
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
@@ -35,23 +23,11 @@ mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
-mod live_tests;
-#[cfg(test)]
-mod model_tests;
-#[cfg(test)]
-mod model_whole;
-#[cfg(test)]
-mod pass_tests;
-#[cfg(test)]
-mod project_tests;
-#[cfg(test)]
-mod removed_tests;
-#[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
-mod sysctls_tests;
+mod tuning_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,6 +38,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::context::Context;
+use model::Model;
+use model::changes::Changes;
+use model::focus::Focus;
+use pass::fill::Notifier;
+use pass::round::{RoundSummary, RoundThread};
 
 pub use metrics::Metrics;
 
@@ -107,7 +88,7 @@ pub struct ConntrackArgs {
     pub conntrack_netns: Option<String>,
 
     #[command(flatten)]
-    pub sysctls: sysctls::ConntrackSysctlArgs,
+    pub tuning: tuning::ConntrackSysctlArgs,
 }
 
 impl ConntrackArgs {
@@ -143,24 +124,24 @@ impl ConntrackArgs {
 
 pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
-    let sysctl_args = args.sysctls.clone();
+    let sysctl_args = args.tuning.clone();
     let dry_run = ctx.base.dry_run;
     tokio::task::spawn_blocking(move || {
-        sysctls::apply_and_log(&sysctl_args, &sysctls::Roots::default(), dry_run)
+        tuning::apply_and_log(&sysctl_args, &tuning::Roots::default(), dry_run)
     })
     .await?;
     let metrics = Metrics::register(&ctx.base.registry)?;
     let mut rounds = Cleanup {
-        rounds: round::RoundThread::start(
+        rounds: RoundThread::start(
             args.conntrack_netns.clone(),
             metrics.clone(),
             apply::table(dry_run),
             args.conntrack_orphan_grace,
         )?,
-        fill: fill::Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
+        fill: Notifier::new(ctx.base.client.clone(), &ctx.node_name, dry_run),
     };
     let changed = Arc::new(Notify::new());
-    let (models, watches) = cache::ModelSource::start(
+    let (models, watches) = cache::start(
         &ctx,
         deleted_retention(&args),
         args.conntrack_no_endpoint_settle,
@@ -195,17 +176,17 @@ fn deleted_retention(args: &ConntrackArgs) -> Duration {
 
 /// A round in the agent: both families' passes on the netlink thread, then the fill Event.
 struct Cleanup {
-    rounds: round::RoundThread,
-    fill: fill::Notifier,
+    rounds: RoundThread,
+    fill: Notifier,
 }
 
 impl schedule::Rounds for Cleanup {
     async fn round(
         &mut self,
-        model: Arc<model::Model>,
-        focus: Option<decide::Focus>,
-        since: Option<changes::Changes>,
-    ) -> round::RoundSummary {
+        model: Arc<Model>,
+        focus: Option<Focus>,
+        since: Option<Changes>,
+    ) -> RoundSummary {
         let summary = self.rounds.run(model, focus, since).await;
         if let Some(f) = summary.fill {
             self.fill.observe(f).await;
@@ -235,8 +216,8 @@ mod tests {
         assert_eq!(c.conntrack_orphan_grace.as_secs(), 30);
         assert_eq!(c.conntrack_min_interval.as_secs(), 2);
         assert_eq!(c.conntrack_gc_max.as_secs(), 300);
-        assert_eq!(c.sysctls.conntrack_max_per_core, Some(32768));
-        assert!(c.sysctls.conntrack_tcp_be_liberal);
+        assert_eq!(c.tuning.conntrack_max_per_core, Some(32768));
+        assert!(c.tuning.conntrack_tcp_be_liberal);
         assert!(c.validate().is_ok());
     }
 

@@ -38,7 +38,7 @@ pub fn has_conntrack_cli() -> bool {
 pub fn run_in<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> io::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            super::round::enter_netns(name)?;
+            super::pass::round::enter_netns(name)?;
             Ok(f())
         })
         .join()

@@ -13,12 +13,13 @@ use tokio::time::Instant;
 
 use groundskeeper_plumbing::cache::Seen;
 
-use super::cache::{Models, Skip};
-use super::changes::Changes;
-use super::decide::{Focus, next_interval};
+use super::decide::next_interval;
 use super::model::Model;
+use super::model::changes::Changes;
+use super::model::focus::Focus;
+use super::model::source::{Models, Skip};
 use super::netlink::family::Family;
-use super::round::RoundSummary;
+use super::pass::round::RoundSummary;
 
 /// Debounce of watch events before the model is rebuilt and compared.
 pub const COALESCE: Duration = Duration::from_millis(100);
@@ -44,18 +45,6 @@ pub trait Rounds {
         focus: Option<Focus>,
         since: Option<Changes>,
     ) -> impl Future<Output = RoundSummary> + Send;
-}
-
-/// What a triggered round over `model` looks at, `since` being what changed since the model the
-/// last round judged: what the change touched ([`Changes::focus`]), and every frontend and
-/// nodePort without a serving endpoint ([`super::decide::Scope::add_unserved`]). `None`: the
-/// change needs a full round.
-pub fn triggered_focus(since: &Changes, model: &Model) -> Option<Focus> {
-    let mut focus = since.focus(model)?;
-    for fam in Family::ALL {
-        focus[fam].add_unserved(&model[fam]);
-    }
-    Some(focus)
 }
 
 /// What is due when the scheduler wakes.
@@ -197,7 +186,7 @@ impl Scheduler {
             .then(|| {
                 since_judged
                     .as_ref()
-                    .and_then(|c| triggered_focus(c, &model).map(Box::new))
+                    .and_then(|c| c.triggered_focus(&model).map(Box::new))
             })
             .flatten();
         Due::Round {

@@ -10,12 +10,12 @@ use prometheus::{IntCounterVec, Opts};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::cache::Models;
-use super::changes::Changes;
-use super::decide::{Focus, Scope};
 use super::model::Model;
+use super::model::changes::Changes;
+use super::model::focus::{Focus, Scope};
+use super::model::source::Models;
 use super::netlink::family::Family::V4;
-use super::round::RoundSummary;
+use super::pass::round::RoundSummary;
 use super::schedule::*;
 use groundskeeper_plumbing::cache::Seen;
 

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Kernel, Table};
-use super::decide::{Focus, Scope, Stale};
+use super::decide::Stale;
 use super::focus_tests::{case, host, remove_entries};
+use super::model::focus::{Focus, Scope};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family::{self, V4};
 use super::netlink::msg::{Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};

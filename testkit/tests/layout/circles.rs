@@ -1,5 +1,6 @@
-//! No import circle between the modules of a crate: each crate's module graph, read off the
-//! product code, and its circles.
+//! No import circle between the modules of a crate, nor between the rooms of a component (the
+//! files and folders directly in its folder): each crate's module graph, read off the product
+//! code, and its circles.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -287,6 +288,62 @@ fn no_import_circle_between_modules() {
         "modules that import each other, directly or around a circle (move what both need \
          into one of them, or below both)",
         found,
+    );
+}
+
+/// The rooms of each component (`conntrack::model`, `conntrack::cache`: what sits directly in
+/// the component's folder, a file or a folder), each with the rooms its modules import.
+fn room_graph(graph: &Graph) -> Graph {
+    let room = |m: &str| -> String { m.split("::").take(2).collect::<Vec<_>>().join("::") };
+    let mut rooms = Graph::new();
+    for (m, edges) in graph {
+        let from = room(m);
+        let out = rooms.entry(from.clone()).or_default();
+        out.extend(edges.iter().map(|e| room(e)).filter(|to| {
+            // The component's own mod.rs wires its rooms: it is above them all.
+            *to != from && !is_within(&from, to)
+        }));
+    }
+    rooms
+}
+
+/// A change walks down a component's rooms and never back: the rooms import each other one
+/// way only (a room's own files may import each other, within the module rule above).
+#[test]
+fn no_import_circle_between_the_rooms_of_a_component() {
+    let mut by_crate: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (path, text) in sources() {
+        let (krate, in_src) = path.split_once("/src/").expect("a crate's src/");
+        by_crate
+            .entry(krate.to_string())
+            .or_default()
+            .push((in_src.to_string(), text));
+    }
+    let mut found = Vec::new();
+    for (krate, files) in &by_crate {
+        let graph = module_graph(files.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+        for circle in circles(&room_graph(&graph)) {
+            found.push(format!("{krate}: {}", circle.join(" <-> ")));
+        }
+    }
+    assert_none(
+        "rooms of a component that import each other (a walk from a watch event to a write \
+         would go back into a room it left)",
+        found,
+    );
+    let synthetic = module_graph([
+        ("lib.rs", "pub mod c;\n"),
+        ("c/mod.rs", "pub mod m;\npub mod s;\n"),
+        ("c/m/mod.rs", "pub mod a;\npub mod b;\n"),
+        ("c/m/a.rs", "use crate::c::s::S;\n"),
+        ("c/m/b.rs", "pub struct B;\n"),
+        ("c/s.rs", "use super::m::b::B;\n"),
+    ]);
+    assert!(circles(&synthetic).is_empty(), "no module circle");
+    assert_eq!(
+        circles(&room_graph(&synthetic)),
+        vec![vec!["c::m".to_string(), "c::s".to_string()]],
+        "a circle through two files of one room is a circle between rooms"
     );
 }
 

@@ -11,7 +11,7 @@ use super::{COMPONENTS, assert_none, repo};
 /// sysctl rules both binaries judge by, and the kubectl plugin.
 fn mapped() -> Vec<&'static str> {
     let mut dirs = COMPONENTS.to_vec();
-    dirs.push("sysctl/src");
+    dirs.push("sysctl-rules/src");
     dirs.push("controllers/src/plugin");
     dirs
 }
@@ -166,7 +166,13 @@ fn code_words(files: &[PathBuf]) -> BTreeSet<String> {
 /// The project's code, less these checks (whose own examples name items that do not exist).
 fn all_code() -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         for part in ["src", "tests", "benches"] {
             files.extend(rust_files(&repo().join(krate).join(part)));
         }
@@ -318,7 +324,13 @@ fn the_data_paths_walk_through_files_that_exist() {
     let text =
         std::fs::read_to_string(repo().join("docs/architecture.md")).expect("architecture.md");
     let mut bases = vec![repo()];
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         bases.push(repo().join(krate).join("src"));
         bases.push(repo().join(krate).join("tests"));
     }

@@ -1,8 +1,8 @@
 //! The shape docs/architecture.md describes, checked on the source tree so that it does not
 //! drift: one watch primitive, the same files in every component, no import of a binary's
 //! wiring from a component, no file over 600 lines (product code, benches, testkit), a `//!` line opening every file,
-//! sibling test files declared without `#[path]`, one dry-run log style, no import circle
-//! between the modules of a crate.
+//! sibling test files declared without `#[path]`, one dry-run log style, decisions that name no
+//! wire type, no import circle between the modules of a crate nor the rooms of a component.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,7 @@ const COMPONENTS: &[&str] = &[
     "controllers/src/podgc",
     "controllers/src/sysctlwebhook",
     "node-agent/src/conntrack",
-    "node-agent/src/sysctl",
+    "node-agent/src/sysctlreport",
 ];
 const SHAPE: &[&str] = &["mod.rs", "decide.rs", "apply.rs", "cache.rs", "metrics.rs"];
 const MAX_LINES: usize = 600;
@@ -34,7 +34,13 @@ fn sources() -> Vec<(String, String)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         walk(&repo().join(krate).join("src"), &mut files);
     }
     files.sort();
@@ -86,6 +92,25 @@ fn every_component_has_the_same_files() {
     assert_none(
         "component files missing (see docs/architecture.md)",
         missing,
+    );
+}
+
+/// The pure decisions judge plain values: a component's `decide.rs` is handed the fields it
+/// judges (conntrack's a `Flow`), never a wire type, so it is read and tested without the
+/// kernel's ABI.
+#[test]
+fn decisions_name_no_wire_type() {
+    let offenders = COMPONENTS
+        .iter()
+        .map(|c| format!("{c}/decide.rs"))
+        .filter(|f| {
+            let text = std::fs::read_to_string(repo().join(f)).unwrap_or_default();
+            text.contains("netlink::")
+        })
+        .collect();
+    assert_none(
+        "decide.rs files naming netlink (hand them the fields they judge)",
+        offenders,
     );
 }
 
@@ -143,7 +168,13 @@ fn limited_files() -> Vec<(String, usize)> {
         }
     }
     let mut files = Vec::new();
-    for krate in ["plumbing", "sysctl", "controllers", "node-agent", "testkit"] {
+    for krate in [
+        "plumbing",
+        "sysctl-rules",
+        "controllers",
+        "node-agent",
+        "testkit",
+    ] {
         walk(&repo().join(krate).join("src"), &mut files);
         walk(&repo().join(krate).join("benches"), &mut files);
     }

@@ -1,0 +1,120 @@
+//! Table tests of what a triggered pass looks at after a model change (`focus.rs`): the
+//! backends a change took away, and the changes that make the pass a full one.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+
+use super::focus::{Focus, Scope, removed_backends};
+use super::{FamilyModel, Model, ServiceIpRange};
+use crate::conntrack::netlink::family::Family::{V4, V6};
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn removed_backends_are_what_a_change_took_away() {
+    let set = |v: &[&str]| -> HashSet<SocketAddr> { v.iter().map(|s| sa(s)).collect() };
+    let with = |f: &[(&str, &[&str])], n: &[(u16, &[&str])]| {
+        let mut m = FamilyModel::default();
+        for (k, v) in f {
+            m.frontends.insert(sa(k), set(v));
+        }
+        for (k, v) in n {
+            m.node_ports.insert(*k, set(v));
+        }
+        m
+    };
+    let base = with(
+        &[("10.96.0.10:53", &["10.244.1.5:53", "10.244.2.7:53"])],
+        &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+    );
+    let cases: Vec<(&str, FamilyModel, Vec<&str>)> = vec![
+        ("nothing changed", base.clone(), vec![]),
+        (
+            "endpoint added",
+            with(
+                &[(
+                    "10.96.0.10:53",
+                    &["10.244.1.5:53", "10.244.2.7:53", "10.244.4.4:53"],
+                )],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec![],
+        ),
+        (
+            "one endpoint removed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.2.7"],
+        ),
+        (
+            "endpoint port changed",
+            with(
+                &[("10.96.0.10:53", &["10.244.1.5:5353", "10.244.2.7:53"])],
+                &[(30053, &["10.244.1.5:53", "10.244.3.3:53"])],
+            ),
+            vec!["10.244.1.5"],
+        ),
+        (
+            "no endpoint left (flows never DNATed are in scope as flows to the frontend)",
+            with(&[("10.96.0.10:53", &[])], &[(30053, &[])]),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
+        ),
+        (
+            "service gone (or deleted, or foreign)",
+            FamilyModel::default(),
+            vec!["10.244.1.5", "10.244.2.7", "10.244.3.3"],
+        ),
+    ];
+    for (name, new, want) in cases {
+        let want: HashSet<IpAddr> = want.iter().map(|s| ip(s)).collect();
+        assert_eq!(removed_backends(&base, &new), want, "{name}");
+    }
+}
+
+#[test]
+fn a_released_ip_makes_the_triggered_pass_a_full_one() {
+    let mut old = Model::default();
+    old[V4].allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
+    old[V4]
+        .frontends
+        .insert(sa("10.96.0.11:53"), [sa("10.244.1.5:53")].into());
+    let mut new = old.clone();
+    new[V4].allocated.insert(ip("10.96.0.12"));
+    new[V4]
+        .frontends
+        .insert(sa("10.96.0.11:53"), HashSet::new());
+    let f = Focus::between(&old, &new).expect("an IP allocated: focused");
+    assert_eq!(
+        f[V4],
+        Scope {
+            frontends: [sa("10.96.0.11:53")].into(),
+            node_ports: HashSet::new(),
+            backends: [ip("10.244.1.5")].into(),
+        }
+    );
+    assert!(f[V6].is_empty());
+    let mut other_node_ips = new.clone();
+    other_node_ips[V4].node_ips.insert(ip("192.168.0.8"));
+    assert_eq!(
+        Focus::between(&old, &other_node_ips),
+        None,
+        "other Node addresses: full"
+    );
+    let mut other_cidrs = new.clone();
+    other_cidrs[V6].service_cidrs = vec![ServiceIpRange::parse("fd00::/112").unwrap()];
+    assert_eq!(
+        Focus::between(&old, &other_cidrs),
+        None,
+        "another ServiceCIDR: full"
+    );
+    new[V4].allocated.remove(&ip("10.96.0.10"));
+    assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
+}

@@ -1,0 +1,230 @@
+//! The live model's rule, over generated sequences of Service, EndpointSlice, ServiceCIDR,
+//! IPAddress and Node changes and passages of time: after every update it equals the model
+//! built from scratch on the same inputs at the same instants (`build_views`, then `Settle`
+//! and `Tombstones`), and says the same about when it next changes by time alone.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use testkit::rng::Rng;
+
+use super::live::{Live, Views};
+use super::project::{self, ServiceView, SliceView};
+use super::project_tests;
+use crate::conntrack::model::reference::{Settle, Tombstones};
+use crate::conntrack::model::{self, Model, ServiceIpRange};
+
+const NAMESPACES: [&str; 2] = ["default", "kube-system"];
+pub(super) const SETTLE: Duration = Duration::from_secs(2);
+pub(super) const RETENTION: Duration = Duration::from_secs(600);
+pub(super) const STEPS_MS: [u64; 7] = [0, 0, 300, 1000, 2000, 5000, 601_000];
+
+type Key = (String, String);
+
+#[derive(Default)]
+pub(super) struct World {
+    services: BTreeMap<Key, ServiceView>,
+    slices: BTreeMap<Key, SliceView>,
+    pub(super) ranges: Vec<ServiceIpRange>,
+    pub(super) allocated: Vec<IpAddr>,
+    pub(super) node_ips: Vec<IpAddr>,
+}
+
+impl Views for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
+        let view = self.services.get(&(ns.to_string(), name.to_string()))?;
+        let slices = self
+            .slices
+            .iter()
+            .filter(|((sns, _), s)| sns == ns && s.service.as_deref() == Some(name))
+            .map(|(_, s)| s)
+            .collect();
+        Some((view, slices))
+    }
+}
+
+impl World {
+    fn built_whole(&self) -> Model {
+        model::reference::build_views(
+            self.services
+                .iter()
+                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
+            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+        )
+        .with_service_ranges(&self.ranges, self.allocated.iter().copied())
+        .with_node_ips(&self.node_ips)
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    super::addr::parse_ip(s).expect("a generated address parses")
+}
+
+/// One generated change to `w`; returns the services whose views it touched.
+pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<Key>, bool) {
+    let ns = rng.pick(&NAMESPACES).to_string();
+    let i = rng.below(6);
+    let name = format!("s{i}");
+    match rng.below(10) {
+        0..=2 => {
+            let v = project::service(&project_tests::service(rng, &ns, &name));
+            w.services.insert((ns.clone(), name.clone()), v);
+            (vec![(ns, name)], false)
+        }
+        3 => {
+            w.services.remove(&(ns.clone(), name.clone()));
+            (vec![(ns, name)], false)
+        }
+        4..=6 => {
+            let owner = match rng.below(10) {
+                0 => None,
+                1 => Some(format!("s{}", rng.below(6))),
+                _ => Some(name.clone()),
+            };
+            let whole = project_tests::slice(rng, &ns, "x", owner.as_deref());
+            let key = (ns.clone(), format!("{name}-{}", rng.below(3)));
+            let new = project::slice(&whole);
+            let touched = [w.slices.get(&key), Some(&new)]
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.service.as_deref())
+                .map(|s| (ns.clone(), s.to_string()))
+                .collect();
+            w.slices.insert(key, new);
+            (touched, false)
+        }
+        7 => {
+            let key = (ns.clone(), format!("{name}-{}", rng.below(3)));
+            let touched = w
+                .slices
+                .remove(&key)
+                .and_then(|s| s.service)
+                .map(|s| (ns, s.to_string()))
+                .into_iter()
+                .collect();
+            (touched, false)
+        }
+        8 => {
+            let c = ["10.96.0.0/16", "fd00:10:96::/112", "10.97.0.0/24"];
+            w.ranges = rng
+                .some(&c, 50)
+                .into_iter()
+                .filter_map(ServiceIpRange::parse)
+                .collect();
+            w.allocated = (0..rng.below(4))
+                .map(|_| ip(project_tests::addr(rng)))
+                .collect();
+            (Vec::new(), true)
+        }
+        _ => {
+            w.node_ips = (0..rng.below(3))
+                .map(|_| ip(project_tests::addr(rng)))
+                .collect();
+            (Vec::new(), true)
+        }
+    }
+}
+
+/// What the checks saw, so a generator that stops reaching a case fails the test.
+#[derive(Default, Debug)]
+struct Seen {
+    shared: usize,
+    settling: usize,
+    settled: usize,
+    deleted: usize,
+    expired: usize,
+    foreign: usize,
+}
+
+fn run(seed: u64, seen: &mut Seen) {
+    let rng = &mut Rng(seed);
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut w = World::default();
+    let mut live = Live::new(SETTLE, RETENTION);
+    let (mut settle, mut tombstones) = (Settle::new(SETTLE), Tombstones::new(RETENTION));
+    let mut deleted_before = 0;
+    for step in 0..60 {
+        let mut touched = Vec::new();
+        let mut globals = false;
+        for _ in 0..1 + rng.below(3) {
+            let (t, g) = change(rng, &mut w);
+            touched.extend(t);
+            globals |= g;
+        }
+        now += Duration::from_millis(rng.pick(&STEPS_MS));
+        let expected = tombstones.apply(settle.apply(w.built_whole(), now), now);
+        if globals {
+            live.set_service_ips(&w.ranges, &w.allocated);
+            live.set_node_ips(&w.node_ips);
+        }
+        live.update(
+            touched.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
+            &w,
+            now,
+        );
+        assert_eq!(**live.model(), expected, "seed {seed} step {step}");
+        assert_eq!(
+            live.next_change(now),
+            settle.next_change(now),
+            "seed {seed} step {step}: next settle"
+        );
+        for (_, fm) in expected.iter() {
+            seen.settling += fm.settling_frontends.len();
+            seen.foreign += fm.foreign_frontends.len();
+            seen.settled += fm
+                .services
+                .values()
+                .flat_map(|p| p.values())
+                .filter(|c| c.serving.is_empty() && !c.settling)
+                .count();
+            seen.shared += fm
+                .frontends
+                .keys()
+                .filter(|f| {
+                    fm.services
+                        .values()
+                        .filter(|p| p.values().any(|c| c.frontends.contains(f)))
+                        .count()
+                        > 1
+                })
+                .count();
+        }
+        let deleted: usize = expected
+            .iter()
+            .map(|(_, fm)| fm.deleted_frontends.len())
+            .sum();
+        seen.deleted += deleted;
+        seen.expired += usize::from(deleted < deleted_before);
+        deleted_before = deleted;
+    }
+}
+
+#[test]
+fn the_live_model_is_the_model_built_from_scratch_after_every_change() {
+    let mut seen = Seen::default();
+    for seed in 0..400 {
+        run(seed, &mut seen);
+    }
+    // Every case the live model handles apart must have come up, or the check proves little.
+    for (what, n) in [
+        ("frontends claimed by several services", seen.shared),
+        ("settling frontends", seen.settling),
+        ("ports settled without endpoints", seen.settled),
+        ("deleted frontends", seen.deleted),
+        ("tombstones gone (expired or claimed again)", seen.expired),
+        ("foreign frontends", seen.foreign),
+    ] {
+        assert!(n > 50, "only {n} {what}: {seen:?}");
+    }
+}
+
+#[test]
+fn an_update_naming_nothing_changes_nothing() {
+    let mut live = Live::new(SETTLE, RETENTION);
+    let w = World::default();
+    let before = live.model().clone();
+    live.update(std::iter::empty(), &w, Instant::now());
+    assert!(std::sync::Arc::ptr_eq(&before, live.model()));
+}
