@@ -159,7 +159,16 @@ render --set namespace.create=true --set podSecurity.label=false | docs_of Names
   || fail "NOTES do not say how to let the namespace admit the node-agent"
 # helm test's script, run here with a wget that no node-agent answers (and no real sleep): it
 # fails naming the Pod Security cause; when only the controller-manager is down it does not.
-render --show-only templates/tests/readyz.yaml | sed -n '/^        - |$/,$p' | tail -n +2 | sed 's/^          //' > "$out/t-test.sh"
+# Over HTTPS (the default) the image under test asks, with the same hint for the node-agent.
+render --show-only templates/tests/readyz.yaml > "$out/t-test-https.yaml"
+for want in '      image: ghcr.io/groundskeeper-dev/groundskeeper:'"$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$chart/Chart.yaml")" \
+  '      command: ["/usr/local/bin/controller-manager", "probe"]' \
+  '        - https://gk-groundskeeper-node-agent-metrics:8080/readyz'; do
+  has -xF -- "$want" "$out/t-test-https.yaml" || fail "helm test over https lacks '$want'"
+done
+has "violates PodSecurity' means namespace groundskeeper" "$out/t-test-https.yaml" || fail "helm test over https lost the Pod Security hint"
+# Over HTTP, the test image's shell and wget:
+render --set metrics.scheme=http --show-only templates/tests/readyz.yaml | sed -n '/^        - |$/,$p' | tail -n +2 | sed 's/^          //' > "$out/t-test.sh"
 mkdir -p "$out/shims"
 # shellcheck disable=SC2016
 printf '#!/bin/sh
@@ -287,7 +296,8 @@ render --set image.digest="$d" --set image.tag=1.2.3 | docs_of Deployment | imag
 render -f "$chart/ci/everything-on-values.yaml" --set global.imageRegistry=mirror.example > "$out/t-mirror.yaml"
 off=$(images < "$out/t-mirror.yaml" | grep -v "^mirror.example/\|^registry.example/tools/" || true)
 [ -z "$off" ] || fail "global.imageRegistry does not reach: $off"
-render --set global.imageRegistry=mirror.example | images | sort -u | has -x "mirror.example/library/busybox:1.37" || fail "global.imageRegistry does not reach the helm test"
+render --set global.imageRegistry=mirror.example --set metrics.scheme=http | images | sort -u | has -x "mirror.example/library/busybox:1.37" \
+  || fail "global.imageRegistry does not reach the helm test's image"
 pods=$(render --set 'global.imagePullSecrets={a,b}' --set 'imagePullSecrets[0].name=b' --set 'imagePullSecrets[1]=c' | awk '
   /^---/{k=""} /^kind: /{k=$2} /imagePullSecrets:$/{n[k]++; on=1; next} on&&/- name: /{s[k]=s[k] $3 ","; next} {on=0}
   END{for (k in n) print k, n[k], s[k]}' | sort)

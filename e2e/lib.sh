@@ -13,7 +13,7 @@ node_ip6() { echo "fd00:30::$((10 + ${1##*-}))"; }
 NODE_IP=$(node_ip "$NODE")
 all_nodes() { seq 1 "${NODES:-3}" | sed 's/^/gk-node-/'; }
 # The node-agent's admin port on the host network: the chart's default (e2e/values.yaml keeps it).
-AGENT_PORT=$(sed -n 's/^  adminPort: *\([0-9]*\).*$/\1/p' "$(dirname "${BASH_SOURCE[0]}")/../charts/groundskeeper/values.yaml")
+AGENT_PORT=$(awk '/^nodeAgent:/{on=1; next} /^[a-zA-Z]/{on=0} on && /^  adminPort:/{print $2}' "$(dirname "${BASH_SOURCE[0]}")/../charts/groundskeeper/values.yaml")
 
 # on_node NODE CMD...: CMD in NODE's network namespace (its conntrack table, its iptables).
 on_node() {

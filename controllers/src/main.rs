@@ -18,6 +18,9 @@ fn main() -> ExitCode {
 async fn start() -> ExitCode {
     let cli = Cli::parse_as(manager::NAME, manager::ABOUT);
     // Subcommands are tools with their own stdout: they run before logging starts.
+    if let Some(Command::Probe(args)) = &cli.command {
+        return ExitCode::from(groundskeeper_plumbing::serving::probe::run(args).await);
+    }
     if let Some(command) = &cli.command {
         let client = match cli.common.kube.client().await {
             Ok(client) => client,
@@ -31,6 +34,7 @@ async fn start() -> ExitCode {
                 servicecidr::blockers::run(client, args).await
             }
             Command::Uninstall(args) => uninstall::run(client, args, cli.common.dry_run).await,
+            Command::Probe(_) => unreachable!("answered above, without a client"),
         });
     }
     cli.common.log.init();

@@ -81,6 +81,10 @@ pub enum Command {
     /// and its finalizer on ServiceCIDRs where no IP would be orphaned (the chart's post-delete
     /// hook runs it). Exit 0 when done, 2 on errors.
     Uninstall(crate::uninstall::UninstallArgs),
+    /// GET each URL until it answers 200 (HTTPS certificates are not verified, as kubelet's
+    /// probes do not): what the chart's helm test asks each admin server's /readyz with. Exit 0
+    /// when every URL answered 200, 1 otherwise.
+    Probe(groundskeeper_plumbing::serving::probe::ProbeArgs),
 }
 
 #[derive(Subcommand, Debug)]

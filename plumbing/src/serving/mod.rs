@@ -8,6 +8,7 @@
 //! - `listener.rs`: the port, the certificate served (swapped in place), the TLS handshakes.
 //! - `guard.rs`: the request limits, and the HTTP/1.1 connections with their timeouts.
 //! - `self_signed.rs`: a certificate of the process's own, when none is given.
+//! - `probe.rs`: `controller-manager probe URL...`, the helm test's client.
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use prometheus::{IntCounterVec, IntGauge};
 
 pub mod guard;
 pub mod listener;
+pub mod probe;
 pub mod self_signed;
 
 pub use guard::{limited, serve};
