@@ -34,7 +34,8 @@ async fn start() -> ExitCode {
                 servicecidr::blockers::run(client, args).await
             }
             Command::Uninstall(args) => uninstall::run(client, args, cli.common.dry_run).await,
-            Command::Probe(_) => unreachable!("answered above, without a client"),
+            // Answered above, before a client is made; the same answer here.
+            Command::Probe(args) => groundskeeper_plumbing::serving::probe::run(args).await,
         });
     }
     cli.common.log.init();
