@@ -9,8 +9,8 @@ namespaces and temporary folders.
 
 Builds with `cargo test --no-run`, runs each test binary from its package's folder as cargo does
 (the tests within a binary keep their own parallelism), longest first by the last run's
-times, and prints each binary's outcome and time; a failing binary's output in full. The
-doctests run first, with cargo. Exits 1 if anything failed.
+times, and prints each binary's output whole once it ends (as cargo would), then its outcome and
+time. The doctests run first, with cargo. Exits 1 if anything failed.
 
     python3 hack/unit.py [--jobs N] [--alongside CMD] [-- cargo test arguments, e.g. -p X]
 """
@@ -131,19 +131,20 @@ def main():
     entries.sort(key=lambda e: -times.get(e[0], guess(e[0])))
     print(f"unit: {len(entries)} test binaries, {a.jobs} at once", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        futures = [pool.submit(run_one, e, []) for e in entries]
+        futures = {pool.submit(run_one, e, []): e for e in entries}
         for fut in concurrent.futures.as_completed(futures):
             name, code, took, text = fut.result()
+            exe = futures[fut][1]
             times[name] = round(took, 1)
             verdict = "ok" if code == 0 else f"FAILED (exit {code})"
-            print(f"unit: {name}: {verdict} in {took:.1f}s: {summary(text)}", flush=True)
-            # SKIPPED lines and the benches' figures are worth seeing even when it passes.
-            for line in text.splitlines():
-                if line.startswith("SKIPPED") or line.startswith("bench "):
-                    print(f"  {line}")
+            # Each binary's own output whole, as `cargo test` prints it (libtest's "running N
+            # tests", a line a test and "test result:"), in one block: CI and whoever reads the
+            # log see every test that ran, not only a count.
+            print(f"     Running {name} ({os.path.relpath(exe, ROOT)})", flush=True)
+            print(text.rstrip("\n"), flush=True)
+            print(f"unit: {name}: {verdict} in {took:.1f}s: {summary(text)}\n", flush=True)
             if code != 0:
                 failed.append(name)
-                print(text, flush=True)
     save_timings(times)
     if alongside is not None:
         code = alongside.wait()
