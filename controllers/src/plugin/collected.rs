@@ -351,7 +351,7 @@ fn ttl_note(state: &PodState, settings: &Settings, now: Timestamp) -> PassNote {
         };
         return note(pass, Choice::Left, why);
     };
-    let Some(end) = p.terminated_at else {
+    let Some(end) = p.terminated_at() else {
         return note(
             pass,
             Choice::Left,

@@ -26,11 +26,9 @@ fn settings() -> Settings {
     }
 }
 
-fn on(node: &str, p: PodFacts) -> PodFacts {
-    PodFacts {
-        node_name: Some(node.into()),
-        ..p
-    }
+fn on(node: &str, mut p: PodFacts) -> PodFacts {
+    p.node_name = Some(node.into());
+    p
 }
 
 fn state(facts: PodFacts, node: NodeSeen) -> PodState {
@@ -96,7 +94,7 @@ fn rows() -> Vec<Row> {
     };
     let ended = |secs| {
         let mut p = on("n1", pod("ns", "done", Phase::Succeeded));
-        p.terminated_at = Some(at(secs));
+        p.set_terminated_at(Some(at(secs)));
         state(p, READY)
     };
     let ttl = |namespace_ttl| Settings {
@@ -389,7 +387,7 @@ fn generated() -> Vec<PodState> {
                     }
                     p.terminating = deletion > 0;
                     p.force_deleted = deletion == 2;
-                    p.terminated_at = Some(at(0));
+                    p.set_terminated_at(Some(at(0)));
                     let mut s = state(p, node);
                     s.disruption = reason.map(|r| Disruption {
                         reason: r.into(),

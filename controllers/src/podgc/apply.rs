@@ -142,7 +142,7 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
     }
     if with_condition {
         // UpdatePodCondition keeps lastTransitionTime when the status does not change.
-        let since = match pod.disruption_target_true {
+        let since = match pod.disruption_target_true() {
             Some(Some(t)) => t,
             _ => now,
         };

@@ -104,7 +104,7 @@ fn status_patch_rules() {
     );
     // Already DisruptionTarget=True: its lastTransitionTime is kept.
     let mut p = pod("p", Phase::Running);
-    p.disruption_target_true = Some(Some("2026-01-02T03:04:05Z".parse().unwrap()));
+    p.set_disruption_target_true(Some(Some("2026-01-02T03:04:05Z".parse().unwrap())));
     let v = status_patch(&p, true, now()).unwrap();
     assert_eq!(
         v["status"]["conditions"][0]["lastTransitionTime"],

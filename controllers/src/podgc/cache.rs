@@ -87,7 +87,7 @@ impl Caches {
                 let key = (f.namespace.clone(), f.name.clone());
                 if f.phase.is_final() {
                     let old = pods.get(&key).filter(|old| old.uid == f.uid);
-                    f.seen_final = seen_final(old.map(|o| &**o), watched);
+                    f.set_seen_final(seen_final(old.map(|o| &**o), watched));
                 }
                 Kept::Yes(key, Arc::new(f))
             }
@@ -149,7 +149,7 @@ impl Caches {
 /// `groundskeeper_podgc_ttl_first_listed_total`).
 pub fn seen_final(old: Option<&PodFacts>, watched: bool) -> Option<Instant> {
     match old {
-        Some(old) if old.phase.is_final() => old.seen_final,
+        Some(old) if old.phase.is_final() => old.seen_final(),
         Some(_) => Some(Instant::now()),
         None if watched => Some(Instant::now()),
         None => None,
@@ -337,7 +337,7 @@ mod tests {
             c.pods
                 .get(&(Arc::from("ns"), Arc::from(name)))
                 .unwrap()
-                .seen_final
+                .seen_final()
         };
         let mut c = Caches::default();
         c.fold_pod(Event::Init);

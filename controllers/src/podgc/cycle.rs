@@ -81,7 +81,7 @@ impl Cycle {
                 local_now: Instant::now(),
             },
         );
-        let first_listed = ttl.iter().filter(|d| d.pod.seen_final.is_none()).count();
+        let first_listed = ttl.iter().filter(|d| d.pod.seen_final().is_none()).count();
         self.applier
             .metrics
             .ttl_first_listed

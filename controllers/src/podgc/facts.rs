@@ -77,20 +77,29 @@ pub struct PodFacts {
     /// `metadata.creationTimestamp`; a missing one sorts first, like Go's zero time.
     pub created: Timestamp,
     pub generation: Option<i64>,
+    /// `status.conditions` types in their order: the status patch sends them as
+    /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
+    /// DisruptionTarget goes after the existing conditions instead of first. The whole list is
+    /// interned: the pods of a cluster carry a handful of distinct lists between them.
+    pub condition_types: Arc<[Arc<str>]>,
+    /// What most pods do not have (a DisruptionTarget, an end): one pointer, `None` for them.
+    pub(super) rare: Option<Box<Rare>>,
+}
+
+/// The facts of [`PodFacts`] that only some pods have (finished pods, disrupted ones): kept
+/// apart so that a running pod does not pay for them. Read and set through `PodFacts`.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub(super) struct Rare {
     /// When the pod already has `DisruptionTarget=True`: its lastTransitionTime, which the
     /// orphan patch keeps (upstream's UpdatePodCondition keeps it when the status is unchanged).
-    pub disruption_target_true: Option<Option<Timestamp>>,
-    /// `status.conditions` types in their order (interned): the status patch sends them as
-    /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
-    /// DisruptionTarget goes after the existing conditions instead of first.
-    pub condition_types: Box<[Arc<str>]>,
+    disruption_target_true: Option<Option<Timestamp>>,
     /// When the pod terminated, for the TTL: [`terminated_at`] (the node's clock), but never
     /// before [`recorded_at`] (the apiserver's). `None` means the TTL never applies to it.
-    pub terminated_at: Option<Timestamp>,
+    terminated_at: Option<Timestamp>,
     /// When this process first saw the pod Succeeded or Failed, on its own monotonic clock
     /// (set by the cache, kept across updates and relists): the TTL also needs this much
     /// time to have passed here.
-    pub seen_final: Option<std::time::Instant>,
+    seen_final: Option<std::time::Instant>,
 }
 
 /// `metadata.uid`. The apiserver's are UUIDs (lowercase, hyphenated): kept as their 16 bytes,
@@ -172,14 +181,33 @@ pub struct NodeFacts {
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
-/// Shares one allocation per distinct namespace or node name.
+/// Shares one allocation per distinct namespace or node name, and per distinct list of
+/// condition types.
 #[derive(Default)]
 pub struct Interner {
     set: HashSet<Arc<str>>,
     prune_at: usize,
+    lists: HashSet<Arc<[Arc<str>]>>,
+    lists_prune_at: usize,
 }
 
 impl Interner {
+    /// The list of `items`, each interned, shared with every pod whose list is the same.
+    pub fn intern_list<'a>(&mut self, items: impl Iterator<Item = &'a str>) -> Arc<[Arc<str>]> {
+        let list: Vec<Arc<str>> = items.map(|s| self.intern(s)).collect();
+        if let Some(a) = self.lists.get(&list[..]) {
+            return a.clone();
+        }
+        if self.lists.len() >= self.lists_prune_at.max(64) {
+            // Lists no pod holds any more go; the threshold doubles, as for names.
+            self.lists.retain(|a| Arc::strong_count(a) > 1);
+            self.lists_prune_at = self.lists.len() * 2;
+        }
+        let a: Arc<[Arc<str>]> = list.into();
+        self.lists.insert(a.clone());
+        a
+    }
+
     pub fn intern(&mut self, s: &str) -> Arc<str> {
         if let Some(a) = self.set.get(s) {
             return a.clone();
@@ -231,13 +259,13 @@ impl PodFacts {
         // at or after it ended, on the cluster's: the later of the two is never early.
         let terminated_at = terminated_at(&status).map(|end| recorded.map_or(end, |r| end.max(r)));
         let conditions = status.conditions.unwrap_or_default();
-        let condition_types = conditions.iter().map(|c| names.intern(&c.type_)).collect();
+        let condition_types = names.intern_list(conditions.iter().map(|c| &*c.type_));
         let disruption_target_true = conditions
             .into_iter()
             .find(|c| c.type_ == DISRUPTION_TARGET)
             .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.map(|t| t.0));
-        Ok(Self {
+        let mut facts = Self {
             namespace,
             name,
             uid,
@@ -249,11 +277,53 @@ impl PodFacts {
                 && m.deletion_grace_period_seconds == Some(0),
             created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
             generation: m.generation,
-            disruption_target_true,
             condition_types,
-            terminated_at,
-            seen_final: None,
-        })
+            rare: None,
+        };
+        facts.set_disruption_target_true(disruption_target_true);
+        facts.set_terminated_at(terminated_at);
+        Ok(facts)
+    }
+
+    /// When the pod already has `DisruptionTarget=True`: its lastTransitionTime, which the
+    /// orphan patch keeps (upstream's UpdatePodCondition keeps it when the status is unchanged).
+    pub fn disruption_target_true(&self) -> Option<Option<Timestamp>> {
+        self.rare.as_ref().and_then(|r| r.disruption_target_true)
+    }
+
+    /// When the pod terminated, for the TTL: [`terminated_at`] (the node's clock), but never
+    /// before [`recorded_at`] (the apiserver's). `None`: the TTL never applies to it.
+    pub fn terminated_at(&self) -> Option<Timestamp> {
+        self.rare.as_ref().and_then(|r| r.terminated_at)
+    }
+
+    /// When this process first saw the pod Succeeded or Failed, on its own monotonic clock
+    /// (set by the cache, kept across updates and relists): the TTL also needs this much time
+    /// to have passed here.
+    pub fn seen_final(&self) -> Option<std::time::Instant> {
+        self.rare.as_ref().and_then(|r| r.seen_final)
+    }
+
+    pub fn set_disruption_target_true(&mut self, t: Option<Option<Timestamp>>) {
+        self.rare_mut(|r| r.disruption_target_true = t);
+    }
+
+    pub fn set_terminated_at(&mut self, t: Option<Timestamp>) {
+        self.rare_mut(|r| r.terminated_at = t);
+    }
+
+    pub fn set_seen_final(&mut self, t: Option<std::time::Instant>) {
+        self.rare_mut(|r| r.seen_final = t);
+    }
+
+    /// Changes the rare facts; a pod left with none holds no box (so two pods with the same
+    /// facts compare equal however they were built).
+    fn rare_mut(&mut self, change: impl FnOnce(&mut Rare)) {
+        let mut rare = self.rare.take().unwrap_or_default();
+        change(&mut rare);
+        if *rare != Rare::default() {
+            self.rare = Some(rare);
+        }
     }
 }
 
@@ -363,10 +433,8 @@ pub mod example {
             force_deleted: false,
             created: at(0),
             generation: Some(1),
-            disruption_target_true: None,
-            condition_types: Box::default(),
-            terminated_at: None,
-            seen_final: None,
+            condition_types: Arc::new([]),
+            rare: None,
         }
     }
 
@@ -438,7 +506,7 @@ mod tests {
         assert!(p.evicted && p.terminating);
         assert_eq!(p.generation, Some(2));
         assert_eq!(
-            p.disruption_target_true,
+            p.disruption_target_true(),
             Some(Some("2026-01-01T00:00:30Z".parse().unwrap()))
         );
     }
@@ -455,7 +523,7 @@ mod tests {
         assert_eq!(p.node_name, None);
         assert!(!p.evicted && !p.terminating);
         assert_eq!(p.created, Timestamp::MIN);
-        assert_eq!(p.disruption_target_true, None);
+        assert_eq!(p.disruption_target_true(), None);
     }
 
     #[test]

@@ -143,12 +143,12 @@ pub fn expired(p: &PodFacts, ttl: Duration, now: Timestamp, local_now: std::time
     if !p.phase.is_final() {
         return false;
     }
-    if p.seen_final
+    if p.seen_final()
         .is_some_and(|seen| local_now.saturating_duration_since(seen) < ttl)
     {
         return false;
     }
-    let Some(end) = p.terminated_at else {
+    let Some(end) = p.terminated_at() else {
         return false;
     };
     let Ok(ttl) = jiff::SignedDuration::try_from(ttl) else {
@@ -200,9 +200,9 @@ pub fn policy_passes<P: Borrow<PodFacts>>(
             let why = format!(
                 "phase {:?} and terminated at {} (TTL {}{})",
                 p.phase.as_str(),
-                p.terminated_at.map(|t| t.to_string()).unwrap_or_default(),
+                p.terminated_at().map(|t| t.to_string()).unwrap_or_default(),
                 humantime(ttl),
-                if p.seen_final.is_none() {
+                if p.seen_final().is_none() {
                     "; already terminated when first listed: by the pod's own times"
                 } else {
                     ""

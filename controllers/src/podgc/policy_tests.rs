@@ -31,14 +31,15 @@ fn much_later() -> Instant {
 /// A pod in `ns`, created at `created`, terminated at `ended` (seconds from [`at`]'s epoch),
 /// seen terminated here at [`seen`].
 fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> PodFacts {
-    PodFacts {
+    let mut p = PodFacts {
         uid: format!("uid-{ns}-{name}").into(),
         node_name: Some("n".into()),
         created: at(created),
-        terminated_at: ended.map(at),
-        seen_final: Some(seen()),
         ..example::pod(ns, name, phase)
-    }
+    };
+    p.set_terminated_at(ended.map(at));
+    p.set_seen_final(Some(seen()));
+    p
 }
 
 fn names(ds: &[Deletion]) -> Vec<String> {
@@ -217,10 +218,8 @@ fn expiry_needs_the_ttl_on_this_processs_own_clock_too() {
             true,
         ),
     ] {
-        let p = PodFacts {
-            seen_final,
-            ..pod("ns", "p", Phase::Failed, 0, node_says_2h_ago)
-        };
+        let mut p = pod("ns", "p", Phase::Failed, 0, node_says_2h_ago);
+        p.set_seen_final(seen_final);
         assert_eq!(expired(&p, H, now, local_now), want, "{what}");
     }
 }
@@ -463,7 +462,7 @@ fn a_node_clock_behind_never_makes_a_first_listed_pod_expire_early() {
         }))
         .unwrap();
         let p = PodFacts::from_wire(pod, &mut Interner::default()).unwrap();
-        assert!(p.seen_final.is_none(), "first listed");
+        assert!(p.seen_final().is_none(), "first listed");
         let ttl = Duration::from_secs(60 + rng.below_u64(2 * 3600));
         let ttl_signed = jiff::SignedDuration::try_from(ttl).unwrap();
         // Any moment from the end to well past the TTL, on the cluster's clock.

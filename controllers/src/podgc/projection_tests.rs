@@ -13,7 +13,9 @@ use testkit::rng::Rng;
 
 use super::{
     cache::Caches,
-    facts::{DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts},
+    facts::{
+        DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts, example,
+    },
     wire::{WireNode, WirePod},
 };
 
@@ -237,7 +239,7 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
         .max();
     let recorded = last_status_write.max(m.creation_timestamp.as_ref().map(|t| t.0));
     let terminated_at = terminated_at.map(|end| recorded.map_or(end, |r| end.max(r)));
-    Some(PodFacts {
+    let mut facts = PodFacts {
         namespace: m.namespace.as_deref()?.into(),
         name: m.name.as_deref()?.into(),
         uid: m.uid.as_deref()?.into(),
@@ -257,13 +259,15 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
             .map(|t| t.0)
             .unwrap_or(Timestamp::MIN),
         generation: m.generation,
-        disruption_target_true: dt
-            .filter(|c| c.status == "True")
-            .map(|c| c.last_transition_time.as_ref().map(|t| t.0)),
         condition_types: conditions.iter().map(|c| Arc::from(&*c.type_)).collect(),
-        terminated_at,
-        seen_final: None,
-    })
+        ..example::pod("", "", phase)
+    };
+    facts.set_disruption_target_true(
+        dt.filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.as_ref().map(|t| t.0)),
+    );
+    facts.set_terminated_at(terminated_at);
+    Some(facts)
 }
 
 fn whole_node_facts(n: &Node) -> NodeFacts {
