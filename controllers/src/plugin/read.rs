@@ -62,7 +62,7 @@ pub async fn pod_state(client: &Client, pod: &Pod, count: bool) -> anyhow::Resul
             since: c.last_transition_time.as_ref().map(|t| t.0),
         });
     let terminated = match count && facts.phase.is_terminated() {
-        true => Some(terminated_counts(client, &facts.namespace).await?),
+        true => Some(terminated_counts(client, facts.namespace()).await?),
         false => None,
     };
     Ok(PodState {

@@ -233,7 +233,7 @@ impl KubeWrites {
     }
 
     fn api(&self, pod: &PodFacts) -> Api<WirePod> {
-        Api::namespaced(self.pods.clone(), &pod.namespace)
+        Api::namespaced(self.pods.clone(), pod.namespace())
     }
 }
 
@@ -246,7 +246,7 @@ impl Writes for KubeWrites {
         Box::pin(async move {
             let pp = PatchParams::default();
             let api = self.api(pod);
-            api.patch_status(&pod.name, &pp, &Patch::Strategic(patch))
+            api.patch_status(pod.name(), &pp, &Patch::Strategic(patch))
                 .await
                 .map(drop)
         })
@@ -255,7 +255,7 @@ impl Writes for KubeWrites {
     fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
         Box::pin(async move {
             let api = self.api(pod);
-            api.delete(&pod.name, &delete_params(pod)).await.map(drop)
+            api.delete(pod.name(), &delete_params(pod)).await.map(drop)
         })
     }
 }
@@ -516,7 +516,7 @@ impl Applier {
             return Outcome::Fenced;
         }
         if attempt == 1 && d.pass.counts_before_attempt() {
-            self.metrics.deleted(&d.pod.namespace, d.pass);
+            self.metrics.deleted(d.pod.namespace(), d.pass);
         }
         let started = Instant::now();
         let o = force_delete(writes, &self.fence, d, Timestamp::now()).await;
@@ -542,7 +542,7 @@ impl Applier {
             }
             return;
         }
-        let ns = &d.pod.namespace;
+        let ns = d.pod.namespace();
         // Upstream's counter keeps upstream's meaning: its calls return NotFound (and a UID
         // mismatch) as errors. Ours counts only failures an operator must look at.
         if *o != Outcome::Deleted {
@@ -566,7 +566,7 @@ impl Applier {
 }
 
 fn log(d: &Deletion, o: &Outcome) {
-    let pod = format!("{}/{}", d.pod.namespace, d.pod.name);
+    let pod = d.pod.key.to_string();
     let node = d.pod.node();
     let pass = d.pass.name();
     let reason = d.why.as_str();

@@ -722,10 +722,10 @@ async fn held_pods_count_towards_the_threshold_as_upstream() {
         let mut done: Vec<&PodFacts> = pods.iter().filter(|p| p.phase.is_terminated()).collect();
         done.sort_by(|a, b| eviction_then_age(a, b));
         let count = (done.len() as i64 - threshold).max(0) as usize;
-        let upstream: Vec<&str> = done[..count].iter().map(|p| &*p.name).collect();
+        let upstream: Vec<&str> = done[..count].iter().map(|p| p.name()).collect();
 
         let chosen = terminated(&pods, threshold);
-        let names: Vec<&str> = chosen.iter().map(|d| &*d.pod.name).collect();
+        let names: Vec<&str> = chosen.iter().map(|d| d.pod.name()).collect();
         assert_eq!(
             names, upstream,
             "seed {seed}: the threshold chose as upstream"
@@ -733,7 +733,7 @@ async fn held_pods_count_towards_the_threshold_as_upstream() {
         let mut want: Vec<String> = done[..count]
             .iter()
             .filter(|p| !p.force_deleted)
-            .map(|p| format!("DELETE /api/v1/namespaces/ns/pods/{}", p.name))
+            .map(|p| format!("DELETE /api/v1/namespaces/ns/pods/{}", p.name()))
             .collect();
         let mock = Mock::default();
         let a = applier(&mock, false, 4);

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::{
     decide::Snapshot,
-    facts::{Interner, NodeFacts, NsAnnotations, PodFacts},
+    facts::{Interner, NodeFacts, NsAnnotations, PodFacts, PodKey},
     policy::{THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
 };
@@ -32,8 +32,6 @@ const COMPONENT: &str = "podgc";
 
 /// Pods per list page: a page is the most that is ever decoded at once.
 const LIST_PAGE_SIZE: u32 = 500;
-
-pub type PodKey = (Arc<str>, Arc<str>);
 
 /// The three caches, and the names they share.
 pub struct Caches {
@@ -84,7 +82,7 @@ impl Caches {
         let (names, pods) = (&mut self.names, &self.pods);
         let update = Update::from_event(ev, |p| match PodFacts::from_wire(p, names) {
             Ok(mut f) => {
-                let key = (f.namespace.clone(), f.name.clone());
+                let key = f.key.clone();
                 if f.phase.is_final() {
                     let old = pods.get(&key).filter(|old| old.uid == f.uid);
                     f.set_seen_final(seen_final(old.map(|o| &**o), watched));
@@ -333,12 +331,8 @@ mod tests {
             }))
             .unwrap()
         };
-        let seen = |c: &Caches, name: &str| {
-            c.pods
-                .get(&(Arc::from("ns"), Arc::from(name)))
-                .unwrap()
-                .seen_final()
-        };
+        let seen =
+            |c: &Caches, name: &str| c.pods.get(&PodKey::new("ns", name)).unwrap().seen_final();
         let mut c = Caches::default();
         c.fold_pod(Event::Init);
         c.fold_pod(Event::InitApply(with_phase("listed-final", "u1", "Failed")));

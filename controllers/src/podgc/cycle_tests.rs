@@ -286,7 +286,7 @@ impl Writes for NodeComesBack {
     }
 
     fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
-        if self.comes_back && &*pod.name == "done" {
+        if self.comes_back && pod.name() == "done" {
             self.caches
                 .lock()
                 .fold_node(Event::Apply(node("n1", true, false)));

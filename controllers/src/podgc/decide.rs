@@ -141,7 +141,7 @@ pub fn eviction_then_age(a: &PodFacts, b: &PodFacts) -> Ordering {
     b.evicted
         .cmp(&a.evicted)
         .then(a.created.cmp(&b.created))
-        .then(a.name.cmp(&b.name))
+        .then(a.name().cmp(b.name()))
 }
 
 /// How many terminated pods exceed the threshold; `threshold <= 0` disables the pass.

@@ -17,7 +17,7 @@ fn pod(name: &str, phase: Phase, node: Option<&str>, created: i64) -> PodFacts {
 }
 
 fn names(ds: &[Deletion]) -> Vec<&str> {
-    ds.iter().map(|d| &*d.pod.name).collect()
+    ds.iter().map(|d| d.pod.name()).collect()
 }
 
 fn node(ready: bool, out_of_service: bool) -> NodeFacts {
@@ -67,7 +67,7 @@ fn sort_order_evicted_then_oldest_then_name() {
         evicted(pod("evicted-old", Phase::Failed, None, 40)),
     ];
     pods.sort_by(eviction_then_age);
-    let order: Vec<&str> = pods.iter().map(|p| &*p.name).collect();
+    let order: Vec<&str> = pods.iter().map(|p| p.name()).collect();
     assert_eq!(
         order,
         [

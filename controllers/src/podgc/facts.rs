@@ -57,11 +57,43 @@ impl Phase {
     }
 }
 
+/// A pod's `namespace/name` in one allocation: the pod cache's key, and the pod's name in every
+/// write and log line. Neither part holds a `/` (a namespace is a DNS label; a pod that claims
+/// one with a `/` is not kept, see [`PodFacts::from_wire`]), so the first `/` splits them.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PodKey(Arc<str>);
+
+impl PodKey {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self(format!("{namespace}/{name}").into())
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.0.split_once('/').map_or("", |(ns, _)| ns)
+    }
+
+    pub fn name(&self) -> &str {
+        self.0.split_once('/').map_or(&*self.0, |(_, name)| name)
+    }
+}
+
+impl std::fmt::Display for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Debug for PodKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
 /// What PodGC knows about one pod.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodFacts {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
+    /// `namespace/name`; read through [`PodFacts::namespace`] and [`PodFacts::name`].
+    pub key: PodKey,
     pub uid: Uid,
     /// `spec.nodeName`; `None` when empty.
     pub node_name: Option<Arc<str>>,
@@ -245,8 +277,14 @@ impl PodFacts {
         let missing = |field| Incomplete { kind: "Pod", field };
         let m = pod.metadata;
         let recorded = recorded_at(&m);
-        let namespace = names.intern(&m.namespace.ok_or(missing("namespace"))?);
-        let name: Arc<str> = m.name.ok_or(missing("name"))?.into();
+        let namespace = m.namespace.ok_or(missing("namespace"))?;
+        if namespace.contains('/') {
+            return Err(Incomplete {
+                kind: "Pod",
+                field: "namespace without '/'",
+            });
+        }
+        let key = PodKey::new(&namespace, &m.name.ok_or(missing("name"))?);
         let uid = Uid::from(&*m.uid.ok_or(missing("uid"))?);
         let node_name = pod
             .spec
@@ -266,8 +304,7 @@ impl PodFacts {
             .filter(|c| c.status == "True")
             .map(|c| c.last_transition_time.map(|t| t.0));
         let mut facts = Self {
-            namespace,
-            name,
+            key,
             uid,
             node_name,
             phase,
@@ -328,6 +365,14 @@ impl PodFacts {
 }
 
 impl PodFacts {
+    pub fn namespace(&self) -> &str {
+        self.key.namespace()
+    }
+
+    pub fn name(&self) -> &str {
+        self.key.name()
+    }
+
     /// The node the pod is bound to, `""` when it was never scheduled (for log lines and
     /// reasons).
     pub fn node(&self) -> &str {
@@ -423,8 +468,7 @@ pub mod example {
     /// generation 1, not evicted nor terminating, without conditions or end.
     pub fn pod(namespace: &str, name: &str, phase: Phase) -> PodFacts {
         PodFacts {
-            namespace: namespace.into(),
-            name: name.into(),
+            key: PodKey::new(namespace, name),
             uid: format!("uid-{name}").into(),
             node_name: None,
             phase,
@@ -501,7 +545,7 @@ mod tests {
                  "lastTransitionTime": "2026-01-01T00:00:30Z"}]}
         }))
         .unwrap();
-        assert_eq!(&*p.namespace, "ns");
+        assert_eq!((p.namespace(), p.name()), ("ns", "a"));
         assert_eq!(p.node_name.as_deref(), Some("n1"));
         assert!(p.evicted && p.terminating);
         assert_eq!(p.generation, Some(2));
@@ -593,6 +637,32 @@ mod tests {
     fn incomplete_pods_are_named() {
         let e = pod(json!({"metadata": {"name": "a", "namespace": "ns"}})).unwrap_err();
         assert_eq!(e.to_string(), "Pod without metadata.uid");
+        // Its key could not be split back: not kept (no apiserver serves such a namespace).
+        let e = pod(json!({"metadata": {"name": "a", "namespace": "n/s", "uid": "u"}}));
+        assert!(e.is_err());
+    }
+
+    /// The key splits back into exactly the namespace and name it was made of, and two pods
+    /// share a key only when both parts are equal (a `/` in the name included).
+    #[test]
+    fn pod_keys_split_back_and_never_collide() {
+        let parts = ["", "a", "ns", "kube-system", "b/c", "a/b", "c"];
+        for ns in parts.iter().filter(|p| !p.contains('/')) {
+            for name in parts {
+                let k = PodKey::new(ns, name);
+                assert_eq!((k.namespace(), k.name()), (*ns, name));
+                for ns2 in parts.iter().filter(|p| !p.contains('/')) {
+                    for name2 in parts {
+                        let same = (ns, name) == (ns2, name2);
+                        assert_eq!(
+                            k == PodKey::new(ns2, name2),
+                            same,
+                            "{ns}/{name} {ns2}/{name2}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -177,7 +177,7 @@ pub fn policy_passes<P: Borrow<PodFacts>>(
         if !p.phase.is_terminated() {
             continue;
         }
-        let ns = policy.of(&p.namespace);
+        let ns = policy.of(p.namespace());
         if let Some(ttl) = ns.ttl(policy.cluster_ttl)
             && expired(p, ttl, policy.now, policy.local_now)
         {
@@ -186,7 +186,7 @@ pub fn policy_passes<P: Borrow<PodFacts>>(
         }
         if let Some(n) = ns.threshold() {
             per_ns
-                .entry(&p.namespace)
+                .entry(p.namespace())
                 .or_insert_with(|| (n, Vec::new()))
                 .1
                 .push(p);

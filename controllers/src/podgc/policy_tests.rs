@@ -43,9 +43,7 @@ fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> 
 }
 
 fn names(ds: &[Deletion]) -> Vec<String> {
-    ds.iter()
-        .map(|d| format!("{}/{}", d.pod.namespace, d.pod.name))
-        .collect()
+    ds.iter().map(|d| d.pod.key.to_string()).collect()
 }
 
 fn annotations(ttl: Option<&str>, threshold: Option<&str>) -> NsAnnotations {

@@ -14,7 +14,8 @@ use testkit::rng::Rng;
 use super::{
     cache::Caches,
     facts::{
-        DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts, example,
+        DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts, PodKey,
+        example,
     },
     wire::{WireNode, WirePod},
 };
@@ -240,8 +241,7 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
     let recorded = last_status_write.max(m.creation_timestamp.as_ref().map(|t| t.0));
     let terminated_at = terminated_at.map(|end| recorded.map_or(end, |r| end.max(r)));
     let mut facts = PodFacts {
-        namespace: m.namespace.as_deref()?.into(),
-        name: m.name.as_deref()?.into(),
+        key: PodKey::new(m.namespace.as_deref()?, m.name.as_deref()?),
         uid: m.uid.as_deref()?.into(),
         node_name: p
             .spec
@@ -353,10 +353,10 @@ fn a_listed_cache_snapshots_the_whole_objects_facts() {
             .filter_map(|p| whole_pod_facts(&serde_json::from_value(p.clone()).unwrap()))
             .collect();
         // Names are unique per round; only the keepable ones are kept.
-        let key = |p: &PodFacts| (p.namespace.clone(), p.name.clone());
-        want.sort_by_key(key);
+        let key = |p: &PodFacts| p.key.clone();
+        want.sort_by_key(|p| p.key.to_string());
         let mut got: Vec<PodFacts> = snap.pods.iter().map(|p| (**p).clone()).collect();
-        got.sort_by_key(key);
+        got.sort_by_key(|p| p.key.to_string());
         assert_eq!(got, want, "seed {seed:#x} round {round}");
         for p in &snap.pods {
             let live = c.pods.get(&key(p)).expect("in the store");
