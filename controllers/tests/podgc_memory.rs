@@ -163,8 +163,8 @@ fn cost(make: fn(usize) -> String) -> Cost {
 #[test]
 fn pod_cache_bytes_per_pod() {
     for (what, make, steady_max, relist_max) in [
-        ("bench pod", bench_pod as fn(usize) -> String, 400.0, 600.0),
-        ("running pod", running_pod, 500.0, 700.0),
+        ("bench pod", bench_pod as fn(usize) -> String, 230.0, 300.0),
+        ("running pod", running_pod, 240.0, 320.0),
     ] {
         let c = cost(make);
         println!(

@@ -59,6 +59,7 @@ mod objects;
 mod orphans;
 mod process;
 mod relist;
+mod start;
 mod steady;
 mod ttl;
 
@@ -222,7 +223,7 @@ async fn run(
         let kcm_rate = match &kcm {
             Some(kcm) => {
                 println!("memory available before kube-controller-manager starts: {:.0} MiB", mib(proc_meminfo("MemAvailable:")));
-                let k = Run::start_kcm(kcm, &kubeconfig, 20, 30)?;
+                let k = Run::start_kcm(kcm, &kubeconfig, 20, 30, &[])?;
                 // Its caches: the log line, then two of its 20 s cycles.
                 k.bin.wait_for_log("Caches are synced", Duration::from_secs(900)).await?;
                 tokio::time::sleep(Duration::from_secs(45)).await;
@@ -267,7 +268,7 @@ async fn run(
         drop(run);
         let kcm_rate = match &kcm {
             Some(kcm) => {
-                let k = Run::start_kcm(kcm, &kubeconfig, fast_qps, fast_qps * 2)?;
+                let k = Run::start_kcm(kcm, &kubeconfig, fast_qps, fast_qps * 2, &[])?;
                 k.bin.wait_for_log("Caches are synced", Duration::from_secs(900)).await?;
                 let r = row.measure("kube-controller-manager", &fast, sets.next().expect("nodes")).await?;
                 drop(k);

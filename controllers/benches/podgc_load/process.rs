@@ -35,12 +35,13 @@ impl Run {
         })
     }
 
-    /// kube-controller-manager v1.36.2 with its PodGC only, at `qps`/`burst`.
+    /// kube-controller-manager v1.36.2 with its PodGC only, at `qps`/`burst`, with `extra`.
     pub(crate) fn start_kcm(
         path: &str,
         kubeconfig: &str,
         qps: usize,
         burst: usize,
+        extra: &[&str],
     ) -> anyhow::Result<Self> {
         let kc = format!("--kubeconfig={kubeconfig}");
         let (qps, burst) = (
@@ -48,7 +49,7 @@ impl Run {
             format!("--kube-api-burst={burst}"),
         );
         let port = format!("--secure-port={}", testkit::free_addr().port());
-        let args = [
+        let mut args = vec![
             kc.as_str(),
             "--controllers=pod-garbage-collector-controller",
             "--leader-elect=false",
@@ -59,6 +60,7 @@ impl Run {
             &port,
             "-v=2",
         ];
+        args.extend_from_slice(extra);
         let bin = Binary::start(
             path,
             "kcm-podgc-bench",

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::process::{Run, apiserver_requests, kcm_bin, reset_peak};
+use crate::start::{self, FirstPods};
 use testkit::figures::{bench as figure, mib, status_kib};
 use testkit::{Binary, http_get, wait_for, wait_ready};
 
@@ -62,18 +63,46 @@ pub(crate) async fn relist_row(
         return Ok(());
     };
     let kubeconfig = cluster.kubeconfig.display().to_string();
-    let run = Run::start(bin, &kubeconfig, &["--gc-period=5s"])?;
-    wait_ready(run.admin(), Duration::from_secs(600), "podgc ready").await?;
+    let first_ns = cluster
+        .namespace_for_pods("podgc-first", Duration::from_secs(60))
+        .await?;
+    let first = FirstPods::make(&cluster.client, &first_ns).await?;
+    start::floor(&cluster.client, size).await?;
+    let started = Instant::now();
+    let run = Run::start(bin, &kubeconfig, &["--gc-period=5s", start::THRESHOLD_FLAG])?;
+    let (listed, deleted) = tokio::join!(
+        async {
+            wait_ready(run.admin(), Duration::from_secs(900), "podgc ready").await?;
+            anyhow::Ok(started.elapsed())
+        },
+        first.first_delete(started, Duration::from_secs(900)),
+    );
+    start::print_start("groundskeeper", "manager", size, Some(listed?), deleted?)?;
     run.wait_cycles(2.0).await?;
     let ours = relist_ours(cluster, cp, &run).await;
     drop(run);
     ours?.print("groundskeeper", "manager", size);
     match kcm_bin() {
         Some(kcm) => {
-            let k = Run::start_kcm(&kcm, &kubeconfig, 20, 30)?;
-            k.bin
-                .wait_for_log("Caches are synced", Duration::from_secs(900))
-                .await?;
+            let first = FirstPods::make(&cluster.client, &first_ns).await?;
+            let started = Instant::now();
+            let k = Run::start_kcm(&kcm, &kubeconfig, 20, 30, &[start::THRESHOLD_FLAG])?;
+            let (listed, deleted) = tokio::join!(
+                async {
+                    k.bin
+                        .wait_for_log("Caches are synced", Duration::from_secs(900))
+                        .await?;
+                    anyhow::Ok(started.elapsed())
+                },
+                first.first_delete(started, Duration::from_secs(900)),
+            );
+            start::print_start(
+                "kube-controller-manager",
+                "kcm",
+                size,
+                Some(listed?),
+                deleted?,
+            )?;
             // Two of its 20 s cycles, as in its steady row.
             tokio::time::sleep(Duration::from_secs(45)).await;
             let theirs = relist_kcm(cp, &k).await;

@@ -137,7 +137,7 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
         return None;
     }
     let mut status = json!({ "phase": "Failed" });
-    if let Some(g) = pod.generation {
+    if let Some(g) = pod.generation.get() {
         status["observedGeneration"] = json!(g);
     }
     if with_condition {
@@ -153,7 +153,7 @@ pub fn status_patch(pod: &PodFacts, with_condition: bool, now: Timestamp) -> Opt
             "message": DISRUPTION_MESSAGE,
             "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
         });
-        if let Some(g) = pod.generation {
+        if let Some(g) = pod.generation.get() {
             cond["observedGeneration"] = json!(g);
         }
         status["conditions"] = json!([cond]);

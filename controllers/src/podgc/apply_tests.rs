@@ -27,7 +27,7 @@ fn writes(mock: &Mock) -> KubeWrites {
 fn pod(name: &str, phase: Phase) -> PodFacts {
     PodFacts {
         node_name: Some("n1".into()),
-        generation: Some(4),
+        generation: Some(4).into(),
         ..example::pod("ns", name, phase)
     }
 }
@@ -94,7 +94,7 @@ fn status_patch_rules() {
     }
     // No generation known: no observedGeneration.
     let mut p = pod("p", Phase::Running);
-    p.generation = None;
+    p.generation = None.into();
     let v = status_patch(&p, true, now()).unwrap();
     assert!(v["status"].get("observedGeneration").is_none());
     assert!(
@@ -710,7 +710,7 @@ async fn held_pods_count_towards_the_threshold_as_upstream() {
             .map(|i| {
                 let phase = rng.pick(&[Phase::Succeeded, Phase::Failed, Phase::Running]);
                 let mut p = pod(&format!("p{i:02}"), phase);
-                p.created = example::at(rng.below(50) as i64);
+                p.created = example::at(rng.below(50) as i64).into();
                 p.evicted = phase == Phase::Failed && rng.chance(20);
                 if rng.chance(40) {
                     p = example::force_deleted(p);

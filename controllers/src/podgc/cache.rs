@@ -212,11 +212,21 @@ where
     W: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     A: 'static,
 {
-    let config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-    watches.follow(config, move |c, ev| {
+    watches.follow(watch_config(), move |c, ev| {
         fold(c, ev);
         c.listed()
     })
+}
+
+/// How every PodGC watch lists: in pages of [`LIST_PAGE_SIZE`], and consistent (no
+/// `resourceVersion`: the apiserver answers with the current state, from its watch cache where
+/// etcd lets it prove that cache current, else from etcd). Never `resourceVersion=0`
+/// (`ListSemantic::Any`): that list may be older than what this process, or the leader before
+/// it, already saw, and the threshold, out-of-service and namespace-policy passes decide on the
+/// cache as a whole (a count of terminated pods, a node's taint, a namespace's opt-out), which
+/// no precondition on the deleted pod re-checks (docs/podgc.md, "Listing").
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().page_size(LIST_PAGE_SIZE)
 }
 
 /// Drives the watch streams (each item: every cache has listed by now) and turns `synced`
@@ -300,6 +310,19 @@ mod tests {
             assert_eq!(synced.wait().now_or_never().is_some(), synced_now, "{what}");
         }
         driven.abort();
+    }
+
+    /// The passes decide on counts, taints and annotations no precondition re-checks: every
+    /// list must be consistent, never one the apiserver may answer from an older cache.
+    #[test]
+    fn lists_are_consistent_and_paged() {
+        let c = watch_config();
+        assert_eq!(c.list_semantic, watcher::ListSemantic::MostRecent);
+        assert_eq!(c.page_size, Some(LIST_PAGE_SIZE));
+        assert_eq!(
+            c.initial_list_strategy,
+            watcher::InitialListStrategy::ListWatch
+        );
     }
 
     #[test]

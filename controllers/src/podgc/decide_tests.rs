@@ -11,7 +11,7 @@ use crate::podgc::facts::{
 fn pod(name: &str, phase: Phase, node: Option<&str>, created: i64) -> PodFacts {
     PodFacts {
         node_name: node.map(Arc::from),
-        created: at(created),
+        created: at(created).into(),
         ..example::pod("ns", name, phase)
     }
 }

@@ -57,6 +57,46 @@ impl Phase {
     }
 }
 
+/// `metadata.creationTimestamp` in 8 bytes: nanoseconds since the epoch, exact from 1678 to
+/// 2262 and saturating beyond (the order is kept; equal ones sort by name). A missing one is
+/// the least, as Go's zero time sorts first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Created(i64);
+
+impl Created {
+    pub const MISSING: Self = Self(i64::MIN);
+}
+
+impl From<Timestamp> for Created {
+    fn from(t: Timestamp) -> Self {
+        let nanos = t.as_nanosecond();
+        Self(i64::try_from(nanos).unwrap_or(if nanos < 0 { i64::MIN } else { i64::MAX }))
+    }
+}
+
+/// `metadata.generation` in 8 bytes: `i64::MIN`, which no apiserver writes (generations
+/// count up from 1), stands for a pod without one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Generation(i64);
+
+impl Generation {
+    pub fn get(self) -> Option<i64> {
+        Some(self.0).filter(|g| *g != i64::MIN)
+    }
+}
+
+impl From<Option<i64>> for Generation {
+    fn from(g: Option<i64>) -> Self {
+        Self(g.unwrap_or(i64::MIN))
+    }
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.get())
+    }
+}
+
 /// A pod's `namespace/name` in one allocation: the pod cache's key, and the pod's name in every
 /// write and log line. Neither part holds a `/` (a namespace is a DNS label; a pod that claims
 /// one with a `/` is not kept, see [`PodFacts::from_wire`]), so the first `/` splits them.
@@ -107,8 +147,8 @@ pub struct PodFacts {
     /// changes nothing (the apiserver answers 200 and writes nothing), only their removal does.
     pub force_deleted: bool,
     /// `metadata.creationTimestamp`; a missing one sorts first, like Go's zero time.
-    pub created: Timestamp,
-    pub generation: Option<i64>,
+    pub created: Created,
+    pub generation: Generation,
     /// `status.conditions` types in their order: the status patch sends them as
     /// `$setElementOrder/conditions`, as upstream's two-way merge patch does, so an added
     /// DisruptionTarget goes after the existing conditions instead of first. The whole list is
@@ -312,8 +352,10 @@ impl PodFacts {
             terminating: m.deletion_timestamp.is_some(),
             force_deleted: m.deletion_timestamp.is_some()
                 && m.deletion_grace_period_seconds == Some(0),
-            created: m.creation_timestamp.map(|t| t.0).unwrap_or(Timestamp::MIN),
-            generation: m.generation,
+            created: m
+                .creation_timestamp
+                .map_or(Created::MISSING, |t| t.0.into()),
+            generation: m.generation.into(),
             condition_types,
             rare: None,
         };
@@ -475,8 +517,8 @@ pub mod example {
             evicted: false,
             terminating: false,
             force_deleted: false,
-            created: at(0),
-            generation: Some(1),
+            created: at(0).into(),
+            generation: Some(1).into(),
             condition_types: Arc::new([]),
             rare: None,
         }
@@ -548,7 +590,7 @@ mod tests {
         assert_eq!((p.namespace(), p.name()), ("ns", "a"));
         assert_eq!(p.node_name.as_deref(), Some("n1"));
         assert!(p.evicted && p.terminating);
-        assert_eq!(p.generation, Some(2));
+        assert_eq!(p.generation.get(), Some(2));
         assert_eq!(
             p.disruption_target_true(),
             Some(Some("2026-01-01T00:00:30Z".parse().unwrap()))
@@ -566,7 +608,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.node_name, None);
         assert!(!p.evicted && !p.terminating);
-        assert_eq!(p.created, Timestamp::MIN);
+        assert_eq!(p.created, Created::MISSING);
         assert_eq!(p.disruption_target_true(), None);
     }
 
@@ -686,6 +728,44 @@ mod tests {
         for (v, ready, oos) in table {
             let f = node(v.clone());
             assert_eq!((f.ready, f.out_of_service), (ready, oos), "{v}");
+        }
+    }
+
+    /// Creation times keep their order in 8 bytes, exactly in the years pods live in and
+    /// saturating beyond; a missing one sorts before every other; generations come back.
+    #[test]
+    fn creation_times_keep_their_order_and_generations_come_back() {
+        let times = [
+            Timestamp::MIN,
+            "1600-01-01T00:00:00Z".parse().unwrap(),
+            "1970-01-01T00:00:00Z".parse().unwrap(),
+            "2026-11-28T00:00:00Z".parse().unwrap(),
+            "2026-11-28T00:00:00.000000001Z".parse().unwrap(),
+            "2026-11-28T00:00:01Z".parse().unwrap(),
+            "2300-01-01T00:00:00Z".parse().unwrap(),
+            Timestamp::MAX,
+        ];
+        for a in times {
+            assert!(Created::MISSING <= Created::from(a), "{a}");
+            for b in times {
+                assert!(
+                    a >= b || Created::from(a) <= Created::from(b),
+                    "{a} before {b} lost its order"
+                );
+                let pods_years = |t: Timestamp| {
+                    (1678..2262).contains(&t.strftime("%Y").to_string().parse::<i32>().unwrap_or(0))
+                };
+                if pods_years(a) && pods_years(b) {
+                    assert_eq!(
+                        a.cmp(&b),
+                        Created::from(a).cmp(&Created::from(b)),
+                        "{a} {b}"
+                    );
+                }
+            }
+        }
+        for g in [None, Some(0), Some(1), Some(i64::MAX)] {
+            assert_eq!(Generation::from(g).get(), g);
         }
     }
 

@@ -34,7 +34,7 @@ fn pod(ns: &str, name: &str, phase: Phase, created: i64, ended: Option<i64>) -> 
     let mut p = PodFacts {
         uid: format!("uid-{ns}-{name}").into(),
         node_name: Some("n".into()),
-        created: at(created),
+        created: at(created).into(),
         ..example::pod(ns, name, phase)
     };
     p.set_terminated_at(ended.map(at));

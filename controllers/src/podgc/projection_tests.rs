@@ -257,8 +257,9 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
             .creation_timestamp
             .as_ref()
             .map(|t| t.0)
-            .unwrap_or(Timestamp::MIN),
-        generation: m.generation,
+            .unwrap_or(Timestamp::MIN)
+            .into(),
+        generation: m.generation.into(),
         condition_types: conditions.iter().map(|c| Arc::from(&*c.type_)).collect(),
         ..example::pod("", "", phase)
     };
