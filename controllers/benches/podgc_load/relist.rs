@@ -113,7 +113,7 @@ pub(crate) async fn relist_row(
             "relist row: kube-controller-manager SKIPPED (set PODGC_BENCH_KCM, or run `bash e2e/cluster.sh binaries` once)"
         ),
     }
-    Ok(())
+    start::from_watch_cache(&cluster.client, size).await
 }
 
 /// Freezes `bin` through an apiserver restart after an etcd compaction, its peak RSS reset

@@ -18,6 +18,8 @@ pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 pub mod facts;
+#[cfg(test)]
+mod facts_tests;
 pub mod metrics;
 pub mod notice;
 pub mod policy;
