@@ -214,7 +214,7 @@ impl Process {
             shutdown.token(),
         )
         .await?;
-        tokio::spawn(crate::resident::release_after_start(
+        tokio::spawn(crate::resident::release_while_running(
             readiness.clone(),
             shutdown.token(),
         ));
