@@ -1,4 +1,6 @@
-use super::*;
+//! What a release unmaps, how smaps is read, and that the process runs on after a release.
+
+use crate::resident::*;
 
 const EXE: &str = "/usr/local/bin/controller-manager";
 
