@@ -19,6 +19,7 @@ pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;
+pub mod resident;
 pub mod restclient;
 pub mod serving;
 pub mod shutdown;

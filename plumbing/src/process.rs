@@ -214,6 +214,10 @@ impl Process {
             shutdown.token(),
         )
         .await?;
+        tokio::spawn(crate::resident::release_after_start(
+            readiness.clone(),
+            shutdown.token(),
+        ));
         Ok(Self {
             shutdown,
             registry,
