@@ -56,9 +56,7 @@ fn thread_cpu_seconds(pid: u32, name: &str) -> f64 {
     };
     tasks
         .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
         .map(|t| {
             let tid = t.file_name().to_string_lossy().parse().unwrap_or(0);
             task_cpu_seconds(pid, tid)
