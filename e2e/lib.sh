@@ -158,14 +158,30 @@ new_namespace() {
   echo "$n"
 }
 
-# Pods' RSS as the kernel counts it (VmRSS of the container's first process), by name.
+# A pod's RSS as the kernel counts it (VmRSS of the container's first process), and how much of
+# it is the process's own memory (RssAnon; the rest is mapped files, its binary's code mostly):
+# "RSS_KIB ANON_KIB", or "?" when the process is not found.
 rss() {
   local pod=$1 ns=${2:-$NS} cid pid node
   cid=$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
   node=$(pod_node "$pod" "$ns")
   pid=$(ctr_on "$node" tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
   [ -n "$pid" ] || { echo "?"; return; }
-  # ctr reports the PID in the node's PID namespace: read it there (the node's /proc).
+# ctr reports the PID in the node's PID namespace: read it there (the node's /proc).
   nsenter --target "$(cat "$CLUSTER_STATE/nodes/$node/ns-pid")" --pid --mount -- \
-    awk '/^VmRSS:/ { printf "%.1f MiB", $2 / 1024 }' "/proc/$pid/status" 2>/dev/null || echo "?"
+    awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { if (r == "") print "?"; else print r, a }' \
+    "/proc/$pid/status" 2>/dev/null || echo "?"
+}
+
+# The same for the process named COMM (as /proc/PID/comm has it) in the PID namespace of a piece
+# of the cluster (DIR: $CLUSTER_STATE/cp, $CLUSTER_STATE/nodes/NODE): upstream's own components.
+piece_rss() { # dir comm
+  local ns p
+  ns=$(readlink "/proc/$(cat "$1/ns-pid")/ns/pid") || { echo "?"; return; }
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/ns/pid" 2>/dev/null)" = "$ns" ] || continue
+    [ "$(cat "$p/comm" 2>/dev/null)" = "$2" ] || continue
+    awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { print r, a }' "$p/status" 2>/dev/null && return
+  done
+  echo "?"
 }

@@ -37,9 +37,30 @@ test_ops_metrics_need_https_and_an_authorized_token() {
   done
 }
 
+# Idle RSS of every replica and agent, beside upstream's on the same cluster (the control plane's
+# kube-controller-manager, each node's kube-proxy), each with its private part, and the worst of
+# each kind as `bench` lines with its ratio to the goal (manager 12 MiB, agent 10 MiB).
 test_ops_rss() {
-  local p
-  for p in $(cm_pods) $(agent_pod); do say "$p RSS $(rss "$p")"; done
+  local p d kind goal line rss anon
+  declare -A most=()
+  mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+  report() { # kind name "rss anon"
+    [ "$3" != "?" ] || { say "$2: process not found"; return 1; }
+    read -r rss anon <<<"$3"
+    say "$1 $2: RSS $(mib "$rss") MiB (private $(mib "$anon") MiB)"
+    [ "${most[$1]:-0}" -ge "$rss" ] || most[$1]=$rss
+  }
+  for p in $(cm_pods); do report controller_manager "$p" "$(rss "$p")" || return 1; done
+  for p in $(agent_pods); do report node_agent "$p" "$(rss "$p")" || return 1; done
+  report kube_controller_manager control-plane "$(piece_rss "$CLUSTER_STATE/cp" kube-controller)" || return 1
+  for d in "$CLUSTER_STATE"/nodes/*; do report kube_proxy "$(basename "$d")" "$(piece_rss "$d" kube-proxy)" || return 1; done
+  for kind in controller_manager node_agent kube_controller_manager kube_proxy; do
+    echo "bench idle_rss_$kind $(mib "${most[$kind]}") MiB"
+  done
+  for line in "controller_manager 12" "node_agent 10"; do
+    read -r kind goal <<<"$line"
+    echo "bench idle_rss_${kind}_ratio_to_goal $(awk -v r="${most[$kind]}" -v g="$goal" 'BEGIN { printf "%.2f", r / 1024 / g }') ratio"
+  done
 }
 
 # What the test cluster itself costs, per node and for the control plane, with the chart

@@ -1,18 +1,21 @@
-//! What the process keeps resident once it has started.
+//! What the process keeps resident.
 //!
-//! Idle, either binary's private memory (heap, stacks) is under 2 MiB; most of its RSS is its
-//! own code. Start-up runs code that never runs again (flag parsing, the first list of every
-//! watch, certificate generation, the first pass of each component), and the kernel maps a
-//! binary's code into a process 64 KiB around every page it runs, so by the time the process is
-//! ready some 12 MiB of a 14 MiB code segment count in its RSS, most of it never touched again.
+//! Idle, either binary's private memory (heap, stacks) is under 2 MiB; most of its RSS is code:
+//! its own binary's and glibc's, mapped from the page cache. Start-up runs code that never runs
+//! again (flag parsing, the first list of every watch, certificate generation, the first pass of
+//! each component), and the kernel maps code into a process 64 KiB or a whole page-cache folio
+//! around every page that runs, so by the time the process is ready some 14 MiB of code count
+//! in its RSS, most of it never run again.
 //!
-//! Once the process has been ready for a while, [`release_start_up_pages`] unmaps the binary's
-//! read-only segments (code, constants, unwind tables) with `MADV_DONTNEED`. The pages stay in
-//! the page cache, where the kernel can reclaim them; what runs afterwards maps its pages back
-//! on a minor fault, so the RSS that remains is the code the process actually keeps running.
-//! A segment with any page of its own (`Anonymous:` in smaps: relocated data, a debugger's
-//! breakpoint) is never touched: for a private mapping, `MADV_DONTNEED` would throw such a page
-//! away and map the file's original back.
+//! Once the process has been ready for [`AFTER_READY`], and every [`EVERY`] after that,
+//! [`release_unused_pages`] unmaps the resident pages of its private read-only file mappings
+//! (code, constants, unwind tables; of the binary and of its libraries) with `MADV_DONTNEED`.
+//! The pages stay in the page cache, where the kernel can reclaim them; what runs afterwards
+//! maps its pages back on a minor fault (a few hundred, well under a millisecond in all), so
+//! the RSS that remains is the code the process has run since. A mapping with any page of its
+//! own (`Anonymous:` in smaps: relocated data, a debugger's breakpoint) is never touched: for a
+//! private mapping, `MADV_DONTNEED` would throw such a page away and map the file's original
+//! back.
 
 use std::time::Duration;
 
@@ -23,6 +26,11 @@ use crate::Readiness;
 /// How long after the process became ready its start-up pages are released: past the first
 /// pass of every component (a ServiceCIDR sync, a PodGC cycle, a conntrack pass).
 pub const AFTER_READY: Duration = Duration::from_secs(30);
+
+/// How often, after that, code not run since the last release stops being mapped: the
+/// binaries' periodic work (a PodGC cycle, a conntrack pass, a lease renewal, a scrape) runs
+/// far more often, so it stays mapped; code run once an hour is mapped again when it runs.
+pub const EVERY: Duration = Duration::from_secs(300);
 
 /// One mapping of `/proc/self/smaps`, as far as the decision needs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,10 +44,10 @@ pub struct Mapping {
     pub rss_kib: u64,
 }
 
-/// A mapping whose resident pages can be dropped without losing anything: a private, read-only
-/// mapping of the binary itself with no page of its own.
-pub fn releasable(m: &Mapping, exe: &str) -> bool {
-    m.path == exe
+/// A mapping whose resident pages can be dropped without losing anything: a private,
+/// read-only mapping of a file with no page of its own.
+pub fn releasable(m: &Mapping) -> bool {
+    m.path.starts_with('/')
         && m.perms.len() == 4
         && m.perms.starts_with('r')
         && &m.perms[1..2] == "-"
@@ -109,24 +117,36 @@ fn header(line: &str) -> Option<Mapping> {
     })
 }
 
-/// What a release did: the binary's resident KiB in the mappings released, before.
+/// Hands the heap's free pages back to the kernel (glibc's `malloc_trim`, which also releases
+/// free pages inside the heap, not only at its top). A cache that listed 150k objects a page at
+/// a time is left with pages freed between its long-lived entries, which free() alone keeps
+/// resident; a component calls this after its bursts (PodGC: after each cycle).
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks malloc's own free lists, under its lock.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// What a release did: the mappings released, and their resident KiB before.
 #[derive(Debug, Default, PartialEq)]
 pub struct Released {
     pub mappings: usize,
     pub resident_kib: u64,
 }
 
-/// Unmaps the resident pages of the binary's read-only segments (see the module's comment).
-pub fn release_start_up_pages() -> std::io::Result<Released> {
-    let exe = std::fs::read_link("/proc/self/exe")?;
-    let exe = exe.to_string_lossy();
+/// Unmaps the resident pages of the process's private read-only file mappings (see the
+/// module's comment).
+pub fn release_unused_pages() -> std::io::Result<Released> {
     let smaps = std::fs::read_to_string("/proc/self/smaps")?;
     let mut done = Released::default();
-    for m in parse_smaps(&smaps).iter().filter(|m| releasable(m, &exe)) {
-        // SAFETY: the range is a whole mapping of the process's own binary, private, not
-        // writable and with no page of its own (checked above): MADV_DONTNEED only unmaps
-        // pages that the next access maps back, unchanged, from the file (which the kernel
-        // keeps from being written while it runs).
+    for m in parse_smaps(&smaps).iter().filter(|m| releasable(m)) {
+        // SAFETY: the range is a whole private mapping of a file, not writable and with no
+        // page of its own (checked above): MADV_DONTNEED only unmaps pages that the next
+        // access maps back, unchanged, from the file. Executables and libraries are replaced
+        // by renaming, never rewritten in place (the kernel refuses writes to a running
+        // binary), so the file still holds what was mapped.
         let rc = unsafe {
             libc::madvise(
                 m.start as *mut libc::c_void,
@@ -143,9 +163,9 @@ pub fn release_start_up_pages() -> std::io::Result<Released> {
     Ok(done)
 }
 
-/// Once the process has been ready for [`AFTER_READY`], releases its start-up pages and the
-/// heap's free pages, once, and logs what it released. Stops early on `token`.
-pub async fn release_after_start(readiness: Readiness, token: CancellationToken) {
+/// Once the process has been ready for [`AFTER_READY`], and every [`EVERY`] after that,
+/// releases the pages of code not run since and the heap's free pages. Stops on `token`.
+pub async fn release_while_running(readiness: Readiness, token: CancellationToken) {
     let ready = async {
         while !readiness.is_ready() {
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -156,19 +176,22 @@ pub async fn release_after_start(readiness: Readiness, token: CancellationToken)
         _ = token.cancelled() => return,
         _ = ready => {}
     }
-    crate::process::release_free_memory();
-    match release_start_up_pages() {
-        Ok(r) => tracing::debug!(
-            mappings = r.mappings,
-            resident_kib = r.resident_kib,
-            "released the start-up pages of the binary's code"
-        ),
-        Err(e) => {
-            tracing::info!(error = %e, "could not release the start-up pages of the binary's code")
+    loop {
+        release_free_memory();
+        match release_unused_pages() {
+            Ok(r) => tracing::debug!(
+                mappings = r.mappings,
+                resident_kib = r.resident_kib,
+                "released the pages of code not run lately"
+            ),
+            Err(e) => {
+                tracing::info!(error = %e, "could not release the pages of code not run lately");
+                return;
+            }
+        }
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(EVERY) => {}
         }
     }
 }
-
-#[cfg(test)]
-#[path = "resident_tests.rs"]
-mod tests;

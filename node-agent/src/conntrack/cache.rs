@@ -1,7 +1,8 @@
 //! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
 //! Node), each through `plumbing::cache::follow`, folding every event into the model's views
 //! (`model::source::Cache`, each object projected by `model::project` as it arrives) and
-//! marking what it changed; the model source reads them (`model/source.rs`).
+//! marking what it changed; the model source reads them (`model/source.rs`). Services,
+//! EndpointSlices and IPAddresses are decoded slim (`wire.rs`): only the fields read.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tokio::sync::Notify;
 use super::model::project;
 use super::model::source::{Cache, Key, ModelSource};
 use super::model::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
+use super::wire::{WireIpAddress, WireService, WireSlice};
 use crate::context::Context;
 
 /// `o` as the model reads it (`project`), under its namespace and name.
@@ -42,9 +44,12 @@ fn wants_rebuild<K>(ev: &Event<K>) -> bool {
     matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
-pub(super) fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
+pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
     let rebuild = wants_rebuild(&ev);
-    match c.services.apply_event(ev, |o| keep(o, project::service)) {
+    match c
+        .services
+        .apply_event(ev, |o| keep(Service::from(o), project::service))
+    {
         // Most updates (status, annotations, resourceVersion) leave the view as it was.
         Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => {}
         Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
@@ -56,9 +61,12 @@ pub(super) fn fold_services(c: &mut Cache, ev: Event<Service>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_slices(c: &mut Cache, ev: Event<EndpointSlice>) -> bool {
+pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
     let rebuild = wants_rebuild(&ev);
-    let (key, old) = match c.slices.apply_event(ev, |o| keep(o, project::slice)) {
+    let (key, old) = match c
+        .slices
+        .apply_event(ev, |o| keep(EndpointSlice::from(o), project::slice))
+    {
         Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return rebuild,
         Applied::Upserted { key, old } => (key, old),
         Applied::Removed { key, old } => (key, Some(old)),
@@ -105,11 +113,11 @@ fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
     rebuild
 }
 
-fn fold_addresses(c: &mut Cache, ev: Event<IPAddress>) -> bool {
+fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.addresses
-        .apply_event(ev, |o| keep(o, project::ip_address));
+        .apply_event(ev, |o| keep(IPAddress::from(o), project::ip_address));
     rebuild
 }
 

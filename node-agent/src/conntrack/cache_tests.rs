@@ -18,6 +18,7 @@ use super::model::live::Live;
 use super::model::project_tests;
 use super::model::reference::{Settle, Tombstones};
 use super::model::source::Cache;
+use super::wire_tests::slim_event;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const SETTLE: Duration = Duration::from_secs(2);
@@ -78,11 +79,12 @@ fn run(seed: u64) -> usize {
     let (mut settle, mut tombstones) = (Settle::new(SETTLE), Tombstones::new(RETENTION));
     let mut services: BTreeMap<Key, Service> = BTreeMap::new();
     let mut slices: BTreeMap<Key, EndpointSlice> = BTreeMap::new();
+    // Each event decoded as the agent's watch decodes it.
     let svc = |ev| {
-        fold_services(&mut cache.borrow_mut(), ev);
+        fold_services(&mut cache.borrow_mut(), slim_event(ev));
     };
     let slc = |ev| {
-        fold_slices(&mut cache.borrow_mut(), ev);
+        fold_slices(&mut cache.borrow_mut(), slim_event(ev));
     };
     svc(Event::Init);
     svc(Event::InitDone);

@@ -13,6 +13,7 @@ pub mod netns;
 pub mod pass;
 pub mod schedule;
 pub mod tuning;
+pub mod wire;
 
 #[cfg(test)]
 mod cache_tests;
@@ -28,6 +29,8 @@ mod schedule_tests;
 mod stream_tests;
 #[cfg(test)]
 mod tuning_tests;
+#[cfg(test)]
+mod wire_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
