@@ -9,12 +9,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/gk-repro.XXXXXX")
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$scratch"' EXIT
+# One commit for both clones, fixed now: a commit made while the first one builds must not end
+# up in the second (that gives two digests for two commits, not for two paths).
+rev=$(git -C "$root" rev-parse HEAD)
 [ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ] \
-  || echo "repro_check: uncommitted changes are not in the clones: checking HEAD $(git -C "$root" rev-parse --short HEAD)"
+  || echo "repro_check: uncommitted changes are not in the clones: checking HEAD ${rev:0:12}"
 
 digest() {
   local dir=$1
   git clone -q --no-hardlinks "$root" "$dir"
+  git -C "$dir" checkout -q --detach "$rev"
   # Each clone's own target folder and nothing from the caller's environment that would change
   # the build but not the sources.
   (cd "$dir" && env -u CARGO_TARGET_DIR -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS -u IMAGE \
@@ -31,4 +35,4 @@ if [ "$a" != "$b" ]; then
   echo "      target/image/rootfs with diffoscope, or the binaries' strings for a path)"
   exit 1
 fi
-echo "repro_check: one digest from two checkouts: $a"
+echo "repro_check: one digest from two checkouts of ${rev:0:12}: $a"
