@@ -79,7 +79,10 @@ impl ControlPlane {
         let etcd = std::env::var_os(ETCD_VAR)
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| "/usr/bin/etcd".into());
-        Some((PathBuf::from(apiserver), PathBuf::from(etcd)))
+        Some((
+            from_repo_root(apiserver.into()),
+            from_repo_root(etcd.into()),
+        ))
     }
 
     /// Starts etcd and kube-apiserver and waits until `/readyz` answers 200. Blocking.
@@ -735,4 +738,15 @@ fn etcd_post(port: u16, path: &str, body: &str) -> anyhow::Result<String> {
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     anyhow::ensure!(head.contains(" 200 "), "etcd {path}: {out}");
     Ok(body.to_string())
+}
+
+/// Cargo runs a test or a bench in its package's directory, but the documented commands are
+/// typed at the repository root: a relative path is taken from there, as the one typing it
+/// meant.
+fn from_repo_root(p: PathBuf) -> PathBuf {
+    if p.is_relative() {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+    } else {
+        p
+    }
 }
