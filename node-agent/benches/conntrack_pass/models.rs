@@ -45,7 +45,7 @@ pub(crate) fn model_before() -> FamilyModel {
     let mut m = model();
     for (f, serving) in &mut m.frontends {
         if let IpAddr::V4(v4) = f.ip() {
-            serving.insert(SocketAddr::new(ip(10, 244, 99, v4.octets()[3]), 53));
+            serving.extend([&SocketAddr::new(ip(10, 244, 99, v4.octets()[3]), 53)]);
         }
     }
     m

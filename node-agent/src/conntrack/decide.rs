@@ -143,8 +143,9 @@ pub fn verdict(
     };
     // An un-NATed flow reached no endpoint at all (it came before the rules): no proxy can be
     // ahead of us on it, so it goes at once as upstream deletes it.
-    let seen_go =
-        !dnated(flow) || serving.is_none_or(HashSet::is_empty) || removed.saw(key, backend);
+    let seen_go = !dnated(flow)
+        || serving.is_none_or(super::model::Addrs::is_empty)
+        || removed.saw(key, backend);
     Some(if seen_go { why } else { Stale::UnseenBackend })
 }
 

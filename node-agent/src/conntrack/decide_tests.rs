@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::decide::{Stale, next_interval};
 use super::model::removed::Removed;
-use super::model::{FamilyModel, ServiceIpRange};
+use super::model::{Addrs, FamilyModel, ServiceIpRange};
 use super::netlink::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use super::pass::flow_of;
 
@@ -49,9 +49,9 @@ fn model() -> FamilyModel {
         .insert(sa("[fd00::a]:53"), [sa("[fd00:1::5]:5353")].into());
     m.node_ports.insert(30053, [sa("10.244.1.5:53")].into());
     // A live service with no serving endpoint.
-    m.frontends.insert(sa("10.96.0.11:53"), HashSet::new());
-    m.frontends.insert(sa("192.0.2.11:53"), HashSet::new());
-    m.node_ports.insert(30011, HashSet::new());
+    m.frontends.insert(sa("10.96.0.11:53"), Addrs::default());
+    m.frontends.insert(sa("192.0.2.11:53"), Addrs::default());
+    m.node_ports.insert(30011, Addrs::default());
     // Another proxy's service.
     m.foreign_frontends.insert(sa("10.96.0.12:53"));
     m.foreign_node_ports.insert(30012);
@@ -466,7 +466,7 @@ fn only_backends_seen_removed_go_at_once() {
     old.frontends
         .get_mut(&sa("10.96.0.10:53"))
         .unwrap()
-        .insert(sa("10.244.3.9:53"));
+        .extend([sa("10.244.3.9:53")]);
     old.node_ports
         .get_mut(&30053)
         .unwrap()

@@ -10,10 +10,10 @@ use prometheus::{IntCounterVec, Opts};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep};
 
-use super::model::Model;
 use super::model::changes::Changes;
 use super::model::focus::{Focus, Scope};
 use super::model::source::Models;
+use super::model::{Addrs, Model};
 use super::netlink::family::Family::V4;
 use super::pass::round::RoundSummary;
 use super::schedule::*;
@@ -472,7 +472,7 @@ async fn a_frontend_without_endpoints_is_in_every_triggered_round() {
     let unserved: std::net::SocketAddr = "10.96.0.20:53".parse().unwrap();
     let with_unserved = |backends: &[u8]| {
         let mut m = dns(backends);
-        m[V4].frontends.insert(unserved, HashSet::new());
+        m[V4].frontends.insert(unserved, Addrs::default());
         m
     };
     let w = World::new(with_unserved(&[5, 6]));

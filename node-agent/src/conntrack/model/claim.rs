@@ -3,6 +3,7 @@
 //! 1.5 KB a service for one port of 10 endpoints; these take about 0.4 KB).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// What one UDP service port claims in one family.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -15,9 +16,12 @@ pub struct Claim {
     pub settling: bool,
 }
 
-/// A set of `IP:port`s, sorted, in one allocation.
+/// A set of `IP:port`s, sorted, in one shared allocation: a claim's serving endpoints and the
+/// model's entry for each frontend it alone claims are one list (`Live::refresh`), and a copy
+/// of the model copies pointers. At 10k services of 10 endpoints a `HashSet` per frontend held
+/// 5 MiB more.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
-pub struct Addrs(Box<[SocketAddr]>);
+pub struct Addrs(Arc<[SocketAddr]>);
 
 impl Addrs {
     pub fn contains(&self, a: &SocketAddr) -> bool {
@@ -35,6 +39,38 @@ impl Addrs {
     pub fn len(&self) -> usize {
         self.0.len()
     }
+
+    /// Those of `self` that `other` does not hold.
+    pub fn difference<'a>(&'a self, other: &'a Addrs) -> impl Iterator<Item = &'a SocketAddr> {
+        self.0.iter().filter(|a| !other.contains(a))
+    }
+
+    /// The same list, not only equal ones.
+    pub fn shares(&self, other: &Addrs) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A union: the set with those added (a new list; one that others share is left alone).
+impl Extend<SocketAddr> for Addrs {
+    fn extend<I: IntoIterator<Item = SocketAddr>>(&mut self, more: I) {
+        let more: Vec<SocketAddr> = more.into_iter().collect();
+        if !more.is_empty() {
+            *self = self.iter().copied().chain(more).collect();
+        }
+    }
+}
+
+impl<'a> Extend<&'a SocketAddr> for Addrs {
+    fn extend<I: IntoIterator<Item = &'a SocketAddr>>(&mut self, more: I) {
+        self.extend(more.into_iter().copied());
+    }
+}
+
+impl<const N: usize> From<[SocketAddr; N]> for Addrs {
+    fn from(a: [SocketAddr; N]) -> Self {
+        a.into_iter().collect()
+    }
 }
 
 impl FromIterator<SocketAddr> for Addrs {
@@ -42,7 +78,7 @@ impl FromIterator<SocketAddr> for Addrs {
         let mut v: Vec<SocketAddr> = iter.into_iter().collect();
         v.sort_unstable();
         v.dedup();
-        Addrs(v.into_boxed_slice())
+        Addrs(v.into())
     }
 }
 

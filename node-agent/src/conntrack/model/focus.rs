@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
-use super::{Claim, FamilyModel, Model, Ports, canonical};
+use super::{Addrs, Claim, FamilyModel, Model, Ports, canonical};
 use crate::conntrack::netlink::family::{Family, PerFamily};
 
 /// Reply sources a model change took away: backends that a frontend or nodePort of `old`
@@ -16,7 +16,7 @@ use crate::conntrack::netlink::family::{Family, PerFamily};
 /// `new` takes nothing away: its flows are not judged.
 pub fn removed_backends(old: &FamilyModel, new: &FamilyModel) -> HashSet<IpAddr> {
     let mut out = HashSet::new();
-    let none = HashSet::new();
+    let none = Addrs::default();
     for (key, was) in &old.frontends {
         if new.settling_frontends.contains(key) || new.foreign_frontends.contains(key) {
             continue;
@@ -162,7 +162,7 @@ fn changed_services<'a>(old: &'a Model, new: &'a Model) -> BTreeSet<&'a String> 
 
 /// What a frontend or nodePort is to the rules: its serving set, settling, foreign, deleted.
 /// Two models judge a key alike exactly when these are equal (also read by `changes.rs`).
-type Judgment<'a> = (Option<&'a HashSet<SocketAddr>>, bool, bool, bool);
+type Judgment<'a> = (Option<&'a Addrs>, bool, bool, bool);
 
 pub(super) fn frontend_judgment<'a>(m: &'a FamilyModel, k: &SocketAddr) -> Judgment<'a> {
     (

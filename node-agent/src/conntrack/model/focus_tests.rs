@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use super::focus::{Focus, Scope, removed_backends};
-use super::{FamilyModel, Model, ServiceIpRange};
+use super::{Addrs, FamilyModel, Model, ServiceIpRange};
 use crate::conntrack::netlink::family::Family::{V4, V6};
 
 fn sa(s: &str) -> SocketAddr {
@@ -18,7 +18,7 @@ fn ip(s: &str) -> IpAddr {
 
 #[test]
 fn removed_backends_are_what_a_change_took_away() {
-    let set = |v: &[&str]| -> HashSet<SocketAddr> { v.iter().map(|s| sa(s)).collect() };
+    let set = |v: &[&str]| -> Addrs { v.iter().map(|s| sa(s)).collect() };
     let with = |f: &[(&str, &[&str])], n: &[(u16, &[&str])]| {
         let mut m = FamilyModel::default();
         for (k, v) in f {
@@ -90,7 +90,7 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
     new[V4].allocated.insert(ip("10.96.0.12"));
     new[V4]
         .frontends
-        .insert(sa("10.96.0.11:53"), HashSet::new());
+        .insert(sa("10.96.0.11:53"), Addrs::default());
     let f = Focus::between(&old, &new).expect("an IP allocated: focused");
     assert_eq!(
         f[V4],

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use super::changes::Changes;
 use super::project::{ServiceView, SliceView};
-use crate::conntrack::model::{Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims};
+use crate::conntrack::model::{
+    Addrs, Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims,
+};
 use crate::conntrack::netlink::family::Family;
 
 /// A frontend or nodePort of one family.
@@ -327,18 +329,33 @@ impl Live {
                 .is_some_and(|ports| ports.values().any(|c| c.settling && key.claimed_by(c)))
         });
         let served = (!ours.is_empty() && !settling).then(|| {
-            let mut union = HashSet::new();
+            let mut serving: Vec<(&str, Addrs)> = Vec::new();
             for s in ours {
                 let (ns, name) = split(s);
                 if let Some((view, slices)) = views.service(ns, name) {
                     for (_, c) in port_claims(view, &slices, fam) {
                         if key.claimed_by(&c) {
-                            union.extend(&c.serving);
+                            serving.push((s, c.serving));
                         }
                     }
                 }
             }
-            union
+            match serving.as_slice() {
+                // One claim alone: the list its recorded claim holds, not a copy of it.
+                [(s, only)] => fm
+                    .services
+                    .get(*s)
+                    .and_then(|ports| {
+                        ports
+                            .values()
+                            .find(|c| c.serving == *only && key.claimed_by(c))
+                    })
+                    .map_or_else(|| only.clone(), |c| c.serving.clone()),
+                _ => serving
+                    .iter()
+                    .flat_map(|(_, a)| a.iter().copied())
+                    .collect(),
+            }
         });
         set_key(fm, key, served, settling, foreign);
     }
@@ -349,19 +366,13 @@ fn split(svc: &str) -> (&str, &str) {
     svc.split_once('/').unwrap_or(("", svc))
 }
 
-fn set_key(
-    fm: &mut FamilyModel,
-    key: Key,
-    served: Option<HashSet<SocketAddr>>,
-    settling: bool,
-    foreign: bool,
-) {
+fn set_key(fm: &mut FamilyModel, key: Key, served: Option<Addrs>, settling: bool, foreign: bool) {
     fn put<K: std::hash::Hash + Eq + Copy>(
-        live: &mut HashMap<K, HashSet<SocketAddr>>,
+        live: &mut HashMap<K, Addrs>,
         held: &mut HashSet<K>,
         foreigns: &mut HashSet<K>,
         k: K,
-        served: Option<HashSet<SocketAddr>>,
+        served: Option<Addrs>,
         settling: bool,
         foreign: bool,
     ) {

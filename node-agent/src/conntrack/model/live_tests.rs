@@ -228,3 +228,68 @@ fn an_update_naming_nothing_changes_nothing() {
     live.update(std::iter::empty(), &w, Instant::now());
     assert!(std::sync::Arc::ptr_eq(&before, live.model()));
 }
+
+/// A frontend that one claim alone holds keeps that claim's list of serving endpoints, not a
+/// copy: at 10k services of 10 endpoints a set per frontend held 5 MiB more. A frontend two
+/// services claim holds the union, a list of its own.
+#[test]
+fn a_frontend_one_claim_holds_shares_that_claims_list() {
+    use crate::conntrack::netlink::family::Family;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use serde_json::json;
+
+    let service = |name: &str, external: &[&str]| -> ServiceView {
+        let s: Service = serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"clusterIP": if name == "dns" { "10.96.0.10" } else { "10.96.0.11" },
+                     "externalIPs": external,
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]},
+        }))
+        .unwrap();
+        project::service(&s)
+    };
+    let slice = |name: &str, ips: &[&str]| -> SliceView {
+        let s: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {"namespace": "default", "name": format!("{name}-x"),
+                         "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4",
+            "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}],
+            "endpoints": ips.iter().map(|ip| json!({"addresses": [ip]})).collect::<Vec<_>>(),
+        }))
+        .unwrap();
+        project::slice(&s)
+    };
+    let key = |n: &str| ("default".to_string(), n.to_string());
+    let mut w = World::default();
+    w.services
+        .insert(key("dns"), service("dns", &["192.0.2.9"]));
+    w.slices
+        .insert(key("dns-x"), slice("dns", &["10.244.1.5", "10.244.2.7"]));
+    w.services
+        .insert(key("other"), service("other", &["192.0.2.9"]));
+    w.slices
+        .insert(key("other-x"), slice("other", &["10.244.3.3"]));
+    let mut live = Live::new(SETTLE, RETENTION);
+    live.update(
+        [("default", "dns"), ("default", "other")],
+        &w,
+        Instant::now(),
+    );
+    let m = &live.model()[Family::V4];
+    let claim = |svc: &str| {
+        m.services[svc]
+            .get("dns")
+            .expect("the claim is recorded")
+            .serving
+            .clone()
+    };
+    let (dns, other) = (claim("default/dns"), claim("default/other"));
+    assert_eq!(dns.len(), 2);
+    let at = |f: &str| &m.frontends[&f.parse().unwrap()];
+    assert!(at("10.96.0.10:53").shares(&dns), "{m:?}");
+    assert!(at("10.96.0.11:53").shares(&other), "{m:?}");
+    let both = at("192.0.2.9:53");
+    assert_eq!(both.len(), 3, "the union of both services' endpoints");
+    assert!(!both.shares(&dns) && !both.shares(&other));
+}

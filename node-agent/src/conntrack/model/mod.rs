@@ -49,9 +49,9 @@ pub struct FamilyModel {
     /// live services. Several services claiming one frontend: the union of their serving
     /// endpoints (a flow is kept when any of them would keep it). An empty set: no claimant has
     /// a serving endpoint.
-    pub frontends: HashMap<SocketAddr, HashSet<SocketAddr>>,
+    pub frontends: HashMap<SocketAddr, Addrs>,
     /// `nodePort -> serving endpoints IP:port` of live services (a union, as above).
-    pub node_ports: HashMap<u16, HashSet<SocketAddr>>,
+    pub node_ports: HashMap<u16, Addrs>,
     /// Frontends and nodePorts of a live service port that has had no serving endpoint for
     /// less than the settle time (see `reference::Settle`): never judged, as kube-proxy v1.36 skips a
     /// service without endpoints. Disjoint from `frontends` and `node_ports`.
@@ -81,8 +81,8 @@ pub struct FamilyModel {
 impl FamilyModel {
     /// Whether a frontend or nodePort has no serving endpoint (and has settled).
     pub fn has_unserved(&self) -> bool {
-        self.frontends.values().any(HashSet::is_empty)
-            || self.node_ports.values().any(HashSet::is_empty)
+        self.frontends.values().any(Addrs::is_empty)
+            || self.node_ports.values().any(Addrs::is_empty)
     }
 
     /// Nothing to compare entries against: a pass could not delete anything.

@@ -4,13 +4,14 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::{Value, json};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::addr::parse_ip;
+use crate::conntrack::model::Addrs;
 use crate::conntrack::model::reference::{Settle, Tombstones, build};
 use crate::conntrack::model::*;
 use crate::conntrack::netlink::family::Family::{V4, V6};
@@ -85,7 +86,7 @@ fn cluster_external_ips_node_port_per_family() {
         .unwrap(),
     );
     let m = build([&s], &dns_slices());
-    let v4: HashSet<SocketAddr> = [sa("10.244.1.5:5353"), sa("10.244.2.7:5353")].into();
+    let v4: Addrs = [sa("10.244.1.5:5353"), sa("10.244.2.7:5353")].into();
     let mut want4: Vec<SocketAddr> = [
         "10.96.0.10:53",
         "192.0.2.1:53",
@@ -107,7 +108,7 @@ fn cluster_external_ips_node_port_per_family() {
     );
     assert_eq!(m[V4].node_ports, HashMap::from([(30053, v4)]));
 
-    let v6: HashSet<SocketAddr> = [sa("[fd00:1::5]:5353")].into();
+    let v6: Addrs = [sa("[fd00:1::5]:5353")].into();
     let mut got6: Vec<SocketAddr> = m[V6].frontends.keys().copied().collect();
     got6.sort();
     let mut want6 = ["[fd00::a]:53", "[2001:db8::e]:53", "[2001:db8::1b]:53"]
@@ -198,7 +199,7 @@ fn no_serving_endpoint_is_an_empty_set_not_a_skip() {
         let m = build([&s], &slices);
         assert_eq!(
             m[V4].frontends.get(&frontend),
-            Some(&HashSet::new()),
+            Some(&Addrs::default()),
             "{name}: {m:?}"
         );
         for set in m[V4].node_ports.values() {
@@ -207,7 +208,7 @@ fn no_serving_endpoint_is_an_empty_set_not_a_skip() {
     }
     // The NodePort of an endpoint-less port is recorded (empty) as well.
     let m = build([&dns_service()], &[]);
-    assert_eq!(m[V4].node_ports.get(&30053), Some(&HashSet::new()));
+    assert_eq!(m[V4].node_ports.get(&30053), Some(&Addrs::default()));
 }
 
 #[test]
@@ -245,7 +246,7 @@ fn no_serving(m: &Model) -> bool {
         && fams
             .iter()
             .flat_map(|f| f.frontends.values().chain(f.node_ports.values()))
-            .all(HashSet::is_empty)
+            .all(Addrs::is_empty)
 }
 
 #[test]
@@ -273,7 +274,7 @@ fn slices_left_out() {
     let mut slices = dns_slices();
     slices[0].address_type = "FQDN".into();
     let m = build([&s], &slices);
-    assert!(m[V4].frontends.values().all(HashSet::is_empty), "{m:?}");
+    assert!(m[V4].frontends.values().all(Addrs::is_empty), "{m:?}");
 }
 
 #[test]
@@ -348,7 +349,7 @@ fn services_claiming_one_frontend_share_it() {
         m[V4].frontends[&sa("192.0.2.9:53")],
         [sa("10.244.0.1:53")].into()
     );
-    assert_eq!(m[V4].frontends[&sa("10.96.0.31:53")], HashSet::new());
+    assert_eq!(m[V4].frontends[&sa("10.96.0.31:53")], Addrs::default());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! the round thread feeds it each model a round judges, in order, and it records what a key's
 //! serving set lost between two of them.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ impl Removed {
                 self.at.remove(&(key, *b));
             }
         }
-        let none = HashSet::new();
+        let none = super::Addrs::default();
         let frontends = old.frontends.iter().map(|(k, was)| {
             (
                 Key::Frontend(*k),
