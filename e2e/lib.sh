@@ -158,30 +158,62 @@ new_namespace() {
   echo "$n"
 }
 
-# A pod's RSS as the kernel counts it (VmRSS of the container's first process), and how much of
-# it is the process's own memory (RssAnon; the rest is mapped files, its binary's code mostly):
-# "RSS_KIB ANON_KIB", or "?" when the process is not found.
-rss() {
+# Where a pod's first process runs: "NODE PID", the PID as the node's PID namespace numbers it
+# (ctr reports it there), or "?" when it is not found.
+pod_proc() {
   local pod=$1 ns=${2:-$NS} cid pid node
   cid=$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
   node=$(pod_node "$pod" "$ns")
   pid=$(ctr_on "$node" tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
-  [ -n "$pid" ] || { echo "?"; return; }
-# ctr reports the PID in the node's PID namespace: read it there (the node's /proc).
-  nsenter --target "$(cat "$CLUSTER_STATE/nodes/$node/ns-pid")" --pid --mount -- \
-    awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { if (r == "") print "?"; else print r, a }' \
-    "/proc/$pid/status" 2>/dev/null || echo "?"
+  if [ -n "$pid" ]; then echo "$node $pid"; else echo "?"; fi
 }
 
-# The same for the process named COMM (as /proc/PID/comm has it) in the PID namespace of a piece
-# of the cluster (DIR: $CLUSTER_STATE/cp, $CLUSTER_STATE/nodes/NODE): upstream's own components.
-piece_rss() { # dir comm
+# A process's RSS as the kernel counts it (VmRSS), and how much of it is the process's own
+# memory (RssAnon; the rest is mapped files, its binary's code mostly): "RSS_KIB ANON_KIB", or
+# "?" when the process is not found. Read from the status file STATUS under `nsenter ARGS`.
+status_rss() { # status [nsenter args]
+  local status=$1 script='/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { if (r == "") print "?"; else print r, a }'
+  shift
+  if [ $# -gt 0 ]; then
+    nsenter "$@" -- awk "$script" "$status" 2>/dev/null || echo "?"
+  else
+    awk "$script" "$status" 2>/dev/null || echo "?"
+  fi
+}
+
+# The same for PID on NODE, in the node's PID namespace.
+proc_rss() { # node pid
+  status_rss "/proc/$2/status" --target "$(cat "$CLUSTER_STATE/nodes/$1/ns-pid")" --pid --mount
+}
+
+# A pod's RSS: "RSS_KIB ANON_KIB" (see status_rss), or "?".
+rss() {
+  local where
+  where=$(pod_proc "$@")
+  [ "$where" != "?" ] || { echo "?"; return; }
+  # shellcheck disable=SC2086 # "NODE PID", two words
+  proc_rss $where
+}
+
+# The host's PID of the process named COMM (as /proc/PID/comm has it) in the PID namespace of a
+# piece of the test cluster (its control plane, a node), whose state directory is DIR: for
+# upstream's processes there, which run outside containerd. "?" when there is none.
+piece_pid() { # dir comm
   local ns p
   ns=$(readlink "/proc/$(cat "$1/ns-pid")/ns/pid") || { echo "?"; return; }
   for p in /proc/[0-9]*; do
     [ "$(readlink "$p/ns/pid" 2>/dev/null)" = "$ns" ] || continue
     [ "$(cat "$p/comm" 2>/dev/null)" = "$2" ] || continue
-    awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { print r, a }' "$p/status" 2>/dev/null && return
+    echo "${p#/proc/}"
+    return
   done
   echo "?"
+}
+
+# The RSS of that process: "RSS_KIB ANON_KIB", or "?".
+piece_rss() { # dir comm
+  local pid
+  pid=$(piece_pid "$@")
+  [ "$pid" != "?" ] || { echo "?"; return; }
+  status_rss "/proc/$pid/status"
 }
