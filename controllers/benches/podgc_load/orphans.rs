@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, WatchEvent, WatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams},
 };
 
 /// Deletes `nodes`, then measures the orphan force-delete rate from the first delete to the
@@ -87,17 +87,29 @@ pub(crate) struct Orphans {
     pub(crate) per_s: f64,
 }
 
-/// The apiserver's own limit for the same work: a bare client that only force-deletes the pods
-/// bound to `nodes` (listed by field selector once the nodes are gone), `concurrency` at a time
-/// and with no client-side rate limit, measured by the same watch as the PodGCs. PodGC does
-/// more per orphan (a status patch with the DisruptionTarget condition, then the delete), so
-/// this is the ceiling: what the apiserver accepts when nothing else is asked of it.
+/// What a bare client asks of the apiserver for each orphan.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Calls {
+    /// The force delete alone: the most orphans the apiserver lets go when nothing else is
+    /// asked of it.
+    DeleteOnly,
+    /// What a PodGC asks, upstream's and ours alike: the status patch (phase Failed, the
+    /// DisruptionTarget condition, the pod's UID as precondition), then the force delete.
+    PatchThenDelete,
+}
+
+/// The apiserver's own limit: a bare client that force-deletes the pods bound to `nodes`
+/// (listed by field selector once the nodes are gone), `concurrency` pods at a time and with no
+/// client-side rate limit, making `calls` for each, measured by the same watch as the PodGCs.
+/// With [`Calls::DeleteOnly`] it is the ceiling for deletes; with [`Calls::PatchThenDelete`]
+/// the ceiling for the work a PodGC must do.
 pub(crate) async fn raw_rate(
     client: &Client,
     ns: &str,
     nodes: &[String],
     per_node: usize,
     concurrency: usize,
+    calls: Calls,
 ) -> anyhow::Result<Orphans> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let deleter = {
@@ -114,7 +126,9 @@ pub(crate) async fn raw_rate(
                     .fields(&format!("spec.nodeName={n}"))
                     .match_any();
                 for p in pods.list_metadata(&lp).await? {
-                    names.extend(p.metadata.name);
+                    if let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid) {
+                        names.push((name, uid));
+                    }
                 }
             }
             let force = DeleteParams {
@@ -122,9 +136,20 @@ pub(crate) async fn raw_rate(
                 ..DeleteParams::default()
             };
             stream::iter(names)
-                .map(|name| {
+                .map(|(name, uid)| {
                     let (pods, force) = (pods.clone(), force.clone());
-                    async move { pods.delete(&name, &force).await.map(|_| ()) }
+                    async move {
+                        if let Calls::PatchThenDelete = calls {
+                            let patch = disruption_patch(&uid);
+                            pods.patch_status(
+                                &name,
+                                &PatchParams::default(),
+                                &Patch::Strategic(patch),
+                            )
+                            .await?;
+                        }
+                        pods.delete(&name, &force).await.map(|_| ())
+                    }
                 })
                 .buffer_unordered(concurrency)
                 .try_collect::<Vec<_>>()
@@ -135,6 +160,23 @@ pub(crate) async fn raw_rate(
     let o = orphan_rate(client, ns, nodes, nodes.len() * per_node).await?;
     deleter.await??;
     Ok(o)
+}
+
+/// The status patch a PodGC makes of an orphan before deleting it (`podgc::apply::status_patch`).
+fn disruption_patch(uid: &str) -> serde_json::Value {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    serde_json::json!({
+        "metadata": {"uid": uid},
+        "status": {
+            "phase": "Failed",
+            "conditions": [{
+                "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+                "message": "PodGC: node no longer exists", "lastTransitionTime": now,
+            }],
+        },
+    })
 }
 
 /// The two PodGCs on the same objects, one after the other: node sets of the same size, each

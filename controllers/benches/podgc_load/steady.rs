@@ -1,8 +1,13 @@
 //! The steady row: a PodGC with full caches, its RSS and the CPU of an idle cycle.
+//!
+//! The steady RSS is read once the process has released its start-up pages
+//! (`plumbing::resident`, [`AFTER_READY`] after ready): what it holds from then on. The RSS
+//! before that release, a few cycles after ready, is printed beside it.
 
 use std::time::{Duration, Instant};
 
 use crate::process::Run;
+use groundskeeper_plumbing::resident::AFTER_READY;
 use testkit::figures::{bench as figure, mib};
 use testkit::wait_ready;
 
@@ -10,6 +15,8 @@ use testkit::wait_ready;
 pub(crate) struct Steady {
     pub(crate) listed: Duration,
     pub(crate) rss_kib: u64,
+    /// A few cycles after ready, before the start-up pages were released.
+    pub(crate) early_rss_kib: u64,
     pub(crate) hwm_kib: u64,
     pub(crate) cpu: f64,
     pub(crate) wall: f64,
@@ -20,6 +27,7 @@ impl Steady {
         let t0 = Instant::now();
         wait_ready(run.admin(), Duration::from_secs(600), "podgc ready").await?;
         let listed = t0.elapsed();
+        let ready = Instant::now();
         // Settle, then measure a few cycles' CPU (the process is otherwise idle).
         run.wait_cycles(2.0).await?;
         let c0 = run.cycles().await?;
@@ -27,11 +35,16 @@ impl Steady {
         let sum = "groundskeeper_podgc_cycle_duration_seconds_sum ";
         let wall0 = run.metric(sum).await?;
         run.wait_cycles(c0 + 3.0).await?;
+        let cpu = (run.cpu_seconds() - cpu0) / 3.0;
+        let wall = (run.metric(sum).await? - wall0) / 3.0;
+        let early_rss_kib = run.proc_status("VmRSS:");
+        settled(ready).await;
         Ok(Self {
             listed,
-            cpu: (run.cpu_seconds() - cpu0) / 3.0,
-            wall: (run.metric(sum).await? - wall0) / 3.0,
+            cpu,
+            wall,
             rss_kib: run.proc_status("VmRSS:"),
+            early_rss_kib,
             hwm_kib: run.proc_status("VmHWM:"),
         })
     }
@@ -42,8 +55,9 @@ impl Steady {
             self.listed.as_secs_f64()
         );
         println!(
-            "RSS steady: {:.1} MiB; peak (VmHWM): {:.1} MiB",
+            "RSS steady (start-up pages released): {:.1} MiB; before the release, a few cycles after ready: {:.1} MiB; peak (VmHWM): {:.1} MiB",
             mib(self.rss_kib),
+            mib(self.early_rss_kib),
             mib(self.hwm_kib)
         );
         println!(
@@ -53,6 +67,11 @@ impl Steady {
         figure(
             &format!("manager_rss_steady_{size}{suffix}"),
             mib(self.rss_kib),
+            "MiB",
+        );
+        figure(
+            &format!("manager_rss_before_release_{size}{suffix}"),
+            mib(self.early_rss_kib),
             "MiB",
         );
         figure(
@@ -71,4 +90,11 @@ impl Steady {
             "s",
         );
     }
+}
+
+/// Returns once the process ready at `ready` has released its start-up pages, with a margin
+/// for the release itself.
+pub(crate) async fn settled(ready: Instant) {
+    let at = ready + AFTER_READY + Duration::from_secs(5);
+    tokio::time::sleep_until(at.into()).await;
 }
