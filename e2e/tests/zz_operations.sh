@@ -44,7 +44,7 @@ test_ops_metrics_need_https_and_an_authorized_token() {
 # its last release (plumbing/src/resident.rs, every minute) at least once; then each process's
 # most over the next minute, sampled every 10 s: the top of its idle cycle, not one instant.
 test_ops_rss() {
-  local p d key kind goal line rss anon how a b i
+  local p d key kind goal line rss anon how a b i best
   declare -A where=() top=() most=()
   mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
   for p in $(cm_pods); do where["controller_manager $p"]="pod $(pod_proc "$p")"; done
@@ -63,7 +63,8 @@ test_ops_rss() {
       if [ "$how" = pod ]; then line=$(proc_rss "$a" "$b"); else line=$(status_rss "/proc/$a/status"); fi
       [ "$line" != "?" ] || { say "$key: process gone while measured"; return 1; }
       read -r rss anon <<<"$line"
-      [ "${top[$key]%% *}" -ge "$rss" ] 2>/dev/null || top[$key]=$line
+      best=${top[$key]:-0}
+      [ "${best%% *}" -ge "$rss" ] || top[$key]=$line
     done
     [ "$i" = 6 ] || sleep 10
   done
