@@ -169,7 +169,8 @@ pub fn release_unused_pages() -> std::io::Result<Released> {
 /// releases the pages of code not run since and the heap's free pages. Stops on `token`.
 pub async fn release_while_running(readiness: Readiness, token: CancellationToken) {
     let ready = async {
-        while !readiness.is_ready() {
+        // Not `is_ready`: before the components have registered their watches, it is true.
+        while !readiness.has_listed() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         tokio::time::sleep(AFTER_READY).await;
