@@ -186,15 +186,6 @@ proc_rss() { # node pid
   status_rss "/proc/$2/status" --target "$(cat "$CLUSTER_STATE/nodes/$1/ns-pid")" --pid --mount
 }
 
-# A pod's RSS: "RSS_KIB ANON_KIB" (see status_rss), or "?".
-rss() {
-  local where
-  where=$(pod_proc "$@")
-  [ "$where" != "?" ] || { echo "?"; return; }
-  # shellcheck disable=SC2086 # "NODE PID", two words
-  proc_rss $where
-}
-
 # The host's PID of the process named COMM (as /proc/PID/comm has it) in the PID namespace of a
 # piece of the test cluster (its control plane, a node), whose state directory is DIR: for
 # upstream's processes there, which run outside containerd. "?" when there is none.
@@ -208,12 +199,4 @@ piece_pid() { # dir comm
     return
   done
   echo "?"
-}
-
-# The RSS of that process: "RSS_KIB ANON_KIB", or "?".
-piece_rss() { # dir comm
-  local pid
-  pid=$(piece_pid "$@")
-  [ "$pid" != "?" ] || { echo "?"; return; }
-  status_rss "/proc/$pid/status"
 }
