@@ -88,7 +88,8 @@ fn chart_args_parse() {
             );
         }
         // The gate's configuration is the one whose caBundle the binary keeps, and the
-        // placement controller runs exactly when it is rendered.
+        // placement controller runs wherever the webhook does, the gate on or off (turning the
+        // gate off releases the pods it holds instead of stranding them).
         let gate = docs
             .iter()
             .find(|d| d["kind"].as_str() == Some("MutatingWebhookConfiguration"))
@@ -98,10 +99,17 @@ fn chart_args_parse() {
             cli.webhook.webhook_mutating_configuration, gate,
             "{case}: --webhook-mutating-configuration names the rendered gate"
         );
+        let webhook = docs
+            .iter()
+            .any(|d| d["kind"].as_str() == Some("ValidatingWebhookConfiguration"));
         assert_eq!(
             cli.controllers.has("sysctlplacement"),
-            gate.is_some(),
-            "{case}: the placement runs exactly with the gate"
+            webhook,
+            "{case}: the placement runs exactly with the webhook"
+        );
+        assert!(
+            gate.is_none() || webhook,
+            "{case}: a gate without the webhook"
         );
         assert_eq!(gate.is_none(), case == "gate off", "{case}");
         if case != "managed preset" {
@@ -138,4 +146,48 @@ fn chart_args_parse() {
             ),
         }
     }
+}
+
+/// The sysctls the chart's webhooks never see (matchConditions `not-only-safe-sysctls` of the
+/// gate and of the webhook on pods created on their node) are exactly those every supported
+/// kubelet allows on every kernel: a pod setting only those has nothing Enforce could refuse,
+/// and an outage of groundskeeper must not affect it.
+#[test]
+fn the_webhooks_skip_exactly_the_sysctls_safe_everywhere() {
+    use groundskeeper_sysctl_rules::kubelet::Kubelet;
+    let Some(docs) = chart::render(&[]) else {
+        return testkit::skipped(
+            "the_webhooks_skip_exactly_the_sysctls_safe_everywhere",
+            "no helm",
+        );
+    };
+    let mut want: Vec<String> = Kubelet::OLDEST
+        .safe_sysctls(None)
+        .into_iter()
+        .map(String::from)
+        .collect();
+    want.sort();
+    let mut seen = 0;
+    for d in &docs {
+        for w in d["webhooks"].as_sequence().into_iter().flatten() {
+            for c in w["matchConditions"].as_sequence().into_iter().flatten() {
+                if c["name"].as_str() != Some("not-only-safe-sysctls") {
+                    continue;
+                }
+                let e = c["expression"].as_str().unwrap();
+                let list = &e[e.find('[').unwrap() + 1..e.rfind(']').unwrap()];
+                let mut names: Vec<String> = list
+                    .split(',')
+                    .map(|n| n.trim().trim_matches('\'').to_string())
+                    .collect();
+                names.sort();
+                assert_eq!(names, want, "{}", w["name"].as_str().unwrap_or_default());
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(
+        seen, 2,
+        "the gate and the pod webhook each skip the safe sysctls"
+    );
 }

@@ -160,7 +160,7 @@ startupProbe:
 {{- $c := list -}}
 {{- if .Values.controllerManager.serviceCIDR.enabled }}{{ $c = append $c "servicecidr" }}{{ end -}}
 {{- if .Values.controllerManager.podGC.enabled }}{{ $c = append $c "podgc" }}{{ end -}}
-{{- if include "groundskeeper.gateEnabled" . }}{{ $c = append $c "sysctlplacement" }}{{ end -}}
+{{- if include "groundskeeper.placementEnabled" . }}{{ $c = append $c "sysctlplacement" }}{{ end -}}
 {{- join "," $c -}}
 {{- end -}}
 
@@ -198,6 +198,26 @@ where kube-controller-manager's own threshold pass runs. */}}
 {{- define "groundskeeper.gateEnabled" -}}
 {{- $wh := .Values.controllerManager.sysctlWebhook -}}
 {{- if and .Values.controllerManager.enabled $wh.enabled $wh.gate.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the placement controller runs: wherever the sysctl webhook does, the gate on or
+off, so that turning the gate off releases the pods it already holds (each placed as usual, or
+let go un-narrowed where nothing enforces) instead of stranding them. */}}
+{{- define "groundskeeper.placementEnabled" -}}
+{{- if and .Values.controllerManager.enabled .Values.controllerManager.sysctlWebhook.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The controller-manager's user name, as the apiserver authenticates its ServiceAccount. */}}
+{{- define "groundskeeper.controllerManagerUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "groundskeeper.serviceAccountName" (list . "controller-manager" .Values.controllerManager.serviceAccount) }}
+{{- end -}}
+
+{{/* The safe sysctls every supported kubelet (v1.33 on) allows on every Linux kernel: those
+without a kernel gate (sysctl-rules' Kubelet::OLDEST.safe_sysctls(None); controllers/tests/chart_args.rs checks
+the two agree). A pod that sets only these is allowed on every node whatever the policies, so no
+sysctl webhook sees it: an outage of groundskeeper can not affect it. */}}
+{{- define "groundskeeper.safeEverywhere" -}}
+['kernel.shm_rmid_forced', 'net.ipv4.ip_local_port_range', 'net.ipv4.tcp_syncookies', 'net.ipv4.ping_group_range', 'net.ipv4.ip_unprivileged_port_start']
 {{- end -}}
 
 {{/* The MutatingWebhookConfiguration of the sysctl scheduling gate. */}}

@@ -201,7 +201,7 @@ pub fn decide_unread(
 }
 
 /// Whether any node could enforce: the default mode, or any SysctlPolicy.
-fn anything_enforces(args: &PolicyArgs, policies: &[&SysctlPolicy]) -> bool {
+pub fn anything_enforces(args: &PolicyArgs, policies: &[&SysctlPolicy]) -> bool {
     args.sysctl_default_mode == Mode::Enforce
         || policies.iter().any(|p| p.spec.mode == Mode::Enforce)
 }

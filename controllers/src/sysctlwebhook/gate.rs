@@ -3,15 +3,30 @@
 //! (`sysctlplacement`) has narrowed it to the nodes that admit it and taken the gate off.
 //!
 //! Why a gate and not a refusal: the chart registers this webhook with `failurePolicy: Fail`
-//! and `matchConditions` that pass only pods setting sysctls. While no replica answers, those
-//! pods are not created (fail closed) and every other pod never reaches us, so an outage of
-//! groundskeeper blocks nothing else. The answer depends on the pod alone, never on a cache,
-//! so a replica answers from its first second. Pure: `mutate.rs` serves it.
+//! and `matchConditions` that pass only pods setting sysctls some node could forbid. While no
+//! replica answers, those pods are not created (fail closed) and every other pod never reaches
+//! us, so an outage of groundskeeper blocks nothing else. Only pods Enforce could refuse are
+//! gated: not one whose sysctls every node allows ([`allowed_everywhere`]), nor any pod while
+//! nothing in the cluster enforces (no Enforce SysctlPolicy, default mode Audit), so a default
+//! install changes nothing for workloads. Until the SysctlPolicies have listed, a replica gates
+//! (it can not know), so it answers from its first second. Pure: `mutate.rs` serves it.
 
+use groundskeeper_sysctl_rules::{args::PolicyArgs, verdict::allowed_everywhere};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::decide::MIRROR_ANNOTATION;
+
+/// Whether any node of the cluster could enforce its sysctl policy, as the replica knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// The SysctlPolicies have not listed yet: any node may enforce.
+    Unknown,
+    /// The default mode is Audit and no SysctlPolicy is Enforce: nothing can be refused.
+    Nowhere,
+    /// The default mode or some SysctlPolicy is Enforce.
+    Possible,
+}
 
 /// The scheduling gate the placement removes (`spec.schedulingGates[].name`).
 pub const GATE: &str = "groundskeeper.dev/sysctl";
@@ -28,7 +43,7 @@ pub enum Gating {
 }
 
 /// Whether `pod` (as created) gets the gate, and the patch that adds it.
-pub fn gating(pod: &Pod) -> Gating {
+pub fn gating(pod: &Pod, args: &PolicyArgs, enforcement: Enforcement) -> Gating {
     let Some(spec) = pod.spec.as_ref() else {
         return Gating::Pass("no spec");
     };
@@ -53,6 +68,12 @@ pub fn gating(pod: &Pod) -> Gating {
     {
         return Gating::Pass("a mirror pod");
     }
+    if enforcement == Enforcement::Nowhere {
+        return Gating::Pass("nothing enforces a sysctl policy");
+    }
+    if allowed_everywhere(args, spec) {
+        return Gating::Pass("every node allows its sysctls");
+    }
     match spec.scheduling_gates.as_ref() {
         Some(gates) if gates.iter().any(|g| g.name == GATE) => Gating::AlreadyGated,
         Some(_) => Gating::Gate(json!([
@@ -74,6 +95,18 @@ mod tests {
     }
 
     const SYSCTLS: &str = r#"{"sysctls": [{"name": "net.core.somaxconn", "value": "1024"}]}"#;
+
+    fn args(flag: &[&str]) -> PolicyArgs {
+        PolicyArgs {
+            allowed_unsafe_sysctls: flag.iter().map(|s| s.to_string()).collect(),
+            sysctl_default_mode: groundskeeper_sysctl_rules::crd::Mode::Audit,
+        }
+    }
+
+    /// As a replica whose policies have not listed: only the pod decides.
+    fn gating(p: &Pod) -> Gating {
+        super::gating(p, &args(&[]), Enforcement::Unknown)
+    }
 
     fn with_sysctls(extra: serde_json::Value) -> Pod {
         let mut spec = json!({"containers": [], "securityContext": serde_json::from_str::<serde_json::Value>(SYSCTLS).unwrap()});
@@ -115,6 +148,32 @@ mod tests {
         mirror.metadata.annotations =
             Some([(MIRROR_ANNOTATION.to_string(), "x".to_string())].into());
         assert_eq!(gating(&mirror), Gating::Pass("a mirror pod"));
+    }
+
+    /// Only pods Enforce could refuse: not while nothing enforces, not when every node allows
+    /// every sysctl the pod sets (safe on every kernel, or allowed by the flags every node
+    /// shares); gated while the policies are unknown or some policy enforces.
+    #[test]
+    fn only_pods_enforce_could_refuse_are_gated() {
+        let unsafe_pod = with_sysctls(json!({}));
+        let safe = pod(json!({"containers": [], "securityContext": {"sysctls": [
+            {"name": "kernel.shm_rmid_forced", "value": "1"},
+            {"name": "net.ipv4.ip_local_port_range", "value": "1024 65000"}]}}));
+        let gated =
+            |p: &Pod, flag: &[&str], e| matches!(super::gating(p, &args(flag), e), Gating::Gate(_));
+        assert!(gated(&unsafe_pod, &[], Enforcement::Unknown));
+        assert!(gated(&unsafe_pod, &[], Enforcement::Possible));
+        assert!(!gated(&unsafe_pod, &[], Enforcement::Nowhere));
+        assert!(!gated(&unsafe_pod, &["net.core.*"], Enforcement::Possible));
+        assert!(!gated(&safe, &[], Enforcement::Unknown));
+        // A kernel-gated safe sysctl: a node with an old or unknown kernel refuses it.
+        let gated_by_kernel = pod(json!({"containers": [], "securityContext": {"sysctls": [
+            {"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}}));
+        assert!(gated(&gated_by_kernel, &[], Enforcement::Possible));
+        // A safe Net sysctl with hostNetwork: every node refuses it, so it is gated (and held).
+        let mut host = safe.clone();
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        assert!(gated(&host, &[], Enforcement::Possible));
     }
 
     /// The patch, applied the way the apiserver applies it, leaves the pod's own gates in place

@@ -1,6 +1,7 @@
 //! The gate webhook's endpoint, `/mutate/pod`: reads the AdmissionReview of a pod CREATE and
 //! answers with [`gate::gating`]'s patch. Served beside the validating endpoints, on the same
-//! listener and certificate; it needs no cache, so it answers before the watches have listed.
+//! listener and certificate. It reads only whether anything enforces (the SysctlPolicies, once
+//! listed), so it answers before the watches have listed: it gates meanwhile.
 
 use std::sync::Arc;
 
@@ -13,7 +14,8 @@ use axum::{
     routing::post,
 };
 
-use super::gate::{self, Gating};
+use super::decide::anything_enforces;
+use super::gate::{self, Enforcement, Gating};
 use super::review;
 use super::serve::Judge;
 
@@ -51,9 +53,21 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
+    let enforcement = {
+        let c = judge.cache.lock();
+        if !c.policies.listed() {
+            Enforcement::Unknown
+        } else if anything_enforces(&judge.args, &c.policies.values().collect::<Vec<_>>()) {
+            Enforcement::Possible
+        } else {
+            Enforcement::Nowhere
+        }
+    };
     let gating = pod
         .as_deref()
-        .map_or(Gating::Pass("not a pod CREATE"), gate::gating);
+        .map_or(Gating::Pass("not a pod CREATE"), |p| {
+            gate::gating(p, &judge.args, enforcement)
+        });
     let what = pod
         .as_deref()
         .map(|p| {
