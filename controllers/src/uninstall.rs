@@ -13,6 +13,11 @@
 //!    with its blockers instead. One that nothing blocks loses it once the 10 s grace is over,
 //!    as the controller would have done.
 //!
+//! 4. it releases every pod still held by the sysctl scheduling gate: once the release is gone
+//!    nothing places them and nothing enforces, so they go to the scheduler as they are (each
+//!    removal is a JSON patch that first tests the gate is still at the index read, so a pod
+//!    changed meanwhile is read again, never loses another gate).
+//!
 //! `--dry-run` prints what it would do and changes nothing. Exit 0 when done (blocked
 //! ServiceCIDRs listed), 2 on errors.
 
@@ -20,7 +25,7 @@ use std::time::Duration;
 
 use clap::Args;
 use jiff::Timestamp;
-use k8s_openapi::api::{coordination::v1::Lease, networking::v1::ServiceCIDR};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod, networking::v1::ServiceCIDR};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
@@ -33,6 +38,7 @@ use crate::leader::{
     record_of,
 };
 use crate::servicecidr::{self, blockers, decide::FINALIZER};
+use crate::sysctlwebhook::gate::GATE;
 
 #[derive(Args, Debug, Clone)]
 pub struct UninstallArgs {
@@ -45,6 +51,13 @@ pub struct UninstallArgs {
     /// How long to wait for the last leader to let go of the Lease.
     #[arg(long, default_value = "60s", value_parser = groundskeeper_plumbing::client::parse_duration)]
     pub lease_wait: Duration,
+    /// Take our finalizer off the ServiceCIDRs (only where our ServiceCIDR controller ran: with
+    /// it off, the finalizer is kube-controller-manager's).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub release_servicecidrs: bool,
+    /// Release the pods the sysctl scheduling gate still holds.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub release_gated_pods: bool,
 }
 
 /// The deletion grace of a ServiceCIDR (upstream's deletionGracePeriod).
@@ -93,6 +106,63 @@ async fn uninstall(client: Client, args: &UninstallArgs, dry_run: bool) -> anyho
         }
     }
 
+    if args.release_servicecidrs {
+        release_servicecidrs(&client, dry_run).await?;
+    }
+    if args.release_gated_pods {
+        release_gated_pods(&client, dry_run).await?;
+    }
+    Ok(())
+}
+
+/// Every pod not yet bound that carries the gate loses it.
+async fn release_gated_pods(client: &Client, dry_run: bool) -> anyhow::Result<()> {
+    let all = Api::<Pod>::all(client.clone());
+    let unbound = ListParams::default().fields("spec.nodeName=");
+    for attempt in 0..3 {
+        let mut changed = false;
+        for pod in all.list(&unbound).await? {
+            let Some(at) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .and_then(|g| g.iter().position(|g| g.name == GATE))
+            else {
+                continue;
+            };
+            let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+            if dry_run {
+                println!("dry-run: would remove the scheduling gate {GATE} from pod {ns}/{name}");
+                continue;
+            }
+            let patch = json!([
+                {"op": "test", "path": format!("/spec/schedulingGates/{at}/name"), "value": GATE},
+                {"op": "remove", "path": format!("/spec/schedulingGates/{at}")},
+            ]);
+            // kube's typed JSON patch needs the json-patch crate; the body is plain JSON anyway.
+            let req = http::Request::patch(format!("/api/v1/namespaces/{ns}/pods/{name}"))
+                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                .body(serde_json::to_vec(&patch)?)?;
+            match client.request::<serde_json::Value>(req).await {
+                Ok(_) => println!("removed the scheduling gate {GATE} from pod {ns}/{name}"),
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                // The gates changed since the list (the test op failed): read again.
+                Err(kube::Error::Api(s)) if s.code == 422 || s.code == 409 => changed = true,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !changed {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            attempt < 2,
+            "pods kept changing while their gates were removed"
+        );
+    }
+    Ok(())
+}
+
+async fn release_servicecidrs(client: &Client, dry_run: bool) -> anyhow::Result<()> {
     let cidrs = Api::<ServiceCIDR>::all(client.clone());
     for c in cidrs.list(&ListParams::default()).await? {
         let name = c.name_any();

@@ -233,3 +233,82 @@ async fn uninstall_judges_the_lease_by_its_renewals_not_its_clock() -> anyhow::R
     );
     Ok(())
 }
+
+/// Gated pods are never stranded: uninstall takes groundskeeper's gate off every pod that still
+/// carries it (nothing would place it once the release is gone), keeps every other gate, and
+/// touches no pod without it; `--dry-run` only says so.
+#[tokio::test]
+async fn uninstall_releases_the_pods_the_gate_holds_and_nothing_else() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let Some(c) =
+        testkit::cluster("uninstall_releases_the_pods_the_gate_holds_and_nothing_else").await
+    else {
+        return Ok(());
+    };
+    let ns = c.namespace("gk-uninstall-gated").await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let gate = "groundskeeper.dev/sysctl";
+    let pod = |name: &str, gates: &[&str]| -> anyhow::Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": &ns},
+            "spec": {
+                "schedulingGates": gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>(),
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }))?)
+    };
+    for (name, gates) in [
+        ("ours", vec![gate]),
+        (
+            "ours-and-theirs",
+            vec!["example.com/quota", gate, "example.com/later"],
+        ),
+        ("theirs", vec!["example.com/quota"]),
+        ("none", vec![]),
+    ] {
+        pods.create(&Default::default(), &pod(name, &gates)?)
+            .await?;
+    }
+    let gates_of = |p: &Pod| -> Vec<String> {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| g.name)
+            .collect()
+    };
+    let lease = unique_name("gk-no-lease");
+    let (code, out) = uninstall(&c, &ns, &lease, true).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "dry-run: would remove the scheduling gate {gate} from pod {ns}/ours\n"
+        )),
+        "{out}"
+    );
+    assert_eq!(
+        gates_of(&pods.get("ours").await?),
+        vec![gate],
+        "dry-run changed a pod"
+    );
+
+    let (code, out) = uninstall(&c, &ns, &lease, false).await?;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "removed the scheduling gate {gate} from pod {ns}/ours"
+        )),
+        "{out}"
+    );
+    assert!(gates_of(&pods.get("ours").await?).is_empty());
+    assert_eq!(
+        gates_of(&pods.get("ours-and-theirs").await?),
+        vec!["example.com/quota", "example.com/later"],
+        "only groundskeeper's gate goes"
+    );
+    let theirs = pods.get("theirs").await?;
+    assert_eq!(gates_of(&theirs), vec!["example.com/quota"]);
+    assert!(!out.contains("/theirs") && !out.contains("/none"), "{out}");
+    Ok(())
+}
