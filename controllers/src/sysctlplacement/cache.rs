@@ -41,6 +41,8 @@ pub struct GatedPod {
     pub gates: Vec<String>,
     /// The message of the pod's placement condition, when it has one saying it is held.
     pub held: Option<String>,
+    /// When the pod was created (Unix seconds; 0 when it does not say): how long it has waited.
+    pub created: i64,
 }
 
 impl GatedPod {
@@ -66,6 +68,11 @@ impl GatedPod {
             })
             .map(|c| c.message.clone().unwrap_or_default());
         Some(GatedPod {
+            created: pod
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second()),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
             view: PodView::of(pod),

@@ -9,6 +9,8 @@ pub struct Metrics {
     /// `result`: placed, anywhere, held, dry_run, conflict, error.
     pub placements: IntCounterVec,
     pub gated: IntGauge,
+    /// The creation time of the oldest pod carrying the gate; 0 when none.
+    pub oldest_gated: IntGauge,
 }
 
 impl Metrics {
@@ -32,6 +34,14 @@ impl Metrics {
                 IntGauge::new(
                     "groundskeeper_sysctl_gated_pods",
                     "Pods not yet bound that carry the sysctl scheduling gate, as this replica's cache sees them.",
+                ),
+            )?,
+            oldest_gated: registered(
+                registry,
+                IntGauge::new(
+                    "groundskeeper_sysctl_gated_oldest_timestamp_seconds",
+                    "The creation time (Unix seconds) of the oldest pod not yet bound that carries the sysctl \
+                     scheduling gate, as this replica's cache sees it; 0 when none does.",
                 ),
             )?,
         })

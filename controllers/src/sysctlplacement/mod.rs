@@ -73,6 +73,14 @@ pub async fn run(ctx: Context, args: PlacementArgs, policy: PolicyArgs) -> anyho
             while let Some(change) = changes.next().await {
                 let c = cache.lock();
                 metrics.gated.set(c.gated.len() as i64);
+                metrics.oldest_gated.set(
+                    c.gated
+                        .values()
+                        .map(|g| g.created)
+                        .filter(|&t| t > 0)
+                        .min()
+                        .unwrap_or(0),
+                );
                 match change {
                     Change::None => {}
                     Change::Pod(key) => queue.add(key),
