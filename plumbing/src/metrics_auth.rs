@@ -13,9 +13,10 @@
 //! 429, not asked), apart from the renewals of scrapers' verdicts; verdicts are cached, refusals
 //! briefly, allowed and refused in two least-recently-used maps of bounded size.
 //!
-//! During an apiserver outage a caller allowed before keeps being served for up to an hour
-//! after its verdict ran out (`groundskeeper_metrics_auth_unchecked_total` counts it); a token
-//! never seen gets 503.
+//! During an apiserver outage (unreachable, or answering 5xx) a caller allowed before keeps being
+//! served for up to an hour after its verdict ran out (`groundskeeper_metrics_auth_unchecked_total`
+//! counts it); not when the apiserver answers the review with a refusal (403, 429). A token never
+//! seen gets 503.
 
 use std::{
     sync::{Arc, Mutex},
@@ -220,7 +221,10 @@ impl Delegated {
         let verdict = match self.review(token).await {
             Ok(v) => v,
             Err(e) => {
-                if unchecked() {
+                // The grace is for an apiserver that could not be asked (unreachable, 5xx), not
+                // one that answered: a 403 or 429 is its word on the check.
+                let answered = matches!(&e, kube::Error::Api(s) if s.code < 500);
+                if !answered && unchecked() {
                     tracing::info!(error = %e, "could not check a /metrics caller with the apiserver; served it, as it was allowed before");
                     return Ok(());
                 }
@@ -331,7 +335,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 
     use super::*;
 
@@ -371,17 +375,19 @@ mod tests {
     }
 
     /// [`apiserver`], answering 503 to everything while `down` is set.
-    fn flaky_apiserver(reviews: Arc<AtomicUsize>, down: Arc<AtomicBool>) -> kube::Client {
+    /// An apiserver answering reviews, or, while `down` holds a status code, that code.
+    fn flaky_apiserver(reviews: Arc<AtomicUsize>, down: Arc<AtomicU16>) -> kube::Client {
         use kube::client::Body;
         let service = tower::service_fn(move |req: http::Request<Body>| {
             let (reviews, down) = (reviews.clone(), down.clone());
             async move {
-                if down.load(Ordering::SeqCst) {
+                let code = down.load(Ordering::SeqCst);
+                if code != 0 {
                     let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                        "status": "Failure", "reason": "ServiceUnavailable", "code": 503});
+                        "status": "Failure", "reason": "Unavailable", "code": code});
                     return Ok::<_, std::convert::Infallible>(
                         http::Response::builder()
-                            .status(503)
+                            .status(code)
                             .body(Body::from(status.to_string().into_bytes()))
                             .unwrap(),
                     );
@@ -492,10 +498,7 @@ mod tests {
     /// is not served; once the apiserver is back the scraper is checked again.
     #[tokio::test(start_paused = true)]
     async fn an_allowed_scraper_is_served_through_an_outage_and_no_one_else() {
-        let (reviews, down) = (
-            Arc::new(AtomicUsize::new(0)),
-            Arc::new(AtomicBool::new(false)),
-        );
+        let (reviews, down) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU16::new(0)));
         let auth = Delegated::new(
             flaky_apiserver(reviews.clone(), down.clone()),
             &prometheus::Registry::new(),
@@ -509,7 +512,7 @@ mod tests {
             StatusCode::UNAUTHORIZED
         );
 
-        down.store(true, Ordering::SeqCst);
+        down.store(503, Ordering::SeqCst);
         tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
         for _ in 0..3 {
             assert_eq!(auth.check(&reader).await, Ok(()), "allowed before: served");
@@ -535,9 +538,34 @@ mod tests {
         );
         assert_eq!(auth.unchecked.get(), 3);
 
-        down.store(false, Ordering::SeqCst);
+        down.store(0, Ordering::SeqCst);
         let before = reviews.load(Ordering::SeqCst);
         assert_eq!(auth.check(&reader).await, Ok(()));
         assert_eq!(reviews.load(Ordering::SeqCst), before + 1, "checked again");
+    }
+
+    /// The grace is for an apiserver that can not be reached or fails: one that answers and
+    /// refuses the review (403: the checks are no longer allowed; 429: it sheds load) is an
+    /// answer, and a caller whose verdict ran out is then not served unchecked.
+    #[tokio::test(start_paused = true)]
+    async fn no_grace_when_the_apiserver_answers_and_refuses_the_review() {
+        for code in [403u16, 429] {
+            let down = Arc::new(AtomicU16::new(0));
+            let auth = Delegated::new(
+                flaky_apiserver(Arc::new(AtomicUsize::new(0)), down.clone()),
+                &prometheus::Registry::new(),
+            )
+            .unwrap();
+            let reader = headers(&jwt("reader"));
+            assert_eq!(auth.check(&reader).await, Ok(()));
+            down.store(code, Ordering::SeqCst);
+            tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
+            assert_eq!(
+                auth.check(&reader).await.unwrap_err().0,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "{code}: served unchecked"
+            );
+            assert_eq!(auth.unchecked.get(), 0, "{code}");
+        }
     }
 }
