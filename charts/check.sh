@@ -66,7 +66,10 @@ grep -q -- "--sysctl-webhook=true$" "$out/default.yaml" || { echo "FAIL: the con
 [ "$(grep -c -- "--allowed-unsafe-sysctls=net.core.somaxconn,kernel.msg\*$" "$out/all.yaml")" = 2 ] \
   || { echo "FAIL: allowedUnsafeSysctls must reach both the node-agent and the webhook"; exit 1; }
 vwc=$("$helm" template gk "$chart" -n groundskeeper --show-only templates/sysctl-webhook.yaml)
-[ "$(echo "$vwc" | grep -c "failurePolicy: Ignore$")" = 2 ] || { echo "FAIL: the webhooks must fail open by default"; exit 1; }
+# The binding webhook sees every binding: it fails open. The two that see only pods setting
+# sysctls some node could forbid (the gate, pods created on their node) fail closed.
+[ "$(echo "$vwc" | grep -c "failurePolicy: Ignore$")" = 1 ] || { echo "FAIL: the binding webhook must fail open by default"; exit 1; }
+[ "$(echo "$vwc" | grep -c "failurePolicy: Fail$")" = 2 ] || { echo "FAIL: the gate and the webhook on pods created on their node must fail closed by default"; exit 1; }
 for want in "resources: \[\"pods/binding\", \"bindings\"\]" "- kube-system" "- groundskeeper$" "name: sets-sysctls" "name: bound-at-creation" \
   "name: not-a-mirror-pod" "targetPort: webhook" "sideEffects: None"; do
   echo "$vwc" | has -- "$want" || { echo "FAIL: the webhook configuration lacks: $want"; exit 1; }
@@ -95,8 +98,11 @@ grep -q -- "--controllers=servicecidr,podgc,sysctlplacement$" "$out/default.yaml
 grep -q -- "--webhook-mutating-configuration=gk-groundskeeper-sysctl-gate$" "$out/default.yaml" \
   || { echo "FAIL: the controller-manager does not keep the gate's caBundle"; exit 1; }
 off=$("$helm" template gk "$chart" -n groundskeeper --set controllerManager.sysctlWebhook.gate.enabled=false)
-echo "$off" | has "MutatingWebhookConfiguration\|sysctlplacement\|mutatingwebhookconfigurations\|sysctl-placement-pods" \
-  && { echo "FAIL: gate.enabled=false still renders the gate, the placement or its RBAC"; exit 1; }
+echo "$off" | has "MutatingWebhookConfiguration\|mutatingwebhookconfigurations" \
+  && { echo "FAIL: gate.enabled=false still renders the gate or its RBAC"; exit 1; }
+# The placement stays with the gate off: it releases the pods the gate already holds.
+echo "$off" | has -- "--controllers=servicecidr,podgc,sysctlplacement$" && echo "$off" | has "sysctl-gate-owner" \
+  || { echo "FAIL: gate.enabled=false stops the placement: the pods the gate holds would be stranded"; exit 1; }
 echo "$off" | has "^kind: ValidatingWebhookConfiguration$" || { echo "FAIL: gate.enabled=false must keep the binding webhook"; exit 1; }
 "$helm" template gk "$chart" --set controllerManager.sysctlWebhook.gate.failurePolicy=Ignore --show-only templates/sysctl-webhook.yaml \
   | awk '/^---/{on=0} /^kind: MutatingWebhookConfiguration$/{on=1} on' | has "failurePolicy: Ignore$" \
