@@ -221,7 +221,12 @@ docs_of Deployment < "$out/t-managed.yaml" | has -- "- --pod-gc-mode=ttl-only$" 
   || fail "podGC.mode=ttl-only must leave the out-of-service, orphaned and unscheduled passes to kube-controller-manager (--pod-gc-mode=ttl-only)"
 docs_of Deployment < "$out/t-default.yaml" | has -- "- --pod-gc-mode=all$" \
   || fail "podGC.mode=all (the default) must run every pass (--pod-gc-mode=all)"
-names < "$out/t-managed.yaml" | has "^Job " && fail "the managed preset renders the uninstall Job, which would strip kube-controller-manager's ServiceCIDR finalizer"
+# The uninstall Job there only releases the pods the sysctl gate holds: it must not touch the
+# ServiceCIDR finalizer (kube-controller-manager's), nor be allowed to.
+docs_of Job < "$out/t-managed.yaml" | has -- "- --release-servicecidrs=false$" \
+  || fail "the managed preset's uninstall Job would strip kube-controller-manager's ServiceCIDR finalizer"
+render -f "$chart/presets/managed-cluster.yaml" --show-only templates/uninstall-hook.yaml | docs_of ClusterRole | has "servicecidrs" \
+  && fail "the managed preset's uninstall Job may patch ServiceCIDRs: kube-controller-manager's finalizer is not ours"
 render --set controllerManager.podGC.terminatedPodThreshold=77 | docs_of Deployment | has -- "- --terminated-pod-gc-threshold=77$" \
   || fail "podGC.mode=all must pass terminatedPodThreshold"
 "$helm" install gk "$chart" -n groundskeeper --dry-run=client -f "$chart/presets/managed-cluster.yaml" | sed -n '/^NOTES:/,$p' > "$out/t-notes"
