@@ -110,20 +110,29 @@ fn self_signed_hosts() -> Vec<String> {
 
 /// What one caller can cost the admin server. It answers GETs of small pages to a few
 /// scrapers and kubelet's probes: few connections, no bodies, and a check of the caller with
-/// the apiserver at most (`--metrics-auth=kubernetes`) within the answer's time.
+/// the apiserver at most (`--metrics-auth=kubernetes`) within the answer's time. kubelet's
+/// probes open a connection each, from the node's address: a source holding none, which
+/// always finds room (`serving/sources.rs`), and their endpoints take no lane ([`bind`]).
 pub fn limits() -> Limits {
     Limits {
         name: "admin server",
         connections: 64,
-        handshakes: 8,
-        handshake_timeout: Duration::from_secs(5),
+        source_connections: 16,
+        handshakes: 32,
+        source_handshakes: 8,
+        handshake_timeout: Duration::from_secs(1),
         header_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(5),
+        body_grace: Duration::from_secs(1),
+        body_min_rate: 16 << 10,
+        slow_bodies: 2,
         answer_timeout: Duration::from_secs(20),
         max_body: 16 << 10,
         small_body: 16 << 10,
         small_in_flight: 16,
+        source_in_flight: 8,
         large_in_flight: 1,
+        large_answering: 1,
         queue_wait: Duration::from_secs(1),
     }
 }
@@ -131,7 +140,6 @@ pub fn limits() -> Limits {
 #[derive(Clone)]
 struct AdminState {
     registry: Registry,
-    readiness: Readiness,
     auth: Option<Delegated>,
 }
 
@@ -141,20 +149,26 @@ pub fn router(registry: Registry, readiness: Readiness) -> Router {
 
 /// [`router`], with `/metrics` only for the callers `auth` lets through.
 pub fn router_with(registry: Registry, readiness: Readiness, auth: Option<Delegated>) -> Router {
+    probes(readiness).merge(metrics_router(registry, auth))
+}
+
+/// kubelet's endpoints: answered from memory at once, with no body read.
+fn probes(readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/livez", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_handler))
-        .with_state(AdminState {
-            registry,
-            readiness,
-            auth,
-        })
+        .with_state(readiness)
 }
 
-async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
-    let not_ready = s.readiness.not_ready();
+fn metrics_router(registry: Registry, auth: Option<Delegated>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .with_state(AdminState { registry, auth })
+}
+
+async fn readyz(State(readiness): State<Readiness>) -> impl IntoResponse {
+    let not_ready = readiness.not_ready();
     if not_ready.is_empty() {
         (StatusCode::OK, "ok\n".to_string())
     } else {
@@ -208,11 +222,14 @@ pub async fn bind(
     )
     .await?;
     let local = listener.local_addr();
-    let app = serving::limited(
-        router_with(registry, readiness, auth),
+    // The probes' endpoints take no lane: answered from memory, they never wait behind the
+    // requests in flight (a scrape waiting on a TokenReview); the connection limits, and the
+    // header deadline, hold for them as for every request.
+    let app = probes(readiness).merge(serving::limited(
+        metrics_router(registry, auth),
         &limits,
         counters.clone(),
-    );
+    ));
     let serve = async move {
         serving::serve(listener, app, &limits, counters, token).await;
         Ok(())
@@ -227,8 +244,10 @@ fn counters(registry: &Registry) -> prometheus::Result<Counters> {
             Opts::new(
                 "groundskeeper_admin_refused_total",
                 "Requests and connections the admin server (/metrics, /healthz, /readyz) refused or cut, by reason: \
-                 body_too_large, busy (too many in flight: 429), body_timeout, answer_timeout, header_timeout, \
-                 handshake_timeout.",
+                 body_too_large, busy (too many in flight: 429), source_busy (too many from the caller's address: 429), \
+                 body_timeout, body_too_slow, answer_timeout, header_timeout, handshake_timeout, connections, \
+                 source_connections, handshakes, source_handshakes (a connection closed at once at that cap), \
+                 replaced (an idle or silent connection closed to make room for a new one).",
             ),
             &["reason"],
         ),
