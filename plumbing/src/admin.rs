@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     Readiness, metrics,
     metrics_auth::{Delegated, MetricsAuth},
-    serving::{self, Counters, Limits, Listener, self_signed::Source},
+    serving::{self, Counters, Limits, self_signed::Source},
 };
 
 #[derive(Args, Clone, Debug)]
@@ -212,16 +212,6 @@ pub async fn bind(
 )> {
     let counters = counters(&registry).map_err(std::io::Error::other)?;
     let limits = limits();
-    let listener = Listener::bind(
-        addr,
-        "--admin-addr",
-        tls,
-        &limits,
-        counters.clone(),
-        token.clone(),
-    )
-    .await?;
-    let local = listener.local_addr();
     // The probes' endpoints take no lane: answered from memory, they never wait behind the
     // requests in flight (a scrape waiting on a TokenReview); the connection limits, and the
     // header deadline, hold for them as for every request.
@@ -230,11 +220,12 @@ pub async fn bind(
         &limits,
         counters.clone(),
     ));
-    let serve = async move {
-        serving::serve(listener, app, &limits, counters, token).await;
+    let (local, serve) =
+        serving::bind(addr, "--admin-addr", tls, app, limits, counters, token).await?;
+    Ok((local, async move {
+        serve.await;
         Ok(())
-    };
-    Ok((local, serve))
+    }))
 }
 
 fn counters(registry: &Registry) -> prometheus::Result<Counters> {

@@ -18,9 +18,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use groundskeeper_plumbing::serving::{
-    Certificates, Limits, Listener, limited, serve, server_config,
-};
+use groundskeeper_plumbing::serving::{Certificates, Limits, bind, limited, server_config};
 
 use super::metrics::Metrics;
 use super::serve::{Judge, Lookups, router};
@@ -74,17 +72,6 @@ async fn served(limits: Limits) -> Served {
     certs.load(g.cert.as_bytes(), g.key.as_bytes()).unwrap();
     let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
     let token = CancellationToken::new();
-    let listener = Listener::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        "--webhook-addr",
-        Some(server_config(certs).unwrap()),
-        &limits,
-        metrics.counters(),
-        token.clone(),
-    )
-    .await
-    .unwrap();
-    let addr = listener.local_addr();
     let mock = testkit::api::Mock::answering(&[]);
     let judge = Arc::new(Judge {
         args: PolicyArgs {
@@ -101,8 +88,18 @@ async fn served(limits: Limits) -> Served {
         metrics: metrics.clone(),
     });
     let app = limited(router(judge), &limits, metrics.counters());
-    let (counters, stop) = (metrics.counters(), token.clone());
-    tokio::spawn(async move { serve(listener, app, &limits, counters, stop).await });
+    let (addr, serve) = bind(
+        "127.0.0.1:0".parse().unwrap(),
+        "--webhook-addr",
+        Some(server_config(certs).unwrap()),
+        app,
+        limits,
+        metrics.counters(),
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(serve);
 
     let mut roots = rustls::RootCertStore::empty();
     roots

@@ -117,6 +117,23 @@ pub struct Accepted {
     pub slot: Slot,
 }
 
+/// Whether bytes from the client are waiting on `tcp` (a peek that does not wait).
+fn has_bytes(tcp: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: recv writes at most one byte into `byte`, which outlives the call; the
+    // descriptor is `tcp`'s own, open while it is borrowed.
+    let n = unsafe {
+        libc::recv(
+            tcp.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
+}
+
 /// Connections ready to serve HTTP on.
 pub struct Listener {
     ready: mpsc::Receiver<Accepted>,
@@ -165,7 +182,10 @@ impl Listener {
                         }
                     },
                 };
+                // A client that has sent its first bytes by the time it is accepted (a TLS
+                // client sends its hello at once) is speaking already: never replaced as silent.
                 let stage = match acceptor {
+                    Some(_) if has_bytes(&tcp) => Stage::Handshake,
                     Some(_) => Stage::Silent,
                     None => Stage::Idle,
                 };
@@ -201,11 +221,12 @@ impl Listener {
                         Some(acceptor) => {
                             let shaken = async {
                                 // Silent until the first byte: the stage whose connections a
-                                // new one from the same source may replace.
-                                // (peek, not readable(): readiness may be reported before
-                                // a byte is there.)
-                                tcp.peek(&mut [0u8; 1]).await?;
-                                slot.stage(Stage::Handshake);
+                                // new one from the same source may replace. (peek, not
+                                // readable(): readiness may be reported before a byte is.)
+                                if stage == Stage::Silent {
+                                    tcp.peek(&mut [0u8; 1]).await?;
+                                    slot.stage(Stage::Handshake);
+                                }
                                 acceptor.accept(tcp).await
                             };
                             let shaken = tokio::select! {

@@ -30,6 +30,26 @@ mod sources_tests;
 pub use guard::{limited, serve};
 pub use listener::{Accepted, Certificates, Listener, server_config};
 
+/// Binds `addr` now (a port clash fails start-up, naming `flag`) and returns where it listens
+/// and the task that serves `app` (a router behind [`limited`], in whole or in part) on it,
+/// over TLS with `tls`, within `limits`, until `token` is cancelled.
+pub async fn bind(
+    addr: std::net::SocketAddr,
+    flag: &str,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    app: axum::Router,
+    limits: Limits,
+    counters: Counters,
+    token: tokio_util::sync::CancellationToken,
+) -> std::io::Result<(std::net::SocketAddr, impl Future<Output = ()> + use<>)> {
+    let listener =
+        Listener::bind(addr, flag, tls, &limits, counters.clone(), token.clone()).await?;
+    let local = listener.local_addr();
+    Ok((local, async move {
+        serve(listener, app, &limits, counters, token).await
+    }))
+}
+
 /// hyper's read buffer per connection (its default grows to 400 KiB): headers must fit.
 pub const READ_BUFFER: usize = 64 << 10;
 
