@@ -3,6 +3,8 @@
 //! token and the Kubernetes client.
 
 pub mod admin;
+#[cfg(test)]
+mod admin_tests;
 pub mod cache;
 pub mod cli;
 pub mod client;

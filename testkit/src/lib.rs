@@ -15,6 +15,7 @@ pub mod cli;
 pub mod components;
 pub mod control_plane;
 pub mod figures;
+pub mod hostile;
 pub mod leases;
 pub mod networking;
 pub mod proxy;

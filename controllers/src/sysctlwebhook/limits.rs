@@ -22,24 +22,38 @@ pub fn limits() -> Limits {
     Limits {
         name: "groundskeeper sysctl webhook",
         connections: 256,
-        handshakes: 32,
-        handshake_timeout: Duration::from_secs(5),
+        // One apiserver is one source: room for a burst of reviews on new connections (its
+        // client keeps 25 idle ones), and for the caller it shares nothing with.
+        source_connections: 128,
+        handshakes: 128,
+        source_handshakes: 64,
+        // The apiserver may call through a tunnel (konnectivity): more than one round trip.
+        handshake_timeout: Duration::from_secs(2),
         header_timeout: Duration::from_secs(10),
         body_timeout: Duration::from_secs(5),
+        // The apiserver sends a review in one go; a body a byte at a time holds its lane a
+        // second at most.
+        body_grace: Duration::from_secs(1),
+        body_min_rate: 256 << 10,
+        slow_bodies: 8,
         // Judging a review, a pod lookup: the apiserver gave up long before (`timeoutSeconds`,
         // at most 30, 5 in the chart).
         answer_timeout: Duration::from_secs(10),
         max_body: MAX_BODY,
         small_body: SMALL_BODY,
-        // Bindings and ordinary pods take the wide lane; larger bodies one at a time.
+        // Bindings and ordinary pods take the wide lane; larger bodies are received four at a
+        // time (one per source) and parsed one at a time.
         small_in_flight: 64,
-        large_in_flight: 1,
+        source_in_flight: 32,
+        large_in_flight: 4,
+        large_answering: 1,
         queue_wait: Duration::from_secs(1),
     }
 }
 
 /// Every value of the `reason` label.
-pub const REFUSED_REASONS: [&str; 7] = {
-    let [a, b, c, d, e, f] = groundskeeper_plumbing::serving::REFUSED_REASONS;
-    [a, b, c, d, e, f, "lookup_budget"]
-};
+pub fn refused_reasons() -> impl Iterator<Item = &'static str> {
+    groundskeeper_plumbing::serving::REFUSED_REASONS
+        .into_iter()
+        .chain(["lookup_budget"])
+}

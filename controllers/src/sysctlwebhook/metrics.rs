@@ -14,7 +14,7 @@ pub struct Metrics {
     pub certificate_steps: IntCounterVec,
     /// `error`: [`ReviewError::metric_label`](super::serve::ReviewError::metric_label).
     pub errors: IntCounterVec,
-    /// `reason`: one of [`REFUSED_REASONS`](super::limits::REFUSED_REASONS).
+    /// `reason`: one of [`refused_reasons`](super::limits::refused_reasons).
     pub refused: IntCounterVec,
     pub connections: IntGauge,
 }
@@ -84,15 +84,18 @@ impl Metrics {
                 Opts::new(
                     "groundskeeper_sysctl_webhook_refused_total",
                     "Connections and requests the webhook server cut short at one of its limits, by reason: \
-                     body_too_large (413), busy (429: too many requests in flight), body_timeout (408), \
+                     body_too_large (413), busy (429: too many requests in flight), source_busy (429: too many \
+                     from the caller's address), body_timeout (408), body_too_slow (408: under the minimum rate), \
                      answer_timeout (503), header_timeout (headers not sent in time, or a connection idle too \
-                     long), handshake_timeout, lookup_budget (a binding judged without its pod: the webhook's \
+                     long), handshake_timeout, connections, source_connections, handshakes, source_handshakes \
+                     (a connection closed at once at that cap), replaced (an idle or silent connection closed to \
+                     make room for a new one), lookup_budget (a binding judged without its pod: the webhook's \
                      budget of pod lookups was spent).",
                 ),
                 &["reason"],
             ),
         )?;
-        for reason in super::limits::REFUSED_REASONS {
+        for reason in super::limits::refused_reasons() {
             refused.with_label_values(&[reason]);
         }
         let connections = registered(

@@ -40,7 +40,7 @@ use crate::context::Context;
 use apply::KubeWrites;
 use cache::{COMPONENT, Change, Own};
 use certs::{CertTask, Source, TICK};
-use groundskeeper_plumbing::serving::{self, Certificates, Listener};
+use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
 use rotation::Timing;
 use serve::{Judge, Lookups};
@@ -178,19 +178,8 @@ pub async fn run(
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
     let limits = limits::limits();
-    let listener = Listener::bind(
-        args.webhook_addr,
-        "--webhook-addr",
-        Some(serving::server_config(certs.clone())?),
-        &limits,
-        metrics.counters(),
-        base.token.clone(),
-    )
-    .await?;
-    tracing::info!(addr = %listener.local_addr(), certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
-
     let judge = Arc::new(Judge {
-        args: policy,
+        args: policy.clone(),
         dry_run: base.dry_run,
         cache: cache.clone(),
         health: health.clone(),
@@ -205,10 +194,18 @@ pub async fn run(
         &limits,
         metrics.counters(),
     );
-    let server = tokio::spawn({
-        let (counters, token) = (metrics.counters(), base.token.clone());
-        async move { serving::serve(listener, router, &limits, counters, token).await }
-    });
+    let (addr, serve) = serving::bind(
+        args.webhook_addr,
+        "--webhook-addr",
+        Some(serving::server_config(certs.clone())?),
+        router,
+        limits,
+        metrics.counters(),
+        base.token.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    let server = tokio::spawn(serve);
     let listed = health.clone();
     let task = CertTask::new(
         args.webhook_certificates,

@@ -1,7 +1,7 @@
 //! The webhook server's limits, each proved over real TCP and TLS against the real server
 //! code (short times, small caps): a body over the cap gets 413 unread, headers or a body too
-//! slow are cut off, requests over the cap wait boundedly and then get 429, connections and
-//! handshakes over their caps wait for a slot.
+//! slow are cut off, requests over the cap wait boundedly and then get 429, a connection over
+//! a cap is closed at once or replaces an idle one, never waiting.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,9 +18,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use groundskeeper_plumbing::serving::{
-    Certificates, Limits, Listener, limited, serve, server_config,
-};
+use groundskeeper_plumbing::serving::{Certificates, Limits, bind, limited, server_config};
 
 use super::metrics::Metrics;
 use super::serve::{Judge, Lookups, router};
@@ -43,15 +41,22 @@ fn short() -> Limits {
     Limits {
         name: "test webhook",
         connections: 16,
+        source_connections: 16,
         handshakes: 8,
+        source_handshakes: 8,
         handshake_timeout: Duration::from_millis(500),
         header_timeout: Duration::from_millis(300),
         body_timeout: Duration::from_millis(300),
+        body_grace: Duration::from_secs(1),
+        body_min_rate: 64 << 10,
+        slow_bodies: 4,
         answer_timeout: Duration::from_secs(5),
         max_body: 256 << 10,
         small_body: 4 << 10,
         small_in_flight: 2,
+        source_in_flight: 8,
         large_in_flight: 1,
+        large_answering: 1,
         queue_wait: Duration::from_millis(200),
     }
 }
@@ -67,17 +72,6 @@ async fn served(limits: Limits) -> Served {
     certs.load(g.cert.as_bytes(), g.key.as_bytes()).unwrap();
     let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
     let token = CancellationToken::new();
-    let listener = Listener::bind(
-        "127.0.0.1:0".parse().unwrap(),
-        "--webhook-addr",
-        Some(server_config(certs).unwrap()),
-        &limits,
-        metrics.counters(),
-        token.clone(),
-    )
-    .await
-    .unwrap();
-    let addr = listener.local_addr();
     let mock = testkit::api::Mock::answering(&[]);
     let judge = Arc::new(Judge {
         args: PolicyArgs {
@@ -94,8 +88,18 @@ async fn served(limits: Limits) -> Served {
         metrics: metrics.clone(),
     });
     let app = limited(router(judge), &limits, metrics.counters());
-    let (counters, stop) = (metrics.counters(), token.clone());
-    tokio::spawn(async move { serve(listener, app, &limits, counters, stop).await });
+    let (addr, serve) = bind(
+        "127.0.0.1:0".parse().unwrap(),
+        "--webhook-addr",
+        Some(server_config(certs).unwrap()),
+        app,
+        limits,
+        metrics.counters(),
+        token.clone(),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(serve);
 
     let mut roots = rustls::RootCertStore::empty();
     roots
@@ -297,46 +301,62 @@ async fn requests_over_the_cap_wait_boundedly_then_get_429() {
     assert_eq!(status(&mut s).await.unwrap().0, 200);
 }
 
-/// At the connection cap a new connection is not served (its handshake waits) until one
-/// closes; a client that opens TCP and never speaks TLS holds a handshake slot only until the
-/// handshake timeout.
+/// At the connection cap a new connection is served at once, in the place of the oldest one
+/// waiting for a request (which is closed); a client that opens TCP and never speaks TLS is
+/// replaced by the next connection from its address at once, and alone is dropped at the
+/// handshake timeout. Nothing waits for a slot.
 #[tokio::test]
-async fn connections_and_handshakes_over_their_caps_wait_for_a_slot() {
+async fn connections_over_their_caps_replace_an_idle_one_at_once() {
     let w = served(Limits {
         connections: 2,
+        source_connections: 2,
         handshakes: 1,
+        source_handshakes: 1,
         ..short()
     })
     .await;
-    let first = w.connect().await;
-    let _second = w.connect().await;
-    let third = tokio::time::timeout(Duration::from_millis(200), w.connect()).await;
-    assert!(
-        third.is_err(),
-        "a third connection was served at a cap of 2"
-    );
-    drop(first);
-    let mut third = tokio::time::timeout(Duration::from_secs(2), w.connect())
+    let mut first = w.connect().await;
+    let mut second = w.connect().await;
+    second.write_all(&post(&review(0))).await.unwrap();
+    assert_eq!(status(&mut second).await.unwrap().0, 200);
+    let mut third = tokio::time::timeout(Duration::from_millis(500), w.connect())
         .await
-        .expect("served once a connection closed");
+        .expect("a third connection at a cap of 2 is served at once");
+    assert!(
+        closed_within(&mut first, Duration::from_secs(1)).await,
+        "the oldest idle connection makes room"
+    );
     third.write_all(&post(&review(0))).await.unwrap();
     assert_eq!(status(&mut third).await.unwrap().0, 200);
-    drop(third);
-    drop(_second);
+    assert_eq!(w.refused("replaced"), 1);
+    drop((second, third));
 
-    // One mute client holds the only handshake slot: the next handshake waits for its timeout.
+    // One mute client holds the only handshake slot: the next connection replaces it at once.
     let _mute = TcpStream::connect(w.addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     let start = Instant::now();
     let mut s = tokio::time::timeout(Duration::from_secs(3), w.connect())
         .await
-        .expect("a handshake slot frees at the handshake timeout");
+        .expect("served");
     assert!(
-        start.elapsed() >= Duration::from_millis(350),
-        "{:?}",
+        start.elapsed() < Duration::from_millis(400),
+        "waited for the mute one's handshake timeout: {:?}",
         start.elapsed()
     );
     s.write_all(&post(&review(0))).await.unwrap();
     assert_eq!(status(&mut s).await.unwrap().0, 200);
+    assert_eq!(w.refused("replaced"), 2);
+    drop(s);
+    // Alone, a mute client is dropped at the handshake timeout.
+    let mut mute = TcpStream::connect(w.addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let start = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(3), mute.read(&mut byte)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    assert!(
+        start.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(w.refused("handshake_timeout"), 1);
 }

@@ -1,11 +1,13 @@
 //! What a caller can cost a server, bounded: the time to send headers and a body, body sizes,
-//! and requests in flight (the connections and handshakes are capped by the listener).
+//! and requests in flight, in all and per source address (the connections and handshakes are
+//! capped by the listener).
 //!
 //! Whatever one connection may hold, a hostile caller can hold many times over, so every
 //! limit answers in a way an HTTP client understands: a request over the cap gets 429 with
 //! `Retry-After` (client-go retries it), a body too large gets 413 unread, and what does not
 //! arrive in time is dropped.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use axum::{
@@ -16,26 +18,44 @@ use axum::{
     middleware::{self, Next},
     response::{IntoResponse, Response},
 };
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::Service;
 
-use super::{Counters, Limits, READ_BUFFER, listener::Listener};
+use super::body::{self, Pace, Refused};
+use super::listener::{Accepted, Listener};
+use super::sources::{self, Stage, Tally};
+use super::{Counters, Limits, READ_BUFFER};
 
 struct Lanes {
     small: Semaphore,
     large: Semaphore,
+    answering: Semaphore,
+    slow: Semaphore,
+    /// Requests in flight per source, in the wide lane and in the narrow one.
+    small_by_source: Arc<Tally>,
+    large_by_source: Arc<Tally>,
     limits: Limits,
     counters: Counters,
 }
 
-/// `router` behind the request limits: size, lane, body deadline, answer deadline.
+/// The source address of a request's connection, set by [`serve`] on every request.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub IpAddr);
+
+/// `router` behind the request limits: size, lane, body deadline and rate, answer deadline.
 pub fn limited(router: Router, limits: &Limits, counters: Counters) -> Router {
     let lanes = Arc::new(Lanes {
         small: Semaphore::new(limits.small_in_flight),
         large: Semaphore::new(limits.large_in_flight),
+        answering: Semaphore::new(limits.large_answering.max(1)),
+        slow: Semaphore::new(limits.slow_bodies),
+        small_by_source: Arc::default(),
+        large_by_source: Arc::default(),
         limits: limits.clone(),
         counters,
     });
@@ -73,9 +93,25 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
             "request body too large",
         );
     }
-    let lane = match declared {
-        Some(n) if n <= l.small_body as u64 => &lanes.small,
-        _ => &lanes.large,
+    // No length and no chunks: no body (a GET), which the wide lane takes.
+    let bodiless = declared.is_none() && !req.headers().contains_key(header::TRANSFER_ENCODING);
+    let small = bodiless || declared.is_some_and(|n| n <= l.small_body as u64);
+    // A request with no connection behind it (a test calling the router) counts as one source.
+    let source = req
+        .extensions()
+        .get::<Peer>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.0);
+    let (lane, by_source, share) = match small {
+        true => (&lanes.small, &lanes.small_by_source, l.source_in_flight),
+        false => (&lanes.large, &lanes.large_by_source, 1),
+    };
+    let Some(_share) = by_source.take(source, share) else {
+        lanes.counters.refused("source_busy");
+        return refusal(
+            l.name,
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests in flight from your address",
+        );
     };
     let Ok(Ok(_permit)) = tokio::time::timeout(l.queue_wait, lane.acquire()).await else {
         lanes.counters.refused("busy");
@@ -86,27 +122,55 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
         );
     };
     let (parts, body) = req.into_parts();
-    let bytes =
-        match tokio::time::timeout(l.body_timeout, axum::body::to_bytes(body, l.max_body)).await {
-            Ok(Ok(b)) => b,
-            Ok(Err(_)) => {
-                // Over the limit without saying so up front (chunked), or the body broke off.
-                lanes.counters.refused("body_too_large");
+    let pace = Pace {
+        deadline: l.body_timeout,
+        grace: l.body_grace,
+        min_rate: l.body_min_rate,
+        max: l.max_body,
+    };
+    let bytes = match body::receive(body, pace, &lanes.slow).await {
+        Ok(b) => b,
+        Err(Refused::TooLargeOrCut) => {
+            // Over the limit without saying so up front (chunked), or the body broke off.
+            lanes.counters.refused("body_too_large");
+            return refusal(
+                l.name,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large or cut",
+            );
+        }
+        Err(Refused::Timeout) => {
+            lanes.counters.refused("body_timeout");
+            return refusal(
+                l.name,
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received in time",
+            );
+        }
+        Err(Refused::TooSlow) => {
+            lanes.counters.refused("body_too_slow");
+            return refusal(
+                l.name,
+                StatusCode::REQUEST_TIMEOUT,
+                "request body sent too slowly",
+            );
+        }
+    };
+    // A large body is held while it is parsed (several times its size): few at once.
+    let _answering = match small {
+        true => None,
+        false => match tokio::time::timeout(l.queue_wait, lanes.answering.acquire()).await {
+            Ok(Ok(p)) => Some(p),
+            _ => {
+                lanes.counters.refused("busy");
                 return refusal(
                     l.name,
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request body too large or cut",
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too many requests in flight",
                 );
             }
-            Err(_) => {
-                lanes.counters.refused("body_timeout");
-                return refusal(
-                    l.name,
-                    StatusCode::REQUEST_TIMEOUT,
-                    "request body not received in time",
-                );
-            }
-        };
+        },
+    };
     let req = Request::from_parts(parts, Body::from(bytes));
     match tokio::time::timeout(l.answer_timeout, next.run(req)).await {
         Ok(r) => r,
@@ -119,7 +183,9 @@ async fn admit(State(lanes): State<Arc<Lanes>>, req: Request, next: Next) -> Res
 
 /// Serves `router` (already [`limited`]) on the connections `listener` hands over, each with
 /// the header and idle timeout, until `token` is cancelled; then lets the requests in flight
-/// finish (each bounded by the limits) and closes idle connections.
+/// finish (each bounded by the limits) and closes idle connections. A connection is marked
+/// busy while it answers a request (so no new connection replaces it), and closed at once when
+/// a new one replaces it.
 pub async fn serve(
     mut listener: Listener,
     router: Router,
@@ -139,17 +205,30 @@ pub async fn serve(
             a = listener.accept() => a,
         };
         let Some(accepted) = accepted else { break };
-        let conn = http.serve_connection(
-            TokioIo::new(accepted.stream),
-            TowerToHyperService::new(router.clone()),
-        );
+        let Accepted { stream, peer, slot } = accepted;
+        let slot = Arc::new(slot);
+        let service = {
+            let (router, slot) = (router.clone(), slot.clone());
+            tower::service_fn(move |mut req: http::Request<Incoming>| {
+                slot.stage(Stage::Busy);
+                req.extensions_mut()
+                    .insert(Peer(sources::source(peer.ip())));
+                let (answer, slot) = (router.clone().call(req.map(Body::new)), slot.clone());
+                async move {
+                    let r = answer.await;
+                    slot.stage(Stage::Idle);
+                    r
+                }
+            })
+        };
+        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let (token, counters, name) = (token.clone(), counters.clone(), limits.name);
         counters.connections.inc();
         connections.spawn(async move {
-            let _slot = accepted.slot;
             let mut conn = std::pin::pin!(conn);
             let ended = tokio::select! {
                 r = conn.as_mut() => r,
+                _ = slot.replaced().cancelled() => Ok(()),
                 _ = token.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
@@ -160,7 +239,7 @@ pub async fn serve(
                 if e.is_timeout() {
                     counters.refused("header_timeout");
                 }
-                tracing::debug!(peer = %accepted.peer, error = %e, "{name}: connection ended");
+                tracing::debug!(%peer, error = %e, "{name}: connection ended");
             }
         });
         while connections.try_join_next().is_some() {}

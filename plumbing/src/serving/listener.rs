@@ -1,20 +1,21 @@
 //! The port: the certificate served, swapped in place when it changes, and a listener that
 //! hands over connections (whose TLS handshake is done, when serving TLS), with the connections
-//! and handshakes in progress capped.
+//! and handshakes in progress capped in all and per source address (`sources.rs`).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::server::{ClientHello, ResolvesServerCert, ServerConfig};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
+use super::sources::{self, Id, Stage, Table};
 use super::{Counters, Limits};
 
 /// The certificate served, replaced whole when its source changes; none until it is loaded,
@@ -78,26 +79,75 @@ pub fn server_config(certs: Arc<Certificates>) -> Result<Arc<ServerConfig>, rust
 /// A connection accepted: TLS or plain TCP.
 pub type Stream = Either<TlsStream<TcpStream>, TcpStream>;
 
+/// A connection's place in the listener's table of connections by source: its stage kept
+/// current by whoever serves it, taken out when dropped. `replaced` is cancelled when a new
+/// connection takes its place: then it must be closed.
+pub struct Slot {
+    id: Id,
+    table: Arc<Mutex<Table<CancellationToken>>>,
+    replaced: CancellationToken,
+}
+
+impl Slot {
+    pub fn stage(&self, stage: Stage) {
+        lock(&self.table).set(self.id, stage);
+    }
+
+    /// Cancelled when a new connection takes this one's place.
+    pub fn replaced(&self) -> &CancellationToken {
+        &self.replaced
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.table).remove(self.id);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A connection accepted (its TLS handshake done, when serving TLS), and its slot among the
 /// connections allowed (freed when the connection is dropped).
 pub struct Accepted {
     pub stream: Stream,
     pub peer: SocketAddr,
-    pub slot: OwnedSemaphorePermit,
+    pub slot: Slot,
+}
+
+/// Whether bytes from the client are waiting on `tcp` (a peek that does not wait).
+fn has_bytes(tcp: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: recv writes at most one byte into `byte`, which outlives the call; the
+    // descriptor is `tcp`'s own, open while it is borrowed.
+    let n = unsafe {
+        libc::recv(
+            tcp.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 /// Connections ready to serve HTTP on.
 pub struct Listener {
     ready: mpsc::Receiver<Accepted>,
     local: SocketAddr,
+    table: Arc<Mutex<Table<CancellationToken>>>,
 }
 
 impl Listener {
     /// Binds `addr` now (a port clash fails start-up, naming `flag`) and accepts until `token`
-    /// is cancelled: up to `limits.connections` open at once; with `tls`, up to
-    /// `limits.handshakes` handshaking, each handshake in its own task (so a slow client holds
-    /// up no other) and dropped after `limits.handshake_timeout`. At either cap, accepting
-    /// waits: new connections queue in the kernel's backlog, costing this process nothing.
+    /// is cancelled. Accepting never waits: a connection over a cap of `limits` (in all, or of
+    /// its source address) is closed at once, or replaces one doing nothing
+    /// ([`Table::admit`]), so no connection waits in the kernel's backlog behind a cap. With
+    /// `tls`, each handshake runs in its own task (a slow client holds up no other), dropped
+    /// `limits.handshake_timeout` after the accept.
     pub async fn bind(
         addr: SocketAddr,
         flag: &str,
@@ -110,70 +160,104 @@ impl Listener {
             std::io::Error::new(e.kind(), format!("{flag} {addr}: cannot listen: {e}"))
         })?;
         let local = listener.local_addr()?;
+        // Handed over as fast as the server spawns them; a handshake waits here, never the
+        // accepting.
         let (tx, ready) = mpsc::channel(64);
         let acceptor = tls.map(TlsAcceptor::from);
-        let connections = Arc::new(Semaphore::new(limits.connections));
-        let handshakes = Arc::new(Semaphore::new(limits.handshakes));
+        let table = Arc::new(Mutex::new(Table::new(limits.caps())));
         let (handshake_timeout, name) = (limits.handshake_timeout, limits.name);
+        let shared = table.clone();
         tokio::spawn(async move {
             loop {
-                // The semaphores are never closed: acquiring fails only if they were.
-                let slots = async {
-                    let slot = connections.clone().acquire_owned().await.ok()?;
-                    let handshake = match acceptor {
-                        Some(_) => Some(handshakes.clone().acquire_owned().await.ok()?),
-                        None => None,
-                    };
-                    Some((slot, handshake))
-                };
-                let (slot, handshake) = tokio::select! {
-                    _ = token.cancelled() => return,
-                    s = slots => match s { Some(s) => s, None => return },
-                };
                 let (tcp, peer) = tokio::select! {
                     _ = token.cancelled() => return,
                     r = listener.accept() => match r {
                         Ok(c) => c,
                         Err(e) => {
+                            // Out of file descriptors, most likely: the connection waits in
+                            // the backlog until one closes.
                             tracing::warn!(error = %e, "{name}: accepting a connection failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
                             continue;
                         }
                     },
                 };
-                let Some(acceptor) = acceptor.clone() else {
-                    let accepted = Accepted {
-                        stream: Either::Right(tcp),
-                        peer,
-                        slot,
-                    };
-                    if tx.send(accepted).await.is_err() {
-                        return;
-                    }
-                    continue;
+                // A client that has sent its first bytes by the time it is accepted (a TLS
+                // client sends its hello at once) is speaking already: never replaced as silent.
+                let stage = match acceptor {
+                    Some(_) if has_bytes(&tcp) => Stage::Handshake,
+                    Some(_) => Stage::Silent,
+                    None => Stage::Idle,
                 };
-                let (tx, counters) = (tx.clone(), counters.clone());
-                tokio::spawn(async move {
-                    let shaken =
-                        tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
-                    drop(handshake);
-                    match shaken {
-                        Ok(Ok(tls)) => {
-                            let stream = Either::Left(tls);
-                            let _ = tx.send(Accepted { stream, peer, slot }).await;
+                let replaced = CancellationToken::new();
+                let admitted =
+                    lock(&shared).admit(sources::source(peer.ip()), stage, replaced.clone());
+                let id = match admitted {
+                    Ok((id, gone)) => {
+                        for g in gone {
+                            counters.refused("replaced");
+                            g.cancel();
                         }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "{name}: TLS handshake failed")
-                        }
-                        Err(_) => {
-                            counters.refused("handshake_timeout");
-                            tracing::debug!(%peer, "{name}: TLS handshake timed out")
-                        }
+                        id
                     }
+                    Err(refusal) => {
+                        counters.refused(refusal.reason());
+                        tracing::debug!(%peer, reason = refusal.reason(), "{name}: connection closed at once");
+                        // A reset, so that neither side keeps the closed connection around.
+                        let _ = tcp.set_zero_linger();
+                        continue;
+                    }
+                };
+                let slot = Slot {
+                    id,
+                    table: shared.clone(),
+                    replaced,
+                };
+                let (tx, counters, token) = (tx.clone(), counters.clone(), token.clone());
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let stream = match acceptor {
+                        None => Either::Right(tcp),
+                        Some(acceptor) => {
+                            let shaken = async {
+                                // Silent until the first byte: the stage whose connections a
+                                // new one from the same source may replace. (peek, not
+                                // readable(): readiness may be reported before a byte is.)
+                                if stage == Stage::Silent {
+                                    tcp.peek(&mut [0u8; 1]).await?;
+                                    slot.stage(Stage::Handshake);
+                                }
+                                acceptor.accept(tcp).await
+                            };
+                            let shaken = tokio::select! {
+                                _ = token.cancelled() => return,
+                                _ = slot.replaced.cancelled() => return,
+                                r = tokio::time::timeout(handshake_timeout, shaken) => r,
+                            };
+                            match shaken {
+                                Ok(Ok(tls)) => Either::Left(tls),
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "{name}: TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    counters.refused("handshake_timeout");
+                                    tracing::debug!(%peer, "{name}: TLS handshake timed out");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    slot.stage(Stage::Idle);
+                    let _ = tx.send(Accepted { stream, peer, slot }).await;
                 });
             }
         });
-        Ok(Self { ready, local })
+        Ok(Self {
+            ready,
+            local,
+            table,
+        })
     }
 
     /// The next connection; None once accepting has stopped (shutdown).
@@ -183,5 +267,10 @@ impl Listener {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Connections open, and of them handshaking.
+    pub fn held(&self) -> (usize, usize) {
+        lock(&self.table).held()
     }
 }
