@@ -214,15 +214,20 @@ async fn gone_and_recreated_pods_are_skipped() {
     }
 }
 
+/// Out-of-service nodes read live are still out of service: the tests here are about writes
+/// (`cycle_tests.rs` and `recheck.rs` test the live read).
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
-    Applier::new(
-        Arc::new(writes(mock)),
-        Metrics::register(&prometheus::Registry::new()).unwrap(),
-        concurrency,
-        dry_run,
-        CancellationToken::new(),
-        Fence::unbounded(),
-    )
+    Applier {
+        nodes: Some(crate::podgc::recheck::Always::out_of_service()),
+        ..Applier::new(
+            Arc::new(writes(mock)),
+            Metrics::register(&prometheus::Registry::new()).unwrap(),
+            concurrency,
+            dry_run,
+            CancellationToken::new(),
+            Fence::unbounded(),
+        )
+    }
 }
 
 #[tokio::test]
