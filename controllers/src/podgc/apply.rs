@@ -36,6 +36,7 @@ use super::{
     facts::{DISRUPTION_TARGET, PodFacts},
     metrics::Metrics,
     outcome::log,
+    pending::version,
     recheck::{LiveNode, NodeReads, Recheck},
     wire::WirePod,
 };
@@ -122,17 +123,18 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
     }
 }
 
-/// PodGC's writes to the API. Each answers with the apiserver's error as is: the applier reads
-/// skips and 429s off it.
+/// PodGC's writes to the API. Each answers with the resourceVersion the write left (`None`
+/// when the answer carries none: `pending.rs` then waits for the pod to leave the cache), or
+/// the apiserver's error as is: the applier reads skips and 429s off it.
 pub trait Writes: Send + Sync {
     /// The `pods/<name>/status` strategic merge patch ([`status_patch`]).
     fn patch_status<'a>(
         &'a self,
         pod: &'a PodFacts,
         patch: Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>>;
     /// The force-delete ([`delete_params`]).
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>>;
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>>;
 }
 
 /// The writes, made.
@@ -156,20 +158,26 @@ impl Writes for KubeWrites {
         &'a self,
         pod: &'a PodFacts,
         patch: Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         Box::pin(async move {
             let pp = PatchParams::default();
             let api = self.api(pod);
-            api.patch_status(pod.name(), &pp, &Patch::Strategic(patch))
-                .await
-                .map(drop)
+            let patched = api
+                .patch_status(pod.name(), &pp, &Patch::Strategic(patch))
+                .await?;
+            Ok(version(patched.metadata.resource_version.as_deref()))
         })
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    /// The apiserver answers a pod's delete with the object, at the version of the delete (or
+    /// of the update that set its deletionTimestamp, when finalizers hold it).
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         Box::pin(async move {
             let api = self.api(pod);
-            api.delete(pod.name(), &delete_params(pod)).await.map(drop)
+            let answer = api.delete(pod.name(), &delete_params(pod)).await?;
+            Ok(answer
+                .left()
+                .and_then(|p| version(p.metadata.resource_version.as_deref())))
         })
     }
 }
@@ -191,20 +199,40 @@ pub async fn force_delete(
     d: &Deletion,
     now: Timestamp,
 ) -> Outcome {
+    force_delete_answered(writes, fence, d, now).await.0
+}
+
+/// [`force_delete`], and what the cache must fold before it judges the pod again: `None` when
+/// nothing reached the pod, else the version the last write was answered at (`Some(None)`:
+/// until the pod leaves the cache, as after a 404 or a delete answered without the object).
+pub async fn force_delete_answered(
+    writes: &dyn Writes,
+    fence: &Fence,
+    d: &Deletion,
+    now: Timestamp,
+) -> (Outcome, Option<Option<u64>>) {
+    // A pod the apiserver says is gone, or is another pod now, is not judged again until the
+    // cache says so too.
+    let awaited = |o: Outcome, wrote| match o {
+        Outcome::Skipped(Skip::Gone | Skip::Recreated) => (o, Some(None)),
+        o => (o, wrote),
+    };
+    let mut wrote = None;
     if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
         match fence.guard(writes.patch_status(&d.pod, patch)).await {
-            Err(_) => return Outcome::Fenced,
-            Ok(Err(e)) => return failed(e, DeleteError::patch),
-            Ok(Ok(())) => {}
+            Err(_) => return (Outcome::Fenced, None),
+            Ok(Err(e)) => return awaited(failed(e, DeleteError::patch), None),
+            Ok(Ok(v)) => wrote = Some(v),
         }
     }
     if d.pod.force_deleted {
-        return Outcome::Skipped(Skip::ForceDeleteAccepted);
+        return (Outcome::Skipped(Skip::ForceDeleteAccepted), wrote);
     }
     match fence.guard(writes.delete(&d.pod)).await {
-        Err(_) => Outcome::Fenced,
-        Ok(Err(e)) => failed(e, DeleteError::delete),
-        Ok(Ok(())) => Outcome::Deleted,
+        // Dropped in flight: the delete may have landed, the patch did.
+        Err(_) => (Outcome::Fenced, wrote.map(|_| None)),
+        Ok(Err(e)) => awaited(failed(e, DeleteError::delete), wrote),
+        Ok(Ok(v)) => (Outcome::Deleted, Some(v)),
     }
 }
 
@@ -296,6 +324,14 @@ impl Applier {
         self.pacer.max()
     }
 
+    /// Whether a write of ours to the pod, made since the snapshot (by an earlier pass of this
+    /// cycle), is not in the cache yet: the snapshot's view of it is stale.
+    fn awaited(&self, d: &Deletion) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|live| live.lock().pending.holds(&d.pod))
+    }
+
     /// Whether the live cache still agrees with the snapshot a deletion was decided on. Only
     /// the out-of-service pass depends on state an admin changes by hand to take a node back
     /// (its taint, its readiness): upstream reads its node lister at pass time.
@@ -385,6 +421,9 @@ impl Applier {
 
     /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
     async fn attempt(&self, d: &Deletion, attempt: u32, recheck: &Recheck) -> Outcome {
+        if self.awaited(d) {
+            return Outcome::Skipped(Skip::Pending);
+        }
         if !self.still_due(d) {
             return Outcome::Skipped(Skip::NodeBack);
         }
@@ -403,7 +442,10 @@ impl Applier {
             self.metrics.deleted(d.pod.namespace(), d.pass);
         }
         let started = Instant::now();
-        let o = force_delete(writes, &self.fence, d, Timestamp::now()).await;
+        let (o, wrote) = force_delete_answered(writes, &self.fence, d, Timestamp::now()).await;
+        if let (Some(version), Some(live)) = (wrote, &self.live) {
+            live.lock().wrote(&d.pod, version);
+        }
         // Refused or abandoned by us, not an answer of the apiserver's.
         if o != Outcome::Fenced {
             self.observe(&o, started.elapsed());
@@ -419,7 +461,9 @@ impl Applier {
             o,
             Outcome::WouldDelete
                 | Outcome::Fenced
-                | Outcome::Skipped(Skip::NodeBack | Skip::ForceDeleteAccepted | Skip::NodeLive(_))
+                | Outcome::Skipped(
+                    Skip::NodeBack | Skip::ForceDeleteAccepted | Skip::NodeLive(_) | Skip::Pending
+                )
         ) {
             match o {
                 Outcome::Skipped(Skip::ForceDeleteAccepted) => {

@@ -496,19 +496,19 @@ impl Writes for AsksToWait {
         &'a self,
         _: &'a PodFacts,
         _: serde_json::Value,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
-        Box::pin(async { Ok(()) })
+    ) -> futures::future::BoxFuture<'a, Result<Option<u64>, kube::Error>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn delete<'a>(
         &'a self,
         _: &'a PodFacts,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         let first = !self.asked.swap(true, Ordering::SeqCst);
         let seconds = self.seconds;
         Box::pin(async move {
             if !first {
-                return Ok(());
+                return Ok(None);
             }
             let mut status =
                 kube::core::Status::failure("slow down", "TooManyRequests").with_code(429);

@@ -66,11 +66,11 @@ impl Writes for Events {
         &'a self,
         pod: &'a PodFacts,
         patch: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.patch_status(pod, patch)
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.delete(pod)
     }
 }
@@ -282,11 +282,11 @@ impl Writes for NodeComesBack {
         &'a self,
         pod: &'a PodFacts,
         patch: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.patch_status(pod, patch)
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         if self.comes_back && pod.name() == "done" {
             self.caches
                 .lock()

@@ -23,6 +23,9 @@ mod facts_tests;
 pub mod metrics;
 pub mod notice;
 pub mod outcome;
+pub mod pending;
+#[cfg(test)]
+mod pending_tests;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;

@@ -82,6 +82,9 @@ pub enum Skip {
     /// Out-of-service pass: the live read of the node (`recheck.rs`) did not find it still out
     /// of service. Not an attempt either: nothing sent, the pod judged again next cycle.
     NodeLive(LiveNode),
+    /// An earlier pass of this cycle wrote to the pod and the cache has not folded that write
+    /// yet (`pending.rs`): not judged again on the older view. Not an attempt.
+    Pending,
 }
 
 impl Skip {
@@ -96,6 +99,9 @@ impl Skip {
                 "its force delete was already accepted; finalizers hold it"
             }
             Skip::NodeLive(live) => live.as_str(),
+            Skip::Pending => {
+                "written by an earlier pass of this cycle; not judged again until the cache has that write"
+            }
         }
     }
 }
