@@ -30,7 +30,6 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
 };
-use serde_json::json;
 use tokio::time::Instant;
 
 use crate::leader::{
@@ -166,39 +165,75 @@ async fn release_servicecidrs(client: &Client, dry_run: bool) -> anyhow::Result<
     let cidrs = Api::<ServiceCIDR>::all(client.clone());
     for c in cidrs.list(&ListParams::default()).await? {
         let name = c.name_any();
-        if !c.finalizers().iter().any(|f| f == FINALIZER) {
-            continue;
-        }
         if let Some(deleted) = &c.metadata.deletion_timestamp {
-            let (text, blocked) = blockers::report(client.clone(), &name).await?;
-            if blocked {
-                println!(
-                    "kept the finalizer of ServiceCIDR {name}: it is being deleted and IPs would be orphaned"
-                );
-                print!("{text}");
-                continue;
-            }
             let since = Timestamp::now().duration_since(deleted.0).unsigned_abs();
             if let Some(left) = GRACE.checked_sub(since) {
                 tokio::time::sleep(left).await;
             }
         }
+        release_finalizer(&cidrs, client.clone(), &name, dry_run).await?;
+    }
+    Ok(())
+}
+
+/// How often one ServiceCIDR's finalizer removal is judged again after a 409 (the object
+/// changed between the read and the write) before the hook gives up with an error.
+const REMOVAL_ATTEMPTS: usize = 5;
+
+/// Takes our finalizer off ServiceCIDR `name` unless it is being deleted and IPs would be
+/// orphaned. The removal is conditional on the resourceVersion read right before the
+/// judgment: an object that changed since answers 409 and is read and judged again.
+async fn release_finalizer(
+    cidrs: &Api<ServiceCIDR>,
+    client: Client,
+    name: &str,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    for _ in 0..REMOVAL_ATTEMPTS {
+        let Some(c) = cidrs.get_opt(name).await? else {
+            return Ok(());
+        };
+        if !c.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        if c.metadata.deletion_timestamp.is_some() {
+            let (text, blocked) = blockers::report(client.clone(), name).await?;
+            if blocked {
+                println!(
+                    "kept the finalizer of ServiceCIDR {name}: it is being deleted and IPs would be orphaned"
+                );
+                print!("{text}");
+                return Ok(());
+            }
+        }
         if dry_run {
             println!("dry-run: would remove the finalizer {FINALIZER} from ServiceCIDR {name}");
-            continue;
+            return Ok(());
         }
-        let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
+        let Some(rv) = c.resource_version().filter(|v| !v.is_empty()) else {
+            anyhow::bail!(
+                "ServiceCIDR {name} was read without a resourceVersion: its finalizer can not be removed conditionally"
+            );
+        };
         let params = PatchParams {
             field_manager: Some(servicecidr::conflict::FIELD_MANAGER.into()),
             ..PatchParams::default()
         };
-        match cidrs.patch(&name, &params, &Patch::Strategic(body)).await {
-            Ok(_) => println!("removed the finalizer {FINALIZER} from ServiceCIDR {name}"),
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        let body = Patch::Strategic(servicecidr::apply::removal_body(&rv));
+        match cidrs.patch(name, &params, &body).await {
+            Ok(_) => {
+                println!("removed the finalizer {FINALIZER} from ServiceCIDR {name}");
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            // Changed since it was read: read and judge it again.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    anyhow::bail!(
+        "ServiceCIDR {name} changed under each of {REMOVAL_ATTEMPTS} attempts to remove the finalizer; run the uninstall again"
+    )
 }
 
 /// The identity the hook judges the Lease as: never a replica's (theirs are `POD_NAME_…`).

@@ -2,8 +2,9 @@
 //!
 //! A deletion marks the pod Failed (when not already final), then force-deletes it with a UID
 //! precondition; many pods at once within an AIMD limit of at most `--gc-concurrency` (see
-//! `crate::pacing`) and the client's QPS budget. `--dry-run` is decided in one place,
-//! `Applier::writes`.
+//! `crate::pacing`) and the client's QPS budget. An out-of-service deletion first waits for a
+//! live read of its node (`recheck.rs`). What came of each pod is `outcome.rs`'s. `--dry-run`
+//! is decided in one place, `Applier::writes`.
 
 use std::{
     sync::Arc,
@@ -21,113 +22,27 @@ use tokio_util::sync::CancellationToken;
 
 use crate::leader::Fence;
 use crate::pacing::{
-    Answer, Halt, Pacer, THROTTLED_ATTEMPTS,
+    Answer, Halt, Pacer,
     limit::{RETRY_AFTER_MAX, Signal},
     throttled_of,
 };
 
-use groundskeeper_plumbing::{
-    cache::{Health, Seen, Shared},
-    client::api_error_label,
-};
+use groundskeeper_plumbing::cache::{Health, Seen, Shared};
 
+pub use super::outcome::{DeleteError, Outcome, Skip, Tally};
 use super::{
     cache::Caches,
     decide::{Deletion, Sweep, already_accepted, out_of_service_node},
     facts::{DISRUPTION_TARGET, PodFacts},
     metrics::Metrics,
+    outcome::log,
+    pending::version,
+    recheck::{LiveNode, NodeReads, Recheck},
     wire::WirePod,
 };
 
 pub const DISRUPTION_REASON: &str = "DeletionByPodGC";
 pub const DISRUPTION_MESSAGE: &str = "PodGC: node no longer exists";
-
-/// How one pod's force-delete ended.
-#[derive(Debug, PartialEq)]
-pub enum Outcome {
-    Deleted,
-    /// `--dry-run`: logged, nothing written.
-    WouldDelete,
-    /// The pod is gone, or a new pod took its name (UID precondition): nothing to do.
-    Skipped(Skip),
-    /// The status patch or the delete failed (a failed patch means no delete).
-    Failed(DeleteError),
-    /// 429 Too Many Requests, with the server's Retry-After when it sent one in the body. The
-    /// applier waits and retries; as a final outcome it is a failure.
-    Throttled(Option<Duration>),
-    /// This replica stopped leading before (or while) making the call: nothing more was sent.
-    Fenced,
-}
-
-/// Why a force-delete failed: the pod stays for the next cycle. Carries the apiserver's
-/// answer as text and as its metric label (`kube::Error` itself cannot be compared).
-#[derive(Debug, PartialEq, thiserror::Error)]
-pub enum DeleteError {
-    /// The status patch failed: the pod was not deleted.
-    #[error("marking the pod Failed: {message}")]
-    Patch {
-        label: &'static str,
-        message: String,
-    },
-    #[error("force-deleting the pod: {message}")]
-    Delete {
-        label: &'static str,
-        message: String,
-    },
-    /// 429 to every attempt (a final [`Outcome::Throttled`]).
-    #[error("the apiserver kept answering 429 Too Many Requests")]
-    Throttled,
-}
-
-impl DeleteError {
-    /// The `error` label of `groundskeeper_podgc_delete_errors_total`.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            DeleteError::Patch { label, .. } | DeleteError::Delete { label, .. } => label,
-            DeleteError::Throttled => "too_many_requests",
-        }
-    }
-
-    fn patch(e: &kube::Error) -> Self {
-        DeleteError::Patch {
-            label: api_error_label(e),
-            message: e.to_string(),
-        }
-    }
-
-    fn delete(e: &kube::Error) -> Self {
-        DeleteError::Delete {
-            label: api_error_label(e),
-            message: e.to_string(),
-        }
-    }
-}
-
-#[derive(Debug, PartialEq, Clone, Copy)]
-pub enum Skip {
-    Gone,
-    Recreated,
-    /// Out-of-service pass: the live node cache no longer says not Ready and tainted. Not an
-    /// attempt: nothing is sent, nothing counted.
-    NodeBack,
-    /// Force delete already accepted (finalizers hold it): patched if needed, no DELETE sent.
-    ForceDeleteAccepted,
-}
-
-impl Skip {
-    fn as_str(self) -> &'static str {
-        match self {
-            Skip::Gone => "pod already gone",
-            Skip::Recreated => "pod was recreated under the same name (UID precondition)",
-            Skip::NodeBack => {
-                "its node is Ready again or lost the out-of-service taint since the cycle's snapshot"
-            }
-            Skip::ForceDeleteAccepted => {
-                "its force delete was already accepted; finalizers hold it"
-            }
-        }
-    }
-}
 
 /// The `pods/<name>/status` strategic merge patch upstream's `markFailedAndDeletePod` sends:
 /// phase Failed, observedGeneration, the orphan condition, and `metadata.uid` as precondition.
@@ -208,17 +123,18 @@ fn skip_of(e: &kube::Error) -> Option<Skip> {
     }
 }
 
-/// PodGC's writes to the API. Each answers with the apiserver's error as is: the applier reads
-/// skips and 429s off it.
+/// PodGC's writes to the API. Each answers with the resourceVersion the write left (`None`
+/// when the answer carries none: `pending.rs` then waits for the pod to leave the cache), or
+/// the apiserver's error as is: the applier reads skips and 429s off it.
 pub trait Writes: Send + Sync {
     /// The `pods/<name>/status` strategic merge patch ([`status_patch`]).
     fn patch_status<'a>(
         &'a self,
         pod: &'a PodFacts,
         patch: Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>>;
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>>;
     /// The force-delete ([`delete_params`]).
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>>;
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>>;
 }
 
 /// The writes, made.
@@ -242,20 +158,26 @@ impl Writes for KubeWrites {
         &'a self,
         pod: &'a PodFacts,
         patch: Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         Box::pin(async move {
             let pp = PatchParams::default();
             let api = self.api(pod);
-            api.patch_status(pod.name(), &pp, &Patch::Strategic(patch))
-                .await
-                .map(drop)
+            let patched = api
+                .patch_status(pod.name(), &pp, &Patch::Strategic(patch))
+                .await?;
+            Ok(version(patched.metadata.resource_version.as_deref()))
         })
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    /// The apiserver answers a pod's delete with the object, at the version of the delete (or
+    /// of the update that set its deletionTimestamp, when finalizers hold it).
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         Box::pin(async move {
             let api = self.api(pod);
-            api.delete(pod.name(), &delete_params(pod)).await.map(drop)
+            let answer = api.delete(pod.name(), &delete_params(pod)).await?;
+            Ok(answer
+                .left()
+                .and_then(|p| version(p.metadata.resource_version.as_deref())))
         })
     }
 }
@@ -277,81 +199,40 @@ pub async fn force_delete(
     d: &Deletion,
     now: Timestamp,
 ) -> Outcome {
+    force_delete_answered(writes, fence, d, now).await.0
+}
+
+/// [`force_delete`], and what the cache must fold before it judges the pod again: `None` when
+/// nothing reached the pod, else the version the last write was answered at (`Some(None)`:
+/// until the pod leaves the cache, as after a 404 or a delete answered without the object).
+pub async fn force_delete_answered(
+    writes: &dyn Writes,
+    fence: &Fence,
+    d: &Deletion,
+    now: Timestamp,
+) -> (Outcome, Option<Option<u64>>) {
+    // A pod the apiserver says is gone, or is another pod now, is not judged again until the
+    // cache says so too.
+    let awaited = |o: Outcome, wrote| match o {
+        Outcome::Skipped(Skip::Gone | Skip::Recreated) => (o, Some(None)),
+        o => (o, wrote),
+    };
+    let mut wrote = None;
     if let Some(patch) = status_patch(&d.pod, d.pass.sets_disruption_target(), now) {
         match fence.guard(writes.patch_status(&d.pod, patch)).await {
-            Err(_) => return Outcome::Fenced,
-            Ok(Err(e)) => return failed(e, DeleteError::patch),
-            Ok(Ok(())) => {}
+            Err(_) => return (Outcome::Fenced, None),
+            Ok(Err(e)) => return awaited(failed(e, DeleteError::patch), None),
+            Ok(Ok(v)) => wrote = Some(v),
         }
     }
     if d.pod.force_deleted {
-        return Outcome::Skipped(Skip::ForceDeleteAccepted);
+        return (Outcome::Skipped(Skip::ForceDeleteAccepted), wrote);
     }
     match fence.guard(writes.delete(&d.pod)).await {
-        Err(_) => Outcome::Fenced,
-        Ok(Err(e)) => failed(e, DeleteError::delete),
-        Ok(Ok(())) => Outcome::Deleted,
-    }
-}
-
-/// What one pass did, for the cycle summary.
-#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tally {
-    pub deleted: usize,
-    pub would_delete: usize,
-    pub skipped: usize,
-    pub failed: usize,
-    /// Not attempted (or abandoned in flight) because leadership ended.
-    pub fenced: usize,
-}
-
-impl Tally {
-    pub fn add(&mut self, o: &Outcome) {
-        match o {
-            Outcome::Deleted => self.deleted += 1,
-            Outcome::WouldDelete => self.would_delete += 1,
-            Outcome::Skipped(_) => self.skipped += 1,
-            Outcome::Failed(_) | Outcome::Throttled(_) => self.failed += 1,
-            Outcome::Fenced => self.fenced += 1,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Tally::default()
-    }
-
-    /// Every pod the pass chose, whatever came of it.
-    pub fn chosen(&self) -> usize {
-        self.deleted + self.would_delete + self.skipped + self.failed + self.fenced
-    }
-}
-
-impl<'a> std::iter::Sum<&'a Tally> for Tally {
-    fn sum<I: Iterator<Item = &'a Tally>>(iter: I) -> Tally {
-        iter.fold(Tally::default(), |a, t| Tally {
-            deleted: a.deleted + t.deleted,
-            would_delete: a.would_delete + t.would_delete,
-            skipped: a.skipped + t.skipped,
-            failed: a.failed + t.failed,
-            fenced: a.fenced + t.fenced,
-        })
-    }
-}
-
-/// `deleted=1 would_delete=0 skipped=0 failed=0 fenced=0`, as the cycle summary logs it.
-impl std::fmt::Display for Tally {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Tally {
-            deleted,
-            would_delete,
-            skipped,
-            failed,
-            fenced,
-        } = self;
-        write!(
-            f,
-            "deleted={deleted} would_delete={would_delete} skipped={skipped} failed={failed} fenced={fenced}"
-        )
+        // Dropped in flight: the delete may have landed, the patch did.
+        Err(_) => (Outcome::Fenced, wrote.map(|_| None)),
+        Ok(Err(e)) => awaited(failed(e, DeleteError::delete), wrote),
+        Ok(Ok(v)) => (Outcome::Deleted, Some(v)),
     }
 }
 
@@ -379,6 +260,9 @@ pub struct Applier {
     /// The live caches: what a deletion decided on the cycle's snapshot (minutes old by the
     /// out-of-service pass at a low QPS) is checked against right before it starts.
     pub(super) live: Option<Shared<Caches>>,
+    /// The live node reads of the out-of-service pass (`recheck.rs`); without them that pass
+    /// force-deletes nothing.
+    pub(super) nodes: Option<Arc<dyn NodeReads>>,
 }
 
 impl Answer for Outcome {
@@ -425,12 +309,27 @@ impl Applier {
             health: Health::default(),
             seen: Seen::default(),
             live: None,
+            nodes: None,
         }
+    }
+
+    /// The out-of-service pass's live node reads (without them it force-deletes nothing).
+    pub fn with_node_reads(mut self, nodes: Arc<dyn NodeReads>) -> Self {
+        self.nodes = Some(nodes);
+        self
     }
 
     /// `--gc-concurrency`: the most deletions (or node GETs) in flight.
     pub fn concurrency(&self) -> usize {
         self.pacer.max()
+    }
+
+    /// Whether a write of ours to the pod, made since the snapshot (by an earlier pass of this
+    /// cycle), is not in the cache yet: the snapshot's view of it is stale.
+    fn awaited(&self, d: &Deletion) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|live| live.lock().pending.holds(&d.pod))
     }
 
     /// Whether the live cache still agrees with the snapshot a deletion was decided on. Only
@@ -442,6 +341,21 @@ impl Applier {
         };
         let caches = live.lock();
         out_of_service_node(d.pod.node_name.as_ref().and_then(|n| caches.nodes.get(n)))
+    }
+
+    /// For the out-of-service pass, what the live read of the pod's node says when it does
+    /// not confirm the node still out of service (the pod is kept); `None` lets it go. Read
+    /// under `--dry-run` too: a read writes nothing, and the dry run then reports what a real
+    /// one would delete.
+    async fn live_node(&self, d: &Deletion, recheck: &Recheck) -> Option<LiveNode> {
+        if d.pass != Sweep::OutOfService {
+            return None;
+        }
+        let live = match &d.pod.node_name {
+            Some(node) => recheck.node(self.nodes.as_deref(), node).await,
+            None => LiveNode::Unread,
+        };
+        (live != LiveNode::OutOfService).then_some(live)
     }
 
     /// The one place `--dry-run` is decided: the writes to make, or none.
@@ -461,13 +375,16 @@ impl Applier {
             let (pass, pods) = (first.pass.name(), held.len());
             tracing::debug!(pass, pods, "not force-deleting pods finalizers hold again");
         }
+        // The out-of-service pass's node reads, once per node for the whole pass.
+        let recheck = Recheck::default();
+        let recheck = &recheck;
         let not_started = self
             .pacer
             .run(
                 deletions,
                 self,
                 |d, attempt| async move {
-                    let o = self.attempt(&d, attempt).await;
+                    let o = self.attempt(&d, attempt, recheck).await;
                     (d, o)
                 },
                 |d, o| {
@@ -503,9 +420,15 @@ impl Applier {
     }
 
     /// One patch-then-delete attempt (`attempt` counts from 1; only 429s are retried).
-    async fn attempt(&self, d: &Deletion, attempt: u32) -> Outcome {
+    async fn attempt(&self, d: &Deletion, attempt: u32, recheck: &Recheck) -> Outcome {
+        if self.awaited(d) {
+            return Outcome::Skipped(Skip::Pending);
+        }
         if !self.still_due(d) {
             return Outcome::Skipped(Skip::NodeBack);
+        }
+        if let Some(live) = self.live_node(d, recheck).await {
+            return Outcome::Skipped(Skip::NodeLive(live));
         }
         let Some(writes) = self.writes() else {
             return Outcome::WouldDelete;
@@ -519,7 +442,10 @@ impl Applier {
             self.metrics.deleted(d.pod.namespace(), d.pass);
         }
         let started = Instant::now();
-        let o = force_delete(writes, &self.fence, d, Timestamp::now()).await;
+        let (o, wrote) = force_delete_answered(writes, &self.fence, d, Timestamp::now()).await;
+        if let (Some(version), Some(live)) = (wrote, &self.live) {
+            live.lock().wrote(&d.pod, version);
+        }
         // Refused or abandoned by us, not an answer of the apiserver's.
         if o != Outcome::Fenced {
             self.observe(&o, started.elapsed());
@@ -535,10 +461,18 @@ impl Applier {
             o,
             Outcome::WouldDelete
                 | Outcome::Fenced
-                | Outcome::Skipped(Skip::NodeBack | Skip::ForceDeleteAccepted)
+                | Outcome::Skipped(
+                    Skip::NodeBack | Skip::ForceDeleteAccepted | Skip::NodeLive(_) | Skip::Pending
+                )
         ) {
-            if *o == Outcome::Skipped(Skip::ForceDeleteAccepted) {
-                self.metrics.force_delete_skipped(d.pass, 1);
+            match o {
+                Outcome::Skipped(Skip::ForceDeleteAccepted) => {
+                    self.metrics.force_delete_skipped(d.pass, 1)
+                }
+                Outcome::Skipped(Skip::NodeLive(live)) => {
+                    self.metrics.out_of_service_kept(live.label())
+                }
+                _ => {}
             }
             return;
         }
@@ -561,38 +495,6 @@ impl Applier {
         }
         if *o == Outcome::Deleted {
             self.metrics.terminated_deleted(d.pass);
-        }
-    }
-}
-
-fn log(d: &Deletion, o: &Outcome) {
-    let pod = d.pod.key.to_string();
-    let node = d.pod.node();
-    let pass = d.pass.name();
-    let reason = d.why.as_str();
-    match o {
-        Outcome::Deleted => {
-            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "force-deleted pod")
-        }
-        Outcome::WouldDelete => {
-            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "dry-run: would force-delete pod")
-        }
-        Outcome::Skipped(s) => {
-            tracing::info!(%pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
-        }
-        Outcome::Failed(e @ DeleteError::Patch { .. }) => tracing::warn!(
-            %pod, node, pass, reason, error = %e,
-            "marking pod Failed failed; not deleting it"
-        ),
-        Outcome::Failed(e) => {
-            tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
-        }
-        Outcome::Throttled(_) => tracing::warn!(
-            %pod, node, pass, reason, attempts = THROTTLED_ATTEMPTS,
-            "the apiserver kept answering 429; pod left for the next cycle"
-        ),
-        Outcome::Fenced => {
-            tracing::info!(%pod, node, pass, reason, "not leading any more: pod left alone")
         }
     }
 }

@@ -214,15 +214,20 @@ async fn gone_and_recreated_pods_are_skipped() {
     }
 }
 
+/// Out-of-service nodes read live are still out of service: the tests here are about writes
+/// (`cycle_tests.rs` and `recheck.rs` test the live read).
 fn applier(mock: &Mock, dry_run: bool, concurrency: usize) -> Applier {
-    Applier::new(
-        Arc::new(writes(mock)),
-        Metrics::register(&prometheus::Registry::new()).unwrap(),
-        concurrency,
-        dry_run,
-        CancellationToken::new(),
-        Fence::unbounded(),
-    )
+    Applier {
+        nodes: Some(crate::podgc::recheck::Always::out_of_service()),
+        ..Applier::new(
+            Arc::new(writes(mock)),
+            Metrics::register(&prometheus::Registry::new()).unwrap(),
+            concurrency,
+            dry_run,
+            CancellationToken::new(),
+            Fence::unbounded(),
+        )
+    }
 }
 
 #[tokio::test]
@@ -491,19 +496,19 @@ impl Writes for AsksToWait {
         &'a self,
         _: &'a PodFacts,
         _: serde_json::Value,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
-        Box::pin(async { Ok(()) })
+    ) -> futures::future::BoxFuture<'a, Result<Option<u64>, kube::Error>> {
+        Box::pin(async { Ok(None) })
     }
 
     fn delete<'a>(
         &'a self,
         _: &'a PodFacts,
-    ) -> futures::future::BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> futures::future::BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         let first = !self.asked.swap(true, Ordering::SeqCst);
         let seconds = self.seconds;
         Box::pin(async move {
             if !first {
-                return Ok(());
+                return Ok(None);
             }
             let mut status =
                 kube::core::Status::failure("slow down", "TooManyRequests").with_code(429);

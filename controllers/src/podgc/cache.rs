@@ -22,7 +22,8 @@ use tokio::sync::watch;
 
 use super::{
     decide::Snapshot,
-    facts::{Interner, NodeFacts, NsAnnotations, PodFacts, PodKey},
+    facts::{Interner, NodeFacts, NsAnnotations, PodFacts, PodKey, Uid},
+    pending::{self, Pending},
     policy::{THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
 };
@@ -48,6 +49,8 @@ pub struct Caches {
     /// Only namespaces that carry a policy annotation.
     pub namespaces: Store<Arc<str>, NsAnnotations>,
     names: Interner,
+    /// Our pod writes the pod store has not folded yet: those pods are left out of snapshots.
+    pub pending: Pending,
 }
 
 impl Default for Caches {
@@ -57,14 +60,22 @@ impl Default for Caches {
             nodes: Store::default(),
             namespaces: Store::default(),
             names: Interner::default(),
+            pending: Pending::default(),
         }
     }
 }
 
 impl Caches {
+    /// What a cycle judges. A pod with a write of ours the cache has not folded yet is left
+    /// out: not chosen, not counted toward a threshold (`pending.rs`).
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            pods: self.pods.values().cloned().collect(),
+            pods: self
+                .pods
+                .values()
+                .filter(|p| !self.pending.holds(p))
+                .cloned()
+                .collect(),
             nodes: self.nodes.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             namespaces: self
                 .namespaces
@@ -81,7 +92,53 @@ impl Caches {
         self.pods.listed() && self.nodes.listed() && self.namespaces.listed()
     }
 
+    /// Our write to `pod` was answered at `version` (`pending.rs`).
+    pub fn wrote(&mut self, pod: &PodFacts, version: Option<u64>) {
+        let cached = self.pods.get(&pod.key).is_some_and(|p| p.uid == pod.uid);
+        self.pending.record(pod, version, cached);
+    }
+
     pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<PodKey, Arc<PodFacts>> {
+        let caught_up = CaughtUp::of(&ev, !self.pending.is_empty());
+        let applied = self.fold_pod_facts(ev);
+        self.catch_up(caught_up);
+        applied
+    }
+
+    /// What a folded pod event settles of our pending writes.
+    fn catch_up(&mut self, c: CaughtUp) {
+        let pending = &mut self.pending;
+        match c {
+            CaughtUp::Watched { pod, version } => {
+                if let Some((key, uid)) = pod {
+                    pending.folded(&key, &uid, version);
+                }
+                if let Some(v) = version {
+                    pending.advance(v);
+                }
+            }
+            CaughtUp::Deleted { key, version } => {
+                if let Some(key) = key {
+                    pending.gone(&key);
+                }
+                if let Some(v) = version {
+                    pending.advance(v);
+                }
+            }
+            CaughtUp::Listed { pod, version } => {
+                if let Some((key, uid)) = pod {
+                    pending.folded(&key, &uid, version);
+                }
+            }
+            CaughtUp::Relisted => {
+                let pods = &self.pods;
+                pending.retain_cached(|k, u| pods.get(k).is_some_and(|p| p.uid == *u));
+            }
+            CaughtUp::Nothing => {}
+        }
+    }
+
+    fn fold_pod_facts(&mut self, ev: Event<WirePod>) -> Applied<PodKey, Arc<PodFacts>> {
         let watched = matches!(ev, Event::Apply(_));
         let (names, pods) = (&mut self.names, &self.pods);
         let update = Update::from_event(ev, |p| match PodFacts::from_wire(p, names) {
@@ -140,6 +197,56 @@ impl Caches {
                 Kept::Yes(key, policy)
             }
         })
+    }
+}
+
+/// What a pod event says of our pending writes, read before it is folded: the pod (only while
+/// writes are pending) and the version it carries.
+enum CaughtUp {
+    /// A watch event: in version order, so its version settles every write at or below.
+    Watched {
+        pod: Option<(PodKey, Uid)>,
+        version: Option<u64>,
+    },
+    Deleted {
+        key: Option<PodKey>,
+        version: Option<u64>,
+    },
+    /// An object of a relist: settles only a write to that pod.
+    Listed {
+        pod: Option<(PodKey, Uid)>,
+        version: Option<u64>,
+    },
+    /// A relist ended: what it did not list has left.
+    Relisted,
+    Nothing,
+}
+
+impl CaughtUp {
+    fn of(ev: &Event<WirePod>, pending: bool) -> Self {
+        let version = |p: &WirePod| pending::version(p.metadata.resource_version.as_deref());
+        let pod = |p: &WirePod| {
+            let m = &p.metadata;
+            let key = PodKey::new(m.namespace.as_deref()?, m.name.as_deref()?);
+            Some((key, Uid::from(m.uid.as_deref()?)))
+        };
+        let pod = |p: &WirePod| if pending { pod(p) } else { None };
+        match ev {
+            Event::Apply(p) => CaughtUp::Watched {
+                pod: pod(p),
+                version: version(p),
+            },
+            Event::Delete(p) => CaughtUp::Deleted {
+                key: pod(p).map(|(k, _)| k),
+                version: version(p),
+            },
+            Event::InitApply(p) => CaughtUp::Listed {
+                pod: pod(p),
+                version: version(p),
+            },
+            Event::InitDone => CaughtUp::Relisted,
+            Event::Init => CaughtUp::Nothing,
+        }
     }
 }
 

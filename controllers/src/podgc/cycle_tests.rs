@@ -18,6 +18,7 @@ use super::{
     metrics::Metrics,
     notice::Reported,
     quarantine::Quarantine,
+    recheck::Always,
     wire::{WireNode, WirePod},
 };
 use testkit::api::Mock;
@@ -65,11 +66,11 @@ impl Writes for Events {
         &'a self,
         pod: &'a PodFacts,
         patch: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.patch_status(pod, patch)
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.delete(pod)
     }
 }
@@ -281,11 +282,11 @@ impl Writes for NodeComesBack {
         &'a self,
         pod: &'a PodFacts,
         patch: serde_json::Value,
-    ) -> BoxFuture<'a, Result<(), kube::Error>> {
+    ) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         self.pods.patch_status(pod, patch)
     }
 
-    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<(), kube::Error>> {
+    fn delete<'a>(&'a self, pod: &'a PodFacts) -> BoxFuture<'a, Result<Option<u64>, kube::Error>> {
         if self.comes_back && pod.name() == "done" {
             self.caches
                 .lock()
@@ -337,6 +338,7 @@ async fn out_of_service_deletions_read_the_live_node_not_the_snapshot() {
         let mut c = cycle(&mock, Duration::from_secs(3600));
         c.threshold = 1;
         c.applier.live = Some(caches.clone());
+        c.applier.nodes = Some(Always::out_of_service());
         let writes: Arc<dyn Writes> = Arc::new(NodeComesBack {
             pods: KubeWrites::new(mock.client()),
             caches: caches.clone(),
@@ -357,6 +359,86 @@ async fn out_of_service_deletions_read_the_live_node_not_the_snapshot() {
             "a pod left alone is neither a deletion nor an error"
         );
     }
+}
+
+/// The Node cache can lag the apiserver: the taint removed a moment ago is still in it when the
+/// pass decides. Before force-deleting, the node is read live, once per node for the whole
+/// pass however many pods it has; a node the apiserver has gone, back in service or unreadable
+/// keeps every pod on it (nothing sent, nothing counted as a deletion or error, the kept pods
+/// counted by what the read said), and one still out of service loses them.
+#[tokio::test]
+async fn out_of_service_deletions_wait_for_a_live_read_of_the_node() {
+    let facts = |ready, out_of_service| {
+        Some(crate::podgc::facts::NodeFacts {
+            ready,
+            out_of_service,
+        })
+    };
+    for (live, kept_as) in [
+        (facts(false, true), None),
+        (facts(false, false), Some("in_service")),
+        (facts(true, true), Some("in_service")),
+        (None, Some("gone")),
+    ] {
+        let caches = caches(&[], &[]);
+        {
+            let mut c = caches.lock();
+            c.fold_node(Event::Apply(node("n1", false, true)));
+            for i in 0..5 {
+                c.fold_pod(Event::Apply(
+                    serde_json::from_value(json!({"metadata": {"name": format!("p{i}"),
+                        "namespace": "ns", "uid": format!("u{i}"),
+                        "creationTimestamp": "2026-01-01T00:00:00Z",
+                        "deletionTimestamp": "2026-01-03T00:00:00Z"},
+                        "spec": {"nodeName": "n1"}, "status": {"phase": "Failed"}}))
+                    .unwrap(),
+                ));
+            }
+        }
+        let mock = Mock::default();
+        let mut c = cycle(&mock, Duration::from_secs(3600));
+        c.applier.live = Some(caches.clone());
+        let reads = Arc::new(Always(live, Default::default()));
+        c.applier.nodes = Some(reads.clone());
+        let summary = c.run(&caches).await;
+        let oos = &summary.passes[Sweep::OutOfService as usize];
+        assert_eq!(reads.reads(), 1, "{live:?}: one read for the five pods");
+        match kept_as {
+            None => {
+                assert_eq!(mock.calls().len(), 5, "{:?}", mock.calls());
+                assert_eq!(oos.deleted, 5);
+            }
+            Some(label) => {
+                assert!(mock.calls().is_empty(), "{live:?}: {:?}", mock.calls());
+                assert_eq!((oos.deleted, oos.skipped), (0, 5), "{live:?}");
+                assert_eq!(c.applier.metrics.out_of_service_kept_count(label), 5);
+                assert_eq!(
+                    c.applier.metrics.counts("ns", Sweep::OutOfService),
+                    (0, 0),
+                    "{live:?}: kept pods are neither deletions nor errors"
+                );
+            }
+        }
+    }
+
+    // No way to read the node: the cache alone deletes nothing.
+    let caches = caches(&[], &[]);
+    caches
+        .lock()
+        .fold_node(Event::Apply(node("n1", false, true)));
+    caches.lock().fold_pod(Event::Apply(
+        serde_json::from_value(
+            json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u",
+            "deletionTimestamp": "2026-01-03T00:00:00Z"},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Failed"}}),
+        )
+        .unwrap(),
+    ));
+    let mock = Mock::default();
+    let mut c = cycle(&mock, Duration::from_secs(3600));
+    c.run(&caches).await;
+    assert!(mock.calls().is_empty(), "{:?}", mock.calls());
+    assert_eq!(c.applier.metrics.out_of_service_kept_count("unread"), 1);
 }
 
 #[tokio::test]
@@ -425,7 +507,14 @@ async fn ttl_only_deletes_through_the_policy_passes_alone() {
         c.threshold = 1;
         c.ttl = Some(Duration::from_secs(3600));
         c.applier.live = Some(caches.clone());
+        let reads = Always::out_of_service();
+        c.applier.nodes = Some(reads.clone());
         let summary = c.run(&caches).await;
+        assert_eq!(
+            reads.reads(),
+            usize::from(mode == Mode::All),
+            "{mode:?}: the out-of-service node is read live only when its pass runs"
+        );
         let mut calls = mock.calls();
         calls.retain(|call| !call.starts_with("PATCH "));
         calls.sort();

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub ttl_first_listed: IntCounter,
     /// Pods chosen whose force delete was already accepted: no DELETE sent again.
     force_delete_skipped: IntCounterVec,
+    /// Out-of-service pods kept because the live read of their node did not confirm it.
+    out_of_service_kept: IntCounterVec,
     /// Pods whose force delete was accepted and that finalizers still hold, last cycle.
     pub finalizer_held: prometheus::IntGauge,
     /// The force-delete concurrency the apiserver's answers currently allow.
@@ -106,6 +108,16 @@ impl Metrics {
                     &["reason"],
                 ),
             )?,
+            out_of_service_kept: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "groundskeeper_podgc_out_of_service_kept_total",
+                        "Terminating pods the out-of-service pass chose on its cache and did not force-delete because a live read of their node right before found it gone, Ready again or without the out-of-service taint (live_node gone, in_service), or could not read it (unread).",
+                    ),
+                    &["live_node"],
+                ),
+            )?,
             finalizer_held: registered(
                 registry,
                 prometheus::IntGauge::new(
@@ -145,6 +157,20 @@ impl Metrics {
         self.errors
             .with_label_values(&[namespace, pass.label()])
             .inc();
+    }
+
+    /// An out-of-service pod kept on what the live read of its node said.
+    pub fn out_of_service_kept(&self, live_node: &str) {
+        self.out_of_service_kept
+            .with_label_values(&[live_node])
+            .inc();
+    }
+
+    #[cfg(test)]
+    pub fn out_of_service_kept_count(&self, live_node: &str) -> u64 {
+        self.out_of_service_kept
+            .with_label_values(&[live_node])
+            .get()
     }
 
     /// `n` pods chosen by `pass` were not force-deleted again: their force delete was accepted.

@@ -22,12 +22,17 @@ pub mod facts;
 mod facts_tests;
 pub mod metrics;
 pub mod notice;
+pub mod outcome;
+pub mod pending;
+#[cfg(test)]
+mod pending_tests;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
 #[cfg(test)]
 mod projection_tests;
 pub mod quarantine;
+pub mod recheck;
 pub mod wire;
 
 use std::{
@@ -180,6 +185,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
                 ctx.base.token.clone(),
                 ctx.leadership.fence(),
             )
+            .with_node_reads(Arc::new(recheck::KubeNodes::new(ctx.base.client.clone())))
         },
         quarantine: Quarantine::new(args.orphan_quarantine),
         mode: args.mode,

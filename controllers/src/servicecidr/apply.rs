@@ -46,8 +46,14 @@ pub trait Writes: Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Written, kube::Error>> + Send;
-    /// Deletes our finalizer from the list; NotFound is success.
-    fn remove_finalizer(&self, name: &str) -> impl Future<Output = Result<(), kube::Error>> + Send;
+    /// Deletes our finalizer from the list, only if the object is still at `resource_version`
+    /// (the version the removal was decided on): a changed object answers 409 Conflict and
+    /// keeps its finalizer. NotFound is success.
+    fn remove_finalizer(
+        &self,
+        name: &str,
+        resource_version: &str,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// Server-side applies the Ready condition on the status subresource.
     fn apply_ready(
         &self,
@@ -92,16 +98,28 @@ impl<W: Writes> Apply<W> {
         Ok(written)
     }
 
-    pub async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+    /// Removes the finalizer of the ServiceCIDR judged at `resource_version`. A 409 means the
+    /// object changed since: the finalizer stays, and the error sends the key back to be
+    /// judged again on the cache's newer view.
+    pub async fn remove_finalizer(
+        &self,
+        name: &str,
+        resource_version: &str,
+    ) -> Result<(), kube::Error> {
         let Some(w) = self.live(
             name,
             format_args!(
-                "remove finalizer {FINALIZER} (no IP would be orphaned, grace period over)"
+                "remove finalizer {FINALIZER} at resourceVersion {resource_version} (no IP would be orphaned, grace period over)"
             ),
         ) else {
             return Ok(());
         };
-        w.remove_finalizer(name).await?;
+        if let Err(e) = w.remove_finalizer(name, resource_version).await {
+            if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                tracing::info!(servicecidr = %name, resource_version, "finalizer not removed: the ServiceCIDR changed since it was judged; judging it again");
+            }
+            return Err(e);
+        }
         tracing::info!(servicecidr = %name, "removed finalizer: no IP would be orphaned and the grace period is over");
         Ok(())
     }
@@ -195,6 +213,16 @@ fn fenced<T>(r: Result<Result<T, kube::Error>, crate::leader::Fenced>) -> Result
     r.unwrap_or_else(|f| Err(kube::Error::Service(Box::new(f))))
 }
 
+/// The finalizer removal: a `resourceVersion` in a patch is a precondition, so the apiserver
+/// removes the finalizer only from the object as it was judged (a write on a stale view, such
+/// as a deposed leader's that landed late, fails with 409 Conflict).
+pub fn removal_body(resource_version: &str) -> serde_json::Value {
+    json!({"metadata": {
+        "resourceVersion": resource_version,
+        "$deleteFromPrimitiveList/finalizers": [FINALIZER],
+    }})
+}
+
 /// The status apply body: only the Ready condition, as upstream's apply configuration.
 pub fn ready_apply_body(name: &str, c: &ReadyCondition, now: Timestamp) -> serde_json::Value {
     json!({
@@ -217,9 +245,14 @@ impl Writes for KubeWrites {
             .await
     }
 
-    async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
-        let body = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
-        self.patch_finalizers(name, body).await.map(drop)
+    async fn remove_finalizer(
+        &self,
+        name: &str,
+        resource_version: &str,
+    ) -> Result<(), kube::Error> {
+        self.patch_finalizers(name, removal_body(resource_version))
+            .await
+            .map(drop)
     }
 
     async fn apply_ready(
@@ -254,7 +287,7 @@ mod tests {
         let (_tx, rx) = tokio::sync::watch::channel(Term::Standby);
         let w = KubeWrites::new(mock.client(), Fence::new(rx.clone()));
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
-        assert!(w.remove_finalizer("x").await.is_err());
+        assert!(w.remove_finalizer("x", "7").await.is_err());
         assert!(w.add_finalizer("x").await.is_err());
         assert!(
             w.apply_ready("x", &ReadyCondition::ready(), now)
@@ -285,10 +318,23 @@ mod tests {
         // The same writes with a valid lease do reach the API.
         let w = KubeWrites::new(mock.client(), Fence::unbounded());
         // (The mock answers with a Pod, which does not parse: only the call matters here.)
-        let _ = w.remove_finalizer("x").await;
+        let _ = w.remove_finalizer("x", "7").await;
         assert_eq!(
             mock.calls(),
             ["PATCH /apis/networking.k8s.io/v1/servicecidrs/x"]
+        );
+    }
+
+    /// The removal names the version it was judged on, beside the list change: without it
+    /// the apiserver would apply the removal to whatever the object has become.
+    #[test]
+    fn removal_is_conditional_on_the_judged_version() {
+        assert_eq!(
+            removal_body("4711"),
+            json!({"metadata": {
+                "resourceVersion": "4711",
+                "$deleteFromPrimitiveList/finalizers": [FINALIZER],
+            }})
         );
     }
 

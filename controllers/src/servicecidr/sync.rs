@@ -37,6 +37,12 @@ pub enum SyncError {
     AddFinalizer { name: String, source: kube::Error },
     #[error("removing finalizer from ServiceCIDR {name}: {source}")]
     RemoveFinalizer { name: String, source: kube::Error },
+    /// The cached object carries no resourceVersion, so the removal could not be made
+    /// conditional on it: not made.
+    #[error(
+        "not removing finalizer from ServiceCIDR {name}: the cached object has no resourceVersion to make it conditional on"
+    )]
+    NoResourceVersion { name: String },
     #[error("applying Ready={status} to ServiceCIDR {name}: {source}")]
     ApplyReady {
         name: String,
@@ -53,6 +59,7 @@ impl SyncError {
             SyncError::AddFinalizer { source, .. }
             | SyncError::RemoveFinalizer { source, .. }
             | SyncError::ApplyReady { source, .. } => api_error_label(source),
+            SyncError::NoResourceVersion { .. } => "other",
         }
     }
 }
@@ -250,13 +257,20 @@ impl<W: Writes> Syncer<W> {
                 tracing::info!(servicecidr = %key, "not removing finalizer while a watch is failing or relisting; checking again");
                 self.queue.add_after(key.to_string(), STALE_RECHECK);
             }
+            // Conditional on the version judged: if the object changed since (a write on a
+            // stale view, a deposed leader's late one), the apiserver answers 409, the
+            // finalizer stays, and the retry judges the cache's newer view.
             Action::RemoveFinalizer => {
-                self.apply.remove_finalizer(key).await.map_err(|source| {
-                    SyncError::RemoveFinalizer {
+                let Some(rv) = obj.metadata.resource_version.as_deref() else {
+                    return Err(SyncError::NoResourceVersion { name: key.into() });
+                };
+                self.apply
+                    .remove_finalizer(key, rv)
+                    .await
+                    .map_err(|source| SyncError::RemoveFinalizer {
                         name: key.into(),
                         source,
-                    }
-                })?
+                    })?
             }
         }
         Ok(())

@@ -33,6 +33,8 @@ struct Recorded {
     events: Mutex<Vec<Notice>>,
     /// The HTTP status every Ready apply fails with.
     fail_apply: Option<u16>,
+    /// The HTTP status every finalizer removal fails with.
+    fail_remove: Option<u16>,
 }
 
 fn api_error(code: u16) -> kube::Error {
@@ -54,12 +56,15 @@ impl Writes for Arc<Recorded> {
             applied_at: None,
         })
     }
-    async fn remove_finalizer(&self, name: &str) -> Result<(), kube::Error> {
+    async fn remove_finalizer(&self, name: &str, rv: &str) -> Result<(), kube::Error> {
         self.calls
             .lock()
             .unwrap()
-            .push(format!("remove-finalizer {name}"));
-        Ok(())
+            .push(format!("remove-finalizer {name} at {rv}"));
+        match self.fail_remove {
+            Some(code) => Err(api_error(code)),
+            None => Ok(()),
+        }
     }
     async fn apply_ready(
         &self,
@@ -107,6 +112,7 @@ impl events::Sink for Recorded {
 fn cidr(name: &str, cidrs: &[&str], deleted_ago: Option<Duration>) -> ServiceCIDR {
     let mut o = service_cidr(name, cidrs.iter().copied());
     o.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    o.metadata.resource_version = Some("100".into());
     o.metadata.deletion_timestamp =
         deleted_ago.map(|d| Time(Timestamp::now() - jiff::SignedDuration::try_from(d).unwrap()));
     o
@@ -144,7 +150,50 @@ async fn removes_finalizer_when_nothing_is_orphaned() {
         .lock()
         .cidr_event(Event::Apply(cidr("x", &["10.0.1.0/24"], LONG_AGO)));
     s.sync("x").await.unwrap();
-    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x"]);
+    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x at 100"]);
+}
+
+/// The removal is conditional on the version it was judged on: whatever version the cache
+/// holds when the decision is made is the one the write names, and a 409 (the object changed
+/// meanwhile) is an error that sends the key back, judged again on the newer view.
+#[tokio::test(start_paused = true)]
+async fn removal_names_the_judged_version_and_a_conflict_is_judged_again() {
+    let w = Arc::new(Recorded {
+        fail_remove: Some(409),
+        ..Default::default()
+    });
+    let (s, cache, queue) = syncer(w.clone(), false);
+    for rv in ["100", "7", "18446744073709551615"] {
+        let mut o = cidr("x", &["10.0.1.0/24"], LONG_AGO);
+        o.metadata.resource_version = Some(rv.into());
+        cache.lock().cidr_event(Event::Apply(o));
+        queue.add("x".into());
+        assert!(s.process_next().await);
+        assert_eq!(
+            w.calls.lock().unwrap().last().unwrap(),
+            &format!("remove-finalizer x at {rv}"),
+            "the removal names the cached version {rv}"
+        );
+    }
+    assert_eq!(
+        s.metrics.sync_errors.with_label_values(&["conflict"]).get(),
+        3,
+        "each 409 is a failed sync"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue.len(), 1, "a conflict sends the key back to be judged");
+
+    // A cached object without a version: no removal can be made conditional, none is made.
+    let mut o = cidr("y", &["10.0.2.0/24"], LONG_AGO);
+    o.metadata.resource_version = None;
+    cache.lock().cidr_event(Event::Apply(o));
+    let calls = w.calls.lock().unwrap().len();
+    assert!(s.sync("y").await.is_err());
+    assert_eq!(
+        w.calls.lock().unwrap().len(),
+        calls,
+        "no unconditional removal"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -173,7 +222,7 @@ async fn finalizer_stays_while_a_watch_is_failing_or_relisting() {
     assert_eq!(queue.len(), 1, "rechecked");
     ips.mark_ready();
     s.sync("x").await.unwrap();
-    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x"]);
+    assert_eq!(*w.calls.lock().unwrap(), vec!["remove-finalizer x at 100"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -257,7 +306,7 @@ async fn blocked_deletion_names_ips_and_services_and_keeps_finalizer() {
     s.sync("x").await.unwrap();
     assert_eq!(
         w.calls.lock().unwrap().last().unwrap(),
-        "remove-finalizer x"
+        "remove-finalizer x at 100"
     );
     assert_eq!(s.metrics.blocked_deletions.get(), 0);
 }

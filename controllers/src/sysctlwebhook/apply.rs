@@ -6,6 +6,7 @@
 
 use std::future::Future;
 
+use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -42,6 +43,15 @@ pub trait Writes: Send + Sync {
         &self,
         secret: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>, kube::Error>> + Send;
+    /// The apiserver's clock: the `Date` header of its answer to `GET /version` (whole
+    /// seconds, so at most a second behind it: never ahead).
+    fn apiserver_time(&self) -> impl Future<Output = Result<Timestamp, kube::Error>> + Send;
+}
+
+/// The time an HTTP `Date` header says (RFC 9110's IMF-fixdate, `Sun, 06 Nov 1994 08:49:37
+/// GMT`, which RFC 2822 reads).
+pub fn http_date(value: &str) -> Option<Timestamp> {
+    jiff::fmt::rfc2822::parse(value).ok().map(|z| z.timestamp())
 }
 
 /// The webhook configurations whose caBundles the controller-manager keeps: the validating
@@ -77,6 +87,23 @@ impl KubeWrites {
 }
 
 impl Writes for KubeWrites {
+    async fn apiserver_time(&self) -> Result<Timestamp, kube::Error> {
+        let request = http::Request::get("/version")
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        let answer = self.client.send(request.map(Into::into)).await?;
+        answer
+            .headers()
+            .get(http::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(http_date)
+            .ok_or_else(|| {
+                kube::Error::Service(
+                    "the apiserver's answer carries no readable Date header".into(),
+                )
+            })
+    }
+
     async fn create_secret(&self, secret: &Secret) -> Result<(), kube::Error> {
         self.secrets()
             .create(&PostParams::default(), secret)

@@ -114,7 +114,30 @@ impl<W: Writes> CertTask<W> {
             })
         };
         let now = Timestamp::now();
-        let step = rotation::plan(&stored, &self.hosts, now, self.timing, trusted);
+        let mut step = rotation::plan(&stored, &self.hosts, now, self.timing, trusted, None);
+        if step == Step::CheckValidity {
+            // Only when a promotion is due: the staged certificate must be valid by the clock
+            // that judges it, the apiserver's.
+            let server = match self.writes.apiserver_time().await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook: reading the apiserver's time failed; not promoting the staged certificate yet");
+                    return;
+                }
+            };
+            step = rotation::plan(
+                &stored,
+                &self.hosts,
+                now,
+                self.timing,
+                trusted,
+                Some(server),
+            );
+            if step == Step::NotYetValid {
+                tracing::warn!(apiserver_time = %server, local_time = %now, "webhook: the staged certificate is not valid yet by the apiserver's clock (this replica's clock is ahead of it by more than the backdating); not promoting it yet");
+                return;
+            }
+        }
         if matches!(
             step,
             Step::Issue | Step::Stage | Step::Promote | Step::MarkTrusted | Step::Untrusted

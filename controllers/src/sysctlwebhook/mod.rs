@@ -14,11 +14,14 @@ pub mod cache;
 pub mod certs;
 pub mod decide;
 pub mod gate;
+pub mod generation;
 pub mod limits;
 pub mod metrics;
 pub mod mutate;
 pub mod review;
 pub mod rotation;
+#[cfg(test)]
+mod rotation_tests;
 pub mod serve;
 #[cfg(test)]
 mod server_tests;
