@@ -30,6 +30,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions},
 };
+use serde_json::json;
 use tokio::time::Instant;
 
 use crate::leader::{
