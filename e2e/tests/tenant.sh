@@ -105,3 +105,70 @@ test_multinode_tenant_sysctl_enforce() {
   [ "$ran_n" -eq 0 ] || fail "$ran_n forbidden pods of the tenant ran: $(k -n "$ns" get pods -o wide --no-headers 2>/dev/null | tr '\n' ';')"
   [ "$plain" -eq "$plain_want" ] || fail "only $plain of $plain_want ordinary pods ran"
 }
+
+# Ready of every controller-manager replica and node-agent, one word each.
+readiness() {
+  k -n "$NS" get pods -l 'app.kubernetes.io/component in (controller-manager,node-agent)' \
+    -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{" "}{end}'
+}
+restarts_of_product() {
+  k -n "$NS" get pods -l 'app.kubernetes.io/component in (controller-manager,node-agent)' \
+    -o jsonpath='{.items[*].status.containerStatuses[*].restartCount}' | tr ' ' '\n' | awk '{ s += $1 } END { print s + 0 }'
+}
+
+# A pod of the tenant's opens 500 silent connections to each replica's webhook and admin ports
+# and to each node-agent's admin port, plus slow-header and slow-body connections, for 90 s.
+# Meanwhile kubelet's probes keep every replica and agent Ready (sampled every 5 s), nothing
+# restarts, and reviews the apiserver sends the webhook (server-side dry-run creates of a pod
+# that names its node and sets a sysctl) all succeed; their p99 is printed.
+test_multinode_tenant_slow_clients() {
+  local ns targets="" p ip before after samples=0 unready=0 i t0 ms times="" failed_reviews=0 n=30
+  ns=$(new_namespace slowclients)
+  trap 'kubectl delete namespace '"$ns"' --wait=false >/dev/null 2>&1' EXIT
+  k -n "$ns" create rolebinding tenant-edit --clusterrole=edit --user=tenant >/dev/null
+  for p in $(cm_pods); do
+    ip=$(k -n "$NS" get pod "$p" -o jsonpath='{.status.podIP}')
+    targets="${targets:+$targets, }$ip:9443, $ip:8080"
+  done
+  for p in $(agent_pods); do
+    ip=$(k -n "$NS" get pod "$p" -o jsonpath='{.status.podIP}')
+    targets="${targets:+$targets, }$ip:9846"
+  done
+  before=$(restarts_of_product)
+  tk -n "$ns" apply -f - >/dev/null <<Y
+apiVersion: v1
+kind: Pod
+metadata: {name: attacker, namespace: $ns}
+spec:
+  terminationGracePeriodSeconds: 0
+  restartPolicy: Never
+  containers: [{name: c, image: gk.local/tools:1, command: [slow-clients, "500", "30", "90", $targets]}]
+Y
+  k -n "$ns" wait pod/attacker --for=condition=Ready --timeout=60s >/dev/null || fail "the attacker pod did not start"
+  sleep 10
+  for i in $(seq 1 "$n"); do
+    t0=$EPOCHREALTIME
+    if tenant_pod "$ns" "review-$i" "  nodeName: $A" | k create --dry-run=server -f - >/dev/null 2>"$CLUSTER_STATE/review.err"; then
+      ms=$(awk -v t0="$t0" -v now="$EPOCHREALTIME" 'BEGIN { printf "%d", (now - t0) * 1000 }')
+      times="$times $ms"
+    else
+      failed_reviews=$((failed_reviews + 1))
+      say "review $i failed: $(head -c 300 "$CLUSTER_STATE/review.err")"
+    fi
+    if [ $((i % 2)) = 0 ]; then
+      samples=$((samples + 1))
+      readiness | has False && { unready=$((unready + 1)); say "not Ready at sample $samples: $(readiness)"; }
+    fi
+    sleep 2
+  done
+  say "attacker: $(k -n "$ns" logs attacker 2>/dev/null | tail -n 20 | tr '\n' ';' | cut -c1-600)"
+  after=$(restarts_of_product)
+  local p99
+  p99=$(echo "$times" | tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { i = int(NR * 0.99 + 0.999); if (i < 1) i = 1; print a[i] + 0 }')
+  k -n "$ns" get pod attacker -o jsonpath='{.status.phase}' | has -x 'Running\|Succeeded' || fail "the attacker did not run: $(k -n "$ns" logs attacker 2>&1 | tail -3)"
+  echo "slow clients: replicas Ready throughout ($((samples - unready)) of $samples samples), $((after - before)) restarts, review p99 $p99 ms with 500 silent connections per port ($failed_reviews of $n reviews failed)"
+  echo "bench e2e_slow_clients_review_p99_ms $p99 ms"
+  [ "$unready" -eq 0 ] || fail "$unready of $samples samples saw a replica or agent not Ready"
+  [ "$after" -eq "$before" ] || fail "$((after - before)) restarts under the slow clients"
+  [ "$failed_reviews" -eq 0 ] || fail "$failed_reviews of $n reviews failed under the slow clients"
+}

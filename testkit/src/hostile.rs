@@ -62,6 +62,23 @@ impl Target {
         }
     }
 
+    /// A server reached over the network by a caller that checks no certificate: a hostile
+    /// pod, which has no reason to trust the server it attacks.
+    pub fn unverified(addr: SocketAddr) -> Self {
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+        .with_no_client_auth();
+        Self {
+            addr,
+            connector: TlsConnector::from(Arc::new(config)),
+        }
+    }
+
     /// A TCP connection from `source`.
     pub async fn tcp(&self, source: IpAddr) -> std::io::Result<TcpStream> {
         let socket = match source {
@@ -273,4 +290,45 @@ pub fn percentile_ms(times: &[Duration], p: f64) -> f64 {
     }
     let i = ((p / 100.0) * (ms.len() - 1) as f64).round() as usize;
     ms[i.min(ms.len() - 1)]
+}
+
+/// Accepts any server certificate (the attacker's view: it verifies nothing).
+#[derive(Debug)]
+struct AnyCertificate;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
