@@ -354,3 +354,156 @@ async fn a_flood_of_made_up_tokens_costs_only_the_budget() -> anyhow::Result<()>
     );
     Ok(())
 }
+
+/// The test control plane's ServiceAccount issuer (`--service-account-issuer`).
+const ISSUER: &str = "https://kubernetes.default.svc";
+
+/// `token` with one character of its signature changed.
+fn forged(token: &str) -> String {
+    let (signed, signature) = token.rsplit_once('.').unwrap();
+    let mut s = signature.as_bytes().to_vec();
+    let i = s.len() / 2;
+    s[i] = if s[i] == b'A' { b'B' } else { b'A' };
+    format!("{signed}.{}", String::from_utf8(s).unwrap())
+}
+
+/// A made-up token claiming the issuer, distinct for each `i`: `real`'s header (its key id)
+/// and signature over claims of its own.
+fn claiming_the_issuer(real: &str, i: usize) -> String {
+    let (header, rest) = real.split_once('.').unwrap();
+    let signature = rest.rsplit_once('.').unwrap().1;
+    let claims = format!(
+        "{{\"iss\":\"{ISSUER}\",\"sub\":\"system:serviceaccount:flood:f{i}\",\"exp\":4102444800}}"
+    );
+    format!("{header}.{}.{signature}", base64url(claims.as_bytes()))
+}
+
+/// Against the apiserver's real keys (`/openid/v1/jwks`): a real ServiceAccount token
+/// (TokenRequest) is verified and served; the same token with one character of its signature
+/// changed is refused 401 without a TokenReview; and during a flood of 10,000 made-up tokens
+/// claiming the issuer from 50 clients, a NEW scraper (a token never seen, requested
+/// mid-flood) is served, not 429. The apiserver's audit log proves the forgeries cost no
+/// TokenReview: the agent sends exactly the scrapers' (printed).
+#[tokio::test]
+async fn forged_service_account_tokens_cost_no_review_and_lock_no_scraper_out() -> anyhow::Result<()>
+{
+    const TEST: &str = "forged_service_account_tokens_cost_no_review_and_lock_no_scraper_out";
+    let Some(c) = testkit::cluster(TEST).await else {
+        return Ok(());
+    };
+    let Some(cp) = c.control_plane else {
+        testkit::skipped(
+            TEST,
+            "counts TokenReviews in the test control plane's audit log",
+        );
+        return Ok(());
+    };
+    c.ensure_crd(&groundskeeper_node_agent::sysctlreport::crd::crd_yaml())
+        .await?;
+    let ns = c.namespace("metrics-forged").await?;
+    let node = unique_name("gk-metrics-forged");
+    c.create(&Node {
+        metadata: meta(&node, None),
+        ..Default::default()
+    })
+    .await?;
+    let reader = unique_name("metrics-reader");
+    c.create(&ClusterRole {
+        metadata: meta(&reader, None),
+        rules: Some(vec![PolicyRule {
+            non_resource_urls: Some(vec!["/metrics".into()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        }]),
+        ..Default::default()
+    })
+    .await?;
+    let scraper = token_of(&c, &ns, Some(&reader)).await?;
+    let instance = unique_name("node-agent-forged");
+    let admin = free_addr();
+    let admin_s = admin.to_string();
+    let _agent = Binary::start(
+        env!("CARGO_BIN_EXE_node-agent"),
+        "node-agent-metrics-forged",
+        &[
+            "--admin-addr",
+            &admin_s,
+            "--tasks=sysctl",
+            "--metrics-auth=kubernetes",
+        ],
+        &[
+            ("NODE_NAME", node.as_str()),
+            ("POD_NAME", instance.as_str()),
+        ],
+    )?;
+    wait_ready(admin, Duration::from_secs(60), "readyz").await?;
+
+    let (code, body) = get_body(admin, "/metrics", Some(&forged(&scraper))).await?;
+    assert_eq!(code, 401, "{body}");
+    assert!(
+        body.contains("signature does not verify"),
+        "refused by the keys: {body}"
+    );
+    assert_eq!(
+        get(admin, "/metrics", Some(&scraper)).await?,
+        200,
+        "the real token"
+    );
+
+    let statuses = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        u16,
+        usize,
+    >::new()));
+    let clients: Vec<_> = (0..50)
+        .map(|k| {
+            let (statuses, scraper) = (statuses.clone(), scraper.clone());
+            tokio::spawn(async move {
+                for i in 0..200 {
+                    let t = claiming_the_issuer(&scraper, k * 200 + i);
+                    let code = get(admin, "/metrics", Some(&t)).await.unwrap_or(0);
+                    *statuses.lock().unwrap().entry(code).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    wait_for(Duration::from_secs(60), "the flood under way", || async {
+        Ok(statuses.lock().unwrap().values().sum::<usize>() >= 2000)
+    })
+    .await?;
+    let new_scraper = token_of(&c, &ns, Some(&reader)).await?;
+    let new_code = get(admin, "/metrics", Some(&new_scraper)).await?;
+    let sent_before = statuses.lock().unwrap().values().sum::<usize>();
+    for client in clients {
+        client.await?;
+    }
+    let statuses = statuses.lock().unwrap().clone();
+    let (_, body) = get_body(admin, "/metrics", Some(&scraper)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reviews = testkit::audit::read(&cp.audit_log)?
+        .into_iter()
+        .filter(|e| e.object_ref.resource == "tokenreviews" && e.user_agent.contains(&instance))
+        .count();
+    println!(
+        "bench metrics_auth_forged_flood_tokenreviews {reviews} (2 scrapers; 10000 forged tokens, answers {statuses:?}; the new scraper answered {new_code} after {sent_before})"
+    );
+    assert_eq!(new_code, 200, "a new scraper mid-flood: {statuses:?}");
+    assert!(
+        sent_before < 10_000,
+        "the new scraper came after the flood: {sent_before}"
+    );
+    assert_eq!(
+        statuses,
+        [(401, 10_000)].into(),
+        "every forgery refused 401"
+    );
+    assert_eq!(reviews, 2, "TokenReviews: the two scrapers' only");
+    assert!(
+        value(
+            &body,
+            "groundskeeper_metrics_auth_refused_total{reason=\"bad_signature\"}"
+        )
+        .is_some_and(|v| v >= 10_001.0),
+        "counted as bad_signature"
+    );
+    Ok(())
+}

@@ -1,12 +1,14 @@
 //! The least-privilege rules in `node-agent/rbac.yaml` (which the chart grants, see
 //! testkit/tests/chart_rbac.rs) are enough: node-agent, acting as a ServiceAccount bound to
-//! exactly those rules, lists everything it watches and reports a pod that ran with a forbidden
-//! sysctl (its event), with no "forbidden" from the apiserver.
+//! exactly those rules, lists everything it watches, reports a pod that ran with a forbidden
+//! sysctl (its event), and reads the ServiceAccount issuer's keys for `/metrics` (a forged token
+//! refused by them), with no "forbidden" from the apiserver.
 
 use std::{path::PathBuf, time::Duration};
 
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, Sysctl};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, ServiceAccount, Sysctl};
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ObjectMeta};
 use testkit::{Binary, free_addr, unique_name, wait_for, wait_ready};
@@ -48,6 +50,7 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
         "--admin-addr".to_string(),
         admin.to_string(),
         "--sysctl-default-mode=enforce".to_string(),
+        "--metrics-auth=kubernetes".to_string(),
     ];
     match &table {
         Some(t) => args.extend([
@@ -107,6 +110,38 @@ async fn the_listed_rules_are_enough() -> anyhow::Result<()> {
             }))
     })
     .await?;
+
+    // /metrics: a real ServiceAccount token with its signature changed is refused by the
+    // issuer's keys, which the agent read with the listed rules.
+    let scraper = unique_name("scraper");
+    c.create(&ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(scraper.clone()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await?;
+    let token = Api::<ServiceAccount>::namespaced(c.client.clone(), &ns)
+        .create_token_request(&scraper, &Default::default(), &TokenRequest::default())
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    let (signed, signature) = token.rsplit_once('.').unwrap();
+    let changed = if signature.starts_with('A') { "B" } else { "A" };
+    let forged = format!("{signed}.{changed}{}", &signature[1..]);
+    let (code, body) = testkit::http_get_as(admin, "/metrics", Some(&forged)).await?;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("signature does not verify"), "{body}");
+    assert!(
+        !agent
+            .logs()
+            .contains("could not read the ServiceAccount issuer's keys"),
+        "{}",
+        agent.logs()
+    );
 
     agent.assert_no_api_refusals();
     Ok(())

@@ -102,9 +102,9 @@ async fn readyz_fails_on_a_stale_watch_while_healthz_stays_up() {
 }
 
 /// Shaped as JWTs, as ServiceAccount tokens are.
-const READER: &str = "eyJhbGciOiJSUzI1NiJ9.cmVhZGVy.c2lnbmF0dXJl";
-const OTHER: &str = "eyJhbGciOiJSUzI1NiJ9.b3RoZXI.c2lnbmF0dXJl";
-const FORGED: &str = "eyJhbGciOiJSUzI1NiJ9.Zm9yZ2Vk.c2lnbmF0dXJl";
+const READER: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJyZWFkZXIifQ.c2lnbmF0dXJl";
+const OTHER: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJvdGhlciJ9.c2lnbmF0dXJl";
+const FORGED: &str = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJmb3JnZWQifQ.c2lnbmF0dXJl";
 
 /// An apiserver that knows two tokens: READER (a user allowed to get /metrics) and
 /// OTHER (one that is not); counts the reviews it answers.
@@ -113,6 +113,11 @@ fn reviewing_apiserver(reviews: std::sync::Arc<std::sync::atomic::AtomicUsize>) 
     let service = tower::service_fn(move |req: http::Request<Body>| {
         let reviews = reviews.clone();
         async move {
+            if req.method() == http::Method::GET {
+                // No issuer discovery: tokens are left to the reviews.
+                let not_found = http::Response::builder().status(404);
+                return Ok(not_found.body(Body::from(b"{}".to_vec())).unwrap());
+            }
             reviews.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let path = req.uri().path().to_string();
             let body: serde_json::Value =

@@ -404,11 +404,22 @@ pub fn free_addr() -> std::net::SocketAddr {
 
 /// A plain HTTP/1.1 GET against a child's admin server: (status code, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    http_get_as(addr, path, None).await
+}
+
+/// [`http_get`], with `token` as the bearer token when given.
+pub async fn http_get_as(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
         .await??;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await?;
     let mut out = String::new();

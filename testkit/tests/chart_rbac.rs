@@ -15,6 +15,8 @@ struct Rule {
     resources: Vec<String>,
     #[serde(default)]
     verbs: Vec<String>,
+    #[serde(rename = "nonResourceURLs", default)]
+    non_resource_urls: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -33,6 +35,12 @@ fn flatten<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Grants {
                 for v in &r.verbs {
                     out.insert((g.clone(), res.clone(), v.clone()));
                 }
+            }
+        }
+        // A non-resource URL as the group "nonResourceURL" and the URL as the resource.
+        for url in &r.non_resource_urls {
+            for v in &r.verbs {
+                out.insert(("nonResourceURL".into(), url.clone(), v.clone()));
             }
         }
     }
