@@ -24,6 +24,8 @@ mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
+mod schedule_periodic_tests;
+#[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
