@@ -1,5 +1,6 @@
 //! When rounds run: soon after the UDP model changes (watch events debounced, at most one
-//! triggered round per --conntrack-min-interval, scoped to what the change touched), and on Cilium's adaptive periodic timer, which only a
+//! triggered round per --conntrack-min-interval, scoped to what the change touched; a change
+//! no UDP flow is judged by runs none), and on Cilium's adaptive periodic timer, which only a
 //! full round starts over: triggered rounds never put the periodic one off, and one that comes
 //! when the periodic round is due or nearly due is widened into it. Never on a stale model,
 //! and a round skipped for that is owed until a current model exists. A state machine over
@@ -17,7 +18,7 @@ use groundskeeper_plumbing::cache::Seen;
 
 use super::decide::next_interval;
 use super::model::Model;
-use super::model::changes::Changes;
+use super::model::changes::{Changes, Trigger};
 use super::model::focus::Focus;
 use super::model::source::{Models, Skip};
 use super::netlink::family::Family;
@@ -222,25 +223,33 @@ impl Scheduler {
             .last_pass
             .map_or(now, |t| t + self.timing.min_interval)
             .max(now);
-        let same = self.current.is_some() && !changes.changed(m);
+        let trigger = match self.current {
+            None => Trigger::Change, // the first model
+            Some(_) => changes.trigger(m),
+        };
         if let Some(judged) = self.judged.as_mut() {
             judged.merge(changes);
         }
         // Same model (a copy equal to it, or itself), confirmed by a current list: it is
         // current again.
         self.current = Some((Arc::downgrade(m), stamp));
-        if !same {
-            tracing::debug!(
-                ipv4_frontends = m[Family::V4].frontends.len(),
-                ipv6_frontends = m[Family::V6].frontends.len(),
-                "UDP service model changed"
-            );
-            self.pass_at.get_or_insert(earliest);
-        } else if Family::ALL.into_iter().any(|f| m[f].has_unserved()) {
-            // A service without serving endpoints: a watch event is a sync for kube-proxy,
-            // which then deletes flows through it; a triggered round looks at them (alone, as
-            // nothing else changed).
-            self.pass_at.get_or_insert(earliest);
+        match trigger {
+            Trigger::Change => {
+                tracing::debug!(
+                    ipv4_frontends = m[Family::V4].frontends.len(),
+                    ipv6_frontends = m[Family::V6].frontends.len(),
+                    "UDP service model changed"
+                );
+                self.pass_at.get_or_insert(earliest);
+            }
+            // A service without serving endpoints: an event about UDP services is a sync for
+            // kube-proxy, which then deletes flows through it; a triggered round looks at them
+            // (alone, as nothing else changed).
+            Trigger::Unserved if Family::ALL.into_iter().any(|f| m[f].has_unserved()) => {
+                self.pass_at.get_or_insert(earliest);
+            }
+            // Nothing a UDP flow is judged by (a TCP-only Service, its IPAddress): no round.
+            Trigger::Unserved | Trigger::Nothing => {}
         }
         if std::mem::take(&mut self.owed) {
             self.pass_at.get_or_insert(earliest);
