@@ -29,10 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt, stream};
-use groundskeeper_node_agent::conntrack::netlink::msg::{
-    Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
-};
-use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
+use groundskeeper_node_agent::conntrack::netlink::msg::{Entry, IPPROTO_UDP};
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -80,15 +77,7 @@ struct Knobs {
 
 impl Knobs {
     fn from_args() -> anyhow::Result<Self> {
-        // cargo passes `--bench`; the numbers are positional.
-        let n: Vec<u64> = std::env::args()
-            .skip(1)
-            .filter(|a| !a.starts_with('-'))
-            .map(|a| {
-                a.parse()
-                    .map_err(|e| anyhow::anyhow!("argument {a:?}: {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let n = testkit::figures::bench_args()?;
         let at = |i: usize, default: u64| n.get(i).copied().unwrap_or(default);
         let k = Self {
             seconds: at(0, 30),
@@ -262,13 +251,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .collect();
     let n = entries.len();
-    let report = table
-        .run(|| Conntrack::open()?.create(&entries, 600, STATUS_SEEN_REPLY | STATUS_ASSURED))??;
-    anyhow::ensure!(
-        report.ok == n,
-        "{} of {n} flows created: {report:?}",
-        report.ok
-    );
+    table.fill(&entries)?;
     let bin = std::env::var("TENANT_CHURN_AGENT")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_node-agent").to_string());
     println!("node-agent: {bin}; {n} UDP flows in its table");

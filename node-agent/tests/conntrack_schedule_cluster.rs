@@ -14,10 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::netlink::msg::{
-    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
-};
-use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
+use groundskeeper_node_agent::conntrack::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP};
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -64,17 +61,6 @@ fn key(e: &Entry) -> (u8, u16, SocketAddr) {
         e.orig.src_port,
         SocketAddr::new(e.reply.src, e.reply.src_port),
     )
-}
-
-fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
-    netns.run(|| {
-        let r = Conntrack::open()
-            .unwrap()
-            .create(entries, 600, STATUS_SEEN_REPLY | STATUS_ASSURED)
-            .unwrap();
-        assert_eq!(r.ok, entries.len(), "{r:?}");
-    })?;
-    Ok(())
 }
 
 /// Passes the agent has run that read the table (both families).
@@ -169,8 +155,8 @@ async fn an_orphan_flow_goes_within_three_gc_max_while_a_slice_changes_every_3s(
         // Not DNATed: someone's own traffic to that address.
         flow(IPPROTO_UDP, 41102, o, o),
     ];
-    fill(&netns, &[gone])?;
-    fill(&netns, &stay)?;
+    netns.fill(&[gone])?;
+    netns.fill(&stay)?;
     let appeared = Instant::now();
     let want: BTreeSet<_> = stay.iter().map(key).collect();
     let within = GC_MAX * 3;
@@ -240,7 +226,7 @@ async fn tcp_only_services_created_and_deleted_run_no_pass() -> anyhow::Result<(
             sa("10.244.42.9:8080"),
         ),
     ];
-    fill(&netns, &flows)?;
+    netns.fill(&flows)?;
     let bin = env!("CARGO_BIN_EXE_node-agent");
     // No periodic pass in the test's time; the settle over before the tenant starts.
     let (agent, admin) = Binary::conntrack_agent_with_admin(

@@ -179,6 +179,20 @@ impl World {
         self.skipped.with_label_values(&["stale-model"]).get()
     }
 
+    /// The EndpointSlice watch fails: a model built before is stale from now on.
+    pub(super) fn slices_fail(&self) {
+        self.watches
+            .set_health([Some(1), None, Some(1), Some(1), Some(1)]);
+    }
+
+    /// The EndpointSlice watch has relisted (a new health epoch); its InitDone wakes the
+    /// scheduler.
+    pub(super) fn slices_relisted(&self) {
+        self.watches
+            .set_health([Some(1), Some(2), Some(1), Some(1), Some(1)]);
+        self.changed.notify_one();
+    }
+
     /// Runs the scheduler until `script` ends, then stops it; returns the rounds that ran,
     /// each reporting the next of `summaries` (scanned, deleted).
     pub(super) async fn drive(

@@ -258,26 +258,12 @@ impl Changes {
         let mut c = Changes::default();
         for fam in Family::ALL {
             let (o, n) = (&old[fam], &new[fam]);
-            let frontends = [o, n].into_iter().flat_map(|m| {
-                m.frontends
-                    .keys()
-                    .chain(&m.settling_frontends)
-                    .chain(&m.foreign_frontends)
-                    .chain(&m.deleted_frontends)
-            });
-            for f in frontends {
+            for f in [o, n].into_iter().flat_map(|m| m.frontend_keys()) {
                 if frontend_judgment(o, f) != frontend_judgment(n, f) {
                     c.note_frontend(old, *f);
                 }
             }
-            let node_ports = [o, n].into_iter().flat_map(|m| {
-                m.node_ports
-                    .keys()
-                    .chain(&m.settling_node_ports)
-                    .chain(&m.foreign_node_ports)
-                    .chain(&m.deleted_node_ports)
-            });
-            for p in node_ports {
+            for p in [o, n].into_iter().flat_map(|m| m.node_port_keys()) {
                 if node_port_judgment(o, p) != node_port_judgment(n, p) {
                     c.note_node_port(old, fam, *p);
                 }

@@ -104,31 +104,15 @@ impl Scope {
         };
         // Keys whose judgment may differ: served by another set, settling, foreign or deleted
         // in one model and not the other (a foreign service appearing, a tombstone going).
-        let frontends: HashSet<&SocketAddr> = [old, new]
-            .iter()
-            .flat_map(|m| {
-                m.frontends
-                    .keys()
-                    .chain(&m.settling_frontends)
-                    .chain(&m.foreign_frontends)
-                    .chain(&m.deleted_frontends)
-            })
-            .collect();
+        let frontends: HashSet<&SocketAddr> =
+            [old, new].iter().flat_map(|m| m.frontend_keys()).collect();
         scope.frontends.extend(
             frontends
                 .into_iter()
                 .filter(|k| frontend_judgment(old, k) != frontend_judgment(new, k)),
         );
-        let node_ports: HashSet<&u16> = [old, new]
-            .iter()
-            .flat_map(|m| {
-                m.node_ports
-                    .keys()
-                    .chain(&m.settling_node_ports)
-                    .chain(&m.foreign_node_ports)
-                    .chain(&m.deleted_node_ports)
-            })
-            .collect();
+        let node_ports: HashSet<&u16> =
+            [old, new].iter().flat_map(|m| m.node_port_keys()).collect();
         scope.node_ports.extend(
             node_ports
                 .into_iter()
@@ -237,12 +221,7 @@ impl Focus {
 pub(super) fn releases_udp(old: &FamilyModel, new: &FamilyModel, current: &FamilyModel) -> bool {
     let released: HashSet<&IpAddr> = old.allocated.difference(&new.allocated).collect();
     !released.is_empty()
-        && [old, current].into_iter().any(|m| {
-            m.frontends
-                .keys()
-                .chain(&m.settling_frontends)
-                .chain(&m.foreign_frontends)
-                .chain(&m.deleted_frontends)
-                .any(|f| released.contains(&f.ip()))
-        })
+        && [old, current]
+            .into_iter()
+            .any(|m| m.frontend_keys().any(|f| released.contains(&f.ip())))
 }
