@@ -17,7 +17,7 @@ use super::pass::round::RoundSummary;
 use super::schedule::*;
 use super::schedule_tests::{Ran, Watches, World, dns, ms, secs};
 
-/// The flags of the case that starved full rounds: a change every few seconds, gc-max 15 s.
+/// The flags of the black-box case (`conntrack_schedule_cluster.rs`): gc-min 5 s, gc-max 15 s.
 const BUSY: Timing = Timing {
     min_interval: Duration::from_secs(1),
     gc_min: Duration::from_secs(5),
@@ -54,10 +54,10 @@ fn full_rounds(ran: &[Ran]) -> Vec<Duration> {
         .collect()
 }
 
-/// The case measured on a real agent: 150 s of changes every second (faster than the issue's
-/// 3 s, so a triggered round is due at every min interval), gc-max 15 s, nothing deleted (the
-/// interval stays 15 s). A full round every interval at the latest, and not more often than one
-/// min interval early; a triggered round for every other change.
+/// The flags of the black-box case (gc-max 15 s), with a change every second rather than every
+/// 3 s, so a triggered round is due at every min interval; nothing deleted (the interval stays
+/// 15 s). A full round every interval at the latest, and not more often than one min interval
+/// early; a triggered round for every other change.
 #[tokio::test(start_paused = true)]
 async fn full_rounds_keep_their_interval_while_a_change_triggers_a_round_every_second() {
     let w = World {
