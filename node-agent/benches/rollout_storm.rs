@@ -73,16 +73,8 @@ struct Knobs {
 
 impl Knobs {
     fn from_args() -> anyhow::Result<Self> {
-        // cargo passes `--bench`; the numbers are positional.
-        let n: Vec<usize> = std::env::args()
-            .skip(1)
-            .filter(|a| !a.starts_with('-'))
-            .map(|a| {
-                a.parse()
-                    .map_err(|e| anyhow::anyhow!("argument {a:?}: {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let at = |i: usize, default: usize| n.get(i).copied().unwrap_or(default);
+        let n = testkit::figures::bench_args()?;
+        let at = |i: usize, default: usize| n.get(i).map_or(default, |v| *v as usize);
         let k = Self {
             services: at(0, 100),
             endpoints: at(1, 10),

@@ -8,10 +8,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use groundskeeper_node_agent::conntrack::netlink::msg::{
-    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
-};
-use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
+use groundskeeper_node_agent::conntrack::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP};
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -55,15 +52,12 @@ async fn scale_down(name: &str, dry_run: bool) -> anyhow::Result<()> {
     let frontend = SocketAddr::new(cluster_ip, 53);
     let (kept_ep, removed_ep): (SocketAddr, SocketAddr) =
         ("10.244.1.5:5353".parse()?, "10.244.1.6:5353".parse()?);
-    fill(
-        &netns,
-        &[
-            Entry::dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
-            Entry::dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
-            Entry::dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
-            Entry::dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
-        ],
-    )?;
+    netns.fill(&[
+        Entry::dnat(IPPROTO_UDP, client(1000), frontend, kept_ep),
+        Entry::dnat(IPPROTO_UDP, client(1001), frontend, removed_ep),
+        Entry::dnat(IPPROTO_UDP, client(1002), frontend, removed_ep),
+        Entry::dnat(IPPROTO_TCP, client(1003), frontend, removed_ep),
+    ])?;
 
     let extra: &[&str] = if dry_run { &["--dry-run"] } else { &[] };
     let agent = agent_on(&netns, extra).await?;
@@ -120,17 +114,6 @@ async fn udp_service(
     Ok(ip.is_ipv4().then_some(ip))
 }
 
-fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
-    netns.run(|| {
-        let r = Conntrack::open()
-            .unwrap()
-            .create(entries, 600, STATUS_SEEN_REPLY | STATUS_ASSURED)
-            .unwrap();
-        assert_eq!(r.ok, entries.len(), "{r:?}");
-    })?;
-    Ok(())
-}
-
 /// Starts the agent on `netns` and waits for its first pass.
 async fn agent_on(netns: &NetNs, extra: &[&str]) -> anyhow::Result<Binary> {
     let bin = env!("CARGO_BIN_EXE_node-agent");
@@ -174,16 +157,13 @@ async fn a_service_losing_every_endpoint_loses_its_udp_flows() -> anyhow::Result
     let frontend = SocketAddr::new(ip, 53);
     let ep: SocketAddr = "10.244.3.5:5353".parse()?;
     let remote: SocketAddr = "203.0.113.1:53".parse()?;
-    fill(
-        &netns,
-        &[
-            Entry::dnat(IPPROTO_UDP, client(1000), frontend, ep),
-            Entry::dnat(IPPROTO_UDP, client(1001), frontend, ep),
-            Entry::dnat(IPPROTO_TCP, client(1002), frontend, ep),
-            // Not a frontend: untouched.
-            Entry::dnat(IPPROTO_UDP, client(1003), remote, remote),
-        ],
-    )?;
+    netns.fill(&[
+        Entry::dnat(IPPROTO_UDP, client(1000), frontend, ep),
+        Entry::dnat(IPPROTO_UDP, client(1001), frontend, ep),
+        Entry::dnat(IPPROTO_TCP, client(1002), frontend, ep),
+        // Not a frontend: untouched.
+        Entry::dnat(IPPROTO_UDP, client(1003), remote, remote),
+    ])?;
     let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=1s"]).await?;
     assert_eq!(
         flows(&netns).len(),
@@ -228,14 +208,11 @@ async fn deleting_a_service_removes_its_udp_flows_not_a_neighbours() -> anyhow::
     let netns = NetNs::create("deleted")?;
     let ep: SocketAddr = "10.244.4.5:5353".parse()?;
     let (gone, live) = (SocketAddr::new(gone_ip, 53), SocketAddr::new(live_ip, 53));
-    fill(
-        &netns,
-        &[
-            Entry::dnat(IPPROTO_UDP, client(1000), gone, ep),
-            Entry::dnat(IPPROTO_UDP, client(1001), live, ep),
-            Entry::dnat(IPPROTO_TCP, client(1002), gone, ep),
-        ],
-    )?;
+    netns.fill(&[
+        Entry::dnat(IPPROTO_UDP, client(1000), gone, ep),
+        Entry::dnat(IPPROTO_UDP, client(1001), live, ep),
+        Entry::dnat(IPPROTO_TCP, client(1002), gone, ep),
+    ])?;
     let agent = agent_on(&netns, &[]).await?;
     assert_eq!(
         flows(&netns).len(),
@@ -290,18 +267,15 @@ async fn flows_to_a_service_ip_deleted_before_the_agent_started_go() -> anyhow::
     let (old, live) = (SocketAddr::new(old_ip, 53), SocketAddr::new(live_ip, 53));
     let (ep_old, ep_live): (SocketAddr, SocketAddr) =
         ("10.244.5.5:5353".parse()?, "10.244.5.6:5353".parse()?);
-    fill(
-        &netns,
-        &[
-            Entry::dnat(IPPROTO_UDP, client(1000), old, ep_old),
-            Entry::dnat(IPPROTO_UDP, client(1001), live, ep_live),
-            Entry::dnat(IPPROTO_TCP, client(1002), old, ep_old),
-            // Outside every ServiceCIDR: never judged by this rule.
-            Entry::dnat(IPPROTO_UDP, client(1003), outside, ep_old),
-            // Not DNATed: not a flow kube-proxy made.
-            Entry::dnat(IPPROTO_UDP, client(1004), old, old),
-        ],
-    )?;
+    netns.fill(&[
+        Entry::dnat(IPPROTO_UDP, client(1000), old, ep_old),
+        Entry::dnat(IPPROTO_UDP, client(1001), live, ep_live),
+        Entry::dnat(IPPROTO_TCP, client(1002), old, ep_old),
+        // Outside every ServiceCIDR: never judged by this rule.
+        Entry::dnat(IPPROTO_UDP, client(1003), outside, ep_old),
+        // Not DNATed: not a flow kube-proxy made.
+        Entry::dnat(IPPROTO_UDP, client(1004), old, old),
+    ])?;
     let agent = agent_on(
         &netns,
         &[

@@ -23,10 +23,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use groundskeeper_node_agent::conntrack::netlink::msg::{
-    Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY,
-};
-use groundskeeper_node_agent::conntrack::netlink::socket::Conntrack;
+use groundskeeper_node_agent::conntrack::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP};
 use groundskeeper_node_agent::conntrack::netns::{self, NetNs};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -76,17 +73,6 @@ fn key(e: &Entry) -> Flow {
 
 fn keys(entries: &[Entry]) -> BTreeSet<Flow> {
     entries.iter().map(key).collect()
-}
-
-fn fill(netns: &NetNs, entries: &[Entry]) -> anyhow::Result<()> {
-    netns.run(|| {
-        let r = Conntrack::open()
-            .unwrap()
-            .create(entries, 600, STATUS_SEEN_REPLY | STATUS_ASSURED)
-            .unwrap();
-        assert_eq!(r.ok, entries.len(), "{r:?}");
-    })?;
-    Ok(())
 }
 
 /// The cluster and a fresh namespace, or `None` (after the skip line).
@@ -226,8 +212,8 @@ async fn case1_unnated_flows_to_every_frontend_go_when_the_service_gets_endpoint
         udp(1104, sa("203.0.113.21:53"), sa("203.0.113.21:53")),
         flow(IPPROTO_TCP, 1105, frontends[3], frontends[3]),
     ];
-    fill(&netns, &gone)?;
-    fill(&netns, &stay)?;
+    netns.fill(&gone)?;
+    netns.fill(&stay)?;
     let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=10m"]).await?;
     let all: BTreeSet<Flow> = keys(&gone).union(&keys(&stay)).copied().collect();
     assert_eq!(netns.flows()?, all, "no endpoint yet: nothing judged");
@@ -279,8 +265,8 @@ async fn case2_flows_dnated_to_an_address_never_an_endpoint_go() -> anyhow::Resu
         udp(2102, SocketAddr::new("203.0.113.22".parse()?, np), never4),
         flow(IPPROTO_TCP, 2103, node4, never4),
     ];
-    fill(&netns, &gone)?;
-    fill(&netns, &stay)?;
+    netns.fill(&gone)?;
+    netns.fill(&stay)?;
 
     // The change: one more endpoint per family. Nothing was removed.
     for (fam, ips) in [
@@ -340,8 +326,8 @@ async fn case3_a_slice_port_matching_no_service_port_leaves_the_service_without_
         udp(3101, SocketAddr::new(o6, 53), ep6),
         flow(IPPROTO_TCP, 3102, f4, ep4),
     ];
-    fill(&netns, &gone)?;
-    fill(&netns, &stay)?;
+    netns.fill(&gone)?;
+    netns.fill(&stay)?;
 
     // The slices' port is renamed: it matches no port of "named" any more.
     let api: Api<EndpointSlice> = Api::namespaced(c.client.clone(), &ns);
@@ -394,8 +380,8 @@ async fn case4_an_unnated_flow_to_this_node_on_a_node_port_goes() -> anyhow::Res
         udp(4103, remote, remote),
         flow(IPPROTO_TCP, 4104, node4, node4),
     ];
-    fill(&netns, &gone)?;
-    fill(&netns, &stay)?;
+    netns.fill(&gone)?;
+    netns.fill(&stay)?;
 
     let api: Api<EndpointSlice> = Api::namespaced(c.client.clone(), &ns);
     api.patch(
@@ -469,8 +455,8 @@ async fn case5_after_a_restart_flows_to_a_service_deleted_meanwhile_go_within_10
         // Outside every ServiceCIDR.
         udp(5104, sa("10.250.0.1:53"), e4),
     ];
-    fill(&netns, &gone)?;
-    fill(&netns, &stay)?;
+    netns.fill(&gone)?;
+    netns.fill(&stay)?;
     let started = Instant::now();
     let agent = agent_on(&netns, &[]).await?;
     expect_table(
@@ -513,7 +499,7 @@ async fn a_service_claiming_kube_dns_clusterip_does_not_cut_dns_flows() -> anyho
         udp(6002, f4, sa("10.244.26.5:5353")),
         udp(6003, f6, sa("[fd00:244:26::5]:5353")),
     ];
-    fill(&netns, &dns_flows)?;
+    netns.fill(&dns_flows)?;
     let grace = format!("--conntrack-orphan-grace={}ms", GRACE.as_millis());
     let agent = agent_on(&netns, &["--conntrack-no-endpoint-settle=1s", &grace]).await?;
 
@@ -525,8 +511,8 @@ async fn a_service_claiming_kube_dns_clusterip_does_not_cut_dns_flows() -> anyho
         udp(6102, f4, f4),
     ];
     let theirs = udp(6200, f4, sa("10.244.26.99:5353"));
-    fill(&netns, &gone)?;
-    fill(&netns, &[theirs])?;
+    netns.fill(&gone)?;
+    netns.fill(&[theirs])?;
     // Later in namespace/name order than kube-dns, both declaring its ClusterIPs as
     // ExternalIPs on 53/UDP: one without endpoints, one with an endpoint of its own.
     let x = json!({"externalIPs": [x4.to_string(), x6.to_string()]});
@@ -575,7 +561,7 @@ async fn an_endpointslice_recreated_cuts_no_flow_and_a_deleted_service_loses_its
         udp(7002, f6, ep6),
         flow(IPPROTO_TCP, 7003, f4, ep4),
     ];
-    fill(&netns, &healthy)?;
+    netns.fill(&healthy)?;
     // The grace (over the 1.5 s hold below) keeps the flow to a backend never an endpoint
     // until after the flap; it must not be what the hold sees go.
     let agent = agent_on(
@@ -587,7 +573,7 @@ async fn an_endpointslice_recreated_cuts_no_flow_and_a_deleted_service_loses_its
     )
     .await?;
     let dead = udp(7100, f4, sa("10.244.99.9:5353"));
-    fill(&netns, &[dead])?;
+    netns.fill(&[dead])?;
 
     // Deleted, then re-created 1.5 s later (over the 100 ms debounce and the 1 s minimum
     // interval between triggered passes, under the 3 s settle).

@@ -17,6 +17,19 @@ pub fn figure(value: f64, unit: &str) -> String {
     }
 }
 
+/// A bench's positional numbers (`cargo bench --bench NAME -- 100 10`: cargo adds `--bench`,
+/// which is skipped); an error naming the argument that is not a number.
+pub fn bench_args() -> anyhow::Result<Vec<u64>> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(|a| {
+            a.parse()
+                .map_err(|e| anyhow::anyhow!("argument {a:?}: {e}"))
+        })
+        .collect()
+}
+
 /// A numeric knob from the environment; `default` when unset or not a number.
 pub fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)

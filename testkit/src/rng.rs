@@ -38,3 +38,12 @@ impl Rng {
             .collect()
     }
 }
+
+/// Fails unless each count a property test kept is over its floor, `(what, count, floor)`,
+/// showing `all` beside: a generator that stops reaching a case must fail its test, not pass
+/// over nothing.
+pub fn reached(counts: &[(&str, usize, usize)], all: &impl std::fmt::Debug) {
+    for (what, n, floor) in counts {
+        assert!(n > floor, "only {n} {what}: {all:?}");
+    }
+}

@@ -50,8 +50,9 @@ pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
         .services
         .apply_event(ev, |o| keep(Service::from(o), project::service))
     {
-        // Most updates (status, annotations, resourceVersion) leave the view as it was.
-        Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => {}
+        // Most updates (status, annotations, resourceVersion) leave the view as it was: the
+        // model cannot see them, so they wake nothing.
+        Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => return false,
         Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
             c.dirty.services.insert(key);
         }
@@ -67,7 +68,8 @@ pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
         .slices
         .apply_event(ev, |o| keep(EndpointSlice::from(o), project::slice))
     {
-        Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return rebuild,
+        // The view as it was (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
+        Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return false,
         Applied::Upserted { key, old } => (key, old),
         Applied::Removed { key, old } => (key, Some(old)),
         Applied::Relisted { .. } => {
@@ -106,14 +108,14 @@ pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
     rebuild
 }
 
-fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
+pub(super) fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.cidrs.apply_event(ev, |o| keep(o, project::service_cidr));
     rebuild
 }
 
-fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
+pub(super) fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.addresses
@@ -121,7 +123,7 @@ fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
     rebuild
 }
 
-fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
+pub(super) fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
     c.dirty.node = true;
     let rebuild = wants_rebuild(&ev);
     c.nodes.apply_event(ev, |o| keep(o, project::node));

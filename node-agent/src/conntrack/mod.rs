@@ -24,9 +24,13 @@ mod focus_tests;
 #[cfg(test)]
 mod kernel_tests;
 #[cfg(test)]
+mod schedule_periodic_tests;
+#[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
+#[cfg(test)]
+mod trigger_tests;
 #[cfg(test)]
 mod tuning_tests;
 #[cfg(test)]

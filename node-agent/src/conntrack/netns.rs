@@ -74,6 +74,27 @@ impl NetNs {
         run_in(&self.name, f)
     }
 
+    /// Creates `entries` in the namespace's table as live flows are (seen a reply, assured, 600 s
+    /// to live); an error unless every one was created.
+    pub fn fill(&self, entries: &[super::netlink::msg::Entry]) -> io::Result<()> {
+        use super::netlink::msg::{STATUS_ASSURED, STATUS_SEEN_REPLY};
+        let created = self.run(|| {
+            super::netlink::socket::Conntrack::open()?.create(
+                entries,
+                600,
+                STATUS_SEEN_REPLY | STATUS_ASSURED,
+            )
+        })??;
+        if created.ok != entries.len() {
+            return Err(io::Error::other(format!(
+                "{} of {} entries created: {created:?}",
+                created.ok,
+                entries.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs a command inside the namespace (`ip netns exec`), returning stdout.
     /// (protocol, original source port, reply source = where it was DNATed to) of every IPv4
     /// entry in the namespace's table: what tests compare before and after a pass.

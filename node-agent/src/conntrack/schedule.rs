@@ -1,7 +1,10 @@
 //! When rounds run: soon after the UDP model changes (watch events debounced, at most one
-//! triggered round per --conntrack-min-interval, scoped to what the change touched), and on
-//! Cilium's adaptive periodic timer; never on a stale model, and a round skipped for that is
-//! owed until a current model exists. A state machine over explicit instants, driven by [`run`].
+//! triggered round per --conntrack-min-interval, scoped to what the change touched; a change
+//! no UDP flow is judged by runs none), and on Cilium's adaptive periodic timer, which only a
+//! full round starts over: triggered rounds never put the periodic one off, and one that comes
+//! when the periodic round is due or nearly due is widened into it. Never on a stale model,
+//! and a round skipped for that is owed until a current model exists. A state machine over
+//! explicit instants, driven by [`run`].
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -15,7 +18,7 @@ use groundskeeper_plumbing::cache::Seen;
 
 use super::decide::next_interval;
 use super::model::Model;
-use super::model::changes::Changes;
+use super::model::changes::{Changes, Trigger};
 use super::model::focus::Focus;
 use super::model::source::{Models, Skip};
 use super::netlink::family::Family;
@@ -56,10 +59,12 @@ pub enum Due {
         skip: Skip,
         periodic: bool,
     },
-    /// A round over `model`; `focus` narrows a triggered one to what the change touched.
+    /// A round over `model`; `focus` narrows a triggered one to what the change touched
+    /// (`None`: a full round).
     Round {
         model: Arc<Model>,
         focus: Option<Box<Focus>>,
+        /// The periodic round (due, nearly due, or owed): it adapts the interval.
         periodic: bool,
         /// What changed since the model the last round judged (`None` before the first).
         since: Option<Box<Changes>>,
@@ -80,6 +85,8 @@ pub struct Scheduler {
     /// What changed since the model the last round judged (a triggered round looks at that);
     /// `None` before the first round.
     judged: Option<Changes>,
+    /// When the periodic round is due: one interval after the last full round ended. Only a
+    /// full round sets it (or a periodic one skipped or due before the first model).
     gc_at: Instant,
     /// When the model changes by time alone (see [`Models::changes_in`]).
     settle_at: Option<Instant>,
@@ -89,6 +96,8 @@ pub struct Scheduler {
     /// A round was skipped on a stale model: run one as soon as a current model exists, even
     /// if it equals the old one (what the skipped round would have cleaned is still there).
     owed: bool,
+    /// The round skipped was a full one: the owed round is the periodic one.
+    owed_full: bool,
 }
 
 impl Scheduler {
@@ -106,6 +115,7 @@ impl Scheduler {
             settle_at: None,
             recheck_at: None,
             owed: false,
+            owed_full: false,
         }
     }
 
@@ -154,11 +164,14 @@ impl Scheduler {
                 self.settle_at = models.changes_in().map(|d| now + d);
             }
         }
-        let periodic = self.gc_at <= now;
         let recheck = due(self.recheck_at);
-        if !(periodic || recheck || due(self.pass_at)) {
+        if !(self.gc_at <= now || recheck || due(self.pass_at)) {
             return Due::Nothing;
         }
+        // A round due when the periodic one is due within a min interval is the periodic one
+        // (full): triggered rounds coming every min interval can neither put it off nor run
+        // right before it.
+        let periodic = self.gc_at <= now + self.timing.min_interval || self.owed_full;
         if periodic || recheck {
             // This round is the full one the recheck asked for; a triggered round leaves it due.
             self.recheck_at = None;
@@ -174,11 +187,18 @@ impl Scheduler {
         let Some(model) = model.filter(|_| stamp.may_act(&models.health()).is_ok()) else {
             let skip = Skip::StaleModel;
             self.owed = true;
-            self.gc_at = now + self.interval;
+            if periodic || recheck {
+                // Owed as a full round; not due again before then (its time has passed).
+                self.owed_full = true;
+                self.gc_at = self.gc_at.max(now + self.interval);
+            }
             // A rebuild is due once the watches are back (their InitDone asks for one).
             return Due::Skipped { skip, periodic };
         };
         self.last_pass = Some(now);
+        if periodic {
+            self.owed_full = false;
+        }
         // A triggered round looks only at what changed since the model the last round judged;
         // a periodic round, an orphan recheck and the first round at everything.
         let since_judged = self.judged.replace(Changes::default());
@@ -203,34 +223,43 @@ impl Scheduler {
             .last_pass
             .map_or(now, |t| t + self.timing.min_interval)
             .max(now);
-        let same = self.current.is_some() && !changes.changed(m);
+        let trigger = match self.current {
+            None => Trigger::Change, // the first model
+            Some(_) => changes.trigger(m),
+        };
         if let Some(judged) = self.judged.as_mut() {
             judged.merge(changes);
         }
         // Same model (a copy equal to it, or itself), confirmed by a current list: it is
         // current again.
         self.current = Some((Arc::downgrade(m), stamp));
-        if !same {
-            tracing::debug!(
-                ipv4_frontends = m[Family::V4].frontends.len(),
-                ipv6_frontends = m[Family::V6].frontends.len(),
-                "UDP service model changed"
-            );
-            self.pass_at.get_or_insert(earliest);
-        } else if Family::ALL.into_iter().any(|f| m[f].has_unserved()) {
-            // A service without serving endpoints: a watch event is a sync for kube-proxy,
-            // which then deletes flows through it; a triggered round looks at them (alone, as
-            // nothing else changed).
-            self.pass_at.get_or_insert(earliest);
+        match trigger {
+            Trigger::Change => {
+                tracing::debug!(
+                    ipv4_frontends = m[Family::V4].frontends.len(),
+                    ipv6_frontends = m[Family::V6].frontends.len(),
+                    "UDP service model changed"
+                );
+                self.pass_at.get_or_insert(earliest);
+            }
+            // A service without serving endpoints: an event about UDP services is a sync for
+            // kube-proxy, which then deletes flows through it; a triggered round looks at them
+            // (alone, as nothing else changed).
+            Trigger::Unserved if Family::ALL.into_iter().any(|f| m[f].has_unserved()) => {
+                self.pass_at.get_or_insert(earliest);
+            }
+            // Nothing a UDP flow is judged by (a TCP-only Service, its IPAddress): no round.
+            Trigger::Unserved | Trigger::Nothing => {}
         }
         if std::mem::take(&mut self.owed) {
             self.pass_at.get_or_insert(earliest);
         }
     }
 
-    /// A round ended at `now`: a periodic one adapts the interval; the next periodic round is
-    /// one interval from now.
-    pub fn on_round(&mut self, now: Instant, periodic: bool, summary: &RoundSummary) {
+    /// A round ended at `now`: a periodic one adapts the interval; after a full one (`full`:
+    /// it looked at everything) the next periodic round is one interval from now. A triggered
+    /// round leaves the periodic one when it was.
+    pub fn on_round(&mut self, now: Instant, periodic: bool, full: bool, summary: &RoundSummary) {
         if periodic {
             self.interval = next_interval(
                 self.interval,
@@ -240,7 +269,9 @@ impl Scheduler {
                 self.timing.gc_max,
             );
         }
-        self.gc_at = now + self.interval;
+        if periodic || full {
+            self.gc_at = now + self.interval;
+        }
         if let Some(d) = summary.recheck_in {
             let at = now + d;
             self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
@@ -282,11 +313,12 @@ pub async fn run(
                 periodic,
                 since,
             } => {
+                let full = focus.is_none();
                 let summary = rounds
                     .round(model, focus.map(|f| *f), since.map(|c| *c))
                     .await;
-                scheduler.on_round(Instant::now(), periodic, &summary);
-                tracing::debug!(next_periodic_in = ?scheduler.interval(), "conntrack round done");
+                scheduler.on_round(Instant::now(), periodic, full, &summary);
+                tracing::debug!(periodic, full, next_periodic_in = ?scheduler.interval(), "conntrack round done");
             }
         }
     }

@@ -19,18 +19,18 @@ use super::pass::round::RoundSummary;
 use super::schedule::*;
 use groundskeeper_plumbing::cache::Seen;
 
-const HEALTHY: [Option<u64>; 5] = [Some(1); 5];
+pub(super) const HEALTHY: [Option<u64>; 5] = [Some(1); 5];
 
-fn ms(n: u64) -> Duration {
+pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn secs(n: u64) -> Duration {
+pub(super) fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
 /// A DNS service on 10.96.0.10:53 served by `backends` (10.244.1.x:53).
-fn dns(backends: &[u8]) -> Model {
+pub(super) fn dns(backends: &[u8]) -> Model {
     let mut m = Model::default();
     m[V4].frontends.insert(
         "10.96.0.10:53".parse().unwrap(),
@@ -43,7 +43,7 @@ fn dns(backends: &[u8]) -> Model {
 }
 
 /// The watches as the test sets them.
-struct Watches {
+pub(super) struct Watches {
     model: Mutex<Option<Model>>,
     health: Mutex<[Option<u64>; 5]>,
     builds: Mutex<usize>,
@@ -55,7 +55,7 @@ struct Watches {
 }
 
 impl Watches {
-    fn new(model: Model) -> Self {
+    pub(super) fn new(model: Model) -> Self {
         Self {
             model: Mutex::new(Some(model)),
             health: Mutex::new(HEALTHY),
@@ -65,11 +65,11 @@ impl Watches {
         }
     }
 
-    fn set_model(&self, m: Model) {
+    pub(super) fn set_model(&self, m: Model) {
         *self.model.lock().unwrap() = Some(m);
     }
 
-    fn set_health(&self, h: [Option<u64>; 5]) {
+    pub(super) fn set_health(&self, h: [Option<u64>; 5]) {
         *self.health.lock().unwrap() = h;
     }
 
@@ -108,10 +108,10 @@ impl Models for Watches {
 /// One round as the fake saw it: when (since the start), periodic or not (the scheduler's
 /// focus: `None` for a full round), over which model.
 #[derive(Debug, Clone, PartialEq)]
-struct Ran {
-    at: Duration,
-    focus: Option<Focus>,
-    model: Model,
+pub(super) struct Ran {
+    pub(super) at: Duration,
+    pub(super) focus: Option<Focus>,
+    pub(super) model: Model,
 }
 
 struct Recorder {
@@ -148,7 +148,7 @@ impl Rounds for Recorder {
 }
 
 /// The flags' defaults: --conntrack-min-interval 1s, --conntrack-gc-min 10s, --conntrack-gc-max 5m.
-const FLAGS: Timing = Timing {
+pub(super) const FLAGS: Timing = Timing {
     min_interval: Duration::from_secs(1),
     gc_min: Duration::from_secs(10),
     gc_max: Duration::from_secs(300),
@@ -156,16 +156,16 @@ const FLAGS: Timing = Timing {
 
 /// What the scheduler sees and moves in a test: the watches, their change signal, the
 /// `skipped` counter.
-struct World {
-    watches: Watches,
-    changed: Notify,
-    skipped: IntCounterVec,
-    timing: Timing,
-    recheck_in: Option<Duration>,
+pub(super) struct World {
+    pub(super) watches: Watches,
+    pub(super) changed: Notify,
+    pub(super) skipped: IntCounterVec,
+    pub(super) timing: Timing,
+    pub(super) recheck_in: Option<Duration>,
 }
 
 impl World {
-    fn new(model: Model) -> Self {
+    pub(super) fn new(model: Model) -> Self {
         Self {
             watches: Watches::new(model),
             changed: Notify::new(),
@@ -175,13 +175,27 @@ impl World {
         }
     }
 
-    fn skipped(&self) -> u64 {
+    pub(super) fn skipped(&self) -> u64 {
         self.skipped.with_label_values(&["stale-model"]).get()
+    }
+
+    /// The EndpointSlice watch fails: a model built before is stale from now on.
+    pub(super) fn slices_fail(&self) {
+        self.watches
+            .set_health([Some(1), None, Some(1), Some(1), Some(1)]);
+    }
+
+    /// The EndpointSlice watch has relisted (a new health epoch); its InitDone wakes the
+    /// scheduler.
+    pub(super) fn slices_relisted(&self) {
+        self.watches
+            .set_health([Some(1), Some(2), Some(1), Some(1), Some(1)]);
+        self.changed.notify_one();
     }
 
     /// Runs the scheduler until `script` ends, then stops it; returns the rounds that ran,
     /// each reporting the next of `summaries` (scanned, deleted).
-    async fn drive(
+    pub(super) async fn drive(
         &self,
         summaries: Vec<(usize, usize)>,
         script: impl std::future::Future<Output = ()>,

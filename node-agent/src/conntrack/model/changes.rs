@@ -9,13 +9,34 @@
 //! partial model (`old`), the same entries read from `current` another (`new`), and
 //! `Focus::between` over the two partial models reads exactly the entries that differ in the
 //! whole ones (an entry equal in both adds nothing to a scope or to the backends taken away).
+//!
+//! [`Changes::trigger`] says what the change asks of the scheduler: a triggered round, one
+//! over the frontends without endpoints only, or nothing (a change no UDP flow is judged by:
+//! TCP-only Services, their IPAddresses).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
-use super::focus::{Focus, frontend_judgment, node_port_judgment};
+use super::focus::{Focus, frontend_judgment, node_port_judgment, releases_udp};
 use super::{FamilyModel, Model};
 use crate::conntrack::netlink::family::{Family, PerFamily};
+
+/// What a change asks of the scheduler ([`Changes::trigger`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// Nothing a UDP flow is judged by changed in a way that can make one stale, and nothing
+    /// noted is about UDP services: a TCP-only Service or its EndpointSlices, an IPAddress
+    /// allocated, or released where no UDP frontend has the IP, a Node or ServiceCIDR update
+    /// that left their addresses as they were. No round.
+    Nothing,
+    /// Nothing that can make a UDP flow stale changed, but what was noted is about UDP
+    /// services (a slice of a UDP service that changes none of its claims), or the model saw
+    /// nothing of the event at all: a round over the frontends and nodePorts without serving
+    /// endpoints, when there are some (kube-proxy deletes flows through them at each sync).
+    Unserved,
+    /// What UDP flows are judged by changed: a triggered round over what changed.
+    Change,
+}
 
 /// The old value of every entry an update changed since a point (the first value wins).
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -158,6 +179,16 @@ impl Changes {
     /// Whether `current` differs from the model at the point (read in place: after a relist
     /// every service is noted, and a copy of them here would be a second model).
     pub fn changed(&self, current: &Model) -> bool {
+        self.differs(current, |old, new| old.allocated != new.allocated)
+    }
+
+    /// Whether `current` differs from the model at the point in anything noted, the allocated
+    /// IPs compared by `allocated` (the noted old family model, the current one).
+    fn differs(
+        &self,
+        current: &Model,
+        allocated: impl Fn(&FamilyModel, &FamilyModel) -> bool,
+    ) -> bool {
         Family::ALL.into_iter().any(|fam| {
             let (old, new) = (&self.old[fam], &current[fam]);
             self.frontends[fam]
@@ -171,15 +202,39 @@ impl Changes {
                     .iter()
                     .any(|s| old.services.get(s) != new.services.get(s))
                 || self.service_ips
-                    && (old.service_cidrs != new.service_cidrs || old.allocated != new.allocated)
+                    && (old.service_cidrs != new.service_cidrs || allocated(old, new))
                 || self.node_ips && old.node_ips != new.node_ips
         })
+    }
+
+    /// What the change since the point asks of the scheduler, `current` being the model now.
+    /// A [`Trigger::Change`] exactly when [`Changes::changed`] says the models differ, except
+    /// where they differ only in allocated IPs that cannot make a UDP flow stale: IPs
+    /// allocated, and IPs released that no UDP frontend has (see `focus::releases_udp`).
+    pub fn trigger(&self, current: &Model) -> Trigger {
+        if self.differs(current, |old, new| releases_udp(old, new, new)) {
+            return Trigger::Change;
+        }
+        // A UDP key noted, or a service with UDP claims before or now (a TCP-only service
+        // claims nothing: it is in neither model).
+        let udp = Family::ALL.into_iter().any(|fam| {
+            !self.frontends[fam].is_empty()
+                || !self.node_ports[fam].is_empty()
+                || self.services.iter().any(|s| {
+                    self.old[fam].services.contains_key(s) || current[fam].services.contains_key(s)
+                })
+        });
+        if udp || self.is_empty() {
+            Trigger::Unserved
+        } else {
+            Trigger::Nothing
+        }
     }
 
     /// What a triggered pass looks at after the model at the point became `current`: exactly
     /// `Focus::between(model at the point, current)`.
     pub fn focus(&self, current: &Model) -> Option<Focus> {
-        Focus::between(&self.old, &self.now_in(current))
+        Focus::between_parts(&self.old, &self.now_in(current), current)
     }
 
     /// What a triggered round over `current` looks at, `self` being what changed since the
@@ -203,26 +258,12 @@ impl Changes {
         let mut c = Changes::default();
         for fam in Family::ALL {
             let (o, n) = (&old[fam], &new[fam]);
-            let frontends = [o, n].into_iter().flat_map(|m| {
-                m.frontends
-                    .keys()
-                    .chain(&m.settling_frontends)
-                    .chain(&m.foreign_frontends)
-                    .chain(&m.deleted_frontends)
-            });
-            for f in frontends {
+            for f in [o, n].into_iter().flat_map(|m| m.frontend_keys()) {
                 if frontend_judgment(o, f) != frontend_judgment(n, f) {
                     c.note_frontend(old, *f);
                 }
             }
-            let node_ports = [o, n].into_iter().flat_map(|m| {
-                m.node_ports
-                    .keys()
-                    .chain(&m.settling_node_ports)
-                    .chain(&m.foreign_node_ports)
-                    .chain(&m.deleted_node_ports)
-            });
-            for p in node_ports {
+            for p in [o, n].into_iter().flat_map(|m| m.node_port_keys()) {
                 if node_port_judgment(o, p) != node_port_judgment(n, p) {
                     c.note_node_port(old, fam, *p);
                 }

@@ -2,16 +2,19 @@
 //! IPAddress and Node changes and passages of time applied to the live model: the changes it
 //! hands out, added up since a round judged the model, give exactly the focus the old way
 //! gives (`Focus::between` over a copy of the judged model and the current one), and say
-//! whether the model changed exactly when the two models differ; and the round's record of
-//! backends seen removed (`Removed::observe`) is the same from the changes as from the two
-//! whole models.
+//! whether the model changed exactly when the two models differ, and whether the change asks
+//! for a triggered round exactly when the two models differ in more than IPs allocated, or IPs
+//! released that no UDP frontend of either has; and the round's record of backends seen
+//! removed (`Removed::observe`) is the same from the changes as from the two whole models.
 
+use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use testkit::rng::Rng;
 
-use super::changes::Changes;
+use super::changes::{Changes, Trigger};
 use super::live::Live;
 use super::live_tests::{RETENTION, SETTLE, STEPS_MS, World, change};
 use super::removed::{Key, Removed};
@@ -34,6 +37,31 @@ struct Seen {
     merged: usize,
     /// Backends seen removed from a key between two rounds.
     removed: usize,
+    /// Changes that asked for no triggered round though the model changed (IPs allocated, or
+    /// released that no UDP frontend has).
+    quiet: usize,
+    /// ... and changes that asked for one for an IP released that a UDP frontend has alone.
+    released_udp: usize,
+}
+
+/// Whether a change from `old` to `new` may make a UDP flow stale, from the whole models: they
+/// differ in more than their allocated IPs, or an IP allocated in `old` and not in `new` is the
+/// address of some UDP frontend (live, settling, another proxy's, deleted) of either.
+fn stales(old: &Model, new: &Model) -> bool {
+    Family::ALL.into_iter().any(|fam| {
+        let (o, n) = (&old[fam], &new[fam]);
+        let mut same_ips = o.clone();
+        same_ips.allocated = n.allocated.clone();
+        let udp: HashSet<IpAddr> = [o, n]
+            .iter()
+            .flat_map(|m| m.frontend_keys())
+            .map(|f| f.ip())
+            .collect();
+        same_ips != *n
+            || o.allocated
+                .difference(&n.allocated)
+                .any(|ip| udp.contains(ip))
+    })
 }
 
 fn run(seed: u64, seen: &mut Seen) {
@@ -58,6 +86,20 @@ fn run(seed: u64, seen: &mut Seen) {
         if globals && rng.below(8) == 0 {
             live.set_service_ips(&w.ranges, &w.allocated);
             live.set_node_ips(&w.node_ips);
+        } else if rng.below(12) == 0 {
+            // Allocated IPs alone: a frontend's IP allocated, or one released.
+            let frontends: Vec<IpAddr> = live
+                .model()
+                .iter()
+                .flat_map(|(_, fm)| fm.frontends.keys().chain(&fm.deleted_frontends))
+                .map(|f| f.ip())
+                .collect();
+            if rng.chance(50) && !frontends.is_empty() {
+                w.allocated.push(rng.pick(&frontends));
+            } else if !w.allocated.is_empty() {
+                w.allocated.remove(rng.below(w.allocated.len()));
+            }
+            live.set_service_ips(&w.ranges, &w.allocated);
         }
         live.update(
             touched.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
@@ -72,6 +114,8 @@ fn run(seed: u64, seen: &mut Seen) {
         let changes = live.take_changes();
         let differs = handed != *m;
         assert_eq!(changes.changed(&m), differs, "seed {seed} step {step}");
+        let change = changes.trigger(&m) == Trigger::Change;
+        assert_eq!(change, stales(&handed, &m), "seed {seed} step {step}");
         seen.undone += usize::from(!differs && !changes.is_empty());
         handed = (*m).clone();
         if let Some((_, since, handouts)) = judged.as_mut() {
@@ -86,6 +130,14 @@ fn run(seed: u64, seen: &mut Seen) {
             let expected = Focus::between(&old, &m);
             assert_eq!(since.focus(&m), expected, "seed {seed} step {step}");
             assert_eq!(since.changed(&m), old != *m, "seed {seed} step {step}");
+            let change = since.trigger(&m) == Trigger::Change;
+            assert_eq!(change, stales(&old, &m), "seed {seed} step {step}");
+            seen.quiet += usize::from(old != *m && !change);
+            let mut same_ips = old.clone();
+            for fam in Family::ALL {
+                same_ips[fam].allocated = m[fam].allocated.clone();
+            }
+            seen.released_udp += usize::from(same_ips == *m && change);
             // The round's record of backends seen removed, from the changes' partial models,
             // is the one from the whole models.
             let (part_old, part_new) = (since.old(), since.now_in(&m));
@@ -131,20 +183,31 @@ fn the_changes_added_up_since_a_round_give_the_focus_the_whole_models_give() {
     }
     // Backends taken away need a serving endpoint gone from a live key: the generated slices
     // seldom serve a generated service's port, hence the lower floor.
-    for (what, n, floor) in [
-        ("scoped focuses", seen.scoped, 50),
-        ("focuses with backends taken away", seen.backends, 10),
-        ("whole passes", seen.whole, 50),
-        (
-            "changes undone before they were handed out",
-            seen.undone,
-            50,
-        ),
-        ("rounds over changes of several models", seen.merged, 50),
-        ("backends seen removed between rounds", seen.removed, 50),
-    ] {
-        assert!(n > floor, "only {n} {what}: {seen:?}");
-    }
+    testkit::rng::reached(
+        &[
+            ("scoped focuses", seen.scoped, 50),
+            ("focuses with backends taken away", seen.backends, 10),
+            ("whole passes", seen.whole, 50),
+            (
+                "changes undone before they were handed out",
+                seen.undone,
+                50,
+            ),
+            ("rounds over changes of several models", seen.merged, 50),
+            ("backends seen removed between rounds", seen.removed, 50),
+            (
+                "changes to allocated IPs alone that run no round",
+                seen.quiet,
+                50,
+            ),
+            (
+                "IPs released that a UDP frontend has, alone",
+                seen.released_udp,
+                5,
+            ),
+        ],
+        &seen,
+    );
 }
 
 #[test]

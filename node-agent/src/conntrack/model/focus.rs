@@ -104,31 +104,15 @@ impl Scope {
         };
         // Keys whose judgment may differ: served by another set, settling, foreign or deleted
         // in one model and not the other (a foreign service appearing, a tombstone going).
-        let frontends: HashSet<&SocketAddr> = [old, new]
-            .iter()
-            .flat_map(|m| {
-                m.frontends
-                    .keys()
-                    .chain(&m.settling_frontends)
-                    .chain(&m.foreign_frontends)
-                    .chain(&m.deleted_frontends)
-            })
-            .collect();
+        let frontends: HashSet<&SocketAddr> =
+            [old, new].iter().flat_map(|m| m.frontend_keys()).collect();
         scope.frontends.extend(
             frontends
                 .into_iter()
                 .filter(|k| frontend_judgment(old, k) != frontend_judgment(new, k)),
         );
-        let node_ports: HashSet<&u16> = [old, new]
-            .iter()
-            .flat_map(|m| {
-                m.node_ports
-                    .keys()
-                    .chain(&m.settling_node_ports)
-                    .chain(&m.foreign_node_ports)
-                    .chain(&m.deleted_node_ports)
-            })
-            .collect();
+        let node_ports: HashSet<&u16> =
+            [old, new].iter().flat_map(|m| m.node_port_keys()).collect();
         scope.node_ports.extend(
             node_ports
                 .into_iter()
@@ -199,13 +183,22 @@ impl Focus {
     /// judgment differs (served by another set, settling, foreign, deleted), and the backends
     /// taken away ([`removed_backends`]). An entry that touches none of these is judged the
     /// same by both models (its key and its nodePort are judged alike, its reply source was
-    /// not taken away), except where the models differ globally: a released service IP (its
-    /// IPAddress went, which unblocks deleted ClusterIP frontends whose backends the model no
-    /// longer knows), another ServiceCIDR, other Node addresses. Those make the pass a full
-    /// one. Orphaned service IPs are left to full passes (their grace is measured across them).
+    /// not taken away), except where the models differ globally: a released service IP that a
+    /// UDP frontend has (its IPAddress went, which unblocks deleted ClusterIP frontends whose
+    /// backends the model no longer knows; see [`releases_udp`]), another ServiceCIDR, other
+    /// Node addresses. Those make the pass a full one. Orphaned service IPs are left to full
+    /// passes (their grace is measured across them), so an IP released that no UDP frontend
+    /// has (a TCP-only Service's) changes nothing here.
     pub fn between(old: &Model, new: &Model) -> Option<Self> {
+        Self::between_parts(old, new, new)
+    }
+
+    /// [`Focus::between`] where `old` and `new` may be partial models (what `Changes` noted)
+    /// and `current` is the whole model `new` is part of: a released IP is looked up among
+    /// the frontends of `current` too, which holds every frontend `old` lacks and had.
+    pub(super) fn between_parts(old: &Model, new: &Model, current: &Model) -> Option<Self> {
         let global = |f: Family| {
-            !old[f].allocated.is_subset(&new[f].allocated)
+            releases_udp(&old[f], &new[f], &current[f])
                 || old[f].service_cidrs != new[f].service_cidrs
                 || old[f].node_ips != new[f].node_ips
         };
@@ -217,4 +210,18 @@ impl Focus {
             Family::ALL.map(|f| Scope::between(&old[f], &new[f], &changed)),
         ))
     }
+}
+
+/// Whether an IP allocated in `old` and not in `new` is the address of a UDP frontend (live,
+/// settling, another proxy's, or remembered deleted) in `old` or `current` (the whole model
+/// `new` is part of). Only then can the release change how a flow is judged other than as an
+/// orphan: a deleted ClusterIP frontend that an IPAddress held again (rule 2) is stale again.
+/// An IP allocated anew makes no flow stale (it only keeps flows to it), and flows to an IP
+/// no UDP frontend has are judged as orphans, by full passes.
+pub(super) fn releases_udp(old: &FamilyModel, new: &FamilyModel, current: &FamilyModel) -> bool {
+    let released: HashSet<&IpAddr> = old.allocated.difference(&new.allocated).collect();
+    !released.is_empty()
+        && [old, current]
+            .into_iter()
+            .any(|m| m.frontend_keys().any(|f| released.contains(&f.ip())))
 }

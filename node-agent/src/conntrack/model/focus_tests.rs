@@ -1,5 +1,6 @@
 //! Table tests of what a triggered pass looks at after a model change (`focus.rs`): the
-//! backends a change took away, and the changes that make the pass a full one.
+//! backends a change took away, and the changes that make the pass a full one (and the IPs
+//! released that do not).
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
@@ -80,7 +81,7 @@ fn removed_backends_are_what_a_change_took_away() {
 }
 
 #[test]
-fn a_released_ip_makes_the_triggered_pass_a_full_one() {
+fn a_released_ip_that_a_udp_frontend_has_makes_the_triggered_pass_a_full_one() {
     let mut old = Model::default();
     old[V4].allocated = [ip("10.96.0.10"), ip("10.96.0.11")].into();
     old[V4]
@@ -115,6 +116,53 @@ fn a_released_ip_makes_the_triggered_pass_a_full_one() {
         None,
         "another ServiceCIDR: full"
     );
-    new[V4].allocated.remove(&ip("10.96.0.10"));
-    assert_eq!(Focus::between(&old, &new), None, "an IP released: full");
+    // 10.96.0.10 is no UDP frontend's (a TCP-only Service's ClusterIP): flows to it are
+    // judged as orphans, by full passes; the change's focus stays what it was.
+    let mut tcp_gone = new.clone();
+    tcp_gone[V4].allocated.remove(&ip("10.96.0.10"));
+    assert_eq!(
+        Focus::between(&old, &tcp_gone),
+        Focus::between(&old, &new),
+        "an IP released that no UDP frontend has: the same focus"
+    );
+    // 10.96.0.11 is a live UDP frontend's in both models.
+    let mut udp_gone = new.clone();
+    udp_gone[V4].allocated.remove(&ip("10.96.0.11"));
+    assert_eq!(
+        Focus::between(&old, &udp_gone),
+        None,
+        "an IP released that a live UDP frontend has: full"
+    );
+    // A UDP service deleted earlier: its frontend is remembered, its ClusterIP still held.
+    let mut remembered = Model::default();
+    remembered[V4].allocated = [ip("10.96.0.12")].into();
+    remembered[V4]
+        .deleted_frontends
+        .insert(sa("10.96.0.12:5353"));
+    let mut released = remembered.clone();
+    released[V4].allocated.clear();
+    assert_eq!(
+        Focus::between(&remembered, &released),
+        None,
+        "an IP released that a deleted UDP frontend has: full (rule 2 judges it again)"
+    );
+    let mut foreign = Model::default();
+    foreign[V6].allocated = [ip("fd00::12")].into();
+    foreign[V6].foreign_frontends.insert(sa("[fd00::12]:53"));
+    let mut foreign_gone = foreign.clone();
+    foreign_gone[V6].allocated.clear();
+    foreign_gone[V6].foreign_frontends.clear();
+    assert_eq!(
+        Focus::between(&foreign, &foreign_gone),
+        None,
+        "an IP released that another proxy's UDP frontend had: full"
+    );
+    let mut grown = Model::default();
+    grown[V4].allocated = [ip("10.96.0.12")].into();
+    grown[V4].deleted_frontends.insert(sa("10.96.0.12:5353"));
+    assert_eq!(
+        Focus::between(&released, &grown),
+        Some(Focus::default()),
+        "an IP allocated again: nothing in scope (rule 2 keeps the flows now)"
+    );
 }

@@ -94,6 +94,25 @@ impl FamilyModel {
             && self.service_cidrs.is_empty()
     }
 
+    /// Every frontend the model says something of: live, settling, another proxy's, deleted
+    /// (a key may be in more than one).
+    pub fn frontend_keys(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.frontends
+            .keys()
+            .chain(&self.settling_frontends)
+            .chain(&self.foreign_frontends)
+            .chain(&self.deleted_frontends)
+    }
+
+    /// Every nodePort the model says something of, as [`FamilyModel::frontend_keys`].
+    pub fn node_port_keys(&self) -> impl Iterator<Item = &u16> {
+        self.node_ports
+            .keys()
+            .chain(&self.settling_node_ports)
+            .chain(&self.foreign_node_ports)
+            .chain(&self.deleted_node_ports)
+    }
+
     pub fn in_service_cidr(&self, ip: IpAddr) -> bool {
         self.service_cidrs.iter().any(|c| c.contains(ip))
     }
