@@ -14,7 +14,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: $2, namespace: $1, labels: {e2e: tenant}, annotations: ${4:-{\}}}
 spec:
-$3
+${3:-}
   terminationGracePeriodSeconds: 0
   securityContext: {sysctls: [{name: kernel.msgmax, value: "65536"}]}
   containers: [{name: c, image: gk.local/tools:1, command: [sleep, "3600"]}]
