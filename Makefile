@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -36,7 +36,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -139,6 +139,12 @@ run-check: build
 ## See hack/metrics_check.sh.
 metrics-check: build
 	TARGET_DIR="$(TARGET_DIR)" KUBE_APISERVER="$(KUBE_APISERVER)" bash hack/metrics_check.sh
+
+## memory-check: e2e/memory.py, the reading behind `make e2e`'s idle memory figures (a
+## process's cgroup working set as cAdvisor computes it, its RSS and PSS), on made-up cgroup v1,
+## v2 and hybrid trees and on this machine; a figure it can not read must fail. No cluster.
+memory-check:
+	bash hack/memory_test.sh
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.

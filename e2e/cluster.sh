@@ -40,7 +40,7 @@
 # The paths the daemons hard-code (/var/lib/kubelet, /var/log/pods, /run, ...) are bind mounts
 # into STATE inside each node's private mount namespace, so no node writes the machine's own,
 # nor another node's. The nodes share one kernel and one cgroup v1 hierarchy: each kubelet has a
-# cgroup root of its own.
+# cgroup root of its own, and each daemon a memory cgroup of its own beside the kubelet's pods.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -201,11 +201,23 @@ wait_for() { # what seconds cmd...
 tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 apiserver_ready() { "$S/bin/kubectl" --kubeconfig "$S/admin.kubeconfig" get --raw /readyz; }
 
+# Each daemon runs in a memory cgroup of its own, CGROUP_ROOT/daemons/NAME (beside the kubelet's
+# kubepods), as a container would: its working set is read the way kubelet reads a container's
+# (e2e/memory.py). Only the memory hierarchy: a CPU cgroup of its own would change how the
+# daemons share the cores with each other and with the machine.
 daemon() { # name cmd...
   local name=$1
   shift
-  "$@" >> "$D/logs/$name.log" 2>&1 &
+  (
+    daemon_cgroup "$CGROUP_ROOT/daemons/$name" || log "$name: no memory cgroup of its own; it runs in its parent's"
+    exec "$@"
+  ) >> "$D/logs/$name.log" 2>&1 &
   echo $! > "$D/pids/$name"
+}
+# Moves the calling (sub)shell into the cgroup v1 memory cgroup PATH, made first.
+daemon_cgroup() { # path
+  local dir=/sys/fs/cgroup/memory$1
+  [ -e /sys/fs/cgroup/memory/memory.usage_in_bytes ] && mkdir -p "$dir" && echo "$BASHPID" > "$dir/cgroup.procs"
 }
 
 # PID 1 stays; when any daemon dies the cluster is broken, and saying so beats a hung test.

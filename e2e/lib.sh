@@ -158,37 +158,30 @@ new_namespace() {
   echo "$n"
 }
 
-# Where a pod's first process runs: "NODE PID", the PID as the node's PID namespace numbers it
-# (ctr reports it there), or "?" when it is not found.
+# Where a pod's first container runs: "NODE PID CONTAINER_ID", the PID as the node's PID
+# namespace numbers it (ctr reports it there), or "?" when it is not found.
 pod_proc() {
   local pod=$1 ns=${2:-$NS} cid pid node
   cid=$(k -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' | sed 's|.*://||')
   node=$(pod_node "$pod" "$ns")
   pid=$(ctr_on "$node" tasks ls 2>/dev/null | awk -v c="$cid" '$1 == c { print $2 }')
-  if [ -n "$pid" ]; then echo "$node $pid"; else echo "?"; fi
+  if [ -n "$pid" ]; then echo "$node $pid $cid"; else echo "?"; fi
 }
 
-# A process's RSS as the kernel counts it (VmRSS), and how much of it is the process's own
-# memory (RssAnon; the rest is mapped files, its binary's code mostly): "RSS_KIB ANON_KIB", or
-# "?" when the process is not found. Read from the status file STATUS under `nsenter ARGS`.
-status_rss() { # status [nsenter args]
-  local status=$1 script='/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } END { if (r == "") print "?"; else print r, a }'
-  shift
-  if [ $# -gt 0 ]; then
-    nsenter "$@" -- awk "$script" "$status" 2>/dev/null || echo "?"
-  else
-    awk "$script" "$status" 2>/dev/null || echo "?"
-  fi
-}
-
-# The same for PID on NODE, in the node's PID namespace.
-proc_rss() { # node pid
-  status_rss "/proc/$2/status" --target "$(cat "$CLUSTER_STATE/nodes/$1/ns-pid")" --pid --mount
+# A process's memory as kubelet counts it and as ps does (e2e/memory.py): "WORKING_SET_KIB RSS_KIB
+# PSS_KIB CGROUP", the working set being that of the process's memory cgroup; or "? WHY" when a
+# figure can not be read. PID is the host's, or with NODE, as that node's PID namespace numbers it.
+MEMORY_PY=${CLUSTER_SH%/*}/memory.py
+proc_memory() { # pid [node]
+  local in=() out
+  [ -z "${2:-}" ] || in=(nsenter --target "$(cat "$CLUSTER_STATE/nodes/$2/ns-pid")" --pid --mount --)
+  out=$("${in[@]}" python3 - "/proc/$1" < "$MEMORY_PY" 2>&1) || out="? $out"
+  echo "$out"
 }
 
 # The host's PID of the process named COMM (as /proc/PID/comm has it) in the PID namespace of a
 # piece of the test cluster (its control plane, a node), whose state directory is DIR: for
-# upstream's processes there, which run outside containerd. "?" when there is none.
+# upstream's daemons there, which run outside containerd. "?" when there is none.
 piece_pid() { # dir comm
   local ns p
   ns=$(readlink "/proc/$(cat "$1/ns-pid")/ns/pid") || { echo "?"; return; }

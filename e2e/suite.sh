@@ -56,7 +56,7 @@ run() {
 # takes the product away.
 # The multi-node tests crash, cut and boot nodes: after the tests that read a quiet cluster
 # (idle memory, the audit of every delete so far).
-order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_metrics ops_rss ops_cluster ops_audit multinode leader_delete leader_sigkill leader ops_helm_upgrade zz_"
+order="servicecidr podgc conntrack sysctl ops_helm_test ops_logs ops_metrics ops_idle_memory ops_cluster ops_audit multinode leader_delete leader_sigkill leader ops_helm_upgrade zz_"
 all=$(declare -F | awk '{print $3}' | grep '^test_')
 tests=""
 for group in $order; do

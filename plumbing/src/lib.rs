@@ -21,9 +21,6 @@ pub mod metrics_auth;
 pub mod process;
 pub mod ratelimit;
 pub mod readiness;
-pub mod resident;
-#[cfg(test)]
-mod resident_tests;
 pub mod restclient;
 pub mod serving;
 pub mod shutdown;

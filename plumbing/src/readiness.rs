@@ -318,12 +318,6 @@ impl Readiness {
         self.not_ready().is_empty()
     }
 
-    /// Ready, with at least one watch registered. The components register their watches as
-    /// they start, so a readiness with none says only that none has started yet.
-    pub fn has_listed(&self) -> bool {
-        !self.flags().is_empty() && self.is_ready()
-    }
-
     /// The collector of `groundskeeper_watch_stale_seconds` and `groundskeeper_watch_errors_total`,
     /// to register once in the binary's registry.
     pub fn collector(&self) -> Box<dyn Collector> {
@@ -363,15 +357,14 @@ mod tests {
     fn ready_only_when_every_watch_listed() {
         let r = Readiness::default();
         assert!(r.is_ready(), "nothing registered yet is vacuously ready");
-        assert!(!r.has_listed(), "but nothing has listed");
         let pods = r.register("pods");
         let nodes = r.register("nodes");
         assert_eq!(r.pending(), vec!["pods", "nodes"]);
         pods.mark_ready();
-        assert!(!r.is_ready() && !r.has_listed());
+        assert!(!r.is_ready());
         assert_eq!(r.pending(), vec!["nodes"]);
         nodes.mark_ready();
-        assert!(r.is_ready() && r.has_listed());
+        assert!(r.is_ready());
     }
 
     #[tokio::test(start_paused = true)]

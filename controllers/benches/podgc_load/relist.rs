@@ -80,8 +80,6 @@ pub(crate) async fn relist_row(
     let listed = listed?;
     start::print_start("groundskeeper", "manager", size, Some(listed), deleted?)?;
     run.wait_cycles(2.0).await?;
-    // Steady is what it holds once its start-up pages are released, as in the steady row.
-    crate::steady::settled(started + listed).await;
     let ours = relist_ours(cluster, cp, &run).await;
     drop(run);
     ours?.print("groundskeeper", "manager", size);
