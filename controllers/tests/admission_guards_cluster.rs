@@ -38,6 +38,24 @@ fn subject(user: &str) -> Subject {
     }
 }
 
+/// `user` may do anything RBAC grants, so only the admission policies can refuse it.
+async fn bind_cluster_admin(c: &Cluster, user: &str) -> anyhow::Result<()> {
+    c.create(&ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(testkit::unique_name("gk-cm-admin")),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![subject(user)]),
+    })
+    .await?;
+    Ok(())
+}
+
 /// `user` gets the built-in `edit` role in `ns`. The roles that make it up are bound one by one:
 /// `edit` itself is filled in by kube-controller-manager's aggregation, which this control plane
 /// does not run.
@@ -261,19 +279,7 @@ async fn a_tenant_can_not_take_the_gate_off_and_groundskeeper_can() -> anyhow::R
     // groundskeeper's controller-manager may (it places the pod).
     let cm_user =
         format!("system:serviceaccount:{release_ns}:{release}-groundskeeper-controller-manager");
-    c.create(&ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(testkit::unique_name("gk-cm-admin")),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![subject(&cm_user)]),
-    })
-    .await?;
+    bind_cluster_admin(&c, &cm_user).await?;
     let cm: Api<Pod> = Api::namespaced(as_user(&c, &cm_user).await?, &ns);
     cm.patch(
         "held",
@@ -313,19 +319,7 @@ async fn the_controller_manager_changes_only_what_its_controllers_write() -> any
     );
     let cm_user =
         format!("system:serviceaccount:{release_ns}:{release}-groundskeeper-controller-manager");
-    c.create(&ClusterRoleBinding {
-        metadata: ObjectMeta {
-            name: Some(testkit::unique_name("gk-cm-admin")),
-            ..Default::default()
-        },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "cluster-admin".into(),
-        },
-        subjects: Some(vec![subject(&cm_user)]),
-    })
-    .await?;
+    bind_cluster_admin(&c, &cm_user).await?;
     let cm_client = as_user(&c, &cm_user).await?;
 
     // The chart's two webhook configurations, narrowed to no namespace (no webhook runs here).
