@@ -6,7 +6,9 @@
 #    parse), so a check that checks nothing does not pass;
 # 2. both binaries, every controller and task on, against KUBECONFIG's cluster or else a
 #    throwaway control plane (KUBE_APISERVER): their /metrics once both are ready, when every
-#    component has registered its metrics and the clients have made requests.
+#    component has registered its metrics and the clients have made requests; the node-agent
+#    serves no family under a name of kube-proxy's (`kubeproxy_*`): kube-proxy runs on the same
+#    node, and a query summing its series by node would add ours.
 # Usage: metrics_check.sh [scrape] (scrape: step 2 alone, inside the control plane).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +74,9 @@ scrape() {
       || fail "$bin: no rest_client_requests_total series after its first lists"
     if ! out=$("$promtool" check metrics <"$scratch/$bin.prom" 2>&1); then
       fail "$bin: promtool check metrics: $out"
+    fi
+    if [ "$bin" = node-agent ] && grep -q '^# TYPE kubeproxy_' "$scratch/$bin.prom"; then
+      fail "node-agent serves kube-proxy's names: $(grep '^# TYPE kubeproxy_' "$scratch/$bin.prom" | tr '\n' ' ')"
     fi
     echo "metrics-check: $bin: $(grep -c '^# TYPE ' "$scratch/$bin.prom") metric families pass promtool check metrics"
     [ -z "${METRICS_CHECK_KEEP:-}" ] || cp "$scratch/$bin.prom" "$METRICS_CHECK_KEEP/$bin.prom"

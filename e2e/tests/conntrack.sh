@@ -129,7 +129,7 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   # A flow that is not kube-proxy's: a UDP entry between two addresses of no Service.
   on_node "$NODE" conntrack -I -p udp -s 10.244.0.250 -d 10.244.0.251 --sport 4000 --dport 4001 -t 300 -u ASSURED >/dev/null 2>&1 \
     || fail "could not insert the bystander flow"
-  before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  before=$(agent_metric groundskeeper_conntrack_entries_deleted_total)
   k -n "$ns" scale deployment/udp-server --replicas=0 >/dev/null
   until_ok 30 sh -c "[ -z \"\$(kubectl -n $ns get endpointslices -l kubernetes.io/service-name=udp -o jsonpath='{.items[*].endpoints[*].addresses[*]}')\" ]" \
     || fail "the server's endpoint did not go"
@@ -145,8 +145,8 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
   # plus at most one --conntrack-min-interval (1 s). Printed, not asserted: speed is measured by
   # the benchmarks; this test proves the flows go and what must stay stays.
   say "flows to the removed endpoint gone $took s after the endpoint and its rules (expected about 2 s)"
-  after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
-  say "agent's kubeproxy_conntrack_reconciler_deleted_entries_total: $before -> $after"
+  after=$(agent_metric groundskeeper_conntrack_entries_deleted_total)
+  say "agent's groundskeeper_conntrack_entries_deleted_total: $before -> $after"
   awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "the agent's deletion counter did not move: something else removed the flows"
   k -n "$NS" logs "$(agent_pod)" --since=60s | grep 'conntrack cleanup pass' | grep -v 'deleted=0' | tail -n 2 | sed 's/^/    log: /'
   on_node "$NODE" conntrack -L -p udp -s 10.244.0.250 -d 10.244.0.251 2>/dev/null | has sport=4000 || fail "the agent deleted a flow that is not kube-proxy's"

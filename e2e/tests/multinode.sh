@@ -330,14 +330,14 @@ Y
   on_node "$B" conntrack -L -p udp -s "$cip" -d "$bip" 2>/dev/null | has dport=9000 \
     || fail "$B's agent deleted the un-NATed half of the client's flow (not kube-proxy's on $B)"
   # No endpoint left: A's agent's own work.
-  before=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  before=$(agent_metric groundskeeper_conntrack_entries_deleted_total)
   k -n "$ns" delete pod server-c --wait=false >/dev/null
   left_slices "$ns" udp-x server-c || fail "server-c did not leave the EndpointSlices"
   for _ in $(seq 400); do on_node "$A" iptables-save -t nat | has -- "--to-destination $c_ip:" || break; sleep 0.05; done
   t0=$EPOCHREALTIME
   until_ok 15 on_node "$A" sh -c "! conntrack -L -p udp --reply-src $c_ip 2>/dev/null | grep -q dport=" \
     || fail "$A's flow to the removed server-c is still there 15 s after its Service lost its last endpoint"
-  after=$(agent_metric kubeproxy_conntrack_reconciler_deleted_entries_total)
+  after=$(agent_metric groundskeeper_conntrack_entries_deleted_total)
   say "$A's flow to the last backend (on $C) gone $(since "$t0") s after it left; $A's agent deleted entries: $before -> $after"
   awk -v a="$after" -v b="$before" 'BEGIN { exit !(a > b) }' || fail "$A's agent's deletion counter did not move: something else removed the flow"
   on_node "$C" conntrack -L -p udp -s "$cip" -d "$c_ip" 2>/dev/null | has dport=9000 \

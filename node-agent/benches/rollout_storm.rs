@@ -53,9 +53,8 @@ const POLL: Duration = Duration::from_millis(20);
 /// (beyond the agent's first periodic pass, 60 s after its start).
 const SETTLE_LIMIT: Duration = Duration::from_secs(90);
 const CONCURRENCY: usize = 32;
-const PASSES: &str =
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"}";
-const DELETED: &str = "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}";
+const PASSES: &str = "groundskeeper_conntrack_pass_duration_seconds_count{ip_family=\"IPv4\"}";
+const DELETED: &str = "groundskeeper_conntrack_entries_deleted_total{ip_family=\"IPv4\"}";
 const SKIPPED: &str = "groundskeeper_conntrack_passes_skipped_total{reason=\"stale-model\"}";
 
 /// The storm's size, from the bench's arguments.

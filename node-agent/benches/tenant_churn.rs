@@ -44,8 +44,8 @@ const NAME: &str = "tenant_churn";
 const CONCURRENCY: usize = 32;
 const FLOWS_PER_SERVICE: u16 = 10;
 const PASSES: [&str; 2] = [
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"}",
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv6\"}",
+    "groundskeeper_conntrack_pass_duration_seconds_count{ip_family=\"IPv4\"}",
+    "groundskeeper_conntrack_pass_duration_seconds_count{ip_family=\"IPv6\"}",
 ];
 /// Before each phase, and after its last change (for the watches to deliver it).
 const GAP: Duration = Duration::from_secs(3);

@@ -42,8 +42,8 @@ const GC_MAX: Duration = Duration::from_secs(15);
 const CHURN_EVERY: Duration = Duration::from_secs(3);
 /// Passes that read the table, per family (upstream's latency histogram counts one per pass).
 const PASSES: [&str; 2] = [
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv4\"}",
-    "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv6\"}",
+    "groundskeeper_conntrack_pass_duration_seconds_count{ip_family=\"IPv4\"}",
+    "groundskeeper_conntrack_pass_duration_seconds_count{ip_family=\"IPv6\"}",
 ];
 
 fn sa(s: &str) -> SocketAddr {

@@ -132,7 +132,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             .await;
             let deleted_before = sample(
                 admin,
-                "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}",
+                "groundskeeper_conntrack_entries_deleted_total{ip_family=\"IPv4\"}",
             )
             .await;
             cp.stop_apiserver();
@@ -156,7 +156,7 @@ async fn conntrack_cleanup_survives_apiserver_outages_without_acting_on_stale_st
             assert_eq!(
                 sample(
                     admin,
-                    "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}"
+                    "groundskeeper_conntrack_entries_deleted_total{ip_family=\"IPv4\"}"
                 )
                 .await,
                 deleted_before

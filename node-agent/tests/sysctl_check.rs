@@ -158,7 +158,7 @@ fn bad_input_is_named_with_exit_2() {
 }
 
 /// `--kubelet-version` checks as that kubelet: its safe list, its namespace table, the nearest
-/// known version (said on stderr) outside v1.33 to v1.37, and garbage refused.
+/// known version (said on stderr) outside v1.33 to v1.38, and garbage refused.
 #[test]
 fn kubelet_version_picks_the_rules() {
     const LOWAT: &str = "kind: Pod\nmetadata: {name: lowat}\nspec:\n  securityContext:\n    \
@@ -206,10 +206,26 @@ fn kubelet_version_picks_the_rules() {
     }
     let o = run(&["--kubelet-version", "v1.40.0"]);
     assert!(
-        stderr(&o).contains("newer than the newest") && stderr(&o).contains("judged as v1.37"),
+        stderr(&o).contains("newer than the newest") && stderr(&o).contains("judged as v1.38"),
         "{}",
         stderr(&o)
     );
+    // v1.38 is known (v1.37's rules), in every form a node reports it: nothing assumed.
+    for version in ["1.38", "v1.38.1", "v1.38.0-alpha.2"] {
+        for extra in [
+            &["--kubelet-version", version][..],
+            &["--kubelet-version", version, "--allow", "user.*"][..],
+        ] {
+            let o = run(extra);
+            assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
+            assert_eq!(stdout(&o), "Pod/lowat: admit\n", "{extra:?}");
+            assert!(
+                !stderr(&o).contains("judged as"),
+                "{extra:?}: {}",
+                stderr(&o)
+            );
+        }
+    }
     for (extra, needle) in [
         (&["--kubelet-version", "latest"][..], r#""latest""#),
         (

@@ -124,7 +124,7 @@ mod tests {
             e.contains("vm.swappiness") && e.contains("not known to be namespaced"),
             "{e}"
         );
-        // What the newest known kubelet (v1.37) takes is taken.
+        // What the newest known kubelet (v1.38, as v1.37) takes is taken.
         let newer = parse(&["--allowed-unsafe-sysctls", "kernel.domainname,user.*"]).unwrap();
         assert_eq!(newer.allowed_unsafe_sysctls().len(), 2);
         let e = parse(&["--allowed-unsafe-sysctls", "Net.*"]).unwrap_err();

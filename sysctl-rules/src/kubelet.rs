@@ -1,9 +1,10 @@
 //! The kubelet a node runs: its reported version, and the sysctl rules of each kubelet minor
-//! version groundskeeper knows (v1.33 to v1.37).
+//! version groundskeeper knows (v1.33 to v1.38).
 //!
 //! In a cluster being upgraded, nodes run different kubelets and each admits pods by its own
 //! rules: the safe list (v1.37 adds two sysctls) and the namespace table (v1.37 knows `UTS` and
-//! `User`). A node says which kubelet it runs in `status.nodeInfo.kubeletVersion`.
+//! `User`); v1.38 keeps v1.37's. A node says which kubelet it runs in
+//! `status.nodeInfo.kubeletVersion`.
 
 use std::{fmt, str::FromStr};
 
@@ -14,14 +15,35 @@ use super::safe::{SAFE_SYSCTLS, SAFE_SYSCTLS_V1_37, SafeSysctl, dropped_of, safe
 
 /// The oldest and newest minor versions whose rules are known.
 pub const OLDEST_MINOR: u64 = 33;
-pub const NEWEST_MINOR: u64 = 37;
+pub const NEWEST_MINOR: u64 = 38;
 /// The rules of a node that does not say which kubelet it runs, or says it unreadably.
 pub const DEFAULT_MINOR: u64 = 36;
 
 /// A reported version is quoted in messages up to this many characters.
 const QUOTE_MAX: usize = 64;
 
-/// The rules of one known kubelet minor version (1.33 to 1.37).
+/// Each known minor version's safe list and namespace table, oldest first, one row per minor
+/// from [`OLDEST_MINOR`] to [`NEWEST_MINOR`] (checked below, at compile time). Where each row
+/// comes from is in docs/sysctl.md, "Kubelet versions".
+const RULES: [(u64, &[SafeSysctl], NamespaceTable); 6] = [
+    (33, &SAFE_SYSCTLS, NamespaceTable::IpcNet),
+    (34, &SAFE_SYSCTLS, NamespaceTable::IpcNet),
+    (35, &SAFE_SYSCTLS, NamespaceTable::IpcNet),
+    (36, &SAFE_SYSCTLS, NamespaceTable::IpcNet),
+    (37, &SAFE_SYSCTLS_V1_37, NamespaceTable::IpcNetUtsUser),
+    (38, &SAFE_SYSCTLS_V1_37, NamespaceTable::IpcNetUtsUser),
+];
+
+const _: () = {
+    assert!(RULES.len() as u64 == NEWEST_MINOR - OLDEST_MINOR + 1);
+    let mut i = 0;
+    while i < RULES.len() {
+        assert!(RULES[i].0 == OLDEST_MINOR + i as u64);
+        i += 1;
+    }
+};
+
+/// The rules of one known kubelet minor version (1.33 to 1.38).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Kubelet {
     minor: u64,
@@ -113,22 +135,19 @@ impl Kubelet {
         }
     }
 
+    /// This kubelet's row of [`RULES`]; `minor` is known, as every constructor ensures.
+    fn rules(self) -> (u64, &'static [SafeSysctl], NamespaceTable) {
+        RULES[(self.minor - OLDEST_MINOR) as usize]
+    }
+
     /// The namespace table this kubelet classifies sysctls by.
     pub fn namespaces(self) -> NamespaceTable {
-        if self.minor >= 37 {
-            NamespaceTable::IpcNetUtsUser
-        } else {
-            NamespaceTable::IpcNet
-        }
+        self.rules().2
     }
 
     /// This kubelet's safe list, with the kernel gates, in upstream order.
     pub fn safe_list(self) -> &'static [SafeSysctl] {
-        if self.minor >= 37 {
-            &SAFE_SYSCTLS_V1_37
-        } else {
-            &SAFE_SYSCTLS
-        }
+        self.rules().1
     }
 
     /// The safe sysctls this kubelet allows on `kernel` (None: unknown, only ungated ones).
@@ -295,8 +314,9 @@ mod tests {
                 DEFAULT_MINOR,
                 r#""garbage" could not be parsed"#,
             ),
+            (Some("v1.39.0"), NEWEST_MINOR, "newer than the newest"),
             (Some("v1.40.0"), NEWEST_MINOR, "newer than the newest"),
-            (Some("v2.1.0"), NEWEST_MINOR, "judged as v1.37"),
+            (Some("v2.1.0"), NEWEST_MINOR, "judged as v1.38"),
             (Some("v1.32.9"), OLDEST_MINOR, "older than the oldest"),
             (Some("v0.99.0"), OLDEST_MINOR, "judged as v1.33"),
         ] {
@@ -304,6 +324,119 @@ mod tests {
             assert_eq!(j.kubelet.minor(), want, "{reported:?}");
             let note = j.assumed.unwrap_or_default();
             assert!(note.contains(says), "{reported:?}: {note}");
+        }
+    }
+
+    /// v1.38 in every form a node reports it (releases, pre-releases, vendor builds) is a known
+    /// version, judged by its own rules with nothing assumed.
+    #[test]
+    fn v1_38_in_every_form_is_known() {
+        for reported in [
+            "v1.38.0",
+            "v1.38.2",
+            "v1.38.0-alpha.2",
+            "v1.38.0-alpha.1.15+0123abcd",
+            "v1.38.1-eks-4d1a2b",
+            "1.38",
+        ] {
+            let j = Kubelet::judge(Some(reported));
+            assert_eq!((j.kubelet.minor(), j.assumed), (38, None), "{reported}");
+        }
+    }
+
+    /// Probe names for the namespace tables: every table entry, its neighbours, and generated
+    /// dotted names over the tables' first segments.
+    fn probe_names() -> Vec<String> {
+        let mut names: Vec<String> = Kubelet::NEWEST
+            .safe_list()
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect();
+        let firsts = ["kernel", "net", "fs", "user", "users", "vm", "ipc"];
+        let seconds = [
+            "",
+            "shm",
+            "shmmax",
+            "msg",
+            "msgmax",
+            "sem",
+            "domainname",
+            "hostname",
+        ];
+        let thirds = ["", "mqueue", "ipv4", "core", "max_user_namespaces", "x"];
+        for a in firsts {
+            for b in seconds {
+                for c in thirds {
+                    let parts: Vec<&str> =
+                        [a, b, c].into_iter().filter(|p| !p.is_empty()).collect();
+                    names.push(parts.join("."));
+                    names.push(format!("{}.", parts.join(".")));
+                    names.push(format!("{}*", parts.join(".")));
+                }
+            }
+        }
+        names
+    }
+
+    /// The rules only grow: from each known minor to the next, every safe sysctl stays safe with
+    /// its kernel gate, every name the older table namespaces keeps its namespace, and every
+    /// pattern the older kubelet takes the newer takes; so a node upgraded by one minor allows
+    /// all it allowed, on any kernel.
+    #[test]
+    fn each_minor_keeps_the_previous_ones_rules() {
+        let kernels: Vec<Option<KernelVersion>> = [
+            None,
+            Some("3.10.0"),
+            Some("4.5"),
+            Some("4.14.300"),
+            Some("4.15"),
+            Some("6.1.0-18-amd64"),
+        ]
+        .into_iter()
+        .map(|k| k.map(|k| k.parse().unwrap()))
+        .collect();
+        let names = probe_names();
+        let pairs: Vec<(Kubelet, Kubelet)> = Kubelet::all().zip(Kubelet::all().skip(1)).collect();
+        assert_eq!(pairs.len() as u64, NEWEST_MINOR - OLDEST_MINOR);
+        for (old, new) in pairs {
+            assert_eq!(new.minor(), old.minor() + 1);
+            for safe in old.safe_list() {
+                assert!(
+                    new.safe_list().contains(safe),
+                    "{old} -> {new}: {safe:?} dropped"
+                );
+            }
+            for kernel in &kernels {
+                let now = new.safe_sysctls(kernel.as_ref());
+                for name in old.safe_sysctls(kernel.as_ref()) {
+                    assert!(
+                        now.contains(&name),
+                        "{old} -> {new}, kernel {kernel:?}: {name}"
+                    );
+                }
+            }
+            for name in &names {
+                let was = old.namespace_of(name);
+                if was != Namespace::Unknown {
+                    assert_eq!(new.namespace_of(name), was, "{old} -> {new}: {name}");
+                }
+                if old.check_pattern(name).is_ok() {
+                    assert!(new.check_pattern(name).is_ok(), "{old} -> {new}: {name}");
+                }
+            }
+        }
+    }
+
+    /// Kubelet v1.38 judges by v1.37's rules: the same safe list in the same order, the same
+    /// namespace table, and so the same namespace and pattern verdict for every probe name.
+    #[test]
+    fn v1_38_has_v1_37s_rules() {
+        let (v37, v38) = (Kubelet::known(37).unwrap(), Kubelet::known(38).unwrap());
+        assert_eq!(v38.safe_list(), v37.safe_list());
+        assert_eq!(v38.namespaces(), v37.namespaces());
+        for name in probe_names() {
+            assert_eq!(v38.namespace_of(&name), v37.namespace_of(&name), "{name}");
+            assert_eq!(v38.check_pattern(&name), v37.check_pattern(&name), "{name}");
         }
     }
 
@@ -321,7 +454,7 @@ mod tests {
         }
         assert_eq!(Kubelet::default(), Kubelet::known(36).unwrap());
         assert_eq!(Kubelet::known(32), None);
-        assert_eq!(Kubelet::known(38), None);
-        assert_eq!(Kubelet::NEWEST.to_string(), "v1.37");
+        assert_eq!(Kubelet::known(39), None);
+        assert_eq!(Kubelet::NEWEST.to_string(), "v1.38");
     }
 }

@@ -16,6 +16,7 @@ use crate::kubelet::Kubelet;
 use crate::verdict::{Verdict, node_policy_as};
 
 /// `pod-security-admission/policy/check_sysctls.go`, `sysctlsAllowedV1Dot32` (v0.33 to v0.36).
+/// The v1.38 alphas change neither the sets nor the namespace maps: v1.38 is transcribed as v1.37.
 const ALLOWED_V1_DOT_32: [&str; 12] = [
     "kernel.shm_rmid_forced",
     "net.ipv4.ip_local_port_range",
@@ -222,7 +223,7 @@ fn every_version_kernel_and_name_is_judged_as_upstream() {
         &["net.core.*", "kernel.sem"],
     ];
     let mut checked = 0;
-    for minor in 33..=37 {
+    for minor in 33..=38 {
         for reported in [format!("v1.{minor}.0"), format!("v1.{minor}.7-eks-4d1a2b")] {
             let judged = Kubelet::judge(Some(&reported));
             assert_eq!(judged.assumed, None, "{reported}");
@@ -269,12 +270,13 @@ fn every_version_kernel_and_name_is_judged_as_upstream() {
 }
 
 /// The two v1.37 additions are where the versions part: on a kernel that namespaces them,
-/// v1.33 to v1.36 forbid both and v1.37 allows both; every other safe sysctl is judged alike.
+/// v1.33 to v1.36 forbid both and v1.37 and v1.38 allow both; every other safe sysctl is judged
+/// alike.
 #[test]
 fn versions_differ_only_by_the_v1_37_additions() {
     for kernel in kernels() {
         for name in ALLOWED_V1_DOT_32 {
-            let judged: Vec<bool> = (33..=37)
+            let judged: Vec<bool> = (33..=38)
                 .map(|m| upstream(m, kernel.as_deref(), &[], name, false, false).is_ok())
                 .collect();
             assert!(judged.windows(2).all(|w| w[0] == w[1]), "{name} {kernel:?}");
@@ -284,6 +286,8 @@ fn versions_differ_only_by_the_v1_37_additions() {
         for minor in 33..=36 {
             assert!(upstream(minor, Some("6.1"), &[], name, false, false).is_err());
         }
-        assert!(upstream(37, Some("6.1"), &[], name, false, false).is_ok());
+        for minor in 37..=38 {
+            assert!(upstream(minor, Some("6.1"), &[], name, false, false).is_ok());
+        }
     }
 }

@@ -49,7 +49,7 @@ impl fmt::Display for Namespace {
 
 /// Which namespace table a kubelet classifies by (`k8s.io/component-helpers`
 /// `node/util/sysctl/namespace.go`): IPC and Net up to v1.36; v1.37 adds `UTS` for
-/// `kernel.domainname` and `User` for `user.*`.
+/// `kernel.domainname` and `User` for `user.*`, and v1.38 keeps v1.37's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum NamespaceTable {
     #[default]

@@ -1,4 +1,4 @@
-//! The safe sysctls (kubelet `SafeSysctlAllowlist`, v1.33 to v1.37) and their kernel gates.
+//! The safe sysctls (kubelet `SafeSysctlAllowlist`, v1.33 to v1.38) and their kernel gates.
 //!
 //! In upstream order, each with the first kernel that namespaces it. Order matters: it is the
 //! order of the merged allowlist and of what the agent logs. Which kubelet version has which
@@ -43,7 +43,7 @@ pub const SAFE_SYSCTLS: [SafeSysctl; 12] = [
     from("net.ipv4.tcp_wmem", 4, 15),
 ];
 
-/// Kubelet v1.37's list: v1.36's and two more. The kernel gates are the code's
+/// Kubelet v1.37's list (and v1.38's, unchanged): v1.36's and two more. The kernel gates are the code's
 /// (`TCPSlowStartAfterIdleNamespacedKernelVersion = "4.15"`,
 /// `TCPNotSentLowatNamespacedKernelVersion = "4.6"`), not the "4.7" of a commit message.
 pub const SAFE_SYSCTLS_V1_37: [SafeSysctl; 14] = [

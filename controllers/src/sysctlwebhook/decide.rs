@@ -519,7 +519,7 @@ mod tests {
             decide(&args, "ns/p", &pod, "n", Some(&new_old_kernel), &[]),
             Decision::Deny { .. }
         ));
-        // Newer than known: judged as v1.37, and the message says so. Unreadable or absent:
+        // Newer than known: judged as v1.38 (the newest known), and the message says so. Unreadable or absent:
         // judged as v1.36, as before kubelet versions were read.
         assert_eq!(
             decide(

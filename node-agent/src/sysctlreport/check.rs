@@ -17,8 +17,8 @@ pub struct CheckArgs {
     #[arg(long, value_parser = parse_kernel_version)]
     pub kernel_version: Option<KernelVersion>,
 
-    /// Kubelet version of the node to check against (e.g. v1.37.0, v1.36.2-eks-4d1a2b): its
-    /// safe list and namespace table. Known: v1.33 to v1.37; a newer one is checked as v1.37,
+    /// Kubelet version of the node to check against (e.g. v1.38.0, v1.36.2-eks-4d1a2b): its
+    /// safe list and namespace table. Known: v1.33 to v1.38; a newer one is checked as v1.38,
     /// an older one as v1.33 (said on stderr). Default: v1.36.
     #[arg(long, value_parser = parse_kubelet_version)]
     pub kubelet_version: Option<String>,

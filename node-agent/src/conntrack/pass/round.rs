@@ -217,7 +217,7 @@ impl Round {
             };
             if listed {
                 self.metrics
-                    .sync_duration
+                    .pass_duration
                     .with_label_values(&[label])
                     .observe(elapsed.as_secs_f64());
             }
@@ -381,7 +381,7 @@ mod tests {
 
     fn latency_samples(metrics: &Metrics) -> u64 {
         metrics
-            .sync_duration
+            .pass_duration
             .with_label_values(&["IPv4"])
             .get_sample_count()
     }
