@@ -371,12 +371,16 @@ async fn the_controller_manager_changes_only_what_its_controllers_write() -> any
         r.map(|o| serde_json::to_value(o).unwrap())
     };
     // The policy takes effect a moment after it is created: until a forbidden change is refused.
-    let forbidden = json_patch(
-        &json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}]),
-    );
+    // Each probe changes something (a label of a new value), so one that lands before the
+    // policy does never turns the next into a no-op the policy would let through.
+    let probe = std::sync::atomic::AtomicUsize::new(0);
     testkit::wait_for(Duration::from_secs(30), "the field policy", || async {
+        let n = probe.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let label = json_patch(&json!([
+            {"op": "add", "path": "/metadata/labels/gk-probe", "value": n.to_string()}
+        ]));
         Ok(vwc
-            .patch(&validating, &PatchParams::default(), &forbidden)
+            .patch(&validating, &PatchParams::default(), &label)
             .await
             .is_err())
     })
