@@ -125,6 +125,11 @@ echo "$ds" | has -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent doe
 echo "$ds" | has "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
 "$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | has priorityClassName \
   && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
+# The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
+"$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
+  || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.priorityClassName= --show-only templates/controller-manager.yaml | has priorityClassName \
+  && { echo "FAIL: controllerManager.priorityClassName= must render no priority class"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }
