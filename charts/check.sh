@@ -125,6 +125,15 @@ echo "$ds" | has -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent doe
 echo "$ds" | has "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
 "$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | has priorityClassName \
   && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
+# Every pod the chart renders (both workloads, the uninstall Job, the helm test) runs on Linux
+# nodes only, with the user's node labels beside it.
+for f in default all; do
+  [ "$(grep -A1 "^ *nodeSelector:$" "$out/$f.yaml" | grep -c "^ *kubernetes.io/os: linux$")" = 4 ] \
+    || { echo "FAIL: $f render: not every pod (4) has nodeSelector kubernetes.io/os: linux"; exit 1; }
+done
+"$helm" template gk "$chart" --set controllerManager.nodeSelector.role=infra --show-only templates/controller-manager.yaml \
+  | grep -A2 "^      nodeSelector:$" | tr -d ' \n' | has "^nodeSelector:kubernetes.io/os:linuxrole:infra$" \
+  || { echo "FAIL: controllerManager.nodeSelector is not merged with kubernetes.io/os: linux"; exit 1; }
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }

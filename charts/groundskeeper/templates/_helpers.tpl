@@ -323,3 +323,11 @@ metricRelabelings:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* A pod's nodeSelector: kubernetes.io/os: linux (the image holds Linux binaries only) and the
+node labels given (include with a workload's nodeSelector values, or an empty dict). linux wins
+over another kubernetes.io/os. */}}
+{{- define "groundskeeper.nodeSelector" -}}
+nodeSelector:
+  {{- toYaml (merge (dict "kubernetes.io/os" "linux") (. | default dict)) | nindent 2 }}
+{{- end -}}
