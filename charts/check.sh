@@ -134,6 +134,13 @@ done
 "$helm" template gk "$chart" --set controllerManager.nodeSelector.role=infra --show-only templates/controller-manager.yaml \
   | grep -A2 "^      nodeSelector:$" | tr -d ' \n' | has "^nodeSelector:kubernetes.io/os:linuxrole:infra$" \
   || { echo "FAIL: controllerManager.nodeSelector is not merged with kubernetes.io/os: linux"; exit 1; }
+# The PodDisruptionBudget takes minAvailable (1 when neither is set) or maxUnavailable, never both.
+pdb() { "$helm" template gk "$chart" "$@" --show-only templates/controller-manager.yaml 2>&1; }
+pdb | has "^  minAvailable: 1$" || fail "the default PodDisruptionBudget is not minAvailable: 1"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "^  maxUnavailable: 1$" || fail "podDisruptionBudget.maxUnavailable not rendered"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "minAvailable" && fail "podDisruptionBudget.maxUnavailable rendered beside minAvailable"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 --set controllerManager.podDisruptionBudget.minAvailable=1 \
+  | has "minAvailable=1 and maxUnavailable=1 are both set" || fail "the chart does not refuse both minAvailable and maxUnavailable"
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }
