@@ -141,6 +141,12 @@ pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "^  maxUn
 pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "minAvailable" && fail "podDisruptionBudget.maxUnavailable rendered beside minAvailable"
 pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 --set controllerManager.podDisruptionBudget.minAvailable=1 \
   | has "minAvailable=1 and maxUnavailable=1 are both set" || fail "the chart does not refuse both minAvailable and maxUnavailable"
+# Services: the cluster's IP families unless asked (dual-stack on request), labels per Service.
+has "ipFamil" "$out/default.yaml" && fail "the default render sets a Service's IP families (the cluster's default must apply)"
+svcs=$(awk '/^---/{s=0} /^kind: Service$/{s=1} s' "$out/all.yaml")
+[ "$(echo "$svcs" | grep -c "^  ipFamilyPolicy: PreferDualStack$")" = 2 ] || fail "metrics.service.ipFamilyPolicy not on both metrics Services"
+echo "$svcs" | grep -A2 "^  ipFamilyPolicy: SingleStack$" | has "^    - IPv4$" || fail "the webhook Service's ipFamilyPolicy/ipFamilies not rendered"
+for l in metrics metrics webhook; do echo "$svcs" | has "^    team.example/exposed: $l$" || fail "Service labels ($l) not rendered"; done
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }

@@ -331,3 +331,16 @@ over another kubernetes.io/os. */}}
 nodeSelector:
   {{- toYaml (merge (dict "kubernetes.io/os" "linux") (. | default dict)) | nindent 2 }}
 {{- end -}}
+
+{{/* A Service's IP families, from its values (metrics.service or
+controllerManager.sysctlWebhook.service): nothing where they are unset, so the cluster's default
+(SingleStack, the first ServiceCIDR's family) applies. */}}
+{{- define "groundskeeper.serviceIPFamilies" -}}
+{{- with .ipFamilyPolicy }}
+ipFamilyPolicy: {{ . }}
+{{- end }}
+{{- with .ipFamilies }}
+ipFamilies:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
