@@ -147,6 +147,12 @@ svcs=$(awk '/^---/{s=0} /^kind: Service$/{s=1} s' "$out/all.yaml")
 [ "$(echo "$svcs" | grep -c "^  ipFamilyPolicy: PreferDualStack$")" = 2 ] || fail "metrics.service.ipFamilyPolicy not on both metrics Services"
 echo "$svcs" | grep -A2 "^  ipFamilyPolicy: SingleStack$" | has "^    - IPv4$" || fail "the webhook Service's ipFamilyPolicy/ipFamilies not rendered"
 for l in metrics metrics webhook; do echo "$svcs" | has "^    team.example/exposed: $l$" || fail "Service labels ($l) not rendered"; done
+# extraObjects: maps and YAML strings alike, through tpl.
+has "^# Source: $chart/templates/extra-objects.yaml$" "$out/default.yaml" && fail "extraObjects renders something by default"
+awk '/^---/{p=0} /^kind: ConfigMap$/{p=1} p' "$out/all.yaml" | grep -A1 "^  name: 'gk-keeper-extra'$" | has "^  namespace: 'groundskeeper'$" \
+  || fail "an extraObjects map was not rendered through tpl"
+awk '/^---/{p=0} /^kind: ResourceQuota$/{p=1} p' "$out/all.yaml" | has "^    app.kubernetes.io/instance: gk$" \
+  || fail "an extraObjects string was not rendered through tpl"
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }
