@@ -153,6 +153,25 @@ awk '/^---/{p=0} /^kind: ConfigMap$/{p=1} p' "$out/all.yaml" | grep -A1 "^  name
   || fail "an extraObjects map was not rendered through tpl"
 awk '/^---/{p=0} /^kind: ResourceQuota$/{p=1} p' "$out/all.yaml" | has "^    app.kubernetes.io/instance: gk$" \
   || fail "an extraObjects string was not rendered through tpl"
+# Monitors: honorLabels and annotations; in another namespace, selecting the release's, with the
+# scraper's account and token Secret beside them (the operator reads Secrets from the monitor's).
+[ "$(awk '/^---/{p=0} /^kind: ServiceMonitor$/{p=1} p' "$out/all.yaml" | grep -c "^      honorLabels: true$")" = 2 ] \
+  || fail "metrics.serviceMonitor.honorLabels not on both endpoints"
+has "honorLabels" "$out/default.yaml" && fail "honorLabels rendered by default"
+for kind in ServiceMonitor PodMonitor; do
+  key=$(echo "${kind:0:1}" | tr A-Z a-z)${kind:1}
+  mon=$("$helm" template gk "$chart" -n groundskeeper --api-versions "monitoring.coreos.com/v1/$kind" --set "metrics.$key.enabled=true" \
+    --set "metrics.$key.namespace=monitoring" --set-string "metrics.$key.annotations.a=b" --show-only templates/metrics.yaml)
+  mons=$(echo "$mon" | awk -v k="$kind" '/^---/{p=0} $0 == "kind: " k {p=1} p')
+  [ "$(echo "$mons" | grep -c "^  namespace: monitoring$")" = 2 ] || fail "metrics.$key.namespace not on both ${kind}s"
+  [ "$(echo "$mons" | grep -A1 "^  annotations:$" | grep -c "^    a: b$")" = 2 ] || fail "metrics.$key.annotations not on both ${kind}s"
+  [ "$(echo "$mon" | grep -A1 "^  namespaceSelector:$" | grep -c "^    matchNames: \[groundskeeper\]$")" = 2 ] \
+    || fail "the ${kind}s in another namespace do not select the release's"
+  for scraper in ServiceAccount Secret; do
+    echo "$mon" | awk -v k="$scraper" '/^---/{p=0} $0 == "kind: " k {p=1} p' | has "^  namespace: monitoring$" \
+      || fail "the scraper's $scraper is not beside the ${kind}s"
+  done
+done
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }

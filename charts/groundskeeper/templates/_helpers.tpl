@@ -268,6 +268,18 @@ template` without --api-versions knows only group/versions, and there the chart'
 {{- if (index . 0).Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) -}}true{{- end -}}
 {{- end -}}
 
+{{/* Where the ServiceMonitors or PodMonitors live (metrics.*.namespace, default the release's),
+and with them the scraper's account and token Secret: the Prometheus Operator reads a monitor's
+Secrets from the monitor's own namespace. */}}
+{{- define "groundskeeper.monitorNamespace" -}}
+{{- $m := .Values.metrics -}}
+{{- if $m.podMonitor.enabled -}}
+{{ $m.podMonitor.namespace | default .Release.Namespace }}
+{{- else -}}
+{{ $m.serviceMonitor.namespace | default .Release.Namespace }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the token the monitors scrape the node-agent with. */}}
 {{- define "groundskeeper.scrapeTokenSecret" -}}
 {{- if .Values.metrics.scrapeToken.create -}}
@@ -299,6 +311,10 @@ port: metrics
 path: /metrics
 scheme: {{ $scheme }}
 interval: {{ $m.interval }}
+{{- if $m.honorLabels }}
+# The scraped series' own labels win over the target's on a clash.
+honorLabels: true
+{{- end }}
 {{- with $m.scrapeTimeout }}
 scrapeTimeout: {{ . }}
 {{- end }}
