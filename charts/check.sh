@@ -172,6 +172,17 @@ for kind in ServiceMonitor PodMonitor; do
       || fail "the scraper's $scraper is not beside the ${kind}s"
   done
 done
+# Alerts and dashboard keep clusters apart: every aggregation groups by cluster (a label a
+# single-cluster Prometheus does not have, where it groups nothing).
+rule=$("$helm" template gk "$chart" --api-versions monitoring.coreos.com/v1/PrometheusRule --set metrics.prometheusRule.enabled=true \
+  --set controllerManager.leaderElection.enabled=false --set controllerManager.replicas=1 --show-only templates/prometheusrule.yaml; \
+  "$helm" template gk "$chart" --api-versions monitoring.coreos.com/v1/PrometheusRule --set metrics.prometheusRule.enabled=true \
+  --set nodeAgent.sysctl.defaultMode=Enforce --show-only templates/prometheusrule.yaml)
+rule=$(echo "$rule" | grep "^ *expr: ")
+nocluster=$(echo "$rule" | grep -E '\b(sum|max|min|avg|count)( by \((\w+, )*\w+\))? ?\(' | grep -vE '\b(sum|max|min) by \(cluster, ' | grep -v "absent(" || true)
+[ -z "$nocluster" ] || fail "alert expressions aggregate without cluster: $nocluster"
+nocluster=$(sed -n 's/^ *"expr": "\(.*\)",\{0,1\}$/\1/p' "$chart/files/dashboard.json" | grep -E '\b(sum|max|min)\b' | grep -vE '\b(sum|max|min) by \(cluster[,)]' || true)
+[ -z "$nocluster" ] || fail "dashboard queries aggregate without cluster: $nocluster"
 # The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
 "$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
   || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }
