@@ -125,6 +125,69 @@ echo "$ds" | has -- "--admin-addr=0.0.0.0:$port$" || { echo "FAIL: the agent doe
 echo "$ds" | has "^      priorityClassName: system-node-critical$" || { echo "FAIL: default priorityClassName"; exit 1; }
 "$helm" template gk "$chart" --set nodeAgent.priorityClassName= --show-only templates/node-agent.yaml | has priorityClassName \
   && { echo "FAIL: nodeAgent.priorityClassName= must render no priority class"; exit 1; }
+# Every pod the chart renders (both workloads, the uninstall Job, the helm test) runs on Linux
+# nodes only, with the user's node labels beside it.
+for f in default all; do
+  [ "$(grep -A1 "^ *nodeSelector:$" "$out/$f.yaml" | grep -c "^ *kubernetes.io/os: linux$")" = 4 ] \
+    || { echo "FAIL: $f render: not every pod (4) has nodeSelector kubernetes.io/os: linux"; exit 1; }
+done
+"$helm" template gk "$chart" --set controllerManager.nodeSelector.role=infra --show-only templates/controller-manager.yaml \
+  | grep -A2 "^      nodeSelector:$" | tr -d ' \n' | has "^nodeSelector:kubernetes.io/os:linuxrole:infra$" \
+  || { echo "FAIL: controllerManager.nodeSelector is not merged with kubernetes.io/os: linux"; exit 1; }
+# The PodDisruptionBudget takes minAvailable (1 when neither is set) or maxUnavailable, never both.
+pdb() { "$helm" template gk "$chart" "$@" --show-only templates/controller-manager.yaml 2>&1 || true; }
+pdb | has "^  minAvailable: 1$" || fail "the default PodDisruptionBudget is not minAvailable: 1"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "^  maxUnavailable: 1$" || fail "podDisruptionBudget.maxUnavailable not rendered"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 | has "minAvailable" && fail "podDisruptionBudget.maxUnavailable rendered beside minAvailable"
+pdb --set controllerManager.podDisruptionBudget.maxUnavailable=1 --set controllerManager.podDisruptionBudget.minAvailable=1 \
+  | has "minAvailable=1 and maxUnavailable=1 are both set" || fail "the chart does not refuse both minAvailable and maxUnavailable"
+# Services: the cluster's IP families unless asked (dual-stack on request), labels per Service.
+has "ipFamil" "$out/default.yaml" && fail "the default render sets a Service's IP families (the cluster's default must apply)"
+svcs=$(awk '/^---/{s=0} /^kind: Service$/{s=1} s' "$out/all.yaml")
+[ "$(echo "$svcs" | grep -c "^  ipFamilyPolicy: PreferDualStack$")" = 2 ] || fail "metrics.service.ipFamilyPolicy not on both metrics Services"
+echo "$svcs" | grep -A2 "^  ipFamilyPolicy: SingleStack$" | has "^    - IPv4$" || fail "the webhook Service's ipFamilyPolicy/ipFamilies not rendered"
+for l in metrics metrics webhook; do echo "$svcs" | has "^    team.example/exposed: $l$" || fail "Service labels ($l) not rendered"; done
+# extraObjects: maps and YAML strings alike, through tpl.
+has "^# Source: $chart/templates/extra-objects.yaml$" "$out/default.yaml" && fail "extraObjects renders something by default"
+awk '/^---/{p=0} /^kind: ConfigMap$/{p=1} p' "$out/all.yaml" | grep -A1 "^  name: 'gk-keeper-extra'$" | has "^  namespace: 'groundskeeper'$" \
+  || fail "an extraObjects map was not rendered through tpl"
+awk '/^---/{p=0} /^kind: ResourceQuota$/{p=1} p' "$out/all.yaml" | has "^    app.kubernetes.io/instance: gk$" \
+  || fail "an extraObjects string was not rendered through tpl"
+# Monitors: honorLabels and annotations; in another namespace, selecting the release's, with the
+# scraper's account and token Secret beside them (the operator reads Secrets from the monitor's).
+[ "$(awk '/^---/{p=0} /^kind: ServiceMonitor$/{p=1} p' "$out/all.yaml" | grep -c "^      honorLabels: true$")" = 2 ] \
+  || fail "metrics.serviceMonitor.honorLabels not on both endpoints"
+has "honorLabels" "$out/default.yaml" && fail "honorLabels rendered by default"
+for kind in ServiceMonitor PodMonitor; do
+  key=$(echo "${kind:0:1}" | tr A-Z a-z)${kind:1}
+  mon=$("$helm" template gk "$chart" -n groundskeeper --api-versions "monitoring.coreos.com/v1/$kind" --set "metrics.$key.enabled=true" \
+    --set "metrics.$key.namespace=monitoring" --set-string "metrics.$key.annotations.a=b" --show-only templates/metrics.yaml)
+  mons=$(echo "$mon" | awk -v k="$kind" '/^---/{p=0} $0 == "kind: " k {p=1} p')
+  [ "$(echo "$mons" | grep -c "^  namespace: monitoring$")" = 2 ] || fail "metrics.$key.namespace not on both ${kind}s"
+  [ "$(echo "$mons" | grep -A1 "^  annotations:$" | grep -c "^    a: b$")" = 2 ] || fail "metrics.$key.annotations not on both ${kind}s"
+  [ "$(echo "$mon" | grep -A1 "^  namespaceSelector:$" | grep -c "^    matchNames: \[groundskeeper\]$")" = 2 ] \
+    || fail "the ${kind}s in another namespace do not select the release's"
+  for scraper in ServiceAccount Secret; do
+    echo "$mon" | awk -v k="$scraper" '/^---/{p=0} $0 == "kind: " k {p=1} p' | has "^  namespace: monitoring$" \
+      || fail "the scraper's $scraper is not beside the ${kind}s"
+  done
+done
+# Alerts and dashboard keep clusters apart: every aggregation groups by cluster (a label a
+# single-cluster Prometheus does not have, where it groups nothing).
+rule=$("$helm" template gk "$chart" --api-versions monitoring.coreos.com/v1/PrometheusRule --set metrics.prometheusRule.enabled=true \
+  --set controllerManager.leaderElection.enabled=false --set controllerManager.replicas=1 --show-only templates/prometheusrule.yaml; \
+  "$helm" template gk "$chart" --api-versions monitoring.coreos.com/v1/PrometheusRule --set metrics.prometheusRule.enabled=true \
+  --set nodeAgent.sysctl.defaultMode=Enforce --show-only templates/prometheusrule.yaml)
+rule=$(echo "$rule" | grep "^ *expr: ")
+nocluster=$(echo "$rule" | grep -E '\b(sum|max|min|avg|count)( by \((\w+, )*\w+\))? ?\(' | grep -vE '\b(sum|max|min) by \(cluster, ' | grep -v "absent(" || true)
+[ -z "$nocluster" ] || fail "alert expressions aggregate without cluster: $nocluster"
+nocluster=$(sed -n 's/^ *"expr": "\(.*\)",\{0,1\}$/\1/p' "$chart/files/dashboard.json" | grep -E '\b(sum|max|min)\b' | grep -vE '\b(sum|max|min) by \(cluster[,)]' || true)
+[ -z "$nocluster" ] || fail "dashboard queries aggregate without cluster: $nocluster"
+# The controller-manager admits every pod that sets sysctls (the gate): critical by default too.
+"$helm" template gk "$chart" --show-only templates/controller-manager.yaml | has "^      priorityClassName: system-cluster-critical$" \
+  || { echo "FAIL: the controller-manager's default priorityClassName is not system-cluster-critical"; exit 1; }
+"$helm" template gk "$chart" --set controllerManager.priorityClassName= --show-only templates/controller-manager.yaml | has priorityClassName \
+  && { echo "FAIL: controllerManager.priorityClassName= must render no priority class"; exit 1; }
 # The node-agent's long-running container is never privileged: when a conntrack sysctl is set,
 # a privileged init container writes it and exits.
 grep -q "privileged: true" "$out/default.yaml" && { echo "FAIL: default node-agent must not be privileged"; exit 1; }

@@ -268,6 +268,18 @@ template` without --api-versions knows only group/versions, and there the chart'
 {{- if (index . 0).Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" (index . 1)) -}}true{{- end -}}
 {{- end -}}
 
+{{/* Where the ServiceMonitors or PodMonitors live (metrics.*.namespace, default the release's),
+and with them the scraper's account and token Secret: the Prometheus Operator reads a monitor's
+Secrets from the monitor's own namespace. */}}
+{{- define "groundskeeper.monitorNamespace" -}}
+{{- $m := .Values.metrics -}}
+{{- if $m.podMonitor.enabled -}}
+{{ $m.podMonitor.namespace | default .Release.Namespace }}
+{{- else -}}
+{{ $m.serviceMonitor.namespace | default .Release.Namespace }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the token the monitors scrape the node-agent with. */}}
 {{- define "groundskeeper.scrapeTokenSecret" -}}
 {{- if .Values.metrics.scrapeToken.create -}}
@@ -299,6 +311,10 @@ port: metrics
 path: /metrics
 scheme: {{ $scheme }}
 interval: {{ $m.interval }}
+{{- if $m.honorLabels }}
+# The scraped series' own labels win over the target's on a clash.
+honorLabels: true
+{{- end }}
 {{- with $m.scrapeTimeout }}
 scrapeTimeout: {{ . }}
 {{- end }}
@@ -320,6 +336,27 @@ relabelings:
 {{- end }}
 {{- with $m.metricRelabelings }}
 metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A pod's nodeSelector: kubernetes.io/os: linux (the image holds Linux binaries only) and the
+node labels given (include with a workload's nodeSelector values, or an empty dict). linux wins
+over another kubernetes.io/os. */}}
+{{- define "groundskeeper.nodeSelector" -}}
+nodeSelector:
+  {{- toYaml (merge (dict "kubernetes.io/os" "linux") (. | default dict)) | nindent 2 }}
+{{- end -}}
+
+{{/* A Service's IP families, from its values (metrics.service or
+controllerManager.sysctlWebhook.service): nothing where they are unset, so the cluster's default
+(SingleStack, the first ServiceCIDR's family) applies. */}}
+{{- define "groundskeeper.serviceIPFamilies" -}}
+{{- with .ipFamilyPolicy }}
+ipFamilyPolicy: {{ . }}
+{{- end }}
+{{- with .ipFamilies }}
+ipFamilies:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
