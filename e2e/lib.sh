@@ -181,9 +181,13 @@ pod_proc() {
 # figure can not be read. PID is the host's, or with NODE, as that node's PID namespace numbers it.
 MEMORY_PY=${CLUSTER_SH%/*}/memory.py
 proc_memory() { # pid [node]
-  local in=() out
-  [ -z "${2:-}" ] || in=(nsenter --target "$(cat "$CLUSTER_STATE/nodes/$2/ns-pid")" --pid --mount --)
-  out=$("${in[@]}" python3 - "/proc/$1" < "$MEMORY_PY" 2>&1) || out="? $out"
+  local out
+  if [ -n "${2:-}" ]; then
+    out=$(nsenter --target "$(cat "$CLUSTER_STATE/nodes/$2/ns-pid")" --pid --mount -- \
+      python3 - "/proc/$1" < "$MEMORY_PY" 2>&1) || out="? $out"
+  else
+    out=$(python3 - "/proc/$1" < "$MEMORY_PY" 2>&1) || out="? $out"
+  fi
   echo "$out"
 }
 
