@@ -38,6 +38,16 @@ async fn uninstall(
     lease: &str,
     dry_run: bool,
 ) -> anyhow::Result<(i32, String)> {
+    uninstall_as(&c.kubeconfig, ns, lease, dry_run).await
+}
+
+/// [`uninstall`] with the credentials of `kubeconfig`.
+async fn uninstall_as(
+    kubeconfig: &std::path::Path,
+    ns: &str,
+    lease: &str,
+    dry_run: bool,
+) -> anyhow::Result<(i32, String)> {
     let out = tokio::process::Command::new(BIN)
         .arg(format!("--dry-run={dry_run}"))
         .args([
@@ -49,7 +59,7 @@ async fn uninstall(
             "--lease-wait",
             "20s",
         ])
-        .env("KUBECONFIG", &c.kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .output()
         .await?;
     let text = format!(
@@ -310,5 +320,84 @@ async fn uninstall_releases_the_pods_the_gate_holds_and_nothing_else() -> anyhow
     let theirs = pods.get("theirs").await?;
     assert_eq!(gates_of(&theirs), vec!["example.com/quota"]);
     assert!(!out.contains("/theirs") && !out.contains("/none"), "{out}");
+    Ok(())
+}
+
+/// The hook's own rules, as the chart renders them, are enough: acting as a ServiceAccount bound
+/// to exactly them, uninstall deletes the released Lease, takes the finalizer off a ServiceCIDR
+/// and the gate off a pod (each read, judged and written as the hook does).
+#[tokio::test]
+async fn uninstall_needs_only_the_charts_rules() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    let test = "uninstall_needs_only_the_charts_rules";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let ns = c.namespace("gk-uninstall-rbac").await?;
+    let lease_name = unique_name("gk-un-lease");
+    let Some(docs) = testkit::chart::render_release(
+        "gk",
+        &[
+            "-n",
+            &ns,
+            "--set",
+            &format!("controllerManager.leaderElection.leaseName={lease_name}"),
+            "--show-only",
+            "templates/uninstall-hook.yaml",
+        ],
+    ) else {
+        testkit::skipped(test, "helm not installed (run .ci/tools.sh)");
+        return Ok(());
+    };
+    let rules = |kind: &str| -> Vec<PolicyRule> {
+        docs.iter()
+            .filter(|d| d["kind"].as_str() == Some(kind))
+            .flat_map(|d| {
+                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
+            })
+            .collect()
+    };
+    let kubeconfig = c
+        .as_service_account_with(&ns, rules("ClusterRole"), rules("Role"))
+        .await?;
+    c.create(&Lease {
+        metadata: ObjectMeta {
+            name: Some(lease_name.clone()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec::default()),
+    })
+    .await?;
+    let cidr = unique_name("gk-un-rbac");
+    protected_cidr(&c, &cidr, &format!("10.208.{}.0/25", octet())).await?;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    pods.create(
+        &Default::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "held", "namespace": &ns},
+            "spec": {
+                "schedulingGates": [{"name": "groundskeeper.dev/sysctl"}],
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }))?,
+    )
+    .await?;
+    let (code, out) = uninstall_as(&kubeconfig, &ns, &lease_name, false).await?;
+    assert_eq!(code, 0, "{out}");
+    let cidrs: Api<ServiceCIDR> = Api::all(c.client.clone());
+    assert!(finalizers(&cidrs.get(&cidr).await?).is_empty(), "{out}");
+    let held = pods.get("held").await?;
+    assert!(
+        held.spec
+            .unwrap()
+            .scheduling_gates
+            .unwrap_or_default()
+            .is_empty(),
+        "{out}"
+    );
+    let leases: Api<Lease> = Api::namespaced(c.client.clone(), &ns);
+    assert!(leases.get_opt(&lease_name).await?.is_none(), "{out}");
     Ok(())
 }
