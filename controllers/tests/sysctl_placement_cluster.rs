@@ -542,20 +542,8 @@ async fn as_chart_account(c: &Cluster, ns: &str, release: &str) -> anyhow::Resul
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
-    use k8s_openapi::api::rbac::v1::PolicyRule;
     let docs = testkit::chart::render_release(release, &["-n", ns]).expect("helm renders");
-    let rules = |kind: &str| -> Vec<PolicyRule> {
-        docs.iter()
-            .filter(|d| {
-                d["kind"].as_str() == Some(kind)
-                    && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
-                        == Some("controller-manager")
-            })
-            .flat_map(|d| {
-                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
-            })
-            .collect()
-    };
+    let rules = |kind: &str| testkit::chart::rules(&docs, kind, Some("controller-manager"));
     let kubeconfig = c
         .as_service_account_with(ns, rules("ClusterRole"), rules("Role"))
         .await?;

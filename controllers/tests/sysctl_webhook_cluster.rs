@@ -553,7 +553,6 @@ async fn certificates_rotate_without_a_refused_call() -> anyhow::Result<()> {
 /// to issue its certificate, patch the caBundles, watch what it judges and deny a binding.
 #[tokio::test]
 async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
-    use k8s_openapi::api::rbac::v1::PolicyRule;
     let test = "the_charts_rules_are_enough_for_the_webhook";
     let Some(c) = testkit::cluster(test).await else {
         return Ok(());
@@ -564,18 +563,7 @@ async fn the_charts_rules_are_enough_for_the_webhook() -> anyhow::Result<()> {
         testkit::skipped(test, "helm not installed (run .ci/tools.sh)");
         return Ok(());
     };
-    let rules = |kind: &str| -> Vec<PolicyRule> {
-        docs.iter()
-            .filter(|d| {
-                d["kind"].as_str() == Some(kind)
-                    && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
-                        == Some("controller-manager")
-            })
-            .flat_map(|d| {
-                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
-            })
-            .collect()
-    };
+    let rules = |kind: &str| testkit::chart::rules(&docs, kind, Some("controller-manager"));
     let kubeconfig = c
         .as_service_account_with(&ns, rules("ClusterRole"), rules("Role"))
         .await?;

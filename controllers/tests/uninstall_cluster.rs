@@ -329,7 +329,6 @@ async fn uninstall_releases_the_pods_the_gate_holds_and_nothing_else() -> anyhow
 #[tokio::test]
 async fn uninstall_needs_only_the_charts_rules() -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Pod;
-    use k8s_openapi::api::rbac::v1::PolicyRule;
     let test = "uninstall_needs_only_the_charts_rules";
     let Some(c) = testkit::cluster(test).await else {
         return Ok(());
@@ -350,14 +349,7 @@ async fn uninstall_needs_only_the_charts_rules() -> anyhow::Result<()> {
         testkit::skipped(test, "helm not installed (run .ci/tools.sh)");
         return Ok(());
     };
-    let rules = |kind: &str| -> Vec<PolicyRule> {
-        docs.iter()
-            .filter(|d| d["kind"].as_str() == Some(kind))
-            .flat_map(|d| {
-                serde_norway::from_value::<Vec<PolicyRule>>(d["rules"].clone()).expect("rules")
-            })
-            .collect()
-    };
+    let rules = |kind: &str| testkit::chart::rules(&docs, kind, None);
     let kubeconfig = c
         .as_service_account_with(&ns, rules("ClusterRole"), rules("Role"))
         .await?;

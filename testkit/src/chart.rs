@@ -105,3 +105,22 @@ pub fn render_cases<'a>(
     }
     Some(out)
 }
+
+/// The rules of every rendered `kind` (ClusterRole or Role) of `component` (the
+/// `app.kubernetes.io/component` label; None: any), for a ServiceAccount bound to exactly what
+/// the chart grants.
+pub fn rules(
+    docs: &[serde_norway::Value],
+    kind: &str,
+    component: Option<&str>,
+) -> Vec<k8s_openapi::api::rbac::v1::PolicyRule> {
+    docs.iter()
+        .filter(|d| {
+            d["kind"].as_str() == Some(kind)
+                && component.is_none_or(|c| {
+                    d["metadata"]["labels"]["app.kubernetes.io/component"].as_str() == Some(c)
+                })
+        })
+        .flat_map(|d| serde_norway::from_value::<Vec<_>>(d["rules"].clone()).expect("rules"))
+        .collect()
+}
