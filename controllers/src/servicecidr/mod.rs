@@ -15,6 +15,8 @@ pub mod prefix;
 pub mod sync;
 
 #[cfg(test)]
+mod decide_tests;
+#[cfg(test)]
 mod index_tests;
 #[cfg(test)]
 mod sync_tests;
