@@ -6,8 +6,8 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 HELM := $(TOOLS)/helm
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(TOOLS)/kubectl)
 
-# `make run` works against the current kube context, from this machine: destructive actions
-# are logged, not made, unless you say DRY_RUN=false.
+# `make run` works against the current kube context, from this machine (or a throwaway control
+# plane: KUBE_APISERVER): destructive actions are logged, not made, unless you say DRY_RUN=false.
 DRY_RUN ?= true
 NODE_NAME ?=
 KUBE_APISERVER ?=
@@ -21,10 +21,11 @@ all: build
 build:
 	$(CARGO) build --workspace --bins
 
-## run: both binaries out of cluster against the current kube context (Ctrl-C stops both); with
-## no reachable context, against a throwaway control plane of their own when a kube-apiserver is
-## at hand (KUBE_APISERVER, ../shared/bin/kube-apiserver, or on the PATH), else one line saying
-## what to install. Exits with the binaries' status. See hack/run.sh.
+## run: both binaries out of cluster (Ctrl-C stops both): with KUBE_APISERVER set, against a
+## throwaway control plane of their own, whatever the kube context; else against the current
+## kube context when it answers (its name, server and dry-run said first); else against a
+## throwaway control plane when a kube-apiserver is at hand (../shared/bin/kube-apiserver, or on
+## the PATH); else one line saying what to do. Exits with the binaries' status. See hack/run.sh.
 run:
 	@$(RUN_ENV) bash hack/run.sh
 
@@ -127,7 +128,8 @@ tools:
 tools-check:
 	bash .ci/tools_test.sh
 
-# make run as a newcomer meets it (hack/run_test.sh): no cluster, a failing binary, a throwaway
+# make run as a newcomer meets it (hack/run_test.sh): no cluster, the route it takes
+# (KUBE_APISERVER over a kube context, a real cluster announced), a failing binary, a throwaway
 # control plane started by itself.
 run-check: build
 	TARGET_DIR="$(TARGET_DIR)" bash hack/run_test.sh
