@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check binaries-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -37,7 +37,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check binaries-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -147,6 +147,13 @@ metrics-check: build
 ## v2 and hybrid trees and on this machine; a figure it can not read must fail. No cluster.
 memory-check:
 	bash hack/memory_test.sh
+
+## binaries-check: e2e/binaries.sh, where the end-to-end cluster's Kubernetes binaries come from
+## (shared/'s repacked tarball, or upstream's release tarballs by their layout), on made-up
+## tarballs: each binary found, a tarball lacking one, of neither layout, not matching its
+## .sha256, or of another version refused. No network, no cluster. See hack/binaries_test.sh.
+binaries-check:
+	bash hack/binaries_test.sh
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.
