@@ -6,25 +6,26 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 HELM := $(TOOLS)/helm
 KUBECTL ?= $(shell command -v kubectl 2>/dev/null || echo $(TOOLS)/kubectl)
 
-# `make run` works against the current kube context, from this machine: destructive actions
-# are logged, not made, unless you say DRY_RUN=false.
+# `make run` works against the current kube context, from this machine (or a throwaway control
+# plane: KUBE_APISERVER): destructive actions are logged, not made, unless you say DRY_RUN=false.
 DRY_RUN ?= true
 NODE_NAME ?=
 KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check binaries-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
 build:
 	$(CARGO) build --workspace --bins
 
-## run: both binaries out of cluster against the current kube context (Ctrl-C stops both); with
-## no reachable context, against a throwaway control plane of their own when a kube-apiserver is
-## at hand (KUBE_APISERVER, ../shared/bin/kube-apiserver, or on the PATH), else one line saying
-## what to install. Exits with the binaries' status. See hack/run.sh.
+## run: both binaries out of cluster (Ctrl-C stops both): with KUBE_APISERVER set, against a
+## throwaway control plane of their own, whatever the kube context; else against the current
+## kube context when it answers (its name, server and dry-run said first); else against a
+## throwaway control plane when a kube-apiserver is at hand (../shared/bin/kube-apiserver, or on
+## the PATH); else one line saying what to do. Exits with the binaries' status. See hack/run.sh.
 run:
 	@$(RUN_ENV) bash hack/run.sh
 
@@ -36,7 +37,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check binaries-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -127,7 +128,8 @@ tools:
 tools-check:
 	bash .ci/tools_test.sh
 
-# make run as a newcomer meets it (hack/run_test.sh): no cluster, a failing binary, a throwaway
+# make run as a newcomer meets it (hack/run_test.sh): no cluster, the route it takes
+# (KUBE_APISERVER over a kube context, a real cluster announced), a failing binary, a throwaway
 # control plane started by itself.
 run-check: build
 	TARGET_DIR="$(TARGET_DIR)" bash hack/run_test.sh
@@ -145,6 +147,13 @@ metrics-check: build
 ## v2 and hybrid trees and on this machine; a figure it can not read must fail. No cluster.
 memory-check:
 	bash hack/memory_test.sh
+
+## binaries-check: e2e/binaries.sh, where the end-to-end cluster's Kubernetes binaries come from
+## (shared/'s repacked tarball, or upstream's release tarballs by their layout), on made-up
+## tarballs: each binary found, a tarball lacking one, of neither layout, not matching its
+## .sha256, or of another version refused. No network, no cluster. See hack/binaries_test.sh.
+binaries-check:
+	bash hack/binaries_test.sh
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.

@@ -14,7 +14,7 @@
 #   cluster.sh cut STATE NODE                 take NODE's link down: a partition, processes run on
 #   cluster.sh heal STATE NODE                bring NODE's link back up
 #   cluster.sh load STATE IMAGE.tar...        import OCI archives into every node's containerd
-#   cluster.sh binaries                       unpack and check shared/'s node binaries only
+#   cluster.sh binaries                       unpack and check the Kubernetes binaries only
 #   cluster.sh cost STATE [SECONDS]           each node's and the control plane's RSS and CPU
 #   cluster.sh down STATE                     stop it and remove what it left
 #
@@ -71,34 +71,10 @@ node_index() { echo "${1##*-}"; }
 
 # --- binaries ------------------------------------------------------------------------------
 
-# Unpacks shared/'s node tarball (checksum-checked, then each binary against the list in
-# shared/bin/README.md) into target/e2e/bin, once.
-binaries() {
-  local tarball=$shared/kubernetes-node-v1.36.2-linux-amd64.tar.xz
-  [ -f "$tarball" ] || die "$tarball is missing: the end-to-end tests need shared/'s Kubernetes node binaries"
-  [ -x "$shared/kube-apiserver" ] || die "$shared/kube-apiserver is missing"
-  if [ ! -f "$bin/.verified" ]; then
-    (cd "$shared" && sha256sum --check --quiet kubernetes-node-v1.36.2-linux-amd64.tar.xz.sha256 kube-apiserver.sha256) \
-      || die "shared/bin checksums do not match"
-    rm -rf "$bin" && mkdir -p "$bin"
-    tar -xJf "$tarball" -C "$bin"
-    (cd "$bin" && sha256sum --check --quiet) <<'SUMS' || die "a node binary does not match shared/bin/README.md's checksum"
-63ac78d21fd83be5f15ae385e3fa3c9d378b3eabe1610da906c9d9ab3bd7ab31  kube-controller-manager
-7a5f6e679a7f4404e6620fd3d9e6df516b6ff72fcff9011dc8ed000f2942c7a8  kube-scheduler
-5f89a97112a9b769433cf374117bbbe1d07eb3a13a349604435cf7ad28457882  kubelet
-a51e15f78e4fa51a44ff79b94c72debb62d597b6fe1c539ffee42f108fe37759  kube-proxy
-SUMS
-    ln -sf "$(cd "$shared" && pwd)/kube-apiserver" "$bin/kube-apiserver"
-    touch "$bin/.verified"
-  fi
-  local missing=()
-  for c in containerd ctr runc iptables ip6tables conntrack openssl catatonit setpriv unshare nsenter; do
-    command -v "$c" >/dev/null || missing+=("$c")
-  done
-  [ -x /usr/bin/etcd ] || missing+=(etcd)
-  [ -x /usr/lib/cni/ptp ] || missing+=(/usr/lib/cni/ptp)
-  [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: apt-get install containerd runc iptables conntrack openssl catatonit util-linux etcd-server containernetworking-plugins (bash .ci/run does)"
-}
+# binaries: the Kubernetes binaries (shared/'s, or upstream's release tarballs) unpacked and
+# checked into target/e2e/bin once, and the Debian packages a node needs.
+# shellcheck source=e2e/binaries.sh
+. "$here/binaries.sh"
 
 # --- cgroups -------------------------------------------------------------------------------
 

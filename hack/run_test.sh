@@ -6,7 +6,12 @@
 # 3. no kube context but a kube-apiserver (KUBE_APISERVER or ../shared/bin): both binaries come
 #    up against a throwaway control plane by themselves, and Ctrl-C ends it all with status 0;
 # 4. Ctrl-C (SIGINT to the process group) while both binaries run: status 0 and nothing on
-#    stderr when both stop cleanly, the binary's status when one does not.
+#    stderr when both stop cleanly, the binary's status when one does not;
+# 5. the route (`hack/run.sh route`, no build, no cluster): KUBE_APISERVER set wins over a kube
+#    context that answers; a context that answers is announced (context, server, node, dry-run)
+#    when KUBE_APISERVER is not set; a context that does not answer (a KUBECONFIG naming a
+#    closed port) is passed over for KUBE_APISERVER, and with no kube-apiserver at all gives one
+#    line naming that context.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${TARGET_DIR:-${CARGO_TARGET_DIR:-$root/target}}
@@ -29,8 +34,82 @@ else
   code=$?
   set -e
   [ "$code" = 2 ] || fail "with nothing to run against, make run exited $code, not 2: $(cat "$scratch/out" "$scratch/err")"
-  [ ! -s "$scratch/out" ] && [ "$(wc -l <"$scratch/err")" = 1 ] || fail "not one line: $(cat "$scratch/out" "$scratch/err")"
+  { [ ! -s "$scratch/out" ] && [ "$(wc -l <"$scratch/err")" = 1 ]; } || fail "not one line: $(cat "$scratch/out" "$scratch/err")"
   grep -q "kube-apiserver" "$scratch/err" || fail "the line does not say to install kube-apiserver: $(cat "$scratch/err")"
+fi
+
+# 5. Stand-ins: a kubectl whose context answers (it logs what it is asked), openssl, a
+#    kube-apiserver and an etcd; nothing is started, so they need do nothing.
+stand=$scratch/stand
+mkdir -p "$stand/bin"
+cat >"$stand/bin/kubectl" <<EOS
+#!/usr/bin/env bash
+echo "\$*" >>"$stand/kubectl.log"
+case "\$*" in
+  "config current-context") echo prod ;;
+  "config view "*) echo https://prod.example:6443 ;;
+  "get nodes "*) echo node-a ;;
+  *) exit 1 ;;
+esac
+EOS
+printf '#!/bin/sh\nexit 0\n' >"$stand/bin/openssl"
+printf '#!/bin/sh\nexit 0\n' >"$stand/kube-apiserver"
+chmod +x "$stand/bin/kubectl" "$stand/bin/openssl" "$stand/kube-apiserver"
+# route [VAR=VALUE...]: hack/run.sh route from the copy with no ../shared, with the stand-ins;
+# sets code, and out and err (the files).
+route() {
+  set +e
+  env -u KUBE_APISERVER -u NODE_NAME -u DRY_RUN PATH="$stand/bin:/usr/bin:/bin" KUBECTL="$stand/bin/kubectl" \
+    KUBE_ETCD="$stand/kube-apiserver" CARGO=/bin/false "$@" bash "$scratch/root/hack/run.sh" route >"$scratch/out" 2>"$scratch/err"
+  code=$?
+  set -e
+}
+said() { cat "$scratch/out" "$scratch/err"; }
+route KUBE_APISERVER="$stand/kube-apiserver"
+{ [ "$code" = 0 ] && [ "$(head -n 1 "$scratch/out")" = control-plane ]; } \
+  || fail "KUBE_APISERVER set, a context that answers: not the throwaway control plane ($code): $(said)"
+grep -q "not the current kube context" "$scratch/out" || fail "the throwaway control plane is not announced as such: $(said)"
+[ ! -e "$stand/kubectl.log" ] || fail "KUBE_APISERVER set, yet the kube context was asked: $(cat "$stand/kubectl.log")"
+route
+{ [ "$code" = 0 ] && [ "$(head -n 1 "$scratch/out")" = cluster ]; } || fail "a context that answers: not the cluster route ($code): $(said)"
+[ "$(wc -l <"$scratch/out")" -le 3 ] || fail "the announcement is over two lines: $(said)"
+for w in '"prod"' https://prod.example:6443 node-a 'dry-run: every deletion' DRY_RUN=false; do
+  grep -qF -- "$w" "$scratch/out" || fail "the cluster route's announcement does not say $w: $(said)"
+done
+route DRY_RUN=false
+grep -qF "DRY_RUN=false: deletions" "$scratch/out" || fail "DRY_RUN=false is not announced: $(said)"
+route DRY_RUN=maybe
+{ [ "$code" = 2 ] && [ "$(wc -l <"$scratch/err")" = 1 ]; } || fail "DRY_RUN=maybe was not refused in one line ($code): $(said)"
+route KUBE_APISERVER="$scratch/none/kube-apiserver"
+{ [ "$code" = 2 ] && [ ! -s "$scratch/out" ] && [ "$(wc -l <"$scratch/err")" = 1 ]; } \
+  || fail "KUBE_APISERVER naming no file: not one line and exit 2 ($code): $(said)"
+grep -qF "KUBE_APISERVER=$scratch/none/kube-apiserver" "$scratch/err" || fail "the line does not name KUBE_APISERVER: $(said)"
+# A real kubectl and a kube context whose server is a closed port.
+kubectl=${KUBECTL:-$(command -v kubectl || echo "$root/.tools/bin/kubectl")}
+if [ ! -x "$kubectl" ]; then
+  skip "run check 5, a context that does not answer: no kubectl (bash .ci/tools.sh)"
+else
+  cat >"$scratch/kubeconfig" <<'EOK'
+apiVersion: v1
+kind: Config
+clusters: [{name: closed, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: nobody, user: {token: none}}]
+contexts: [{name: closed-port, context: {cluster: closed, user: nobody}}]
+current-context: closed-port
+EOK
+  route KUBECTL="$kubectl" KUBECONFIG="$scratch/kubeconfig" KUBE_APISERVER="$stand/kube-apiserver"
+  { [ "$code" = 0 ] && [ "$(head -n 1 "$scratch/out")" = control-plane ]; } \
+    || fail "KUBE_APISERVER set, a context that does not answer: not the throwaway control plane ($code): $(said)"
+  if PATH=/usr/bin:/bin command -v kube-apiserver >/dev/null; then
+    skip "run check 5, nothing to run against: kube-apiserver is on the PATH"
+  else
+    route KUBECTL="$kubectl" KUBECONFIG="$scratch/kubeconfig"
+    { [ "$code" = 2 ] && [ ! -s "$scratch/out" ] && [ "$(wc -l <"$scratch/err")" = 1 ]; } \
+      || fail "a context that does not answer and no kube-apiserver: not one line and exit 2 ($code): $(said)"
+    for w in '"closed-port"' https://127.0.0.1:1 KUBECONFIG KUBE_APISERVER=; do
+      grep -qF -- "$w" "$scratch/err" || fail "the line does not say $w: $(said)"
+    done
+  fi
 fi
 
 # 2. Both binaries refuse --watch-silent-after=2s (env GROUNDSKEEPER_WATCH_SILENT_AFTER) at start.
@@ -67,7 +146,7 @@ ctrl_c() {
     [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ] && break
     sleep 0.1
   done
-  [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ] \
+  { [ -e "$scratch/started-controller-manager" ] && [ -e "$scratch/started-node-agent" ]; } \
     || { kill -KILL -- "-$run" 2>/dev/null; fail "the stand-in binaries did not start: $(cat "$scratch/err")"; }
   kill -INT -- "-$run"
   set +e
@@ -117,4 +196,4 @@ PY
   [ "$code" = 0 ] || fail "make run after Ctrl-C exited $code, not 0: $(tail -n 30 "$scratch/log")"
   grep -q "throwaway control plane" "$scratch/log" || fail "no control plane was started: $(tail -n 30 "$scratch/log")"
 fi
-echo "run: one line when nothing to run against, the binaries' status, Ctrl-C, a throwaway control plane by itself"
+echo "run: one line when nothing to run against, KUBE_APISERVER over a kube context, a real cluster announced, the binaries' status, Ctrl-C, a throwaway control plane by itself"
