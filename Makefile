@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check manifest tools tools-check run-check metrics-check memory-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -119,6 +119,15 @@ chart-docs-check:
 	@if python3 charts/docs.py --check $(TARGET_DIR)/tmp/chart-docs/undocumented >/dev/null 2>&1; then \
 	  echo "FAIL: chart-docs-check passed a values.yaml with an undocumented key"; exit 1; fi
 	python3 charts/docs.py --check charts/groundskeeper
+
+## manifest: the chart with its default values as one file for `kubectl apply -f`, $(MANIFEST)
+## (release and namespace `groundskeeper`, the Namespace and the CRD in, no helm hooks); each
+## release attaches it. charts/check.sh (chart-check) checks what it holds; docs/installing.md
+## says what it does not do that helm does.
+MANIFEST ?= $(TARGET_DIR)/manifest/groundskeeper.yaml
+manifest: tools
+	bash charts/manifest.sh render "$(HELM)" "$(MANIFEST)"
+	bash charts/manifest.sh check "$(KUBECTL)" "$(MANIFEST)"
 
 tools:
 	@bash .ci/tools.sh >/dev/null

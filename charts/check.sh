@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Chart checks for `make test`: lint, render (defaults and everything on), the CRDs identical to
-# crds/, and against a real apiserver when KUBECONFIG is set: a server-side dry-run apply and a
-# real `helm install` whose workload objects must appear.
+# crds/, the manifest for `kubectl apply -f` (manifest.sh), and against a real apiserver when
+# KUBECONFIG is set: a server-side dry-run apply and a real `helm install` whose workload objects
+# must appear.
 set -euo pipefail
 helm=${1:-helm}
 kubectl=${2:-kubectl}
@@ -261,6 +262,13 @@ for crd in ../crds/*.yaml; do
   [ -e "$crd" ] || continue
   cmp -s "$crd" "$chart/crds/$(basename "$crd")" || { echo "FAIL: $chart/crds/$(basename "$crd") differs from crds/ (run make crds)"; exit 1; }
 done
+# The release's manifest for `kubectl apply -f` (make manifest) renders, parses, and holds the
+# CRD and both workloads and no helm hook; one with the hooks in must fail, so a check that
+# checks nothing does not pass.
+bash manifest.sh render "$helm" "$out/manifest/groundskeeper.yaml" >/dev/null
+bash manifest.sh check "$kubectl" "$out/manifest/groundskeeper.yaml"
+"$helm" template groundskeeper "$chart" -n groundskeeper --include-crds --set namespace.create=true > "$out/manifest/hooks.yaml"
+if bash manifest.sh check "$kubectl" "$out/manifest/hooks.yaml" >/dev/null; then fail "manifest.sh check passed a manifest with helm hooks"; fi
 echo "chart: lint, render, schema and CRD checks passed"
 
 if [ -z "${KUBECONFIG:-}" ]; then
