@@ -41,7 +41,7 @@ has "controllerManager.unreadKnob" "$out/unread.out" || fail "values_used.py did
 "$helm" template gk "$chart" -n groundskeeper -f "$all" --api-versions monitoring.coreos.com/v1/ServiceMonitor \
   --api-versions monitoring.coreos.com/v1/PrometheusRule > "$out/all.yaml"
 # Chart.yaml's Artifact Hub annotations name the default image and the CRD of crds/.
-hub_image=$(sed -n 's/^ *image: \(.*\)$/\1/p' "$chart/Chart.yaml")
+hub_image=$(sed -n 's/^      image: \(.*\)$/\1/p' "$chart/Chart.yaml")
 has -x "          image: $hub_image" "$out/default.yaml" || fail "Chart.yaml's artifacthub.io/images (${hub_image:-none}) is not the default render's image"
 for want in "name: $(sed -n 's/^  name: //p' "$chart"/crds/*.yaml | head -1)" "version: $(sed -n 's/^    name: \(v[0-9a-z]*\)$/\1/p' "$chart"/crds/*.yaml | head -1)"; do
   sed -n '/artifacthub.io\/crds: |/,/artifacthub.io\/crdsExamples/p' "$chart/Chart.yaml" | has -- "$want$" \
