@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check tools tools-check run-check metrics-check memory-check binaries-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check chart-changes chart-changes-check manifest tools tools-check run-check metrics-check memory-check binaries-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -37,7 +37,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check unit chart-check tools-check run-check metrics-check memory-check binaries-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check chart-changes-check unit chart-check tools-check run-check metrics-check memory-check binaries-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -120,6 +120,36 @@ chart-docs-check:
 	@if python3 charts/docs.py --check $(TARGET_DIR)/tmp/chart-docs/undocumented >/dev/null 2>&1; then \
 	  echo "FAIL: chart-docs-check passed a values.yaml with an undocumented key"; exit 1; fi
 	python3 charts/docs.py --check charts/groundskeeper
+
+## manifest: the chart with its default values as one file for `kubectl apply -f`, $(MANIFEST)
+## (release and namespace `groundskeeper`, the Namespace and the CRD in, no helm hooks); each
+## release attaches it. charts/check.sh (chart-check) checks what it holds; docs/installing.md
+## says what it does not do that helm does.
+MANIFEST ?= $(TARGET_DIR)/manifest/groundskeeper.yaml
+manifest: tools
+	bash charts/manifest.sh render "$(HELM)" "$(MANIFEST)"
+	bash charts/manifest.sh check "$(KUBECTL)" "$(MANIFEST)"
+
+## chart-changes: write Chart.yaml's artifacthub.io/changes (Artifact Hub's change list) from
+## CHANGELOG.md's section of the chart's version (charts/changes.py). At a release: move the
+## entries of [Unreleased] under the new version, set Chart.yaml's version, run this.
+chart-changes:
+	python3 charts/changes.py charts/groundskeeper
+
+## chart-changes-check: the committed annotation is CHANGELOG.md's section of the chart's
+## version, and every section of CHANGELOG.md has only Artifact Hub's kinds as headings. A copy
+## whose annotation says something else, and a CHANGELOG with an unknown heading, must fail, so a
+## check that compares nothing does not pass.
+chart-changes-check:
+	@rm -rf $(TARGET_DIR)/tmp/chart-changes && mkdir -p $(TARGET_DIR)/tmp/chart-changes
+	@cp -r charts/groundskeeper $(TARGET_DIR)/tmp/chart-changes/changed
+	@sed -i '0,/      description: "/s//      description: "Changed: /' $(TARGET_DIR)/tmp/chart-changes/changed/Chart.yaml
+	@if python3 charts/changes.py --check $(TARGET_DIR)/tmp/chart-changes/changed CHANGELOG.md >/dev/null; then \
+	  echo "FAIL: chart-changes-check passed an annotation that CHANGELOG.md no longer matches"; exit 1; fi
+	@sed '0,/^### Added$$/s//### Improved/' CHANGELOG.md > $(TARGET_DIR)/tmp/chart-changes/CHANGELOG.md
+	@if python3 charts/changes.py --check charts/groundskeeper $(TARGET_DIR)/tmp/chart-changes/CHANGELOG.md >/dev/null 2>&1; then \
+	  echo "FAIL: chart-changes-check passed a CHANGELOG with the heading ### Improved"; exit 1; fi
+	python3 charts/changes.py --check charts/groundskeeper
 
 tools:
 	@bash .ci/tools.sh >/dev/null

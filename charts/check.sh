@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Chart checks for `make test`: lint, render (defaults and everything on), the CRDs identical to
-# crds/, and against a real apiserver when KUBECONFIG is set: a server-side dry-run apply and a
-# real `helm install` whose workload objects must appear.
+# crds/, the manifest for `kubectl apply -f` (manifest.sh), NOTES.txt and README.md's quick start
+# (notes_check.py), and against a real apiserver when KUBECONFIG is set: a server-side dry-run
+# apply and a real `helm install` whose workload objects must appear.
 set -euo pipefail
 helm=${1:-helm}
 kubectl=${2:-kubectl}
@@ -40,7 +41,7 @@ has "controllerManager.unreadKnob" "$out/unread.out" || fail "values_used.py did
 "$helm" template gk "$chart" -n groundskeeper -f "$all" --api-versions monitoring.coreos.com/v1/ServiceMonitor \
   --api-versions monitoring.coreos.com/v1/PrometheusRule > "$out/all.yaml"
 # Chart.yaml's Artifact Hub annotations name the default image and the CRD of crds/.
-hub_image=$(sed -n 's/^ *image: \(.*\)$/\1/p' "$chart/Chart.yaml")
+hub_image=$(sed -n 's/^      image: \(.*\)$/\1/p' "$chart/Chart.yaml")
 has -x "          image: $hub_image" "$out/default.yaml" || fail "Chart.yaml's artifacthub.io/images (${hub_image:-none}) is not the default render's image"
 for want in "name: $(sed -n 's/^  name: //p' "$chart"/crds/*.yaml | head -1)" "version: $(sed -n 's/^    name: \(v[0-9a-z]*\)$/\1/p' "$chart"/crds/*.yaml | head -1)"; do
   sed -n '/artifacthub.io\/crds: |/,/artifacthub.io\/crdsExamples/p' "$chart/Chart.yaml" | has -- "$want$" \
@@ -260,6 +261,24 @@ done
 for crd in ../crds/*.yaml; do
   [ -e "$crd" ] || continue
   cmp -s "$crd" "$chart/crds/$(basename "$crd")" || { echo "FAIL: $chart/crds/$(basename "$crd") differs from crds/ (run make crds)"; exit 1; }
+done
+# The release's manifest for `kubectl apply -f` (make manifest) renders, parses, and holds the
+# CRD and both workloads and no helm hook; one with the hooks in must fail, so a check that
+# checks nothing does not pass.
+bash manifest.sh render "$helm" "$out/manifest/groundskeeper.yaml" >/dev/null
+bash manifest.sh check "$kubectl" "$out/manifest/groundskeeper.yaml"
+"$helm" template groundskeeper "$chart" -n groundskeeper --include-crds --set namespace.create=true > "$out/manifest/hooks.yaml"
+if bash manifest.sh check "$kubectl" "$out/manifest/hooks.yaml" >/dev/null; then fail "manifest.sh check passed a manifest with helm hooks"; fi
+# What helm install prints (NOTES.txt) and README.md's quick start say what the chart installs
+# (notes_check.py). A NOTES that reads a Deployment's log and hides the node-agent's dry-run must
+# fail on both, so a check that checks nothing does not pass.
+python3 -B notes_check.py "$helm"
+mkdir -p "$out/notes" && cp -r "$chart" "$out/notes/"
+sed -i '/DRY RUN (node-agent)/d' "$out/notes/$chart/templates/NOTES.txt"
+printf '  kubectl -n {{ .Release.Namespace }} logs deploy/{{ .Release.Name }}\n' >> "$out/notes/$chart/templates/NOTES.txt"
+if python3 -B notes_check.py "$helm" "$out/notes/$chart" > "$out/notes.out"; then fail "notes_check.py passed a NOTES.txt that reads a Deployment's log"; fi
+for want in "kubectl logs TYPE/NAME" "node-agent is in dry-run, NOTES do not say so"; do
+  has -F "$want" "$out/notes.out" || fail "notes_check.py did not find: $want ($(head -3 "$out/notes.out"))"
 done
 echo "chart: lint, render, schema and CRD checks passed"
 

@@ -3,6 +3,7 @@
 //! Extra allowed sysctl patterns for the nodes a label selector picks, and whether a forbidden
 //! pod is kept off them (Enforce) or only reported (Audit).
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, CustomResourceExt};
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,10 @@ pub const CONDITION_VALID: &str = "Valid";
     kind = "SysctlPolicy",
     plural = "sysctlpolicies",
     shortname = "sysctlpol",
+    // `kubectl get groundskeeper` lists every policy. Not `all`: that category is for
+    // namespaced workload objects, and a cluster-scoped policy there would clutter every
+    // `kubectl get all -n NS`.
+    category = "groundskeeper",
     status = "SysctlPolicyStatus",
     doc = "Allows unsafe sysctls on the nodes a label selector picks (groundskeeper sysctl policy).",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
@@ -105,6 +110,7 @@ fn pattern_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
+/// Whether a forbidden pod is kept off the selected nodes (Enforce) or only reported (Audit).
 #[derive(
     Serialize,
     Deserialize,
@@ -133,6 +139,7 @@ impl std::fmt::Display for Mode {
     }
 }
 
+/// What the node-agent found of this policy: whether its patterns and node selector are usable.
 #[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SysctlPolicyStatus {
@@ -145,11 +152,37 @@ pub struct SysctlPolicyStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// The CRD as YAML, the form committed under `crds/` and the chart.
+/// The CRD as YAML, the form committed under `crds/` and the chart. A doc comment's line breaks
+/// are only its wrapping: each description is one line per paragraph, which `kubectl explain`
+/// wraps to the terminal itself (a hard break at column 95 made ragged lines there).
 pub fn crd_yaml() -> String {
-    let crd = SysctlPolicy::crd();
+    let mut crd = serde_json::to_value(SysctlPolicy::crd()).expect("a CRD serializes");
+    unwrap_descriptions(&mut crd);
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("still a CRD");
     format!(
         "# Generated from sysctl-rules/src/crd.rs; do not edit. Regenerate: {REGENERATE}\n{}",
         serde_norway::to_string(&crd).expect("a CRD serializes to YAML")
     )
+}
+
+/// Joins the lines of each paragraph of every `description` (blank lines stay paragraph breaks).
+fn unwrap_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    serde_json::Value::String(text) if key == "description" => {
+                        *text = text
+                            .split("\n\n")
+                            .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                            .collect::<Vec<_>>()
+                            .join("\n\n");
+                    }
+                    _ => unwrap_descriptions(value),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap_descriptions),
+        _ => {}
+    }
 }
