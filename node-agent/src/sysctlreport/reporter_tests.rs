@@ -23,7 +23,7 @@ const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 
 /// One write as the apiserver would have taken it.
 #[derive(Clone, Debug, PartialEq)]
-enum Write {
+pub(super) enum Write {
     Event {
         pod: String,
         reason: String,
@@ -38,7 +38,7 @@ enum Write {
 
 /// Records the writes that succeed; the next writes fail with the queued HTTP codes.
 #[derive(Clone, Default)]
-struct Fake {
+pub(super) struct Fake {
     written: Arc<Mutex<Vec<Write>>>,
     failures: Arc<Mutex<VecDeque<u16>>>,
 }
@@ -56,11 +56,11 @@ impl Fake {
         Ok(())
     }
 
-    fn fail_next(&self, code: u16) {
+    pub(super) fn fail_next(&self, code: u16) {
         self.failures.lock().unwrap().push_back(code);
     }
 
-    fn take(&self) -> Vec<Write> {
+    pub(super) fn take(&self) -> Vec<Write> {
         std::mem::take(&mut self.written.lock().unwrap())
     }
 }
@@ -152,12 +152,12 @@ fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 }
 
 /// The reporter on node `node` with its watches listed and healthy, over an empty cache.
-struct Rig {
-    reporter: Reporter<Fake>,
-    cache: Shared<Cache>,
-    watches: Flags,
-    fake: Fake,
-    metrics: Metrics,
+pub(super) struct Rig {
+    pub(super) reporter: Reporter<Fake>,
+    pub(super) cache: Shared<Cache>,
+    pub(super) watches: Flags,
+    pub(super) fake: Fake,
+    pub(super) metrics: Metrics,
 }
 
 impl Rig {
@@ -180,6 +180,20 @@ impl Rig {
         dry_run: bool,
         kernel: Option<KernelVersion>,
     ) -> Self {
+        let settings = Settings {
+            node_name: node.into(),
+            kernel,
+            flag: vec![],
+            default_mode,
+            defaults: Default::default(),
+        };
+        Self::unlisted_with(settings, dry_run)
+    }
+
+    /// [`Rig::unlisted`] with these settings.
+    pub(super) fn unlisted_with(settings: Settings, dry_run: bool) -> Self {
+        let node = settings.node_name.clone();
+        let node = node.as_str();
         let readiness = Readiness::default();
         let watches = Flags {
             pods: readiness.register("sysctl/pods"),
@@ -193,12 +207,6 @@ impl Rig {
             .apply(Update::Apply(node.into(), NodeView::default()));
         let fake = Fake::default();
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
-        let settings = Settings {
-            node_name: node.into(),
-            kernel,
-            flag: vec![],
-            default_mode,
-        };
         let events = events::Events::to(
             Arc::new(fake.clone()),
             events::Reporter::on(crate::context::SYSCTL_REPORTER, node),
@@ -220,7 +228,7 @@ impl Rig {
         }
     }
 
-    fn set_healthy(&self, healthy: bool) {
+    pub(super) fn set_healthy(&self, healthy: bool) {
         for flag in [
             &self.watches.pods,
             &self.watches.policies,
