@@ -58,8 +58,8 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "groundskeeper_sysctl_write_errors_total",
-                    "Failed writes of the agent's sysctl admission (report Events, SysctlPolicy status; \
-                     retried), by what the apiserver answered: forbidden, not_found, conflict, \
+                    "Failed writes of the agent's sysctl admission (report Events, default pod sysctl \
+                     Events on the Node, SysctlPolicy status; retried), by what the apiserver answered: forbidden, not_found, conflict, \
                      too_many_requests, server_error, transport (no answer), other.",
                 ),
                 &["error"],
