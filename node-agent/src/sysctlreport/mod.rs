@@ -19,6 +19,8 @@ pub mod metrics;
 pub mod reporter;
 #[cfg(test)]
 mod reporter_tests;
+#[cfg(test)]
+mod writes_tests;
 
 // The rules themselves are shared with the controller-manager's admission webhook.
 pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
