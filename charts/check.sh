@@ -66,6 +66,8 @@ grep -q -- "--sysctl-webhook=true$" "$out/default.yaml" || { echo "FAIL: the con
   || { echo "FAIL: sysctl.defaultMode must reach both the node-agent and the webhook"; exit 1; }
 [ "$(grep -c -- "--allowed-unsafe-sysctls=net.core.somaxconn,kernel.msg\*$" "$out/all.yaml")" = 2 ] \
   || { echo "FAIL: allowedUnsafeSysctls must reach both the node-agent and the webhook"; exit 1; }
+[ "$(grep -c -- "--default-pod-sysctls=net.core.somaxconn=1024," "$out/all.yaml")" = 1 ] \
+  || { echo "FAIL: sysctl.defaultPodSysctls must reach the node-agent (only)"; exit 1; }
 vwc=$("$helm" template gk "$chart" -n groundskeeper --show-only templates/sysctl-webhook.yaml)
 # The binding webhook sees every binding: it fails open. The two that see only pods setting
 # sysctls some node could forbid (the gate, pods created on their node) fail closed.
@@ -251,7 +253,8 @@ for case in "image.digest=latest:digest|digest" "controllerManager.strategy.type
   "controllerManager.sysctlWebhook.failurePolicy=Sometimes|failurePolicy" \
   "controllerManager.sysctlWebhook.certificates.source=vault|source" \
   "controllerManager.sysctlWebhook.gate.failurePolicy=Sometimes|failurePolicy" \
-  "controllerManager.sysctlWebhook.gate.mode=x|mode"; do
+  "controllerManager.sysctlWebhook.gate.mode=x|mode" \
+  "nodeAgent.sysctl.defaultPodSysctls[0]=net.core.somaxconn|defaultPodSysctls"; do
   bad=${case%|*} want=${case##*|}
   if msg=$("$helm" template gk "$chart" --set "$bad" 2>&1); then echo "FAIL: $bad was accepted"; exit 1; fi
   echo "$msg" | has "$want" || { echo "FAIL: schema error for $bad does not name $want: $msg"; exit 1; }

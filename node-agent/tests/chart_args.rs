@@ -1,6 +1,6 @@
 //! The chart and the binary agree: the args the chart renders for node-agent, with defaults
-//! and with every option on (conntrack sysctls, unsafe sysctls, Enforce by default), parse with
-//! the binary's own flag parser and pass its start-up validation.
+//! and with every option on (conntrack sysctls, unsafe sysctls, Enforce by default, default pod
+//! sysctls), parse with the binary's own flag parser and pass its start-up validation.
 
 use groundskeeper_node_agent::agent::{Cli, Command};
 use groundskeeper_node_agent::sysctlreport::crd::Mode;
@@ -38,6 +38,17 @@ fn chart_args_parse() {
         assert_eq!(cli.sysctl.policy.sysctl_default_mode, want, "{case}");
         // The sysctls go to the privileged init container only, never to the agent.
         assert_eq!(cli.conntrack.tuning.conntrack_max_per_core, None, "{case}");
+        // Kubelet's default pod sysctls reach the agent whole, a value's spaces and commas kept.
+        let defaults = cli.sysctl.default_pod_sysctls.to_string();
+        if case == "everything on" {
+            assert_eq!(
+                defaults,
+                "net.core.somaxconn=1024,net.ipv4.ip_local_reserved_ports=30000-30100,31000,\
+                 kernel.sem=250 32000 32 128"
+            );
+        } else {
+            assert_eq!(defaults, "", "{case}");
+        }
         if case == "everything on" {
             assert!(cli.common.dry_run);
             let args = chart::init_container_args(&docs, "DaemonSet");

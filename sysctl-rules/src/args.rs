@@ -6,6 +6,7 @@
 
 use super::allowlist::check_pattern_in;
 use super::crd::Mode;
+use super::defaults::DefaultPodSysctls;
 use super::kernel::{KernelVersion, ParseKernelVersionError};
 use super::kubelet::{KubeletVersion, ParseKubeletVersionError};
 use super::names::NamespaceTable;
@@ -72,6 +73,12 @@ pub fn parse_kubelet_version(s: &str) -> Result<String, String> {
     s.parse::<KubeletVersion>()
         .map(|_| s.trim().to_string())
         .map_err(|e: ParseKubeletVersionError| e.to_string())
+}
+
+/// Kubelet's `defaultPodSysctls` for a flag: `name=value` items, comma-separated
+/// (`defaults::parse`).
+pub fn parse_default_pod_sysctls(s: &str) -> Result<DefaultPodSysctls, String> {
+    super::defaults::parse(s).map_err(|e| e.to_string())
 }
 
 pub fn parse_kernel_version(s: &str) -> Result<KernelVersion, String> {

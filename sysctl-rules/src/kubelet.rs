@@ -242,7 +242,7 @@ impl FromStr for KubeletVersion {
 }
 
 /// `s` quoted for a message, cut to [`QUOTE_MAX`] characters.
-fn quoted(s: &str) -> String {
+pub(crate) fn quoted(s: &str) -> String {
     if s.chars().count() <= QUOTE_MAX {
         go_quote(s)
     } else {

@@ -1,14 +1,15 @@
 //! The reporter's writes to the API, behind a trait, with `--dry-run` decided in one place.
 //!
 //! The status write is behind [`Writes`] (the kube one here, a recording fake in the tests);
-//! the report Events go through plumbing's Event writer, which decides `--dry-run` for them.
+//! the report Events and the Node's default pod sysctl Events go through plumbing's Event
+//! writer, which decides `--dry-run` for them.
 //! [`Writer`] carries out what the reporter decided and is the one place `--dry-run` is decided
 //! for the status. No pod is ever written: the agent reports.
 
 use std::future::Future;
 
 use groundskeeper_plumbing::events::{Events, Notice, Recorded, Repeat, Severity};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
@@ -16,11 +17,14 @@ use serde_json::json;
 
 use super::allowlist::FORBIDDEN_REASON;
 use super::crd::{Mode, SysctlPolicy, SysctlPolicyStatus};
-use super::decide::report_event_name;
+use super::decide::{default_event_name, report_event_name};
 use crate::context::MANAGER;
 
 /// The Event reason of a pod that ran although the Enforce policy of its node forbade it.
 pub const RAN_REASON: &str = "SysctlForbiddenRan";
+
+/// The Event reason on the Node of a default pod sysctl the node can not apply.
+pub const DEFAULT_UNAVAILABLE_REASON: &str = "DefaultPodSysctlUnavailable";
 
 /// A write of the reporter's that failed (retried on the tick).
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,8 @@ pub enum WriteError {
     Report(#[source] kube::Error),
     #[error("writing the SysctlPolicy status: {0}")]
     Status(#[source] kube::Error),
+    #[error("flagging the default pod sysctl on the Node: {0}")]
+    Default(#[source] kube::Error),
 }
 
 impl WriteError {
@@ -36,7 +42,7 @@ impl WriteError {
     /// answered.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            WriteError::Report(e) | WriteError::Status(e) => {
+            WriteError::Report(e) | WriteError::Status(e) | WriteError::Default(e) => {
                 groundskeeper_plumbing::client::api_error_label(e)
             }
         }
@@ -224,6 +230,34 @@ impl<W: Writes> Writer<W> {
         };
         self.publish_once(pod, reason, action, &note, message, revision)
             .await
+    }
+
+    /// Flags on `node` a default pod sysctl it can not apply: one Warning Event per default and
+    /// note (which says why), which an agent restart does not repeat. No pod is written.
+    pub async fn flag_default(
+        &self,
+        node: &str,
+        sysctl: &str,
+        note: &str,
+    ) -> Result<(), kube::Error> {
+        let notice = Notice {
+            severity: Severity::Warning,
+            reason: DEFAULT_UNAVAILABLE_REASON.into(),
+            action: "Check".into(),
+            note: note.to_string(),
+            // Node Events go in `default`, as kubelet's do.
+            regarding: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.into()),
+                ..ObjectReference::default()
+            },
+            repeat: Repeat::Once(default_event_name(node, sysctl, note)),
+        };
+        if self.events.publish(&notice).await? == Recorded::AlreadyThere {
+            tracing::debug!(sysctl, "default pod sysctl already flagged on the Node");
+        }
+        Ok(())
     }
 
     /// Writes a policy's status (computed by `policy::desired_status`).

@@ -13,10 +13,15 @@
 //!
 //! Its memory makes each report happen once per change of the pod's sysctls, of the verdict,
 //! or of whether it has started.
+//!
+//! Also the Node's Event for a default pod sysctl the node can not apply: its note and its
+//! derived name ([`default_event_name`]).
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use groundskeeper_sysctl_rules::defaults::Judgement;
+use groundskeeper_sysctl_rules::names::go_quote;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
@@ -150,15 +155,37 @@ pub use groundskeeper_sysctl_rules::hash::stable_hash;
 /// `<pod name, cut to fit>.sysctl-<16 hex>`, a valid DNS subdomain of at most 253 characters.
 pub fn report_event_name(pod_name: &str, uid: &str, policy_revision: u64, message: &str) -> String {
     let h = stable_hash(&[uid, &format!("{policy_revision:016x}"), message]);
-    let suffix = format!(".sysctl-{h:016x}");
+    derived_name(pod_name, &format!(".sysctl-{h:016x}"), "pod")
+}
+
+/// The name of the one Warning Event on the Node that flags a default pod sysctl the node can
+/// not apply, for this default and this note (which says why, by which kubelet and kernel): a
+/// second is made only when the judgement changes, and not by a restarted agent.
+/// `<node name, cut to fit>.default-sysctl-<16 hex>`.
+pub fn default_event_name(node: &str, sysctl: &str, note: &str) -> String {
+    let h = stable_hash(&[sysctl, note]);
+    derived_name(node, &format!(".default-sysctl-{h:016x}"), "node")
+}
+
+/// The Warning Event's note for a default the node can not apply (a note is at most 1024
+/// bytes: the value, up to 1024 itself, is left out).
+pub fn default_note(sysctl: &str, why: &Judgement) -> String {
+    format!(
+        "default pod sysctl {} (kubelet defaultPodSysctls) can not be applied on this node: {why}",
+        go_quote(sysctl)
+    )
+}
+
+/// `head` cut so that `head` and `suffix` make a DNS subdomain of at most 253 characters, still
+/// ending a label with an alphanumeric; `fallback` when nothing of it is left.
+fn derived_name(head: &str, suffix: &str, fallback: &str) -> String {
     let room = 253 - suffix.len();
-    let mut head: String = pod_name.chars().take(room).collect();
-    // A cut name must still end a DNS label with an alphanumeric.
+    let mut head: String = head.chars().take(room).collect();
     while head.ends_with(['-', '.']) {
         head.pop();
     }
     if head.is_empty() {
-        head.push_str("pod");
+        head.push_str(fallback);
     }
     format!("{head}{suffix}")
 }

@@ -1,12 +1,12 @@
 //! The reports' Prometheus metrics.
 //!
 //! Pods checked; started pods the node's verdict forbade when they started (by mode: Enforce
-//! means the policy did not keep them off); started pods a later verdict forbids. The agent
-//! rejects nothing, so no metric of its says "rejected" (the webhook counts the bindings it
-//! denied).
+//! means the policy did not keep them off); started pods a later verdict forbids; what the
+//! node's kubelet does with each of its default pod sysctls. The agent rejects nothing, so no
+//! metric of its says "rejected" (the webhook counts the bindings it denied).
 
 use groundskeeper_plumbing::metrics::registered;
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -15,6 +15,9 @@ pub struct Metrics {
     pub started_forbidden: IntCounterVec,
     /// `error`: [`WriteError::metric_label`](super::apply::WriteError::metric_label).
     pub write_errors: IntCounterVec,
+    /// `sysctl`, `state`: 1 for each default's state, 0 for the others. Bounded by
+    /// `defaults::MAX_DEFAULTS` defaults and three states.
+    pub default_pod_sysctls: IntGaugeVec,
 }
 
 impl Metrics {
@@ -55,14 +58,28 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "groundskeeper_sysctl_write_errors_total",
-                    "Failed writes of the agent's sysctl admission (report Events, SysctlPolicy status; \
-                     retried), by what the apiserver answered: forbidden, not_found, conflict, \
+                    "Failed writes of the agent's sysctl admission (report Events, default pod sysctl \
+                     Events on the Node, SysctlPolicy status; retried), by what the apiserver answered: forbidden, not_found, conflict, \
                      too_many_requests, server_error, transport (no answer), other.",
                 ),
                 &["error"],
             ),
         )?;
+        let default_pod_sysctls = registered(
+            registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "groundskeeper_sysctl_default_pod_sysctls",
+                    "This node's default pod sysctls (kubelet's defaultPodSysctls, as the agent's \
+                     --default-pod-sysctls lists them) by state, 1 for the state each is in: applied, \
+                     ignored (the node's kubelet has no defaultPodSysctls) or unavailable (its kubelet \
+                     refuses it, or its kernel does not have it in the pod's namespace).",
+                ),
+                &["sysctl", "state"],
+            ),
+        )?;
         Ok(Self {
+            default_pod_sysctls,
             write_errors,
             checked,
             ran_forbidden,

@@ -3,7 +3,9 @@
 //! A pod bound to this node whose sysctls the node does not allow is reported once kubelet has
 //! started it (as having run despite Enforce, as audited, or as started before the policy);
 //! no pod is ever written. Keeping such pods off the node is the controller-manager's admission
-//! webhook's. The rules are the shared `groundskeeper_sysctl_rules` crate's.
+//! webhook's. Kubelet's default pod sysctls (`--default-pod-sysctls`) are judged by the Node's
+//! kubelet version and flagged on the Node when it can not apply one. The rules are the shared
+//! `groundskeeper_sysctl_rules` crate's.
 
 pub mod apply;
 pub mod cache;
@@ -11,17 +13,22 @@ pub mod check;
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
+#[cfg(test)]
+mod defaults_tests;
 pub mod metrics;
 pub mod reporter;
 #[cfg(test)]
 mod reporter_tests;
+#[cfg(test)]
+mod writes_tests;
 
 // The rules themselves are shared with the controller-manager's admission webhook.
 pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
 use futures::StreamExt;
 use groundskeeper_plumbing::cache::Shared;
-use groundskeeper_sysctl_rules::args::PolicyArgs;
+use groundskeeper_sysctl_rules::args::{PolicyArgs, parse_default_pod_sysctls};
+use groundskeeper_sysctl_rules::defaults::DefaultPodSysctls;
 use kernel::KernelVersion;
 
 use crate::context::Context;
@@ -37,6 +44,13 @@ pub struct SysctlArgs {
     /// (for tests and for agents that can not read the host's /proc).
     #[arg(long, env = "GROUNDSKEEPER_KERNEL_VERSION", value_parser = check::parse_kernel_version)]
     pub kernel_version: Option<KernelVersion>,
+
+    /// Kubelet's `defaultPodSysctls` on this node (kubelet v1.37 on), comma-separated
+    /// `name=value` (e.g. `net.core.somaxconn=1024,kernel.shmmax=68719476736`; a comma followed
+    /// by a digit stays in the value). Reported, never applied: each default the node's kubelet
+    /// or kernel can not apply is flagged with a Warning Event on the Node. At most 64.
+    #[arg(long, env = "GROUNDSKEEPER_DEFAULT_POD_SYSCTLS", default_value = "", hide_default_value = true, value_parser = parse_default_pod_sysctls)]
+    pub default_pod_sysctls: DefaultPodSysctls,
 
     // Last: a flattened struct's heading carries over to the fields after it.
     #[command(flatten)]
@@ -59,7 +73,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let policy = &args.policy;
     // The safe list also depends on the Node's kubelet version: logged once the Node is read.
-    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl admission starting");
+    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, default_pod_sysctls = %args.default_pod_sysctls, "sysctl admission starting");
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::default();
     let (watches, changes) = cache::follow_all(
@@ -78,6 +92,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
         kernel,
         flag: policy.allowed_unsafe_sysctls(),
         default_mode: policy.sysctl_default_mode,
+        defaults: args.default_pod_sysctls.clone(),
     };
     let mut reporter = Reporter::new(settings, cache, watches, writer, metrics);
 
@@ -117,5 +132,32 @@ mod tests {
         assert_eq!(args.kernel_version.unwrap().to_string(), "5.14.0");
         let e = parse(&["--kernel-version", "linux"]).unwrap_err();
         assert!(e.contains("--kernel-version") && e.contains("linux"), "{e}");
+    }
+
+    /// Kubelet's default pod sysctls: none unless given; a bad list stops the agent at start-up
+    /// with what is wrong, as kubelet refuses such a configuration.
+    #[test]
+    fn default_pod_sysctls_parse_and_bad_lists_are_named() {
+        let parse = testkit::cli::args::<SysctlArgs>;
+        assert!(parse(&[]).unwrap().default_pod_sysctls.is_empty());
+        let args = parse(&[
+            "--default-pod-sysctls",
+            "net.core.somaxconn=1024,net.ipv4.tcp_rmem=4096 87380 6291456",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.default_pod_sysctls.to_string(),
+            "net.core.somaxconn=1024,net.ipv4.tcp_rmem=4096 87380 6291456"
+        );
+        for (bad, says) in [
+            ("net.core.somaxconn", "missing '='"),
+            ("a.b=1,a.b=2", "given twice"),
+        ] {
+            let e = parse(&["--default-pod-sysctls", bad]).unwrap_err();
+            assert!(
+                e.contains("--default-pod-sysctls") && e.contains(says),
+                "{e}"
+            );
+        }
     }
 }

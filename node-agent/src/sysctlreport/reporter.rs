@@ -4,9 +4,11 @@
 //! (`decide::Memory`), the pods whose reports are retried, and the policy status writes coming
 //! due, and carries out what `decide` says through `apply::Writer`: report a started pod that
 //! the node's policy forbids (ran despite Enforce, audited, or started before the policy), and
-//! keep each policy's status current. It writes no pod.
+//! keep each policy's status current. Once it knows the Node's kubelet version it judges the
+//! node's default pod sysctls, and flags on the Node each one the node can not apply, once per
+//! change of its judgement. It writes no pod.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use groundskeeper_plumbing::cache::Shared;
@@ -15,13 +17,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
+use groundskeeper_sysctl_rules::defaults::{self, DefaultPodSysctls, Judgement, State};
 use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
 use super::cache::{Cache, Change, Flags, PodKey};
 use super::crd::{Mode, SysctlPolicy};
-use super::decide::{Action, Memory, PodFacts, decide};
+use super::decide::{Action, Memory, PodFacts, decide, default_note};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge_in};
@@ -55,6 +58,8 @@ pub struct Settings {
     pub flag: Vec<String>,
     /// `--sysctl-default-mode`.
     pub default_mode: Mode,
+    /// `--default-pod-sysctls`: kubelet's `defaultPodSysctls` on this node.
+    pub defaults: DefaultPodSysctls,
 }
 
 pub struct Reporter<W> {
@@ -76,6 +81,10 @@ pub struct Reporter<W> {
     retry: HashSet<PodKey>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
+    /// Each default pod sysctl's last judgement, by name.
+    defaults: HashMap<String, Judgement>,
+    /// The defaults judged unavailable whose Event is not written yet (retried on the tick).
+    unflagged: BTreeSet<String>,
 }
 
 impl<W: Writes> Reporter<W> {
@@ -101,6 +110,8 @@ impl<W: Writes> Reporter<W> {
             retry: HashSet::new(),
             status_due: HashMap::new(),
             status_offset,
+            defaults: HashMap::new(),
+            unflagged: BTreeSet::new(),
         }
     }
 
@@ -135,8 +146,12 @@ impl<W: Writes> Reporter<W> {
         }
     }
 
-    /// Retries the pods whose writes failed and writes the statuses that came due.
+    /// Retries the pods whose writes failed and the Node's Events not written yet, and writes
+    /// the statuses that came due.
     pub async fn on_tick(&mut self) {
+        if !self.unflagged.is_empty() {
+            self.flag_defaults().await;
+        }
         let retry: Vec<PodKey> = self.retry.drain().collect();
         for key in retry {
             let pod = self.cache.lock().pods.get(&key).cloned();
@@ -209,11 +224,80 @@ impl<W: Writes> Reporter<W> {
             }
             self.kubelet = Some(rules);
         }
+        self.judge_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
             self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;
+        }
+    }
+
+    /// Judges the node's default pod sysctls by `kubelet`'s rules and this kernel. A default
+    /// whose judgement changed is logged and its gauge set; one the node can not apply is
+    /// flagged on the Node.
+    async fn judge_defaults(&mut self, kubelet: Kubelet) {
+        let s = &self.settings;
+        let changed: Vec<(String, Judgement)> =
+            defaults::judge(&s.defaults, kubelet, s.kernel.as_ref())
+                .into_iter()
+                .filter(|(d, j)| self.defaults.get(&d.name) != Some(j))
+                .map(|(d, j)| (d.name.clone(), j))
+                .collect();
+        for (name, j) in changed {
+            let state = j.state();
+            for st in State::ALL {
+                self.metrics
+                    .default_pod_sysctls
+                    .with_label_values(&[name.as_str(), st.as_str()])
+                    .set(i64::from(st == state));
+            }
+            let node = &self.settings.node_name;
+            match state {
+                State::Applied => {
+                    tracing::info!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl");
+                    self.unflagged.remove(&name);
+                }
+                State::Ignored => {
+                    tracing::warn!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl not applied by this node's kubelet");
+                    self.unflagged.remove(&name);
+                }
+                State::Unavailable => {
+                    tracing::warn!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl can not be applied on this node");
+                    self.unflagged.insert(name.clone());
+                }
+            }
+            self.defaults.insert(name, j);
+        }
+        if !self.unflagged.is_empty() {
+            self.flag_defaults().await;
+        }
+    }
+
+    /// Writes the Node's Event for each default judged unavailable and not flagged yet; a
+    /// failed write stays for the tick.
+    async fn flag_defaults(&mut self) {
+        let names: Vec<String> = self.unflagged.iter().cloned().collect();
+        for name in names {
+            let Some(j) = self.defaults.get(&name) else {
+                self.unflagged.remove(&name);
+                continue;
+            };
+            let note = default_note(&name, j);
+            match self
+                .writer
+                .flag_default(&self.settings.node_name, &name, &note)
+                .await
+            {
+                Ok(()) => {
+                    self.unflagged.remove(&name);
+                }
+                Err(e) => {
+                    let e = WriteError::Default(e);
+                    self.failed(&e);
+                    tracing::warn!(sysctl = %name, error = %e, "flagging the default pod sysctl on the Node failed; will retry");
+                }
+            }
         }
     }
 

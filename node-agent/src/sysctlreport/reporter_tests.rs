@@ -17,13 +17,13 @@ use super::cache::{Cache, Change, Flags, NodeView, PodKey};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
-use super::reporter::{Reporter, Settings, status_offset};
+use super::reporter::{Reporter, Settings};
 
 const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 
 /// One write as the apiserver would have taken it.
 #[derive(Clone, Debug, PartialEq)]
-enum Write {
+pub(super) enum Write {
     Event {
         pod: String,
         reason: String,
@@ -38,7 +38,7 @@ enum Write {
 
 /// Records the writes that succeed; the next writes fail with the queued HTTP codes.
 #[derive(Clone, Default)]
-struct Fake {
+pub(super) struct Fake {
     written: Arc<Mutex<Vec<Write>>>,
     failures: Arc<Mutex<VecDeque<u16>>>,
 }
@@ -56,11 +56,11 @@ impl Fake {
         Ok(())
     }
 
-    fn fail_next(&self, code: u16) {
+    pub(super) fn fail_next(&self, code: u16) {
         self.failures.lock().unwrap().push_back(code);
     }
 
-    fn take(&self) -> Vec<Write> {
+    pub(super) fn take(&self) -> Vec<Write> {
         std::mem::take(&mut self.written.lock().unwrap())
     }
 }
@@ -97,7 +97,7 @@ impl Writes for Fake {
 }
 
 /// A pod of this node, not started, setting `sysctls`.
-fn pod(name: &str, sysctls: &[&str]) -> Pod {
+pub(super) fn pod(name: &str, sysctls: &[&str]) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -119,7 +119,7 @@ fn pod(name: &str, sysctls: &[&str]) -> Pod {
 
 /// The pod as kubelet writes it once it has admitted and started it, long before the tests'
 /// policies came into force (a pod seen pending first still started under them).
-fn started(mut p: Pod) -> Pod {
+pub(super) fn started(mut p: Pod) -> Pod {
     let status = p.status.as_mut().unwrap();
     status.phase = Some("Running".into());
     status.start_time = Some(Time(jiff::Timestamp::UNIX_EPOCH));
@@ -138,7 +138,7 @@ fn rejected_by_kubelet(mut p: Pod) -> Pod {
     p
 }
 
-fn policy(name: &str, mode: Mode) -> SysctlPolicy {
+pub(super) fn policy(name: &str, mode: Mode) -> SysctlPolicy {
     let mut p = SysctlPolicy::new(
         name,
         SysctlPolicySpec {
@@ -152,16 +152,16 @@ fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 }
 
 /// The reporter on node `node` with its watches listed and healthy, over an empty cache.
-struct Rig {
-    reporter: Reporter<Fake>,
-    cache: Shared<Cache>,
-    watches: Flags,
-    fake: Fake,
-    metrics: Metrics,
+pub(super) struct Rig {
+    pub(super) reporter: Reporter<Fake>,
+    pub(super) cache: Shared<Cache>,
+    pub(super) watches: Flags,
+    pub(super) fake: Fake,
+    pub(super) metrics: Metrics,
 }
 
 impl Rig {
-    async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
+    pub(super) async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let mut rig = Self::unlisted(node, default_mode, dry_run);
         rig.set_healthy(true);
         rig.reporter.on_change(Change::Merge).await;
@@ -180,6 +180,20 @@ impl Rig {
         dry_run: bool,
         kernel: Option<KernelVersion>,
     ) -> Self {
+        let settings = Settings {
+            node_name: node.into(),
+            kernel,
+            flag: vec![],
+            default_mode,
+            defaults: Default::default(),
+        };
+        Self::unlisted_with(settings, dry_run)
+    }
+
+    /// [`Rig::unlisted`] with these settings.
+    pub(super) fn unlisted_with(settings: Settings, dry_run: bool) -> Self {
+        let node = settings.node_name.clone();
+        let node = node.as_str();
         let readiness = Readiness::default();
         let watches = Flags {
             pods: readiness.register("sysctl/pods"),
@@ -193,12 +207,6 @@ impl Rig {
             .apply(Update::Apply(node.into(), NodeView::default()));
         let fake = Fake::default();
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
-        let settings = Settings {
-            node_name: node.into(),
-            kernel,
-            flag: vec![],
-            default_mode,
-        };
         let events = events::Events::to(
             Arc::new(fake.clone()),
             events::Reporter::on(crate::context::SYSCTL_REPORTER, node),
@@ -220,7 +228,7 @@ impl Rig {
         }
     }
 
-    fn set_healthy(&self, healthy: bool) {
+    pub(super) fn set_healthy(&self, healthy: bool) {
         for flag in [
             &self.watches.pods,
             &self.watches.policies,
@@ -235,7 +243,7 @@ impl Rig {
     }
 
     /// The pod watch delivers `p`.
-    async fn pod(&mut self, p: &Pod) {
+    pub(super) async fn pod(&mut self, p: &Pod) {
         self.cache
             .lock()
             .pods
@@ -246,7 +254,7 @@ impl Rig {
     }
 
     /// The policy watch delivers `p`.
-    async fn policy(&mut self, p: &SysctlPolicy) {
+    pub(super) async fn policy(&mut self, p: &SysctlPolicy) {
         let name = p.metadata.name.clone().unwrap();
         self.cache
             .lock()
@@ -521,85 +529,4 @@ async fn dry_run_writes_nothing() {
     assert_eq!(r.fake.take(), []);
     // Counted as done, as the cluster test reads it: what would have been.
     assert_eq!(r.ran(Mode::Enforce), 1);
-}
-
-#[tokio::test(start_paused = true)]
-async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged() {
-    let (a, b) = ("node-a", "node-b");
-    assert_ne!(status_offset(a), status_offset(b));
-    assert!(status_offset(a) < Duration::from_secs(5) && status_offset(b) < Duration::from_secs(5));
-
-    for node in [a, b] {
-        let start = tokio::time::Instant::now();
-        let mut r = Rig::new(node, Mode::Audit, false).await;
-        let p = policy("p", Mode::Audit);
-        r.policy(&p).await;
-        // Seen again before it is due: still one write.
-        r.policy(&p).await;
-        let due = start + status_offset(node);
-        tokio::time::advance(due - tokio::time::Instant::now() - Duration::from_millis(1)).await;
-        r.reporter.on_tick().await;
-        assert_eq!(r.fake.take(), [], "{node}: not before its turn");
-        tokio::time::advance(Duration::from_millis(1)).await;
-        r.reporter.on_tick().await;
-        let written = r.fake.take();
-        let [Write::Status { policy, status }] = &written[..] else {
-            panic!("{node}: one status write, got {written:?}");
-        };
-        assert_eq!(policy, "p");
-        assert_eq!(status.conditions[0].reason, "PatternsValid", "{node}");
-
-        // The watch brings the written status back: nothing is due any more.
-        let mut with_status = p.clone();
-        with_status.status = Some(status.clone());
-        r.policy(&with_status).await;
-        tokio::time::advance(Duration::from_secs(10)).await;
-        r.reporter.on_tick().await;
-        assert_eq!(r.fake.take(), [], "{node}: not repeated");
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_status_already_written_by_another_agent_is_not_written_again() {
-    let mut r = Rig::new("node-a", Mode::Audit, false).await;
-    let p = policy("p", Mode::Audit);
-    r.policy(&p).await;
-    // Before this node's turn, another agent's write reaches the cache.
-    let mut other = Rig::new("node-b", Mode::Audit, false).await;
-    other.policy(&p).await;
-    tokio::time::advance(Duration::from_secs(5)).await;
-    other.reporter.on_tick().await;
-    let [Write::Status { status, .. }] = &other.fake.take()[..] else {
-        panic!("node-b writes")
-    };
-    let mut with_status = p.clone();
-    with_status.status = Some(status.clone());
-    r.cache
-        .lock()
-        .policies
-        .apply(Update::Apply("p".into(), with_status));
-    r.reporter.on_tick().await;
-    assert_eq!(r.fake.take(), []);
-}
-
-#[tokio::test]
-async fn a_failed_write_is_counted_under_what_the_apiserver_answered() {
-    for (code, want) in [
-        (403, "forbidden"),
-        (429, "too_many_requests"),
-        (404, "not_found"),
-    ] {
-        let mut r = Rig::new("node-a", Mode::Enforce, false).await;
-        let p = pod("web", &["kernel.msgmax"]);
-        r.pod(&p).await;
-        r.fake.fail_next(code);
-        r.pod(&started(p)).await;
-        for label in groundskeeper_plumbing::client::API_ERROR_LABELS {
-            assert_eq!(
-                r.metrics.write_errors.with_label_values(&[label]).get(),
-                u64::from(label == want),
-                "HTTP {code}: {label}"
-            );
-        }
-    }
 }
