@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod decide;
+pub mod events;
 pub mod fence;
 pub mod metrics;
 
@@ -20,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
+use events::Change;
 pub use fence::{Fence, Fenced, Term};
+use groundskeeper_plumbing::events::Events;
 pub use metrics::LeaderMetrics;
 
 #[derive(Clone, Debug)]
@@ -75,6 +78,8 @@ pub struct Elector {
     cfg: ElectionConfig,
     is_leader: LeaderMetrics,
     tx: watch::Sender<Term>,
+    /// Where the `LeaderElection` Events go ([`Elector::recording`]); none by default.
+    events: Option<Events>,
 }
 
 /// What one round's read-decide-write came to.
@@ -123,9 +128,32 @@ impl Elector {
                 cfg,
                 is_leader,
                 tx,
+                events: None,
             },
             Leadership(Fence::new(rx)),
         )
+    }
+
+    /// Records client-go's `LeaderElection` Events on the Lease through `events`: this
+    /// replica's identity `became leader`, and `stopped leading` (see [`events`]).
+    pub fn recording(mut self, events: Events) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// `change`'s Event. Acquiring does not wait for it (the first renewal is due); an end of
+    /// leading waits at most a retry period, then the caller stops or exits.
+    async fn announce(&self, change: Change, lease: Option<&Lease>) {
+        let Some(events) = &self.events else { return };
+        let c = &self.cfg;
+        let n = events::notice(&c.identity, change, &c.namespace, &c.lease_name, lease);
+        match change {
+            Change::BecameLeader => {
+                let (events, within) = (events.clone(), c.renew_deadline);
+                tokio::spawn(async move { events::record(&events, n, within).await });
+            }
+            Change::StoppedLeading => events::record(events, n, c.retry_period).await,
+        }
     }
 
     /// Campaigns and renews until `token` is cancelled (then releases the lease if held and
@@ -149,7 +177,11 @@ impl Elector {
                 // A lease past its term is left alone: it may already be someone else's.
                 if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
                 {
-                    self.release(current).await;
+                    self.release(current.clone()).await;
+                }
+                if last_renewed.is_some() {
+                    self.announce(Change::StoppedLeading, current.as_ref())
+                        .await;
                 }
                 return Ok(());
             }
@@ -157,7 +189,10 @@ impl Elector {
             if let Some(t) = last_renewed
                 && renewal_overdue(t, now, c.renew_deadline)
             {
-                return Err(self.give_up(t));
+                let lost = self.give_up(t);
+                self.announce(Change::StoppedLeading, current.as_ref())
+                    .await;
+                return Err(lost);
             }
             let deadline = attempt_deadline(last_renewed, now, c.renew_deadline);
             let round = tokio::select! {
@@ -177,6 +212,8 @@ impl Elector {
                 (Some(Step::Follow { holder, .. }), _) if last_renewed.is_some() => {
                     self.set_term(Term::Standby);
                     tracing::error!(lease = %c.lease_name, %holder, "stopped acting: the lease is held by another replica");
+                    self.announce(Change::StoppedLeading, current.as_ref())
+                        .await;
                     return Err(LeaderError::TakenOver {
                         lease: c.lease_name.clone(),
                         holder: holder.clone(),
@@ -188,6 +225,7 @@ impl Elector {
                 (_, Some(Ok(lease))) => {
                     if last_renewed.is_none() {
                         tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
+                        self.announce(Change::BecameLeader, Some(&lease)).await;
                     }
                     last_renewed = Some(now);
                     self.set_term(Term::Until(now.plus(c.renew_deadline)));
