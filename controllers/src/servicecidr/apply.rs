@@ -87,7 +87,7 @@ impl<W: Writes> Apply<W> {
     fn live(&self, name: &str, what: fmt::Arguments<'_>) -> Option<&W> {
         if self.dry_run {
             tracing::info!(
-                servicecidr = KObj::cluster(&name).field(),
+                servicecidr = KObj::cluster(name).field(),
                 "dry-run: would {what}"
             );
             return None;
@@ -101,7 +101,7 @@ impl<W: Writes> Apply<W> {
         };
         let written = w.add_finalizer(name).await?;
         tracing::info!(
-            servicecidr = KObj::cluster(&name).field(),
+            servicecidr = KObj::cluster(name).field(),
             "added finalizer: ServiceCIDR is protected until its IPs are gone"
         );
         Ok(written)
@@ -126,7 +126,7 @@ impl<W: Writes> Apply<W> {
         if let Err(e) = w.remove_finalizer(name, resource_version).await {
             if matches!(&e, kube::Error::Api(s) if s.code == 409) {
                 tracing::info!(
-                    servicecidr = KObj::cluster(&name).field(),
+                    servicecidr = KObj::cluster(name).field(),
                     resource_version,
                     "finalizer not removed: the ServiceCIDR changed since it was judged; judging it again"
                 );
@@ -134,7 +134,7 @@ impl<W: Writes> Apply<W> {
             return Err(e);
         }
         tracing::info!(
-            servicecidr = KObj::cluster(&name).field(),
+            servicecidr = KObj::cluster(name).field(),
             "removed finalizer: no IP would be orphaned and the grace period is over"
         );
         Ok(())
@@ -157,7 +157,7 @@ impl<W: Writes> Apply<W> {
             return Ok(Written::default());
         };
         let written = w.apply_ready(name, c, now).await?;
-        tracing::info!(servicecidr = KObj::cluster(&name).field(), status = %c.status, reason = %c.reason, "applied Ready condition");
+        tracing::info!(servicecidr = KObj::cluster(name).field(), status = %c.status, reason = %c.reason, "applied Ready condition");
         Ok(written)
     }
 

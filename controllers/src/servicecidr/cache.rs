@@ -118,7 +118,7 @@ fn project_ip(obj: IPAddress) -> Kept<Arc<str>, IpEntry> {
         Some(e) if Addr::parse(name).is_some() => Kept::Yes(e.name.clone(), e),
         Some(e) => {
             tracing::warn!(
-                ipaddress = KObj::cluster(&name).field(),
+                ipaddress = KObj::cluster(name).field(),
                 "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored"
             );
             Kept::No(e.name)

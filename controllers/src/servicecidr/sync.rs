@@ -196,7 +196,7 @@ impl<W: Writes> Syncer<W> {
                 // our latest write did: deciding on it would repeat that write (the Ready
                 // apply twice, 3 ms apart). The latest write's own event brings the key back.
                 tracing::debug!(
-                    servicecidr = KObj::cluster(&key).field(),
+                    servicecidr = KObj::cluster(key).field(),
                     "cache behind our own writes; waiting for their events"
                 );
                 return Ok(());
@@ -242,7 +242,7 @@ impl<W: Writes> Syncer<W> {
                     // One report per set of blockers, not one per sync that finds them again.
                     return Ok(());
                 }
-                tracing::warn!(servicecidr = KObj::cluster(&key).field(), blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
+                tracing::warn!(servicecidr = KObj::cluster(key).field(), blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
                     reason: EVENT_DELETION_BLOCKED.into(),
@@ -253,7 +253,7 @@ impl<W: Writes> Syncer<W> {
             }
             Action::RequeueAfter(d) => {
                 tracing::debug!(
-                    servicecidr = KObj::cluster(&key).field(),
+                    servicecidr = KObj::cluster(key).field(),
                     after_ms = d.as_millis() as u64,
                     "deletion grace period not over; checking again then"
                 );
@@ -263,7 +263,7 @@ impl<W: Writes> Syncer<W> {
             // allocated, or hold a covering ServiceCIDR deleted, while a watch was down.
             Action::RemoveFinalizer if self.health.may_act(seen).is_err() => {
                 tracing::info!(
-                    servicecidr = KObj::cluster(&key).field(),
+                    servicecidr = KObj::cluster(key).field(),
                     "not removing finalizer while a watch is failing or relisting; checking again"
                 );
                 self.queue.add_after(key.to_string(), STALE_RECHECK);
@@ -309,7 +309,7 @@ impl<W: Writes> Syncer<W> {
             }
             Err(source) => {
                 if c.status == "True" {
-                    tracing::error!(servicecidr = KObj::cluster(&key).field(), error = %source, "can not set ServiceCIDR status to Ready=True");
+                    tracing::error!(servicecidr = KObj::cluster(key).field(), error = %source, "can not set ServiceCIDR status to Ready=True");
                     let notice = Notice {
                         warning: true,
                         reason: EVENT_STATUS_ERROR.into(),
@@ -403,7 +403,7 @@ impl<W: Writes> Syncer<W> {
                 .with_label_values(&[w.kind()])
                 .inc();
             self.metrics.conflicting_controller.set(1);
-            tracing::warn!(servicecidr = KObj::cluster(&key).field(), write = ?w, "another ServiceCIDR controller writes this object (kube-controller-manager's?): run it with --controllers=*,-service-cidr-controller or disable this one");
+            tracing::warn!(servicecidr = KObj::cluster(key).field(), write = ?w, "another ServiceCIDR controller writes this object (kube-controller-manager's?): run it with --controllers=*,-service-cidr-controller or disable this one");
         }
     }
 }

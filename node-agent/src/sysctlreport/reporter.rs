@@ -258,15 +258,15 @@ impl<W: Writes> Reporter<W> {
             let node = &self.settings.node_name;
             match state {
                 State::Applied => {
-                    tracing::info!(node = KObj::cluster(&node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl");
+                    tracing::info!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl");
                     self.unflagged.remove(&name);
                 }
                 State::Ignored => {
-                    tracing::warn!(node = KObj::cluster(&node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl not applied by this node's kubelet");
+                    tracing::warn!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl not applied by this node's kubelet");
                     self.unflagged.remove(&name);
                 }
                 State::Unavailable => {
-                    tracing::warn!(node = KObj::cluster(&node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl can not be applied on this node");
+                    tracing::warn!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl can not be applied on this node");
                     self.unflagged.insert(name.clone());
                 }
             }
