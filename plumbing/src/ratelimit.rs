@@ -19,6 +19,8 @@ pub struct TokenBucket {
     burst: f64,
     tokens: f64,
     last: Instant,
+    /// When the token of the latest reservation is due.
+    last_due: Instant,
 }
 
 impl TokenBucket {
@@ -29,29 +31,57 @@ impl TokenBucket {
             burst,
             tokens: burst,
             last: Instant::now(),
+            last_due: Instant::now(),
         }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = self.last.max(now);
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
     }
 
     /// Takes a token now, or says how long until one is due. The token is taken either way, so
     /// a waiter that comes back after the delay owns it: no thundering herd.
     pub fn reserve(&mut self, now: Instant) -> Duration {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.refill(now);
         self.tokens -= 1.0;
-        if self.tokens >= 0.0 {
+        let wait = if self.tokens >= 0.0 {
             Duration::ZERO
         } else {
             Duration::from_secs_f64(-self.tokens / self.qps)
+        };
+        self.last_due = now + wait;
+        wait
+    }
+
+    /// Gives back the token of a reservation due at `due` (`now` + what [`TokenBucket::reserve`]
+    /// said) whose request was given up before then, as client-go's limiter (x/time/rate's
+    /// `Reservation.Cancel`): as much of it as no later reservation already counts on, so
+    /// requests dropped while they wait do not spend the budget of those that follow.
+    pub fn cancel(&mut self, due: Instant, now: Instant) {
+        if due <= now {
+            return;
+        }
+        let counted_on = self.last_due.saturating_duration_since(due).as_secs_f64() * self.qps;
+        let restore = 1.0 - counted_on;
+        if restore <= 0.0 {
+            return;
+        }
+        self.refill(now);
+        self.tokens = (self.tokens + restore).min(self.burst);
+        if due == self.last_due {
+            let before = due.checked_sub(Duration::from_secs_f64(1.0 / self.qps));
+            if let Some(before) = before.filter(|b| *b >= now) {
+                self.last_due = before;
+            }
         }
     }
 
     /// Takes a token if one is there now; never waits and takes nothing otherwise. For a caller
     /// that has a cheaper answer than waiting (a budget of its own that refuses when spent).
     pub fn try_take(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.last = now;
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -149,15 +179,24 @@ impl<S> Clone for RateLimit<S> {
 }
 
 /// One request's wait for its token, observed when it ends (or the request is dropped while
-/// waiting: client-go observes a cancelled wait too).
+/// waiting: client-go observes a cancelled wait too, and gives the token back).
 struct Waiting {
     started: Instant,
+    due: Instant,
+    bucket: Arc<Mutex<TokenBucket>>,
     verb: http::Method,
     host: Arc<str>,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        let now = Instant::now();
+        if now < self.due {
+            self.bucket
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .cancel(self.due, now);
+        }
         crate::restclient::metrics()
             .rate_limiter
             .with_label_values(&[self.verb.as_str(), &self.host])
@@ -182,16 +221,19 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let waiting = Waiting {
-            started: Instant::now(),
-            verb: req.method().clone(),
-            host: self.host.clone(),
-        };
+        let started = Instant::now();
         let wait = self
             .bucket
             .lock()
             .expect("token bucket lock")
-            .reserve(waiting.started);
+            .reserve(started);
+        let waiting = Waiting {
+            started,
+            due: started + wait,
+            bucket: self.bucket.clone(),
+            verb: req.method().clone(),
+            host: self.host.clone(),
+        };
         let inner = self.inner.clone();
         Box::pin(async move {
             if !wait.is_zero() {
@@ -316,8 +358,31 @@ mod tests {
         assert_eq!(observed("POST"), (0, 0.0), "another verb is another series");
     }
 
+    /// x/time/rate's cancel: a reservation given up before it is due gives back what no later
+    /// reservation counts on; one already due gives back nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_reservation_gives_back_its_token() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10.0, 1);
+        assert_eq!(b.reserve(t0), Duration::ZERO);
+        let ms = |d: Duration| d.as_millis();
+        let w2 = b.reserve(t0);
+        let w3 = b.reserve(t0);
+        assert_eq!((ms(w2), ms(w3)), (100, 200));
+        // The second's token is counted on by the third: nothing to give back.
+        b.cancel(t0 + w2, t0);
+        // The last one's is: the next reservation takes its turn.
+        b.cancel(t0 + w3, t0);
+        assert_eq!(ms(b.reserve(t0)), 200);
+        // Already due: the token was spent.
+        let t1 = t0 + Duration::from_secs(1);
+        b.cancel(t0 + Duration::from_millis(200), t1);
+        assert_eq!(b.reserve(t1), Duration::ZERO);
+        assert_eq!(ms(b.reserve(t1)), 100);
+    }
+
     /// A request given up while it waits for its token is observed too, for as long as it
-    /// waited.
+    /// waited, and the next request takes its turn.
     #[tokio::test(start_paused = true)]
     async fn a_wait_given_up_is_observed() {
         let host = "10.0.0.10:6443";
@@ -339,6 +404,9 @@ mod tests {
             "{}",
             h.get_sample_sum()
         );
+        let start = Instant::now();
+        svc.call(get("/third")).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(700));
     }
 
     /// The budget never goes below zero: a refused call costs nothing, so once the flood stops
