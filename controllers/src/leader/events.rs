@@ -1,7 +1,11 @@
 //! client-go's `LeaderElection` Events on the Lease: `<identity> became leader` when this
-//! replica acquires it, `<identity> stopped leading` when its leadership ends (released on
-//! shutdown, taken over, or not renewed in time), so `kubectl describe lease` and an Event
-//! pipeline show every handover as they do kube-controller-manager's.
+//! replica acquires it, `<identity> stopped leading` when it hands the Lease over on shutdown,
+//! so `kubectl describe lease` and an Event pipeline show every handover as they do
+//! kube-controller-manager's.
+//!
+//! A leader that lost its term (taken over, or not renewed in time) records nothing: it writes
+//! nothing once another replica may hold the Lease, and the new leader's `became leader` tells
+//! the change (client-go would still try its `stopped leading` then).
 
 use std::time::Duration;
 

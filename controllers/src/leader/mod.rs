@@ -23,7 +23,7 @@ pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
 use events::Change;
 pub use fence::{Fence, Fenced, Term};
-use groundskeeper_plumbing::events::Events;
+use groundskeeper_plumbing::events::{Events, Notice};
 pub use metrics::LeaderMetrics;
 
 #[derive(Clone, Debug)]
@@ -135,25 +135,37 @@ impl Elector {
     }
 
     /// Records client-go's `LeaderElection` Events on the Lease through `events`: this
-    /// replica's identity `became leader`, and `stopped leading` (see [`events`]).
+    /// replica's identity `became leader`, and `stopped leading` when it hands the Lease over
+    /// on shutdown (see [`events`]).
     pub fn recording(mut self, events: Events) -> Self {
         self.events = Some(events);
         self
     }
 
-    /// `change`'s Event. Acquiring does not wait for it (the first renewal is due); an end of
-    /// leading waits at most a retry period, then the caller stops or exits.
-    async fn announce(&self, change: Change, lease: Option<&Lease>) {
-        let Some(events) = &self.events else { return };
+    fn notice(&self, change: Change, lease: Option<&Lease>) -> Notice {
         let c = &self.cfg;
-        let n = events::notice(&c.identity, change, &c.namespace, &c.lease_name, lease);
-        match change {
-            Change::BecameLeader => {
-                let (events, within) = (events.clone(), c.renew_deadline);
-                tokio::spawn(async move { events::record(&events, n, within).await });
-            }
-            Change::StoppedLeading => events::record(events, n, c.retry_period).await,
-        }
+        events::notice(&c.identity, change, &c.namespace, &c.lease_name, lease)
+    }
+
+    /// `<identity> became leader`, fenced as the controllers' writes are (not written once
+    /// this term ends) and not waited for: the first renewal is due.
+    fn announce_acquired(&self, lease: &Lease) {
+        let Some(events) = &self.events else { return };
+        let fence = Fence::new(self.tx.subscribe());
+        let events = events.clone().fenced(std::sync::Arc::new(fence));
+        let (n, within) = (
+            self.notice(Change::BecameLeader, Some(lease)),
+            self.cfg.renew_deadline,
+        );
+        tokio::spawn(async move { events::record(&events, n, within).await });
+    }
+
+    /// `<identity> stopped leading`, before the release while the Lease is still ours: given
+    /// up after a retry period, and when the term ends (`term_left`).
+    async fn announce_released(&self, lease: Option<&Lease>, term_left: Duration) {
+        let Some(events) = &self.events else { return };
+        let n = self.notice(Change::StoppedLeading, lease);
+        events::record(events, n, self.cfg.retry_period.min(term_left)).await;
     }
 
     /// Campaigns and renews until `token` is cancelled (then releases the lease if held and
@@ -175,13 +187,14 @@ impl Elector {
                 // another replica can take it, nothing of ours may still pass.
                 self.set_term(Term::Standby);
                 // A lease past its term is left alone: it may already be someone else's.
-                if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
+                if let Some(t) = last_renewed
+                    && !renewal_overdue(t, Stamp::now(), c.renew_deadline)
                 {
-                    self.release(current.clone()).await;
-                }
-                if last_renewed.is_some() {
-                    self.announce(Change::StoppedLeading, current.as_ref())
-                        .await;
+                    // Recorded while the Lease is still ours, and given up when its term ends:
+                    // nothing of ours is written once another replica may hold it.
+                    let left = c.renew_deadline.saturating_sub(Stamp::now().since(t));
+                    self.announce_released(current.as_ref(), left).await;
+                    self.release(current).await;
                 }
                 return Ok(());
             }
@@ -189,10 +202,7 @@ impl Elector {
             if let Some(t) = last_renewed
                 && renewal_overdue(t, now, c.renew_deadline)
             {
-                let lost = self.give_up(t);
-                self.announce(Change::StoppedLeading, current.as_ref())
-                    .await;
-                return Err(lost);
+                return Err(self.give_up(t));
             }
             let deadline = attempt_deadline(last_renewed, now, c.renew_deadline);
             let round = tokio::select! {
@@ -212,8 +222,6 @@ impl Elector {
                 (Some(Step::Follow { holder, .. }), _) if last_renewed.is_some() => {
                     self.set_term(Term::Standby);
                     tracing::error!(lease = %c.lease_name, %holder, "stopped acting: the lease is held by another replica");
-                    self.announce(Change::StoppedLeading, current.as_ref())
-                        .await;
                     return Err(LeaderError::TakenOver {
                         lease: c.lease_name.clone(),
                         holder: holder.clone(),
@@ -223,12 +231,13 @@ impl Elector {
                     tracing::debug!(%holder, expires_in_seconds = expires_in.as_secs_f64(), "following");
                 }
                 (_, Some(Ok(lease))) => {
-                    if last_renewed.is_none() {
-                        tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
-                        self.announce(Change::BecameLeader, Some(&lease)).await;
-                    }
+                    let acquired = last_renewed.is_none();
                     last_renewed = Some(now);
                     self.set_term(Term::Until(now.plus(c.renew_deadline)));
+                    if acquired {
+                        tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
+                        self.announce_acquired(&lease);
+                    }
                     observed = Some(observe(observed, record_of(&lease), now.at));
                     current = Some(lease);
                 }
