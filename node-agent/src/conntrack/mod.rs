@@ -1,4 +1,4 @@
-//! Stale UDP conntrack cleanup (kube-proxy v1.36 CleanStaleEntries, spec section 3), driven
+//! Stale UDP conntrack cleanup (kube-proxy v1.36 CleanStaleEntries, docs/upstream.md), driven
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
