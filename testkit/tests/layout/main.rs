@@ -247,5 +247,6 @@ fn one_dry_run_log_style() {
 
 mod circles;
 mod code_maps;
+mod figures;
 mod history;
 mod skips;
