@@ -7,7 +7,9 @@ use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, LeaderMetrics, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
-    podgc, servicecidr, sysctlplacement, sysctlwebhook, uninstall,
+    podgc, servicecidr,
+    sysctl::{placement, webhook},
+    uninstall,
 };
 use groundskeeper_plumbing::{process::Process, tasks::Tasks};
 
@@ -195,7 +197,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
     let servicecidr = servicecidr::run(ctx.clone(), cli.service_cidr.clone());
     let podgc = podgc::run(ctx.clone(), cli.podgc.clone());
-    let placement = sysctlplacement::run(ctx, cli.placement.clone(), cli.sysctl.clone());
+    let placement = placement::run(ctx, cli.placement.clone(), cli.sysctl.clone());
     Tasks::start_selected(
         &cli.controllers,
         vec![
@@ -212,7 +214,7 @@ fn start_webhook(cli: &Cli, ctx: Context, lookups: Option<kube::Client>) -> Task
     if let Some(lookups) = lookups.filter(|_| cli.webhook.enabled) {
         tasks.spawn(
             "sysctlwebhook",
-            sysctlwebhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone(), lookups),
+            webhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone(), lookups),
         );
     }
     tasks

@@ -23,8 +23,8 @@ use serde_json::json;
 
 use crate::podgc::policy::NsPolicy;
 use crate::servicecidr::blockers::{self, Verdict};
-use crate::sysctlplacement::CONDITION as PLACEMENT_CONDITION;
-use crate::sysctlwebhook::gate::GATE;
+use crate::sysctl::placement::CONDITION as PLACEMENT_CONDITION;
+use crate::sysctl::webhook::gate::GATE;
 use collected::Settings;
 use verdicts::PolicyFlags;
 

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 const COMPONENTS: &[&str] = &[
     "controllers/src/servicecidr",
     "controllers/src/podgc",
-    "controllers/src/sysctlwebhook",
+    "controllers/src/sysctl/webhook",
+    "controllers/src/sysctl/placement",
     "node-agent/src/conntrack",
     "node-agent/src/sysctlreport",
 ];

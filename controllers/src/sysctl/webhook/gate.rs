@@ -1,6 +1,6 @@
 //! The mutating webhook on pod CREATE: a pod that sets sysctls and names no node gets the
 //! scheduling gate [`GATE`], so no scheduler binds it before the leader's placement
-//! (`sysctlplacement`) has narrowed it to the nodes that admit it and taken the gate off.
+//! (`sysctl::placement`) has narrowed it to the nodes that admit it and taken the gate off.
 //!
 //! Why a gate and not a refusal: the chart registers this webhook with `failurePolicy: Fail`
 //! and `matchConditions` that pass only pods setting sysctls some node could forbid. While no

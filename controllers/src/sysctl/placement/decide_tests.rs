@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use testkit::rng::Rng;
 
 use super::decide::{Constraints, NAME_FIELD, Placement, narrow, place, selects};
-use crate::sysctlwebhook::decide::{NodeFacts, PodView};
+use crate::sysctl::webhook::decide::{NodeFacts, PodView};
 
 fn args(default_mode: Mode) -> PolicyArgs {
     PolicyArgs {

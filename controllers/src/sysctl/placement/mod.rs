@@ -1,5 +1,5 @@
 //! The sysctl placement controller: places each pod the gate webhook gated
-//! (`sysctlwebhook::gate`) on the nodes whose kubelet and SysctlPolicy admit its sysctls.
+//! (`sysctl::webhook::gate`) on the nodes whose kubelet and SysctlPolicy admit its sysctls.
 //!
 //! For each gated pod the leader judges every known node as the binding webhook would, then in
 //! one conditional update sets a required node affinity to the admitting nodes (ANDed with the
@@ -25,12 +25,16 @@ use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;
 
 use crate::context::Context;
-use crate::sysctlwebhook::decide::NodeFacts;
+use crate::sysctl::webhook::decide::NodeFacts;
 use crate::workqueue::{RateLimit, WorkQueue};
 use apply::{Apply, KubeWrites, Writes};
 use cache::{Cache, Change, PodKey};
 use decide::{Placement, place};
 use metrics::Metrics;
+
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlplacement`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlplacement";
 
 pub const CONTROLLER_NAME: &str = "sysctl-placement";
 /// The reporting controller of its Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
@@ -110,13 +114,13 @@ pub async fn run(ctx: Context, args: PlacementArgs, policy: PolicyArgs) -> anyho
         _ = token.cancelled() => false,
         _ = async {
             let _ = listed.wait_for(|l| *l).await;
-            tracing::info!(controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
+            tracing::info!(target: LOG_TARGET, controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
             ctx.leadership.acquired().await;
         } => true,
     };
     let mut workers = Vec::new();
     if started {
-        tracing::info!(
+        tracing::info!(target: LOG_TARGET,
             controller = CONTROLLER_NAME,
             workers = args.sysctl_placement_workers,
             dry_run = ctx.base.dry_run,
@@ -191,7 +195,7 @@ impl<W: Writes> Placer<W> {
                 Some("conflict")
             }
             Err(e) => {
-                tracing::warn!(pod = %format!("{}/{}", key.0, key.1), error = %e, "placing the pod failed; retrying with backoff");
+                tracing::warn!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), error = %e, "placing the pod failed; retrying with backoff");
                 self.queue.add_rate_limited(key.clone());
                 Some("error")
             }

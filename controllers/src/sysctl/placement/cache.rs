@@ -17,8 +17,8 @@ use kube::runtime::watcher::{self, Event};
 
 use super::CONDITION;
 use super::decide::Constraints;
-use crate::sysctlwebhook::decide::{NodeFacts, PodView};
-use crate::sysctlwebhook::gate::GATE;
+use crate::sysctl::webhook::decide::{NodeFacts, PodView};
+use crate::sysctl::webhook::gate::GATE;
 
 /// Readiness flags are `sysctlplacement/<kind>`.
 pub const COMPONENT: &str = "sysctlplacement";

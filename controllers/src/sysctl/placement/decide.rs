@@ -13,7 +13,7 @@ use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
 use groundskeeper_sysctl_rules::policy::selects as policy_selects;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
-use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide};
+use crate::sysctl::webhook::decide::{Decision, NodeFacts, PodView, decide};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 /// The field a node's name is selected by in `matchFields`.

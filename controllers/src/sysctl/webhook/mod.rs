@@ -5,23 +5,18 @@
 //! scheduler binding a pod) and pod CREATE with `spec.nodeName`. A denied binding leaves the
 //! pod Pending; the scheduler retries it with backoff. The same listener serves the mutating
 //! gate (`gate.rs`, `mutate.rs`) that holds a pod setting sysctls until the placement controller
-//! (`sysctlplacement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
+//! (`sysctl::placement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
 //! node-agent reports by (`groundskeeper_sysctl_rules`). TLS comes from a Secret, written by the
-//! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
+//! controller-manager itself or by cert-manager (`sysctl::tls`).
 
 pub mod apply;
 pub mod cache;
-pub mod certs;
 pub mod decide;
 pub mod gate;
-pub mod generation;
 pub mod limits;
 pub mod metrics;
 pub mod mutate;
 pub mod review;
-pub mod rotation;
-#[cfg(test)]
-mod rotation_tests;
 pub mod serve;
 #[cfg(test)]
 mod server_tests;
@@ -33,20 +28,28 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{
-    cache::Shared,
+    cache::{Health, Shared},
     client::{parse_duration, parse_qps},
     ratelimit::Budget,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
+use super::tls::{
+    self,
+    apply::KubeWrites,
+    cache::{Change, Own},
+    certs::{CertTask, Source, TICK},
+    rotation::Timing,
+};
 use crate::context::Context;
-use apply::KubeWrites;
-use cache::{COMPONENT, Change, Own};
-use certs::{CertTask, Source, TICK};
+use cache::COMPONENT;
 use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
-use rotation::Timing;
 use serve::{Judge, Lookups};
+
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlwebhook`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook";
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Sysctl admission webhook")]
@@ -166,7 +169,9 @@ pub async fn run(
     args.validate().map_err(anyhow::Error::msg)?;
     let base = &ctx.base;
     let metrics = Metrics::register(&base.registry)?;
+    let tls_metrics = tls::metrics::Metrics::register(&base.registry)?;
     let cache = Shared::default();
+    let certificates = Shared::default();
     let self_signed = args.webhook_certificates == Source::SelfSigned;
     let own = Own {
         namespace: args.webhook_namespace.clone(),
@@ -177,7 +182,17 @@ pub async fn run(
             .clone()
             .filter(|_| self_signed),
     };
-    let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
+    let (mut flags, watched) = cache::follow_all(&base.readiness, &base.client, &cache);
+    let (tls_flags, tls_changes) = tls::cache::follow_all(
+        &base.readiness,
+        COMPONENT,
+        &base.client,
+        &own,
+        &certificates,
+    );
+    flags.extend(tls_flags);
+    let health = Health::new(flags);
+    let changes = futures::stream::select(watched.map(|()| Change::None), tls_changes);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
     let limits = limits::limits();
@@ -207,7 +222,7 @@ pub async fn run(
         base.token.clone(),
     )
     .await?;
-    tracing::info!(%addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
     let server = tokio::spawn(serve);
     let listed = health.clone();
     let task = CertTask::new(
@@ -218,12 +233,12 @@ pub async fn run(
             validity: args.webhook_cert_validity,
             grace: args.webhook_cert_grace,
         },
-        cache,
+        certificates,
         Box::new(move || listed.listed()),
         KubeWrites::new(base.client.clone(), own.namespace.clone()),
         certs,
         serving,
-        metrics,
+        tls_metrics,
     );
 
     let mut changes = std::pin::pin!(changes);
@@ -239,7 +254,7 @@ pub async fn run(
         }
     }
     server.await?;
-    tracing::info!("sysctl webhook stopped");
+    tracing::info!(target: LOG_TARGET, "sysctl webhook stopped");
     Ok(())
 }
 
