@@ -11,8 +11,9 @@ pub use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use serde::Serialize;
 
-use crate::sysctl::placement::decide::{Constraints, Placement, place};
-use crate::sysctl::webhook::decide::{Decision, NodeFacts, PodView, decide, policy_of};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::placement::decide::{Placement, place};
+use crate::sysctl::webhook::decide::{Decision, decide, policy_of};
 
 /// The flags the controller-manager judges sysctls with (`--allowed-unsafe-sysctls`,
 /// `--sysctl-default-mode`): they are not in the API, so the plugin takes the same ones.

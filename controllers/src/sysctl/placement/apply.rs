@@ -14,10 +14,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::leader::{Fence, Fenced};
-use crate::sysctl::webhook::gate::GATE;
-
-use super::CONDITION;
-use super::cache::{GatedPod, PodKey};
+use crate::sysctl::facts::{CONDITION, GATE, GatedPod, PodKey};
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlplacement`), wherever its code sits.

@@ -84,7 +84,8 @@ pub fn gate(
     dry_run: bool,
     what: &str,
 ) -> (Option<serde_json::Value>, Vec<String>, &'static str) {
-    use super::gate::{GATE, Gating};
+    use super::gate::Gating;
+    use crate::sysctl::facts::GATE;
     match gating {
         Gating::Pass(why) => {
             tracing::debug!(target: LOG_TARGET, pod = what, why, "webhook: not gated");

@@ -10,7 +10,6 @@
 //! controller-manager itself or by cert-manager (`sysctl::tls`).
 
 pub mod apply;
-pub mod cache;
 pub mod decide;
 pub mod gate;
 pub mod limits;
@@ -28,12 +27,13 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{
-    cache::{Health, Shared},
+    cache::Shared,
     client::{parse_duration, parse_qps},
     ratelimit::Budget,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
+use super::cache::Watched;
 use super::tls::{
     self,
     apply::KubeWrites,
@@ -42,7 +42,6 @@ use super::tls::{
     rotation::Timing,
 };
 use crate::context::Context;
-use cache::COMPONENT;
 use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
 use serve::{Judge, Lookups};
@@ -50,6 +49,10 @@ use serve::{Judge, Lookups};
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlwebhook`), wherever its code sits.
 const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook";
+
+/// Readiness flags of the webhook's own watches and of its certificate are
+/// `sysctlwebhook/<kind>`; what it judges on is the wing's (`sysctl/<kind>`).
+pub const COMPONENT: &str = "sysctlwebhook";
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Sysctl admission webhook")]
@@ -158,19 +161,19 @@ impl WebhookArgs {
     }
 }
 
-/// Serves the webhook until the context's token is cancelled; `lookups` is the client of its
-/// pod reads (see [`Lookups`]).
+/// Serves the webhook until the context's token is cancelled, judging on the process's sysctl
+/// watches (`watched`); `lookups` is the client of its pod reads (see [`Lookups`]).
 pub async fn run(
     ctx: Context,
     args: WebhookArgs,
     policy: PolicyArgs,
     lookups: kube::Client,
+    watched: Watched,
 ) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let base = &ctx.base;
     let metrics = Metrics::register(&base.registry)?;
     let tls_metrics = tls::metrics::Metrics::register(&base.registry)?;
-    let cache = Shared::default();
     let certificates = Shared::default();
     let self_signed = args.webhook_certificates == Source::SelfSigned;
     let own = Own {
@@ -182,24 +185,22 @@ pub async fn run(
             .clone()
             .filter(|_| self_signed),
     };
-    let (mut flags, watched) = cache::follow_all(&base.readiness, &base.client, &cache);
-    let (tls_flags, tls_changes) = tls::cache::follow_all(
+    let (own_flags, changes) = tls::cache::follow_all(
         &base.readiness,
         COMPONENT,
         &base.client,
         &own,
         &certificates,
     );
-    flags.extend(tls_flags);
-    let health = Health::new(flags);
-    let changes = futures::stream::select(watched.map(|()| Change::None), tls_changes);
+    // Its requests wait for every watch, the wing's and its own: 503 until all have listed.
+    let health = watched.health_with(own_flags);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
     let limits = limits::limits();
     let judge = Arc::new(Judge {
         args: policy.clone(),
         dry_run: base.dry_run,
-        cache: cache.clone(),
+        cache: watched.cache.clone(),
         health: health.clone(),
         lookups: Lookups {
             client: lookups,

@@ -22,11 +22,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
 use super::apply::{self, Outcome};
-use super::cache::Cache;
-use super::decide::{PodView, decide, decide_unread};
+use super::decide::{decide, decide_unread};
 use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
+use crate::sysctl::cache::Cache;
+use crate::sysctl::facts::PodView;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
 use groundskeeper_plumbing::ratelimit::Budget;
