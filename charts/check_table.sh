@@ -235,9 +235,10 @@ has -- "--controllers=\*," "$out/t-notes" && fail "NOTES of the managed preset s
 if msg=$(render --set controllerManager.podGC.mode=sometimes 2>&1); then fail "podGC.mode=sometimes accepted"; fi
 echo "$msg" | has mode || fail "schema error does not name mode: $msg"
 
-## The node-agent's memory limit holds at Kubernetes' documented limits: the agent_scale bench
-## measured 48 MiB peak under churn at 10k Services / 100k endpoints (docs/benchmarks.md); the
-## default keeps headroom over it and over a cluster past those limits.
+## The node-agent's memory limit holds at Kubernetes' documented limits: the agent_scale bench's
+## peak at 10k Services / 100k endpoints
+## (docs/benchmarks.md#node-agent-conntrack-cleanup-at-10000-services-100000-endpoints) is well
+## under it, with headroom for a cluster past those limits.
 limit=$(docs_of DaemonSet < "$out/t-default.yaml" | sed -n 's/^ *memory: \([0-9]*\)Mi$/\1/p' | sort -n | tail -n 1)
 [ "${limit:-0}" -ge 200 ] || fail "the node-agent's default memory limit (${limit:-none} Mi) is under 200 Mi: OOM-killed at 10k Services (see values.yaml)"
 

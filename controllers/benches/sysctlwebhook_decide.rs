@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::Instant;
 
-use groundskeeper_controllers::sysctlwebhook::decide::{NodeFacts, PodView, decide};
+use groundskeeper_controllers::sysctl::{
+    facts::{NodeFacts, PodView},
+    webhook::decide::decide,
+};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
 use k8s_openapi::api::core::v1::{Pod, PodSpec};

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use groundskeeper_controllers::sysctlwebhook::{limits::MAX_BODY, rotation};
+use groundskeeper_controllers::sysctl::{tls::rotation, webhook::limits::MAX_BODY};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::ObjectMeta;

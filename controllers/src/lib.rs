@@ -7,7 +7,6 @@ pub mod pacing;
 pub mod plugin;
 pub mod podgc;
 pub mod servicecidr;
-pub mod sysctlplacement;
-pub mod sysctlwebhook;
+pub mod sysctl;
 pub mod uninstall;
 pub mod workqueue;

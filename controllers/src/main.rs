@@ -7,7 +7,9 @@ use groundskeeper_controllers::{
     context::Context,
     leader::{self, ElectionConfig, Elector, LeaderMetrics, Leadership},
     manager::{self, Cli, Command, ServiceCidrCommand},
-    podgc, servicecidr, sysctlplacement, sysctlwebhook, uninstall,
+    podgc, servicecidr,
+    sysctl::{cache::Watched, placement, webhook},
+    uninstall,
 };
 use groundskeeper_plumbing::{events::Events, process::Process, tasks::Tasks};
 
@@ -113,19 +115,26 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         true => Some(cli.common.kube.own_client("sysctl-webhook").await?),
         false => None,
     };
-    let mut webhook = start_webhook(
-        &cli,
-        Context {
-            base: process.base(cli.common.dry_run, webhook_token.clone()),
-            leadership: leadership.clone(),
-        },
-        lookups,
-    );
+    let webhook_ctx = Context {
+        base: process.base(cli.common.dry_run, webhook_token.clone()),
+        leadership: leadership.clone(),
+    };
+    let mut webhook = Tasks::default();
+    // The sysctl watches (Nodes, SysctlPolicies, pods not yet bound), once per process for the
+    // webhook and the placement alike, only where one of them runs. On the webhook's token:
+    // they outlive the controllers, and answer the webhook until it stops.
+    let sysctl = (cli.webhook.enabled || cli.controllers.has(PLACEMENT)).then(|| {
+        let base = &webhook_ctx.base;
+        let (watched, run) = Watched::new(&base.readiness, &base.client, base.token.clone());
+        webhook.spawn("sysctl", run);
+        watched
+    });
+    start_webhook(&mut webhook, &cli, webhook_ctx, lookups, sysctl.clone());
     let ctx = Context {
         base: process.base(cli.common.dry_run, controllers_token.clone()),
         leadership,
     };
-    let mut controllers = start_controllers(&cli, ctx);
+    let mut controllers = start_controllers(&cli, ctx, sysctl);
 
     // Run until SIGTERM, a lost lease, or a controller (or the webhook) that ends on its own.
     let mut elector_task = elector_task;
@@ -199,30 +208,48 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn start_controllers(cli: &Cli, ctx: Context) -> Tasks {
+/// The placement's `--controllers` name.
+const PLACEMENT: &str = "sysctlplacement";
+
+/// `sysctl`: the sysctl watches, there whenever the placement is selected.
+fn start_controllers(cli: &Cli, ctx: Context, sysctl: Option<Watched>) -> Tasks {
     let servicecidr = servicecidr::run(ctx.clone(), cli.service_cidr.clone());
     let podgc = podgc::run(ctx.clone(), cli.podgc.clone());
-    let placement = sysctlplacement::run(ctx, cli.placement.clone(), cli.sysctl.clone());
+    let mut parts = vec![
+        ("servicecidr", servicecidr.boxed()),
+        ("podgc", podgc.boxed()),
+    ];
+    if let Some(watched) = sysctl {
+        let placement = placement::run(ctx, cli.placement.clone(), cli.sysctl.clone(), watched);
+        parts.push((PLACEMENT, placement.boxed()));
+    }
     Tasks::start_selected(
         &cli.controllers,
-        vec![
-            ("servicecidr", servicecidr.boxed()),
-            ("podgc", podgc.boxed()),
-            ("sysctlplacement", placement.boxed()),
-        ],
+        parts,
         "no controllers are enabled; the manager only holds the lease",
     )
 }
 
-fn start_webhook(cli: &Cli, ctx: Context, lookups: Option<kube::Client>) -> Tasks {
-    let mut tasks = Tasks::default();
-    if let Some(lookups) = lookups.filter(|_| cli.webhook.enabled) {
+/// `sysctl`: the sysctl watches, there whenever the webhook is enabled.
+fn start_webhook(
+    tasks: &mut Tasks,
+    cli: &Cli,
+    ctx: Context,
+    lookups: Option<kube::Client>,
+    sysctl: Option<Watched>,
+) {
+    if let (Some(lookups), Some(watched)) = (lookups.filter(|_| cli.webhook.enabled), sysctl) {
         tasks.spawn(
             "sysctlwebhook",
-            sysctlwebhook::run(ctx, cli.webhook.clone(), cli.sysctl.clone(), lookups),
+            webhook::run(
+                ctx,
+                cli.webhook.clone(),
+                cli.sysctl.clone(),
+                lookups,
+                watched,
+            ),
         );
     }
-    tasks
 }
 
 fn hostname() -> String {

@@ -12,8 +12,9 @@ use groundskeeper_plumbing::{
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 use crate::{
-    podgc::PodGcArgs, servicecidr::ServiceCidrArgs, sysctlplacement::PlacementArgs,
-    sysctlwebhook::WebhookArgs,
+    podgc::PodGcArgs,
+    servicecidr::ServiceCidrArgs,
+    sysctl::{placement::PlacementArgs, webhook::WebhookArgs},
 };
 
 pub const NAME: &str = "controller-manager";
@@ -192,7 +193,7 @@ mod tests {
         let reporters = [
             ("servicecidr", crate::servicecidr::REPORTER),
             ("podgc", crate::podgc::notice::CONTROLLER),
-            ("sysctlplacement", crate::sysctlplacement::REPORTER),
+            ("sysctlplacement", crate::sysctl::placement::REPORTER),
         ];
         for part in CONTROLLERS {
             let (_, reporter) = reporters

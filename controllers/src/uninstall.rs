@@ -38,7 +38,7 @@ use crate::leader::{
     record_of,
 };
 use crate::servicecidr::{self, blockers, decide::FINALIZER};
-use crate::sysctlwebhook::gate::GATE;
+use crate::sysctl::facts::GATE;
 
 #[derive(Args, Debug, Clone)]
 pub struct UninstallArgs {

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use groundskeeper_controllers::sysctlwebhook::{limits, metrics::Metrics, serve};
+use groundskeeper_controllers::sysctl::webhook::{limits, metrics::Metrics, serve};
 use groundskeeper_plumbing::cache::{Health, Shared};
 use groundskeeper_plumbing::ratelimit::Budget;
 use groundskeeper_plumbing::{Readiness, admin, metrics, serving};

@@ -21,7 +21,7 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use testkit::components::{self, Component};
-use testkit::{Binary, Cluster, free_addr, unique_name, wait_for, wait_ready, webhook};
+use testkit::{Binary, Cluster, free_addr, http_get, unique_name, wait_for, wait_ready, webhook};
 
 const WAIT: Duration = Duration::from_secs(60);
 const RUN_LABEL: &str = "groundskeeper.dev/sysctl-placement-test";
@@ -406,6 +406,42 @@ async fn fails_closed_for_sysctl_pods_only_then_places_them_where_allowed() -> a
         bound.len(),
         placed.len(),
         more_plain.len()
+    );
+    Ok(())
+}
+
+/// The webhook and the placement of one process share one set of sysctl watches: one watch of
+/// Nodes, of SysctlPolicies and of pods not yet bound, each flagged `sysctl/<kind>`, beside the
+/// webhook's own (its Secret and configurations). Every watch of the process is in the `watch`
+/// label of `groundskeeper_watch_stale_seconds`.
+#[tokio::test]
+async fn the_webhook_and_the_placement_share_one_watch_of_each_kind() -> anyhow::Result<()> {
+    let test = "the_webhook_and_the_placement_share_one_watch_of_each_kind";
+    let Some(mut s) = Scene::new(test, false).await? else {
+        return Ok(());
+    };
+    s.start().await?;
+    let (_, admin) = s.gk.as_ref().expect("started");
+    let (_, metrics) = http_get(*admin, "/metrics").await?;
+    let watches: BTreeSet<&str> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("groundskeeper_watch_stale_seconds{"))
+        .filter_map(|l| l.split("watch=\"").nth(1)?.split('"').next())
+        .collect();
+    for kind in ["nodes", "sysctlpolicies", "pods"] {
+        let of_kind: Vec<&str> = watches
+            .iter()
+            .copied()
+            .filter(|w| w.ends_with(&format!("/{kind}")))
+            .collect();
+        assert_eq!(of_kind, [format!("sysctl/{kind}")], "{watches:?}");
+    }
+    for own in ["sysctlwebhook/secrets", "sysctlwebhook/certificate"] {
+        assert!(watches.contains(own), "{own}: {watches:?}");
+    }
+    println!(
+        "sysctl watches: one of Nodes, SysctlPolicies and pending pods for the webhook and the placement ({} watches in all: {watches:?})",
+        watches.len()
     );
     Ok(())
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 
-use groundskeeper_controllers::sysctlwebhook::{
+use groundskeeper_controllers::sysctl::tls::{
     apply::{ConfigurationKind, KubeWrites, Writes, bundle_patch},
     cache::WebhookBundles,
 };

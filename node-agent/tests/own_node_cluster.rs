@@ -8,7 +8,7 @@
 //! token, a status patch of a pod on Y is refused (403, naming the rule) and one on X allowed; a
 //! token of the same ServiceAccount not bound to a pod carries no node name and is refused too.
 //!
-//! The agent writes no pod any more (it reports), so the chart's RBAC grants no pod write at
+//! The agent writes no pod (it reports), so the chart's RBAC grants no pod write at
 //! all; the test widens it the way a mistake or a later change would, and the policy still
 //! confines the writes to the agent's own node.
 

@@ -64,9 +64,9 @@ impl<K: Eq + Hash, V> Default for Store<K, V> {
 
 impl<K: Eq + Hash, V> Store<K, V> {
     /// A store that applies a relist in place instead of buffering it: never two full maps at
-    /// once (PodGC's 150k pods: ~37 MiB more for the length of a relist). A value
-    /// replaced or removed is dropped as soon as the relist reaches it, and an unchanged key
-    /// keeps its allocation. The price: between `Init` and `InitDone` readers see a mix of the
+    /// once (at PodGC's 150k pods the second map is tens of MiB for the length of a relist). A
+    /// value replaced or removed is dropped as soon as the relist reaches it, and an unchanged
+    /// key keeps its allocation. The price: between `Init` and `InitDone` readers see a mix of the
     /// old and the new list (objects deleted meanwhile still there, updated ones already
     /// changed). Only for a store whose readers act on it through [`Health`], which answers
     /// `NotHealthy` from `Init` until the list has been folded in; `InitDone` then sweeps what

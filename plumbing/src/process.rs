@@ -22,8 +22,8 @@ use crate::{
 ///
 /// glibc gives a thread that meets a locked arena an arena of its own, up to eight per core,
 /// and memory freed in one arena is not reused by another: at 10k Services, each model rebuild
-/// under EndpointSlice churn landed in another worker's arena and the agent's RSS grew from
-/// 103 to 211 MiB; with one arena it stayed at 145 MiB (`agent_scale` bench). Our threads
+/// under EndpointSlice churn landed in another worker's arena and the agent's RSS kept growing
+/// under the `agent_scale` bench's churn; with one arena it grows far less. Our threads
 /// allocate little and rarely at once, so the shared lock costs nothing measurable.
 ///
 /// And with a fixed mmap threshold: by default glibc raises it to the size of every large block

@@ -76,7 +76,7 @@ fn parse_filter(s: &str) -> Result<String, String> {
 }
 
 /// kube-client's HTTP layer logs every failed request at ERROR, with no word of which watch or
-/// call it was: about 45 lines in 5 s during an apiserver outage. Our own code logs each failure
+/// call it was: several lines a second during an apiserver outage. Our own code logs each failure
 /// once, with context (a watch names itself), so that target is silenced unless the filter
 /// names it.
 const QUIET: &str = "kube_client::client::builder=off";

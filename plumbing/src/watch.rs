@@ -3,8 +3,8 @@
 //! [`ReadyFlag`].
 //!
 //! Why not `default_backoff()`: it grows to 30 s (and only resets after 120 s without
-//! errors), so after a 30 s apiserver outage a watch could wait another half minute before
-//! its next attempt: the agents were blind for about 50 s. Here a failed watch is retried
+//! errors), so after a 30 s apiserver outage a watch can wait another half minute before
+//! its next attempt, its component blind meanwhile. Here a failed watch is retried
 //! after at most `--watch-backoff-max` (2 s by default), jittered down to half of it so that
 //! the agents of a large cluster do not come back in step.
 //!
@@ -27,12 +27,11 @@
 //! to say must be heard from anyway. Bookmarks cannot be relied on for that: the apiserver sends
 //! one only when its cache of the kind has moved past the watch's resourceVersion, and on a kind
 //! nobody writes, against an etcd that cannot be asked for progress (3.4.23 here:
-//! "RequestWatchProgress is disabled"), it never does (measured: a node watch from the list's
-//! version got nothing in 75 s, not even before its timeout). So the server ends each watch
-//! after half the bound, kube-runtime watches again from the last resourceVersion (no list),
-//! and the answer to that request is heard. At 150k pods the quiet node, namespace
-//! and pod watches otherwise went "silent" every 90 s and, when silence meant a relist, listed
-//! 15k nodes every 90 s and all 150k pods once, with deletions stopped meanwhile.
+//! "RequestWatchProgress is disabled"), it never does (a node watch from the list's version
+//! gets no bookmark, not even before its timeout). So the server ends each watch after half the
+//! bound, kube-runtime watches again from the last resourceVersion (no list), and the answer to
+//! that request is heard. Otherwise the quiet node, namespace and pod watches of a large cluster
+//! would go "silent" once per bound, each time stopping deletions until re-watched.
 //!
 //! Why a silent watch is re-watched, not relisted: silence says nothing about what the store
 //! holds, only that nothing came. So the silent stream is ended from our side and kube-runtime
@@ -123,9 +122,9 @@ struct Driver<K: Resource + Clone + 'static> {
 }
 
 /// How long a list may go unanswered before it is dropped and asked again. A kube-apiserver
-/// that is still starting holds requests that arrive early for seconds after it turns ready
-/// (measured: 4-7 s after an etcd restart, where a request made after ready is answered in
-/// 1 s); a connection that went dead silently would hold one for the 295 s read timeout.
+/// that is still starting holds requests that arrive early for seconds after it turns ready,
+/// longer than a request made after ready takes (docs/benchmarks.md, the fault tests); a
+/// connection that went dead silently would hold one for the 295 s read timeout.
 /// Doubled after each such timeout up to [`LIST_DEADLINE_MAX`], so a list that legitimately
 /// takes long still gets through.
 pub(crate) const LIST_DEADLINE: Duration = Duration::from_secs(3);

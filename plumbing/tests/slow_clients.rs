@@ -178,9 +178,8 @@ async fn probes_answered_within_a_second_under_500_silent_connections_and_slowlo
     // The attacker shares the probe's address: the caps per source can not tell them apart.
     // What holds is that silent connections do not keep the probe out: each new connection
     // replaces the address's oldest silent one, and the probe's, speaking at once, is not
-    // silent when it is accepted after others. This is the attacker measured against the old
-    // listener: 500 connections opened and left silent (opened again a second after they are
-    // closed). A probe connection accepted before its hello arrived and then followed by more
+    // silent when it is accepted after others. The attacker opens 500 connections and leaves them
+    // silent (opening them again a second after they are closed). A probe connection accepted before its hello arrived and then followed by more
     // of the attacker's new connections than an address may handshake at once is replaced:
     // rare, never three probes in a row. An attacker on the same address that dribbles
     // requests, or opens connections faster still, can crowd the probe out: nothing is

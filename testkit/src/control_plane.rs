@@ -437,7 +437,7 @@ impl Drop for ControlPlane {
 
 /// The control plane every cluster test of this test binary shares, started on first use.
 /// One per test binary (cargo runs test binaries one after another, so sharing across them
-/// would save only the ~4 s start each): a binary's cluster-wide tests (PodGC) never see
+/// would save only the start, a few seconds each): a binary's cluster-wide tests (PodGC) never see
 /// another binary's objects, and a crashed binary takes only its own control plane down.
 pub fn shared() -> anyhow::Result<&'static ControlPlane> {
     let (apiserver, etcd) =

@@ -190,7 +190,7 @@ pub(crate) async fn relist_ours(
         println!("  {l}");
     }
     // A silence is re-watched from the last resourceVersion, not relisted. A freeze longer than
-    // --watch-silent-after (at 150k pods the restart alone takes ~110 s) fails the watch as
+    // --watch-silent-after (at 150k pods the restart alone takes minutes) fails the watch as
     // silent first; the 410 of its re-watch then relists without a second "watch failed"
     // line, so the apiserver's own count of LISTs below is the proof that always holds.
     let logged_relist = failed

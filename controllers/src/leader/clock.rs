@@ -73,7 +73,7 @@ impl Stamp {
 /// How long the machine has been suspended since it booted: CLOCK_BOOTTIME − CLOCK_MONOTONIC.
 ///
 /// The two clocks can not be read at once, and a thread preempted between the reads would
-/// count the preemption as suspend (9 ms on a loaded machine), making a lease look older, or
+/// count the preemption as suspend (milliseconds on a loaded machine), making a lease look older, or
 /// younger, than it is. So BOOTTIME is read between two reads of MONOTONIC and compared with
 /// their midpoint (off by at most half the window), and the tightest of a few tries is kept.
 pub fn suspended() -> Duration {

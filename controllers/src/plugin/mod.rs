@@ -23,8 +23,7 @@ use serde_json::json;
 
 use crate::podgc::policy::NsPolicy;
 use crate::servicecidr::blockers::{self, Verdict};
-use crate::sysctlplacement::CONDITION as PLACEMENT_CONDITION;
-use crate::sysctlwebhook::gate::GATE;
+use crate::sysctl::facts::{CONDITION as PLACEMENT_CONDITION, GATE};
 use collected::Settings;
 use verdicts::PolicyFlags;
 

@@ -16,7 +16,7 @@ use crate::podgc::{
     policy::{THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
 };
-use crate::sysctlwebhook::decide::NodeFacts as SysctlNode;
+use crate::sysctl::facts::NodeFacts as SysctlNode;
 
 /// Pages of this many objects, as PodGC lists.
 const PAGE: u32 = 500;

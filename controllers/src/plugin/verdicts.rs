@@ -1,6 +1,6 @@
 //! The sysctl verdicts the plugin explains: one pod on one node (`sysctl check`), and a
 //! Pending pod on every node its own constraints allow (`why pod`). Pure: the webhook's own
-//! decision (`sysctlwebhook::decide`) and the placement's (`sysctlplacement::decide::place`) on
+//! decision (`sysctl::webhook::decide`) and the placement's (`sysctl::placement::decide::place`) on
 //! plain values. The one file of the plugin that names the `groundskeeper_sysctl_rules` crate.
 
 use std::fmt::Write as _;
@@ -11,8 +11,9 @@ pub use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use serde::Serialize;
 
-use crate::sysctlplacement::decide::{Constraints, Placement, place};
-use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide, policy_of};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::placement::decide::{Placement, place};
+use crate::sysctl::webhook::decide::{Decision, decide, policy_of};
 
 /// The flags the controller-manager judges sysctls with (`--allowed-unsafe-sysctls`,
 /// `--sysctl-default-mode`): they are not in the API, so the plugin takes the same ones.

@@ -33,9 +33,10 @@ const COMPONENT: &str = "podgc";
 
 /// Objects per list page. A page is what a list holds at once, and kube's client holds it two
 /// or three times over as JSON (the body's chunks, one contiguous copy, the text decoded):
-/// 500 pods of 9 KiB, client-go's page, cost 10-14 MiB at the peak of every list and relist,
-/// more than the cache of 50k pods. 100 keeps that under 3 MiB, for five times the requests
-/// (1,500 at 150k pods, each a few milliseconds of the apiserver's).
+/// 500 pods of 9 KiB, client-go's page, is 4.5 MB of JSON, held so at the peak of every list
+/// and relist, more than the cache of 50k pods. 100 holds a fifth of that, for five times the
+/// requests (1,500 at 150k pods, each a few milliseconds of the apiserver's); the peaks with
+/// either size: docs/benchmarks.md#the-lists-page-size.
 const LIST_PAGE_SIZE: u32 = 100;
 
 /// The three caches, and the names they share.

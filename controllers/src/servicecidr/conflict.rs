@@ -2,8 +2,8 @@
 //!
 //! Every write of groundskeeper's, from whichever replica, is made under one field manager,
 //! `groundskeeper-controller-manager`, so a replica never takes its predecessor's writes for a
-//! stranger's (an earlier version applied status under kube-controller-manager's own name and
-//! compared times with this process's start: every failover raised a false alarm). Two cheap
+//! stranger's (applying status under kube-controller-manager's own name and comparing times
+//! with this process's start would raise a false alarm at every failover). Two cheap
 //! signs in `managedFields`, read from the cached object:
 //!
 //! * a status apply by `service-cidr-controller`, kube-controller-manager's manager name, later

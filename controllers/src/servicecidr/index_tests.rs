@@ -1,11 +1,11 @@
-//! The IP index's tests: examples, the property that the compact index answers exactly as the
-//! index it replaced (kept here as the reference) over generated update sequences, and the
-//! property that ServiceCIDRs deleted together never orphan an IP.
+//! The IP index's tests: examples, the property that the compact index answers exactly as a
+//! plain reference index over generated update sequences, and the property that ServiceCIDRs
+//! deleted together never orphan an IP.
 
-/// The index as it was before it was made compact (names and entries in a `Store` beside
-/// address-sorted name lists), verbatim but for its name and the methods the property does not call: the reference it
-/// compares with.
-mod legacy {
+/// The reference model of the index: entries by name in a `Store` beside address-sorted name
+/// lists, the plain way to answer the index's questions, with none of the compact index's
+/// sharing. The compact index must answer exactly as it does.
+mod reference {
     use std::{collections::BTreeMap, sync::Arc};
 
     use groundskeeper_plumbing::cache::{Applied, Store, Update};
@@ -18,15 +18,15 @@ mod legacy {
     /// whole), and beside it only their names sorted by address within each family, so an entry
     /// is kept once however many IPs there are.
     #[derive(Default)]
-    pub struct LegacyIpIndex {
+    pub struct ReferenceIpIndex {
         entries: Store<Arc<str>, IpEntry>,
         v4: BTreeMap<u128, Vec<Arc<str>>>,
         v6: BTreeMap<u128, Vec<Arc<str>>>,
     }
 
-    impl std::fmt::Debug for LegacyIpIndex {
+    impl std::fmt::Debug for ReferenceIpIndex {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("LegacyIpIndex")
+            f.debug_struct("ReferenceIpIndex")
                 .field("v4", &self.v4)
                 .field("v6", &self.v6)
                 .finish()
@@ -38,7 +38,7 @@ mod legacy {
         Addr::parse(name).expect("only names that are IPs are indexed")
     }
 
-    impl LegacyIpIndex {
+    impl ReferenceIpIndex {
         fn tree(&mut self, f: Family) -> &mut BTreeMap<u128, Vec<Arc<str>>> {
             match f {
                 Family::V4 => &mut self.v4,
@@ -382,7 +382,7 @@ mod examples {
 /// The compact index against the one it replaced, over generated update sequences: the same
 /// addresses reported changed, the same size, and the same orphans at every limit (so the same
 /// decision) for every ServiceCIDR, after every update.
-mod same_as_before {
+mod same_as_reference {
     use std::{net::Ipv6Addr, sync::Arc};
 
     use groundskeeper_plumbing::cache::Update;
@@ -391,7 +391,7 @@ mod same_as_before {
     use super::super::decide::BLOCKERS_REPORTED;
     use super::super::index::{Blockers, CidrSet, IpEntry, IpIndex, Owner};
     use super::super::prefix::{Addr, Family};
-    use super::legacy::LegacyIpIndex;
+    use super::reference::ReferenceIpIndex;
 
     const CIDRS: &[&str] = &[
         "10.0.0.0/25",
@@ -527,25 +527,25 @@ mod same_as_before {
         seed: u64,
         step: usize,
         spellings: bool,
-        new: &IpIndex,
-        old: &LegacyIpIndex,
+        compact: &IpIndex,
+        reference: &ReferenceIpIndex,
         s: &CidrSet,
         names: &[String],
     ) {
         let at = format!("seed {seed} step {step}");
-        assert_eq!(new.len(), old.len(), "{at}: len");
+        assert_eq!(compact.len(), reference.len(), "{at}: len");
         for n in names {
             // `decide` reads the index only through `orphans(…, BLOCKERS_REPORTED)`: the same
             // answer at that limit is the same decision.
             for limit in [0, 1, 3, BLOCKERS_REPORTED, usize::MAX] {
-                let (a, b) = (new.orphans(s, n, limit), old.orphans(s, n, limit));
+                let (a, b) = (compact.orphans(s, n, limit), reference.orphans(s, n, limit));
                 let addrs = |x: &Blockers| x.found.iter().map(|f| f.addr).collect::<Vec<_>>();
                 assert_eq!(a.more, b.more, "{at}: {n} limit {limit}: more");
                 assert_eq!(addrs(&a), addrs(&b), "{at}: {n} limit {limit}: addresses");
                 if !spellings {
                     assert_eq!(a, b, "{at}: {n} limit {limit}");
                 } else if !a.more {
-                    // Names of one address written differently: the old index ordered them
+                    // Names of one address written differently: the reference orders them
                     // by its hash map after a relist, so only the set is comparable.
                     assert_eq!(sorted(&a), sorted(&b), "{at}: {n} limit {limit}");
                 }
@@ -554,21 +554,21 @@ mod same_as_before {
     }
 
     #[test]
-    fn compact_index_answers_as_the_old_one() {
+    fn compact_index_answers_as_the_reference() {
         for seed in 0..400u64 {
             let mut r = Rng(seed);
             let spellings = seed % 2 == 1;
             let (s, names) = cidr_set(&mut r);
-            let (mut new, mut old) = (IpIndex::default(), LegacyIpIndex::default());
+            let (mut compact, mut reference) = (IpIndex::default(), ReferenceIpIndex::default());
             for step in 0..60 {
                 for u in updates(&mut r, spellings) {
-                    let mut a = new.apply(copy(&u));
-                    let mut b = old.apply(u);
+                    let mut a = compact.apply(copy(&u));
+                    let mut b = reference.apply(u);
                     a.sort();
                     b.sort();
                     assert_eq!(a, b, "seed {seed} step {step}: changed addresses");
                 }
-                check(seed, step, spellings, &new, &old, &s, &names);
+                check(seed, step, spellings, &compact, &reference, &s, &names);
             }
         }
     }

@@ -5,7 +5,7 @@
 //!
 //! Fills N entries (default 250k) with batched netlink creates and says how long that took:
 //! 80% TCP established, 20% UDP DNATed to 100 UDP services with 3 endpoints each; PCT percent
-//! of ALL entries (default 5, the mix; at most 20, the UDP share) are UDP flows to a
+//! of ALL entries (default 5; at most 20, the UDP share) are UDP flows to a
 //! removed endpoint. The kernel's nf_conntrack_max is global (read-only inside a namespace):
 //! when it is below N the bench raises it for the run and puts it back after (hashsize is left
 //! alone: it is global too, and the baselines share its bucket length).

@@ -524,7 +524,7 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
         let e = udp("10.0.0.1:2000", "10.96.7.7:53", "10.244.1.5:5353");
         ct.create(&[e], 300, STATUS_SEEN_REPLY).unwrap();
         // The grace is long against a pass over this one-entry table, so the second pass
-        // falls within it even on a loaded machine (300 ms was not: it failed under load).
+        // falls within it even on a loaded machine (a few hundred milliseconds is not).
         let grace = Duration::from_secs(2);
         let mut state = PassState {
             orphan_grace: grace,

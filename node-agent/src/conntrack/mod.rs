@@ -1,4 +1,4 @@
-//! Stale UDP conntrack cleanup (kube-proxy v1.36 CleanStaleEntries, spec section 3), driven
+//! Stale UDP conntrack cleanup (kube-proxy v1.36 CleanStaleEntries, docs/upstream.md), driven
 //! by Service and EndpointSlice watches instead of a proxy sync: after a UDP service's serving
 //! endpoints change (debounced) and periodically with Cilium's adaptive interval.
 
@@ -56,8 +56,8 @@ pub use metrics::Metrics;
 /// Bounds of --conntrack-no-endpoint-settle.
 const MIN_SETTLE: Duration = Duration::from_secs(1);
 const MAX_SETTLE: Duration = Duration::from_secs(600);
-/// Least --conntrack-orphan-grace: the IPAddress watch's lag, measured in milliseconds
-/// (benches/ipaddress_watch_lag.rs), with a wide margin for a loaded apiserver.
+/// Least --conntrack-orphan-grace: many times the IPAddress watch's lag
+/// (benches/ipaddress_watch_lag.rs; docs/benchmarks.md), a wide margin for a loaded apiserver.
 const MIN_ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Args, Debug, Clone)]

@@ -276,9 +276,9 @@ pub fn apply(
 pub(super) const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
 
-/// Why a write failed, from what was tried and what the process can see: the old hint blamed
-/// privileges even in a privileged container, where the cause was the kernel's (a sysctl that
-/// is read-only outside the host's network namespace).
+/// Why a write failed, from what was tried and what the process can see: blaming privileges
+/// alone would mislead in a privileged container, where the cause is the kernel's (a sysctl
+/// that is read-only outside the host's network namespace).
 pub(super) fn write_hint(errno: Option<i32>, mode: Option<u32>, caps: Option<u64>) -> String {
     let has = |cap: u32| caps.map(|c| c & (1 << cap) != 0);
     match errno {

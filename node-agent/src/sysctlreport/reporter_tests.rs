@@ -393,8 +393,8 @@ async fn a_pod_kubelet_rejects_gets_nothing_from_the_agent() {
 }
 
 /// The three watches list in any order. When the pods list last, no Node or policy event may
-/// follow for a long time: the policy must be merged then, or the reporter never starts (seen
-/// under load in rbac_cluster before this was fixed).
+/// follow for a long time: the policy must be merged then, or the reporter never starts (under
+/// load, rbac_cluster's agent lists its pods last).
 #[tokio::test]
 async fn the_reporter_starts_whichever_watch_lists_last() {
     for order in [

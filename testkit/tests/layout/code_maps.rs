@@ -5,14 +5,23 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use super::{COMPONENTS, assert_none, repo};
+use super::{COMPONENTS, WINGS, assert_none, repo};
 
 /// The folders whose every product file a `## Code` map must name: the components, the
-/// sysctl rules both binaries judge by, and the kubectl plugin.
-fn mapped() -> Vec<&'static str> {
-    let mut dirs = COMPONENTS.to_vec();
-    dirs.push("sysctl-rules/src");
-    dirs.push("controllers/src/plugin");
+/// folders of the wings' other rooms, the sysctl rules both binaries judge by, and the kubectl
+/// plugin.
+fn mapped() -> Vec<String> {
+    let mut dirs: Vec<String> = COMPONENTS.iter().map(|c| c.to_string()).collect();
+    for (wing, rooms) in WINGS {
+        for room in rooms.iter().filter_map(|r| r.strip_suffix('/')) {
+            let dir = format!("{wing}/{room}");
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    dirs.push("sysctl-rules/src".into());
+    dirs.push("controllers/src/plugin".into());
     dirs
 }
 
@@ -299,7 +308,7 @@ fn every_product_file_is_in_its_components_map() {
         let parts: Vec<&String> = maps
             .iter()
             .flat_map(|m| m.dirs.iter())
-            .filter(|(d, _)| d == dir)
+            .filter(|(d, _)| *d == dir)
             .map(|(_, under)| under)
             .collect();
         if parts.is_empty() {
@@ -309,7 +318,7 @@ fn every_product_file_is_in_its_components_map() {
             continue;
         }
         let under: String = parts.into_iter().cloned().collect();
-        offenders.extend(unmapped(dir, &under));
+        offenders.extend(unmapped(&dir, &under));
     }
     assert_none(
         "product files missing from their component's `## Code` map (add a line for each)",

@@ -9,6 +9,11 @@ use super::{assert_none, repo};
 
 /// The text files the project is made of, outside build output and git's own folder.
 fn project_files() -> Vec<PathBuf> {
+    files_under(&repo())
+}
+
+/// The text files under `root`, outside build output and git's own folder.
+pub(super) fn files_under(root: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
@@ -36,7 +41,7 @@ fn project_files() -> Vec<PathBuf> {
         }
     }
     let mut files = Vec::new();
-    walk(&repo(), &mut files);
+    walk(root, &mut files);
     files.sort();
     files
 }

@@ -1,20 +1,30 @@
 //! The shape docs/architecture.md describes, checked on the source tree so that it does not
-//! drift: one watch primitive, the same files in every component, no import of a binary's
+//! drift: every component of its table checked here, the rooms of a wing, one watch primitive,
+//! the same files in every component, no import of a binary's
 //! wiring from a component, no file over 600 lines (product code, benches, testkit), a `//!` line opening every file,
 //! sibling test files declared without `#[path]`, one dry-run log style, decisions that name no
 //! wire type, no import circle between the modules of a crate nor the rooms of a component.
 
 use std::path::{Path, PathBuf};
 
-/// The components, each with the files every component has.
+/// The components, each with the files every component has: every row of the component table
+/// of docs/architecture.md (`## The components`), and no other.
 const COMPONENTS: &[&str] = &[
     "controllers/src/servicecidr",
     "controllers/src/podgc",
-    "controllers/src/sysctlwebhook",
+    "controllers/src/sysctl/webhook",
+    "controllers/src/sysctl/placement",
     "node-agent/src/conntrack",
     "node-agent/src/sysctlreport",
 ];
 const SHAPE: &[&str] = &["mod.rs", "decide.rs", "apply.rs", "cache.rs", "metrics.rs"];
+/// The wings: a folder of components that share rooms, with every room in it (a file, or a
+/// folder ending in `/`) besides its `mod.rs`. A component of a wing has the wing's `cache.rs`
+/// (one set of watches per process for all of them), not one of its own.
+const WINGS: &[(&str, &[&str])] = &[(
+    "controllers/src/sysctl",
+    &["cache.rs", "facts.rs", "tls/", "webhook/", "placement/"],
+)];
 const MAX_LINES: usize = 600;
 
 fn repo() -> PathBuf {
@@ -79,12 +89,130 @@ fn check(rule: &str, breaks: impl Fn(&str, &str) -> Option<String>) {
     assert_none(rule, offenders);
 }
 
+/// The wing `component` is in, if any.
+fn wing_of(component: &str) -> Option<&'static str> {
+    WINGS.iter().map(|(wing, _)| *wing).find(|wing| {
+        component
+            .strip_prefix(wing)
+            .is_some_and(|r| r.starts_with('/'))
+    })
+}
+
+/// A component's own file, or for `cache.rs` its wing's (`sysctl/cache.rs` for
+/// `sysctl/webhook` and `sysctl/placement`).
+fn has_file(component: &str, file: &str) -> bool {
+    match wing_of(component) {
+        Some(wing) if file == "cache.rs" => repo().join(wing).join(file).is_file(),
+        _ => repo().join(component).join(file).is_file(),
+    }
+}
+
+/// The folders of the rows of the component table of an architecture page: the second
+/// column's `` `folder/` `` in the `## The components` section.
+fn table_components(page: &str) -> Vec<String> {
+    let mut in_table = false;
+    let mut out = Vec::new();
+    for line in page.lines() {
+        if line.starts_with("## ") {
+            in_table = line.trim() == "## The components";
+            continue;
+        }
+        let folder = line
+            .split('|')
+            .nth(2)
+            .and_then(|cell| cell.trim().strip_prefix('`'))
+            .and_then(|cell| cell.split('`').next())
+            .and_then(|folder| folder.strip_suffix('/'));
+        if let Some(folder) = folder.filter(|f| in_table && f.contains("/src/")) {
+            out.push(folder.to_string());
+        }
+    }
+    out
+}
+
+/// Every component docs/architecture.md tables is checked here, and every one checked here is
+/// in its table: a new component cannot be left out of either; the wings' rooms are named
+/// there too.
+#[test]
+fn every_component_in_the_architecture_table_is_checked() {
+    let page =
+        std::fs::read_to_string(repo().join("docs/architecture.md")).expect("architecture.md");
+    let tabled = table_components(&page);
+    let mut offenders: Vec<String> = tabled
+        .iter()
+        .filter(|c| !COMPONENTS.contains(&c.as_str()))
+        .map(|c| format!("{c}: in the table, not in COMPONENTS"))
+        .collect();
+    offenders.extend(
+        COMPONENTS
+            .iter()
+            .filter(|c| !tabled.iter().any(|t| t == *c))
+            .map(|c| format!("{c}: in COMPONENTS, not in the table")),
+    );
+    let section = page
+        .split("## The components")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap_or_default();
+    for (wing, rooms) in WINGS {
+        for room in *rooms {
+            let named = [format!("`{room}`"), format!("`{wing}/{room}`")];
+            if !named.iter().any(|n| section.contains(n.as_str())) {
+                offenders.push(format!("{wing}/{room}: a room not named in the section"));
+            }
+        }
+    }
+    assert_none(
+        "docs/architecture.md's component table and the layout test's lists disagree",
+        offenders,
+    );
+    let made_up = "## The components\n\n| component | folder | binary |\n|---|---|---|\n\
+        | new | `controllers/src/new/` | controller-manager |\n\n## Next\n\n| x | `controllers/src/podgc/` |\n";
+    assert_eq!(
+        table_components(made_up),
+        ["controllers/src/new"],
+        "a row of the table, and only the table"
+    );
+}
+
+/// A wing holds its rooms and nothing else, and each of its components is one of them.
+#[test]
+fn every_wing_holds_its_rooms() {
+    let mut offenders = Vec::new();
+    for (wing, rooms) in WINGS {
+        let dir = repo().join(wing);
+        let mut found: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{wing}: {e}"))
+            .map(|e| e.expect("directory entry").path())
+            .filter(|p| p.is_dir() || p.extension().is_some_and(|x| x == "rs"))
+            .map(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                if p.is_dir() { format!("{name}/") } else { name }
+            })
+            .filter(|n| n != "mod.rs" && !is_test_file(n))
+            .collect();
+        found.sort();
+        let mut want: Vec<String> = rooms.iter().map(|r| r.to_string()).collect();
+        want.sort();
+        if found != want {
+            offenders.push(format!("{wing}: holds {found:?}, WINGS lists {want:?}"));
+        }
+        for c in COMPONENTS.iter().filter(|c| wing_of(c) == Some(*wing)) {
+            let room = format!("{}/", c.strip_prefix(wing).unwrap().trim_start_matches('/'));
+            if !rooms.contains(&room.as_str()) {
+                offenders.push(format!("{c}: a component of {wing} not among its rooms"));
+            }
+        }
+    }
+    assert_none("wings whose rooms differ from WINGS", offenders);
+}
+
 #[test]
 fn every_component_has_the_same_files() {
     let mut missing = Vec::new();
     for c in COMPONENTS {
         for f in SHAPE {
-            if !repo().join(c).join(f).is_file() {
+            if !has_file(c, f) {
                 missing.push(format!("{c}/{f}"));
             }
         }
@@ -247,5 +375,6 @@ fn one_dry_run_log_style() {
 
 mod circles;
 mod code_maps;
+mod figures;
 mod history;
 mod skips;

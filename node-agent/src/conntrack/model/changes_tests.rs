@@ -1,7 +1,7 @@
 //! The rule of [`Changes`], over generated sequences of Service, EndpointSlice, ServiceCIDR,
 //! IPAddress and Node changes and passages of time applied to the live model: the changes it
-//! hands out, added up since a round judged the model, give exactly the focus the old way
-//! gives (`Focus::between` over a copy of the judged model and the current one), and say
+//! hands out, added up since a round judged the model, give exactly the focus the whole-model
+//! comparison gives (`Focus::between` over a copy of the judged model and the current one), and say
 //! whether the model changed exactly when the two models differ, and whether the change asks
 //! for a triggered round exactly when the two models differ in more than IPs allocated, or IPs
 //! released that no UDP frontend of either has; and the round's record of backends seen
@@ -70,7 +70,7 @@ fn run(seed: u64, seen: &mut Seen) {
     let mut w = World::default();
     let mut live = Live::new(SETTLE, RETENTION);
     // The last model handed out, and the model the last round judged with what changed since
-    // (the scheduler's state; the copy of the judged model is the old way, the reference).
+    // (the scheduler's state; the copy of the judged model is the reference).
     let mut handed = Model::default();
     let mut judged: Option<(Model, Changes, usize)> = None;
     for step in 0..60 {

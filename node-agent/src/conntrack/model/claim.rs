@@ -18,8 +18,8 @@ pub struct Claim {
 
 /// A set of `IP:port`s, sorted, in one shared allocation: a claim's serving endpoints and the
 /// model's entry for each frontend it alone claims are one list (`Live::refresh`), and a copy
-/// of the model copies pointers. At 10k services of 10 endpoints a `HashSet` per frontend held
-/// 5 MiB more.
+/// of the model copies pointers. A `HashSet` per frontend would be megabytes more at 10k
+/// services of 10 endpoints.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub struct Addrs(Arc<[SocketAddr]>);
 

@@ -1,6 +1,7 @@
 //! The model kept up to date service by service. A change to one Service or to its
 //! EndpointSlices redoes that service's claims and the frontends and nodePorts it claimed or
-//! claims now, nothing else: at 10k Services a whole rebuild cost ~60 ms of CPU per change.
+//! claims now, nothing else: at 10k Services a whole rebuild costs far more CPU per change
+//! (`model_update` in docs/benchmarks.md).
 //!
 //! The rule, checked by `live_tests.rs` over generated sequences of changes and settle-time
 //! passages: after every update the model equals the one built from scratch on the same inputs

@@ -230,8 +230,8 @@ fn an_update_naming_nothing_changes_nothing() {
 }
 
 /// A frontend that one claim alone holds keeps that claim's list of serving endpoints, not a
-/// copy: at 10k services of 10 endpoints a set per frontend held 5 MiB more. A frontend two
-/// services claim holds the union, a list of its own.
+/// copy: a set per frontend would be megabytes more at 10k services of 10 endpoints. A frontend
+/// two services claim holds the union, a list of its own.
 #[test]
 fn a_frontend_one_claim_holds_shares_that_claims_list() {
     use crate::conntrack::netlink::family::Family;

@@ -1,6 +1,6 @@
 //! The service model a pass judges entries against: its types (`FamilyModel`, `Model`) and
 //! what one service port claims in it (`port_claims`), the way kube-proxy's service and
-//! endpoint trackers feed CleanStaleEntries (spec 3.2, last part), plus ServiceCIDRs,
+//! endpoint trackers feed CleanStaleEntries (docs/upstream.md, step 2), plus ServiceCIDRs,
 //! IPAddresses, the Node and the remembered deleted frontends. The files beside this one keep
 //! it: the views of the watched objects (`project`, `source`), the live model (`live`), what
 //! changed in it (`changes`) and what a triggered pass looks at after a change (`focus`), and

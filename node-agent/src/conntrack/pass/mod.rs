@@ -147,9 +147,9 @@ pub fn run_pass(
 
 /// At most this many kernel-filtered dumps in a triggered pass; a scope that needs more is
 /// cheaper as one UDP dump filtered here. The kernel walks the whole table for each filtered
-/// dump but copies out only what matches: on a 250k-entry table (50k UDP) one filtered dump
-/// took 64 ms and a UDP dump 143 ms (benches/conntrack_pass/), so two filtered dumps still
-/// cost less than the UDP dump and its judging, three more.
+/// dump but copies out only what matches: one UDP dump costs about two filtered dumps
+/// (benches/conntrack_pass/; docs/benchmarks.md, at 250,000 entries), so two filtered dumps
+/// still cost less than the UDP dump and its judging, three more.
 pub const MAX_FOCUSED_DUMPS: usize = 2;
 
 /// The kernel-filtered dumps that return every entry of `family` that `scope` touches (and

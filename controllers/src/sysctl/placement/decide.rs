@@ -13,7 +13,8 @@ use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
 use groundskeeper_sysctl_rules::policy::selects as policy_selects;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
-use crate::sysctlwebhook::decide::{Decision, NodeFacts, PodView, decide};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::webhook::decide::{Decision, decide};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 /// The field a node's name is selected by in `matchFields`.
@@ -58,15 +59,6 @@ pub enum Placement {
     },
     /// No node admits it: it stays gated (Pending), and this says why.
     Hold { reason: String },
-}
-
-/// What the placement reads of a gated pod's own node constraints.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct Constraints {
-    /// `spec.nodeSelector`.
-    pub node_selector: BTreeMap<String, String>,
-    /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
-    pub required: Option<NodeSelector>,
 }
 
 impl Constraints {

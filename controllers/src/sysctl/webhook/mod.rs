@@ -5,23 +5,17 @@
 //! scheduler binding a pod) and pod CREATE with `spec.nodeName`. A denied binding leaves the
 //! pod Pending; the scheduler retries it with backoff. The same listener serves the mutating
 //! gate (`gate.rs`, `mutate.rs`) that holds a pod setting sysctls until the placement controller
-//! (`sysctlplacement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
+//! (`sysctl::placement`) has narrowed it to the nodes that admit it. The verdict is the shared one the
 //! node-agent reports by (`groundskeeper_sysctl_rules`). TLS comes from a Secret, written by the
-//! controller-manager itself (`certs.rs`, `rotation.rs`) or by cert-manager.
+//! controller-manager itself or by cert-manager (`sysctl::tls`).
 
 pub mod apply;
-pub mod cache;
-pub mod certs;
 pub mod decide;
 pub mod gate;
-pub mod generation;
 pub mod limits;
 pub mod metrics;
 pub mod mutate;
 pub mod review;
-pub mod rotation;
-#[cfg(test)]
-mod rotation_tests;
 pub mod serve;
 #[cfg(test)]
 mod server_tests;
@@ -39,14 +33,26 @@ use groundskeeper_plumbing::{
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
+use super::cache::Watched;
+use super::tls::{
+    self,
+    apply::KubeWrites,
+    cache::{Change, Own},
+    certs::{CertTask, Source, TICK},
+    rotation::Timing,
+};
 use crate::context::Context;
-use apply::KubeWrites;
-use cache::{COMPONENT, Change, Own};
-use certs::{CertTask, Source, TICK};
 use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
-use rotation::Timing;
 use serve::{Judge, Lookups};
+
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlwebhook`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook";
+
+/// Readiness flags of the webhook's own watches and of its certificate are
+/// `sysctlwebhook/<kind>`; what it judges on is the wing's (`sysctl/<kind>`).
+pub const COMPONENT: &str = "sysctlwebhook";
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Sysctl admission webhook")]
@@ -155,18 +161,20 @@ impl WebhookArgs {
     }
 }
 
-/// Serves the webhook until the context's token is cancelled; `lookups` is the client of its
-/// pod reads (see [`Lookups`]).
+/// Serves the webhook until the context's token is cancelled, judging on the process's sysctl
+/// watches (`watched`); `lookups` is the client of its pod reads (see [`Lookups`]).
 pub async fn run(
     ctx: Context,
     args: WebhookArgs,
     policy: PolicyArgs,
     lookups: kube::Client,
+    watched: Watched,
 ) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let base = &ctx.base;
     let metrics = Metrics::register(&base.registry)?;
-    let cache = Shared::default();
+    let tls_metrics = tls::metrics::Metrics::register(&base.registry)?;
+    let certificates = Shared::default();
     let self_signed = args.webhook_certificates == Source::SelfSigned;
     let own = Own {
         namespace: args.webhook_namespace.clone(),
@@ -177,14 +185,22 @@ pub async fn run(
             .clone()
             .filter(|_| self_signed),
     };
-    let (health, changes) = cache::follow_all(&base.readiness, &base.client, &own, &cache);
+    let (own_flags, changes) = tls::cache::follow_all(
+        &base.readiness,
+        COMPONENT,
+        &base.client,
+        &own,
+        &certificates,
+    );
+    // Its requests wait for every watch, the wing's and its own: 503 until all have listed.
+    let health = watched.health_with(own_flags);
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
     let limits = limits::limits();
     let judge = Arc::new(Judge {
         args: policy.clone(),
         dry_run: base.dry_run,
-        cache: cache.clone(),
+        cache: watched.cache.clone(),
         health: health.clone(),
         lookups: Lookups {
             client: lookups,
@@ -207,7 +223,7 @@ pub async fn run(
         base.token.clone(),
     )
     .await?;
-    tracing::info!(%addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
     let server = tokio::spawn(serve);
     let listed = health.clone();
     let task = CertTask::new(
@@ -218,12 +234,12 @@ pub async fn run(
             validity: args.webhook_cert_validity,
             grace: args.webhook_cert_grace,
         },
-        cache,
+        certificates,
         Box::new(move || listed.listed()),
         KubeWrites::new(base.client.clone(), own.namespace.clone()),
         certs,
         serving,
-        metrics,
+        tls_metrics,
     );
 
     let mut changes = std::pin::pin!(changes);
@@ -239,7 +255,7 @@ pub async fn run(
         }
     }
     server.await?;
-    tracing::info!("sysctl webhook stopped");
+    tracing::info!(target: LOG_TARGET, "sysctl webhook stopped");
     Ok(())
 }
 

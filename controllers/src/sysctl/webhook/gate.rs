@@ -1,6 +1,6 @@
 //! The mutating webhook on pod CREATE: a pod that sets sysctls and names no node gets the
 //! scheduling gate [`GATE`], so no scheduler binds it before the leader's placement
-//! (`sysctlplacement`) has narrowed it to the nodes that admit it and taken the gate off.
+//! (`sysctl::placement`) has narrowed it to the nodes that admit it and taken the gate off.
 //!
 //! Why a gate and not a refusal: the chart registers this webhook with `failurePolicy: Fail`
 //! and `matchConditions` that pass only pods setting sysctls some node could forbid. While no
@@ -15,7 +15,7 @@ use groundskeeper_sysctl_rules::{args::PolicyArgs, verdict::allowed_everywhere};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::decide::MIRROR_ANNOTATION;
+use crate::sysctl::facts::{GATE, MIRROR_ANNOTATION};
 
 /// Whether any node of the cluster could enforce its sysctl policy, as the replica knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,9 +27,6 @@ pub enum Enforcement {
     /// The default mode or some SysctlPolicy is Enforce.
     Possible,
 }
-
-/// The scheduling gate the placement removes (`spec.schedulingGates[].name`).
-pub const GATE: &str = "groundskeeper.dev/sysctl";
 
 /// What the webhook does with a created pod.
 #[derive(Clone, Debug, PartialEq)]

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use testkit::rng::Rng;
 
-use super::decide::{Constraints, NAME_FIELD, Placement, narrow, place, selects};
-use crate::sysctlwebhook::decide::{NodeFacts, PodView};
+use super::decide::{NAME_FIELD, Placement, narrow, place, selects};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
 
 fn args(default_mode: Mode) -> PolicyArgs {
     PolicyArgs {

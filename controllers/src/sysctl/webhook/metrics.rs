@@ -1,7 +1,7 @@
 //! The webhook's Prometheus metrics.
 //!
 //! Reviews answered (by subject and result), how long they took, what the server's limits
-//! refused, the served certificate's expiry, and the certificate steps taken.
+//! refused. The certificate's are `tls/metrics.rs`.
 
 use groundskeeper_plumbing::metrics::registered;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
@@ -10,8 +10,6 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 pub struct Metrics {
     pub reviews: IntCounterVec,
     pub duration: HistogramVec,
-    pub certificate_expiry: IntGauge,
-    pub certificate_steps: IntCounterVec,
     /// `error`: [`ReviewError::metric_label`](super::serve::ReviewError::metric_label).
     pub errors: IntCounterVec,
     /// `reason`: one of [`refused_reasons`](super::limits::refused_reasons).
@@ -44,25 +42,6 @@ impl Metrics {
                 )
                 .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
                 &["subject"],
-            ),
-        )?;
-        let certificate_expiry = registered(
-            registry,
-            IntGauge::new(
-                "groundskeeper_sysctl_webhook_certificate_expiry_timestamp_seconds",
-                "When the certificate this replica serves expires (Unix seconds); 0 until one is loaded.",
-            ),
-        )?;
-        let certificate_steps = registered(
-            registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "groundskeeper_sysctl_webhook_certificate_steps_total",
-                    "Certificate writes made by this replica (self-signed mode): issue, stage, trusted \
-                     (the caBundles seen holding the staged CA), untrusted (seen without it again), \
-                     promote, ca_bundle (the webhook configuration's caBundles patched).",
-                ),
-                &["step"],
             ),
         )?;
         let errors = registered(
@@ -111,8 +90,6 @@ impl Metrics {
             errors,
             reviews,
             duration,
-            certificate_expiry,
-            certificate_steps,
         })
     }
 }

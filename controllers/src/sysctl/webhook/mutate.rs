@@ -19,6 +19,10 @@ use super::gate::{self, Enforcement, Gating};
 use super::review;
 use super::serve::Judge;
 
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlwebhook`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook::mutate";
+
 /// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
 const BODY_LIMIT: usize = 4 << 20;
 
@@ -43,7 +47,7 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
     let (uid, pod) = match review::read_created_pod(&body) {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(error = %e, "webhook: unreadable request");
+            tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
             count("unreadable");
             judge
                 .metrics

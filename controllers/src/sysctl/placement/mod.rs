@@ -1,5 +1,5 @@
 //! The sysctl placement controller: places each pod the gate webhook gated
-//! (`sysctlwebhook::gate`) on the nodes whose kubelet and SysctlPolicy admit its sysctls.
+//! (`sysctl::webhook::gate`) on the nodes whose kubelet and SysctlPolicy admit its sysctls.
 //!
 //! For each gated pod the leader judges every known node as the binding webhook would, then in
 //! one conditional update sets a required node affinity to the admitting nodes (ANDed with the
@@ -8,7 +8,6 @@
 //! saying why, and is judged again whenever a Node's facts or a SysctlPolicy change.
 
 pub mod apply;
-pub mod cache;
 pub mod decide;
 pub mod metrics;
 
@@ -25,18 +24,20 @@ use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;
 
 use crate::context::Context;
-use crate::sysctlwebhook::decide::NodeFacts;
+use crate::sysctl::cache::{Cache, Change, Watched};
+use crate::sysctl::facts::{NodeFacts, PodKey};
 use crate::workqueue::{RateLimit, WorkQueue};
 use apply::{Apply, KubeWrites, Writes};
-use cache::{Cache, Change, PodKey};
 use decide::{Placement, place};
 use metrics::Metrics;
+
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlplacement`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlplacement";
 
 pub const CONTROLLER_NAME: &str = "sysctl-placement";
 /// The reporting controller of its Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
 pub const REPORTER: &str = "groundskeeper.dev/sysctlplacement";
-/// The pod condition the placement sets (`False`: no node admits the pod's sysctls).
-pub const CONDITION: &str = "groundskeeper.dev/SysctlPlacement";
 /// How soon a pod is tried again while the watches may not be acted on.
 const UNHEALTHY_RETRY: Duration = Duration::from_secs(1);
 
@@ -53,13 +54,19 @@ pub struct PlacementArgs {
     pub sysctl_placement_workers: u16,
 }
 
-/// Watches gated pods, Nodes and SysctlPolicies on every replica; places only while leading;
-/// returns once `ctx.base.token` is cancelled and in-flight placements finished.
-pub async fn run(ctx: Context, args: PlacementArgs, policy: PolicyArgs) -> anyhow::Result<()> {
+/// Follows gated pods, Nodes and SysctlPolicies through the process's sysctl watches
+/// (`watched`) on every replica; places only while leading; returns once `ctx.base.token` is
+/// cancelled and in-flight placements finished.
+pub async fn run(
+    ctx: Context,
+    args: PlacementArgs,
+    policy: PolicyArgs,
+    watched: Watched,
+) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
-    let cache = Shared::<Cache>::default();
+    let cache = watched.cache.clone();
     let queue: WorkQueue<PodKey> = WorkQueue::new(RateLimit::default());
-    let (health, changes) = cache::follow_all(&ctx.base.readiness, &ctx.base.client, &cache);
+    let (health, changes) = (watched.health.clone(), watched.changes());
     let (listed_tx, mut listed) = signal::channel(false);
     let feeder = tokio::spawn({
         let (queue, health, cache, metrics) = (
@@ -110,13 +117,13 @@ pub async fn run(ctx: Context, args: PlacementArgs, policy: PolicyArgs) -> anyho
         _ = token.cancelled() => false,
         _ = async {
             let _ = listed.wait_for(|l| *l).await;
-            tracing::info!(controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
+            tracing::info!(target: LOG_TARGET, controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
             ctx.leadership.acquired().await;
         } => true,
     };
     let mut workers = Vec::new();
     if started {
-        tracing::info!(
+        tracing::info!(target: LOG_TARGET,
             controller = CONTROLLER_NAME,
             workers = args.sysctl_placement_workers,
             dry_run = ctx.base.dry_run,
@@ -191,7 +198,7 @@ impl<W: Writes> Placer<W> {
                 Some("conflict")
             }
             Err(e) => {
-                tracing::warn!(pod = %format!("{}/{}", key.0, key.1), error = %e, "placing the pod failed; retrying with backoff");
+                tracing::warn!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), error = %e, "placing the pod failed; retrying with backoff");
                 self.queue.add_rate_limited(key.clone());
                 Some("error")
             }
@@ -213,8 +220,7 @@ impl<W: Writes> Placer<W> {
             let Some(pod) = c.gated.get(key).cloned() else {
                 return Ok(Done::Nothing);
             };
-            let policies = cache::policies(&c);
-            let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+            let refs: Vec<&SysctlPolicy> = c.policies.values().collect();
             let nodes: Vec<(&str, &NodeFacts)> =
                 c.nodes.iter().map(|(n, f)| (n.as_str(), f)).collect();
             let placement = place(

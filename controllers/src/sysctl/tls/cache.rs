@@ -1,33 +1,25 @@
-//! What the webhook watches: nodes (labels, kernel), SysctlPolicies, pods not yet bound, and
-//! its own Secret and webhook configurations (validating and mutating).
+//! What the certificate task watches: the webhook's own Secret and webhook configurations
+//! (validating and mutating), each by name.
 //!
-//! Flags `sysctlwebhook/<kind>`. A binding names only its pod, so the pods not yet bound are
-//! kept (field selector `spec.nodeName=`, so the watch carries nothing of bound pods), each as
-//! its [`PodView`]; a binding whose pod is not there yet is judged from a GET instead.
+//! Flags `<component>/<kind>` of the component serving the certificate (`sysctlwebhook`). The
+//! Secret is watched in its own namespace only; a configuration only when the
+//! controller-manager keeps its caBundles ([`Own`]).
 
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
-    Readiness,
-    cache::{self, Health, Kept, Shared, Store, Watches},
+    Readiness, ReadyFlag,
+    cache::{self, Kept, Shared, Store, Watches},
 };
-use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::runtime::watcher::{self, Event};
 
-use super::decide::{NodeFacts, PodView};
 use super::rotation::{Annotations, Data};
 
-/// Readiness flags are `sysctlwebhook/<kind>`.
-pub const COMPONENT: &str = "sysctlwebhook";
-
-/// A pod by namespace and name.
-pub type PodKey = (String, String);
-
-/// The Secret as the webhook reads it.
+/// The Secret as the certificate task reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SecretView {
     pub data: Data,
@@ -45,9 +37,6 @@ pub struct WebhookBundles {
 
 #[derive(Default)]
 pub struct Cache {
-    pub nodes: Store<String, NodeFacts>,
-    pub policies: Store<String, SysctlPolicy>,
-    pub pending: Store<PodKey, PodView>,
     pub secret: Store<String, SecretView>,
     pub webhooks: Store<String, WebhookBundles>,
     /// The mutating configuration's (the gate's), by name.
@@ -74,39 +63,32 @@ pub struct Own {
     pub mutating: Option<String>,
 }
 
-/// The watches feeding `cache`, with their flags and their changes in one stream.
+/// The watches feeding `cache`, flags `component/<kind>`, with their changes in one stream.
 pub fn follow_all(
     readiness: &Readiness,
+    component: &'static str,
     client: &kube::Client,
     own: &Own,
     cache: &Shared<Cache>,
-) -> (Health, impl Stream<Item = Change> + Send + 'static) {
-    let from_watch_cache = || watcher::Config::default().any_semantic();
+) -> (
+    Vec<ReadyFlag>,
+    impl Stream<Item = Change> + Send + 'static + use<>,
+) {
     let named = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let watches = Watches::new(readiness, COMPONENT, client, cache);
-    let (nodes_flag, nodes) = watches.follow::<Node, _, _>(from_watch_cache(), fold_node);
-    let (policies_flag, policies) =
-        watches.follow::<SysctlPolicy, _, _>(from_watch_cache(), fold_policy);
-    let (pods_flag, pods) =
-        watches.follow::<Pod, _, _>(from_watch_cache().fields("spec.nodeName="), fold_pod);
     // Its own namespace only: the Role grants nothing else.
     let namespace = own.namespace.clone();
     let (secret_flag, secret) = cache::follow_in(
         readiness,
-        COMPONENT,
+        component,
         client.clone(),
         move |c| Api::<Secret>::namespaced(c, &namespace),
         named(&own.secret),
         cache.clone(),
         fold_secret,
     );
-    let mut flags = vec![nodes_flag, policies_flag, pods_flag, secret_flag];
-    let mut changes = futures::stream::select_all([
-        nodes.boxed(),
-        policies.boxed(),
-        pods.boxed(),
-        secret.boxed(),
-    ]);
+    let watches = Watches::new(readiness, component, client, cache);
+    let mut flags = vec![secret_flag];
+    let mut changes = futures::stream::select_all([secret.boxed()]);
     if let Some(name) = &own.configuration {
         let (flag, webhooks) =
             watches.follow::<ValidatingWebhookConfiguration, _, _>(named(name), fold_webhooks);
@@ -119,7 +101,7 @@ pub fn follow_all(
         flags.push(flag);
         changes.push(webhooks.boxed());
     }
-    (Health::new(flags), changes)
+    (flags, changes)
 }
 
 fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
@@ -127,30 +109,6 @@ fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
         Some(name) => Kept::Yes(name, v),
         None => Kept::Unusable,
     }
-}
-
-fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
-    cache.nodes.apply_event(ev, |n: Node| {
-        by_name(n.metadata.name.clone(), NodeFacts::of(&n))
-    });
-    Change::None
-}
-
-fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
-    cache
-        .policies
-        .apply_event(ev, |p: SysctlPolicy| by_name(p.metadata.name.clone(), p));
-    Change::None
-}
-
-fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
-    cache.pending.apply_event(ev, |p: Pod| {
-        match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
-            (Some(ns), Some(name)) => Kept::Yes((ns, name), PodView::of(&p)),
-            _ => Kept::Unusable,
-        }
-    });
-    Change::None
 }
 
 fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {

@@ -62,7 +62,7 @@ fn short() -> Limits {
 }
 
 async fn served(limits: Limits) -> Served {
-    let g = super::rotation::issue(
+    let g = crate::sysctl::tls::rotation::issue(
         &["127.0.0.1".to_string()],
         jiff::Timestamp::now(),
         Duration::from_secs(3600),

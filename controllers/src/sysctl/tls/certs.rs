@@ -21,6 +21,10 @@ use super::metrics::Metrics;
 use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
 use groundskeeper_plumbing::serving::Certificates;
 
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlwebhook`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook::certs";
+
 /// Who writes the Secret.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -121,7 +125,7 @@ impl<W: Writes> CertTask<W> {
             let server = match self.writes.apiserver_time().await {
                 Ok(t) => t,
                 Err(e) => {
-                    tracing::warn!(error = %e, "webhook: reading the apiserver's time failed; not promoting the staged certificate yet");
+                    tracing::warn!(target: LOG_TARGET, error = %e, "webhook: reading the apiserver's time failed; not promoting the staged certificate yet");
                     return;
                 }
             };
@@ -134,7 +138,7 @@ impl<W: Writes> CertTask<W> {
                 Some(server),
             );
             if step == Step::NotYetValid {
-                tracing::warn!(apiserver_time = %server, local_time = %now, "webhook: the staged certificate is not valid yet by the apiserver's clock (this replica's clock is ahead of it by more than the backdating); not promoting it yet");
+                tracing::warn!(target: LOG_TARGET, apiserver_time = %server, local_time = %now, "webhook: the staged certificate is not valid yet by the apiserver's clock (this replica's clock is ahead of it by more than the backdating); not promoting it yet");
                 return;
             }
         }
@@ -147,7 +151,7 @@ impl<W: Writes> CertTask<W> {
                     match rotation::issue(&self.hosts, now, self.timing.validity) {
                         Ok(g) => Some(g),
                         Err(e) => {
-                            tracing::error!(error = %e, "webhook: issuing a certificate failed; will retry");
+                            tracing::error!(target: LOG_TARGET, error = %e, "webhook: issuing a certificate failed; will retry");
                             return;
                         }
                     }
@@ -169,11 +173,11 @@ impl<W: Writes> CertTask<W> {
                 match self.writes.live_bundle(&self.own.secret).await {
                     Ok(Some(live)) if live == *bundle => {}
                     Ok(_) => {
-                        tracing::debug!(configuration = %name, "webhook: the Secret changed since it was read; waiting for its event before patching the caBundles");
+                        tracing::debug!(target: LOG_TARGET, configuration = %name, "webhook: the Secret changed since it was read; waiting for its event before patching the caBundles");
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(secret = %self.own.secret, error = %e, "webhook: reading the Secret before patching the caBundles failed; will retry");
+                        tracing::warn!(target: LOG_TARGET, secret = %self.own.secret, error = %e, "webhook: reading the Secret before patching the caBundles failed; will retry");
                         return;
                     }
                 }
@@ -186,17 +190,17 @@ impl<W: Writes> CertTask<W> {
         let resource = kind.resource();
         match self.writes.patch_configuration(kind, name, patch).await {
             Ok(()) => {
-                tracing::info!(configuration = %name, resource, "webhook: caBundles set to the Secret's ca.crt");
+                tracing::info!(target: LOG_TARGET, configuration = %name, resource, "webhook: caBundles set to the Secret's ca.crt");
                 self.metrics
                     .certificate_steps
                     .with_label_values(&["ca_bundle"])
                     .inc();
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(configuration = %name, resource, "webhook: the configuration changed since it was read; its event brings the next try")
+                tracing::debug!(target: LOG_TARGET, configuration = %name, resource, "webhook: the configuration changed since it was read; its event brings the next try")
             }
             Err(e) => {
-                tracing::warn!(configuration = %name, resource, error = %e, "webhook: patching the caBundles failed; will retry")
+                tracing::warn!(target: LOG_TARGET, configuration = %name, resource, error = %e, "webhook: patching the caBundles failed; will retry")
             }
         }
     }
@@ -213,14 +217,14 @@ impl<W: Writes> CertTask<W> {
                     .annotations
                     .get(rotation::TLS_NOT_AFTER)
                     .and_then(|t| t.parse::<Timestamp>().ok());
-                tracing::info!(secret = %self.own.secret, not_after = %expiry.map_or_else(|| "unknown".to_string(), |t| t.to_string()), "webhook: serving certificate loaded");
+                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, not_after = %expiry.map_or_else(|| "unknown".to_string(), |t| t.to_string()), "webhook: serving certificate loaded");
                 if let Some(t) = expiry {
                     self.metrics.certificate_expiry.set(t.as_second());
                 }
                 self.serving.mark_ready();
             }
             Err(e) => {
-                tracing::warn!(secret = %self.own.secret, error = %e, "webhook: the Secret's certificate can not be served; keeping the one loaded")
+                tracing::warn!(target: LOG_TARGET, secret = %self.own.secret, error = %e, "webhook: the Secret's certificate can not be served; keeping the one loaded")
             }
         }
     }
@@ -259,20 +263,20 @@ impl<W: Writes> CertTask<W> {
         };
         match written {
             Ok(()) => {
-                tracing::info!(secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
+                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
                 self.metrics
                     .certificate_steps
                     .with_label_values(&[label])
                     .inc();
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(
+                tracing::debug!(target: LOG_TARGET,
                     step = label,
                     "webhook: another replica wrote the Secret first"
                 );
             }
             Err(e) => {
-                tracing::warn!(secret = %self.own.secret, step = label, error = %e, "webhook: writing the certificate Secret failed; will retry")
+                tracing::warn!(target: LOG_TARGET, secret = %self.own.secret, step = label, error = %e, "webhook: writing the certificate Secret failed; will retry")
             }
         }
     }

@@ -14,10 +14,11 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::leader::{Fence, Fenced};
-use crate::sysctlwebhook::gate::GATE;
+use crate::sysctl::facts::{CONDITION, GATE, GatedPod, PodKey};
 
-use super::CONDITION;
-use super::cache::{GatedPod, PodKey};
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlplacement`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlplacement::apply";
 
 /// The field manager of the placement's writes.
 pub const FIELD_MANAGER: &str = "groundskeeper-sysctl-placement";
@@ -169,11 +170,11 @@ impl<W: Writes> Apply<W> {
     ) -> Result<(), kube::Error> {
         let patch = placement_patch(pod, required);
         if self.dry_run {
-            tracing::info!(pod = %format!("{}/{}", key.0, key.1), affinity = %patch["spec"]["affinity"], "dry-run: would {what} and remove scheduling gate {GATE}");
+            tracing::info!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), affinity = %patch["spec"]["affinity"], "dry-run: would {what} and remove scheduling gate {GATE}");
             return Ok(());
         }
         self.writes.patch_pod(key, &patch).await?;
-        tracing::info!(pod = %format!("{}/{}", key.0, key.1), "{what}; removed scheduling gate {GATE}");
+        tracing::info!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), "{what}; removed scheduling gate {GATE}");
         if pod.held.is_some()
             && let Err(e) = self
                 .writes
@@ -181,7 +182,7 @@ impl<W: Writes> Apply<W> {
                 .await
         {
             // The pod is placed; a stale condition misleads but blocks nothing.
-            tracing::warn!(pod = %format!("{}/{}", key.0, key.1), error = %e, "could not mark the placement condition True");
+            tracing::warn!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), error = %e, "could not mark the placement condition True");
         }
         Ok(())
     }
@@ -195,7 +196,7 @@ impl<W: Writes> Apply<W> {
         reason: &str,
     ) -> Result<(), kube::Error> {
         let name = format!("{}/{}", key.0, key.1);
-        tracing::info!(pod = %name, reason, "no node admits the pod's sysctls: it stays gated");
+        tracing::info!(target: LOG_TARGET, pod = %name, reason, "no node admits the pod's sysctls: it stays gated");
         let notice = Notice {
             severity: Severity::Warning,
             reason: REASON_HELD.into(),
@@ -212,10 +213,10 @@ impl<W: Writes> Apply<W> {
             repeat: Repeat::SeriesPerNote,
         };
         if let Err(e) = self.events.publish(&notice).await {
-            tracing::warn!(pod = %name, error = %e, "could not record the placement Event");
+            tracing::warn!(target: LOG_TARGET, pod = %name, error = %e, "could not record the placement Event");
         }
         if self.dry_run {
-            tracing::info!(pod = %name, "dry-run: would set condition {CONDITION}=False");
+            tracing::info!(target: LOG_TARGET, pod = %name, "dry-run: would set condition {CONDITION}=False");
             return Ok(());
         }
         self.writes

@@ -6,98 +6,13 @@
 //! SysctlPolicies and the flags. Only an Enforce verdict denies; an Audit one is allowed with a
 //! warning.
 
-use std::collections::BTreeMap;
-
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
 use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::policy::merge_in;
 use groundskeeper_sysctl_rules::verdict::{Verdict, node_policy_as};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSecurityContext, PodSpec};
 
-/// The annotation kubelet puts on the API copy of a static pod.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-/// Set by kubelet from its GOOS, as `status.nodeInfo.operatingSystem`.
-const OS_LABEL: &str = "kubernetes.io/os";
-
-/// What the webhook reads of a pod.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct PodView {
-    pub uid: String,
-    /// The sysctls and host namespaces (the rest of the spec is dropped); None when the pod
-    /// sets no sysctl.
-    pub spec: Option<PodSpec>,
-    /// A static pod's mirror: kubelet runs the static pod from its manifest whatever the API
-    /// says, so refusing the mirror would only hide a running pod.
-    pub mirror: bool,
-}
-
-impl PodView {
-    pub fn of(pod: &Pod) -> Self {
-        let spec = pod.spec.as_ref();
-        let sysctls = spec
-            .and_then(|s| s.security_context.as_ref())
-            .and_then(|s| s.sysctls.clone())
-            .filter(|s| !s.is_empty());
-        PodView {
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            spec: sysctls.map(|sysctls| PodSpec {
-                host_network: spec.and_then(|s| s.host_network),
-                host_ipc: spec.and_then(|s| s.host_ipc),
-                security_context: Some(PodSecurityContext {
-                    sysctls: Some(sysctls),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            mirror: pod
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)),
-        }
-    }
-}
-
-/// What the webhook reads of a node.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct NodeFacts {
-    pub labels: BTreeMap<String, String>,
-    /// `status.nodeInfo.kernelVersion`, as kubelet reports it (`uname -r`).
-    pub kernel: Option<String>,
-    /// `status.nodeInfo.operatingSystem`, else the `kubernetes.io/os` label; None: neither.
-    pub os: Option<String>,
-    /// `status.nodeInfo.kubeletVersion` (`v1.37.0`, `v1.36.2-eks-…`); None: not reported, and
-    /// the node is judged as a v1.36 kubelet.
-    pub kubelet: Option<String>,
-}
-
-impl NodeFacts {
-    /// Linux, or not said: kubelet's safe list is Linux's alone (`SafeSysctlAllowlist` is nil
-    /// on other systems), so a node that says it runs another allows no sysctl as safe.
-    fn linux(&self) -> bool {
-        self.os.as_deref().is_none_or(|os| os == "linux")
-    }
-
-    pub fn of(node: &Node) -> Self {
-        let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
-        let labels = node.metadata.labels.clone().unwrap_or_default();
-        let os = info
-            .map(|i| i.operating_system.clone())
-            .filter(|os| !os.is_empty())
-            .or_else(|| labels.get(OS_LABEL).cloned());
-        NodeFacts {
-            labels,
-            kernel: info
-                .map(|i| i.kernel_version.clone())
-                .filter(|k| !k.is_empty()),
-            os,
-            kubelet: info
-                .map(|i| i.kubelet_version.clone())
-                .filter(|k| !k.is_empty()),
-        }
-    }
-}
+use crate::sysctl::facts::{NodeFacts, PodView};
 
 /// What to answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -243,6 +158,7 @@ fn by(policies: &[String]) -> String {
 mod tests {
     use super::*;
     use groundskeeper_sysctl_rules::cases::{self, Case};
+    use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
     fn view(case: &Case) -> PodView {
         PodView::of(&Pod {
@@ -437,44 +353,6 @@ mod tests {
             message,
             r#"pod ns/p may not run on node "n1": forbidden sysctl: "kernel.msgmax" not allowlisted (sysctl mode Enforce, SysctlPolicy db); keep such pods off such nodes with node affinity (groundskeeper docs/sysctl.md)"#
         );
-    }
-
-    #[test]
-    fn views_keep_only_what_the_rules_read() {
-        let mut pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"uid": "u", "annotations": {MIRROR_ANNOTATION: "x"}},
-            "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": "i"}],
-                     "securityContext": {"runAsUser": 1, "sysctls": [{"name": "a.b", "value": "1"}]}},
-        }))
-        .unwrap();
-        let v = PodView::of(&pod);
-        assert!(v.mirror);
-        assert_eq!(v.uid, "u");
-        let spec = v.spec.unwrap();
-        assert!(spec.containers.is_empty());
-        assert_eq!(spec.host_network, Some(true));
-        assert_eq!(spec.security_context.unwrap().run_as_user, None);
-        pod.spec.as_mut().unwrap().security_context = None;
-        assert_eq!(PodView::of(&pod).spec, None);
-
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n", "labels": {"pool": "db"}},
-            "status": {"nodeInfo": {"kernelVersion": "6.1.0-18-amd64", "machineID": "", "systemUUID": "",
-              "bootID": "", "osImage": "", "containerRuntimeVersion": "", "kubeletVersion": "v1.37.0-eks-4d1a2b",
-              "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}},
-        }))
-        .unwrap();
-        let facts = NodeFacts::of(&node);
-        assert_eq!(facts.kernel.as_deref(), Some("6.1.0-18-amd64"));
-        assert_eq!(facts.labels["pool"], "db");
-        assert_eq!(facts.os.as_deref(), Some("linux"));
-        assert_eq!(facts.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
-        assert_eq!(NodeFacts::of(&Node::default()), NodeFacts::default());
-        let labelled: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "w", "labels": {OS_LABEL: "windows"}},
-        }))
-        .unwrap();
-        assert_eq!(NodeFacts::of(&labelled).os.as_deref(), Some("windows"));
     }
 
     /// A cluster mid-upgrade: the same pod, kernel and policies on a v1.36 and a v1.37 node.

@@ -22,14 +22,19 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
 use super::apply::{self, Outcome};
-use super::cache::Cache;
-use super::decide::{PodView, decide, decide_unread};
+use super::decide::{decide, decide_unread};
 use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
+use crate::sysctl::cache::Cache;
+use crate::sysctl::facts::PodView;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
 use groundskeeper_plumbing::ratelimit::Budget;
+
+/// The target of this file's log lines, which `RUST_LOG` filters select by: named after
+/// the component (`sysctlwebhook`), wherever its code sits.
+const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook::serve";
 
 /// The webhook's live reads of pods (a binding whose pod the cache does not have yet): a
 /// client of their own, outside the token bucket the controllers share, and a budget of their
@@ -94,7 +99,7 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         match tokio::task::spawn_blocking(move || review::read(&body)).await {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %e, "webhook: reading a request failed");
+                tracing::warn!(target: LOG_TARGET, error = %e, "webhook: reading a request failed");
                 return (
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "reading the request failed\n",
@@ -109,7 +114,7 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => {
             let e = ReviewError::from(e);
-            tracing::warn!(error = %e, "webhook: unreadable request");
+            tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
             judge.count("unknown", "unreadable");
             judge.failed(&e);
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
@@ -133,7 +138,7 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         }
         Err(e) => {
             let e = ReviewError::ReadPod(e);
-            tracing::warn!(error = %e, "webhook: could not judge the request");
+            tracing::warn!(target: LOG_TARGET, error = %e, "webhook: could not judge the request");
             judge.count(label, "error");
             judge.failed(&e);
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
@@ -160,7 +165,7 @@ impl Judge {
     async fn judge(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
         let (pod, view, node) = match subject {
             Subject::Other(what) => {
-                tracing::debug!(request = %what, "webhook: not judged, allowed");
+                tracing::debug!(target: LOG_TARGET, request = %what, "webhook: not judged, allowed");
                 return Ok(apply::answer(
                     super::decide::Decision::Allow,
                     self.dry_run,
