@@ -72,6 +72,8 @@ scrape() {
     get "$port" /metrics "$scratch/$bin.prom" || fail "$bin: GET /metrics did not answer 200"
     grep -q '^rest_client_requests_total{' "$scratch/$bin.prom" \
       || fail "$bin: no rest_client_requests_total series after its first lists"
+    grep -q '^rest_client_rate_limiter_duration_seconds_count{' "$scratch/$bin.prom" \
+      || fail "$bin: no rest_client_rate_limiter_duration_seconds series: its requests did not pass the QPS budget"
     if ! out=$("$promtool" check metrics <"$scratch/$bin.prom" 2>&1); then
       fail "$bin: promtool check metrics: $out"
     fi

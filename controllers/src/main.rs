@@ -11,7 +11,7 @@ use groundskeeper_controllers::{
     sysctl::{cache::Watched, placement, webhook},
     uninstall,
 };
-use groundskeeper_plumbing::{process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{events::Events, process::Process, tasks::Tasks};
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)
@@ -88,7 +88,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             kube.kubeconfig = Some(path.clone());
         }
         let lease_client = kube.lease_client().await?;
+        // client-go's LeaderElection Events on the Lease, written by the elector's client.
+        let events = Events::new(
+            lease_client.clone(),
+            leader::events::reporter(),
+            cli.common.dry_run,
+        );
         let (elector, leadership) = Elector::new(lease_client, cfg, is_leader);
+        let elector = elector.recording(events);
         (
             Some(tokio::spawn(elector.run(elector_token.clone()))),
             leadership,

@@ -1,9 +1,13 @@
 //! Leader election against a real apiserver: one replica leads, a SIGKILLed leader is replaced
 //! within lease duration + retry period, a SIGTERMed leader hands over at once, two replicas
-//! never lead at the same time, and a standby whose Lease read is held (a frozen proxy) times
-//! the lease from when the answer arrived.
+//! never lead at the same time, a standby whose Lease read is held (a frozen proxy) times
+//! the lease from when the answer arrived, and each change of leader is a `LeaderElection`
+//! Event on the Lease.
 
 use std::{net::SocketAddr, time::Duration};
+
+use k8s_openapi::api::{coordination::v1::Lease, events::v1::Event};
+use kube::Api;
 
 use testkit::leases::{LEADER_GAUGE, election_args, holder, leads};
 use testkit::{Binary, metric, proxy::Proxy, wait_for};
@@ -194,5 +198,131 @@ async fn a_standby_whose_lease_read_is_held_times_it_from_the_answer() -> anyhow
         standby.logs()
     );
     drop(standby);
+    Ok(())
+}
+
+/// The `LeaderElection` Events regarding the Lease `ns/lease`, as `(note, reporting instance)`.
+async fn leader_events(
+    c: &testkit::Cluster,
+    ns: &str,
+    lease: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let api: Api<Event> = Api::namespaced(c.client.clone(), ns);
+    let lease_uid = Api::<Lease>::namespaced(c.client.clone(), ns)
+        .get(lease)
+        .await?
+        .metadata
+        .uid;
+    let mut found = Vec::new();
+    for e in api.list(&Default::default()).await?.items {
+        if e.reason.as_deref() != Some("LeaderElection") {
+            continue;
+        }
+        let r = e.regarding.clone().unwrap_or_default();
+        assert_eq!(
+            (r.kind.as_deref(), r.api_version.as_deref()),
+            (Some("Lease"), Some("coordination.k8s.io/v1")),
+            "{e:?}"
+        );
+        assert_eq!(
+            (r.namespace.as_deref(), r.name.as_deref()),
+            (Some(ns), Some(lease)),
+            "{e:?}"
+        );
+        assert_eq!(r.uid, lease_uid, "{e:?}");
+        assert_eq!(e.type_.as_deref(), Some("Normal"), "{e:?}");
+        assert_eq!(
+            e.reporting_controller.as_deref(),
+            Some("groundskeeper.dev/controller-manager"),
+            "{e:?}"
+        );
+        found.push((
+            e.note.unwrap_or_default(),
+            e.reporting_instance.unwrap_or_default(),
+        ));
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// client-go's `LeaderElection` Events: once a replica acquires the Lease, exactly one Event
+/// `<identity> became leader` regards it (renewals add none); when it hands over on SIGTERM,
+/// `<identity> stopped leading`, and the new leader's own `became leader`.
+#[tokio::test]
+async fn each_change_of_leader_is_an_event_on_the_lease() -> anyhow::Result<()> {
+    let Some(c) = testkit::cluster("each_change_of_leader_is_an_event_on_the_lease").await else {
+        return Ok(());
+    };
+    let ns = c.namespace("leader-events").await?;
+    let lease = testkit::unique_name("gk-events");
+    let start = |name: &str| {
+        let mut args = election_args(&lease, &ns, name).to_vec();
+        args.push("--controllers=");
+        let pod = format!("controller-manager-{name}");
+        Binary::start_with_admin(
+            env!("CARGO_BIN_EXE_controller-manager"),
+            &pod,
+            &args,
+            &[("POD_NAME", pod.as_str())],
+        )
+    };
+    let (first, _) = start("ev-a")?;
+    wait_for(Duration::from_secs(20), "A to take the lease", || async {
+        Ok(holder(&c, &ns, &lease).await?.starts_with("ev-a_"))
+    })
+    .await?;
+    let a = holder(&c, &ns, &lease).await?;
+    let became_a = (
+        format!("{a} became leader"),
+        "controller-manager-ev-a".to_string(),
+    );
+    wait_for(Duration::from_secs(10), "A's Event", || async {
+        Ok(!leader_events(&c, &ns, &lease).await?.is_empty())
+    })
+    .await?;
+    // A few renewals later, still the one Event.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        leader_events(&c, &ns, &lease).await?,
+        vec![became_a.clone()],
+        "log:\n{}",
+        first.logs()
+    );
+
+    let (second, b_admin) = start("ev-b")?;
+    wait_for(Duration::from_secs(20), "B's admin server", || async {
+        Ok(testkit::metric(b_admin, LEADER_GAUGE).await?.is_some())
+    })
+    .await?;
+    first.signal("TERM").await?;
+    wait_for(Duration::from_secs(25), "B to take the lease", || async {
+        Ok(holder(&c, &ns, &lease).await?.starts_with("ev-b_"))
+    })
+    .await?;
+    let b = holder(&c, &ns, &lease).await?;
+    let mut want = vec![
+        became_a,
+        (
+            format!("{a} stopped leading"),
+            "controller-manager-ev-a".to_string(),
+        ),
+        (
+            format!("{b} became leader"),
+            "controller-manager-ev-b".to_string(),
+        ),
+    ];
+    want.sort();
+    let got = wait_for(Duration::from_secs(10), "the handover's Events", || async {
+        Ok(leader_events(&c, &ns, &lease).await? == want)
+    })
+    .await;
+    let events = leader_events(&c, &ns, &lease).await?;
+    assert!(
+        got.is_ok(),
+        "{events:?}\nwant {want:?}\nA's log:\n{}\nB's log:\n{}",
+        first.logs(),
+        second.logs()
+    );
+    drop(second);
     Ok(())
 }

@@ -7,7 +7,7 @@ use futures::FutureExt;
 use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctlreport};
-use groundskeeper_plumbing::{process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{klog::KObj, process::Process, tasks::Tasks};
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)
@@ -56,7 +56,7 @@ async fn start() -> ExitCode {
 
 async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     let process = Process::start(&cli.common).await?;
-    tracing::info!(admin_addr = %process.admin_addr, node = %node_name, dry_run = cli.common.dry_run, "node-agent starting");
+    tracing::info!(admin_addr = %process.admin_addr, node = KObj::cluster(&node_name).field(), dry_run = cli.common.dry_run, "node-agent starting");
 
     let ctx = Context {
         base: process.base(cli.common.dry_run, process.shutdown.token()),

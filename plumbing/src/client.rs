@@ -11,7 +11,9 @@ use kube::{
 };
 
 use crate::{
-    ratelimit::RateLimitLayer, restclient::RestClientMetricsLayer, timeout::RequestTimeoutLayer,
+    ratelimit::RateLimitLayer,
+    restclient::{RestClientMetricsLayer, host_label},
+    timeout::RequestTimeoutLayer,
 };
 
 // Where every flag parser has always found them.
@@ -162,6 +164,7 @@ impl KubeArgs {
         // client-go's request metrics sit inside both: they time the apiserver, not the budget,
         // and a request the deadline abandons is counted as a failed one.
         let counted = RestClientMetricsLayer::for_url(&config.cluster_url);
+        let limit = limit.map(|l| l.for_host(host_label(&config.cluster_url)));
         let builder = ClientBuilder::try_from(config)?
             .with_layer(&counted)
             .with_layer(&RequestTimeoutLayer(self.kube_api_timeout));
@@ -360,12 +363,17 @@ mod tests {
         let addr = version_server().await;
         let args = KubeArgs {
             kubeconfig: None,
-            kube_api_qps: 0.0,
+            kube_api_qps: 100.0,
             kube_api_burst: 1,
             kube_api_timeout: Duration::from_secs(30),
         };
         let host = addr.to_string();
         let m = crate::restclient::metrics();
+        let waits = || {
+            m.rate_limiter
+                .with_label_values(&["GET", &host])
+                .get_sample_count()
+        };
         let count = || m.requests.with_label_values(&["200", "GET", &host]).get();
         let timed = || {
             m.duration
@@ -381,13 +389,16 @@ mod tests {
             .unwrap();
         let own = args.build(config(), None).unwrap();
         limited.apiserver_version().await.unwrap();
-        assert_eq!((count(), timed()), (1, 1));
+        assert_eq!((count(), timed(), waits()), (1, 1, 1));
+        // A client outside the token bucket waits for none.
         own.apiserver_version().await.unwrap();
-        assert_eq!((count(), timed()), (2, 2));
+        assert_eq!((count(), timed(), waits()), (2, 2, 1));
         let text = crate::metrics::render(&crate::metrics::registry());
         assert!(
             text.contains(&format!(
                 "rest_client_requests_total{{code=\"200\",host=\"{host}\",method=\"GET\"}} 2"
+            )) && text.contains(&format!(
+                "rest_client_rate_limiter_duration_seconds_count{{host=\"{host}\",verb=\"GET\"}} 1"
             )),
             "{text}"
         );

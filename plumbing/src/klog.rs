@@ -7,7 +7,8 @@
 //! `err`), WARN a warning (`W` in text; logr has no warning, so `v` 0 in JSON, as klog's
 //! `Warning` through a logr backend), INFO `v` 0, DEBUG `v` 4 and TRACE `v` 5 (Kubernetes'
 //! logging conventions, and `-v`'s mapping in `telemetry.rs`). A field named `error` is
-//! written as `err`, the key every Kubernetes component uses.
+//! written as `err`, the key every Kubernetes component uses. An object reference ([`KObj`]) is
+//! `ns/name` in text and `{"name":"…","namespace":"…"}` in JSON, as klog's `KObj` and `KRef`.
 
 use std::{fmt, fmt::Write as _, time::SystemTime};
 
@@ -51,11 +52,74 @@ impl Default for ComponentJson {
     }
 }
 
+/// An object reference as a log value, as klog's `KObj` and `KRef` write one: `ns/name` (a
+/// cluster-scoped object's `name`) in klog's text and in logfmt, `{"name":"n","namespace":"ns"}`
+/// in component-base's JSON, the namespace left out for a cluster-scoped object. Recorded
+/// with [`KObj::field`]: `tracing::info!(pod = KObj::new(ns, name).field(), "…")`.
+///
+/// tracing hands a formatter a field's value as text, a number, or an error; only the error
+/// keeps its type (`downcast_ref`), so a reference travels as one and the JSON formatter knows
+/// it. Every other formatter writes an error by its `Display`: `ns/name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KObj {
+    namespace: String,
+    name: String,
+}
+
+impl KObj {
+    /// klog's `KRef(namespace, name)`: an empty namespace is a cluster-scoped object.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// A cluster-scoped object (a Node, a ServiceCIDR).
+    pub fn cluster(name: &str) -> Self {
+        Self::new("", name)
+    }
+
+    /// klog's `KObj(obj)`: the object's namespace, if it has one, and its name.
+    pub fn of<K: kube::Resource>(obj: &K) -> Self {
+        let meta = obj.meta();
+        Self::new(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// The value to record in a tracing field.
+    pub fn field(&self) -> &(dyn std::error::Error + 'static) {
+        self
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        Some(self.namespace.as_str()).filter(|ns| !ns.is_empty())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for KObj {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.namespace() {
+            Some(ns) => write!(f, "{ns}/{}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+impl std::error::Error for KObj {}
+
 /// One field's value as the event recorded it: numbers and booleans keep their type (bare in
-/// text, JSON numbers), everything else is text.
+/// text, JSON numbers), an object reference is one, everything else is text.
 #[derive(Clone, Debug, PartialEq)]
 enum Value {
     Text(String),
+    Ref(KObj),
     I64(i64),
     U64(u64),
     F64(f64),
@@ -108,7 +172,10 @@ impl Visit for Fields {
         self.push(field, Value::Bool(value));
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.push(field, Value::Text(value.to_string()));
+        match value.downcast_ref::<KObj>() {
+            Some(r) => self.push(field, Value::Ref(r.clone())),
+            None => self.push(field, Value::Text(value.to_string())),
+        }
     }
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         // Display values (`%x`) and the message arrive here too, already as their text.
@@ -232,6 +299,7 @@ fn klog_pair(key: &str, value: &Value, out: &mut String) {
     out.push('=');
     match value {
         Value::Text(t) => klog_text_value(t, out),
+        Value::Ref(r) => klog_text_value(&r.to_string(), out),
         Value::I64(n) => {
             let _ = write!(out, "{n}");
         }
@@ -290,6 +358,16 @@ impl KlogText {
 fn json_value(value: &Value, out: &mut String) {
     match value {
         Value::Text(t) => json_string(t, out),
+        // zapr writes klog's ObjectRef through its MarshalLog: name, then a namespace if any.
+        Value::Ref(r) => {
+            out.push_str("{\"name\":");
+            json_string(r.name(), out);
+            if let Some(ns) = r.namespace() {
+                out.push_str(",\"namespace\":");
+                json_string(ns, out);
+            }
+            out.push('}');
+        }
         Value::I64(n) => {
             let _ = write!(out, "{n}");
         }

@@ -353,3 +353,98 @@ fn hostile_values_cannot_forge_lines() {
         assert_eq!(v["msg"], format!("malformed {value}"));
     }
 }
+
+/// An object reference as component-base's JSON writes klog's `KObj`: a nested object, name
+/// first, the namespace left out for a cluster-scoped object; klog's text keeps `"ns/name"`.
+#[test]
+fn object_references_nest_in_json_and_stay_ns_name_in_text() {
+    let emit = || {
+        tracing::info!(
+            pod = KObj::new("ns", "p").field(),
+            node = KObj::cluster("n1").field(),
+            n = 1,
+            "force-deleted pod"
+        )
+    };
+    let out = json(emit);
+    assert!(
+        out.trim_end().ends_with(
+            r#""msg":"force-deleted pod","v":0,"pod":{"name":"p","namespace":"ns"},"node":{"name":"n1"},"n":1}"#
+        ),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert_eq!(
+        v["pod"],
+        serde_json::json!({"name": "p", "namespace": "ns"})
+    );
+    assert_eq!(v["node"], serde_json::json!({"name": "n1"}));
+    assert!(v["node"].get("namespace").is_none(), "{out}");
+
+    let line = text(emit);
+    let body = line.split_once("] ").unwrap().1;
+    assert_eq!(
+        body, "\"force-deleted pod\" pod=\"ns/p\" node=\"n1\" n=1\n",
+        "{line}"
+    );
+    // The same text as the `%"ns/p"` a reference was logged with before.
+    let before = text(|| tracing::info!(pod = %"ns/p", node = "n1", n = 1, "force-deleted pod"));
+    assert_eq!(body, before.split_once("] ").unwrap().1);
+}
+
+/// klog's `KRef("", name)` and `KObj(obj)`: an empty namespace is a cluster-scoped object, and
+/// a Kubernetes object gives its own namespace and name.
+#[test]
+fn kobj_of_objects_and_empty_namespaces() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let mut pod = Pod::default();
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.name = Some("p".into());
+    let mut node = Node::default();
+    node.metadata.name = Some("n1".into());
+    assert_eq!(KObj::of(&pod), KObj::new("ns", "p"));
+    assert_eq!(KObj::of(&node), KObj::cluster("n1"));
+    assert_eq!(KObj::new("", "n1"), KObj::cluster("n1"));
+    assert_eq!(KObj::of(&pod).to_string(), "ns/p");
+    assert_eq!(KObj::cluster("n1").to_string(), "n1");
+    assert_eq!(KObj::cluster("n1").namespace(), None);
+    let out = json(|| tracing::info!(node = KObj::new("", "n1").field(), "x"));
+    assert!(out.contains(r#""node":{"name":"n1"}"#), "{out}");
+}
+
+/// A name from the cluster with quotes, line breaks, control characters or any Unicode keeps a
+/// JSON line one valid object whose reference reads back exactly, and a text line unforged.
+#[test]
+fn hostile_object_names_stay_valid_json() {
+    let hostile = [
+        "a\"b",
+        "line\nE1127 20:52:17.695837       1 x.rs:1] \"forged\"",
+        "\\\"}, \"v\":9, \"x\":{\"",
+        "\r\u{1b}[2J\u{0}",
+        "日本\u{2028}✓",
+    ];
+    for name in hostile {
+        let out = json(|| {
+            tracing::error!(
+                pod = KObj::new(name, name).field(),
+                node = KObj::cluster(name).field(),
+                "m"
+            )
+        });
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(out.trim_end())
+            .unwrap_or_else(|e| panic!("{name:?}: not JSON ({e}): {out}"));
+        assert_eq!(v["pod"]["name"], name);
+        assert_eq!(v["pod"]["namespace"], name);
+        assert_eq!(v["node"], serde_json::json!({ "name": name }));
+        assert!(v.get("v").is_none(), "{out}");
+        let line = text(|| tracing::warn!(pod = KObj::new(name, name).field(), "m"));
+        for l in line.lines().skip(1) {
+            assert!(
+                l.starts_with('\t') || l.starts_with(" >"),
+                "{name:?} forged {l:?}"
+            );
+        }
+        assert!(!line.contains('\u{1b}') && !line.contains('\r'), "{line:?}");
+    }
+}

@@ -1,7 +1,9 @@
 //! client-go's REST client metrics on every request of both binaries' Kubernetes clients, so
 //! the dashboards and alerts built for Kubernetes components read ours:
-//! `rest_client_requests_total{code,method,host}` and
-//! `rest_client_request_duration_seconds{verb,host}` (component-base's
+//! `rest_client_requests_total{code,method,host}`,
+//! `rest_client_request_duration_seconds{verb,host}` and, for the clients under the process's
+//! QPS budget, `rest_client_rate_limiter_duration_seconds{verb,host}`, each request's wait for
+//! a token (observed by [`crate::ratelimit`]) (component-base's
 //! `metrics/prometheus/restclient`: names, help, labels and buckets).
 //!
 //! The metrics are process-wide, as client-go's are (one registration, every client counted in
@@ -29,11 +31,12 @@ pub const DURATION_BUCKETS: [f64; 12] = [
 /// deadline): client-go's, which keeps error texts out of the label.
 pub const NO_ANSWER: &str = "<error>";
 
-/// The two families, created once per process.
+/// The three families, created once per process.
 #[derive(Clone)]
 pub struct RestClientMetrics {
     pub requests: IntCounterVec,
     pub duration: HistogramVec,
+    pub rate_limiter: HistogramVec,
 }
 
 /// The process's REST client metrics (registered in every registry by
@@ -58,15 +61,25 @@ pub fn metrics() -> &'static RestClientMetrics {
             &["verb", "host"],
         )
         .expect("rest_client_request_duration_seconds's name and labels are valid"),
+        rate_limiter: HistogramVec::new(
+            HistogramOpts::new(
+                "rest_client_rate_limiter_duration_seconds",
+                "Client side rate limiter latency in seconds. Broken down by verb, and host.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["verb", "host"],
+        )
+        .expect("rest_client_rate_limiter_duration_seconds's name and labels are valid"),
     })
 }
 
 impl RestClientMetrics {
-    /// Both families, for a registry.
-    pub fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 2] {
+    /// The families, for a registry.
+    pub fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 3] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.duration.clone()),
+            Box::new(self.rate_limiter.clone()),
         ]
     }
 }
@@ -87,11 +100,16 @@ impl RestClientMetricsLayer {
         }
     }
 
-    /// The `host` label of a client of `cluster_url`: its `host:port`, as client-go's
-    /// `url.URL.Host`.
+    /// The layer of a client of `cluster_url`, labelled by [`host_label`].
     pub fn for_url(cluster_url: &http::Uri) -> Self {
-        Self::new(cluster_url.authority().map_or("none", |a| a.as_str()))
+        Self::new(host_label(cluster_url))
     }
+}
+
+/// The `host` label of a client of `cluster_url`: its `host:port`, as client-go's
+/// `url.URL.Host`.
+pub fn host_label(cluster_url: &http::Uri) -> &str {
+    cluster_url.authority().map_or("none", |a| a.as_str())
 }
 
 impl<S> Layer<S> for RestClientMetricsLayer {

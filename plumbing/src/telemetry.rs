@@ -355,6 +355,20 @@ mod plain_tests {
         assert!(line.contains(" ips=10.0.0.1,10.0.0.2"), "{line}");
     }
 
+    /// An object reference reads as it did when logged as `%"ns/name"`.
+    #[test]
+    fn object_references_are_ns_name() {
+        use crate::klog::KObj;
+        let line = render(|| {
+            tracing::info!(
+                pod = KObj::new("ns", "p").field(),
+                node = KObj::cluster("n1").field(),
+                "x"
+            )
+        });
+        assert!(line.contains(" x pod=ns/p node=n1"), "{line}");
+    }
+
     #[test]
     fn quoting_rule() {
         for (v, q) in [

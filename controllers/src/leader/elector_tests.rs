@@ -83,6 +83,7 @@ impl LeaseServer {
                     _ => return (409, status(409, "Conflict")),
                 };
                 new["metadata"]["resourceVersion"] = json!(next.to_string());
+                new["metadata"]["uid"] = json!("lease-uid");
                 new["apiVersion"] = json!("coordination.k8s.io/v1");
                 new["kind"] = json!("Lease");
                 let holder = new["spec"]["holderIdentity"].as_str().unwrap_or_default();
@@ -395,4 +396,67 @@ async fn the_lease_duration_written_is_rounded_up() {
         server.lease.lock().unwrap().as_ref().unwrap()["spec"]["leaseDurationSeconds"].clone();
     assert_eq!(written, json!(11));
     task.abort();
+}
+
+/// client-go's `LeaderElection` Events on the Lease (kind, apiVersion, namespace, name, uid):
+/// one `<identity> became leader` when it acquires, none for its renewals, and one
+/// `<identity> stopped leading` when it releases the Lease on shutdown. A leader whose Lease
+/// was taken over writes nothing more: the new leader's Event tells it.
+#[tokio::test(start_paused = true)]
+async fn leadership_changes_are_recorded_as_events_on_the_lease() {
+    use groundskeeper_plumbing::events::{Recording, Sink};
+    for taken_over in [false, true] {
+        let server = LeaseServer::default();
+        let recording = Arc::new(Recording::default());
+        let sink: Arc<dyn Sink> = recording.clone();
+        let (elector, leadership) = Elector::new(server.client(), config(), gauge());
+        let elector = elector.recording(Events::to(sink, events::reporter(), false));
+        let token = CancellationToken::new();
+        let task = tokio::spawn(elector.run(token.clone()));
+        leadership.acquired().await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let notes = |written: &[k8s_openapi::api::events::v1::Event]| {
+            written
+                .iter()
+                .map(|e| e.note.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        let written = recording.take();
+        assert_eq!(notes(&written), ["me_1 became leader"]);
+        let e = &written[0];
+        assert_eq!(e.reason.as_deref(), Some("LeaderElection"));
+        assert_eq!(e.type_.as_deref(), Some("Normal"));
+        assert_eq!(
+            e.reporting_controller.as_deref(),
+            Some("groundskeeper.dev/controller-manager")
+        );
+        assert_eq!(e.metadata.namespace.as_deref(), Some(NS));
+        let r = e.regarding.clone().unwrap();
+        assert_eq!(
+            (r.kind.as_deref(), r.api_version.as_deref()),
+            (Some("Lease"), Some("coordination.k8s.io/v1"))
+        );
+        assert_eq!(
+            (r.namespace.as_deref(), r.name.as_deref(), r.uid.as_deref()),
+            (Some(NS), Some(NAME), Some("lease-uid"))
+        );
+        if taken_over {
+            let mut l = server.lease.lock().unwrap();
+            let l = l.as_mut().unwrap();
+            l["spec"]["holderIdentity"] = json!("other_2");
+            l["spec"]["renewTime"] = json!("2030-01-01T00:00:00.000000Z");
+        } else {
+            token.cancel();
+        }
+        let res = task.await.unwrap();
+        assert_eq!(res.is_err(), taken_over, "{res:?}");
+        let written = recording.take();
+        if taken_over {
+            assert_eq!(notes(&written), Vec::<String>::new());
+            continue;
+        }
+        assert_eq!(notes(&written), ["me_1 stopped leading"]);
+        assert_eq!(written[0].reason.as_deref(), Some("LeaderElection"));
+        assert_eq!(server.holder(), "", "released after the Event");
+    }
 }

@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod decide;
+pub mod events;
 pub mod fence;
 pub mod metrics;
 
@@ -20,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use clock::Stamp;
 use decide::{Observation, Record, Step, attempt_deadline, decide, observe, renewal_overdue};
+use events::Change;
 pub use fence::{Fence, Fenced, Term};
+use groundskeeper_plumbing::events::{Events, Notice};
 pub use metrics::LeaderMetrics;
 
 #[derive(Clone, Debug)]
@@ -75,6 +78,8 @@ pub struct Elector {
     cfg: ElectionConfig,
     is_leader: LeaderMetrics,
     tx: watch::Sender<Term>,
+    /// Where the `LeaderElection` Events go ([`Elector::recording`]); none by default.
+    events: Option<Events>,
 }
 
 /// What one round's read-decide-write came to.
@@ -123,9 +128,44 @@ impl Elector {
                 cfg,
                 is_leader,
                 tx,
+                events: None,
             },
             Leadership(Fence::new(rx)),
         )
+    }
+
+    /// Records client-go's `LeaderElection` Events on the Lease through `events`: this
+    /// replica's identity `became leader`, and `stopped leading` when it hands the Lease over
+    /// on shutdown (see [`events`]).
+    pub fn recording(mut self, events: Events) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    fn notice(&self, change: Change, lease: Option<&Lease>) -> Notice {
+        let c = &self.cfg;
+        events::notice(&c.identity, change, &c.namespace, &c.lease_name, lease)
+    }
+
+    /// `<identity> became leader`, fenced as the controllers' writes are (not written once
+    /// this term ends) and not waited for: the first renewal is due.
+    fn announce_acquired(&self, lease: &Lease) {
+        let Some(events) = &self.events else { return };
+        let fence = Fence::new(self.tx.subscribe());
+        let events = events.clone().fenced(std::sync::Arc::new(fence));
+        let (n, within) = (
+            self.notice(Change::BecameLeader, Some(lease)),
+            self.cfg.renew_deadline,
+        );
+        tokio::spawn(async move { events::record(&events, n, within).await });
+    }
+
+    /// `<identity> stopped leading`, before the release while the Lease is still ours: given
+    /// up after a retry period, and when the term ends (`term_left`).
+    async fn announce_released(&self, lease: Option<&Lease>, term_left: Duration) {
+        let Some(events) = &self.events else { return };
+        let n = self.notice(Change::StoppedLeading, lease);
+        events::record(events, n, self.cfg.retry_period.min(term_left)).await;
     }
 
     /// Campaigns and renews until `token` is cancelled (then releases the lease if held and
@@ -147,8 +187,13 @@ impl Elector {
                 // another replica can take it, nothing of ours may still pass.
                 self.set_term(Term::Standby);
                 // A lease past its term is left alone: it may already be someone else's.
-                if last_renewed.is_some_and(|t| !renewal_overdue(t, Stamp::now(), c.renew_deadline))
+                if let Some(t) = last_renewed
+                    && !renewal_overdue(t, Stamp::now(), c.renew_deadline)
                 {
+                    // Recorded while the Lease is still ours, and given up when its term ends:
+                    // nothing of ours is written once another replica may hold it.
+                    let left = c.renew_deadline.saturating_sub(Stamp::now().since(t));
+                    self.announce_released(current.as_ref(), left).await;
                     self.release(current).await;
                 }
                 return Ok(());
@@ -186,11 +231,13 @@ impl Elector {
                     tracing::debug!(%holder, expires_in_seconds = expires_in.as_secs_f64(), "following");
                 }
                 (_, Some(Ok(lease))) => {
-                    if last_renewed.is_none() {
-                        tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
-                    }
+                    let acquired = last_renewed.is_none();
                     last_renewed = Some(now);
                     self.set_term(Term::Until(now.plus(c.renew_deadline)));
+                    if acquired {
+                        tracing::info!(lease = %c.lease_name, identity = %c.identity, "became leader");
+                        self.announce_acquired(&lease);
+                    }
                     observed = Some(observe(observed, record_of(&lease), now.at));
                     current = Some(lease);
                 }

@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::{StreamExt, stream};
-use groundskeeper_plumbing::{cache::Shared, events::Events};
+use groundskeeper_plumbing::{cache::Shared, events::Events, klog::KObj};
 use kube::{Api, Client};
 
 use super::{
@@ -109,7 +109,7 @@ impl Cycle {
         let now = Instant::now();
         for node in decide::missing_nodes(snap) {
             if self.quarantine.observe(&node, now) {
-                tracing::info!(node = %node, quarantine = ?self.quarantine.delay(), "pods are bound to a node missing from the cache; quarantined before a live check");
+                tracing::info!(node = KObj::cluster(&node).field(), quarantine = ?self.quarantine.delay(), "pods are bound to a node missing from the cache; quarantined before a live check");
             }
         }
         let in_cache: HashSet<&str> = snap.nodes.keys().map(|n| &**n).collect();
@@ -145,15 +145,15 @@ impl Cycle {
             .map(|node| async move {
                 match api.get(&node).await {
                     Err(kube::Error::Api(s)) if s.code == 404 => {
-                        tracing::info!(node = %node, "node confirmed deleted after quarantine");
+                        tracing::info!(node = KObj::cluster(&node).field(), "node confirmed deleted after quarantine");
                         Some(node)
                     }
                     Err(e) => {
-                        tracing::warn!(node = %node, error = %e, "checking quarantined node failed; not treating it as deleted");
+                        tracing::warn!(node = KObj::cluster(&node).field(), error = %e, "checking quarantined node failed; not treating it as deleted");
                         None
                     }
                     Ok(_) => {
-                        tracing::info!(node = %node, "quarantined node still exists; its pods are kept");
+                        tracing::info!(node = KObj::cluster(&node).field(), "quarantined node still exists; its pods are kept");
                         None
                     }
                 }

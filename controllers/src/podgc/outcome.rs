@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use groundskeeper_plumbing::client::api_error_label;
+use groundskeeper_plumbing::{client::api_error_label, klog::KObj};
 
 use crate::pacing::THROTTLED_ATTEMPTS;
 
@@ -169,33 +169,45 @@ impl std::fmt::Display for Tally {
 
 /// The pod's line: what came of it, with its pass and why it was chosen.
 pub fn log(d: &Deletion, o: &Outcome) {
-    let pod = d.pod.key.to_string();
-    let node = d.pod.node();
+    let pod = KObj::new(d.pod.key.namespace(), d.pod.key.name());
+    let pod = pod.field();
+    let node = KObj::cluster(d.pod.node());
+    let node = node.field();
     let pass = d.pass.name();
     let reason = d.why.as_str();
     match o {
         Outcome::Deleted => {
-            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "force-deleted pod")
+            tracing::info!(pod, node, pass, reason, uid = %d.pod.uid, "force-deleted pod")
         }
         Outcome::WouldDelete => {
-            tracing::info!(%pod, node, pass, reason, uid = %d.pod.uid, "dry-run: would force-delete pod")
+            tracing::info!(pod, node, pass, reason, uid = %d.pod.uid, "dry-run: would force-delete pod")
         }
         Outcome::Skipped(s) => {
-            tracing::info!(%pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
+            tracing::info!(pod, node, pass, reason, skipped = s.as_str(), "skipped pod")
         }
         Outcome::Failed(e @ DeleteError::Patch { .. }) => tracing::warn!(
-            %pod, node, pass, reason, error = %e,
+            pod, node, pass, reason, error = %e,
             "marking pod Failed failed; not deleting it"
         ),
         Outcome::Failed(e) => {
-            tracing::warn!(%pod, node, pass, reason, error = %e, "force-deleting pod failed")
+            tracing::warn!(pod, node, pass, reason, error = %e, "force-deleting pod failed")
         }
         Outcome::Throttled(_) => tracing::warn!(
-            %pod, node, pass, reason, attempts = THROTTLED_ATTEMPTS,
+            pod,
+            node,
+            pass,
+            reason,
+            attempts = THROTTLED_ATTEMPTS,
             "the apiserver kept answering 429; pod left for the next cycle"
         ),
         Outcome::Fenced => {
-            tracing::info!(%pod, node, pass, reason, "not leading any more: pod left alone")
+            tracing::info!(
+                pod,
+                node,
+                pass,
+                reason,
+                "not leading any more: pod left alone"
+            )
         }
     }
 }

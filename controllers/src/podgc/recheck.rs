@@ -12,6 +12,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
+use groundskeeper_plumbing::klog::KObj;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 
@@ -115,9 +116,9 @@ impl Recheck {
                 let read = reads.node(node).await;
                 let live = LiveNode::judge(&read);
                 match (&read, live) {
-                    (Err(e), _) => tracing::warn!(node = %node, error = %e, "reading out-of-service node live failed; its pods are kept this cycle"),
+                    (Err(e), _) => tracing::warn!(node = KObj::cluster(node).field(), error = %e, "reading out-of-service node live failed; its pods are kept this cycle"),
                     (_, LiveNode::OutOfService) => {}
-                    _ => tracing::info!(node = %node, live_node = live.label(), "out-of-service node no longer so on a live read; its pods are kept"),
+                    _ => tracing::info!(node = KObj::cluster(node).field(), live_node = live.label(), "out-of-service node no longer so on a live read; its pods are kept"),
                 }
                 live
             })

@@ -6,7 +6,10 @@
 
 use std::{fmt, future::Future};
 
-use groundskeeper_plumbing::events::{self, Events, Repeat, Severity};
+use groundskeeper_plumbing::{
+    events::{self, Events, Repeat, Severity},
+    klog::KObj,
+};
 use jiff::Timestamp;
 use k8s_openapi::{api::networking::v1::ServiceCIDR, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
@@ -83,7 +86,10 @@ impl<W: Writes> Apply<W> {
     /// is logged.
     fn live(&self, name: &str, what: fmt::Arguments<'_>) -> Option<&W> {
         if self.dry_run {
-            tracing::info!(servicecidr = %name, "dry-run: would {what}");
+            tracing::info!(
+                servicecidr = KObj::cluster(name).field(),
+                "dry-run: would {what}"
+            );
             return None;
         }
         Some(&self.writes)
@@ -94,7 +100,10 @@ impl<W: Writes> Apply<W> {
             return Ok(Written::default());
         };
         let written = w.add_finalizer(name).await?;
-        tracing::info!(servicecidr = %name, "added finalizer: ServiceCIDR is protected until its IPs are gone");
+        tracing::info!(
+            servicecidr = KObj::cluster(name).field(),
+            "added finalizer: ServiceCIDR is protected until its IPs are gone"
+        );
         Ok(written)
     }
 
@@ -116,11 +125,18 @@ impl<W: Writes> Apply<W> {
         };
         if let Err(e) = w.remove_finalizer(name, resource_version).await {
             if matches!(&e, kube::Error::Api(s) if s.code == 409) {
-                tracing::info!(servicecidr = %name, resource_version, "finalizer not removed: the ServiceCIDR changed since it was judged; judging it again");
+                tracing::info!(
+                    servicecidr = KObj::cluster(name).field(),
+                    resource_version,
+                    "finalizer not removed: the ServiceCIDR changed since it was judged; judging it again"
+                );
             }
             return Err(e);
         }
-        tracing::info!(servicecidr = %name, "removed finalizer: no IP would be orphaned and the grace period is over");
+        tracing::info!(
+            servicecidr = KObj::cluster(name).field(),
+            "removed finalizer: no IP would be orphaned and the grace period is over"
+        );
         Ok(())
     }
 
@@ -141,7 +157,7 @@ impl<W: Writes> Apply<W> {
             return Ok(Written::default());
         };
         let written = w.apply_ready(name, c, now).await?;
-        tracing::info!(servicecidr = %name, status = %c.status, reason = %c.reason, "applied Ready condition");
+        tracing::info!(servicecidr = KObj::cluster(name).field(), status = %c.status, reason = %c.reason, "applied Ready condition");
         Ok(written)
     }
 
@@ -163,7 +179,7 @@ impl<W: Writes> Apply<W> {
             repeat: Repeat::SeriesPerNote,
         };
         if let Err(e) = self.events.publish(&event).await {
-            tracing::warn!(servicecidr = %name, reason = %notice.reason, error = %e, "could not record event");
+            tracing::warn!(servicecidr = KObj::cluster(&name).field(), reason = %notice.reason, error = %e, "could not record event");
         }
     }
 }

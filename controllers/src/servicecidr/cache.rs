@@ -9,6 +9,7 @@ use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
     cache::{Applied, Kept, Shared, Store, Update, Watches},
+    klog::KObj,
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{
@@ -116,7 +117,10 @@ fn project_ip(obj: IPAddress) -> Kept<Arc<str>, IpEntry> {
     match ip_entry(&obj) {
         Some(e) if Addr::parse(name).is_some() => Kept::Yes(e.name.clone(), e),
         Some(e) => {
-            tracing::warn!(ipaddress = %name, "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored");
+            tracing::warn!(
+                ipaddress = KObj::cluster(name).field(),
+                "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored"
+            );
             Kept::No(e.name)
         }
         None => Kept::No(name.into()),

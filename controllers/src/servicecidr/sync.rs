@@ -8,6 +8,7 @@ use std::{
 use groundskeeper_plumbing::{
     cache::{Health, Seen, Shared},
     client::api_error_label,
+    klog::KObj,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -157,10 +158,10 @@ impl<W: Writes> Syncer<W> {
                     .inc();
                 let n = self.queue.num_requeues(&key);
                 if n < MAX_RETRIES {
-                    tracing::warn!(servicecidr = %key, error = %e, retry = n + 1, "sync failed; retrying with backoff");
+                    tracing::warn!(servicecidr = KObj::cluster(&key).field(), error = %e, retry = n + 1, "sync failed; retrying with backoff");
                     self.queue.add_rate_limited(key.clone());
                 } else {
-                    tracing::error!(servicecidr = %key, error = %e, retries = n, "sync failed too often; dropping it until its next change");
+                    tracing::error!(servicecidr = KObj::cluster(&key).field(), error = %e, retries = n, "sync failed too often; dropping it until its next change");
                     self.metrics.dropped_keys.inc();
                     self.queue.forget(&key);
                 }
@@ -194,7 +195,10 @@ impl<W: Writes> Syncer<W> {
                 // The cache holds an object one of our own writes produced, not yet the one
                 // our latest write did: deciding on it would repeat that write (the Ready
                 // apply twice, 3 ms apart). The latest write's own event brings the key back.
-                tracing::debug!(servicecidr = %key, "cache behind our own writes; waiting for their events");
+                tracing::debug!(
+                    servicecidr = KObj::cluster(key).field(),
+                    "cache behind our own writes; waiting for their events"
+                );
                 return Ok(());
             }
             let actions = decide(&cidr_state(&obj), &cache.cidrs, &cache.ips, now);
@@ -238,7 +242,7 @@ impl<W: Writes> Syncer<W> {
                     // One report per set of blockers, not one per sync that finds them again.
                     return Ok(());
                 }
-                tracing::warn!(servicecidr = %key, blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
+                tracing::warn!(servicecidr = KObj::cluster(key).field(), blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
                     reason: EVENT_DELETION_BLOCKED.into(),
@@ -248,13 +252,20 @@ impl<W: Writes> Syncer<W> {
                 self.apply.publish(obj, &notice).await;
             }
             Action::RequeueAfter(d) => {
-                tracing::debug!(servicecidr = %key, after_ms = d.as_millis() as u64, "deletion grace period not over; checking again then");
+                tracing::debug!(
+                    servicecidr = KObj::cluster(key).field(),
+                    after_ms = d.as_millis() as u64,
+                    "deletion grace period not over; checking again then"
+                );
                 self.queue.add_after(key.to_string(), d);
             }
             // The removal is the one irreversible write: a stale cache could miss an IPAddress
             // allocated, or hold a covering ServiceCIDR deleted, while a watch was down.
             Action::RemoveFinalizer if self.health.may_act(seen).is_err() => {
-                tracing::info!(servicecidr = %key, "not removing finalizer while a watch is failing or relisting; checking again");
+                tracing::info!(
+                    servicecidr = KObj::cluster(key).field(),
+                    "not removing finalizer while a watch is failing or relisting; checking again"
+                );
                 self.queue.add_after(key.to_string(), STALE_RECHECK);
             }
             // Conditional on the version judged: if the object changed since (a write on a
@@ -298,7 +309,7 @@ impl<W: Writes> Syncer<W> {
             }
             Err(source) => {
                 if c.status == "True" {
-                    tracing::error!(servicecidr = %key, error = %source, "can not set ServiceCIDR status to Ready=True");
+                    tracing::error!(servicecidr = KObj::cluster(key).field(), error = %source, "can not set ServiceCIDR status to Ready=True");
                     let notice = Notice {
                         warning: true,
                         reason: EVENT_STATUS_ERROR.into(),
@@ -392,7 +403,7 @@ impl<W: Writes> Syncer<W> {
                 .with_label_values(&[w.kind()])
                 .inc();
             self.metrics.conflicting_controller.set(1);
-            tracing::warn!(servicecidr = %key, write = ?w, "another ServiceCIDR controller writes this object (kube-controller-manager's?): run it with --controllers=*,-service-cidr-controller or disable this one");
+            tracing::warn!(servicecidr = KObj::cluster(key).field(), write = ?w, "another ServiceCIDR controller writes this object (kube-controller-manager's?): run it with --controllers=*,-service-cidr-controller or disable this one");
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::{cache::Shared, klog::KObj};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -189,7 +189,10 @@ impl<W: Writes> Reporter<W> {
             let cache = self.cache.lock();
             let Some(node) = cache.nodes.values().next() else {
                 drop(cache);
-                tracing::warn!(node = %self.settings.node_name, "Node object not found; not admitting until it exists");
+                tracing::warn!(
+                    node = KObj::cluster(&self.settings.node_name).field(),
+                    "Node object not found; not admitting until it exists"
+                );
                 self.policy = None;
                 return;
             };
@@ -213,10 +216,10 @@ impl<W: Writes> Reporter<W> {
             let (kubelet, assumed) = &rules;
             match assumed {
                 Some(why) => {
-                    tracing::warn!(node = %self.settings.node_name, kubelet = %kubelet, reason = %why, "judging sysctls by another kubelet version's rules")
+                    tracing::warn!(node = KObj::cluster(&self.settings.node_name).field(), kubelet = %kubelet, reason = %why, "judging sysctls by another kubelet version's rules")
                 }
                 None => {
-                    tracing::info!(node = %self.settings.node_name, kubelet = %kubelet, "judging sysctls by this node's kubelet version")
+                    tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), kubelet = %kubelet, "judging sysctls by this node's kubelet version")
                 }
             }
             for (sysctl, why) in kubelet.dropped(self.settings.kernel.as_ref()) {
@@ -226,7 +229,7 @@ impl<W: Writes> Reporter<W> {
         }
         self.judge_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
-            tracing::info!(node = %self.settings.node_name, mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
+            tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
             self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;
@@ -255,15 +258,15 @@ impl<W: Writes> Reporter<W> {
             let node = &self.settings.node_name;
             match state {
                 State::Applied => {
-                    tracing::info!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl");
+                    tracing::info!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl");
                     self.unflagged.remove(&name);
                 }
                 State::Ignored => {
-                    tracing::warn!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl not applied by this node's kubelet");
+                    tracing::warn!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl not applied by this node's kubelet");
                     self.unflagged.remove(&name);
                 }
                 State::Unavailable => {
-                    tracing::warn!(node = %node, sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl can not be applied on this node");
+                    tracing::warn!(node = KObj::cluster(node).field(), sysctl = %name, kubelet = %kubelet, judgement = %j, "default pod sysctl can not be applied on this node");
                     self.unflagged.insert(name.clone());
                 }
             }
