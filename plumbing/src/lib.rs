@@ -28,6 +28,7 @@ pub mod tasks;
 pub mod telemetry;
 pub mod timeout;
 pub mod watch;
+pub mod watch_list;
 #[cfg(test)]
 mod watch_tests;
 

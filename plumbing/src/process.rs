@@ -97,6 +97,23 @@ pub struct CommonArgs {
     #[arg(long, env = "GROUNDSKEEPER_WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
     pub watch_silent_after: Duration,
 
+    /// How each watch lists: `auto` streams the list on the watch (sendInitialEvents, one
+    /// request) and lists in pages from the first time the server cannot stream it (refused,
+    /// or no end within --watch-list-timeout), logged and counted per watch; `on` only streams;
+    /// `off` lists in pages.
+    #[arg(
+        long,
+        env = "GROUNDSKEEPER_WATCH_LIST",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub watch_list: crate::watch_list::WatchList,
+
+    /// With --watch-list=auto: a streamed list that has not reached its end this long after it
+    /// was asked for falls back to the paged list.
+    #[arg(long, env = "GROUNDSKEEPER_WATCH_LIST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub watch_list_timeout: Duration,
+
     #[command(flatten)]
     pub log: LogArgs,
 
@@ -127,6 +144,8 @@ impl CommonArgs {
             stale_after: self.watch_stale_after,
             backoff_max: self.watch_backoff_max,
             silent_after: self.watch_silent_after,
+            list: self.watch_list,
+            list_timeout: self.watch_list_timeout,
         }
     }
 }
@@ -271,6 +290,13 @@ mod tests {
         assert_eq!(c.watch_settings().stale_after, Duration::from_secs(60));
         assert_eq!(c.watch_settings().backoff_max, Duration::from_millis(500));
         assert!(parse(&["--watch-stale-after=soon"]).is_err());
+        let c = parse(&[]).unwrap().watch_settings();
+        assert_eq!(c.list, crate::watch_list::WatchList::Auto);
+        assert_eq!(c.list_timeout, Duration::from_secs(30));
+        let c = parse(&["--watch-list=off", "--watch-list-timeout=5s"]).unwrap();
+        assert_eq!(c.watch_settings().list, crate::watch_list::WatchList::Off);
+        assert_eq!(c.watch_settings().list_timeout, Duration::from_secs(5));
+        assert!(parse(&["--watch-list=maybe"]).is_err());
     }
 
     #[test]

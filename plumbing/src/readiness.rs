@@ -33,6 +33,11 @@ pub struct WatchSettings {
     /// A watch that has delivered neither an event nor a bookmark for this long has failed
     /// (its connection is up but nothing comes through); zero turns the check off.
     pub silent_after: Duration,
+    /// How each watch lists: streamed (`sendInitialEvents`), paged, or streamed with a fallback.
+    pub list: crate::watch_list::WatchList,
+    /// In `auto`, a streamed list that has not reached its end this long after it was asked
+    /// for falls back to the paged list.
+    pub list_timeout: Duration,
 }
 
 impl Default for WatchSettings {
@@ -41,6 +46,8 @@ impl Default for WatchSettings {
             stale_after: Duration::from_secs(30),
             backoff_max: Duration::from_secs(2),
             silent_after: Duration::from_secs(90),
+            list: crate::watch_list::WatchList::Auto,
+            list_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -68,6 +75,7 @@ struct Watch {
     /// Mirror of `State::listed` for the hot `is_ready` path.
     listed: AtomicBool,
     errors: prometheus::IntCounter,
+    list_fallbacks: prometheus::IntCounter,
 }
 
 struct Inner {
@@ -75,6 +83,7 @@ struct Inner {
     settings: WatchSettings,
     stale: GaugeVec,
     errors: IntCounterVec,
+    list_fallbacks: IntCounterVec,
 }
 
 #[derive(Clone)]
@@ -193,6 +202,13 @@ impl ReadyFlag {
         });
     }
 
+    /// The server did not serve this watch a streamed list (`--watch-list=auto`): it lists in
+    /// pages from now on. Logged and counted once per watch.
+    pub fn list_fell_back(&self, reason: &dyn fmt::Display) {
+        self.watch.list_fallbacks.inc();
+        tracing::warn!(watch = %self.watch.name, reason = %reason, "streaming list not served; listing in pages from now on");
+    }
+
     /// Whether the first list has completed (start-up readiness).
     pub fn is_ready(&self) -> bool {
         self.watch.listed.load(Ordering::Acquire)
@@ -235,12 +251,21 @@ impl Readiness {
             &["watch"],
         )
         .expect("valid metric");
+        let list_fallbacks = IntCounterVec::new(
+            Opts::new(
+                "groundskeeper_watch_list_fallbacks_total",
+                "Streamed lists (--watch-list=auto) the server did not serve, after which the watch lists in pages",
+            ),
+            &["watch"],
+        )
+        .expect("valid metric");
         Self {
             inner: Arc::new(Inner {
                 watches: Mutex::new(Vec::new()),
                 settings,
                 stale,
                 errors,
+                list_fallbacks,
             }),
         }
     }
@@ -255,6 +280,7 @@ impl Readiness {
         let name = name.into();
         let watch = Arc::new(Watch {
             errors: self.inner.errors.with_label_values(&[&name]),
+            list_fallbacks: self.inner.list_fallbacks.with_label_values(&[&name]),
             name,
             state: Mutex::new(State {
                 listed: false,
@@ -318,7 +344,8 @@ impl Readiness {
         self.not_ready().is_empty()
     }
 
-    /// The collector of `groundskeeper_watch_stale_seconds` and `groundskeeper_watch_errors_total`,
+    /// The collector of `groundskeeper_watch_stale_seconds`, `groundskeeper_watch_errors_total` and
+    /// `groundskeeper_watch_list_fallbacks_total`,
     /// to register once in the binary's registry.
     pub fn collector(&self) -> Box<dyn Collector> {
         Box::new(WatchCollector(self.clone()))
@@ -330,7 +357,12 @@ struct WatchCollector(Readiness);
 impl Collector for WatchCollector {
     fn desc(&self) -> Vec<&Desc> {
         let i = &self.0.inner;
-        i.stale.desc().into_iter().chain(i.errors.desc()).collect()
+        i.stale
+            .desc()
+            .into_iter()
+            .chain(i.errors.desc())
+            .chain(i.list_fallbacks.desc())
+            .collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
@@ -345,6 +377,7 @@ impl Collector for WatchCollector {
             .collect()
             .into_iter()
             .chain(i.errors.collect())
+            .chain(i.list_fallbacks.collect())
             .collect()
     }
 }

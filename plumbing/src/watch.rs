@@ -119,6 +119,8 @@ struct Driver<K: Resource + Clone + 'static> {
     awaiting_answer: bool,
     /// How long that first answer may take before the request is dropped and made again.
     list_deadline: Duration,
+    /// Streamed or paged lists, and the fallback from one to the other (`--watch-list`).
+    list: crate::watch_list::Lister,
 }
 
 /// How long a list may go unanswered before it is dropped and asked again. A kube-apiserver
@@ -165,7 +167,7 @@ where
     let backoff = Backoff::new(settings.backoff_max);
     let silent_after = Some(settings.silent_after).filter(|d| !d.is_zero());
     let heard = Heard::default();
-    let api = scope(heard.client(client));
+    let api = scope(crate::watch_list::consistent(heard.client(client), &config));
     let driver = Driver {
         api,
         config: with_bookmarks(config, silent_after),
@@ -178,6 +180,7 @@ where
         resuming: false,
         awaiting_answer: false,
         list_deadline: LIST_DEADLINE,
+        list: crate::watch_list::Lister::new(settings.list, settings.list_timeout),
     };
     futures::stream::unfold(driver, |mut d| async move {
         if std::mem::take(&mut d.caught_up) {
@@ -188,9 +191,10 @@ where
                 d.awaiting_answer = true;
                 d.heard.now();
             }
-            let inner = d
-                .inner
-                .get_or_insert_with(|| watcher(d.api.clone(), d.config.clone()).boxed());
+            let inner = d.inner.get_or_insert_with(|| {
+                d.list
+                    .start(watcher(d.api.clone(), d.list.config(&d.config)).boxed())
+            });
             let next = if d.awaiting_answer {
                 match tokio::time::timeout(d.list_deadline, inner.next()).await {
                     Ok(next) => next,
@@ -257,6 +261,7 @@ where
             };
             match next {
                 Some(Ok(ev)) => {
+                    d.list.seen(&ev);
                     match &ev {
                         // Emitted before the list request: no proof the server answers.
                         Event::Init => d.flag.relist_started(),
@@ -280,6 +285,11 @@ where
                         }
                     }
                     return Some((Ok(ev), d));
+                }
+                Some(Err(e)) if d.list.fell_back(&e, &d.flag) => {
+                    // Listed again at once, in pages: the server answered, it is not down.
+                    d.inner = None;
+                    d.resuming = false;
                 }
                 Some(Err(e)) => {
                     // After a silence, a watch that could not be opened (its request dropped

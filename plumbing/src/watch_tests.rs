@@ -102,7 +102,7 @@ async fn a_410_gone_turns_the_watch_unhealthy_and_relists_after_a_short_backoff(
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::ResourceExt;
     let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let readiness = crate::Readiness::default();
+    let readiness = crate::Readiness::new(paged());
     let registry = prometheus::Registry::new();
     registry.register(readiness.collector()).unwrap();
     let flag = readiness.register("test/configmaps");
@@ -157,7 +157,7 @@ async fn a_410_gone_turns_the_watch_unhealthy_and_relists_after_a_short_backoff(
 async fn a_watch_refused_after_every_good_list_backs_off_to_the_cap() {
     use k8s_openapi::api::core::v1::ConfigMap;
     let lists = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let flag = crate::Readiness::default().register("test/configmaps");
+    let flag = crate::Readiness::new(paged()).register("test/configmaps");
     let client = fake_apiserver(lists.clone());
     let stream = watch::<ConfigMap>(client, Api::all, watcher::Config::default(), flag);
     let mut stream = std::pin::pin!(stream);
@@ -231,10 +231,18 @@ fn quiet_apiserver(bookmarks: Option<Duration>, queries: Arc<Mutex<Vec<String>>>
     kube::Client::new(service, "default")
 }
 
+/// The fake apiserver here serves paged lists only.
+fn paged() -> crate::WatchSettings {
+    crate::WatchSettings {
+        list: crate::watch_list::WatchList::Off,
+        ..Default::default()
+    }
+}
+
 fn silent_after_10s() -> crate::Readiness {
     crate::Readiness::new(crate::WatchSettings {
         silent_after: Duration::from_secs(10),
-        ..Default::default()
+        ..paged()
     })
 }
 
@@ -370,7 +378,7 @@ const BOUND: Duration = Duration::from_secs(8);
 fn readiness_at(bound: Duration) -> crate::Readiness {
     crate::Readiness::new(crate::WatchSettings {
         silent_after: bound,
-        ..Default::default()
+        ..paged()
     })
 }
 
@@ -691,7 +699,7 @@ async fn a_list_left_unanswered_is_asked_again() {
             )
         }
     });
-    let flag = crate::Readiness::default().register("test/configmaps");
+    let flag = crate::Readiness::new(paged()).register("test/configmaps");
     let client = kube::Client::new(service, "default");
     let mut stream = std::pin::pin!(watch::<ConfigMap>(
         client,

@@ -104,7 +104,11 @@ async fn follow_folds_before_it_yields_and_is_ready_once_listed() {
         )
     });
     let client = kube::Client::new(service, "default");
-    let readiness = Readiness::default();
+    // The fake apiserver serves paged lists only.
+    let readiness = Readiness::new(crate::WatchSettings {
+        list: crate::watch_list::WatchList::Off,
+        ..Default::default()
+    });
     let cache: Shared<Store<String, ()>> = Shared::default();
     let (flag, stream) = follow(
         &readiness,
