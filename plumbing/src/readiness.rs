@@ -23,6 +23,17 @@ use prometheus::{
 };
 use tokio::time::Instant;
 
+/// `--watch-list`: how each watch lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchList {
+    /// Stream; list in pages from the first refusal (or a stream that does not end) on.
+    Auto,
+    /// Stream only.
+    On,
+    /// List in pages.
+    Off,
+}
+
 /// How watches retry and when a failing one makes the binary not ready.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WatchSettings {
@@ -34,7 +45,7 @@ pub struct WatchSettings {
     /// (its connection is up but nothing comes through); zero turns the check off.
     pub silent_after: Duration,
     /// How each watch lists: streamed (`sendInitialEvents`), paged, or streamed with a fallback.
-    pub list: crate::watch_list::WatchList,
+    pub list: WatchList,
     /// In `auto`, a streamed list that has not reached its end this long after it was asked
     /// for falls back to the paged list.
     pub list_timeout: Duration,
@@ -46,7 +57,7 @@ impl Default for WatchSettings {
             stale_after: Duration::from_secs(30),
             backoff_max: Duration::from_secs(2),
             silent_after: Duration::from_secs(90),
-            list: crate::watch_list::WatchList::Auto,
+            list: WatchList::Auto,
             list_timeout: Duration::from_secs(30),
         }
     }

@@ -27,18 +27,8 @@ use futures::{StreamExt, stream::BoxStream};
 use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
 use tokio::time::Instant;
 
-use crate::{ReadyFlag, watch::Explained};
-
-/// `--watch-list`: how each watch lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum WatchList {
-    /// Stream; list in pages from the first refusal (or a stream that does not end) on.
-    Auto,
-    /// Stream only.
-    On,
-    /// List in pages.
-    Off,
-}
+use crate::readiness::ReadyFlag;
+pub use crate::readiness::WatchList;
 
 /// A streamed list that did not reach its initial-events-end in time.
 #[derive(Debug)]
@@ -138,7 +128,7 @@ impl Lister {
         }
         self.paged = true;
         self.streaming = false;
-        flag.list_fell_back(&Explained(e));
+        flag.list_fell_back(e);
         true
     }
 }
