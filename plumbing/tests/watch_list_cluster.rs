@@ -136,12 +136,44 @@ async fn auto_lists_everything_streamed_or_paged_and_loses_no_deletion() -> anyh
     let Some(c) = testkit::cluster(name).await else {
         return Ok(());
     };
+    auto_lists(&c, None).await
+}
+
+/// The variable naming an etcd the apiserver can ask for progress (3.5.13 or later; `.ci/run`
+/// fetches Debian 13's): there the list must be streamed, never paged.
+const ETCD_WITH_PROGRESS: &str = "KUBE_ETCD_PROGRESS";
+
+/// On an etcd that answers progress requests the apiserver streams the list: `auto` streams
+/// it, falls back nowhere and lists no page, and still loses no deletion.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_streams_the_list_on_an_etcd_that_answers_progress_requests() -> anyhow::Result<()> {
+    let name = "auto_streams_the_list_on_an_etcd_that_answers_progress_requests";
+    let Some(etcd) = std::env::var_os(ETCD_WITH_PROGRESS).filter(|v| !v.is_empty()) else {
+        testkit::skipped(
+            name,
+            &format!("{ETCD_WITH_PROGRESS} names no etcd 3.5.13+ (see docs/testing.md)"),
+        );
+        return Ok(());
+    };
+    let Some((c, _cp)) = testkit::private_cluster_on(name, Some(etcd.into()), &[]).await else {
+        return Ok(());
+    };
+    auto_lists(&c, Some(true)).await
+}
+
+/// `auto` against `c`: everything listed, deletions made while it lists not lost, live events
+/// after. `streams`: whether the server must stream the list (`None`: as it says it does).
+async fn auto_lists(c: &testkit::Cluster, streams: Option<bool>) -> anyhow::Result<()> {
     let ns = c.namespace("watch-list-auto").await?;
     let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
     for i in 0..N {
         create(&api, &format!("cm-{i}")).await?;
     }
-    let streams = streams_lists(&c.client, &ns).await?;
+    let offered = streams_lists(&c.client, &ns).await?;
+    if let Some(must) = streams {
+        assert_eq!(offered, must, "whether this apiserver streams a list");
+    }
+    let streams = offered;
     let queries = Arc::new(Mutex::new(Vec::new()));
     let client = recording_client(&c.kubeconfig, queries.clone()).await?;
     let f = follow(client, &ns, WatchList::Auto);

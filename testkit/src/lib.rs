@@ -109,13 +109,24 @@ pub async fn private_cluster_with(
     test_name: &str,
     etcd_args: &[&str],
 ) -> Option<(Cluster, Box<ControlPlane>)> {
-    let Some((apiserver, etcd)) = ControlPlane::configured() else {
+    private_cluster_on(test_name, None, etcd_args).await
+}
+
+/// [`private_cluster_with`] on `etcd` instead of the configured etcd, when given (a test that
+/// needs what only a newer etcd does).
+pub async fn private_cluster_on(
+    test_name: &str,
+    etcd: Option<PathBuf>,
+    etcd_args: &[&str],
+) -> Option<(Cluster, Box<ControlPlane>)> {
+    let Some((apiserver, configured_etcd)) = ControlPlane::configured() else {
         skipped(
             test_name,
             "KUBE_APISERVER not set (this test restarts the apiserver it starts)",
         );
         return None;
     };
+    let etcd = etcd.unwrap_or(configured_etcd);
     let etcd_args: Vec<String> = etcd_args.iter().map(|a| a.to_string()).collect();
     let cp = tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = etcd_args.iter().map(String::as_str).collect();
