@@ -21,6 +21,14 @@ on_node() {
   shift
   nsenter --target "$(cat "$CLUSTER_STATE/nodes/$n/ns-pid")" --net -- "$@"
 }
+# NODE's kube-proxy DNAT rules in iptables-save's words, whatever kube-proxy's mode: its
+# iptables and ip6tables nat tables, and its nftables ruleset, where `dnat to A:P` (or
+# `dnat ip to`, `dnat ip6 to`) reads as `-j DNAT --to-destination A:P`.
+dnat_rules() { # node
+  { on_node "$1" iptables-save -t nat; on_node "$1" ip6tables-save -t nat
+    on_node "$1" nft list ruleset | sed -E 's/dnat (ip6? )?to /-j DNAT --to-destination /'; } 2>/dev/null || true
+}
+proxy_mode() { bash "$CLUSTER_SH" proxy-mode "$CLUSTER_STATE" "$1" >/dev/null 2>&1; }
 # ctr_on NODE ...: that node's containerd.
 ctr_on() {
   local n=$1

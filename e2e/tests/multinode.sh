@@ -253,8 +253,7 @@ answered_by() { # ns client server seconds
 programmed() { # node ip
   local i
   for ((i = 0; i < 400; i++)); do
-    on_node "$1" iptables-save -t nat 2>/dev/null | has -- "--to-destination $2:9000" && return 0
-    on_node "$1" ip6tables-save -t nat 2>/dev/null | has -- "--to-destination \[$2\]:9000" && return 0
+    dnat_rules "$1" | has -- "--to-destination $2:9000\|--to-destination \[$2\]:9000" && return 0
     sleep 0.05
   done
   return 1
@@ -333,7 +332,7 @@ Y
   before=$(agent_metric groundskeeper_conntrack_entries_deleted_total)
   k -n "$ns" delete pod server-c --wait=false >/dev/null
   left_slices "$ns" udp-x server-c || fail "server-c did not leave the EndpointSlices"
-  for _ in $(seq 400); do on_node "$A" iptables-save -t nat | has -- "--to-destination $c_ip:" || break; sleep 0.05; done
+  for _ in $(seq 400); do dnat_rules "$A" | has -- "--to-destination $c_ip:" || break; sleep 0.05; done
   t0=$EPOCHREALTIME
   until_ok 15 on_node "$A" sh -c "! conntrack -L -p udp --reply-src $c_ip 2>/dev/null | grep -q dport=" \
     || fail "$A's flow to the removed server-c is still there 15 s after its Service lost its last endpoint"
