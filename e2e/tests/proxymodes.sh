@@ -3,7 +3,8 @@
 # conntrack tests run again: the switch to a new backend on one node, all endpoints gone (the
 # zero-endpoint switch), NodePort through another node's address (Cluster and Local), and an
 # IPv6 ClusterIP. Last but the uninstall: the cluster stays in nftables mode after it.
-# (Localhost NodePorts are not tested: v1.36's nftables mode does not serve them.)
+# (Localhost NodePorts are tested in iptables mode only: v1.36's nftables mode does not serve
+# them, and the test says so when it runs here.)
 
 test_zz_a_kube_proxy_nftables() {
   local n
@@ -21,5 +22,6 @@ test_zz_a_kube_proxy_nftables() {
   test_conntrack_all_endpoints_gone_flows_removed_by_agent
   test_multinode_conntrack_nodeport_through_another_node
   test_multinode_ipv6_clusterip_backend_replaced
+  test_multinode_conntrack_localhost_nodeport
   echo "kube-proxy modes: iptables, nftables"
 }
