@@ -524,9 +524,16 @@ node_keeper() { # state name
   while :; do
     rm -f "$dir/start-request"
     spawn "$dir" "$cg" _node "$S" "$name"
-    # The node's end of its link, on the control plane's bridge.
-    nsenter --target "$(cat "$S/cp/ns-pid")" --net -- \
-      ip link add "gk-n$i" type veth peer name eth0 netns "$(cat "$dir/ns-pid")"
+    # The node's end of its link, on the control plane's bridge. After a crash the kernel tears
+    # the old pair down only once the node's network namespace is gone, which may be later than
+    # this boot: the stale end is removed first, and the pair made again until it takes.
+    local tries
+    for ((tries = 0; tries < 50; tries++)); do
+      nsenter --target "$(cat "$S/cp/ns-pid")" --net -- ip link del "gk-n$i" 2>/dev/null || true
+      nsenter --target "$(cat "$S/cp/ns-pid")" --net -- \
+        ip link add "gk-n$i" type veth peer name eth0 netns "$(cat "$dir/ns-pid")" 2>/dev/null && break
+      sleep 0.1
+    done
     nsenter --target "$(cat "$S/cp/ns-pid")" --net -- sh -c "ip link set gk-n$i master gk-br && ip link set gk-n$i up"
     wait "$SPAWNED" || true
     rm -f "$dir/ns-pid"
