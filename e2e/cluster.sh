@@ -13,6 +13,8 @@
 #   cluster.sh start STATE NODE               boot a crashed NODE again, from its disk
 #   cluster.sh cut STATE NODE                 take NODE's link down: a partition, processes run on
 #   cluster.sh heal STATE NODE                bring NODE's link back up
+#   cluster.sh proxy-mode STATE MODE          restart every node with kube-proxy in MODE
+#                                             (iptables, the default, or nftables)
 #   cluster.sh load STATE IMAGE.tar...        import OCI archives into every node's containerd
 #   cluster.sh binaries                       unpack and check the Kubernetes binaries only
 #   cluster.sh cost STATE [SECONDS]           each node's and the control plane's RSS and CPU
@@ -450,10 +452,11 @@ syncFrequency: 10s
 EOF
   daemon kubelet "$bin/kubelet" --config="$D/kubelet.yaml" --kubeconfig="$D/kubelet.kubeconfig" \
     --node-ip="$ip4,$ip6" --hostname-override="$name" -v=1
+  # kube-proxy's mode (iptables unless `cluster.sh proxy-mode` said otherwise), read at each boot.
   cat > "$D/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: iptables
+mode: $(cat "$S/proxy-mode" 2>/dev/null || echo iptables)
 clientConnection: {kubeconfig: $S/admin.kubeconfig}
 hostnameOverride: $name
 clusterCIDR: $CLUSTER_CIDRS
@@ -521,9 +524,16 @@ node_keeper() { # state name
   while :; do
     rm -f "$dir/start-request"
     spawn "$dir" "$cg" _node "$S" "$name"
-    # The node's end of its link, on the control plane's bridge.
-    nsenter --target "$(cat "$S/cp/ns-pid")" --net -- \
-      ip link add "gk-n$i" type veth peer name eth0 netns "$(cat "$dir/ns-pid")"
+    # The node's end of its link, on the control plane's bridge. After a crash the kernel tears
+    # the old pair down only once the node's network namespace is gone, which may be later than
+    # this boot: the stale end is removed first, and the pair made again until it takes.
+    local tries
+    for ((tries = 0; tries < 50; tries++)); do
+      nsenter --target "$(cat "$S/cp/ns-pid")" --net -- ip link del "gk-n$i" 2>/dev/null || true
+      nsenter --target "$(cat "$S/cp/ns-pid")" --net -- \
+        ip link add "gk-n$i" type veth peer name eth0 netns "$(cat "$dir/ns-pid")" 2>/dev/null && break
+      sleep 0.1
+    done
     nsenter --target "$(cat "$S/cp/ns-pid")" --net -- sh -c "ip link set gk-n$i master gk-br && ip link set gk-n$i up"
     wait "$SPAWNED" || true
     rm -f "$dir/ns-pid"
@@ -669,6 +679,18 @@ boot() { # state name
   die "$name not Ready 120 s after its boot (logs in $s/nodes/$name/logs)"
 }
 
+# kube-proxy in MODE on every node: each node is restarted (a fresh network namespace, so no
+# rule of the other mode is left behind) and its kube-proxy starts in MODE.
+proxy_mode() { # state mode
+  local s=$1 mode=$2 n
+  case $mode in iptables | nftables) ;; *) die "proxy-mode: iptables or nftables, not $mode" ;; esac
+  echo "$mode" > "$s/proxy-mode"
+  for n in $(cd "$s/nodes" && ls); do
+    crash "$s" "$n"
+    boot "$s" "$n"
+  done
+}
+
 link() { # state name up|down
   in_cp "$1" ip link set "gk-n$(node_index "$2")" "$3"
 }
@@ -771,6 +793,7 @@ case $cmd in
     [ "${1:-}" = -- ] && shift
     in_node "$(cd "$s" && pwd)" "$n" "$@"
     ;;
+  proxy-mode) proxy_mode "${1:?usage: cluster.sh proxy-mode STATE iptables|nftables}" "${2:?usage: cluster.sh proxy-mode STATE iptables|nftables}" ;;
   crash) crash "${1:?usage: cluster.sh crash STATE NODE}" "${2:?usage: cluster.sh crash STATE NODE}" ;;
   start) boot "${1:?usage: cluster.sh start STATE NODE}" "${2:?usage: cluster.sh start STATE NODE}" ;;
   cut) link "${1:?usage: cluster.sh cut STATE NODE}" "${2:?usage: cluster.sh cut STATE NODE}" down ;;
