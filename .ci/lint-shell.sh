@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 if [ $# -eq 0 ]; then
   # .ci/run too: CI's entry point has no .sh suffix.
   mapfile -t files < <(git ls-files '*.sh' .ci/run | xargs grep -l 'set -[a-z]*o pipefail')
-  # e2e/tests/*.sh run inside suite.sh's pipefail shell, e2e/binaries.sh inside cluster.sh's.
-  mapfile -t -O "${#files[@]}" files < <(git ls-files 'e2e/tests/*.sh' e2e/binaries.sh)
+  # e2e/tests/*.sh run inside suite.sh's pipefail shell, e2e/binaries.sh and e2e/cluster/*.sh
+  # inside cluster.sh's.
+  mapfile -t -O "${#files[@]}" files < <(git ls-files 'e2e/tests/*.sh' e2e/binaries.sh 'e2e/cluster/*.sh')
 else
   files=("$@")
 fi

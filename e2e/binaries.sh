@@ -145,10 +145,10 @@ SUMS
 binaries() {
   kube_binaries
   local missing=() c
-  for c in containerd ctr runc iptables ip6tables conntrack openssl catatonit setpriv unshare nsenter; do
+  for c in containerd ctr runc iptables ip6tables nft conntrack openssl catatonit setpriv unshare nsenter; do
     command -v "$c" >/dev/null || missing+=("$c")
   done
   [ -x /usr/bin/etcd ] || missing+=(etcd)
   [ -x /usr/lib/cni/ptp ] || missing+=(/usr/lib/cni/ptp)
-  [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: apt-get install containerd runc iptables conntrack openssl catatonit util-linux etcd-server containernetworking-plugins (bash .ci/run does)"
+  [ ${#missing[@]} -eq 0 ] || die "missing ${missing[*]}: apt-get install containerd runc iptables nftables conntrack openssl catatonit util-linux etcd-server containernetworking-plugins (bash .ci/run does)"
 }

@@ -21,6 +21,20 @@ on_node() {
   shift
   nsenter --target "$(cat "$CLUSTER_STATE/nodes/$n/ns-pid")" --net -- "$@"
 }
+# NODE's kube-proxy DNAT rules in iptables-save's words, whatever kube-proxy's mode: its
+# iptables and ip6tables nat tables, and its nftables ruleset. kube-proxy v1.36 in nftables mode
+# writes each service's endpoints as one map, `dnat ip to numgen random mod 2 map { 0 : A . P,
+# 1 : ... }` (ip6: `0 : fd00::5 . P`); a plain `dnat to A:P` is read too. Each target reads as
+# `-j DNAT --to-destination A:P` (IPv6: `[A]:P`).
+dnat_rules() { # node
+  { on_node "$1" iptables-save -t nat; on_node "$1" ip6tables-save -t nat
+    on_node "$1" nft list ruleset | grep 'dnat' \
+      | grep -oE '[0-9a-fA-F:.]+ \. [0-9]+|dnat (ip6? )?to [0-9[][^ ]*' \
+      | sed -E 's/^dnat (ip6? )?to /-j DNAT --to-destination /
+        s/^([0-9.]+) \. ([0-9]+)$/-j DNAT --to-destination \1:\2/
+        s/^([0-9a-fA-F:]+) \. ([0-9]+)$/-j DNAT --to-destination [\1]:\2/'; } 2>/dev/null || true
+}
+proxy_mode() { bash "$CLUSTER_SH" proxy-mode "$CLUSTER_STATE" "$1" >/dev/null 2>&1; }
 # ctr_on NODE ...: that node's containerd.
 ctr_on() {
   local n=$1

@@ -26,8 +26,9 @@ const ATTACKER: &str = "127.0.0.2";
 fn binding_review() -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": "u-1", "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "binding", "operation": "CREATE", "namespace": "ns",
+        "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding", "operation": "CREATE", "userInfo": {"username": "system:kube-scheduler"}, "namespace": "ns",
             "object": {"metadata": {"name": "p"}, "target": {"name": "n1"}}},
     }))
     .unwrap()

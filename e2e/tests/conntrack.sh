@@ -84,7 +84,7 @@ test_conntrack_server_replaced_new_server_reached_within_1s() {
   # kube-proxy programs the new endpoint at its next sync (minSyncPeriod 1 s): the agent can
   # only be judged from the moment the rules exist, as upstream's conntrack e2e does.
   ip=$(k -n "$ns" get pod "$new" -o jsonpath='{.status.podIP}')
-  for _ in $(seq 400); do on_node "$NODE" iptables-save -t nat | has -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
+  for _ in $(seq 400); do dnat_rules "$NODE" | has -- "-j DNAT --to-destination $ip:9000" && break; sleep 0.05; done
   t_rules=$((${EPOCHREALTIME/./} / 1000))
   say "kube-proxy programmed $new ($ip) $((t_rules - t_ready)) ms after its endpoint was ready"
   # The old server, terminating, still serves (and is still an endpoint) until its grace
@@ -135,7 +135,7 @@ test_conntrack_all_endpoints_gone_flows_removed_by_agent() {
     || fail "the server's endpoint did not go"
   # Until kube-proxy has taken the endpoint out of its rules, the client's next datagram makes a
   # new flow to it: the agent is judged from the later of the two, as in the switch test.
-  for _ in $(seq 400); do on_node "$NODE" iptables-save -t nat | has -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
+  for _ in $(seq 400); do dnat_rules "$NODE" | has -- "-j DNAT --to-destination $ip:" || break; sleep 0.05; done
   t0=$EPOCHREALTIME
   until_ok 15 on_node "$NODE" sh -c "! conntrack -L -p udp --reply-src $ip 2>/dev/null | grep -q dport=" \
     || fail "flows DNATed to the removed endpoint $ip are still there 15 s after it went: $(on_node "$NODE" conntrack -L -p udp --reply-src "$ip" 2>/dev/null | head -n 2)"

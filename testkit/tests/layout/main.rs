@@ -1,7 +1,8 @@
 //! The shape docs/architecture.md describes, checked on the source tree so that it does not
 //! drift: every component of its table checked here, the rooms of a wing, one watch primitive,
 //! the same files in every component, no import of a binary's
-//! wiring from a component, no file over 600 lines (product code, benches, testkit), a `//!` line opening every file,
+//! wiring from a component, no file over 600 lines (product code, benches, testkit), e2e/cluster.sh
+//! under 400 (its parts in e2e/cluster/, each sourced), a `//!` line opening every file,
 //! sibling test files declared without `#[path]`, one dry-run log style, decisions that name no
 //! wire type, no import circle between the modules of a crate nor the rooms of a component.
 
@@ -345,6 +346,39 @@ fn no_file_over_600_lines() {
         LONG_FILES.iter().all(|(_, why)| why.len() > 20),
         "every LONG_FILES entry says why"
     );
+}
+
+/// e2e/cluster.sh is the entry point (its usage, the sourcing of its parts, the dispatcher); what
+/// the cluster does lives in the parts, e2e/cluster/*.sh, each sourced by it.
+const CLUSTER_SH_MAX_LINES: usize = 400;
+
+#[test]
+fn the_cluster_entry_point_stays_short_and_sources_every_part() {
+    let text = std::fs::read_to_string(repo().join("e2e/cluster.sh")).expect("e2e/cluster.sh");
+    let lines = text.lines().count();
+    assert!(
+        lines < CLUSTER_SH_MAX_LINES,
+        "e2e/cluster.sh: {lines} lines, {CLUSTER_SH_MAX_LINES} or more (put the code in a part of \
+         e2e/cluster/)"
+    );
+    let mut parts: Vec<String> = std::fs::read_dir(repo().join("e2e/cluster"))
+        .expect("e2e/cluster/")
+        .map(|e| {
+            e.expect("directory entry")
+                .file_name()
+                .to_string_lossy()
+                .to_string()
+        })
+        .filter(|name| name.ends_with(".sh"))
+        .collect();
+    parts.sort();
+    assert!(!parts.is_empty(), "no part in e2e/cluster/");
+    let offenders = parts
+        .into_iter()
+        .filter(|name| !text.contains(&format!(". \"$here/cluster/{name}\"")))
+        .map(|name| format!("e2e/cluster/{name}"))
+        .collect();
+    assert_none("parts e2e/cluster.sh does not source", offenders);
 }
 
 #[test]

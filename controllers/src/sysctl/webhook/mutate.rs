@@ -44,7 +44,7 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
             .with_label_values(&["gate", result])
             .inc()
     };
-    let (uid, pod) = match review::read_created_pod(&body) {
+    let (allowed, pod) = match review::read_created_pod(&body) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
@@ -93,9 +93,13 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         .duration
         .with_label_values(&["gate"])
         .observe(start.elapsed().as_secs_f64());
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        review::respond_patched(&uid, patch.as_ref(), &warnings).to_string(),
-    )
-        .into_response()
+    match review::respond_patched(allowed, patch.as_ref(), &warnings) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => {
+            // Never answered without the gate it owes: the apiserver's failurePolicy decides.
+            tracing::warn!(target: LOG_TARGET, error = %e, "webhook: could not answer");
+            judge.metrics.errors.with_label_values(&["other"]).inc();
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+        }
+    }
 }

@@ -5,40 +5,15 @@
 //! scheduler binds, or the older `bindings` resource, which binds the same way), and a pod
 //! CREATE that already names its node (`spec.nodeName`). Anything else is answered "allowed".
 
+//!
+//! The wire types are kube's (`kube::core::admission`); what is ours is the reading of a request
+//! into a [`Subject`] and the clear, bounded refusal of a body that is not one.
+
 use k8s_openapi::api::core::v1::{Binding, Pod};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Review {
-    #[serde(default)]
-    request: Option<Request>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Request {
-    uid: String,
-    #[serde(default)]
-    resource: Resource,
-    #[serde(default)]
-    sub_resource: Option<String>,
-    #[serde(default)]
-    operation: String,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    object: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize, Default)]
-struct Resource {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    resource: String,
-}
+use kube::core::{
+    DynamicObject, Status,
+    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation},
+};
 
 /// What a request asks, as the webhook judges it.
 #[derive(Debug)]
@@ -73,43 +48,56 @@ impl Subject {
 #[error("not an AdmissionReview the sysctl webhook can judge: {0}")]
 pub struct Unreadable(String);
 
-/// The request's UID (the answer must carry it) and what it asks.
-pub fn read(body: &[u8]) -> Result<(String, Subject), Unreadable> {
-    let review: Review =
-        serde_json::from_slice(body).map_err(|e| Unreadable(format!("invalid JSON: {e}")))?;
-    let r = review
-        .request
-        .ok_or_else(|| Unreadable("no request".into()))?;
-    let uid = r.uid.clone();
-    Ok((uid, subject(r)?))
+/// The allowed answer to the request (it carries the request's UID, which the answer must) and
+/// what the request asks.
+pub fn read(body: &[u8]) -> Result<(AdmissionResponse, Subject), Unreadable> {
+    let r = request(body)?;
+    Ok((AdmissionResponse::from(&r), subject(r)?))
 }
 
-/// Takes the request whole: the object (up to the webhook's body limit) is moved, never copied.
-fn subject(r: Request) -> Result<Subject, Unreadable> {
+fn request(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Unreadable> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| Unreadable(format!("not an AdmissionReview: {e}")))?;
+    review
+        .try_into()
+        .map_err(|_| Unreadable("no request".into()))
+}
+
+/// The object of a CREATE as `K`: the one copy of it the webhook makes.
+fn object<K>(r: &mut AdmissionRequest<DynamicObject>, what: &str) -> Result<K, Unreadable>
+where
+    K: kube::Resource + serde::de::DeserializeOwned,
+{
+    r.object
+        .take()
+        .ok_or_else(|| Unreadable("a CREATE without an object".into()))?
+        .try_parse()
+        .map_err(|e| Unreadable(format!("the object is not a {what}: {e}")))
+}
+
+/// Takes the request whole: the object (up to the webhook's body limit) is parsed once.
+fn subject(mut r: AdmissionRequest<DynamicObject>) -> Result<Subject, Unreadable> {
     let sub = r.sub_resource.as_deref().unwrap_or_default();
     // POST .../bindings binds a pod exactly as POST .../pods/NAME/binding does.
     let sub = match (r.resource.resource.as_str(), sub) {
         ("bindings", "") => "binding",
         ("bindings", _) => "other",
         _ => sub,
-    };
+    }
+    .to_string();
     let resource = match r.resource.resource.as_str() {
         "bindings" => "pods",
         other => other,
     };
-    if !r.resource.group.is_empty() || resource != "pods" || r.operation != "CREATE" {
+    if !r.resource.group.is_empty() || resource != "pods" || r.operation != Operation::Create {
         return Ok(Subject::Other(format!(
-            "{} {}/{} {sub}",
+            "{:?} {}/{} {sub}",
             r.operation, r.resource.group, r.resource.resource
         )));
     }
-    let object = r
-        .object
-        .ok_or_else(|| Unreadable("a CREATE without an object".into()))?;
-    match sub {
+    match sub.as_str() {
         "binding" => {
-            let b: Binding = serde_json::from_value(object)
-                .map_err(|e| Unreadable(format!("the object is not a Binding: {e}")))?;
+            let b: Binding = object(&mut r, "Binding")?;
             let name = b
                 .metadata
                 .name
@@ -122,8 +110,7 @@ fn subject(r: Request) -> Result<Subject, Unreadable> {
             })
         }
         "" => {
-            let mut pod: Pod = serde_json::from_value(object)
-                .map_err(|e| Unreadable(format!("the object is not a Pod: {e}")))?;
+            let mut pod: Pod = object(&mut r, "Pod")?;
             if pod.metadata.namespace.is_none() {
                 pod.metadata.namespace = r.namespace;
             }
@@ -155,86 +142,74 @@ pub struct Answer {
     pub warnings: Vec<String>,
 }
 
-#[derive(Serialize)]
-struct Status<'a> {
-    code: u16,
-    reason: &'a str,
-    message: &'a str,
-}
-
-/// The AdmissionReview response for request `uid`.
-pub fn respond(uid: &str, answer: &Answer) -> serde_json::Value {
-    let mut response = json!({"uid": uid, "allowed": answer.allowed});
-    if let Some(message) = &answer.message {
-        response["status"] = serde_json::to_value(Status {
-            code: 403,
-            reason: "Forbidden",
-            message,
-        })
-        .expect("a status serializes");
-    }
+/// The AdmissionReview answering the request `allowed` was made from: a denial carries a 403
+/// `Forbidden` status with the message, which the apiserver returns to the client.
+pub fn respond(allowed: AdmissionResponse, answer: &Answer) -> String {
+    let mut response = match &answer.message {
+        Some(message) if !answer.allowed => {
+            let mut denied = allowed.deny(message);
+            denied.result = Status::failure(message, "Forbidden").with_code(403);
+            denied
+        }
+        _ if !answer.allowed => allowed.deny(""),
+        _ => allowed,
+    };
     if !answer.warnings.is_empty() {
-        response["warnings"] = json!(answer.warnings);
+        response.warnings = Some(answer.warnings.clone());
     }
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    })
+    serialize(response)
 }
 
-/// The request's UID and, for a pod CREATE, the pod (its namespace filled in from the
+fn serialize(response: AdmissionResponse) -> String {
+    serde_json::to_string(&response.into_review()).expect("an AdmissionReview serializes")
+}
+
+/// The allowed answer and, for a pod CREATE, the pod (its namespace filled in from the
 /// request): what the gate webhook reads. Anything else is `None` (answered unchanged).
-pub fn read_created_pod(body: &[u8]) -> Result<(String, Option<Box<Pod>>), Unreadable> {
-    let review: Review =
-        serde_json::from_slice(body).map_err(|e| Unreadable(format!("invalid JSON: {e}")))?;
-    let r = review
-        .request
-        .ok_or_else(|| Unreadable("no request".into()))?;
+pub fn read_created_pod(body: &[u8]) -> Result<(AdmissionResponse, Option<Box<Pod>>), Unreadable> {
+    let mut r = request(body)?;
+    let allowed = AdmissionResponse::from(&r);
     let is_pod_create = r.resource.group.is_empty()
         && r.resource.resource == "pods"
         && r.sub_resource.as_deref().unwrap_or_default().is_empty()
-        && r.operation == "CREATE";
+        && r.operation == Operation::Create;
     if !is_pod_create {
-        return Ok((r.uid, None));
+        return Ok((allowed, None));
     }
-    let object = r
-        .object
-        .ok_or_else(|| Unreadable("a CREATE without an object".into()))?;
-    let mut pod: Pod = serde_json::from_value(object)
-        .map_err(|e| Unreadable(format!("the object is not a Pod: {e}")))?;
+    let mut pod: Pod = object(&mut r, "Pod")?;
     if pod.metadata.namespace.is_none() {
         pod.metadata.namespace = r.namespace;
     }
-    Ok((r.uid, Some(Box::new(pod))))
+    Ok((allowed, Some(Box::new(pod))))
 }
 
-/// The allowed AdmissionReview response for request `uid`, carrying `patch` (a JSON patch,
-/// base64 on the wire) when there is one, and `warnings`.
+/// The allowed AdmissionReview carrying `patch` (a JSON patch, base64 on the wire) when there
+/// is one, and `warnings`.
 pub fn respond_patched(
-    uid: &str,
+    allowed: AdmissionResponse,
     patch: Option<&serde_json::Value>,
     warnings: &[String],
-) -> serde_json::Value {
-    let mut response = json!({"uid": uid, "allowed": true});
-    if let Some(patch) = patch {
-        let bytes = serde_json::to_vec(patch).expect("a JSON value serializes");
-        response["patchType"] = json!("JSONPatch");
-        response["patch"] = json!(k8s_openapi::ByteString(bytes));
-    }
+) -> Result<String, Unreadable> {
+    let mut response = match patch {
+        Some(p) => {
+            let p: json_patch::Patch = serde_json::from_value(p.clone())
+                .map_err(|e| Unreadable(format!("the gate's patch is not a JSON patch: {e}")))?;
+            allowed
+                .with_patch(p)
+                .map_err(|e| Unreadable(format!("the gate's patch does not serialize: {e}")))?
+        }
+        None => allowed,
+    };
     if !warnings.is_empty() {
-        response["warnings"] = json!(warnings);
+        response.warnings = Some(warnings.to_vec());
     }
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    })
+    Ok(serialize(response))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn review(
         resource: &str,
@@ -248,6 +223,7 @@ mod tests {
             "resource": {"group": "", "version": "v1", "resource": resource},
             "operation": operation,
             "namespace": "ns",
+            "userInfo": {"username": "system:kube-scheduler"},
             "object": object,
         });
         if let Some(sub) = sub {
@@ -267,7 +243,7 @@ mod tests {
                    "target": {"kind": "Node", "name": "n1"}}),
         );
         let (uid, s) = read(&body).unwrap();
-        assert_eq!(uid, "u-1");
+        assert_eq!(uid.uid, "u-1");
         match s {
             Subject::Binding {
                 namespace,
@@ -339,8 +315,12 @@ mod tests {
     #[test]
     fn unreadable_requests_are_errors_naming_why() {
         for (body, why) in [
-            (b"nope".to_vec(), "invalid JSON"),
-            (br#"{"kind": "AdmissionReview"}"#.to_vec(), "no request"),
+            (b"nope".to_vec(), "not an AdmissionReview"),
+            (b"{}".to_vec(), "not an AdmissionReview"),
+            (
+                br#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}"#.to_vec(),
+                "no request",
+            ),
             (
                 review("pods", Some("binding"), "CREATE", json!({"target": 1})),
                 "not a Binding",
@@ -355,39 +335,56 @@ mod tests {
         }
     }
 
+    /// The allowed answer to a request of UID `uid`, as `read` makes it.
+    fn allowed(uid: &str) -> AdmissionResponse {
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review("pods", None, "UPDATE", json!({"metadata": {}})))
+                .unwrap();
+        body["request"]["uid"] = json!(uid);
+        read(&serde_json::to_vec(&body).unwrap()).unwrap().0
+    }
+
+    fn wire(s: String) -> serde_json::Value {
+        serde_json::from_str(&s).unwrap()
+    }
+
     #[test]
     fn answers_carry_uid_status_and_warnings() {
-        let deny = respond(
-            "u-1",
+        let deny = wire(respond(
+            allowed("u-1"),
             &Answer {
                 allowed: false,
                 message: Some("forbidden sysctl".into()),
                 warnings: vec![],
             },
-        );
+        ));
+        assert_eq!(deny["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(deny["kind"], "AdmissionReview");
         assert_eq!(deny["response"]["uid"], "u-1");
         assert_eq!(deny["response"]["allowed"], false);
         assert_eq!(deny["response"]["status"]["code"], 403);
+        assert_eq!(deny["response"]["status"]["reason"], "Forbidden");
         assert_eq!(deny["response"]["status"]["message"], "forbidden sysctl");
         assert!(deny["response"].get("warnings").is_none());
-        let warn = respond(
-            "u-2",
+        let warn = wire(respond(
+            allowed("u-2"),
             &Answer {
                 allowed: true,
                 message: None,
                 warnings: vec!["audit".into()],
             },
-        );
+        ));
+        assert_eq!(warn["response"]["uid"], "u-2");
+        assert_eq!(warn["response"]["allowed"], true);
         assert_eq!(warn["response"]["warnings"][0], "audit");
-        assert!(warn["response"].get("status").is_none());
         assert_eq!(warn["kind"], "AdmissionReview");
     }
 
     #[test]
-    fn a_created_pod_is_read_and_a_patch_is_answered_in_base64() {
+    fn a_created_pod_is_read_and_a_patch_is_answered_with_its_type() {
         let pod = json!({"metadata": {"name": "p"}, "spec": {"containers": []}});
         let (uid, p) = read_created_pod(&review("pods", None, "CREATE", pod.clone())).unwrap();
-        assert_eq!(uid, "u-1");
+        assert_eq!(uid.uid, "u-1");
         assert_eq!(p.unwrap().metadata.namespace.as_deref(), Some("ns"));
         for (resource, sub, op) in [
             ("pods", None, "UPDATE"),
@@ -399,17 +396,25 @@ mod tests {
         assert!(read_created_pod(b"{").is_err());
 
         let patch = json!([{"op": "add", "path": "/a", "value": 1}]);
-        let r = respond_patched("u-1", Some(&patch), &[]);
+        let r = wire(respond_patched(allowed("u-1"), Some(&patch), &[]).unwrap());
+        assert_eq!(r["response"]["uid"], "u-1");
         assert_eq!(r["response"]["allowed"], true);
         assert_eq!(r["response"]["patchType"], "JSONPatch");
-        let wire: k8s_openapi::ByteString =
-            serde_json::from_value(r["response"]["patch"].clone()).unwrap();
+        // kube's AdmissionResponse writes the patch's bytes as a JSON array, which the
+        // apiserver's decoder reads into its []byte as it reads base64 (the gate's cluster tests
+        // have the apiserver apply it).
+        let bytes: Vec<u8> = serde_json::from_value(r["response"]["patch"].clone()).unwrap();
         assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&wire.0).unwrap(),
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
             patch
         );
-        let r = respond_patched("u-2", None, &["w".into()]);
+        let r = wire(respond_patched(allowed("u-2"), None, &["w".into()]).unwrap());
         assert!(r["response"].get("patch").is_none());
+        assert!(r["response"].get("patchType").is_none());
         assert_eq!(r["response"]["warnings"][0], "w");
+        assert!(
+            respond_patched(allowed("u-3"), Some(&json!({"not": "a patch"})), &[]).is_err(),
+            "a patch that is not a JSON patch is an error, never an answer without it"
+        );
     }
 }

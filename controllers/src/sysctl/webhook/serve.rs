@@ -110,7 +110,7 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
     } else {
         review::read(&body)
     };
-    let (uid, subject) = match read {
+    let (allowed, subject) = match read {
         Ok(r) => r,
         Err(e) => {
             let e = ReviewError::from(e);
@@ -132,7 +132,7 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
             judge.count(label, outcome.label());
             (
                 [(header::CONTENT_TYPE, "application/json")],
-                review::respond(&uid, &answer).to_string(),
+                review::respond(allowed, &answer),
             )
                 .into_response()
         }
@@ -267,7 +267,7 @@ mod tests {
             "kind": {"group": "", "version": "v1", "kind": "Binding"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "subResource": "binding",
-            "operation": "CREATE",
+            "operation": "CREATE", "userInfo": {"username": "system:kube-scheduler"},
             "namespace": "ns",
             "object": {"apiVersion": "v1", "kind": "Binding",
                        "metadata": {"name": "web-0"},

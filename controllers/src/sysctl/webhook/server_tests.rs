@@ -136,8 +136,9 @@ impl Served {
 fn review(pad: usize) -> Vec<u8> {
     let body = serde_json::json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": "u-1", "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "subResource": "binding", "operation": "CREATE", "namespace": "ns",
+        "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding", "operation": "CREATE", "userInfo": {"username": "system:kube-scheduler"}, "namespace": "ns",
             "object": {"metadata": {"name": "p"}, "target": {"name": "n1"}}},
         "pad": "x".repeat(pad),
     });
