@@ -97,15 +97,15 @@ pub struct CommonArgs {
     #[arg(long, env = "GROUNDSKEEPER_WATCH_SILENT_AFTER", default_value = "90s", value_parser = parse_silent_after)]
     pub watch_silent_after: Duration,
 
-    /// How each watch lists: `auto` streams the list on the watch (sendInitialEvents, one
-    /// request) and lists in pages from the first time the server cannot stream it (refused,
-    /// or no end within --watch-list-timeout), logged and counted per watch; `on` only streams;
-    /// `off` lists in pages.
+    /// How each watch lists: `off` (the default) lists in pages; `auto` streams the list on
+    /// the watch (sendInitialEvents, one request) and lists in pages from the first time the
+    /// server cannot stream it (refused, or no end within --watch-list-timeout), logged and
+    /// counted per watch; `on` only streams.
     #[arg(
         long,
         env = "GROUNDSKEEPER_WATCH_LIST",
         value_enum,
-        default_value = "auto"
+        default_value = "off"
     )]
     pub watch_list: crate::watch_list::WatchList,
 
@@ -291,10 +291,10 @@ mod tests {
         assert_eq!(c.watch_settings().backoff_max, Duration::from_millis(500));
         assert!(parse(&["--watch-stale-after=soon"]).is_err());
         let c = parse(&[]).unwrap().watch_settings();
-        assert_eq!(c.list, crate::watch_list::WatchList::Auto);
+        assert_eq!(c.list, crate::watch_list::WatchList::Off);
         assert_eq!(c.list_timeout, Duration::from_secs(30));
-        let c = parse(&["--watch-list=off", "--watch-list-timeout=5s"]).unwrap();
-        assert_eq!(c.watch_settings().list, crate::watch_list::WatchList::Off);
+        let c = parse(&["--watch-list=auto", "--watch-list-timeout=5s"]).unwrap();
+        assert_eq!(c.watch_settings().list, crate::watch_list::WatchList::Auto);
         assert_eq!(c.watch_settings().list_timeout, Duration::from_secs(5));
         assert!(parse(&["--watch-list=maybe"]).is_err());
     }

@@ -57,7 +57,7 @@ impl Default for WatchSettings {
             stale_after: Duration::from_secs(30),
             backoff_max: Duration::from_secs(2),
             silent_after: Duration::from_secs(90),
-            list: WatchList::Auto,
+            list: WatchList::Off,
             list_timeout: Duration::from_secs(30),
         }
     }
