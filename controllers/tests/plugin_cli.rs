@@ -35,7 +35,7 @@ fn usage_errors_exit_1_and_help_exits_0() {
     for args in [
         &["why"][..],
         &["why", "pod"],
-        &["why", "pod", "p", "-o", "yaml"],
+        &["why", "pod", "p", "-o", "xml"],
         &["why", "pod", "p", "--terminated-pod-ttl", "1 week"],
         &["sysctl", "check", "--node", "n"],
         &[

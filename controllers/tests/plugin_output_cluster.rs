@@ -1,0 +1,120 @@
+//! `kubectl-groundskeeper` as admins use kubectl against a real apiserver: `get servicecidrs`
+//! and its table, and its `-o json|yaml`.
+
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::{
+    Api,
+    api::{DeleteParams, Patch, PatchParams},
+};
+use serde_json::{Value, json};
+use testkit::{
+    networking::{LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_address, service_cidr},
+    unique_name,
+};
+
+#[allow(dead_code)] // not every test file uses every helper
+mod plugin_common;
+use plugin_common::{octet, plugin};
+
+const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
+
+#[tokio::test]
+async fn get_servicecidrs_shows_ready_finalizer_and_what_blocks_a_deletion() -> anyhow::Result<()> {
+    let test = "get_servicecidrs_shows_ready_finalizer_and_what_blocks_a_deletion";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let o = octet();
+    let api: Api<ServiceCIDR> = Api::all(c.client.clone());
+    let held = unique_name("gk-plugin-get-held");
+    let mut cidr = service_cidr(&held, [format!("10.211.{o}.0/24")]);
+    cidr.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    c.create(&cidr).await?;
+    let labels = [
+        (LABEL_FAMILY, "IPv4"),
+        (LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR),
+    ];
+    for i in 1..=4 {
+        c.create(&ip_address(
+            &format!("10.211.{o}.{i}"),
+            &labels,
+            "shop",
+            "web",
+        ))
+        .await?;
+    }
+    // What the controller writes once a deletion waits.
+    let condition = json!({"status": {"conditions": [{
+        "type": "Ready", "status": "False", "reason": "Terminating", "message": "waiting",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    api.patch_status(&held, &PatchParams::default(), &Patch::Merge(&condition))
+        .await?;
+    api.delete(&held, &DeleteParams::default()).await?;
+    let plain = unique_name("gk-plugin-get-plain");
+    c.create(&service_cidr(&plain, [format!("10.212.{o}.0/24")]))
+        .await?;
+
+    let a = plugin(&c.kubeconfig, &["get", "servicecidrs"]).await?;
+    assert_eq!(a.code, 0, "{a}");
+    let header = a.out.lines().next().unwrap_or_default();
+    let columns: Vec<&str> = header
+        .split("   ")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert_eq!(
+        columns,
+        ["NAME", "CIDRS", "READY", "FINALIZER", "BLOCKED BY", "AGE"],
+        "{a}"
+    );
+    let row = |name: &str| {
+        a.out
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no row for {name}: {a}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        row(&held).contains(&format!(
+            "False (Terminating) yes 4: 10.211.{o}.1,10.211.{o}.2,10.211.{o}.3,..."
+        )),
+        "{a}"
+    );
+    assert!(row(&plain).contains("<unknown> no <none>"), "{a}");
+
+    for output in ["json", "yaml"] {
+        let a = plugin(
+            &c.kubeconfig,
+            &["get", "servicecidr", &held, &plain, "-o", output],
+        )
+        .await?;
+        assert_eq!(a.code, 0, "{a}");
+        let v: Value = match output {
+            "json" => a.json(),
+            _ => serde_norway::from_str(&a.out)?,
+        };
+        let items = v["items"].as_array().expect("items");
+        assert_eq!(items.len(), 2, "{v}");
+        assert_eq!(items[0]["name"], held.as_str(), "{v}");
+        assert_eq!(items[0]["finalizer"], true, "{v}");
+        assert_eq!(items[0]["deleting"], true, "{v}");
+        assert_eq!(items[0]["ready"]["reason"], "Terminating", "{v}");
+        assert_eq!(items[0]["blockedBy"]["count"], 4, "{v}");
+        assert_eq!(
+            items[0]["blockedBy"]["first"][0]["owner"], "services shop/web",
+            "{v}"
+        );
+        assert_eq!(items[1]["blockedBy"], Value::Null, "{v}");
+        assert_eq!(items[1]["finalizer"], false, "{v}");
+    }
+    let a = plugin(&c.kubeconfig, &["get", "servicecidrs", "gk-no-such-cidr"]).await?;
+    assert_eq!(a.code, 1, "{a}");
+    assert!(a.err.contains("not found"), "{a}");
+
+    let gone = json!({"metadata": {"finalizers": null}});
+    api.patch(&held, &PatchParams::default(), &Patch::Merge(&gone))
+        .await?;
+    Ok(())
+}
