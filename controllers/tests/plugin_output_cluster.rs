@@ -1,5 +1,7 @@
 //! `kubectl-groundskeeper` as admins use kubectl against a real apiserver: `get servicecidrs`
-//! and its table, and its `-o json|yaml`.
+//! and its table, and `-o json|yaml` of every answer, the same facts in both.
+
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::{
@@ -10,6 +12,7 @@ use serde_json::{Value, json};
 use testkit::{
     networking::{LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_address, service_cidr},
     unique_name,
+    webhook::ready_node,
 };
 
 #[allow(dead_code)] // not every test file uses every helper
@@ -116,5 +119,76 @@ async fn get_servicecidrs_shows_ready_finalizer_and_what_blocks_a_deletion() -> 
     let gone = json!({"metadata": {"finalizers": null}});
     api.patch(&held, &PatchParams::default(), &Patch::Merge(&gone))
         .await?;
+    Ok(())
+}
+
+/// `-o json` and `-o yaml` of `args`: both exit 0, and say the same.
+async fn both(kubeconfig: &std::path::Path, args: &[&str]) -> anyhow::Result<Value> {
+    let mut got = Vec::new();
+    for output in ["json", "yaml"] {
+        let mut with = args.to_vec();
+        with.extend(["-o", output]);
+        let a = plugin(kubeconfig, &with).await?;
+        assert_eq!(a.code, 0, "{with:?}: {a}");
+        got.push(match output {
+            "json" => a.json(),
+            _ => serde_norway::from_str::<Value>(&a.out)
+                .unwrap_or_else(|e| panic!("{with:?}: not YAML ({e}): {a}")),
+        });
+    }
+    assert_eq!(got[0], got[1], "{args:?}: -o json and -o yaml differ");
+    Ok(got.remove(0))
+}
+
+#[tokio::test]
+async fn every_answer_prints_as_json_and_as_yaml() -> anyhow::Result<()> {
+    let test = "every_answer_prints_as_json_and_as_yaml";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let ns = c
+        .namespace_for_pods("gk-plugin-output", Duration::from_secs(30))
+        .await?;
+    let node = unique_name("gk-plugin-output");
+    c.create(&ready_node(&node, BTreeMap::new(), "6.1.0", "v1.36.2"))
+        .await?;
+    c.create(&testkit::bound_pod(&ns, "kept", &node)).await?;
+    let cidr = unique_name("gk-plugin-output");
+    c.create(&service_cidr(&cidr, [format!("10.213.{}.0/24", octet())]))
+        .await?;
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("gk-plugin-output")));
+    std::fs::write(
+        &file,
+        "kind: Pod\nmetadata: {name: p}\nspec:\n  securityContext:\n    sysctls: [{name: net.core.somaxconn, value: \"1\"}]\n  containers: [{name: c, image: i}]\n",
+    )?;
+
+    let v = both(&c.kubeconfig, &["why", "servicecidr", &cidr]).await?;
+    assert_eq!(v["servicecidr"], cidr.as_str(), "{v}");
+    assert_eq!(v["blocked"], false, "{v}");
+    let v = both(&c.kubeconfig, &["why", "pod", "kept", "-n", &ns]).await?;
+    assert_eq!(v["pod"], format!("{ns}/kept"), "{v}");
+    assert_eq!(v["podgc"]["collected"], Value::Null, "{v}");
+    assert_eq!(
+        v["podgc"]["passes"].as_array().map(Vec::len),
+        Some(6),
+        "{v}"
+    );
+    let v = both(
+        &c.kubeconfig,
+        &[
+            "sysctl",
+            "check",
+            "-f",
+            &file.to_string_lossy(),
+            "--node",
+            &node,
+        ],
+    )
+    .await?;
+    assert_eq!(v[0]["node"], node.as_str(), "{v}");
+    assert_eq!(v[0]["sysctls"][0], "net.core.somaxconn", "{v}");
+    let v = both(&c.kubeconfig, &["get", "servicecidrs", &cidr]).await?;
+    assert_eq!(v["items"][0]["name"], cidr.as_str(), "{v}");
+    let _ = std::fs::remove_file(&file);
     Ok(())
 }
