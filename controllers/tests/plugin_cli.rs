@@ -49,6 +49,7 @@ fn usage_errors_exit_1_and_help_exits_0() {
             "vm.swappiness",
         ],
         &["frobnicate"],
+        &["get", "servicecidrs", "--as-group", "g"],
     ] {
         let out = run(args, &kc);
         assert_eq!(

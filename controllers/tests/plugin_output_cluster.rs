@@ -1,9 +1,16 @@
 //! `kubectl-groundskeeper` as admins use kubectl against a real apiserver: `get servicecidrs`
-//! and its table, and `-o json|yaml` of every answer, the same facts in both.
+//! and its table, `-o json|yaml` of every answer (the same facts in both), and `--as` and
+//! `--as-group` sent as kubectl sends them.
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::{
+    api::{
+        networking::v1::ServiceCIDR,
+        rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams},
@@ -17,7 +24,7 @@ use testkit::{
 
 #[allow(dead_code)] // not every test file uses every helper
 mod plugin_common;
-use plugin_common::{octet, plugin};
+use plugin_common::{octet, plugin, read_only};
 
 const FINALIZER: &str = "networking.k8s.io/service-cidr-finalizer";
 
@@ -190,5 +197,71 @@ async fn every_answer_prints_as_json_and_as_yaml() -> anyhow::Result<()> {
     let v = both(&c.kubeconfig, &["get", "servicecidrs", &cidr]).await?;
     assert_eq!(v["items"][0]["name"], cidr.as_str(), "{v}");
     let _ = std::fs::remove_file(&file);
+    Ok(())
+}
+
+#[tokio::test]
+async fn as_and_as_group_act_as_that_user_and_group() -> anyhow::Result<()> {
+    let test = "as_and_as_group_act_as_that_user_and_group";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    // The plugin's read-only rules, bound to a group only.
+    let name = unique_name("gk-plugin-as");
+    let group = format!("{name}-readers");
+    c.create(&ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        rules: Some(read_only()),
+        ..Default::default()
+    })
+    .await?;
+    c.create(&ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: name.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "Group".into(),
+            name: group.clone(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
+    })
+    .await?;
+    let user = format!("{name}-user");
+    let ask = ["get", "servicecidrs"];
+
+    // The admin as a user of no group: the apiserver refuses that user, by name.
+    let a = plugin(&c.kubeconfig, &[&ask[..], &["--as", &user]].concat()).await?;
+    assert_eq!(a.code, 1, "{a}");
+    assert!(a.err.contains("forbidden") && a.err.contains(&user), "{a}");
+    // The same user in the bound group (among others): answered.
+    let as_group = [
+        &ask[..],
+        &["--as", &user, "--as-group", "other", "--as-group", &group],
+    ]
+    .concat();
+    let a = plugin(&c.kubeconfig, &as_group).await?;
+    assert_eq!(a.code, 0, "{a}");
+    assert!(a.out.starts_with("NAME"), "{a}");
+    // As kubectl: the flags replace the kubeconfig's own impersonation (testkit's reader
+    // kubeconfig impersonates a ServiceAccount that may read).
+    let ns = c.namespace("gk-plugin-as").await?;
+    let reader = c
+        .as_service_account_with(&ns, read_only(), Vec::new())
+        .await?;
+    let a = plugin(&reader, &ask).await?;
+    assert_eq!(a.code, 0, "{a}");
+    let a = plugin(&reader, &[&ask[..], &["--as", &user]].concat()).await?;
+    assert_eq!(a.code, 1, "{a}");
+    assert!(a.err.contains("forbidden") && a.err.contains(&user), "{a}");
     Ok(())
 }

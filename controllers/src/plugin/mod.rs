@@ -46,6 +46,26 @@ pub struct Cli {
     /// The kubeconfig context to use; unset: its current context.
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// Act as this user (or `system:serviceaccount:NS:NAME`), as kubectl's `--as`: the
+    /// kubeconfig's user needs the right to impersonate.
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// A group to act as, with `--as`; repeat for more.
+    #[arg(
+        long = "as-group",
+        global = true,
+        value_name = "GROUP",
+        requires = "as_user"
+    )]
+    pub as_group: Vec<String>,
+    /// The UID to act as, with `--as`.
+    #[arg(
+        long = "as-uid",
+        global = true,
+        value_name = "UID",
+        requires = "as_user"
+    )]
+    pub as_uid: Option<String>,
     /// The pod's namespace; unset: the context's, else `default`.
     #[arg(short = 'n', long, global = true)]
     pub namespace: Option<String>,
@@ -161,8 +181,8 @@ pub fn said(e: &anyhow::Error) -> String {
     }
 }
 
-/// The client, from `--kubeconfig`, `--context` and the usual places, as kubectl finds them;
-/// and the namespace to use.
+/// The client, from `--kubeconfig`, `--context` and the usual places, as kubectl finds them,
+/// acting as `--as`, `--as-group` and `--as-uid` say; and the namespace to use.
 pub async fn client(cli: &Cli) -> anyhow::Result<(Client, String)> {
     let options = KubeConfigOptions {
         context: cli.context.clone(),
@@ -177,6 +197,12 @@ pub async fn client(cli: &Cli) -> anyhow::Result<(Client, String)> {
         None if cli.context.is_some() => Config::from_kubeconfig(&options).await?,
         None => Config::infer().await?,
     };
+    // As kubectl: the flags replace whatever impersonation the kubeconfig's user sets.
+    if let Some(user) = &cli.as_user {
+        config.auth_info.impersonate = Some(user.clone());
+        config.auth_info.impersonate_groups = Some(cli.as_group.clone()).filter(|g| !g.is_empty());
+        config.auth_info.impersonate_uid = cli.as_uid.clone();
+    }
     config.connect_timeout = Some(Duration::from_secs(10));
     config.read_timeout = Some(cli.request_timeout);
     config.write_timeout = Some(cli.request_timeout);
