@@ -7,6 +7,7 @@ pub mod collected;
 #[cfg(test)]
 mod collected_tests;
 pub mod commands;
+pub mod completion;
 pub mod get;
 pub mod manifest;
 pub mod output;
@@ -35,6 +36,7 @@ pub const EXIT_ERROR: u8 = 1;
 #[derive(Parser, Debug)]
 #[command(
     name = NAME,
+    bin_name = "kubectl groundskeeper",
     version,
     about = "Ask groundskeeper why: what blocks a ServiceCIDR's deletion, why PodGC collected a \
              pod (or not), which nodes' sysctl verdicts keep a pod off. Reads the API only."
@@ -90,6 +92,9 @@ pub enum Command {
     /// Sysctl verdicts.
     #[command(subcommand)]
     Sysctl(Sysctl),
+    /// Print a shell completion script for the `kubectl-groundskeeper` executable (see
+    /// docs/plugin.md for `kubectl groundskeeper` completion through kubectl).
+    Completion { shell: completion::Shell },
 }
 
 #[derive(Subcommand, Debug)]
@@ -147,6 +152,10 @@ pub enum Sysctl {
 
 /// Parses the command line, answers, and returns the exit code.
 pub async fn run(cli: Cli) -> u8 {
+    if let Command::Completion { shell } = cli.command {
+        print!("{}", completion::script(shell));
+        return EXIT_ANSWERED;
+    }
     match answer(&cli).await {
         Ok(text) => {
             print!("{text}");
@@ -244,6 +253,7 @@ async fn answer(cli: &Cli) -> anyhow::Result<String> {
             let pods = manifest.unwrap_or_default();
             commands::sysctl_check(&client, node, &pods, sysctl).await?
         }
+        Command::Completion { .. } => unreachable!("answered in run, before any client"),
     };
     answer.print(cli.output)
 }
