@@ -265,3 +265,86 @@ async fn as_and_as_group_act_as_that_user_and_group() -> anyhow::Result<()> {
     assert!(a.err.contains("forbidden") && a.err.contains(&user), "{a}");
     Ok(())
 }
+
+#[tokio::test]
+async fn why_pod_reads_podgcs_settings_from_the_controller_managers_deployment()
+-> anyhow::Result<()> {
+    let test = "why_pod_reads_podgcs_settings_from_the_controller_managers_deployment";
+    let Some(c) = testkit::cluster(test).await else {
+        return Ok(());
+    };
+    let ns = c
+        .namespace_for_pods("gk-plugin-settings", Duration::from_secs(30))
+        .await?;
+    let node = unique_name("gk-plugin-settings");
+    c.create(&ready_node(&node, BTreeMap::new(), "6.1.0", "v1.36.2"))
+        .await?;
+    c.create(&testkit::bound_pod(&ns, "kept", &node)).await?;
+    let base = [
+        "why",
+        "pod",
+        "kept",
+        "-n",
+        &ns,
+        "--controller-manager-namespace",
+        &ns,
+        "-o",
+        "json",
+    ];
+
+    // No Deployment there: the controller-manager's defaults, said so.
+    let v = plugin(&c.kubeconfig, &base).await?.json();
+    assert_eq!(v["settings"]["terminatedPodGcThreshold"], 12500, "{v}");
+    assert_eq!(v["settings"]["source"]["deployment"], Value::Null, "{v}");
+
+    // As the chart writes it: flags in args (among other controllers'), one in the env.
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "groundskeeper-controller-manager", "namespace": ns,
+                     "labels": {"app.kubernetes.io/component": "controller-manager"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "gk-plugin-settings"}},
+            "template": {
+                "metadata": {"labels": {"app": "gk-plugin-settings"}},
+                "spec": {"containers": [{
+                    "name": "controller-manager",
+                    "image": "groundskeeper:test",
+                    "command": ["/usr/local/bin/controller-manager"],
+                    "args": ["--leader-elect=true", "--controllers=podgc,servicecidr",
+                             "--terminated-pod-gc-threshold=777", "--sysctl-default-mode=enforce"],
+                    "env": [{"name": "GROUNDSKEEPER_TERMINATED_POD_TTL", "value": "90m"}],
+                }]},
+            },
+        },
+    }))?;
+    c.create(&deployment).await?;
+    let v = plugin(&c.kubeconfig, &base).await?.json();
+    let want = format!("{ns}/groundskeeper-controller-manager");
+    assert_eq!(v["settings"]["source"]["deployment"], want.as_str(), "{v}");
+    assert_eq!(v["settings"]["terminatedPodGcThreshold"], 777, "{v}");
+    assert_eq!(v["settings"]["terminatedPodTtlSeconds"], 5400, "{v}");
+    assert_eq!(v["settings"]["sysctlDefaultMode"], "Enforce", "{v}");
+    // A flag given to the plugin overrides the Deployment's.
+    let a = plugin(
+        &c.kubeconfig,
+        &[
+            &base[..5],
+            &[
+                "--controller-manager-namespace",
+                &ns,
+                "--terminated-pod-gc-threshold",
+                "5",
+            ],
+        ]
+        .concat(),
+    )
+    .await?;
+    assert_eq!(a.code, 0, "{a}");
+    assert!(
+        a.out.contains(&format!(
+            "Settings: --terminated-pod-gc-threshold=5 --terminated-pod-ttl=5400s, unless given, from Deployment {want}"
+        )),
+        "{a}"
+    );
+    Ok(())
+}

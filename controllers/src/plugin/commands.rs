@@ -5,7 +5,7 @@ use kube::Client;
 use serde_json::json;
 
 use super::output::Answer;
-use super::{PodGcFlags, collected, manifest, read, verdicts};
+use super::{PodGcFlags, collected, manifest, read, settings, verdicts};
 use crate::podgc::policy::NsPolicy;
 use crate::servicecidr::blockers::{self, Verdict};
 use crate::sysctl::facts::{CONDITION as PLACEMENT_CONDITION, GATE};
@@ -104,11 +104,32 @@ pub async fn why_pod(
         }
         anyhow::bail!(msg);
     };
+    // The controller-manager's own settings, where the user gave none.
+    let (deployed, source) =
+        settings::read(client, flags.controller_manager_namespace.as_deref()).await;
+    let threshold = flags
+        .terminated_pod_gc_threshold
+        .unwrap_or(deployed.podgc.terminated_pod_gc_threshold);
+    let ttl = flags
+        .terminated_pod_ttl
+        .unwrap_or(deployed.podgc.terminated_pod_ttl);
+    let defaults = settings::parse(&[], &[])?;
+    let sysctl = match format!("{sysctl:?}") == format!("{:?}", defaults.sysctl) {
+        true => &deployed.sysctl,
+        false => sysctl,
+    };
     let settings = Settings {
-        threshold: flags.terminated_pod_gc_threshold,
-        cluster_ttl: Some(flags.terminated_pod_ttl).filter(|d| !d.is_zero()),
+        threshold,
+        cluster_ttl: Some(ttl).filter(|d| !d.is_zero()),
         namespace: NsPolicy::parse(&read::ns_annotations(client, ns).await?),
     };
+    let used = json!({
+        "terminatedPodGcThreshold": threshold,
+        "terminatedPodTtlSeconds": ttl.as_secs(),
+        "allowedUnsafeSysctls": sysctl.allowed_unsafe_sysctls(),
+        "sysctlDefaultMode": format!("{:?}", sysctl.sysctl_default_mode),
+        "source": source,
+    });
     // Counting lists every terminated pod's metadata: only when a threshold can use it.
     let count = settings.threshold > 0 || settings.namespace.threshold().is_some();
     let state = read::pod_state(client, &pod, count).await?;
@@ -154,9 +175,18 @@ pub async fn why_pod(
     if let Some(p) = &sysctls {
         out.push_str(&verdicts::render_pending(p));
     }
+    out.push_str(&format!(
+        "Settings: --terminated-pod-gc-threshold={threshold} --terminated-pod-ttl={}s, {}\n",
+        ttl.as_secs(),
+        match (&source.deployment, &source.note) {
+            (Some(d), None) => format!("unless given, from Deployment {d}"),
+            (Some(d), Some(n)) => format!("unless given, from Deployment {d} ({n})"),
+            (None, n) => format!("unless given: {}", n.as_deref().unwrap_or_default()),
+        }
+    ));
     Answer::new(
         out,
-        &json!({ "pod": label, "podgc": podgc, "sysctl": sysctls }),
+        &json!({ "pod": label, "podgc": podgc, "sysctl": sysctls, "settings": used }),
     )
 }
 

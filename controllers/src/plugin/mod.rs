@@ -12,6 +12,7 @@ pub mod get;
 pub mod manifest;
 pub mod output;
 pub mod read;
+pub mod settings;
 pub mod verdicts;
 
 use std::{path::PathBuf, time::Duration};
@@ -122,16 +123,22 @@ pub enum Why {
     },
 }
 
-/// The controller-manager's PodGC flags the answer depends on: not in the API, so given here
-/// (the same values as the controller-manager's; the defaults are its defaults).
+/// The controller-manager's PodGC flags the answer depends on: unset, read from its Deployment
+/// in the cluster (`settings.rs`), else its defaults; given, they override.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PodGcFlags {
-    /// The controller-manager's `--terminated-pod-gc-threshold`.
-    #[arg(long, default_value_t = 12500)]
-    pub terminated_pod_gc_threshold: i64,
-    /// The controller-manager's `--terminated-pod-ttl` (`0s`: off).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
-    pub terminated_pod_ttl: Duration,
+    /// The controller-manager's `--terminated-pod-gc-threshold` (unset: its Deployment's, else
+    /// 12500).
+    #[arg(long, allow_negative_numbers = true)]
+    pub terminated_pod_gc_threshold: Option<i64>,
+    /// The controller-manager's `--terminated-pod-ttl` (`0s`: off; unset: its Deployment's,
+    /// else off).
+    #[arg(long, value_parser = parse_duration)]
+    pub terminated_pod_ttl: Option<Duration>,
+    /// Where the controller-manager's Deployment is (its release's namespace); unset: the
+    /// first found in any namespace.
+    #[arg(long, value_name = "NAMESPACE")]
+    pub controller_manager_namespace: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -81,5 +81,6 @@ pub fn read_only() -> Vec<PolicyRule> {
         rule(&[""], &["pods", "nodes", "namespaces", "events"]),
         rule(&["networking.k8s.io"], &["servicecidrs", "ipaddresses"]),
         rule(&["groundskeeper.dev"], &["sysctlpolicies"]),
+        rule(&["apps"], &["deployments"]),
     ]
 }
