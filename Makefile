@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check chart-changes chart-changes-check manifest tools tools-check run-check metrics-check memory-check binaries-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check chart-changes chart-changes-check manifest tools tools-check run-check metrics-check memory-check binaries-check krew-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -37,7 +37,7 @@ run-binaries:
 ## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check chart-changes-check unit chart-check tools-check run-check metrics-check memory-check binaries-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check chart-changes-check unit chart-check tools-check run-check metrics-check memory-check binaries-check krew-check $(if $(ROOT),e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
@@ -78,6 +78,8 @@ lint-workflows:
 	@mkdir -p $(TARGET_DIR)/tmp && sed 's/matrix\.runner/matrix.runnr/' .github/workflows/release.yaml > $(TARGET_DIR)/tmp/bad-release.yaml
 	@if $(TOOLS)/actionlint -color=false $(TARGET_DIR)/tmp/bad-release.yaml >/dev/null; then \
 	  echo "FAIL: actionlint passed a workflow with an undefined matrix key"; exit 1; fi
+	@for want in hack/krew.py linux_amd64 linux_arm64 darwin_amd64 darwin_arm64 LICENSE kubectl_complete-groundskeeper; do \
+	  grep -q -- "$$want" .github/workflows/release.yaml || { echo "FAIL: release.yaml does not name $$want (the plugin's tarballs and krew manifest)"; exit 1; }; done
 	@echo "lint-workflows: .github/workflows pass actionlint"
 
 ## lint-shell: no `producer | grep -q` in a pipefail script (.ci/lint-shell.sh says why); a
@@ -184,6 +186,12 @@ memory-check:
 ## .sha256, or of another version refused. No network, no cluster. See hack/binaries_test.sh.
 binaries-check:
 	bash hack/binaries_test.sh
+
+## krew-check: hack/krew.py, the krew manifest each release attaches, on made-up tarballs: every
+## platform with its URL and sha256; a missing or incomplete tarball, one of another version, a
+## bad version or repo refused. No network, no cluster. See hack/krew_test.py.
+krew-check:
+	python3 hack/krew_test.py
 
 ## image: the OCI image (target/image/groundskeeper.oci.tar), no daemon, no base-image pull;
 ## the last line printed is its digest.

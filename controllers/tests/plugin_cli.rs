@@ -35,7 +35,7 @@ fn usage_errors_exit_1_and_help_exits_0() {
     for args in [
         &["why"][..],
         &["why", "pod"],
-        &["why", "pod", "p", "-o", "yaml"],
+        &["why", "pod", "p", "-o", "xml"],
         &["why", "pod", "p", "--terminated-pod-ttl", "1 week"],
         &["sysctl", "check", "--node", "n"],
         &[
@@ -49,6 +49,7 @@ fn usage_errors_exit_1_and_help_exits_0() {
             "vm.swappiness",
         ],
         &["frobnicate"],
+        &["get", "servicecidrs", "--as-group", "g"],
     ] {
         let out = run(args, &kc);
         assert_eq!(
@@ -134,4 +135,40 @@ fn an_unknown_context_is_an_error_naming_it() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("gk-no-such-context"), "{err}");
+}
+
+#[test]
+fn help_says_kubectl_groundskeeper_and_completion_needs_no_cluster() {
+    let kc = nowhere();
+    let out = run(&["--help"], &kc);
+    assert!(
+        text(&out.stdout).contains("Usage: kubectl groundskeeper"),
+        "{}",
+        text(&out.stdout)
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&["completion", shell], &kc);
+        assert_eq!(out.status.code(), Some(0), "{shell}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("kubectl-groundskeeper"),
+            "{shell}"
+        );
+    }
+    // kubectl's plugin completion, through the helper beside the binary.
+    let helper = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../hack/kubectl_complete-groundskeeper"
+    );
+    let dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(helper)
+        .args(["why", "p"])
+        .env("PATH", path)
+        .output()
+        .expect("running kubectl_complete-groundskeeper");
+    assert_eq!(text(&out.stdout), "pod\n:4\n", "{}", text(&out.stderr));
 }

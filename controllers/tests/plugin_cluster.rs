@@ -3,7 +3,7 @@
 //! nodes by their sysctl verdicts, `sysctl check` on a node, and what it must not do: it
 //! answers with read-only rights, and writes nothing even with an admin's.
 
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec, crd_yaml};
 use k8s_openapi::{
@@ -14,7 +14,10 @@ use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams, PostParams},
 };
-use serde_json::{Value, json};
+use serde_json::json;
+
+mod plugin_common;
+use plugin_common::{octet, plugin, plugin_with_input, read_only};
 use testkit::{
     Binary, Cluster,
     networking::{LABEL_FAMILY, LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, ip_address, service_cidr},
@@ -22,69 +25,8 @@ use testkit::{
     webhook::ready_node,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_kubectl-groundskeeper");
 const WAIT: Duration = Duration::from_secs(30);
 const HOLD: &str = "groundskeeper.dev/test-hold";
-
-struct Answer {
-    code: i32,
-    out: String,
-    err: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.out)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.out, self.err))
-    }
-}
-
-impl std::fmt::Display for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {}\nstdout:\n{}\nstderr:\n{}",
-            self.code, self.out, self.err
-        )
-    }
-}
-
-/// Runs the plugin as kubectl runs a plugin: its own arguments, the user's kubeconfig.
-async fn plugin(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<Answer> {
-    plugin_with_input(kubeconfig, args, None).await
-}
-
-async fn plugin_with_input(
-    kubeconfig: &Path,
-    args: &[&str],
-    stdin: Option<&str>,
-) -> anyhow::Result<Answer> {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(BIN)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut input = child.stdin.take().expect("stdin");
-    if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).await?;
-    }
-    drop(input);
-    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await??;
-    Ok(Answer {
-        code: out.status.code().unwrap_or(-1),
-        out: String::from_utf8(out.stdout)?,
-        err: String::from_utf8(out.stderr)?,
-    })
-}
-
-/// A second octet of our own, so other runs' and tests' ServiceCIDRs do not overlap ours.
-fn octet() -> u8 {
-    (std::process::id() % 200) as u8 + 30
-}
 
 async fn managed_ip(c: &Cluster, ip: &str, service: &str) -> anyhow::Result<()> {
     let labels = [
@@ -465,20 +407,6 @@ async fn sysctl_check_says_a_nodes_verdict_from_its_policies_and_kubelet() -> an
 }
 
 /// What the plugin needs, and nothing more: get and list.
-fn read_only() -> Vec<PolicyRule> {
-    let rule = |groups: &[&str], resources: &[&str]| PolicyRule {
-        api_groups: Some(groups.iter().map(|s| s.to_string()).collect()),
-        resources: Some(resources.iter().map(|s| s.to_string()).collect()),
-        verbs: vec!["get".into(), "list".into()],
-        ..Default::default()
-    };
-    vec![
-        rule(&[""], &["pods", "nodes", "namespaces", "events"]),
-        rule(&["networking.k8s.io"], &["servicecidrs", "ipaddresses"]),
-        rule(&["groundskeeper.dev"], &["sysctlpolicies"]),
-    ]
-}
-
 #[tokio::test]
 async fn it_answers_with_read_only_rights_and_never_writes() -> anyhow::Result<()> {
     let test = "it_answers_with_read_only_rights_and_never_writes";

@@ -6,6 +6,12 @@ use clap::Parser;
 use groundskeeper_controllers::plugin::{self, Cli};
 
 fn main() -> ExitCode {
+    // kubectl's plugin completion (through `kubectl_complete-groundskeeper`): no client.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(plugin::completion::COMPLETE) {
+        print!("{}", plugin::completion::complete(&args[1..]));
+        return ExitCode::SUCCESS;
+    }
     // Parsed before the runtime starts: `--help` and a bad flag cost nothing. A usage error
     // exits 1 like every other error (clap's own code is 2); `--help` and `--version` exit 0.
     let cli = match Cli::try_parse() {
