@@ -4,6 +4,7 @@
 //! the controller-manager's ReplicaSet controller recreates pods as it does there.
 //!
 //! A binary is named by its variable (`KUBE_SCHEDULER`, `KUBE_CONTROLLER_MANAGER`), or else
+//! found beside `KUBE_APISERVER` (where `e2e/cluster.sh binaries` unpacks all five), or else
 //! taken from the Kubernetes node tarball next to `KUBE_APISERVER`
 //! (`kubernetes-node-v1.36.2-linux-amd64.tar.xz`, the one the end-to-end node uses), unpacked
 //! once with `tar -xJf` into the build's target directory.
@@ -19,8 +20,8 @@ use crate::control_plane::{self, ControlPlane};
 pub const NODE_TARBALL: &str = "kubernetes-node-v1.36.2-linux-amd64.tar.xz";
 
 /// The binary `name` (`kube-scheduler`, `kube-controller-manager`) the tests may start,
-/// unpacking it first if need be; None when neither its variable nor the tarball beside
-/// `KUBE_APISERVER` is there.
+/// unpacking it first if need be; None when neither its variable, nor it or the tarball beside
+/// `KUBE_APISERVER`, is there.
 pub fn binary(name: &str) -> anyhow::Result<Option<PathBuf>> {
     let var = name.replace('-', "_").to_uppercase();
     if let Some(bin) = std::env::var_os(&var).filter(|v| !v.is_empty()) {
@@ -29,6 +30,14 @@ pub fn binary(name: &str) -> anyhow::Result<Option<PathBuf>> {
     let Some((apiserver, _)) = ControlPlane::configured() else {
         return Ok(None);
     };
+    // Unpacked already beside it (`e2e/cluster.sh binaries` puts all five in one folder).
+    if let Some(beside) = apiserver
+        .parent()
+        .map(|d| d.join(name))
+        .filter(|p| p.is_file())
+    {
+        return Ok(Some(beside));
+    }
     let Some(tarball) = apiserver.parent().map(|d| d.join(NODE_TARBALL)) else {
         return Ok(None);
     };
