@@ -46,7 +46,7 @@ admin=$rootfs/var/lib/dpkg
 installed=$(dpkg-query --admindir="$admin" -W -f '${Package} ${Version} ${Status}\n' 2>&1) || installed=
 declare -A version=()
 for p in "${packages[@]}"; do
-  line=$(grep "^$p " <<<"$installed" || true)
+  line=$(awk -v p="$p" '$1 == p' <<<"$installed")
   if [ "${line#* * }" != "install ok installed" ]; then
     fail "dpkg-query --admindir=/var/lib/dpkg: $p is not installed (${line:-absent})"
     continue
