@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Lays out groundskeeper's distroless-style root filesystem in DIR: glibc, libgcc, the CA
-# bundle and netbase from Debian 12's own packages (apt-get download + dpkg-deb -x, no package
-# scripts run), a passwd with root and nonroot (65532), and /tmp. No shell, no package manager.
+# Lays out groundskeeper's distroless-style root filesystem in DIR: Debian's base files, glibc,
+# libgcc, the CA bundle and netbase from Debian 12's own packages (apt-get download + dpkg-deb
+# -x, no package scripts run), a passwd with root and nonroot (65532). No shell, no package
+# manager.
 # Both `make image` and the Dockerfile use it, so both images hold the same files.
 # What dpkg would have recorded is there for scanners (syft, Trivy, Grype) and `dpkg-query
 # --admindir`: each package's record in /var/lib/dpkg/status, its files and their md5sums in
@@ -10,9 +11,11 @@
 set -euo pipefail
 dir=$1
 debs=${2:-$(mktemp -d)}
-# gcc-12-base, which libgcc-s1 depends on, holds only libgcc's copyright (libgcc-s1's
-# /usr/share/doc entry is a link to it).
-packages=(libc6 libgcc-s1 gcc-12-base ca-certificates netbase)
+# base-files: the directory tree, /etc/os-release (which tells scanners the distribution and
+# release whose advisories apply to the packages) and /usr/share/common-licenses (which the
+# packages' copyright files refer to), as in distroless. gcc-12-base, which libgcc-s1 depends
+# on, holds only libgcc's copyright (libgcc-s1's /usr/share/doc entry is a link to it).
+packages=(base-files libc6 libgcc-s1 gcc-12-base ca-certificates netbase)
 mkdir -p "$debs"
 missing=()
 for p in "${packages[@]}"; do

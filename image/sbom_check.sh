@@ -6,8 +6,9 @@
 #   its /usr/share/doc/<package>/copyright;
 # - crates: rust-audit-info reads each binary's `.dep-v0` section (cargo auditable) and finds kube
 #   and tokio among its crates;
-# - syft, scanning the archive as the release workflow does for the SBOM it attaches, finds each
-#   of those packages (at dpkg-query's version), and kube and tokio in each binary;
+# - syft, scanning the archive as the release workflow does for the SBOM it attaches, finds the
+#   distribution and release (/etc/os-release: what Grype and Trivy match the packages' advisories
+#   by), each of those packages (at dpkg-query's version), and kube and tokio in each binary;
 # - labels: the config's org.opencontainers.image.* labels, each with what image/build.sh derives
 #   (Chart.yaml's home and appVersion, Cargo.toml's license, the commit and its time).
 # The readers come pinned from .ci/cargo-install.sh (rust-audit-info) and .ci/syft.sh.
@@ -82,13 +83,17 @@ done
 
 # syft on the archive itself, as the release workflow makes the SBOM it attaches.
 if SYFT_CHECK_FOR_APP_UPDATE=false "$tools/syft" scan "oci-archive:$archive" -q -o "syft-json=$scratch/syft.json" 2>"$scratch/syft.err"; then
-  { for p in "${packages[@]}"; do echo "deb $p${version[$p]:+ ${version[$p]}}"; done
+  # The release whose advisories apply, as the image's os-release (base-files') says it.
+  release=$(sed -n 's/^VERSION_ID="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$rootfs/usr/lib/os-release" 2>/dev/null || true)
+  { echo "distro debian ${release:-12}"
+    for p in "${packages[@]}"; do echo "deb $p${version[$p]:+ ${version[$p]}}"; done
     for b in "${bins[@]}"; do echo "rust-crate kube /usr/local/bin/$b"; echo "rust-crate tokio /usr/local/bin/$b"; done
   } > "$scratch/want"
   missing=$(python3 - "$scratch/syft.json" "$scratch/want" <<'PY'
 import json, sys
 sbom = json.load(open(sys.argv[1]))
-have = set()
+distro = sbom.get("distro") or {}
+have = {f"distro {distro.get('id')} {distro.get('versionID')}"}
 for a in sbom["artifacts"]:
     have.add(f"{a['type']} {a['name']}")
     have.add(f"{a['type']} {a['name']} {a['version']}")
@@ -100,7 +105,7 @@ for line in open(sys.argv[2]).read().splitlines():
 PY
   )
   while read -r m; do [ -z "$m" ] || fail "syft scan: no $m"; done <<<"$missing"
-  echo "sbom_check: syft scan: $(python3 -c 'import json, sys, collections; print(", ".join(f"{n} {t}" for t, n in sorted(collections.Counter(a["type"] for a in json.load(open(sys.argv[1]))["artifacts"]).items())))' "$scratch/syft.json")"
+  echo "sbom_check: syft scan: $(python3 -c 'import json, sys, collections; d = json.load(open(sys.argv[1])); print(d.get("distro", {}).get("prettyName", "no distro") + ": " + ", ".join(f"{n} {t}" for t, n in sorted(collections.Counter(a["type"] for a in d["artifacts"]).items())))' "$scratch/syft.json")"
 else
   fail "syft scan oci-archive:$archive: $(tail -n 3 "$scratch/syft.err")"
 fi

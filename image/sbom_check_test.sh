@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that image/sbom_check.sh can fail: three copies of the image ARCHIVE, each lacking one
 # thing scanners read, repacked with image/oci.py, must each fail with the line naming it:
-# - no dpkg database (/var/lib/dpkg): dpkg-query finds no libc6, nor does syft;
+# - no dpkg database (/var/lib/dpkg) nor os-release: dpkg-query finds no libc6, nor does syft,
+#   which finds no distribution either;
 # - node-agent without its `.dep-v0` section (objcopy): rust-audit-info reads no crate list,
 #   syft no kube in it;
 # - no labels in the config.
@@ -52,9 +53,11 @@ bad() {
 }
 
 mv "$scratch/rootfs/var/lib/dpkg" "$scratch/dpkg"
-bad "no dpkg database" "FAIL: dpkg-query --admindir=/var/lib/dpkg: libc6 is not installed" \
-  "FAIL: syft scan: no deb libc6" -- "${labels[@]}"
+mv "$scratch/rootfs/usr/lib/os-release" "$scratch/os-release"
+bad "no dpkg database nor os-release" "FAIL: dpkg-query --admindir=/var/lib/dpkg: libc6 is not installed" \
+  "FAIL: syft scan: no deb libc6" "FAIL: syft scan: no distro debian 12" -- "${labels[@]}"
 mv "$scratch/dpkg" "$scratch/rootfs/var/lib/dpkg"
+mv "$scratch/os-release" "$scratch/rootfs/usr/lib/os-release"
 
 cp "$scratch/rootfs/usr/local/bin/node-agent" "$scratch/node-agent"
 objcopy --remove-section .dep-v0 "$scratch/node-agent" "$scratch/rootfs/usr/local/bin/node-agent"
