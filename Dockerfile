@@ -23,8 +23,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0755 target/release/kubectl-groundskeeper /out/kubectl-groundskeeper
 
 # The distroless-style root filesystem from Debian 12's own packages, laid out by the same
-# script as `make image`: glibc, libgcc, the CA bundle, netbase, their dpkg records and
-# copyrights, passwd with nonroot (65532).
+# script as `make image`: base files, glibc, libgcc, the CA bundle, netbase, their dpkg
+# records and copyrights, passwd with nonroot (65532).
 FROM debian:12 AS rootfs
 COPY image/rootfs.sh /rootfs.sh
 RUN apt-get update -qq && bash /rootfs.sh /rootfs /debs
