@@ -17,7 +17,7 @@ for tool in "$@"; do
     *) echo "cargo-install.sh: no pinned version of $tool" >&2; exit 1 ;;
   esac
   if [ -x "$tools/bin/$tool" ] && [ -f "$tools/.crates2.json" ] \
-    && grep -F "\"$tool $version (registry+" "$tools/.crates2.json" >/dev/null; then
+    && grep -F "\"$tool $version (" "$tools/.crates2.json" >/dev/null; then
     continue
   fi
   # Its own target folder (over CARGO_TARGET_DIR): not the project's, whose release build it would
