@@ -24,9 +24,16 @@ cargo_home=${CARGO_HOME:-$HOME/.cargo}
 flags=()
 [ -z "${RUSTFLAGS:-}" ] || read -ra flags <<<"$RUSTFLAGS"
 flags+=("--remap-path-prefix=$cargo_home=/cargo" "--remap-path-prefix=$root=/src" "--remap-path-prefix=$target=/src/target")
+# `cargo auditable build --locked`, spelled out: cargo-auditable as cargo's rustc wrapper for
+# the workspace's crates, with the flags `cargo auditable` would hand it (CARGO_AUDITABLE_ORIG_ARGS,
+# the pinned version's format) for its `cargo metadata`. Named by its bare name, found on the
+# PATH: cargo hashes the wrapper as written into each workspace crate's -C metadata, and
+# `cargo auditable` names its own absolute path, which would tie the digest to the checkout's.
 bash "$root/.ci/cargo-install.sh" cargo-auditable
 CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f'; echo "${flags[*]}") PATH="$root/.tools/bin:$PATH" \
-  cargo auditable build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent >&2
+  RUSTC_WORKSPACE_WRAPPER=cargo-auditable \
+  CARGO_AUDITABLE_ORIG_ARGS='{"offline":false,"locked":true,"frozen":false,"config":[]}' \
+  cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent >&2
 bash "$root/image/rootfs.sh" "$out/rootfs" "$out/debs" >&2
 install -D -m 0755 "$target/release/controller-manager" "$out/rootfs/usr/local/bin/controller-manager"
 install -D -m 0755 "$target/release/node-agent" "$out/rootfs/usr/local/bin/node-agent"
