@@ -3,8 +3,9 @@
 # source: neither has a prebuilt binary on a registry this project reaches). Does nothing for a
 # tool whose pinned version cargo has recorded there (.tools/.crates2.json) and whose binary is
 # there. Prints nothing when all are installed.
-#   cargo-auditable  image/build.sh builds the release binaries with `cargo auditable build`,
-#                    which embeds their crate list (name, version, source) in a `.dep-v0` section
+#   cargo-auditable  image/build.sh builds the release binaries with it as cargo's rustc wrapper
+#                    (as `cargo auditable build` does), which embeds their crate list (name,
+#                    version, source) in a `.dep-v0` section
 #   rust-audit-info  reads that section back (image/sbom_check.sh)
 # Usage: cargo-install.sh TOOL...
 set -euo pipefail

@@ -4,9 +4,9 @@
 # pull. Tagged as the chart's default image, so `ctr images import` of this file is what a
 # default `helm install` runs. The last line printed is the image digest.
 # What is in it is declared where scanners (syft, Trivy, Grype) look: the Debian packages in
-# /var/lib/dpkg (image/rootfs.sh), each binary's crates in its `.dep-v0` section (`cargo
-# auditable build`; .ci/cargo-install.sh builds the pinned cargo-auditable into .tools/bin the
-# first time), and OCI labels in the image config. image/sbom_check.sh reads all three back.
+# /var/lib/dpkg (image/rootfs.sh), each binary's crates in its `.dep-v0` section (cargo
+# auditable; .ci/cargo-install.sh builds the pinned cargo-auditable into .tools/bin the first
+# time), and OCI labels in the image config. image/sbom_check.sh reads all three back.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
