@@ -35,15 +35,20 @@ run() {
   local name=$1 t0=$EPOCHREALTIME
   echo "--- $name"
   # Not in an `if`: bash ignores errexit in a condition, also inside the subshell, and a
-  # test's first failed check must end it.
-  ( set -e; "$name" )
-  if [ $? -eq 0 ]; then
+  # test's first failed check must end it. A command that fails outside a check (no FAIL line of
+  # its own) is named with its file and line.
+  ( set -eE
+    trap 'rc=$?; if [ "$BASH_SUBSHELL" = 1 ]; then case ${BASH_COMMAND%% *} in fail | return) ;;
+      *) echo "    FAIL: exit $rc at ${BASH_SOURCE[0]##*/}:$LINENO in ${FUNCNAME[0]:-?}: $BASH_COMMAND" ;; esac; fi' ERR
+    "$name" )
+  local rc=$?
+  if [ $rc -eq 0 ]; then
     passed=$((passed + 1))
     echo "ok  $name ($(since "$t0") s)"
   else
     failed=$((failed + 1))
     failed_names+=("$name")
-    echo "FAILED $name ($(since "$t0") s)"
+    echo "FAILED $name ($(since "$t0") s, exit $rc)"
     # What a person would look at first.
     k -n "$NS" get pods -o wide 2>&1 | sed 's/^/    | /'
     for p in $(cm_pods) $(agent_pod); do

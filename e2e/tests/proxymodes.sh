@@ -1,7 +1,4 @@
-# kube-proxy's modes, run by hand: `E2E_TESTS=try_kube_proxy_nftables make e2e` (not in the
-# suite yet: after the whole suite it failed once, in the NodePort case with
-# externalTrafficPolicy Local, and is not proven stable there). Every test runs beside kube-proxy
-# in iptables mode; here
+# kube-proxy's modes. Every test runs beside kube-proxy in iptables mode; here, after them,
 # every node restarts with kube-proxy in nftables mode (GA, what new clusters choose) and the
 # conntrack tests run again: the switch to a new backend on one node, all endpoints gone (the
 # zero-endpoint switch), NodePort through another node's address (Cluster and Local), and an
@@ -9,7 +6,7 @@
 # (Localhost NodePorts are tested in iptables mode only: v1.36's nftables mode does not serve
 # them, and the test says so when it runs here.)
 
-try_kube_proxy_nftables() {
+test_zz_a_kube_proxy_nftables() {
   local n
   proxy_mode nftables || fail "the nodes did not come back with kube-proxy in nftables mode"
   for n in $(all_nodes); do
