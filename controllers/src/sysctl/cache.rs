@@ -35,7 +35,7 @@ pub const COMPONENT: &str = "sysctl";
 const BACKLOG: usize = 4096;
 
 #[derive(Default)]
-pub struct Cache {
+pub struct SysctlCache {
     pub nodes: Store<String, NodeFacts>,
     pub policies: Store<String, SysctlPolicy>,
     /// Every pod not yet bound: what the webhook judges a binding by.
@@ -57,7 +57,7 @@ pub enum Change {
 /// The watches of a process, shared: each reader holds a clone.
 #[derive(Clone)]
 pub struct Watched {
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     /// The three watches' flags: what a reader acting on the cache asks.
     pub health: Health,
     flags: Vec<ReadyFlag>,
@@ -76,7 +76,7 @@ impl Watched {
         Self,
         impl Future<Output = anyhow::Result<()>> + Send + 'static,
     ) {
-        let cache = Shared::<Cache>::default();
+        let cache = Shared::<SysctlCache>::default();
         let (flags, events) = follow_all(readiness, client, &cache);
         let (changes, _) = broadcast::channel(BACKLOG);
         let watched = Self {
@@ -125,7 +125,7 @@ impl Watched {
 fn follow_all(
     readiness: &Readiness,
     client: &kube::Client,
-    cache: &Shared<Cache>,
+    cache: &Shared<SysctlCache>,
 ) -> (
     Vec<ReadyFlag>,
     impl Stream<Item = Change> + Send + 'static + use<>,
@@ -156,7 +156,7 @@ fn changed<K, V>(applied: Applied<K, V>, same: impl FnOnce(&K, &V) -> bool) -> C
     }
 }
 
-pub fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
+pub fn fold_node(cache: &mut SysctlCache, ev: Event<Node>) -> Change {
     let applied = cache
         .nodes
         .apply_event(ev, |n: Node| match n.metadata.name.clone() {
@@ -167,7 +167,7 @@ pub fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
     changed(applied, |k, old| nodes.get(k) == Some(old))
 }
 
-pub fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
+pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
     let applied = cache
         .policies
         .apply_event(ev, |p: SysctlPolicy| match p.metadata.name.clone() {
@@ -186,7 +186,7 @@ pub fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
 
 /// One pod event into both stores: every pending pod's view, and the gated pods (a pod that
 /// loses the gate, or is being deleted, leaves them as on a delete).
-pub fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
+pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     let update = Update::from_event(ev, |p: Pod| {
         match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
             (Some(ns), Some(name)) => Kept::Yes((ns, name), (PodView::of(&p), GatedPod::of(&p))),
@@ -250,7 +250,7 @@ mod tests {
     /// pod losing the gate leaves the cache.
     #[test]
     fn only_changes_the_rules_read_wake_every_pod() {
-        let mut c = Cache::default();
+        let mut c = SysctlCache::default();
         let node = |kernel: &str, heartbeat: &str| -> Node {
             serde_json::from_value(json!({
                 "metadata": {"name": "n1", "labels": {"pool": "db"}, "annotations": {"beat": heartbeat}},
@@ -299,7 +299,7 @@ mod tests {
     /// leaves both.
     #[test]
     fn one_pod_watch_fills_the_pending_and_the_gated_pods() {
-        let mut c = Cache::default();
+        let mut c = SysctlCache::default();
         let key = |n: &str| ("ns".to_string(), n.to_string());
         let named = |name: &str, gates: serde_json::Value| {
             let mut p = pod(gates, json!({}));
@@ -340,7 +340,7 @@ mod tests {
     /// stays nor wakes a gated pod; a change of its spec wakes every one.
     #[test]
     fn only_a_policys_spec_wakes_the_gated_pods() {
-        let mut c = Cache::default();
+        let mut c = SysctlCache::default();
         let policy = |mode: &str, status: serde_json::Value| -> SysctlPolicy {
             serde_json::from_value(json!({
                 "apiVersion": "groundskeeper.dev/v1alpha1", "kind": "SysctlPolicy",

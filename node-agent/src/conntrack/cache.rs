@@ -1,6 +1,6 @@
 //! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
 //! Node), each through `plumbing::cache::follow`, folding every event into the model's views
-//! (`model::source::Cache`, each object projected by `model::project` as it arrives) and
+//! (`model::source::ServiceCache`, each object projected by `model::project` as it arrives) and
 //! marking what it changed; the model source reads them (`model/source.rs`). Services,
 //! EndpointSlices and IPAddresses are decoded slim (`wire.rs`): only the fields read.
 
@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::model::project;
-use super::model::source::{Cache, Key, ModelSource};
+use super::model::source::{Key, ModelSource, ServiceCache};
 use super::model::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use super::wire::{WireIpAddress, WireService, WireSlice};
 use crate::context::Context;
@@ -44,7 +44,7 @@ fn wants_rebuild<K>(ev: &Event<K>) -> bool {
     matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
-pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
+pub(super) fn fold_services(c: &mut ServiceCache, ev: Event<WireService>) -> bool {
     let rebuild = wants_rebuild(&ev);
     match c
         .services
@@ -62,7 +62,7 @@ pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
+pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
     let rebuild = wants_rebuild(&ev);
     let (key, old) = match c
         .slices
@@ -108,14 +108,14 @@ pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
+pub(super) fn fold_cidrs(c: &mut ServiceCache, ev: Event<ServiceCIDR>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.cidrs.apply_event(ev, |o| keep(o, project::service_cidr));
     rebuild
 }
 
-pub(super) fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
+pub(super) fn fold_addresses(c: &mut ServiceCache, ev: Event<WireIpAddress>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.addresses
@@ -123,7 +123,7 @@ pub(super) fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
+pub(super) fn fold_nodes(c: &mut ServiceCache, ev: Event<Node>) -> bool {
     c.dirty.node = true;
     let rebuild = wants_rebuild(&ev);
     c.nodes.apply_event(ev, |o| keep(o, project::node));
@@ -132,9 +132,9 @@ pub(super) fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
 
 /// Watches every `K` selected by `config` into the cache through `fold`.
 fn kind<K>(
-    watches: &Watches<Cache>,
+    watches: &Watches<ServiceCache>,
     config: watcher::Config,
-    fold: fn(&mut Cache, Event<K>) -> bool,
+    fold: fn(&mut ServiceCache, Event<K>) -> bool,
 ) -> (ReadyFlag, BoxStream<'static, bool>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -151,7 +151,7 @@ pub fn start(
     settle: Duration,
     changed: Arc<Notify>,
 ) -> (ModelSource, impl Future<Output = ()> + Send + use<>) {
-    let cache = Shared::<Cache>::default();
+    let cache = Shared::<ServiceCache>::default();
     let any = watcher::Config::default;
     let watch = Watches::new(&ctx.base.readiness, "conntrack", &ctx.base.client, &cache);
     let watches = [

@@ -17,7 +17,7 @@ use super::model::LABEL_SERVICE_NAME;
 use super::model::live::Live;
 use super::model::project_tests;
 use super::model::reference::{Settle, Tombstones};
-use super::model::source::Cache;
+use super::model::source::ServiceCache;
 use super::wire_tests::slim_event;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
@@ -74,7 +74,7 @@ fn relist<K: Clone>(rng: &mut Rng, kept: &mut BTreeMap<Key, K>, fold: impl Fn(Ev
 /// Returns how many slice events changed the model (the check must see many).
 fn run(seed: u64) -> usize {
     let rng = &mut Rng(seed);
-    let cache = std::cell::RefCell::new(Cache::default());
+    let cache = std::cell::RefCell::new(ServiceCache::default());
     let mut live = Live::new(SETTLE, RETENTION);
     let (mut settle, mut tombstones) = (Settle::new(SETTLE), Tombstones::new(RETENTION));
     let mut services: BTreeMap<Key, Service> = BTreeMap::new();

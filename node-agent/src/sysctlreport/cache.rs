@@ -65,7 +65,7 @@ impl NodeView {
 
 /// The three watched kinds. The node store holds at most this agent's own Node.
 #[derive(Default)]
-pub struct Cache {
+pub struct ReportCache {
     pub pods: Store<PodKey, Pod>,
     pub policies: Store<String, SysctlPolicy>,
     pub nodes: Store<String, NodeView>,
@@ -114,7 +114,7 @@ pub fn follow_all(
     readiness: &Readiness,
     client: &kube::Client,
     node: &str,
-    cache: &Shared<Cache>,
+    cache: &Shared<ReportCache>,
 ) -> (Flags, impl Stream<Item = Change> + Send + 'static) {
     let config = || watcher::Config::default().any_semantic();
     let watches = Watches::new(readiness, COMPONENT, client, cache);
@@ -149,7 +149,7 @@ fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
     }
 }
 
-fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
+fn fold_pod(cache: &mut ReportCache, ev: Event<Pod>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Pod(Box::new(p.clone())),
@@ -160,7 +160,7 @@ fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
     change
 }
 
-fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
+fn fold_policy(cache: &mut ReportCache, ev: Event<SysctlPolicy>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Policy(Box::new(p.clone())),
@@ -172,7 +172,7 @@ fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
     change
 }
 
-fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
+fn fold_node(cache: &mut ReportCache, ev: Event<Node>) -> Change {
     let change = match &ev {
         Event::Init | Event::InitApply(_) => Change::None,
         Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,

@@ -22,7 +22,7 @@ use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
-use super::cache::{Cache, Change, Flags, PodKey};
+use super::cache::{Change, Flags, PodKey, ReportCache};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide, default_note};
 use super::kernel::KernelVersion;
@@ -64,7 +64,7 @@ pub struct Settings {
 
 pub struct Reporter<W> {
     settings: Settings,
-    cache: Shared<Cache>,
+    cache: Shared<ReportCache>,
     /// This task's own watches; other tasks' readiness must not hold the reporter back.
     watches: Health,
     /// The SysctlPolicy watch alone.
@@ -90,7 +90,7 @@ pub struct Reporter<W> {
 impl<W: Writes> Reporter<W> {
     pub fn new(
         settings: Settings,
-        cache: Shared<Cache>,
+        cache: Shared<ReportCache>,
         flags: Flags,
         writer: Writer<W>,
         metrics: Metrics,

@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, Flags, NodeView, PodKey};
+use super::cache::{Change, Flags, NodeView, PodKey, ReportCache};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
@@ -154,7 +154,7 @@ pub(super) fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 /// The reporter on node `node` with its watches listed and healthy, over an empty cache.
 pub(super) struct Rig {
     pub(super) reporter: Reporter<Fake>,
-    pub(super) cache: Shared<Cache>,
+    pub(super) cache: Shared<ReportCache>,
     pub(super) watches: Flags,
     pub(super) fake: Fake,
     pub(super) metrics: Metrics,
@@ -200,7 +200,7 @@ impl Rig {
             policies: readiness.register("sysctl/sysctlpolicies"),
             node: readiness.register("sysctl/nodes"),
         };
-        let cache: Shared<Cache> = Shared::default();
+        let cache: Shared<ReportCache> = Shared::default();
         cache
             .lock()
             .nodes

@@ -24,7 +24,7 @@ use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;
 
 use crate::context::Context;
-use crate::sysctl::cache::{Cache, Change, Watched};
+use crate::sysctl::cache::{Change, SysctlCache, Watched};
 use crate::sysctl::facts::{NodeFacts, PodKey};
 use crate::workqueue::{RateLimit, WorkQueue};
 use apply::{Apply, KubeWrites, Writes};
@@ -151,7 +151,7 @@ pub async fn run(
 /// One evaluation of a gated pod: the cache read, the decision, the write.
 pub struct Placer<W> {
     pub policy: PolicyArgs,
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     pub health: Health,
     pub queue: WorkQueue<PodKey>,
     pub apply: Apply<W>,

@@ -36,7 +36,7 @@ pub struct WebhookBundles {
 }
 
 #[derive(Default)]
-pub struct Cache {
+pub struct CertCache {
     pub secret: Store<String, SecretView>,
     pub webhooks: Store<String, WebhookBundles>,
     /// The mutating configuration's (the gate's), by name.
@@ -69,7 +69,7 @@ pub fn follow_all(
     component: &'static str,
     client: &kube::Client,
     own: &Own,
-    cache: &Shared<Cache>,
+    cache: &Shared<CertCache>,
 ) -> (
     Vec<ReadyFlag>,
     impl Stream<Item = Change> + Send + 'static + use<>,
@@ -111,7 +111,7 @@ fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
     }
 }
 
-fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {
+fn fold_secret(cache: &mut CertCache, ev: Event<Secret>) -> Change {
     cache.secret.apply_event(ev, |s: Secret| {
         let view = SecretView {
             data: s
@@ -128,7 +128,7 @@ fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {
     Change::Certificates
 }
 
-fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -> Change {
+fn fold_webhooks(cache: &mut CertCache, ev: Event<ValidatingWebhookConfiguration>) -> Change {
     cache
         .webhooks
         .apply_event(ev, |c: ValidatingWebhookConfiguration| {
@@ -141,7 +141,7 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
     Change::Certificates
 }
 
-fn fold_mutating(cache: &mut Cache, ev: Event<MutatingWebhookConfiguration>) -> Change {
+fn fold_mutating(cache: &mut CertCache, ev: Event<MutatingWebhookConfiguration>) -> Change {
     cache
         .mutating
         .apply_event(ev, |c: MutatingWebhookConfiguration| {

@@ -26,7 +26,7 @@ use super::decide::{decide, decide_unread};
 use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
-use crate::sysctl::cache::Cache;
+use crate::sysctl::cache::SysctlCache;
 use crate::sysctl::facts::PodView;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
@@ -49,7 +49,7 @@ pub struct Lookups {
 pub struct Judge {
     pub args: PolicyArgs,
     pub dry_run: bool,
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     pub health: Health,
     pub lookups: Lookups,
     pub metrics: Metrics,

@@ -1,4 +1,4 @@
-//! Where the model comes from: the views of every watched object (`Cache`, which the watches
+//! Where the model comes from: the views of every watched object (`ServiceCache`, which the watches
 //! of `cache.rs` fold their events into), and `ModelSource`, which brings the live model up to
 //! date from them when the scheduler asks (`Models::model`), only while every watch is healthy.
 
@@ -24,7 +24,7 @@ pub type ViewsOf<V> = Store<Key, V>;
 /// Every object of the five kinds the model is built from, as views, and what changed since
 /// the live model was last updated. The watches (`cache.rs`) fold their events in.
 #[derive(Default)]
-pub struct Cache {
+pub struct ServiceCache {
     pub services: ViewsOf<ServiceView>,
     pub slices: ViewsOf<SliceView>,
     /// The names of each service's slices, by the service's namespace and name.
@@ -45,7 +45,7 @@ pub struct Dirty {
     pub node: bool,
 }
 
-impl Views for Cache {
+impl Views for ServiceCache {
     fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
         let key = (ns.to_string(), name.to_string());
         let view = self.services.get(&key)?;
@@ -60,7 +60,7 @@ impl Views for Cache {
     }
 }
 
-impl Cache {
+impl ServiceCache {
     /// The model built from scratch from every view (the live model's reference).
     #[cfg(test)]
     pub(crate) fn built_whole(&self) -> Model {
@@ -150,7 +150,7 @@ pub trait Models {
 /// Where the agent's models come from ([`Models`]): the watched cache with the watches'
 /// health, and the deleted frontends remembered across builds.
 pub struct ModelSource {
-    cache: Shared<Cache>,
+    cache: Shared<ServiceCache>,
     /// Every watch the model is built from: a half-listed or failing IPAddress cache would
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
     /// endpoints look removed, so passes need all of them healthy.
@@ -164,7 +164,7 @@ impl ModelSource {
     /// The model source over `cache`, which the watches behind `health` fill: deleted
     /// frontends remembered for `retention`, ports without endpoints settling for `settle`.
     pub fn new(
-        cache: Shared<Cache>,
+        cache: Shared<ServiceCache>,
         health: Health,
         settle: Duration,
         retention: Duration,
