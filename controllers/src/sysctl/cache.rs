@@ -17,6 +17,7 @@
 use std::future::Future;
 
 use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
     cache::{Applied, Health, Kept, Shared, Store, Update, Watches},
@@ -27,7 +28,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use super::facts::{GatedPod, NodeFacts, PodKey, PodView};
+use super::facts::{GatedPod, NodeFacts, PodView};
 
 /// Readiness flags are `sysctl/<kind>`: the wing's, not one component's.
 pub const COMPONENT: &str = "sysctl";
@@ -39,9 +40,9 @@ pub struct SysctlCache {
     pub nodes: Store<String, NodeFacts>,
     pub policies: Store<String, SysctlPolicy>,
     /// Every pod not yet bound: what the webhook judges a binding by.
-    pub pending: Store<PodKey, PodView>,
+    pub pending: Store<ObjectKey, PodView>,
     /// The pending pods that carry the gate: what the placement places.
-    pub gated: Store<PodKey, GatedPod>,
+    pub gated: Store<ObjectKey, GatedPod>,
 }
 
 /// What to evaluate after an event.
@@ -49,7 +50,7 @@ pub struct SysctlCache {
 pub enum Change {
     None,
     /// This gated pod appeared or changed.
-    Pod(PodKey),
+    Pod(ObjectKey),
     /// What every gated pod is judged on changed.
     All,
 }
@@ -189,7 +190,10 @@ pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
 pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     let update = Update::from_event(ev, |p: Pod| {
         match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
-            (Some(ns), Some(name)) => Kept::Yes((ns, name), (PodView::of(&p), GatedPod::of(&p))),
+            (Some(ns), Some(name)) => Kept::Yes(
+                ObjectKey::new(&ns, &name),
+                (PodView::of(&p), GatedPod::of(&p)),
+            ),
             _ => Kept::Unusable,
         }
     });
@@ -209,7 +213,12 @@ pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
 /// the gate (none for a listed pod without it; a delete for a pod that lost it).
 type Both = (PodView, Option<GatedPod>);
 
-fn split(u: Update<PodKey, Both>) -> (Update<PodKey, PodView>, Option<Update<PodKey, GatedPod>>) {
+fn split(
+    u: Update<ObjectKey, Both>,
+) -> (
+    Update<ObjectKey, PodView>,
+    Option<Update<ObjectKey, GatedPod>>,
+) {
     match u {
         Update::Init => (Update::Init, Some(Update::Init)),
         Update::InitDone => (Update::InitDone, Some(Update::InitDone)),
@@ -284,7 +293,7 @@ mod tests {
         let gated = pod(json!([{"name": GATE}]), json!({}));
         assert_eq!(
             fold_pod(&mut c, Event::Apply(gated)),
-            Change::Pod(("ns".into(), "p".into()))
+            Change::Pod(ObjectKey::new("ns", "p"))
         );
         assert_eq!(c.gated.len(), 1);
         assert_eq!(
@@ -300,7 +309,7 @@ mod tests {
     #[test]
     fn one_pod_watch_fills_the_pending_and_the_gated_pods() {
         let mut c = SysctlCache::default();
-        let key = |n: &str| ("ns".to_string(), n.to_string());
+        let key = |n: &str| ObjectKey::new("ns", n);
         let named = |name: &str, gates: serde_json::Value| {
             let mut p = pod(gates, json!({}));
             p.metadata.name = Some(name.into());
@@ -389,7 +398,7 @@ mod tests {
             r#"["sysctl/nodes", "sysctl/sysctlpolicies", "sysctl/pods", "sysctlwebhook/secrets"]"#
         );
         let mut changes = Box::pin(watched.changes());
-        let key = ("ns".to_string(), "p".to_string());
+        let key = ObjectKey::new("ns", "p");
         watched.changes.send(Change::Pod(key.clone())).unwrap();
         assert_eq!(changes.next().await, Some(Change::All));
         assert_eq!(changes.next().await, Some(Change::Pod(key)));

@@ -15,9 +15,6 @@ pub const GATE: &str = "groundskeeper.dev/sysctl";
 /// The pod condition the placement sets (`False`: no node admits the pod's sysctls).
 pub const CONDITION: &str = "groundskeeper.dev/SysctlPlacement";
 
-/// A pod by namespace and name.
-pub type PodKey = (String, String);
-
 /// The annotation kubelet puts on the API copy of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Set by kubelet from its GOOS, as `status.nodeInfo.operatingSystem`.

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
     cache::{Health, Kept, Shared, Store, Watches},
@@ -22,22 +23,6 @@ use super::crd::SysctlPolicy;
 
 /// Readiness flags are `sysctl/pods`, `sysctl/sysctlpolicies`, `sysctl/nodes`.
 pub const COMPONENT: &str = "sysctl";
-
-/// A pod by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl PodKey {
-    pub fn of(pod: &Pod) -> Self {
-        PodKey {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-        }
-    }
-}
 
 /// Node labels.
 pub type Labels = BTreeMap<String, String>;
@@ -66,7 +51,7 @@ impl NodeView {
 /// The three watched kinds. The node store holds at most this agent's own Node.
 #[derive(Default)]
 pub struct ReportCache {
-    pub pods: Store<PodKey, Pod>,
+    pub pods: Store<ObjectKey, Pod>,
     pub policies: Store<String, SysctlPolicy>,
     pub nodes: Store<String, NodeView>,
 }
@@ -134,9 +119,9 @@ pub fn follow_all(
     (flags, changes)
 }
 
-fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
+fn pod_kept(p: Pod) -> Kept<ObjectKey, Pod> {
     match p.metadata.name {
-        Some(_) => Kept::Yes(PodKey::of(&p), p),
+        Some(_) => Kept::Yes(ObjectKey::of(&p), p),
         None => Kept::Unusable,
     }
 }

@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{cache::Shared, klog::KObj};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -22,7 +23,7 @@ use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
-use super::cache::{Change, Flags, PodKey, ReportCache};
+use super::cache::{Change, Flags, ReportCache};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide, default_note};
 use super::kernel::KernelVersion;
@@ -78,7 +79,7 @@ pub struct Reporter<W> {
     /// When `policy` came into force here: pods kubelet started later started under it.
     policy_since: jiff::Timestamp,
     memory: Memory,
-    retry: HashSet<PodKey>,
+    retry: HashSet<ObjectKey>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
     /// Each default pod sysctl's last judgement, by name.
@@ -152,7 +153,7 @@ impl<W: Writes> Reporter<W> {
         if !self.unflagged.is_empty() {
             self.flag_defaults().await;
         }
-        let retry: Vec<PodKey> = self.retry.drain().collect();
+        let retry: Vec<ObjectKey> = self.retry.drain().collect();
         for key in retry {
             let pod = self.cache.lock().pods.get(&key).cloned();
             if let Some(pod) = pod {
@@ -357,7 +358,7 @@ impl<W: Writes> Reporter<W> {
             let e = WriteError::Report(e);
             self.failed(&e);
             tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting pod failed; will retry");
-            self.retry.insert(PodKey::of(pod));
+            self.retry.insert(ObjectKey::of(pod));
             return;
         }
         match report {
@@ -383,7 +384,7 @@ impl<W: Writes> Reporter<W> {
     /// The pod was handled under `verdict`: counted, no longer retried, remembered.
     fn done(&mut self, pod: &Pod, facts: &PodFacts, verdict: Verdict) {
         self.metrics.checked.inc();
-        self.retry.remove(&PodKey::of(pod));
+        self.retry.remove(&ObjectKey::of(pod));
         self.memory.remember(facts, verdict);
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::Readiness;
 use groundskeeper_plumbing::cache::{Shared, Update};
 use groundskeeper_plumbing::events;
@@ -13,7 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::apply::{Writer, Writes};
-use super::cache::{Change, Flags, NodeView, PodKey, ReportCache};
+use super::cache::{Change, Flags, NodeView, ReportCache};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
@@ -247,7 +248,7 @@ impl Rig {
         self.cache
             .lock()
             .pods
-            .apply(Update::Apply(PodKey::of(p), p.clone()));
+            .apply(Update::Apply(ObjectKey::of(p), p.clone()));
         self.reporter
             .on_change(Change::Pod(Box::new(p.clone())))
             .await;
@@ -407,7 +408,7 @@ async fn the_reporter_starts_whichever_watch_lists_last() {
         r.cache
             .lock()
             .pods
-            .apply(Update::Apply(PodKey::of(&p), p.clone()));
+            .apply(Update::Apply(ObjectKey::of(&p), p.clone()));
         for watch in order {
             let (flag, change) = match watch {
                 "nodes" => (&r.watches.node, Change::Merge),

@@ -15,6 +15,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::cache::Shared;
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
@@ -186,9 +187,9 @@ impl Judge {
                 uid,
                 node,
             } => {
-                let key = (namespace.clone(), name.clone());
+                let key = ObjectKey::new(&namespace, &name);
                 let cached = self.cache.lock().pending.get(&key).cloned();
-                let pod = format!("{namespace}/{name}");
+                let pod = key.to_string();
                 let view = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
                     Some(v) => v,
                     // Not seen by the watch yet (or another pod of the same name): read it,
