@@ -95,7 +95,7 @@ pub fn check(
         sysctls: sysctl_names(pod.spec.as_ref()),
         kernel: node.kernel.clone(),
         kubelet: node.kubelet.clone(),
-        kubelet_note: Kubelet::judge(node.kubelet.as_deref()).assumed,
+        kubelet_note: Kubelet::from_reported(node.kubelet.as_deref()).assumed,
         os: node.os.clone(),
         mode: format!("{:?}", policy.mode),
         policies: policy.policies.clone(),

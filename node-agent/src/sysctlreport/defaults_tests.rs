@@ -3,7 +3,7 @@
 //! its Event retried when refused, nothing written under dry-run.
 
 use groundskeeper_plumbing::cache::Update;
-use groundskeeper_sysctl_rules::defaults::{Judgement, parse};
+use groundskeeper_sysctl_rules::defaults::{Effect, parse};
 use groundskeeper_sysctl_rules::names::Namespace;
 
 use super::apply::DEFAULT_UNAVAILABLE_REASON;
@@ -157,7 +157,7 @@ async fn nothing_is_judged_before_the_node_is_read() {
 
 #[test]
 fn default_event_names_are_stable_distinct_and_valid() {
-    let note = default_note("vm.swappiness", &Judgement::Applied(Namespace::Net));
+    let note = default_note("vm.swappiness", &Effect::Applied(Namespace::Net));
     let a = default_event_name(NODE, "vm.swappiness", &note);
     assert_eq!(a, default_event_name(NODE, "vm.swappiness", &note));
     assert!(a.starts_with("node-a.default-sysctl-"), "{a}");
@@ -170,7 +170,7 @@ fn default_event_names_are_stable_distinct_and_valid() {
     assert!(default_event_name("", "x", "y").starts_with("node.default-sysctl-"));
     // The longest name and reason still make a note the apiserver takes (1024 bytes).
     let name = format!("net.{}", "a".repeat(249));
-    let why = groundskeeper_sysctl_rules::defaults::judge_one(
+    let why = groundskeeper_sysctl_rules::defaults::effect_of(
         &name,
         groundskeeper_sysctl_rules::kubelet::Kubelet::NEWEST,
         None,

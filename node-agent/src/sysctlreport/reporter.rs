@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use groundskeeper_sysctl_rules::defaults::{self, DefaultPodSysctls, Judgement, State};
+use groundskeeper_sysctl_rules::defaults::{self, DefaultPodSysctls, Effect, State};
 use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 
@@ -83,7 +83,7 @@ pub struct Reporter<W> {
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
     /// Each default pod sysctl's last judgement, by name.
-    defaults: HashMap<String, Judgement>,
+    defaults: HashMap<String, Effect>,
     /// The defaults judged unavailable whose Event is not written yet (retried on the tick).
     unflagged: BTreeSet<String>,
 }
@@ -199,7 +199,7 @@ impl<W: Writes> Reporter<W> {
             };
             let policies: Vec<&SysctlPolicy> = cache.policies.values().collect();
             let s = &self.settings;
-            let judged = Kubelet::judge(node.kubelet.as_deref());
+            let judged = Kubelet::from_reported(node.kubelet.as_deref());
             let k = judged.kubelet;
             let safe = k.safe_sysctls(s.kernel.as_ref());
             let merged = merge_in(
@@ -228,7 +228,7 @@ impl<W: Writes> Reporter<W> {
             }
             self.kubelet = Some(rules);
         }
-        self.judge_defaults(judged.kubelet).await;
+        self.report_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
@@ -240,10 +240,10 @@ impl<W: Writes> Reporter<W> {
     /// Judges the node's default pod sysctls by `kubelet`'s rules and this kernel. A default
     /// whose judgement changed is logged and its gauge set; one the node can not apply is
     /// flagged on the Node.
-    async fn judge_defaults(&mut self, kubelet: Kubelet) {
+    async fn report_defaults(&mut self, kubelet: Kubelet) {
         let s = &self.settings;
-        let changed: Vec<(String, Judgement)> =
-            defaults::judge(&s.defaults, kubelet, s.kernel.as_ref())
+        let changed: Vec<(String, Effect)> =
+            defaults::effects(&s.defaults, kubelet, s.kernel.as_ref())
                 .into_iter()
                 .filter(|(d, j)| self.defaults.get(&d.name) != Some(j))
                 .map(|(d, j)| (d.name.clone(), j))
@@ -330,7 +330,7 @@ impl<W: Writes> Reporter<W> {
         };
         let (revision, chosen, since) = (policy.revision, policy.chosen, self.policy_since);
         let facts = PodFacts::of(pod);
-        let verdict = policy.judge(pod.spec.as_ref());
+        let verdict = policy.verdict(pod.spec.as_ref());
         let action = decide(&facts, verdict.clone(), &self.memory, chosen, since);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let (report, message) = match action {

@@ -41,7 +41,7 @@ use crate::{lru::Lru, ratelimit::Budget};
 pub mod jwks;
 pub mod keys;
 
-use jwks::{Judgement, Jwt};
+use jwks::{Jwt, TokenCheck};
 use keys::IssuerKeys;
 
 /// `--metrics-auth`.
@@ -235,15 +235,15 @@ impl Delegated {
         // the keys are for tokens never seen.
         let budget = match known {
             Some(_) => &self.renewals,
-            None => match self.judge(&jwt).await {
-                Judgement::Signed => &self.signed,
-                Judgement::Refused(flaw) => {
+            None => match self.check_token(&jwt).await {
+                TokenCheck::Signed => &self.signed,
+                TokenCheck::Refused(flaw) => {
                     return Err((
                         (StatusCode::UNAUTHORIZED, flaw.message().into()),
                         flaw.reason(),
                     ));
                 }
-                Judgement::Foreign | Judgement::Unchecked | Judgement::UnknownKey => &self.fresh,
+                TokenCheck::Foreign | TokenCheck::Unchecked | TokenCheck::UnknownKey => &self.fresh,
             },
         };
         if !budget.try_take() {
@@ -305,24 +305,24 @@ impl Delegated {
     /// nothing: every token is then left to the apiserver, as without them. A token naming a key
     /// not held has the keys read again (at most once per [`keys::FETCH_EVERY`]) before it is
     /// refused.
-    async fn judge(&self, jwt: &Jwt<'_>) -> Judgement {
+    async fn check_token(&self, jwt: &Jwt<'_>) -> TokenCheck {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         let held = self.keys.current().await;
         let Some(keys) = &held.keys else {
-            return Judgement::Foreign;
+            return TokenCheck::Foreign;
         };
         if jwt.issuer() != Some(keys.issuer.as_str()) {
-            return Judgement::Foreign;
+            return TokenCheck::Foreign;
         }
-        match jwks::judge(jwt, keys, now) {
-            Judgement::UnknownKey => match &self.keys.refresh(&held).await.keys {
-                Some(keys) => match jwks::judge(jwt, keys, now) {
-                    Judgement::UnknownKey => Judgement::Refused(jwks::Flaw::UnknownKey),
+        match jwks::check(jwt, keys, now) {
+            TokenCheck::UnknownKey => match &self.keys.refresh(&held).await.keys {
+                Some(keys) => match jwks::check(jwt, keys, now) {
+                    TokenCheck::UnknownKey => TokenCheck::Refused(jwks::Flaw::UnknownKey),
                     judged => judged,
                 },
-                None => Judgement::Foreign,
+                None => TokenCheck::Foreign,
             },
             judged => judged,
         }

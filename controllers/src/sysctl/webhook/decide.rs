@@ -57,11 +57,11 @@ pub fn decide(
     };
     let policy = policy_of(args, node, policies);
     // Said only when the node's own kubelet version's rules could not be used.
-    let assumed = Kubelet::judge(node.kubelet.as_deref())
+    let assumed = Kubelet::from_reported(node.kubelet.as_deref())
         .assumed
         .map(|a| format!("; {a}"))
         .unwrap_or_default();
-    match policy.judge(Some(spec)) {
+    match policy.verdict(Some(spec)) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
             mode: Mode::Audit,
@@ -127,7 +127,7 @@ pub fn policy_of(
     node: &NodeFacts,
     policies: &[&SysctlPolicy],
 ) -> groundskeeper_sysctl_rules::policy::NodePolicy {
-    let kubelet = Kubelet::judge(node.kubelet.as_deref()).kubelet;
+    let kubelet = Kubelet::from_reported(node.kubelet.as_deref()).kubelet;
     if node.linux() {
         let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
         node_policy_as(kubelet, args, kernel.as_ref(), policies, &node.labels)

@@ -47,7 +47,7 @@ pub struct Lookups {
     pub budget: Budget,
 }
 
-pub struct Judge {
+pub struct Reviewer {
     pub args: PolicyArgs,
     pub dry_run: bool,
     pub cache: Shared<SysctlCache>,
@@ -76,18 +76,18 @@ impl ReviewError {
     }
 }
 
-pub fn router(judge: Arc<Judge>) -> Router {
+pub fn router(reviewer: Arc<Reviewer>) -> Router {
     Router::new()
         .route("/validate/binding", post(handle))
         .route("/validate/pod", post(handle))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(judge)
+        .with_state(reviewer)
 }
 
-async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
+async fn handle(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
     let start = std::time::Instant::now();
-    if !judge.health.listed() {
-        judge.count("unknown", "unavailable");
+    if !reviewer.health.listed() {
+        reviewer.count("unknown", "unavailable");
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "groundskeeper sysctl webhook: caches not listed yet\n",
@@ -116,21 +116,21 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             let e = ReviewError::from(e);
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
-            judge.count("unknown", "unreadable");
-            judge.failed(&e);
+            reviewer.count("unknown", "unreadable");
+            reviewer.failed(&e);
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
     let label = subject.label();
-    let answer = judge.judge(subject).await;
-    judge
+    let answer = reviewer.review(subject).await;
+    reviewer
         .metrics
         .duration
         .with_label_values(&[label])
         .observe(start.elapsed().as_secs_f64());
     match answer {
         Ok((answer, outcome)) => {
-            judge.count(label, outcome.label());
+            reviewer.count(label, outcome.label());
             (
                 [(header::CONTENT_TYPE, "application/json")],
                 review::respond(allowed, &answer),
@@ -140,14 +140,14 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             let e = ReviewError::ReadPod(e);
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: could not judge the request");
-            judge.count(label, "error");
-            judge.failed(&e);
+            reviewer.count(label, "error");
+            reviewer.failed(&e);
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }
 }
 
-impl Judge {
+impl Reviewer {
     fn failed(&self, e: &ReviewError) {
         self.metrics
             .errors
@@ -163,7 +163,7 @@ impl Judge {
     }
 
     /// The answer for `subject`; an error only when a binding's pod could not be read.
-    async fn judge(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
+    async fn review(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
         let (pod, view, node) = match subject {
             Subject::Other(what) => {
                 tracing::debug!(target: LOG_TARGET, request = %what, "webhook: not judged, allowed");
@@ -244,8 +244,8 @@ mod tests {
 
     use super::*;
 
-    fn judge(mock: &Mock) -> Judge {
-        Judge {
+    fn reviewer(mock: &Mock) -> Reviewer {
+        Reviewer {
             args: PolicyArgs {
                 allowed_unsafe_sysctls: vec![],
                 sysctl_default_mode: Mode::Enforce,
@@ -279,7 +279,7 @@ mod tests {
             .into()
     }
 
-    fn errors(j: &Judge) -> Vec<(&'static str, u64)> {
+    fn errors(j: &Reviewer) -> Vec<(&'static str, u64)> {
         ["unreadable"]
             .into_iter()
             .chain(groundskeeper_plumbing::client::API_ERROR_LABELS)
@@ -295,7 +295,7 @@ mod tests {
     async fn over_its_lookup_budget_a_binding_is_judged_without_its_pod() {
         for (mode, allowed) in [(Mode::Enforce, false), (Mode::Audit, true)] {
             let mock = Mock::answering(&[]);
-            let mut j = judge(&mock);
+            let mut j = reviewer(&mock);
             j.args.sysctl_default_mode = mode;
             j.lookups.budget = Budget::new(0.001, 1);
             assert!(j.lookups.budget.try_take(), "the one token, spent");
@@ -315,7 +315,7 @@ mod tests {
         }
         // Within the budget the pod is read (and the apiserver's failure is the answer's).
         let mock = Mock::answering(&[500]);
-        let j = Arc::new(judge(&mock));
+        let j = Arc::new(reviewer(&mock));
         let r = handle(State(j.clone()), binding()).await;
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(mock.calls().len(), 1, "{:?}", mock.calls());
@@ -329,13 +329,13 @@ mod tests {
             (500, "server_error"),
         ] {
             let mock = Mock::answering(&[code]);
-            let j = Arc::new(judge(&mock));
+            let j = Arc::new(reviewer(&mock));
             let r = handle(State(j.clone()), binding()).await;
             assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "HTTP {code}");
             assert_eq!(errors(&j), [(want, 1)], "HTTP {code}");
         }
         let mock = Mock::answering(&[]);
-        let j = Arc::new(judge(&mock));
+        let j = Arc::new(reviewer(&mock));
         let r = handle(State(j.clone()), Bytes::from_static(b"{")).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
         assert_eq!(errors(&j), [("unreadable", 1)]);
