@@ -11,15 +11,20 @@ ENV GROUNDSKEEPER_REVISION=$GROUNDSKEEPER_REVISION
 # The same paths in the binaries as `make image` gives them (image/build.sh): cargo's home as
 # /cargo, the sources as /src, so no path of the build machine is in a panic message.
 ENV RUSTFLAGS="--remap-path-prefix=/usr/local/cargo=/cargo --remap-path-prefix=/src=/src --remap-path-prefix=/src/target=/src/target"
+# Built as `make image` builds them, with `cargo auditable` (the pinned one, .ci/cargo-install.sh,
+# kept in a cache): each binary carries its crate list for scanners.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \
+    --mount=type=cache,target=/src/.tools \
+    bash .ci/cargo-install.sh cargo-auditable \
+ && PATH=/src/.tools/bin:$PATH cargo auditable build --release --locked --bins -p groundskeeper-controllers -p groundskeeper-node-agent \
  && install -D -m 0755 target/release/controller-manager /out/controller-manager \
  && install -D -m 0755 target/release/node-agent /out/node-agent \
  && install -D -m 0755 target/release/kubectl-groundskeeper /out/kubectl-groundskeeper
 
 # The distroless-style root filesystem from Debian 12's own packages, laid out by the same
-# script as `make image`: glibc, libgcc, the CA bundle, netbase, passwd with nonroot (65532).
+# script as `make image`: base files, glibc, libgcc, the CA bundle, netbase, their dpkg
+# records and copyrights, passwd with nonroot (65532).
 FROM debian:12 AS rootfs
 COPY image/rootfs.sh /rootfs.sh
 RUN apt-get update -qq && bash /rootfs.sh /rootfs /debs

@@ -14,7 +14,7 @@ KUBE_APISERVER ?=
 RUN_ENV = CARGO="$(CARGO)" TARGET_DIR="$(TARGET_DIR)" KUBECTL="$(KUBECTL)" DRY_RUN="$(DRY_RUN)" \
   NODE_NAME="$(NODE_NAME)" KUBE_APISERVER="$(KUBE_APISERVER)"
 
-.PHONY: all build run run-binaries test root-note image-repro fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check chart-changes chart-changes-check manifest tools tools-check run-check metrics-check memory-check binaries-check krew-check lint-workflows lint-shell crds bench clean image e2e cluster node
+.PHONY: all build run run-binaries test root-note image-repro image-check fmt lint deny deny-advisories unit chart-check chart-docs chart-docs-check chart-changes chart-changes-check manifest tools tools-check run-check metrics-check memory-check binaries-check krew-check lint-workflows lint-shell crds bench clean image e2e cluster node
 
 all: build
 
@@ -33,17 +33,18 @@ run-binaries:
 	@$(RUN_ENV) bash hack/run.sh binaries
 
 ## test: formatting, lints, every test (root/netns tests when root, cluster tests when KUBECONFIG
-## or KUBE_APISERVER is set), chart checks, and the end-to-end tests on a real node (as root;
-## see docs/testing.md). Not root: one line says what needs root and why, the rest runs.
+## or KUBE_APISERVER is set), chart checks, and, as root, the image's declared contents and the
+## end-to-end tests on a real node (see docs/testing.md). Not root: one line says what needs
+## root and why, the rest runs.
 ## Under CI=true nothing is skipped: not being root fails, as does any test's skip.
 ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
-test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check chart-changes-check unit chart-check tools-check run-check metrics-check memory-check binaries-check krew-check $(if $(ROOT),e2e)
+test: root-note fmt lint deny lint-workflows lint-shell chart-docs-check chart-changes-check unit chart-check tools-check run-check metrics-check memory-check binaries-check krew-check $(if $(ROOT),image-check e2e)
 
 root-note:
 	@if [ -z "$(ROOT)" ]; then \
 	  if [ "$${CI:-}" = true ]; then \
 	    echo "make test: not root, and under CI=true nothing may be skipped (the network-namespace and end-to-end tests need root)"; exit 1; fi; \
-	  echo "make test: not root, so the network-namespace tests (conntrack's kernel tests create network namespaces) and the end-to-end tests (a real node: kubelet, containerd, iptables) are skipped; everything else runs (as root it all runs)"; \
+	  echo "make test: not root, so the network-namespace tests (conntrack's kernel tests create network namespaces), the image's check (make image-check: it needs the release image) and the end-to-end tests (a real node: kubelet, containerd, iptables) are skipped; everything else runs (as root it all runs)"; \
 	fi
 
 fmt:
@@ -197,6 +198,17 @@ krew-check:
 ## the last line printed is its digest.
 image:
 	@bash image/build.sh
+
+## image-check: what the image declares, read back by the tools scanners and people use
+## (image/sbom_check.sh): its Debian packages by dpkg-query and dpkg --verify, each binary's
+## crates by rust-audit-info, both by syft on the archive, its OCI labels. Three copies of the
+## image, each lacking one of them, must fail first (image/sbom_check_test.sh), so a check that
+## checks nothing does not pass. make test runs it as root, where the unit tests build the
+## image alongside (make image again is then a no-op of seconds), and the end-to-end tests use it.
+image-check:
+	@bash image/build.sh >/dev/null
+	@bash image/sbom_check_test.sh $(TARGET_DIR)/image/groundskeeper.oci.tar
+	bash image/sbom_check.sh $(TARGET_DIR)/image/groundskeeper.oci.tar
 
 ## image-repro: `make image` in two clones at different paths must give one digest (two release
 ## builds from scratch, about half an hour: run by hand, not part of make test).

@@ -3,11 +3,13 @@
 
 No container daemon, no base image: the layer is a tar of ROOTFS in sorted order with every
 owner 0 and every mtime SOURCE_DATE_EPOCH (default 0), gzip without a name or a time stamp, so
-the same files give the same digest. The archive imports with `ctr images import` (containerd
+the same files give the same digest. The config's `created` is SOURCE_DATE_EPOCH too, when it is
+set and not 0 (none rather than 1970). The archive imports with `ctr images import` (containerd
 reads the `io.containerd.image.name` annotation) and is a valid OCI image layout. Prints the
 manifest digest (what `ctr images ls` and the kubelet report) as the last line.
 
 Usage: oci.py ROOTFS OUT.tar NAME:TAG [--arch ARCH] [--entrypoint PATH]... [--user UID:GID] [--env K=V]...
+              [--label K=V]...
   ARCH is the OCI architecture of the files in ROOTFS (amd64, arm64); default: this machine's.
 """
 import argparse
@@ -19,6 +21,7 @@ import os
 import stat
 import sys
 import tarfile
+import time
 
 EPOCH = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
 
@@ -78,6 +81,7 @@ def main():
     p.add_argument("--user", default="0:0")
     p.add_argument("--arch", default={"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine))
     p.add_argument("--env", action="append", default=["PATH=/usr/local/bin:/usr/bin:/bin"])
+    p.add_argument("--label", action="append", default=[], help="K=V in the config's Labels")
     a = p.parse_args()
     if ":" not in a.name.rsplit("/", 1)[-1]:
         sys.exit(f"oci.py: image name {a.name!r} has no tag")
@@ -98,6 +102,13 @@ def main():
         config["config"]["Entrypoint"] = a.entrypoint
     if a.cmd:
         config["config"]["Cmd"] = a.cmd
+    if a.label:
+        labels = dict(l.split("=", 1) for l in a.label if "=" in l)
+        if "" in labels or len(labels) != len(a.label):
+            sys.exit(f"oci.py: --label wants distinct KEY=VALUE, got {a.label!r}")
+        config["config"]["Labels"] = labels
+    if EPOCH:
+        config["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(EPOCH))
     config_desc = {
         "mediaType": "application/vnd.oci.image.config.v1+json",
         **blob(blobs, json.dumps(config, sort_keys=True, separators=(",", ":")).encode()),

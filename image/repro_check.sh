@@ -22,7 +22,7 @@ digest() {
   # Each clone's own target folder and nothing from the caller's environment that would change
   # the build but not the sources.
   (cd "$dir" && env -u CARGO_TARGET_DIR -u RUSTFLAGS -u CARGO_ENCODED_RUSTFLAGS -u IMAGE \
-    bash image/build.sh >"$dir.log" 2>&1) || { tail -n 30 "$dir.log"; echo "FAIL: make image in $dir"; exit 1; }
+    bash image/build.sh >"$dir.log" 2>&1) || { tail -n 30 "$dir.log"; echo "FAIL: make image in $dir"; exit 1; } >&2
   tail -n 1 "$dir.log"
 }
 
