@@ -10,7 +10,8 @@ use kube::{Resource, ResourceExt};
 /// An object's `namespace/name` in one allocation (a cluster-scoped object's namespace is
 /// `""`). A namespace never holds a `/` (it is a DNS label), so the first `/` splits the two
 /// (PodGC, which deletes by key, refuses a pod claiming such a namespace before keying it).
-/// Ordered by namespace, then name; shown as `namespace/name`.
+/// Ordered by namespace, then name; shown as `namespace/name` (a cluster-scoped object as its
+/// name alone, as klog shows an object reference).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ObjectKey(Arc<str>);
 
@@ -47,7 +48,10 @@ impl PartialOrd for ObjectKey {
 
 impl fmt::Display for ObjectKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self.namespace() {
+            "" => f.write_str(self.name()),
+            _ => f.write_str(&self.0),
+        }
     }
 }
 
@@ -113,6 +117,6 @@ mod tests {
             },
             ..Default::default()
         };
-        assert_eq!(ObjectKey::of(&node).to_string(), "/n");
+        assert_eq!(ObjectKey::of(&node).to_string(), "n");
     }
 }
