@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use groundskeeper_plumbing::ReadyFlag;
 use groundskeeper_plumbing::cache::{Applied, Health, Kept, Shared, Watches};
+use groundskeeper_plumbing::{ObjectKey, ReadyFlag};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -22,17 +22,17 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::model::project;
-use super::model::source::{Key, ModelSource, ServiceCache};
+use super::model::source::{ModelSource, ServiceCache};
 use super::model::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use super::wire::{WireIpAddress, WireService, WireSlice};
 use crate::context::Context;
 
-/// `o` as the model reads it (`project`), under its namespace and name.
-fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Kept<Key, V> {
+/// `o` as the model reads it (`project`), under its key.
+fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Kept<ObjectKey, V> {
     let meta = o.meta();
     match &meta.name {
         Some(name) => Kept::Yes(
-            (meta.namespace.clone().unwrap_or_default(), name.clone()),
+            ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name),
             project(&o),
         ),
         None => Kept::Unusable,
@@ -74,10 +74,10 @@ pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
         Applied::Removed { key, old } => (key, Some(old)),
         Applied::Relisted { .. } => {
             c.slices_of.clear();
-            for ((ns, name), s) in c.slices.iter() {
+            for (key, s) in c.slices.iter() {
                 if let Some(svc) = &s.service {
-                    let owner = (ns.clone(), svc.to_string());
-                    c.slices_of.entry(owner).or_default().push(name.clone());
+                    let owner = ObjectKey::new(key.namespace(), svc);
+                    c.slices_of.entry(owner).or_default().push(key.clone());
                 }
             }
             c.dirty.all = true;
@@ -86,23 +86,23 @@ pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
         Applied::Nothing => return rebuild,
     };
     // The service it belonged to and the one it belongs to now (a label can change).
-    let (ns, name) = &key;
+    let ns = key.namespace();
     if let Some(svc) = old.and_then(|o| o.service) {
-        let owner = (ns.clone(), svc.to_string());
-        if let Some(names) = c.slices_of.get_mut(&owner) {
-            names.retain(|n| n != name);
-            if names.is_empty() {
+        let owner = ObjectKey::new(ns, &svc);
+        if let Some(slices) = c.slices_of.get_mut(&owner) {
+            slices.retain(|s| *s != key);
+            if slices.is_empty() {
                 c.slices_of.remove(&owner);
             }
         }
         c.dirty.services.insert(owner);
     }
     if let Some(svc) = c.slices.get(&key).and_then(|s| s.service.as_deref()) {
-        let owner = (ns.clone(), svc.to_string());
+        let owner = ObjectKey::new(ns, svc);
         c.slices_of
             .entry(owner.clone())
             .or_default()
-            .push(name.clone());
+            .push(key.clone());
         c.dirty.services.insert(owner);
     }
     rebuild

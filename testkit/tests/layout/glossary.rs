@@ -1,6 +1,6 @@
 //! One word per concept (docs/architecture.md, `## Glossary`): at most one `struct Cache` per
-//! wing or component, one object key type, and no function named `judge`, whose four meanings
-//! have names of their own.
+//! wing or component, one object key type (no `(namespace, name)` pair of strings beside it),
+//! and no function named `judge`, whose four meanings have names of their own.
 
 use std::collections::BTreeMap;
 
@@ -48,12 +48,46 @@ fn caches_per_home(files: &[(String, String)]) -> Vec<String> {
         .collect()
 }
 
+/// The names of the type aliases in `text` for a pair of strings (`type Key = (String,
+/// String);`): a `(namespace, name)` key beside `plumbing::ObjectKey`.
+fn string_pairs(text: &str) -> Vec<&str> {
+    text.match_indices("type ")
+        .filter(|(i, _)| {
+            !text[..*i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+        .filter_map(|(i, item)| {
+            let rest = &text[i + item.len()..];
+            let (name, aliased) = rest[..rest.find(';')?].split_once('=')?;
+            let aliased: String = aliased.split_whitespace().collect();
+            let pair = [
+                "(String,String)",
+                "(Box<str>,Box<str>)",
+                "(Arc<str>,Arc<str>)",
+            ];
+            pair.contains(&aliased.as_str()).then(|| name.trim())
+        })
+        .collect()
+}
+
 /// Every definition of an object key type but the one: `PodKey` anywhere, `ObjectKey`
-/// anywhere but `plumbing/src/key.rs` (and missing there).
+/// anywhere but `plumbing/src/key.rs` (and missing there), an alias for a pair of strings
+/// anywhere.
 fn keys_defined(files: &[(String, String)]) -> Vec<String> {
     let mut out = Vec::new();
     let mut home = 0;
     for (path, text) in files {
+        // `PodKey` and `ObjectKey` are named below, whatever they alias.
+        for name in string_pairs(text)
+            .into_iter()
+            .filter(|n| !["PodKey", "ObjectKey"].contains(n))
+        {
+            out.push(format!(
+                "{path}: type {name}, a pair of strings (use plumbing::ObjectKey)"
+            ));
+        }
         for kind in ["struct", "type", "enum"] {
             for _ in 0..defines(text, kind, "PodKey") {
                 out.push(format!("{path}: {kind} PodKey (use plumbing::ObjectKey)"));
@@ -131,10 +165,19 @@ fn a_drifted_glossary_is_caught() {
             "pub type PodKey = (String, String);",
         ),
         file("node-agent/src/x.rs", "struct PodKeys;"),
+        file(
+            "node-agent/src/conntrack/model/source.rs",
+            "/// Namespace and name.\npub type Key = (String, String);\npub type ViewsOf<V> = Store<Key, V>;",
+        ),
+        file(
+            "node-agent/src/conntrack/pass/sweep.rs",
+            "pub type UnseenKey = (SocketAddr, SocketAddr);\nfn subtype() {}",
+        ),
     ];
     let found = keys_defined(&keys);
-    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found.len(), 2, "{found:?}");
     assert!(found[0].contains("sysctl/facts.rs"), "{found:?}");
+    assert!(found[1].contains("model/source.rs: type Key,"), "{found:?}");
     assert!(
         !keys_defined(&keys[1..]).is_empty(),
         "a missing ObjectKey not caught"

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::cache::{Health, Seen, Shared, Store};
 
 use super::Model;
@@ -15,11 +16,8 @@ use super::changes::Changes;
 use super::live::{Live, Views};
 use super::project::{ServiceView, SliceView};
 
-/// Namespace ("" for cluster-scoped kinds) and name.
-pub type Key = (String, String);
-
-/// The watched objects of one kind as the model reads them (`project.rs`).
-pub type ViewsOf<V> = Store<Key, V>;
+/// The watched objects of one kind as the model reads them (`project.rs`), by key.
+pub type ViewsOf<V> = Store<ObjectKey, V>;
 
 /// Every object of the five kinds the model is built from, as views, and what changed since
 /// the live model was last updated. The watches (`cache.rs`) fold their events in.
@@ -27,8 +25,8 @@ pub type ViewsOf<V> = Store<Key, V>;
 pub struct ServiceCache {
     pub services: ViewsOf<ServiceView>,
     pub slices: ViewsOf<SliceView>,
-    /// The names of each service's slices, by the service's namespace and name.
-    pub slices_of: HashMap<Key, Vec<String>>,
+    /// The keys of each service's slices, by the service's key.
+    pub slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
     pub cidrs: ViewsOf<Box<[ServiceIpRange]>>,
     pub addresses: ViewsOf<Option<IpAddr>>,
     pub nodes: ViewsOf<Box<[IpAddr]>>,
@@ -40,21 +38,22 @@ pub struct ServiceCache {
 pub struct Dirty {
     /// A list was swapped in: every service is redone.
     pub all: bool,
-    pub services: HashSet<Key>,
+    pub services: HashSet<ObjectKey>,
     pub service_ips: bool,
     pub node: bool,
 }
 
 impl Views for ServiceCache {
     fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
-        let key = (ns.to_string(), name.to_string());
+        // One allocation for the service; its slices are looked up by the keys kept for them.
+        let key = ObjectKey::new(ns, name);
         let view = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
             .into_iter()
             .flatten()
-            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .filter_map(|s| self.slices.get(s))
             .collect();
         Some((view, slices))
     }
@@ -72,8 +71,8 @@ impl ServiceCache {
         super::reference::build_views(
             self.services
                 .iter()
-                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
-            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+                .map(|(k, v)| (k.namespace(), k.name(), v)),
+            self.slices.iter().map(|(k, v)| (k.namespace(), v)),
         )
         .with_service_ranges(&ranges, self.addresses.values().flatten().copied())
         .with_node_ips(self.nodes.values().next().map_or(&[][..], |n| n))
@@ -94,11 +93,9 @@ impl ServiceCache {
         if dirty.all || dirty.node {
             live.set_node_ips(self.nodes.values().next().map_or(&[][..], |n| n));
         }
-        let services: Vec<Key> = if dirty.all {
-            let held = live
-                .services()
-                .map(|(ns, n)| (ns.to_string(), n.to_string()));
-            let mut all: Vec<Key> = held.chain(self.services.keys().cloned()).collect();
+        let services: Vec<ObjectKey> = if dirty.all {
+            let held = live.services().map(|(ns, n)| ObjectKey::new(ns, n));
+            let mut all: Vec<ObjectKey> = held.chain(self.services.keys().cloned()).collect();
             all.sort_unstable();
             all.dedup();
             all
@@ -106,7 +103,7 @@ impl ServiceCache {
             dirty.services.into_iter().collect()
         };
         live.update(
-            services.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
+            services.iter().map(|k| (k.namespace(), k.name())),
             &*self,
             now,
         );
