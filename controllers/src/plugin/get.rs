@@ -10,7 +10,10 @@ use serde::Serialize;
 use super::output::{Answer, age, table};
 use crate::servicecidr::{
     blockers::{Verdict, verdict},
-    cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, cidr_state, index_cidr, ip_entry, spec_cidrs},
+    cache::{
+        LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, cidr_state, index_cidr, ip_address_facts,
+        spec_cidrs,
+    },
     index::{CidrSet, IpIndex},
 };
 
@@ -65,7 +68,7 @@ pub fn rows(all: &[ServiceCIDR], ips: &[IPAddress], names: &[String]) -> anyhow:
         index_cidr(&mut set, &c.name_any(), c);
     }
     let mut index = IpIndex::default();
-    for e in ips.iter().filter_map(ip_entry) {
+    for e in ips.iter().filter_map(ip_address_facts) {
         index.upsert(e);
     }
     let wanted: Vec<&ServiceCIDR> = match names {

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt, stream};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Projected, Shared, Store, Update, Watches},
     process::Base,
 };
 use k8s_openapi::api::core::v1::Namespace;
@@ -150,11 +150,11 @@ impl Caches {
                     let old = pods.get(&key).filter(|old| old.uid == f.uid);
                     f.set_seen_final(seen_final(old.map(|o| &**o), watched));
                 }
-                Kept::Yes(key, Arc::new(f))
+                Projected::Yes(key, Arc::new(f))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "ignoring pod");
-                Kept::Unusable
+                Projected::Unusable
             }
         });
         match update {
@@ -167,10 +167,10 @@ impl Caches {
         let names = &mut self.names;
         self.nodes
             .apply_event(ev, |n| match n.metadata.name.as_deref() {
-                Some(name) => Kept::Yes(names.intern(name), NodeFacts::from_wire(&n)),
+                Some(name) => Projected::Yes(names.intern(name), NodeFacts::from_wire(&n)),
                 None => {
                     tracing::warn!("ignoring node without metadata.name");
-                    Kept::Unusable
+                    Projected::Unusable
                 }
             })
     }
@@ -185,7 +185,7 @@ impl Caches {
         self.namespaces.apply_event(ev, |ns| {
             let Some(name) = ns.metadata.name.as_deref() else {
                 tracing::warn!("ignoring namespace without metadata.name");
-                return Kept::Unusable;
+                return Projected::Unusable;
             };
             let key = names.intern(name);
             let mut a = ns.metadata.annotations.unwrap_or_default();
@@ -194,9 +194,9 @@ impl Caches {
                 threshold: a.remove(THRESHOLD_ANNOTATION).map(String::into_boxed_str),
             };
             if policy == NsAnnotations::default() {
-                Kept::No(key)
+                Projected::No(key)
             } else {
-                Kept::Yes(key, policy)
+                Projected::Yes(key, policy)
             }
         })
     }

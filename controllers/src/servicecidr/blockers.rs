@@ -11,7 +11,9 @@ use clap::Args;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
-use super::cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, index_cidr, ip_entry, spec_cidrs};
+use super::cache::{
+    LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, index_cidr, ip_address_facts, spec_cidrs,
+};
 use super::index::{Blocker, CidrSet, IpIndex};
 
 #[derive(Args, Debug, Clone)]
@@ -144,7 +146,7 @@ pub async fn read(client: Client, name: &str) -> anyhow::Result<Option<Read>> {
         .list(&ListParams::default().labels(&selector))
         .await?
     {
-        if let Some(e) = ip_entry(&ip) {
+        if let Some(e) = ip_address_facts(&ip) {
             ips.upsert(e);
         }
     }

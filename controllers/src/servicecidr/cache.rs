@@ -8,7 +8,7 @@ use std::{collections::BTreeSet, sync::Arc};
 use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Projected, Shared, Store, Update, Watches},
     klog::KObj,
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -19,7 +19,7 @@ use kube::{
 
 use super::{
     decide::{CONDITION_READY, CidrState, FINALIZER, ReadyCondition},
-    index::{CidrSet, IpEntry, IpIndex, Owner},
+    index::{CidrSet, IpAddressFacts, IpIndex, Owner},
     prefix::{Addr, Family, Prefix},
 };
 
@@ -91,8 +91,8 @@ pub fn cidr_state(obj: &ServiceCIDR) -> CidrState {
     }
 }
 
-/// The index entry for an IPAddress, or `None` when the allocator does not manage it.
-pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
+/// The facts of an IPAddress the index keeps, or `None` when the allocator does not manage it.
+pub fn ip_address_facts(obj: &IPAddress) -> Option<IpAddressFacts> {
     let labels = obj.labels();
     if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(MANAGED_BY_ALLOCATOR) {
         return None;
@@ -102,7 +102,7 @@ pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
         namespace: s.parent_ref.namespace.clone(),
         name: s.parent_ref.name.clone(),
     });
-    Some(IpEntry {
+    Some(IpAddressFacts {
         name: obj.name_any().into(),
         family_label: labels.get(LABEL_FAMILY).and_then(|f| Family::from_label(f)),
         owner,
@@ -110,27 +110,27 @@ pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
 }
 
 /// What the index keeps of an IPAddress: managed ones whose name is an IP.
-fn project_ip(obj: IPAddress) -> Kept<Arc<str>, IpEntry> {
+fn project_ip(obj: IPAddress) -> Projected<Arc<str>, IpAddressFacts> {
     let Some(name) = obj.metadata.name.as_deref() else {
-        return Kept::Unusable;
+        return Projected::Unusable;
     };
-    match ip_entry(&obj) {
-        Some(e) if Addr::parse(name).is_some() => Kept::Yes(e.name.clone(), e),
+    match ip_address_facts(&obj) {
+        Some(e) if Addr::parse(name).is_some() => Projected::Yes(e.name.clone(), e),
         Some(e) => {
             tracing::warn!(
                 ipaddress = KObj::cluster(name).field(),
                 "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored"
             );
-            Kept::No(e.name)
+            Projected::No(e.name)
         }
-        None => Kept::No(name.into()),
+        None => Projected::No(name.into()),
     }
 }
 
-fn project_cidr(obj: ServiceCIDR) -> Kept<String, Arc<ServiceCIDR>> {
+fn project_cidr(obj: ServiceCIDR) -> Projected<String, Arc<ServiceCIDR>> {
     match obj.metadata.name.clone() {
-        Some(name) => Kept::Yes(name, Arc::new(obj)),
-        None => Kept::Unusable,
+        Some(name) => Projected::Yes(name, Arc::new(obj)),
+        None => Projected::Unusable,
     }
 }
 

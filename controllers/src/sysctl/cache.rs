@@ -4,7 +4,7 @@
 //!
 //! Flags `sysctl/<kind>`. Pods are watched with `spec.nodeName=` (the watch carries nothing of
 //! bound pods; the apiserver has no field selector for scheduling gates). One projection covers
-//! both readers: every pod not yet bound as the webhook judges a binding of it ([`PodView`]),
+//! both readers: every pod not yet bound as the webhook judges a binding of it ([`PodFacts`]),
 //! and of those the ones carrying the gate as the placement reads them ([`GatedPod`]); each
 //! SysctlPolicy as the rules read it (its name, generation and spec; not its status, which the
 //! node-agents write); each Node's [`NodeFacts`].
@@ -20,7 +20,7 @@ use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Health, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Health, Projected, Shared, Store, Update, Watches},
 };
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -28,7 +28,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use super::facts::{GatedPod, NodeFacts, PodView};
+use super::facts::{GatedPod, NodeFacts, PodFacts};
 
 /// Readiness flags are `sysctl/<kind>`: the wing's, not one component's.
 pub const COMPONENT: &str = "sysctl";
@@ -40,7 +40,7 @@ pub struct SysctlCache {
     pub nodes: Store<String, NodeFacts>,
     pub policies: Store<String, SysctlPolicy>,
     /// Every pod not yet bound: what the webhook judges a binding by.
-    pub pending: Store<ObjectKey, PodView>,
+    pub pending: Store<ObjectKey, PodFacts>,
     /// The pending pods that carry the gate: what the placement places.
     pub gated: Store<ObjectKey, GatedPod>,
 }
@@ -161,8 +161,8 @@ pub fn fold_node(cache: &mut SysctlCache, ev: Event<Node>) -> Change {
     let applied = cache
         .nodes
         .apply_event(ev, |n: Node| match n.metadata.name.clone() {
-            Some(name) => Kept::Yes(name, NodeFacts::of(&n)),
-            None => Kept::Unusable,
+            Some(name) => Projected::Yes(name, NodeFacts::of(&n)),
+            None => Projected::Unusable,
         });
     let nodes = &cache.nodes;
     changed(applied, |k, old| nodes.get(k) == Some(old))
@@ -175,9 +175,9 @@ pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
             Some(name) => {
                 let mut kept = SysctlPolicy::new(&name, p.spec);
                 kept.metadata.generation = p.metadata.generation;
-                Kept::Yes(name, kept)
+                Projected::Yes(name, kept)
             }
-            None => Kept::Unusable,
+            None => Projected::Unusable,
         });
     let policies = &cache.policies;
     changed(applied, |k, old| {
@@ -185,16 +185,16 @@ pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
     })
 }
 
-/// One pod event into both stores: every pending pod's view, and the gated pods (a pod that
+/// One pod event into both stores: every pending pod's facts, and the gated pods (a pod that
 /// loses the gate, or is being deleted, leaves them as on a delete).
 pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     let update = Update::from_event(ev, |p: Pod| {
         match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
-            (Some(ns), Some(name)) => Kept::Yes(
+            (Some(ns), Some(name)) => Projected::Yes(
                 ObjectKey::new(&ns, &name),
-                (PodView::of(&p), GatedPod::of(&p)),
+                (PodFacts::of(&p), GatedPod::of(&p)),
             ),
-            _ => Kept::Unusable,
+            _ => Projected::Unusable,
         }
     });
     let Some(update) = update else {
@@ -209,25 +209,25 @@ pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     }
 }
 
-/// A pod's update as each store takes it: the view always, the gated pod only while it carries
+/// A pod's update as each store takes it: the facts always, the gated pod only while it carries
 /// the gate (none for a listed pod without it; a delete for a pod that lost it).
-type Both = (PodView, Option<GatedPod>);
+type Both = (PodFacts, Option<GatedPod>);
 
 fn split(
     u: Update<ObjectKey, Both>,
 ) -> (
-    Update<ObjectKey, PodView>,
+    Update<ObjectKey, PodFacts>,
     Option<Update<ObjectKey, GatedPod>>,
 ) {
     match u {
         Update::Init => (Update::Init, Some(Update::Init)),
         Update::InitDone => (Update::InitDone, Some(Update::InitDone)),
-        Update::InitApply(k, (view, gated)) => (
-            Update::InitApply(k.clone(), view),
+        Update::InitApply(k, (facts, gated)) => (
+            Update::InitApply(k.clone(), facts),
             gated.map(|g| Update::InitApply(k, g)),
         ),
-        Update::Apply(k, (view, gated)) => (
-            Update::Apply(k.clone(), view),
+        Update::Apply(k, (facts, gated)) => (
+            Update::Apply(k.clone(), facts),
             Some(match gated {
                 Some(g) => Update::Apply(k, g),
                 None => Update::Delete(k),
@@ -303,7 +303,7 @@ mod tests {
         assert!(c.gated.is_empty(), "ungated: no longer ours");
     }
 
-    /// One pod watch fills both readers' stores: every pending pod's view for the webhook, the
+    /// One pod watch fills both readers' stores: every pending pod's facts for the webhook, the
     /// gated ones for the placement; a pod that loses the gate stays pending, a deleted one
     /// leaves both.
     #[test]
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(c.gated.keys().collect::<Vec<_>>(), [&key("g")]);
         assert_eq!(
             c.pending.get(&key("g")),
-            Some(&c.gated.get(&key("g")).unwrap().view)
+            Some(&c.gated.get(&key("g")).unwrap().facts)
         );
 
         assert_eq!(

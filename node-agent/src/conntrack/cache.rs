@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use groundskeeper_plumbing::cache::{Applied, Health, Kept, Shared, Watches};
+use groundskeeper_plumbing::cache::{Applied, Health, Projected, Shared, Watches};
 use groundskeeper_plumbing::{ObjectKey, ReadyFlag};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -28,14 +28,14 @@ use super::wire::{WireIpAddress, WireService, WireSlice};
 use crate::context::Context;
 
 /// `o` as the model reads it (`project`), under its key.
-fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Kept<ObjectKey, V> {
+fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Projected<ObjectKey, V> {
     let meta = o.meta();
     match &meta.name {
-        Some(name) => Kept::Yes(
+        Some(name) => Projected::Yes(
             ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name),
             project(&o),
         ),
-        None => Kept::Unusable,
+        None => Projected::Unusable,
     }
 }
 

@@ -13,7 +13,7 @@ use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Health, Kept, Shared, Store, Watches},
+    cache::{Health, Projected, Shared, Store, Watches},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -119,18 +119,18 @@ pub fn follow_all(
     (flags, changes)
 }
 
-fn pod_kept(p: Pod) -> Kept<ObjectKey, Pod> {
+fn pod_kept(p: Pod) -> Projected<ObjectKey, Pod> {
     match p.metadata.name {
-        Some(_) => Kept::Yes(ObjectKey::of(&p), p),
-        None => Kept::Unusable,
+        Some(_) => Projected::Yes(ObjectKey::of(&p), p),
+        None => Projected::Unusable,
     }
 }
 
 /// Kept under its name; an object without one can not be.
-fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
+fn by_name<V>(name: Option<String>, v: V) -> Projected<String, V> {
     match name {
-        Some(name) => Kept::Yes(name, v),
-        None => Kept::Unusable,
+        Some(name) => Projected::Yes(name, v),
+        None => Projected::Unusable,
     }
 }
 

@@ -227,7 +227,7 @@ impl<W: Writes> Placer<W> {
             let placement = place(
                 &self.policy,
                 &name,
-                &pod.view,
+                &pod.facts,
                 &pod.sysctls,
                 &pod.own,
                 &nodes,

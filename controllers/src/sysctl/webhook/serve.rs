@@ -28,7 +28,7 @@ use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
 use crate::sysctl::cache::SysctlCache;
-use crate::sysctl::facts::PodView;
+use crate::sysctl::facts::PodFacts;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
 use groundskeeper_plumbing::ratelimit::Budget;
@@ -164,7 +164,7 @@ impl Reviewer {
 
     /// The answer for `subject`; an error only when a binding's pod could not be read.
     async fn review(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
-        let (pod, view, node) = match subject {
+        let (pod, pod_facts, node) = match subject {
             Subject::Other(what) => {
                 tracing::debug!(target: LOG_TARGET, request = %what, "webhook: not judged, allowed");
                 return Ok(apply::answer(
@@ -179,7 +179,7 @@ impl Reviewer {
                     pod.metadata.namespace.as_deref().unwrap_or_default(),
                     pod.metadata.name.as_deref().unwrap_or_default()
                 );
-                (name, PodView::of(&pod), node)
+                (name, PodFacts::of(&pod), node)
             }
             Subject::Binding {
                 namespace,
@@ -190,7 +190,7 @@ impl Reviewer {
                 let key = ObjectKey::new(&namespace, &name);
                 let cached = self.cache.lock().pending.get(&key).cloned();
                 let pod = key.to_string();
-                let view = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
+                let pod_facts = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
                     Some(v) => v,
                     // Not seen by the watch yet (or another pod of the same name): read it,
                     // within the budget; past it, judge without the pod, failing safe.
@@ -211,12 +211,12 @@ impl Reviewer {
                         .get_opt(&name)
                         .await?
                     {
-                        Some(p) => PodView::of(&p),
+                        Some(p) => PodFacts::of(&p),
                         // Gone: the binding fails on its own.
-                        None => PodView::default(),
+                        None => PodFacts::default(),
                     },
                 };
-                (pod, view, node)
+                (pod, pod_facts, node)
             }
         };
         let decision = {
@@ -225,7 +225,7 @@ impl Reviewer {
             decide(
                 &self.args,
                 &pod,
-                &view,
+                &pod_facts,
                 &node,
                 c.nodes.get(&node),
                 &policies,
