@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::output::{Answer, age, table};
 use crate::servicecidr::{
-    blockers::{Verdict, verdict},
+    blockers::{Blocking, blocking},
     cache::{
         LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, cidr_state, index_cidr, ip_address_facts,
         spec_cidrs,
@@ -90,18 +90,18 @@ pub fn rows(all: &[ServiceCIDR], ips: &[IPAddress], names: &[String]) -> anyhow:
             let name = c.name_any();
             let state = cidr_state(c);
             let deleting = state.deletion_timestamp.is_some();
-            let blocked_by = deleting.then(|| match verdict(&set, &index, &name) {
-                Verdict::Covered => BlockedBy {
+            let blocked_by = deleting.then(|| match blocking(&set, &index, &name) {
+                Blocking::Covered => BlockedBy {
                     count: 0,
                     covered_by_another: true,
                     first: Vec::new(),
                 },
-                Verdict::Clear => BlockedBy {
+                Blocking::Clear => BlockedBy {
                     count: 0,
                     covered_by_another: false,
                     first: Vec::new(),
                 },
-                Verdict::Blocked(found) => BlockedBy {
+                Blocking::Blocked(found) => BlockedBy {
                     count: found.len(),
                     covered_by_another: false,
                     first: found
