@@ -29,15 +29,15 @@ pub type Labels = BTreeMap<String, String>;
 
 /// All the reporter reads of its Node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeView {
+pub struct NodeFacts {
     pub labels: Labels,
     /// `status.nodeInfo.kubeletVersion`; None: not reported (judged as v1.36).
     pub kubelet: Option<String>,
 }
 
-impl NodeView {
+impl NodeFacts {
     pub fn of(node: Node) -> Self {
-        NodeView {
+        NodeFacts {
             kubelet: node
                 .status
                 .and_then(|s| s.node_info)
@@ -53,7 +53,7 @@ impl NodeView {
 pub struct ReportCache {
     pub pods: Store<ObjectKey, Pod>,
     pub policies: Store<String, SysctlPolicy>,
-    pub nodes: Store<String, NodeView>,
+    pub nodes: Store<String, NodeFacts>,
 }
 
 /// What a watch event means to the reporter, once the cache has applied it.
@@ -163,7 +163,7 @@ fn fold_node(cache: &mut ReportCache, ev: Event<Node>) -> Change {
         Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,
     };
     cache.nodes.apply_event(ev, |n: Node| {
-        by_name(n.metadata.name.clone(), NodeView::of(n))
+        by_name(n.metadata.name.clone(), NodeFacts::of(n))
     });
     change
 }
@@ -184,9 +184,9 @@ mod tests {
               "architecture": "amd64"}},
         }))
         .unwrap();
-        let view = NodeView::of(node.clone());
-        assert_eq!(view.labels["pool"], "db");
-        assert_eq!(view.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
+        let facts = NodeFacts::of(node.clone());
+        assert_eq!(facts.labels["pool"], "db");
+        assert_eq!(facts.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
         let mut unreported = node;
         unreported
             .status
@@ -194,7 +194,7 @@ mod tests {
             .and_then(|s| s.node_info.as_mut())
             .unwrap()
             .kubelet_version = String::new();
-        assert_eq!(NodeView::of(unreported).kubelet, None);
-        assert_eq!(NodeView::of(Node::default()), NodeView::default());
+        assert_eq!(NodeFacts::of(unreported).kubelet, None);
+        assert_eq!(NodeFacts::of(Node::default()), NodeFacts::default());
     }
 }

@@ -7,7 +7,7 @@ use groundskeeper_sysctl_rules::defaults::{Effect, parse};
 use groundskeeper_sysctl_rules::names::Namespace;
 
 use super::apply::DEFAULT_UNAVAILABLE_REASON;
-use super::cache::{Change, NodeView};
+use super::cache::{Change, NodeFacts};
 use super::crd::Mode;
 use super::decide::{default_event_name, default_note};
 use super::reporter::Settings;
@@ -35,11 +35,14 @@ fn rig(dry_run: bool) -> Rig {
 
 /// The Node watch delivers the Node with this kubelet version.
 async fn kubelet(r: &mut Rig, version: &str) {
-    let view = NodeView {
+    let facts = NodeFacts {
         kubelet: Some(version.into()),
         ..Default::default()
     };
-    r.cache.lock().nodes.apply(Update::Apply(NODE.into(), view));
+    r.cache
+        .lock()
+        .nodes
+        .apply(Update::Apply(NODE.into(), facts));
     r.reporter.on_change(Change::Merge).await;
 }
 

@@ -14,7 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::apply::{Writer, Writes};
-use super::cache::{Change, Flags, NodeView, ReportCache};
+use super::cache::{Change, Flags, NodeFacts, ReportCache};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
@@ -205,7 +205,7 @@ impl Rig {
         cache
             .lock()
             .nodes
-            .apply(Update::Apply(node.into(), NodeView::default()));
+            .apply(Update::Apply(node.into(), NodeFacts::default()));
         let fake = Fake::default();
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let events = events::Events::to(
@@ -347,14 +347,14 @@ async fn the_nodes_own_kubelet_version_decides() {
     let kernel = "6.1.0-18-amd64".parse().ok();
     let mut r = Rig::unlisted_on("node-a", Mode::Enforce, false, kernel);
     let set_kubelet = |r: &Rig, v: &str| {
-        let view = NodeView {
+        let facts = NodeFacts {
             kubelet: Some(v.into()),
             ..Default::default()
         };
         r.cache
             .lock()
             .nodes
-            .apply(Update::Apply("node-a".into(), view));
+            .apply(Update::Apply("node-a".into(), facts));
     };
     set_kubelet(&r, "v1.36.2");
     r.set_healthy(true);
