@@ -1,5 +1,5 @@
 //! The CPU the conntrack model costs per EndpointSlice change, in process (no cluster, no
-//! kernel): the whole rebuild the agent made before (`reference::build_views`, then `Settle` and
+//! kernel): the whole rebuild the agent made before (`reference::build_facts`, then `Settle` and
 //! `Tombstones`) beside the live model's update of the one service that changed, at 1k and 10k
 //! Services of one UDP port and one slice of 10 endpoints each. Prints figures; asserts nothing.
 //!
@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::model::changes::Changes;
-use groundskeeper_node_agent::conntrack::model::live::{Live, Views};
-use groundskeeper_node_agent::conntrack::model::project::{ServiceView, SliceView, UdpPort};
+use groundskeeper_node_agent::conntrack::model::live::{Facts, Live};
+use groundskeeper_node_agent::conntrack::model::project::{ServiceFacts, SliceFacts, UdpPort};
 use groundskeeper_node_agent::conntrack::model::reference::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
 use testkit::figures::bench;
@@ -33,15 +33,15 @@ const CHANGES: usize = 200;
 type Key = (String, String);
 
 struct World {
-    services: HashMap<Key, ServiceView>,
-    slices: HashMap<Key, SliceView>,
+    services: HashMap<Key, ServiceFacts>,
+    slices: HashMap<Key, SliceFacts>,
     slices_of: HashMap<Key, Vec<String>>,
 }
 
-impl Views for World {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
+impl Facts for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
         let key = (ns.to_string(), name.to_string());
-        let view = self.services.get(&key)?;
+        let service = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
@@ -49,7 +49,7 @@ impl Views for World {
             .flatten()
             .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
@@ -78,7 +78,7 @@ fn world(services: usize) -> World {
     };
     for i in 0..services {
         let (ns, name) = ns_name(i);
-        let view = ServiceView {
+        let service = ServiceFacts {
             foreign: false,
             ips: PerFamily([vec![v4(0x0a60_0000 + i)].into(), Box::default()]),
             ports: vec![UdpPort {
@@ -88,13 +88,13 @@ fn world(services: usize) -> World {
             }]
             .into(),
         };
-        let slice = SliceView {
+        let slice = SliceFacts {
             service: Some(name.as_str().into()),
             ports: vec![("dns".into(), Some(5353))].into(),
             serving: serving(i, 0),
         };
         let slice_name = format!("{name}-abcde");
-        w.services.insert((ns.clone(), name.clone()), view);
+        w.services.insert((ns.clone(), name.clone()), service);
         w.slices.insert((ns.clone(), slice_name.clone()), slice);
         w.slices_of.insert((ns, name), vec![slice_name]);
     }
@@ -136,7 +136,7 @@ fn row(services: usize) {
     let t0 = Instant::now();
     for k in 0..CHANGES {
         change(&mut w, services, k);
-        let m = reference::build_views(
+        let m = reference::build_facts(
             w.services
                 .iter()
                 .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),

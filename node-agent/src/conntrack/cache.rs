@@ -1,5 +1,5 @@
 //! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
-//! Node), each through `plumbing::cache::follow`, folding every event into the model's views
+//! Node), each through `plumbing::cache::follow`, folding every event into the model's facts
 //! (`model::source::ServiceCache`, each object projected by `model::project` as it arrives) and
 //! marking what it changed; the model source reads them (`model/source.rs`). Services,
 //! EndpointSlices and IPAddresses are decoded slim (`wire.rs`): only the fields read.
@@ -50,7 +50,7 @@ pub(super) fn fold_services(c: &mut ServiceCache, ev: Event<WireService>) -> boo
         .services
         .apply_event(ev, |o| keep(Service::from(o), project::service))
     {
-        // Most updates (status, annotations, resourceVersion) leave the view as it was: the
+        // Most updates (status, annotations, resourceVersion) leave the facts as they were: the
         // model cannot see them, so they wake nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => return false,
         Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
@@ -68,7 +68,7 @@ pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
         .slices
         .apply_event(ev, |o| keep(EndpointSlice::from(o), project::slice))
     {
-        // The view as it was (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
+        // The facts as they were (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return false,
         Applied::Upserted { key, old } => (key, old),
         Applied::Removed { key, old } => (key, Some(old)),

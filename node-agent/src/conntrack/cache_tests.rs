@@ -1,7 +1,7 @@
 //! The cache's bookkeeping over generated watch events (updates, deletes, slices moving to
 //! another service, relists that drop objects): after every event, the live model brought up
 //! to date from what the cache marked as changed equals the model built from scratch from
-//! every view the cache holds.
+//! all the facts the cache holds.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The live model's rule, over generated sequences of Service, EndpointSlice, ServiceCIDR,
 //! IPAddress and Node changes and passages of time: after every update it equals the model
-//! built from scratch on the same inputs at the same instants (`build_views`, then `Settle`
+//! built from scratch on the same inputs at the same instants (`build_facts`, then `Settle`
 //! and `Tombstones`), and says the same about when it next changes by time alone.
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use groundskeeper_plumbing::ObjectKey;
 use testkit::rng::Rng;
 
-use super::live::{Live, Views};
-use super::project::{self, ServiceView, SliceView};
+use super::live::{Facts, Live};
+use super::project::{self, ServiceFacts, SliceFacts};
 use super::project_tests;
 use crate::conntrack::model::reference::{Settle, Tombstones};
 use crate::conntrack::model::{self, Model, ServiceIpRange};
@@ -23,29 +23,29 @@ pub(super) const STEPS_MS: [u64; 7] = [0, 0, 300, 1000, 2000, 5000, 601_000];
 
 #[derive(Default)]
 pub(super) struct World {
-    services: BTreeMap<ObjectKey, ServiceView>,
-    slices: BTreeMap<ObjectKey, SliceView>,
+    services: BTreeMap<ObjectKey, ServiceFacts>,
+    slices: BTreeMap<ObjectKey, SliceFacts>,
     pub(super) ranges: Vec<ServiceIpRange>,
     pub(super) allocated: Vec<IpAddr>,
     pub(super) node_ips: Vec<IpAddr>,
 }
 
-impl Views for World {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
-        let view = self.services.get(&ObjectKey::new(ns, name))?;
+impl Facts for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
+        let service = self.services.get(&ObjectKey::new(ns, name))?;
         let slices = self
             .slices
             .iter()
             .filter(|(k, s)| k.namespace() == ns && s.service.as_deref() == Some(name))
             .map(|(_, s)| s)
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
 impl World {
     fn built_whole(&self) -> Model {
-        model::reference::build_views(
+        model::reference::build_facts(
             self.services
                 .iter()
                 .map(|(k, v)| (k.namespace(), k.name(), v)),
@@ -60,7 +60,7 @@ fn ip(s: &str) -> IpAddr {
     super::addr::parse_ip(s).expect("a generated address parses")
 }
 
-/// One generated change to `w`; returns the services whose views it touched.
+/// One generated change to `w`; returns the services whose facts it touched.
 pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<ObjectKey>, bool) {
     let ns = rng.pick(&NAMESPACES).to_string();
     let i = rng.below(6);
@@ -236,7 +236,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use serde_json::json;
 
-    let service = |name: &str, external: &[&str]| -> ServiceView {
+    let service = |name: &str, external: &[&str]| -> ServiceFacts {
         let s: Service = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": name},
             "spec": {"clusterIP": if name == "dns" { "10.96.0.10" } else { "10.96.0.11" },
@@ -246,7 +246,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
         .unwrap();
         project::service(&s)
     };
-    let slice = |name: &str, ips: &[&str]| -> SliceView {
+    let slice = |name: &str, ips: &[&str]| -> SliceFacts {
         let s: EndpointSlice = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": format!("{name}-x"),
                          "labels": {"kubernetes.io/service-name": name}},

@@ -1,4 +1,4 @@
-//! Where the model comes from: the views of every watched object (`ServiceCache`, which the watches
+//! Where the model comes from: the facts of every watched object (`ServiceCache`, which the watches
 //! of `cache.rs` fold their events into), and `ModelSource`, which brings the live model up to
 //! date from them when the scheduler asks (`Models::model`), only while every watch is healthy.
 
@@ -13,23 +13,23 @@ use groundskeeper_plumbing::cache::{Health, Seen, Shared, Store};
 use super::Model;
 use super::ServiceIpRange;
 use super::changes::Changes;
-use super::live::{Live, Views};
-use super::project::{ServiceView, SliceView};
+use super::live::{Facts, Live};
+use super::project::{ServiceFacts, SliceFacts};
 
 /// The watched objects of one kind as the model reads them (`project.rs`), by key.
-pub type ViewsOf<V> = Store<ObjectKey, V>;
+pub type FactsOf<V> = Store<ObjectKey, V>;
 
-/// Every object of the five kinds the model is built from, as views, and what changed since
+/// Every object of the five kinds the model is built from, as facts, and what changed since
 /// the live model was last updated. The watches (`cache.rs`) fold their events in.
 #[derive(Default)]
 pub struct ServiceCache {
-    pub services: ViewsOf<ServiceView>,
-    pub slices: ViewsOf<SliceView>,
+    pub services: FactsOf<ServiceFacts>,
+    pub slices: FactsOf<SliceFacts>,
     /// The keys of each service's slices, by the service's key.
     pub slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
-    pub cidrs: ViewsOf<Box<[ServiceIpRange]>>,
-    pub addresses: ViewsOf<Option<IpAddr>>,
-    pub nodes: ViewsOf<Box<[IpAddr]>>,
+    pub cidrs: FactsOf<Box<[ServiceIpRange]>>,
+    pub addresses: FactsOf<Option<IpAddr>>,
+    pub nodes: FactsOf<Box<[IpAddr]>>,
     pub dirty: Dirty,
 }
 
@@ -43,11 +43,11 @@ pub struct Dirty {
     pub node: bool,
 }
 
-impl Views for ServiceCache {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
+impl Facts for ServiceCache {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
         // One allocation for the service; its slices are looked up by the keys kept for them.
         let key = ObjectKey::new(ns, name);
-        let view = self.services.get(&key)?;
+        let service = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
@@ -55,12 +55,12 @@ impl Views for ServiceCache {
             .flatten()
             .filter_map(|s| self.slices.get(s))
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
 impl ServiceCache {
-    /// The model built from scratch from every view (the live model's reference).
+    /// The model built from scratch from all the facts (the live model's reference).
     #[cfg(test)]
     pub(crate) fn built_whole(&self) -> Model {
         let ranges: Vec<ServiceIpRange> = self
@@ -68,7 +68,7 @@ impl ServiceCache {
             .values()
             .flat_map(|r| r.iter().copied())
             .collect();
-        super::reference::build_views(
+        super::reference::build_facts(
             self.services
                 .iter()
                 .map(|(k, v)| (k.namespace(), k.name(), v)),
