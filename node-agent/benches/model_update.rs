@@ -24,30 +24,30 @@ use groundskeeper_node_agent::conntrack::model::live::{Facts, Live};
 use groundskeeper_node_agent::conntrack::model::project::{ServiceFacts, SliceFacts, UdpPort};
 use groundskeeper_node_agent::conntrack::model::reference::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
+use groundskeeper_plumbing::ObjectKey;
 use testkit::figures::bench;
 
 const ENDPOINTS_PER_SLICE: usize = 10;
 const NAMESPACES: usize = 20;
 const CHANGES: usize = 200;
 
-type Key = (String, String);
-
+/// As the agent's `ServiceCache` keeps them: by key, each service's slices by their keys.
 struct World {
-    services: HashMap<Key, ServiceFacts>,
-    slices: HashMap<Key, SliceFacts>,
-    slices_of: HashMap<Key, Vec<String>>,
+    services: HashMap<ObjectKey, ServiceFacts>,
+    slices: HashMap<ObjectKey, SliceFacts>,
+    slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
 }
 
 impl Facts for World {
     fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
-        let key = (ns.to_string(), name.to_string());
+        let key = ObjectKey::new(ns, name);
         let service = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
             .into_iter()
             .flatten()
-            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .filter_map(|s| self.slices.get(s))
             .collect();
         Some((service, slices))
     }
@@ -57,7 +57,7 @@ fn v4(n: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(0)))
 }
 
-fn ns_name(i: usize) -> Key {
+fn ns_name(i: usize) -> (String, String) {
     (format!("scale-{}", i % NAMESPACES), format!("svc-{i}"))
 }
 
@@ -94,20 +94,21 @@ fn world(services: usize) -> World {
             serving: serving(i, 0),
         };
         let slice_name = format!("{name}-abcde");
-        w.services.insert((ns.clone(), name.clone()), service);
-        w.slices.insert((ns.clone(), slice_name.clone()), slice);
-        w.slices_of.insert((ns, name), vec![slice_name]);
+        let (key, slice_key) = (ObjectKey::new(&ns, &name), ObjectKey::new(&ns, &slice_name));
+        w.services.insert(key.clone(), service);
+        w.slices.insert(slice_key.clone(), slice);
+        w.slices_of.insert(key, vec![slice_key]);
     }
     w
 }
 
 /// Replaces the endpoints of the `k`th changed service's slice; returns that service.
-fn change(w: &mut World, services: usize, k: usize) -> Key {
+fn change(w: &mut World, services: usize, k: usize) -> (String, String) {
     let i = (k * 37) % services;
     let (ns, name) = ns_name(i);
     let slice = w
         .slices
-        .get_mut(&(ns.clone(), format!("{name}-abcde")))
+        .get_mut(&ObjectKey::new(&ns, &format!("{name}-abcde")))
         .expect("the slice exists");
     slice.serving = serving(i, k + 1);
     (ns, name)
@@ -137,10 +138,8 @@ fn row(services: usize) {
     for k in 0..CHANGES {
         change(&mut w, services, k);
         let m = reference::build_facts(
-            w.services
-                .iter()
-                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
-            w.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+            w.services.iter().map(|(k, v)| (k.namespace(), k.name(), v)),
+            w.slices.iter().map(|(k, v)| (k.namespace(), v)),
         );
         black_box(tombstones.apply(settle.apply(m, now), now));
     }
@@ -149,8 +148,8 @@ fn row(services: usize) {
     // Now: the live model redoes the service that changed.
     let mut w = world(services);
     let mut live = Live::new(settle_after, retention);
-    let all: Vec<Key> = w.services.keys().cloned().collect();
-    live.update(all.iter().map(|(ns, n)| (ns.as_str(), n.as_str())), &w, now);
+    let all: Vec<ObjectKey> = w.services.keys().cloned().collect();
+    live.update(all.iter().map(|k| (k.namespace(), k.name())), &w, now);
     live.take_changes();
     let t0 = Instant::now();
     for k in 0..CHANGES {
