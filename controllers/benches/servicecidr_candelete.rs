@@ -7,7 +7,7 @@ use std::{hint::black_box, net::Ipv4Addr, time::Instant};
 
 use groundskeeper_controllers::servicecidr::{
     decide::{CidrState, decide},
-    index::{CidrSet, IpEntry, IpIndex},
+    index::{CidrSet, IpAddressFacts, IpIndex},
     prefix::Addr,
 };
 
@@ -33,7 +33,7 @@ fn ips() -> (IpIndex, Vec<String>) {
         names.push(format!("fd00::{:x}", i + 1));
     }
     for n in &names {
-        ix.upsert(IpEntry {
+        ix.upsert(IpAddressFacts {
             name: n.as_str().into(),
             family_label: Addr::parse(n).map(|a| a.family),
             owner: None,

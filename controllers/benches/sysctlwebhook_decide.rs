@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use groundskeeper_controllers::sysctl::{
-    facts::{NodeFacts, PodView},
+    facts::{NodeFacts, PodFacts},
     webhook::decide::decide,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
@@ -29,8 +29,8 @@ fn time<T>(label: &str, n: u32, mut f: impl FnMut() -> T) {
     println!("{label:<70} {per:>10.2?} per call ({n} calls)");
 }
 
-fn view(sysctls: &[&str]) -> PodView {
-    PodView::of(&Pod {
+fn pod_facts(sysctls: &[&str]) -> PodFacts {
+    PodFacts::of(&Pod {
         spec: Some(PodSpec {
             security_context: Some(testkit::sysctls(sysctls)),
             ..Default::default()
@@ -74,19 +74,19 @@ fn main() {
             })
             .collect();
         let refs: Vec<&SysctlPolicy> = policies.iter().collect();
-        let none = PodView::default();
+        let none = PodFacts::default();
         time(
             &format!("no sysctls ({n} policies): the common binding"),
             1_000_000,
             || decide(&args, "ns/p", &none, "n1", Some(&node), &refs),
         );
-        let allowed = view(&["kernel.sem", "net.core.somaxconn"]);
+        let allowed = pod_facts(&["kernel.sem", "net.core.somaxconn"]);
         time(
             &format!("2 sysctls, allowed ({n} policies, half select the node)"),
             20_000,
             || decide(&args, "ns/p", &allowed, "n1", Some(&node), &refs),
         );
-        let denied = view(&["kernel.msgmax"]);
+        let denied = pod_facts(&["kernel.msgmax"]);
         time(&format!("1 sysctl, denied ({n} policies)"), 20_000, || {
             decide(&args, "ns/p", &denied, "n1", Some(&node), &refs)
         });

@@ -105,7 +105,7 @@ async fn a_late_finalizer_removal_on_a_changed_object_fails_and_the_finalizer_st
         "nothing else was written"
     );
 
-    // Judged again on the current version, the same write goes through: the 409 came from the
+    // ReportedKubelet again on the current version, the same write goes through: the 409 came from the
     // version, not from the write.
     KubeWrites::new(c.client.clone(), Fence::unbounded())
         .remove_finalizer(&name, &changed_rv)

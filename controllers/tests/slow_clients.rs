@@ -65,7 +65,7 @@ async fn probes_and_reviews_answered_under_500_silent_connections_and_slowloris(
     let registry = prometheus::Registry::new();
     let m = Metrics::register(&registry).unwrap();
     let mock = testkit::api::Mock::answering(&[]);
-    let judge = Arc::new(serve::Judge {
+    let reviewer = Arc::new(serve::Reviewer {
         args: PolicyArgs {
             allowed_unsafe_sysctls: vec![],
             sysctl_default_mode: Mode::Enforce,
@@ -80,7 +80,7 @@ async fn probes_and_reviews_answered_under_500_silent_connections_and_slowloris(
         metrics: m.clone(),
     });
     let limits = limits::limits();
-    let app = serving::limited(serve::router(judge), &limits, m.counters());
+    let app = serving::limited(serve::router(reviewer), &limits, m.counters());
     let (webhook_addr, webhook_serve) = serving::bind(
         "127.0.0.1:0".parse().unwrap(),
         "--webhook-addr",

@@ -20,7 +20,7 @@
 //! (`…_net_of_idle_…`), and split between the round thread (`…_rounds_…`: the triggered passes,
 //! at most one per `--conntrack-min-interval` whatever the number of changes it covers, each
 //! walking the kernel's whole conntrack hash) and the rest (`…_watch_and_model_…`: decoding the
-//! watch events, the views, the model); its RSS at most during the churn (sampled after each
+//! watch events, the facts, the model); its RSS at most during the churn (sampled after each
 //! change, `agent_rss_churn_max_…`) and after it. The agent's rows run twice: first with a tenth
 //! of the services created (1k of 10k), then with all, so the CPU per change shows whether it
 //! grows with the cluster.

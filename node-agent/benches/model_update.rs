@@ -1,5 +1,5 @@
 //! The CPU the conntrack model costs per EndpointSlice change, in process (no cluster, no
-//! kernel): the whole rebuild the agent made before (`reference::build_views`, then `Settle` and
+//! kernel): the whole rebuild the agent made before (`reference::build_facts`, then `Settle` and
 //! `Tombstones`) beside the live model's update of the one service that changed, at 1k and 10k
 //! Services of one UDP port and one slice of 10 endpoints each. Prints figures; asserts nothing.
 //!
@@ -20,36 +20,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::model::changes::Changes;
-use groundskeeper_node_agent::conntrack::model::live::{Live, Views};
-use groundskeeper_node_agent::conntrack::model::project::{ServiceView, SliceView, UdpPort};
+use groundskeeper_node_agent::conntrack::model::live::{Facts, Live};
+use groundskeeper_node_agent::conntrack::model::project::{ServiceFacts, SliceFacts, UdpPort};
 use groundskeeper_node_agent::conntrack::model::reference::{self, Settle, Tombstones};
 use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
+use groundskeeper_plumbing::ObjectKey;
 use testkit::figures::bench;
 
 const ENDPOINTS_PER_SLICE: usize = 10;
 const NAMESPACES: usize = 20;
 const CHANGES: usize = 200;
 
-type Key = (String, String);
-
+/// As the agent's `ServiceCache` keeps them: by key, each service's slices by their keys.
 struct World {
-    services: HashMap<Key, ServiceView>,
-    slices: HashMap<Key, SliceView>,
-    slices_of: HashMap<Key, Vec<String>>,
+    services: HashMap<ObjectKey, ServiceFacts>,
+    slices: HashMap<ObjectKey, SliceFacts>,
+    slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
 }
 
-impl Views for World {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
-        let key = (ns.to_string(), name.to_string());
-        let view = self.services.get(&key)?;
+impl Facts for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
+        let key = ObjectKey::new(ns, name);
+        let service = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
             .into_iter()
             .flatten()
-            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .filter_map(|s| self.slices.get(s))
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
@@ -57,7 +57,7 @@ fn v4(n: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(0)))
 }
 
-fn ns_name(i: usize) -> Key {
+fn ns_name(i: usize) -> (String, String) {
     (format!("scale-{}", i % NAMESPACES), format!("svc-{i}"))
 }
 
@@ -78,7 +78,7 @@ fn world(services: usize) -> World {
     };
     for i in 0..services {
         let (ns, name) = ns_name(i);
-        let view = ServiceView {
+        let service = ServiceFacts {
             foreign: false,
             ips: PerFamily([vec![v4(0x0a60_0000 + i)].into(), Box::default()]),
             ports: vec![UdpPort {
@@ -88,26 +88,27 @@ fn world(services: usize) -> World {
             }]
             .into(),
         };
-        let slice = SliceView {
+        let slice = SliceFacts {
             service: Some(name.as_str().into()),
             ports: vec![("dns".into(), Some(5353))].into(),
             serving: serving(i, 0),
         };
         let slice_name = format!("{name}-abcde");
-        w.services.insert((ns.clone(), name.clone()), view);
-        w.slices.insert((ns.clone(), slice_name.clone()), slice);
-        w.slices_of.insert((ns, name), vec![slice_name]);
+        let (key, slice_key) = (ObjectKey::new(&ns, &name), ObjectKey::new(&ns, &slice_name));
+        w.services.insert(key.clone(), service);
+        w.slices.insert(slice_key.clone(), slice);
+        w.slices_of.insert(key, vec![slice_key]);
     }
     w
 }
 
 /// Replaces the endpoints of the `k`th changed service's slice; returns that service.
-fn change(w: &mut World, services: usize, k: usize) -> Key {
+fn change(w: &mut World, services: usize, k: usize) -> (String, String) {
     let i = (k * 37) % services;
     let (ns, name) = ns_name(i);
     let slice = w
         .slices
-        .get_mut(&(ns.clone(), format!("{name}-abcde")))
+        .get_mut(&ObjectKey::new(&ns, &format!("{name}-abcde")))
         .expect("the slice exists");
     slice.serving = serving(i, k + 1);
     (ns, name)
@@ -136,11 +137,9 @@ fn row(services: usize) {
     let t0 = Instant::now();
     for k in 0..CHANGES {
         change(&mut w, services, k);
-        let m = reference::build_views(
-            w.services
-                .iter()
-                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
-            w.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+        let m = reference::build_facts(
+            w.services.iter().map(|(k, v)| (k.namespace(), k.name(), v)),
+            w.slices.iter().map(|(k, v)| (k.namespace(), v)),
         );
         black_box(tombstones.apply(settle.apply(m, now), now));
     }
@@ -149,8 +148,8 @@ fn row(services: usize) {
     // Now: the live model redoes the service that changed.
     let mut w = world(services);
     let mut live = Live::new(settle_after, retention);
-    let all: Vec<Key> = w.services.keys().cloned().collect();
-    live.update(all.iter().map(|(ns, n)| (ns.as_str(), n.as_str())), &w, now);
+    let all: Vec<ObjectKey> = w.services.keys().cloned().collect();
+    live.update(all.iter().map(|k| (k.namespace(), k.name())), &w, now);
     live.take_changes();
     let t0 = Instant::now();
     for k in 0..CHANGES {

@@ -277,7 +277,7 @@ async fn a_forbidden_pod_is_never_failed_and_reported_once_it_ran() -> anyhow::R
         &["kernel.shm_rmid_forced", "kernel.msgmax"],
     )
     .await?;
-    // Judged while pending: nothing written (the webhook, not the agent, keeps pods off).
+    // ReportedKubelet while pending: nothing written (the webhook, not the agent, keeps pods off).
     wait_checked(&agent, 2.0).await?;
     assert_untouched(&c, &ns, &forbidden).await?;
     assert_untouched(&c, &ns, &safe).await?;

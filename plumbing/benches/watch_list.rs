@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
-    cache::{Kept, Shared, Store, follow},
+    cache::{Projected, Shared, Store, follow},
     watch_list::WatchList,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -78,7 +78,7 @@ async fn run(client: &Client, apiserver: u32, mode: WatchList, n: usize) -> anyh
         client.clone(),
         watcher::Config::default(),
         cache.clone(),
-        |s, ev| s.apply_event(ev, |p: Pod| Kept::Yes(p.name_any(), ())),
+        |s, ev| s.apply_event(ev, |p: Pod| Projected::Yes(p.name_any(), ())),
     );
     let driver = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

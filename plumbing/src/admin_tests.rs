@@ -156,7 +156,7 @@ fn reviewing_apiserver(reviews: std::sync::Arc<std::sync::atomic::AtomicUsize>) 
 
 /// Only whom RBAC allows may read /metrics: with `--metrics-auth=kubernetes`, /metrics answers only a token the
 /// apiserver authenticates whose user may get /metrics; the probes' endpoints stay open;
-/// a scraper's verdict is reused, not asked again at every scrape.
+/// a scraper's answer is reused, not asked again at every scrape.
 #[tokio::test]
 async fn metrics_only_to_authorized_callers_probes_open() {
     let reviews = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -205,7 +205,7 @@ async fn metrics_only_to_authorized_callers_probes_open() {
     assert_eq!(
         reviews.load(std::sync::atomic::Ordering::SeqCst),
         asked,
-        "scrapes within a minute reuse the verdict"
+        "scrapes within a minute reuse the answer"
     );
     token.cancel();
     server.await.unwrap().unwrap();

@@ -89,8 +89,9 @@ pub enum Update<K, V> {
     Delete(K),
 }
 
-/// What the projection makes of one object.
-pub enum Kept<K, V> {
+/// What the projection makes of one object: kept (its facts, under its key), not kept, or
+/// not keyable.
+pub enum Projected<K, V> {
     /// Kept under this key.
     Yes(K, V),
     /// Not kept (it does not concern the component): an update that makes a kept object
@@ -102,22 +103,25 @@ pub enum Kept<K, V> {
 
 impl<K, V> Update<K, V> {
     /// The event as the store takes it, `None` when there is nothing to take.
-    pub fn from_event<W>(ev: Event<W>, mut project: impl FnMut(W) -> Kept<K, V>) -> Option<Self> {
+    pub fn from_event<W>(
+        ev: Event<W>,
+        mut project: impl FnMut(W) -> Projected<K, V>,
+    ) -> Option<Self> {
         Some(match ev {
             Event::Init => Update::Init,
             Event::InitDone => Update::InitDone,
             Event::InitApply(w) => match project(w) {
-                Kept::Yes(k, v) => Update::InitApply(k, v),
-                Kept::No(_) | Kept::Unusable => return None,
+                Projected::Yes(k, v) => Update::InitApply(k, v),
+                Projected::No(_) | Projected::Unusable => return None,
             },
             Event::Apply(w) => match project(w) {
-                Kept::Yes(k, v) => Update::Apply(k, v),
-                Kept::No(k) => Update::Delete(k),
-                Kept::Unusable => return None,
+                Projected::Yes(k, v) => Update::Apply(k, v),
+                Projected::No(k) => Update::Delete(k),
+                Projected::Unusable => return None,
             },
             Event::Delete(w) => match project(w) {
-                Kept::Yes(k, _) | Kept::No(k) => Update::Delete(k),
-                Kept::Unusable => return None,
+                Projected::Yes(k, _) | Projected::No(k) => Update::Delete(k),
+                Projected::Unusable => return None,
             },
         })
     }
@@ -223,7 +227,7 @@ impl<K: Eq + Hash + Clone, V> Store<K, V> {
     pub fn apply_event<W>(
         &mut self,
         ev: Event<W>,
-        project: impl FnMut(W) -> Kept<K, V>,
+        project: impl FnMut(W) -> Projected<K, V>,
     ) -> Applied<K, V> {
         match Update::from_event(ev, project) {
             Some(u) => self.apply(u),

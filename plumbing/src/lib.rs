@@ -12,6 +12,7 @@ pub mod duration;
 pub mod events;
 #[cfg(test)]
 mod events_tests;
+pub mod key;
 pub mod klog;
 #[cfg(test)]
 mod klog_tests;
@@ -32,5 +33,6 @@ pub mod watch_list;
 #[cfg(test)]
 mod watch_tests;
 
+pub use key::ObjectKey;
 pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;

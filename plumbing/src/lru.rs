@@ -1,5 +1,5 @@
 //! A map of bounded size that evicts its least recently used entry: the admin server's cache of
-//! `/metrics` verdicts, where whoever reaches the port chooses the keys (`docs/decisions.md`
+//! `/metrics` token answers, where whoever reaches the port chooses the keys (`docs/decisions.md`
 //! says why it is not a crate).
 
 use std::collections::{BTreeMap, HashMap};

@@ -11,7 +11,7 @@ use std::{
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
-    cache::{Health, Kept, Shared, Stale, Store, follow_in},
+    cache::{Health, Projected, Shared, Stale, Store, follow_in},
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt, api::PostParams, runtime::watcher};
@@ -71,7 +71,7 @@ async fn a_silent_watch_is_rewatched_from_its_version_and_catches_up_without_a_l
         move |c| Api::<ConfigMap>::namespaced(c, &ns_),
         watcher::Config::default(),
         cache.clone(),
-        |s, ev| s.apply_event(ev, |c: ConfigMap| Kept::Yes(c.name_any(), ())),
+        |s, ev| s.apply_event(ev, |c: ConfigMap| Projected::Yes(c.name_any(), ())),
     );
     let driver = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

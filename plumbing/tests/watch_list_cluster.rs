@@ -14,7 +14,7 @@ use std::{
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag, WatchSettings,
-    cache::{Kept, Shared, Store, follow_in},
+    cache::{Projected, Shared, Store, follow_in},
     watch_list::WatchList,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -114,7 +114,7 @@ fn follow(client: kube::Client, ns: &str, mode: WatchList) -> Followed {
         // Consistent lists, as PodGC asks for them.
         watcher::Config::default(),
         cache.clone(),
-        |s, ev| s.apply_event(ev, |c: ConfigMap| Kept::Yes(c.name_any(), ())),
+        |s, ev| s.apply_event(ev, |c: ConfigMap| Projected::Yes(c.name_any(), ())),
     );
     let driver = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);

@@ -68,7 +68,7 @@ pub fn parse_pattern(s: &str) -> Result<String, String> {
 }
 
 /// A kubelet version for a flag: unparseable is an error; outside the known range it parses,
-/// and `Kubelet::judge` says which rules it gets.
+/// and `Kubelet::from_reported` says which rules it gets.
 pub fn parse_kubelet_version(s: &str) -> Result<String, String> {
     s.parse::<KubeletVersion>()
         .map(|_| s.trim().to_string())

@@ -210,7 +210,7 @@ pub fn pods(namespace: Namespace) -> &'static str {
 
 /// What a node's kubelet does with one default.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Judgement {
+pub enum Effect {
     /// Set on every pod of [`pods`] of this namespace that does not set it itself.
     Applied(Namespace),
     /// This kubelet has no `defaultPodSysctls`: it sets no default.
@@ -246,35 +246,35 @@ impl State {
     }
 }
 
-impl Judgement {
+impl Effect {
     pub fn state(&self) -> State {
         match self {
-            Judgement::Applied(_) => State::Applied,
-            Judgement::Ignored(_) => State::Ignored,
-            Judgement::NotNamespaced(_) | Judgement::KernelTooOld { .. } => State::Unavailable,
+            Effect::Applied(_) => State::Applied,
+            Effect::Ignored(_) => State::Ignored,
+            Effect::NotNamespaced(_) | Effect::KernelTooOld { .. } => State::Unavailable,
         }
     }
 }
 
 /// Why, in a sentence's second half: what kubelet does with the default and to which pods.
-impl fmt::Display for Judgement {
+impl fmt::Display for Effect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Judgement::Applied(ns) => write!(
+            Effect::Applied(ns) => write!(
                 f,
                 "applied to {} that do not set it themselves ({ns} namespace)",
                 pods(*ns)
             ),
-            Judgement::Ignored(k) => write!(
+            Effect::Ignored(k) => write!(
                 f,
                 "not applied: kubelet {k} has no defaultPodSysctls (kubelet v1.{FIRST_MINOR} adds it)"
             ),
-            Judgement::NotNamespaced(k) => write!(
+            Effect::NotNamespaced(k) => write!(
                 f,
                 "not a namespaced sysctl for kubelet {k}: that kubelet refuses a configuration \
                  setting it as a default (it does not start), and no pod sandbox can take it"
             ),
-            Judgement::KernelTooOld {
+            Effect::KernelTooOld {
                 namespace,
                 kernel,
                 needs: (major, minor),
@@ -291,14 +291,14 @@ impl fmt::Display for Judgement {
 /// One default's judgement on a node whose kubelet has the rules of `kubelet`, running `kernel`
 /// (None: unknown, so no kernel gate can be told). Kernel gates are known for the safe sysctls
 /// only (the newest kubelet's list: a gate is the kernel's, whatever the kubelet).
-pub fn judge_one(name: &str, kubelet: Kubelet, kernel: Option<&KernelVersion>) -> Judgement {
+pub fn effect_of(name: &str, kubelet: Kubelet, kernel: Option<&KernelVersion>) -> Effect {
     if kubelet.minor() < FIRST_MINOR {
-        return Judgement::Ignored(kubelet);
+        return Effect::Ignored(kubelet);
     }
     let name = normalize(name);
     let namespace = kubelet.namespace_of(&name);
     if namespace == Namespace::Unknown {
-        return Judgement::NotNamespaced(kubelet);
+        return Effect::NotNamespaced(kubelet);
     }
     let gate = Kubelet::NEWEST
         .safe_list()
@@ -307,24 +307,24 @@ pub fn judge_one(name: &str, kubelet: Kubelet, kernel: Option<&KernelVersion>) -
         .and_then(|s| s.min_kernel);
     match (gate, kernel) {
         (Some((major, minor)), Some(k)) if !k.at_least(&KernelVersion::new(&[major, minor])) => {
-            Judgement::KernelTooOld {
+            Effect::KernelTooOld {
                 namespace,
                 kernel: k.clone(),
                 needs: (major, minor),
             }
         }
-        _ => Judgement::Applied(namespace),
+        _ => Effect::Applied(namespace),
     }
 }
 
 /// Every default of `defaults` judged, in order.
-pub fn judge<'a>(
+pub fn effects<'a>(
     defaults: &'a DefaultPodSysctls,
     kubelet: Kubelet,
     kernel: Option<&KernelVersion>,
-) -> Vec<(&'a DefaultSysctl, Judgement)> {
+) -> Vec<(&'a DefaultSysctl, Effect)> {
     defaults
         .iter()
-        .map(|d| (d, judge_one(&d.name, kubelet, kernel)))
+        .map(|d| (d, effect_of(&d.name, kubelet, kernel)))
         .collect()
 }

@@ -158,7 +158,7 @@ fn hostile_strings_never_panic() {
         assert_eq!(parse(&defaults.to_string()), Ok(defaults), "seed {seed}");
         // Every kubelet judges whatever parsed.
         for k in Kubelet::all() {
-            judge(&parse(&s).unwrap(), k, None);
+            effects(&parse(&s).unwrap(), k, None);
         }
     }
     assert!(parsed > 50, "only {parsed} generated lists parsed");
@@ -175,7 +175,7 @@ fn hostile_strings_never_panic() {
             "kernel.shm",
             "a/b.c/d",
         ] {
-            judge_one(s, k, Some(&kernel("3.10")));
+            effect_of(s, k, Some(&kernel("3.10")));
         }
     }
 }
@@ -247,7 +247,7 @@ fn the_judgement_agrees_with_the_namespace_table() {
         for k in Kubelet::all() {
             for kv in kernels {
                 let kv = kv.map(kernel);
-                let got = judge_one(&name, k, kv.as_ref());
+                let got = effect_of(&name, k, kv.as_ref());
                 let table = namespace_in(k.namespaces(), &normal);
                 let gate = Kubelet::NEWEST
                     .safe_list()
@@ -259,28 +259,25 @@ fn the_judgement_agrees_with_the_namespace_table() {
                         .is_some_and(|kv| !kv.at_least(&KernelVersion::new(&[a, b])))
                 };
                 let want = if k.minor() < FIRST_MINOR {
-                    Judgement::Ignored(k)
+                    Effect::Ignored(k)
                 } else if table == Namespace::Unknown {
                     unnamespaced += 1;
-                    Judgement::NotNamespaced(k)
+                    Effect::NotNamespaced(k)
                 } else if let Some(needs) = gate.filter(|g| lacks(*g)) {
                     gated += 1;
-                    Judgement::KernelTooOld {
+                    Effect::KernelTooOld {
                         namespace: table,
                         kernel: kv.clone().unwrap(),
                         needs,
                     }
                 } else {
                     applied += 1;
-                    Judgement::Applied(table)
+                    Effect::Applied(table)
                 };
                 assert_eq!(got, want, "seed {seed}: {name:?} on {k}, kernel {kv:?}");
                 assert_eq!(
                     got.state() == State::Unavailable,
-                    matches!(
-                        got,
-                        Judgement::NotNamespaced(_) | Judgement::KernelTooOld { .. }
-                    )
+                    matches!(got, Effect::NotNamespaced(_) | Effect::KernelTooOld { .. })
                 );
             }
         }
@@ -299,24 +296,24 @@ fn the_judgement_agrees_with_the_namespace_table() {
 fn judgements_of_known_defaults() {
     let old = Some(kernel("4.14.0"));
     for (name, minor, want) in [
-        ("net.core.somaxconn", 37, Judgement::Applied(Namespace::Net)),
-        ("net/core/somaxconn", 38, Judgement::Applied(Namespace::Net)),
-        ("kernel.shmmax", 37, Judgement::Applied(Namespace::Ipc)),
-        ("fs.mqueue.msg_max", 37, Judgement::Applied(Namespace::Ipc)),
-        ("kernel.domainname", 37, Judgement::Applied(Namespace::Uts)),
+        ("net.core.somaxconn", 37, Effect::Applied(Namespace::Net)),
+        ("net/core/somaxconn", 38, Effect::Applied(Namespace::Net)),
+        ("kernel.shmmax", 37, Effect::Applied(Namespace::Ipc)),
+        ("fs.mqueue.msg_max", 37, Effect::Applied(Namespace::Ipc)),
+        ("kernel.domainname", 37, Effect::Applied(Namespace::Uts)),
         (
             "user.max_user_namespaces",
             37,
-            Judgement::Applied(Namespace::User),
+            Effect::Applied(Namespace::User),
         ),
-        ("vm.swappiness", 37, Judgement::NotNamespaced(v(37))),
-        ("kernel.hostname", 38, Judgement::NotNamespaced(v(38))),
-        ("net.core.somaxconn", 36, Judgement::Ignored(v(36))),
-        ("vm.swappiness", 33, Judgement::Ignored(v(33))),
+        ("vm.swappiness", 37, Effect::NotNamespaced(v(37))),
+        ("kernel.hostname", 38, Effect::NotNamespaced(v(38))),
+        ("net.core.somaxconn", 36, Effect::Ignored(v(36))),
+        ("vm.swappiness", 33, Effect::Ignored(v(33))),
         (
             "net.ipv4.tcp_rmem",
             37,
-            Judgement::KernelTooOld {
+            Effect::KernelTooOld {
                 namespace: Namespace::Net,
                 kernel: kernel("4.14.0"),
                 needs: (4, 15),
@@ -325,11 +322,11 @@ fn judgements_of_known_defaults() {
         (
             "net.ipv4.tcp_fin_timeout",
             37,
-            Judgement::Applied(Namespace::Net),
+            Effect::Applied(Namespace::Net),
         ),
     ] {
         assert_eq!(
-            judge_one(name, v(minor), old.as_ref()),
+            effect_of(name, v(minor), old.as_ref()),
             want,
             "{name} on v1.{minor}"
         );
@@ -337,17 +334,17 @@ fn judgements_of_known_defaults() {
     // An unknown kernel tells no gate; a new enough one has it.
     for k in [None, Some(kernel("4.15"))] {
         assert_eq!(
-            judge_one("net.ipv4.tcp_rmem", v(37), k.as_ref()),
-            Judgement::Applied(Namespace::Net)
+            effect_of("net.ipv4.tcp_rmem", v(37), k.as_ref()),
+            Effect::Applied(Namespace::Net)
         );
     }
     // The gate is the kernel's, whatever the kubelet's safe list.
     assert!(matches!(
-        judge_one("net.ipv4.tcp_notsent_lowat", v(37), Some(&kernel("4.5"))),
-        Judgement::KernelTooOld { needs: (4, 6), .. }
+        effect_of("net.ipv4.tcp_notsent_lowat", v(37), Some(&kernel("4.5"))),
+        Effect::KernelTooOld { needs: (4, 6), .. }
     ));
     let defaults = parse("net.core.somaxconn=1,vm.swappiness=10").unwrap();
-    let states: Vec<State> = judge(&defaults, v(37), None)
+    let states: Vec<State> = effects(&defaults, v(37), None)
         .iter()
         .map(|(_, j)| j.state())
         .collect();
@@ -387,17 +384,17 @@ fn which_pods_a_default_applies_to() {
 
 #[test]
 fn judgements_say_why() {
-    let say = |j: Judgement| j.to_string();
+    let say = |j: Effect| j.to_string();
     assert_eq!(
-        say(Judgement::Applied(Namespace::User)),
+        say(Effect::Applied(Namespace::User)),
         "applied to pods with hostUsers: false that do not set it themselves (User namespace)"
     );
-    assert!(say(Judgement::Ignored(v(36))).contains("kubelet v1.36 has no defaultPodSysctls"));
-    assert!(say(Judgement::NotNamespaced(v(37))).contains(
+    assert!(say(Effect::Ignored(v(36))).contains("kubelet v1.36 has no defaultPodSysctls"));
+    assert!(say(Effect::NotNamespaced(v(37))).contains(
         "not a namespaced sysctl for kubelet v1.37: that kubelet refuses a configuration"
     ));
     assert_eq!(
-        say(judge_one(
+        say(effect_of(
             "net.ipv4.tcp_wmem",
             v(38),
             Some(&kernel("4.14.0"))

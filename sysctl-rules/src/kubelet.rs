@@ -91,10 +91,10 @@ impl Kubelet {
     /// The rules for a node reporting `reported` as its kubelet version: that version's when
     /// known; the newest known for a newer one, the oldest for an older one; v1.36 (the
     /// default) when nothing, or nothing readable, is reported. Never fails.
-    pub fn judge(reported: Option<&str>) -> Judged {
+    pub fn from_reported(reported: Option<&str>) -> ReportedKubelet {
         let reported = reported.filter(|r| !r.trim().is_empty());
         let Some(raw) = reported else {
-            return Judged {
+            return ReportedKubelet {
                 kubelet: Kubelet::DEFAULT,
                 assumed: Some(format!(
                     "kubelet version not reported: judged as {}",
@@ -105,7 +105,7 @@ impl Kubelet {
         let version = match raw.parse::<KubeletVersion>() {
             Ok(v) => v,
             Err(e) => {
-                return Judged {
+                return ReportedKubelet {
                     kubelet: Kubelet::DEFAULT,
                     assumed: Some(format!("{e}: judged as {}", Kubelet::DEFAULT)),
                 };
@@ -115,7 +115,7 @@ impl Kubelet {
         if major == 1
             && let Some(kubelet) = Kubelet::known(minor)
         {
-            return Judged {
+            return ReportedKubelet {
                 kubelet,
                 assumed: None,
             };
@@ -125,7 +125,7 @@ impl Kubelet {
         } else {
             (Kubelet::OLDEST, "older than the oldest")
         };
-        Judged {
+        ReportedKubelet {
             kubelet,
             assumed: Some(format!(
                 "kubelet {} is {relation} groundskeeper knows the sysctl rules of: judged as \
@@ -177,7 +177,7 @@ impl Kubelet {
 
 /// The rules a node is judged by, and why they are not its reported version's, if they are not.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Judged {
+pub struct ReportedKubelet {
     pub kubelet: Kubelet,
     /// Set when the node's own version's rules could not be used: not reported, unreadable,
     /// or outside the known range. Meant for logs and messages.
@@ -301,9 +301,9 @@ mod tests {
 
     #[test]
     fn judged_by_own_version_else_the_nearest_else_the_default() {
-        let judge = |r: Option<&str>| Kubelet::judge(r);
+        let from_reported = |r: Option<&str>| Kubelet::from_reported(r);
         for minor in OLDEST_MINOR..=NEWEST_MINOR {
-            let j = judge(Some(&format!("v1.{minor}.3-gke.100")));
+            let j = from_reported(Some(&format!("v1.{minor}.3-gke.100")));
             assert_eq!((j.kubelet.minor(), j.assumed), (minor, None), "{minor}");
         }
         for (reported, want, says) in [
@@ -320,7 +320,7 @@ mod tests {
             (Some("v1.32.9"), OLDEST_MINOR, "older than the oldest"),
             (Some("v0.99.0"), OLDEST_MINOR, "judged as v1.33"),
         ] {
-            let j = judge(reported);
+            let j = from_reported(reported);
             assert_eq!(j.kubelet.minor(), want, "{reported:?}");
             let note = j.assumed.unwrap_or_default();
             assert!(note.contains(says), "{reported:?}: {note}");
@@ -339,7 +339,7 @@ mod tests {
             "v1.38.1-eks-4d1a2b",
             "1.38",
         ] {
-            let j = Kubelet::judge(Some(reported));
+            let j = Kubelet::from_reported(Some(reported));
             assert_eq!((j.kubelet.minor(), j.assumed), (38, None), "{reported}");
         }
     }

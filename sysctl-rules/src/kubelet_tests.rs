@@ -225,7 +225,7 @@ fn every_version_kernel_and_name_is_judged_as_upstream() {
     let mut checked = 0;
     for minor in 33..=38 {
         for reported in [format!("v1.{minor}.0"), format!("v1.{minor}.7-eks-4d1a2b")] {
-            let judged = Kubelet::judge(Some(&reported));
+            let judged = Kubelet::from_reported(Some(&reported));
             assert_eq!(judged.assumed, None, "{reported}");
             for kernel in kernels() {
                 let parsed = kernel.as_deref().and_then(|k| k.parse().ok());
@@ -254,7 +254,7 @@ fn every_version_kernel_and_name_is_judged_as_upstream() {
                                     |()| Verdict::Allowed,
                                 );
                             assert_eq!(
-                                node.judge(Some(&spec(name, net, ipc))),
+                                node.verdict(Some(&spec(name, net, ipc))),
                                 want,
                                 "kubelet {reported}, kernel {kernel:?}, flag {flag:?}, {name}, \
                                  hostNetwork {net}, hostIPC {ipc}"

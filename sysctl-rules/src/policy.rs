@@ -137,7 +137,7 @@ pub fn merge_in(
     }
 }
 
-/// The `Valid` condition a spec earns, without timestamps: (status, reason, message). Judged by
+/// The `Valid` condition a spec earns, without timestamps: (status, reason, message). ReportedKubelet by
 /// the newest known kubelet's namespace table, the same on every node whatever its kubelet (so
 /// agents on nodes of different versions write the same status); a pattern only a newer kubelet
 /// knows allows nothing on an older one's node.

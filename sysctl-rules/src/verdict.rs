@@ -1,6 +1,6 @@
 //! The verdict for one pod on one node, and the stable hash names are derived with.
 //!
-//! The node-agent and the admission webhook both judge a pod with [`NodePolicy::judge`], on a
+//! The node-agent and the admission webhook both judge a pod with [`NodePolicy::verdict`], on a
 //! policy built by [`node_policy`] from the same flags, SysctlPolicies, node labels and kernel.
 
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ pub enum Verdict {
 
 impl NodePolicy {
     /// The verdict for a pod with `spec` on this node. A pod without a spec sets no sysctl.
-    pub fn judge(&self, spec: Option<&PodSpec>) -> Verdict {
+    pub fn verdict(&self, spec: Option<&PodSpec>) -> Verdict {
         match spec.map(|s| self.allowlist.admit(s)) {
             None | Some(Admission::Admit) => Verdict::Allowed,
             Some(Admission::Reject { message, .. }) => Verdict::Forbidden {
@@ -51,7 +51,7 @@ pub fn node_policy(
     node_policy_as(Kubelet::DEFAULT, args, kernel, policies, labels)
 }
 
-/// [`node_policy`] for a node whose kubelet has the rules of `kubelet` (see [`Kubelet::judge`]).
+/// [`node_policy`] for a node whose kubelet has the rules of `kubelet` (see [`Kubelet::from_reported`]).
 pub fn node_policy_as(
     kubelet: Kubelet,
     args: &PolicyArgs,
@@ -75,7 +75,7 @@ pub fn node_policy_as(
 /// pod has nothing for Enforce to refuse: the scheduling gate lets it be.
 pub fn allowed_everywhere(args: &PolicyArgs, spec: &PodSpec) -> bool {
     let weakest = node_policy_as(Kubelet::OLDEST, args, None, &[], &BTreeMap::new());
-    weakest.judge(Some(spec)) == Verdict::Allowed
+    weakest.verdict(Some(spec)) == Verdict::Allowed
 }
 
 #[cfg(test)]
@@ -136,7 +136,7 @@ mod tests {
                     let node =
                         node_policy_as(kubelet, &args, kernel.as_ref(), &refs, &case.labels());
                     assert_eq!(
-                        node.judge(Some(&spec)),
+                        node.verdict(Some(&spec)),
                         Verdict::Allowed,
                         "seed {seed}: {spec:?} is allowed everywhere but not on kubelet {kubelet} \
                          kernel {kernel:?} in case {:?}",
@@ -192,7 +192,7 @@ mod tests {
             let refs: Vec<&SysctlPolicy> = policies.iter().collect();
             let node = node_policy(&case.args(), case.kernel().as_ref(), &refs, &case.labels());
             assert_eq!(
-                node.judge(Some(&case.pod_spec())),
+                node.verdict(Some(&case.pod_spec())),
                 case.want(),
                 "case {:?}",
                 case.name

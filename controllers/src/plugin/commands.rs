@@ -7,7 +7,7 @@ use serde_json::json;
 use super::output::Answer;
 use super::{PodGcFlags, collected, manifest, read, settings, verdicts};
 use crate::podgc::policy::NsPolicy;
-use crate::servicecidr::blockers::{self, Verdict};
+use crate::servicecidr::blockers::{self, Blocking};
 use crate::sysctl::facts::{CONDITION as PLACEMENT_CONDITION, GATE};
 use collected::Settings;
 use verdicts::PolicyFlags;
@@ -52,9 +52,9 @@ pub async fn why_servicecidr(client: &Client, name: &str) -> anyhow::Result<Answ
     let Some(read) = blockers::read(client.clone(), name).await? else {
         anyhow::bail!("servicecidrs.networking.k8s.io {name:?} not found");
     };
-    let text = blockers::render(name, &read.cidrs, read.deleting, &read.verdict);
-    let blocking: Vec<_> = match &read.verdict {
-        Verdict::Blocked(found) => found
+    let text = blockers::render(name, &read.cidrs, read.deleting, &read.blocking);
+    let blocking: Vec<_> = match &read.blocking {
+        Blocking::Blocked(found) => found
             .iter()
             .map(|b| {
                 json!({
@@ -71,8 +71,8 @@ pub async fn why_servicecidr(client: &Client, name: &str) -> anyhow::Result<Answ
             "servicecidr": name,
             "cidrs": read.cidrs,
             "deleting": read.deleting,
-            "blocked": matches!(read.verdict, Verdict::Blocked(_)),
-            "coveredByAnother": read.verdict == Verdict::Covered,
+            "blocked": matches!(read.blocking, Blocking::Blocked(_)),
+            "coveredByAnother": read.blocking == Blocking::Covered,
             "blockers": blocking,
         }),
     )

@@ -9,8 +9,11 @@ use serde::Serialize;
 
 use super::output::{Answer, age, table};
 use crate::servicecidr::{
-    blockers::{Verdict, verdict},
-    cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, cidr_state, index_cidr, ip_entry, spec_cidrs},
+    blockers::{Blocking, blocking},
+    cache::{
+        LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, cidr_state, index_cidr, ip_address_facts,
+        spec_cidrs,
+    },
     index::{CidrSet, IpIndex},
 };
 
@@ -65,7 +68,7 @@ pub fn rows(all: &[ServiceCIDR], ips: &[IPAddress], names: &[String]) -> anyhow:
         index_cidr(&mut set, &c.name_any(), c);
     }
     let mut index = IpIndex::default();
-    for e in ips.iter().filter_map(ip_entry) {
+    for e in ips.iter().filter_map(ip_address_facts) {
         index.upsert(e);
     }
     let wanted: Vec<&ServiceCIDR> = match names {
@@ -87,18 +90,18 @@ pub fn rows(all: &[ServiceCIDR], ips: &[IPAddress], names: &[String]) -> anyhow:
             let name = c.name_any();
             let state = cidr_state(c);
             let deleting = state.deletion_timestamp.is_some();
-            let blocked_by = deleting.then(|| match verdict(&set, &index, &name) {
-                Verdict::Covered => BlockedBy {
+            let blocked_by = deleting.then(|| match blocking(&set, &index, &name) {
+                Blocking::Covered => BlockedBy {
                     count: 0,
                     covered_by_another: true,
                     first: Vec::new(),
                 },
-                Verdict::Clear => BlockedBy {
+                Blocking::Clear => BlockedBy {
                     count: 0,
                     covered_by_another: false,
                     first: Vec::new(),
                 },
-                Verdict::Blocked(found) => BlockedBy {
+                Blocking::Blocked(found) => BlockedBy {
                     count: found.len(),
                     covered_by_another: false,
                     first: found

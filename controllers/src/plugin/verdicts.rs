@@ -11,7 +11,7 @@ pub use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use serde::Serialize;
 
-use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodFacts};
 use crate::sysctl::placement::decide::{Placement, place};
 use crate::sysctl::webhook::decide::{Decision, decide, policy_of};
 
@@ -87,15 +87,15 @@ pub fn check(
     policies: &[SysctlPolicy],
 ) -> Check {
     let refs: Vec<&SysctlPolicy> = policies.iter().collect();
-    let view = PodView::of(pod);
+    let pod_facts = PodFacts::of(pod);
     let policy = policy_of(flags, node, &refs);
-    let decision = decide(flags, label, &view, node_name, Some(node), &refs);
+    let decision = decide(flags, label, &pod_facts, node_name, Some(node), &refs);
     Check {
         pod: label.into(),
         sysctls: sysctl_names(pod.spec.as_ref()),
         kernel: node.kernel.clone(),
         kubelet: node.kubelet.clone(),
-        kubelet_note: Kubelet::judge(node.kubelet.as_deref()).assumed,
+        kubelet_note: Kubelet::from_reported(node.kubelet.as_deref()).assumed,
         os: node.os.clone(),
         mode: format!("{:?}", policy.mode),
         policies: policy.policies.clone(),
@@ -173,7 +173,7 @@ pub fn pending(
     policies: &[SysctlPolicy],
 ) -> Pending {
     let refs: Vec<&SysctlPolicy> = policies.iter().collect();
-    let view = PodView::of(pod);
+    let pod_facts = PodFacts::of(pod);
     let spec = pod.spec.as_ref();
     let own = Constraints {
         node_selector: spec
@@ -192,15 +192,15 @@ pub fn pending(
     let mut excluded = 0;
     for (name, facts) in nodes {
         if own.allow(name, &facts.labels) {
-            let d = decide(flags, label, &view, name, Some(facts), &refs);
+            let d = decide(flags, label, &pod_facts, name, Some(facts), &refs);
             judged.push(NodeVerdict::of(name, d));
         } else {
             excluded += 1;
         }
     }
     let named: Vec<(&str, &NodeFacts)> = nodes.iter().map(|(n, f)| (n.as_str(), f)).collect();
-    let none_admits = match place(flags, label, &view, &sysctls, &own, &named, &refs) {
-        Placement::Hold { reason } if view.spec.is_some() => Some(reason),
+    let none_admits = match place(flags, label, &pod_facts, &sysctls, &own, &named, &refs) {
+        Placement::Hold { reason } if pod_facts.spec.is_some() => Some(reason),
         _ => None,
     };
     Pending {

@@ -6,9 +6,10 @@
 use std::{fmt::Debug, sync::Arc, time::Instant};
 
 use futures::{Stream, StreamExt, stream};
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Projected, Shared, Store, Update, Watches},
     process::Base,
 };
 use k8s_openapi::api::core::v1::Namespace;
@@ -22,7 +23,7 @@ use tokio::sync::watch;
 
 use super::{
     decide::Snapshot,
-    facts::{Interner, NodeFacts, NsAnnotations, PodFacts, PodKey, Uid},
+    facts::{Interner, NodeFacts, NsAnnotations, PodFacts, Uid},
     pending::{self, Pending},
     policy::{THRESHOLD_ANNOTATION, TTL_ANNOTATION},
     wire::{WireNode, WirePod},
@@ -45,7 +46,7 @@ pub struct Caches {
     /// Relisted in place: a relist of 150k pods never holds a second map of them. Every pass
     /// acts through `Health`, which says `NotHealthy` from the relist's start to its end, and a
     /// pass that read before it sees its epoch changed before each write.
-    pub pods: Store<PodKey, Arc<PodFacts>>,
+    pub pods: Store<ObjectKey, Arc<PodFacts>>,
     pub nodes: Store<Arc<str>, NodeFacts>,
     /// Only namespaces that carry a policy annotation.
     pub namespaces: Store<Arc<str>, NsAnnotations>,
@@ -99,7 +100,7 @@ impl Caches {
         self.pending.record(pod, version, cached);
     }
 
-    pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<PodKey, Arc<PodFacts>> {
+    pub fn fold_pod(&mut self, ev: Event<WirePod>) -> Applied<ObjectKey, Arc<PodFacts>> {
         let caught_up = CaughtUp::of(&ev, !self.pending.is_empty());
         let applied = self.fold_pod_facts(ev);
         self.catch_up(caught_up);
@@ -139,7 +140,7 @@ impl Caches {
         }
     }
 
-    fn fold_pod_facts(&mut self, ev: Event<WirePod>) -> Applied<PodKey, Arc<PodFacts>> {
+    fn fold_pod_facts(&mut self, ev: Event<WirePod>) -> Applied<ObjectKey, Arc<PodFacts>> {
         let watched = matches!(ev, Event::Apply(_));
         let (names, pods) = (&mut self.names, &self.pods);
         let update = Update::from_event(ev, |p| match PodFacts::from_wire(p, names) {
@@ -149,11 +150,11 @@ impl Caches {
                     let old = pods.get(&key).filter(|old| old.uid == f.uid);
                     f.set_seen_final(seen_final(old.map(|o| &**o), watched));
                 }
-                Kept::Yes(key, Arc::new(f))
+                Projected::Yes(key, Arc::new(f))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "ignoring pod");
-                Kept::Unusable
+                Projected::Unusable
             }
         });
         match update {
@@ -166,10 +167,10 @@ impl Caches {
         let names = &mut self.names;
         self.nodes
             .apply_event(ev, |n| match n.metadata.name.as_deref() {
-                Some(name) => Kept::Yes(names.intern(name), NodeFacts::from_wire(&n)),
+                Some(name) => Projected::Yes(names.intern(name), NodeFacts::from_wire(&n)),
                 None => {
                     tracing::warn!("ignoring node without metadata.name");
-                    Kept::Unusable
+                    Projected::Unusable
                 }
             })
     }
@@ -184,7 +185,7 @@ impl Caches {
         self.namespaces.apply_event(ev, |ns| {
             let Some(name) = ns.metadata.name.as_deref() else {
                 tracing::warn!("ignoring namespace without metadata.name");
-                return Kept::Unusable;
+                return Projected::Unusable;
             };
             let key = names.intern(name);
             let mut a = ns.metadata.annotations.unwrap_or_default();
@@ -193,9 +194,9 @@ impl Caches {
                 threshold: a.remove(THRESHOLD_ANNOTATION).map(String::into_boxed_str),
             };
             if policy == NsAnnotations::default() {
-                Kept::No(key)
+                Projected::No(key)
             } else {
-                Kept::Yes(key, policy)
+                Projected::Yes(key, policy)
             }
         })
     }
@@ -206,16 +207,16 @@ impl Caches {
 enum CaughtUp {
     /// A watch event: in version order, so its version settles every write at or below.
     Watched {
-        pod: Option<(PodKey, Uid)>,
+        pod: Option<(ObjectKey, Uid)>,
         version: Option<u64>,
     },
     Deleted {
-        key: Option<PodKey>,
+        key: Option<ObjectKey>,
         version: Option<u64>,
     },
     /// An object of a relist: settles only a write to that pod.
     Listed {
-        pod: Option<(PodKey, Uid)>,
+        pod: Option<(ObjectKey, Uid)>,
         version: Option<u64>,
     },
     /// A relist ended: what it did not list has left.
@@ -228,7 +229,7 @@ impl CaughtUp {
         let version = |p: &WirePod| pending::version(p.metadata.resource_version.as_deref());
         let pod = |p: &WirePod| {
             let m = &p.metadata;
-            let key = PodKey::new(m.namespace.as_deref()?, m.name.as_deref()?);
+            let key = ObjectKey::new(m.namespace.as_deref()?, m.name.as_deref()?);
             Some((key, Uid::from(m.uid.as_deref()?)))
         };
         let pod = |p: &WirePod| if pending { pod(p) } else { None };
@@ -466,8 +467,12 @@ mod tests {
             }))
             .unwrap()
         };
-        let seen =
-            |c: &Caches, name: &str| c.pods.get(&PodKey::new("ns", name)).unwrap().seen_final();
+        let seen = |c: &Caches, name: &str| {
+            c.pods
+                .get(&ObjectKey::new("ns", name))
+                .unwrap()
+                .seen_final()
+        };
         let mut c = Caches::default();
         c.fold_pod(Event::Init);
         c.fold_pod(Event::InitApply(with_phase("listed-final", "u1", "Failed")));

@@ -5,6 +5,7 @@
 
 use std::{collections::HashSet, sync::Arc};
 
+use groundskeeper_plumbing::ObjectKey;
 use jiff::Timestamp;
 
 use super::wire::{WireNode, WirePod, WirePodStatus};
@@ -97,43 +98,11 @@ impl std::fmt::Debug for Generation {
     }
 }
 
-/// A pod's `namespace/name` in one allocation: the pod cache's key, and the pod's name in every
-/// write and log line. Neither part holds a `/` (a namespace is a DNS label; a pod that claims
-/// one with a `/` is not kept, see [`PodFacts::from_wire`]), so the first `/` splits them.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct PodKey(Arc<str>);
-
-impl PodKey {
-    pub fn new(namespace: &str, name: &str) -> Self {
-        Self(format!("{namespace}/{name}").into())
-    }
-
-    pub fn namespace(&self) -> &str {
-        self.0.split_once('/').map_or("", |(ns, _)| ns)
-    }
-
-    pub fn name(&self) -> &str {
-        self.0.split_once('/').map_or(&*self.0, |(_, name)| name)
-    }
-}
-
-impl std::fmt::Display for PodKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::fmt::Debug for PodKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", &*self.0)
-    }
-}
-
 /// What PodGC knows about one pod.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodFacts {
     /// `namespace/name`; read through [`PodFacts::namespace`] and [`PodFacts::name`].
-    pub key: PodKey,
+    pub key: ObjectKey,
     pub uid: Uid,
     /// `spec.nodeName`; `None` when empty.
     pub node_name: Option<Arc<str>>,
@@ -324,7 +293,7 @@ impl PodFacts {
                 field: "namespace without '/'",
             });
         }
-        let key = PodKey::new(&namespace, &m.name.ok_or(missing("name"))?);
+        let key = ObjectKey::new(&namespace, &m.name.ok_or(missing("name"))?);
         let uid = Uid::from(&*m.uid.ok_or(missing("uid"))?);
         let node_name = pod
             .spec
@@ -510,7 +479,7 @@ pub mod example {
     /// generation 1, not evicted nor terminating, without conditions or end.
     pub fn pod(namespace: &str, name: &str, phase: Phase) -> PodFacts {
         PodFacts {
-            key: PodKey::new(namespace, name),
+            key: ObjectKey::new(namespace, name),
             uid: format!("uid-{name}").into(),
             node_name: None,
             phase,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use groundskeeper_plumbing::ObjectKey;
 use jiff::Timestamp;
 
 use super::{facts::*, wire::WirePodStatus};
@@ -149,13 +150,13 @@ fn pod_keys_split_back_and_never_collide() {
     let parts = ["", "a", "ns", "kube-system", "b/c", "a/b", "c"];
     for ns in parts.iter().filter(|p| !p.contains('/')) {
         for name in parts {
-            let k = PodKey::new(ns, name);
+            let k = ObjectKey::new(ns, name);
             assert_eq!((k.namespace(), k.name()), (*ns, name));
             for ns2 in parts.iter().filter(|p| !p.contains('/')) {
                 for name2 in parts {
                     let same = (ns, name) == (ns2, name2);
                     assert_eq!(
-                        k == PodKey::new(ns2, name2),
+                        k == ObjectKey::new(ns2, name2),
                         same,
                         "{ns}/{name} {ns2}/{name2}"
                     );

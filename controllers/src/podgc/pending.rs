@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 
-use super::facts::{PodFacts, PodKey, Uid};
+use super::facts::{PodFacts, Uid};
+use groundskeeper_plumbing::ObjectKey;
 
 /// The resourceVersion a write left, as a number (etcd's revision); `None` when there is none
 /// or it is not a number, which makes the write wait for the pod to leave the cache.
@@ -31,7 +32,7 @@ struct Written {
 
 #[derive(Default, Debug)]
 pub struct Pending {
-    writes: HashMap<PodKey, Written>,
+    writes: HashMap<ObjectKey, Written>,
     /// The highest version a watch event folded into the pod cache: events come in version
     /// order, so every write answered at this version or below has been folded.
     progress: Option<u64>,
@@ -84,7 +85,7 @@ impl Pending {
 
     /// A pod under `key` was folded at `version` (an add, an update, a listed object): a write
     /// to another pod under that name, or at that version or before, is settled.
-    pub fn folded(&mut self, key: &PodKey, uid: &Uid, version: Option<u64>) {
+    pub fn folded(&mut self, key: &ObjectKey, uid: &Uid, version: Option<u64>) {
         let Some(w) = self.writes.get(key) else {
             return;
         };
@@ -95,12 +96,12 @@ impl Pending {
     }
 
     /// The pod under `key` left the cache.
-    pub fn gone(&mut self, key: &PodKey) {
+    pub fn gone(&mut self, key: &ObjectKey) {
         self.writes.remove(key);
     }
 
     /// After a relist: what the cache no longer has is settled.
-    pub fn retain_cached(&mut self, cached: impl Fn(&PodKey, &Uid) -> bool) {
+    pub fn retain_cached(&mut self, cached: impl Fn(&ObjectKey, &Uid) -> bool) {
         self.writes.retain(|k, w| cached(k, &w.uid));
     }
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use groundskeeper_plumbing::ObjectKey;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Node, Pod};
 use kube::runtime::watcher::Event;
@@ -14,8 +15,7 @@ use testkit::rng::Rng;
 use super::{
     cache::Caches,
     facts::{
-        DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts, PodKey,
-        example,
+        DISRUPTION_TARGET, Interner, NodeFacts, OUT_OF_SERVICE_TAINT, Phase, PodFacts, example,
     },
     wire::{WireNode, WirePod},
 };
@@ -241,7 +241,7 @@ fn whole_pod_facts(p: &Pod) -> Option<PodFacts> {
     let recorded = last_status_write.max(m.creation_timestamp.as_ref().map(|t| t.0));
     let terminated_at = terminated_at.map(|end| recorded.map_or(end, |r| end.max(r)));
     let mut facts = PodFacts {
-        key: PodKey::new(m.namespace.as_deref()?, m.name.as_deref()?),
+        key: ObjectKey::new(m.namespace.as_deref()?, m.name.as_deref()?),
         uid: m.uid.as_deref()?.into(),
         node_name: p
             .spec

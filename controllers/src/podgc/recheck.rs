@@ -57,7 +57,7 @@ pub enum LiveNode {
 
 impl LiveNode {
     /// The pass's rule, on the node as read.
-    pub fn judge(read: &Result<Option<NodeFacts>, kube::Error>) -> Self {
+    pub fn from_read(read: &Result<Option<NodeFacts>, kube::Error>) -> Self {
         match read {
             Err(_) => LiveNode::Unread,
             Ok(None) => LiveNode::Gone,
@@ -114,7 +114,7 @@ impl Recheck {
                     return LiveNode::Unread;
                 };
                 let read = reads.node(node).await;
-                let live = LiveNode::judge(&read);
+                let live = LiveNode::from_read(&read);
                 match (&read, live) {
                     (Err(e), _) => tracing::warn!(node = KObj::cluster(node).field(), error = %e, "reading out-of-service node live failed; its pods are kept this cycle"),
                     (_, LiveNode::OutOfService) => {}
@@ -245,7 +245,7 @@ mod tests {
         );
         assert_eq!(r.reads(), 3);
         for (n, a) in nodes.iter().zip(answers) {
-            assert_eq!(a, LiveNode::judge(&reads_once(n).await), "{n}");
+            assert_eq!(a, LiveNode::from_read(&reads_once(n).await), "{n}");
         }
         // A new pass reads again.
         Recheck::default().node(Some(&reads), &"out".into()).await;

@@ -11,7 +11,9 @@ use clap::Args;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
-use super::cache::{LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, index_cidr, ip_entry, spec_cidrs};
+use super::cache::{
+    LABEL_MANAGED_BY, MANAGED_BY_ALLOCATOR, index_cidr, ip_address_facts, spec_cidrs,
+};
 use super::index::{Blocker, CidrSet, IpIndex};
 
 #[derive(Args, Debug, Clone)]
@@ -26,7 +28,7 @@ pub struct BlockersArgs {
 
 /// What keeps (or would keep) the ServiceCIDR's deletion waiting.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum Blocking {
     /// Another ServiceCIDR covers every one of its CIDRs: no IP can be orphaned.
     Covered,
     /// No allocator-managed IPAddress lies only inside it.
@@ -36,20 +38,20 @@ pub enum Verdict {
 }
 
 /// The controller's decision for `name`, every blocker included. `cidrs` must hold `name`.
-pub fn verdict(cidrs: &CidrSet, ips: &IpIndex, name: &str) -> Verdict {
+pub fn blocking(cidrs: &CidrSet, ips: &IpIndex, name: &str) -> Blocking {
     if cidrs.has_parent(name) {
-        return Verdict::Covered;
+        return Blocking::Covered;
     }
     let found = ips.orphans(cidrs, name, usize::MAX).found;
     if found.is_empty() {
-        Verdict::Clear
+        Blocking::Clear
     } else {
-        Verdict::Blocked(found)
+        Blocking::Blocked(found)
     }
 }
 
 /// The report printed for `name`.
-pub fn render(name: &str, cidrs: &[String], deleting: bool, v: &Verdict) -> String {
+pub fn render(name: &str, cidrs: &[String], deleting: bool, v: &Blocking) -> String {
     let mut out = format!("ServiceCIDR {name} ({})", cidrs.join(", "));
     out.push_str(if deleting {
         ", being deleted: "
@@ -57,13 +59,13 @@ pub fn render(name: &str, cidrs: &[String], deleting: bool, v: &Verdict) -> Stri
         ", not being deleted (what would block a deletion): "
     });
     match v {
-        Verdict::Covered => {
+        Blocking::Covered => {
             out.push_str("nothing blocks; another ServiceCIDR covers every CIDR of it\n")
         }
-        Verdict::Clear => {
+        Blocking::Clear => {
             out.push_str("nothing blocks; no allocated IPAddress lies only inside it\n")
         }
-        Verdict::Blocked(found) => {
+        Blocking::Blocked(found) => {
             let _ = writeln!(
                 out,
                 "{} IPAddress(es) lie only inside it and block its deletion:",
@@ -107,9 +109,9 @@ pub async fn report(client: Client, name: &str) -> anyhow::Result<(String, bool)
     let Some(read) = read(client, name).await? else {
         anyhow::bail!("no ServiceCIDR named {name:?}");
     };
-    let blocked = matches!(read.verdict, Verdict::Blocked(_));
+    let blocked = matches!(read.blocking, Blocking::Blocked(_));
     Ok((
-        render(name, &read.cidrs, read.deleting, &read.verdict),
+        render(name, &read.cidrs, read.deleting, &read.blocking),
         blocked,
     ))
 }
@@ -121,7 +123,7 @@ pub struct Read {
     pub cidrs: Vec<String>,
     /// It has a `deletionTimestamp`.
     pub deleting: bool,
-    pub verdict: Verdict,
+    pub blocking: Blocking,
 }
 
 /// Lists the ServiceCIDRs and the allocator-managed IPAddresses once and decides for `name`
@@ -144,14 +146,14 @@ pub async fn read(client: Client, name: &str) -> anyhow::Result<Option<Read>> {
         .list(&ListParams::default().labels(&selector))
         .await?
     {
-        if let Some(e) = ip_entry(&ip) {
+        if let Some(e) = ip_address_facts(&ip) {
             ips.upsert(e);
         }
     }
     Ok(Some(Read {
         cidrs: spec_cidrs(me),
         deleting: me.metadata.deletion_timestamp.is_some(),
-        verdict: verdict(&cidrs, &ips, name),
+        blocking: blocking(&cidrs, &ips, name),
     }))
 }
 
@@ -160,37 +162,37 @@ mod tests {
     use super::super::index::fixtures::{ips, set};
     use super::*;
 
-    fn names(v: &Verdict) -> Vec<&str> {
+    fn names(v: &Blocking) -> Vec<&str> {
         match v {
-            Verdict::Blocked(f) => f.iter().map(|b| &*b.entry.name).collect(),
+            Blocking::Blocked(f) => f.iter().map(|b| &*b.entry.name).collect(),
             _ => vec![],
         }
     }
 
     #[test]
-    fn verdicts() {
+    fn what_blocks() {
         let s = set(&[("x", &["10.0.1.0/24"]), ("y", &["10.0.1.128/25"])]);
         // More than the Event's 10: all are listed.
         let many: Vec<String> = (1..=12).map(|i| format!("10.0.1.{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        let v = verdict(&s, &ips(&many), "x");
+        let v = blocking(&s, &ips(&many), "x");
         assert_eq!(names(&v).len(), 12);
         // Only inside x blocks; also inside y does not; network and broadcast never do.
-        let v = verdict(
+        let v = blocking(
             &s,
             &ips(&["10.0.1.5", "10.0.1.130", "10.0.1.0", "10.0.1.255"]),
             "x",
         );
         assert_eq!(names(&v), ["10.0.1.5"]);
-        assert_eq!(verdict(&s, &ips(&["10.0.1.130"]), "x"), Verdict::Clear);
+        assert_eq!(blocking(&s, &ips(&["10.0.1.130"]), "x"), Blocking::Clear);
         let p = set(&[("x", &["10.0.1.0/24"]), ("p", &["10.0.0.0/16"])]);
-        assert_eq!(verdict(&p, &ips(&["10.0.1.5"]), "x"), Verdict::Covered);
+        assert_eq!(blocking(&p, &ips(&["10.0.1.5"]), "x"), Blocking::Covered);
     }
 
     #[test]
     fn report_names_each_blocker_and_its_owner() {
         let s = set(&[("x", &["10.0.1.0/24"])]);
-        let v = verdict(&s, &ips(&["10.0.1.7"]), "x");
+        let v = blocking(&s, &ips(&["10.0.1.7"]), "x");
         let text = render("x", &["10.0.1.0/24".into()], true, &v);
         assert!(text.contains("being deleted"), "{text}");
         assert!(text.contains("1 IPAddress(es)"), "{text}");
@@ -198,7 +200,7 @@ mod tests {
             text.contains("10.0.1.7\tservices default/svc-10.0.1.7"),
             "{text}"
         );
-        let text = render("x", &["10.0.1.0/24".into()], false, &Verdict::Clear);
+        let text = render("x", &["10.0.1.0/24".into()], false, &Blocking::Clear);
         assert!(text.contains("nothing blocks"), "{text}");
     }
 }

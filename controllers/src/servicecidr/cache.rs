@@ -8,7 +8,7 @@ use std::{collections::BTreeSet, sync::Arc};
 use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Projected, Shared, Store, Update, Watches},
     klog::KObj,
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -19,7 +19,7 @@ use kube::{
 
 use super::{
     decide::{CONDITION_READY, CidrState, FINALIZER, ReadyCondition},
-    index::{CidrSet, IpEntry, IpIndex, Owner},
+    index::{CidrSet, IpAddressFacts, IpIndex, Owner},
     prefix::{Addr, Family, Prefix},
 };
 
@@ -30,7 +30,7 @@ pub const MANAGED_BY_ALLOCATOR: &str = "ipallocator.k8s.io";
 const COMPONENT: &str = "servicecidr";
 
 #[derive(Default)]
-pub struct Cache {
+pub struct CidrCache {
     objects: Store<String, Arc<ServiceCIDR>>,
     /// The parsed CIDRs of every object in `objects`.
     pub cidrs: CidrSet,
@@ -42,19 +42,19 @@ pub struct Cache {
 pub fn watch(
     readiness: &Readiness,
     client: Client,
-    cache: Shared<Cache>,
+    cache: Shared<CidrCache>,
 ) -> (
     [ReadyFlag; 2],
     impl Stream<Item = Vec<String>> + Send + 'static,
 ) {
     let watches = Watches::new(readiness, COMPONENT, &client, &cache);
-    let (cidr_flag, cidrs) = watches.follow(watcher::Config::default(), Cache::cidr_event);
+    let (cidr_flag, cidrs) = watches.follow(watcher::Config::default(), CidrCache::cidr_event);
 
     // Upstream's handlers ignore every other IPAddress, so they are not even fetched; one that
     // loses the label leaves the selection and arrives as a delete.
     let ip_config =
         watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY_ALLOCATOR}"));
-    let (ip_flag, ips) = watches.follow(ip_config, Cache::ip_event);
+    let (ip_flag, ips) = watches.follow(ip_config, CidrCache::ip_event);
     ([cidr_flag, ip_flag], futures::stream::select(cidrs, ips))
 }
 
@@ -91,8 +91,8 @@ pub fn cidr_state(obj: &ServiceCIDR) -> CidrState {
     }
 }
 
-/// The index entry for an IPAddress, or `None` when the allocator does not manage it.
-pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
+/// The facts of an IPAddress the index keeps, or `None` when the allocator does not manage it.
+pub fn ip_address_facts(obj: &IPAddress) -> Option<IpAddressFacts> {
     let labels = obj.labels();
     if labels.get(LABEL_MANAGED_BY).map(String::as_str) != Some(MANAGED_BY_ALLOCATOR) {
         return None;
@@ -102,7 +102,7 @@ pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
         namespace: s.parent_ref.namespace.clone(),
         name: s.parent_ref.name.clone(),
     });
-    Some(IpEntry {
+    Some(IpAddressFacts {
         name: obj.name_any().into(),
         family_label: labels.get(LABEL_FAMILY).and_then(|f| Family::from_label(f)),
         owner,
@@ -110,38 +110,38 @@ pub fn ip_entry(obj: &IPAddress) -> Option<IpEntry> {
 }
 
 /// What the index keeps of an IPAddress: managed ones whose name is an IP.
-fn project_ip(obj: IPAddress) -> Kept<Arc<str>, IpEntry> {
+fn project_ip(obj: IPAddress) -> Projected<Arc<str>, IpAddressFacts> {
     let Some(name) = obj.metadata.name.as_deref() else {
-        return Kept::Unusable;
+        return Projected::Unusable;
     };
-    match ip_entry(&obj) {
-        Some(e) if Addr::parse(name).is_some() => Kept::Yes(e.name.clone(), e),
+    match ip_address_facts(&obj) {
+        Some(e) if Addr::parse(name).is_some() => Projected::Yes(e.name.clone(), e),
         Some(e) => {
             tracing::warn!(
                 ipaddress = KObj::cluster(name).field(),
                 "[SHOULD NOT HAPPEN] IPAddress name is not an IP; ignored"
             );
-            Kept::No(e.name)
+            Projected::No(e.name)
         }
-        None => Kept::No(name.into()),
+        None => Projected::No(name.into()),
     }
 }
 
-fn project_cidr(obj: ServiceCIDR) -> Kept<String, Arc<ServiceCIDR>> {
+fn project_cidr(obj: ServiceCIDR) -> Projected<String, Arc<ServiceCIDR>> {
     match obj.metadata.name.clone() {
-        Some(name) => Kept::Yes(name, Arc::new(obj)),
-        None => Kept::Unusable,
+        Some(name) => Projected::Yes(name, Arc::new(obj)),
+        None => Projected::Unusable,
     }
 }
 
-impl Cache {
+impl CidrCache {
     pub fn cidr(&self, name: &str) -> Option<Arc<ServiceCIDR>> {
         self.objects.get(&name.to_string()).cloned()
     }
 
     /// Folds a ServiceCIDR event in. An add enqueues the ServiceCIDR and every one overlapping
     /// it (itself included, as the lister already holds it); an update only itself unless its
-    /// CIDRs changed ([`Cache::updated`]); a delete only itself. A relist is each listed
+    /// CIDRs changed ([`CidrCache::updated`]); a delete only itself. A relist is each listed
     /// object's add or update and each vanished one's delete.
     pub fn cidr_event(&mut self, ev: Event<ServiceCIDR>) -> Vec<String> {
         match self.objects.apply_event(ev, project_cidr) {
@@ -251,26 +251,26 @@ mod tests {
         allocated_ip(name, "default", "web")
     }
 
-    fn apply_cidr(c: &mut Cache, o: ServiceCIDR) -> Vec<String> {
+    fn apply_cidr(c: &mut CidrCache, o: ServiceCIDR) -> Vec<String> {
         c.cidr_event(Event::Apply(o))
     }
 
-    fn delete_cidr(c: &mut Cache, name: &str) -> Vec<String> {
+    fn delete_cidr(c: &mut CidrCache, name: &str) -> Vec<String> {
         c.cidr_event(Event::Delete(cidr(name, [""; 0])))
     }
 
-    fn apply_ip(c: &mut Cache, o: IPAddress) -> Vec<String> {
+    fn apply_ip(c: &mut CidrCache, o: IPAddress) -> Vec<String> {
         c.ip_event(Event::Apply(o))
     }
 
-    fn delete_ip(c: &mut Cache, name: &str) -> Vec<String> {
+    fn delete_ip(c: &mut CidrCache, name: &str) -> Vec<String> {
         c.ip_event(Event::Delete(managed(name)))
     }
 
     /// A full relist of `objects`, as the watcher delivers it; what it enqueues.
     fn relist<W>(
-        fold: fn(&mut Cache, Event<W>) -> Vec<String>,
-        c: &mut Cache,
+        fold: fn(&mut CidrCache, Event<W>) -> Vec<String>,
+        c: &mut CidrCache,
         objects: Vec<W>,
     ) -> Vec<String> {
         let mut keys = fold(c, Event::Init);
@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn cidr_add_enqueues_itself_and_overlapping_update_only_itself() {
-        let mut c = Cache::default();
+        let mut c = CidrCache::default();
         assert_eq!(apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"])), vec!["a"]);
         assert_eq!(apply_cidr(&mut c, cidr("b", ["10.1.0.0/16"])), vec!["b"]);
         assert_eq!(
@@ -307,7 +307,7 @@ mod tests {
 
     #[test]
     fn an_update_that_changes_the_cidrs_enqueues_the_overlapping_ones() {
-        let mut c = Cache::default();
+        let mut c = CidrCache::default();
         apply_cidr(&mut c, cidr("blocked", ["10.0.0.0/24", "fd00::/112"]));
         apply_cidr(&mut c, cidr("wide", ["10.1.0.0/16"]));
         apply_cidr(&mut c, cidr("other", ["10.9.0.0/16"]));
@@ -333,14 +333,14 @@ mod tests {
             cidr("other", ["10.9.0.0/16"]),
         ];
         assert_eq!(
-            relist(Cache::cidr_event, &mut c, listed),
+            relist(CidrCache::cidr_event, &mut c, listed),
             vec!["blocked", "other", "wide"]
         );
     }
 
     #[test]
     fn ip_events_enqueue_containing_cidrs_of_managed_ips_only() {
-        let mut c = Cache::default();
+        let mut c = CidrCache::default();
         apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
         apply_cidr(&mut c, cidr("b", ["10.0.1.0/24", "fd00::/112"]));
         assert_eq!(apply_ip(&mut c, managed("10.0.1.5")), vec!["a", "b"]);
@@ -375,24 +375,28 @@ mod tests {
 
     #[test]
     fn relist_turns_missing_objects_into_deletes() {
-        let mut c = Cache::default();
+        let mut c = CidrCache::default();
         apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
         apply_cidr(&mut c, cidr("b", ["10.1.0.0/16"]));
         apply_ip(&mut c, managed("10.0.0.5"));
         apply_ip(&mut c, managed("10.1.0.5"));
         // a is listed again (an update), b is gone (a delete).
         assert_eq!(
-            relist(Cache::cidr_event, &mut c, vec![cidr("a", ["10.0.0.0/16"])]),
+            relist(
+                CidrCache::cidr_event,
+                &mut c,
+                vec![cidr("a", ["10.0.0.0/16"])]
+            ),
             vec!["a", "b"]
         );
         assert!(c.cidr("b").is_none());
         assert_eq!(
-            relist(Cache::ip_event, &mut c, vec![managed("10.1.0.5")]),
+            relist(CidrCache::ip_event, &mut c, vec![managed("10.1.0.5")]),
             vec!["a"]
         );
         assert_eq!(c.ips.len(), 1);
         assert_eq!(
-            relist(Cache::ip_event, &mut c, vec![managed("10.1.0.5")]),
+            relist(CidrCache::ip_event, &mut c, vec![managed("10.1.0.5")]),
             Vec::<String>::new(),
             "nothing changed"
         );
@@ -400,7 +404,7 @@ mod tests {
 
     #[test]
     fn relist_adds_enqueue_as_adds_and_show_only_once_listed() {
-        let mut c = Cache::default();
+        let mut c = CidrCache::default();
         apply_cidr(&mut c, cidr("a", ["10.0.0.0/16"]));
         c.cidr_event(Event::Init);
         c.cidr_event(Event::InitApply(cidr("a", ["10.0.0.0/16"])));

@@ -31,9 +31,9 @@ impl std::fmt::Display for Owner {
     }
 }
 
-/// What is kept of one allocator-managed IPAddress.
+/// The facts kept of one allocator-managed IPAddress.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IpEntry {
+pub struct IpAddressFacts {
     /// The object's name as written (it is the IP); the same allocation as the index's key.
     pub name: Arc<str>,
     /// `ipaddress.kubernetes.io/ip-family`; canDelete only sees IPs whose label names the
@@ -77,12 +77,12 @@ impl Slot {
     }
 
     /// The entry as the rest of the controller reads it.
-    pub(super) fn entry(&self, addr: Addr) -> IpEntry {
+    pub(super) fn entry(&self, addr: Addr) -> IpAddressFacts {
         let name: Arc<str> = match &self.written {
             Some(w) => Arc::from(&**w),
             None => addr.to_string().into(),
         };
-        IpEntry {
+        IpAddressFacts {
             name,
             family_label: self.family_label,
             owner: self.owner.as_ref().map(|o| Owner {
@@ -112,7 +112,7 @@ pub(super) struct Scopes {
 
 impl Scopes {
     /// The slot for `entry` named `written`.
-    pub(super) fn slot(&mut self, entry: IpEntry, written: Option<Box<str>>) -> Slot {
+    pub(super) fn slot(&mut self, entry: IpAddressFacts, written: Option<Box<str>>) -> Slot {
         Slot {
             written,
             family_label: entry.family_label,

@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use super::decide::*;
 use super::index::{
-    CidrSet, IpEntry, IpIndex,
+    CidrSet, IpAddressFacts, IpIndex,
     fixtures::{ips, set},
 };
 use super::prefix::{Addr, Family, Prefix};
@@ -427,7 +427,7 @@ fn blocked_exactly_when_upstream_would_be() {
                 }),
                 _ => Some(family),
             };
-            ix.upsert(IpEntry {
+            ix.upsert(IpAddressFacts {
                 name: name.as_str().into(),
                 family_label: label,
                 owner: None,

@@ -11,7 +11,7 @@ use std::{
 
 use groundskeeper_plumbing::cache::Update;
 
-pub use super::compact::{IpEntry, Owner};
+pub use super::compact::{IpAddressFacts, Owner};
 use super::{
     compact::{Entries, Scopes, written},
     prefix::{Addr, Family, Prefix},
@@ -119,7 +119,7 @@ impl CidrSet {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocker {
     pub addr: Addr,
-    pub entry: IpEntry,
+    pub entry: IpAddressFacts,
 }
 
 /// Blockers found, at most the limit asked for, and whether there are more.
@@ -165,7 +165,7 @@ impl IpIndex {
 
     /// Applies one watch update (names that are not IPs are not indexed) and returns the
     /// addresses that appeared or disappeared: an update of a kept name changes no address.
-    pub fn apply(&mut self, u: Update<Arc<str>, IpEntry>) -> Vec<Addr> {
+    pub fn apply(&mut self, u: Update<Arc<str>, IpAddressFacts>) -> Vec<Addr> {
         match u {
             Update::Init => {
                 self.relist = Some(Entries::default());
@@ -222,7 +222,7 @@ impl IpIndex {
 
     /// Adds or replaces the entry for `entry.name`; names that are not IPs are not indexed.
     /// Returns the address when the name is newly indexed.
-    pub fn upsert(&mut self, entry: IpEntry) -> Option<Addr> {
+    pub fn upsert(&mut self, entry: IpAddressFacts) -> Option<Addr> {
         self.apply(Update::Apply(entry.name.clone(), entry)).pop()
     }
 
@@ -314,8 +314,8 @@ pub(super) mod fixtures {
     }
 
     /// A managed IP labelled with its own family, owned by Service `default/svc-<name>`.
-    pub fn managed(name: &str) -> IpEntry {
-        IpEntry {
+    pub fn managed(name: &str) -> IpAddressFacts {
+        IpAddressFacts {
             name: name.into(),
             family_label: Addr::parse(name).map(|a| a.family),
             owner: Some(Owner {

@@ -10,7 +10,7 @@ mod reference {
 
     use groundskeeper_plumbing::cache::{Applied, Store, Update};
 
-    use super::super::index::{Blocker, Blockers, CidrSet, IpEntry, uncovered};
+    use super::super::index::{Blocker, Blockers, CidrSet, IpAddressFacts, uncovered};
     use super::super::prefix::{Addr, Family, Prefix};
 
     /// Allocator-managed IPAddresses (`ipaddress.kubernetes.io/managed-by=ipallocator.k8s.io`)
@@ -19,7 +19,7 @@ mod reference {
     /// is kept once however many IPs there are.
     #[derive(Default)]
     pub struct ReferenceIpIndex {
-        entries: Store<Arc<str>, IpEntry>,
+        entries: Store<Arc<str>, IpAddressFacts>,
         v4: BTreeMap<u128, Vec<Arc<str>>>,
         v6: BTreeMap<u128, Vec<Arc<str>>>,
     }
@@ -59,7 +59,7 @@ mod reference {
 
         /// Applies one watch update (names that are not IPs are not indexed) and returns the
         /// addresses that appeared or disappeared: an update of a kept name changes no address.
-        pub fn apply(&mut self, u: Update<Arc<str>, IpEntry>) -> Vec<Addr> {
+        pub fn apply(&mut self, u: Update<Arc<str>, IpAddressFacts>) -> Vec<Addr> {
             let u = match u {
                 Update::Apply(k, _) | Update::InitApply(k, _) if Addr::parse(&k).is_none() => {
                     return vec![];
@@ -287,11 +287,11 @@ mod examples {
     #[test]
     fn orphans_respect_family_label_and_management() {
         let mut ix = IpIndex::default();
-        ix.upsert(IpEntry {
+        ix.upsert(IpAddressFacts {
             family_label: None,
             ..managed("10.0.1.5")
         });
-        ix.upsert(IpEntry {
+        ix.upsert(IpAddressFacts {
             family_label: Some(Family::V6),
             ..managed("::ffff:10.0.1.6")
         });
@@ -389,7 +389,7 @@ mod same_as_reference {
     use testkit::rng::Rng;
 
     use super::super::decide::BLOCKERS_REPORTED;
-    use super::super::index::{Blockers, CidrSet, IpEntry, IpIndex, Owner};
+    use super::super::index::{Blockers, CidrSet, IpAddressFacts, IpIndex, Owner};
     use super::super::prefix::{Addr, Family};
     use super::reference::ReferenceIpIndex;
 
@@ -441,7 +441,7 @@ mod same_as_reference {
         }
     }
 
-    fn entry(r: &mut Rng, name: &str) -> IpEntry {
+    fn entry(r: &mut Rng, name: &str) -> IpAddressFacts {
         let own = Addr::parse(name).map(|a| a.family);
         let family_label = match r.below(10) {
             0 => None,
@@ -456,7 +456,7 @@ mod same_as_reference {
                 .map(String::from),
             name: format!("svc-{}", r.below(20)),
         });
-        IpEntry {
+        IpAddressFacts {
             name: name.into(),
             family_label,
             owner,
@@ -475,7 +475,7 @@ mod same_as_reference {
         (s, names)
     }
 
-    fn updates(r: &mut Rng, spellings: bool) -> Vec<Update<Arc<str>, IpEntry>> {
+    fn updates(r: &mut Rng, spellings: bool) -> Vec<Update<Arc<str>, IpAddressFacts>> {
         let mut out = Vec::new();
         match r.below(100) {
             0..55 => {
@@ -503,7 +503,7 @@ mod same_as_reference {
         out
     }
 
-    fn copy(u: &Update<Arc<str>, IpEntry>) -> Update<Arc<str>, IpEntry> {
+    fn copy(u: &Update<Arc<str>, IpAddressFacts>) -> Update<Arc<str>, IpAddressFacts> {
         match u {
             Update::Init => Update::Init,
             Update::InitDone => Update::InitDone,

@@ -32,7 +32,7 @@ use crate::{
     workqueue::{RateLimit, WorkQueue, metrics::QueueMetricFamilies},
 };
 use apply::KubeWrites;
-use cache::Cache;
+use cache::CidrCache;
 use metrics::Metrics;
 use sync::{Syncer, work};
 
@@ -60,7 +60,7 @@ pub struct ServiceCidrArgs {
 /// leading; returns once `ctx.base.token` is cancelled and in-flight syncs finished.
 pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
-    let cache = Shared::<Cache>::default();
+    let cache = Shared::<CidrCache>::default();
     let queue: WorkQueue<String> = WorkQueue::named(
         RateLimit::default(),
         &QueueMetricFamilies::register(&ctx.base.registry)?,

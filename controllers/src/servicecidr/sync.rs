@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{
     apply::{Apply, Notice, Writes, Written},
-    cache::{Cache, cidr_state},
+    cache::{CidrCache, cidr_state},
     conflict::foreign_writes,
     decide::{Action, ReadyCondition, decide},
     index::Blockers,
@@ -66,7 +66,7 @@ impl SyncError {
 }
 
 pub struct Syncer<W> {
-    pub cache: Shared<Cache>,
+    pub cache: Shared<CidrCache>,
     pub queue: WorkQueue<String>,
     apply: Apply<W>,
     pub metrics: Metrics,
@@ -105,7 +105,7 @@ pub fn blocked_note(name: &str, b: &Blockers) -> String {
 
 impl<W: Writes> Syncer<W> {
     pub fn new(
-        cache: Shared<Cache>,
+        cache: Shared<CidrCache>,
         queue: WorkQueue<String>,
         writes: W,
         metrics: Metrics,

@@ -19,7 +19,7 @@ use testkit::networking::{allocated_ip, service_cidr};
 
 use super::{
     apply::{Notice, Writes, Written},
-    cache::Cache,
+    cache::CidrCache,
     conflict::KCM_FIELD_MANAGER,
     decide::{FINALIZER, ReadyCondition},
     metrics::Metrics,
@@ -125,8 +125,8 @@ fn managed_ip(name: &str, service: &str) -> IPAddress {
 fn syncer(
     w: Arc<Recorded>,
     dry_run: bool,
-) -> (Syncer<Arc<Recorded>>, Shared<Cache>, WorkQueue<String>) {
-    let cache = Shared::<Cache>::default();
+) -> (Syncer<Arc<Recorded>>, Shared<CidrCache>, WorkQueue<String>) {
+    let cache = Shared::<CidrCache>::default();
     let queue = WorkQueue::new(RateLimit::default());
     let events = events::Events::to(w.clone(), events::Reporter::on("test", "test"), dry_run);
     let s = Syncer::new(
@@ -270,7 +270,7 @@ async fn dry_run_records_no_event() {
 }
 
 /// A ServiceCIDR `x` deleted long ago whose 10.0.1.7 (Service default/web) would be orphaned.
-fn blocked_by_web() -> (Arc<Recorded>, Syncer<Arc<Recorded>>, Shared<Cache>) {
+fn blocked_by_web() -> (Arc<Recorded>, Syncer<Arc<Recorded>>, Shared<CidrCache>) {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), false);
     {

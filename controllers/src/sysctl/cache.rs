@@ -4,7 +4,7 @@
 //!
 //! Flags `sysctl/<kind>`. Pods are watched with `spec.nodeName=` (the watch carries nothing of
 //! bound pods; the apiserver has no field selector for scheduling gates). One projection covers
-//! both readers: every pod not yet bound as the webhook judges a binding of it ([`PodView`]),
+//! both readers: every pod not yet bound as the webhook judges a binding of it ([`PodFacts`]),
 //! and of those the ones carrying the gate as the placement reads them ([`GatedPod`]); each
 //! SysctlPolicy as the rules read it (its name, generation and spec; not its status, which the
 //! node-agents write); each Node's [`NodeFacts`].
@@ -17,9 +17,10 @@
 use std::future::Future;
 
 use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Health, Kept, Shared, Store, Update, Watches},
+    cache::{Applied, Health, Projected, Shared, Store, Update, Watches},
 };
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -27,7 +28,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use super::facts::{GatedPod, NodeFacts, PodKey, PodView};
+use super::facts::{GatedPod, NodeFacts, PodFacts};
 
 /// Readiness flags are `sysctl/<kind>`: the wing's, not one component's.
 pub const COMPONENT: &str = "sysctl";
@@ -35,13 +36,13 @@ pub const COMPONENT: &str = "sysctl";
 const BACKLOG: usize = 4096;
 
 #[derive(Default)]
-pub struct Cache {
+pub struct SysctlCache {
     pub nodes: Store<String, NodeFacts>,
     pub policies: Store<String, SysctlPolicy>,
     /// Every pod not yet bound: what the webhook judges a binding by.
-    pub pending: Store<PodKey, PodView>,
+    pub pending: Store<ObjectKey, PodFacts>,
     /// The pending pods that carry the gate: what the placement places.
-    pub gated: Store<PodKey, GatedPod>,
+    pub gated: Store<ObjectKey, GatedPod>,
 }
 
 /// What to evaluate after an event.
@@ -49,7 +50,7 @@ pub struct Cache {
 pub enum Change {
     None,
     /// This gated pod appeared or changed.
-    Pod(PodKey),
+    Pod(ObjectKey),
     /// What every gated pod is judged on changed.
     All,
 }
@@ -57,7 +58,7 @@ pub enum Change {
 /// The watches of a process, shared: each reader holds a clone.
 #[derive(Clone)]
 pub struct Watched {
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     /// The three watches' flags: what a reader acting on the cache asks.
     pub health: Health,
     flags: Vec<ReadyFlag>,
@@ -76,7 +77,7 @@ impl Watched {
         Self,
         impl Future<Output = anyhow::Result<()>> + Send + 'static,
     ) {
-        let cache = Shared::<Cache>::default();
+        let cache = Shared::<SysctlCache>::default();
         let (flags, events) = follow_all(readiness, client, &cache);
         let (changes, _) = broadcast::channel(BACKLOG);
         let watched = Self {
@@ -125,7 +126,7 @@ impl Watched {
 fn follow_all(
     readiness: &Readiness,
     client: &kube::Client,
-    cache: &Shared<Cache>,
+    cache: &Shared<SysctlCache>,
 ) -> (
     Vec<ReadyFlag>,
     impl Stream<Item = Change> + Send + 'static + use<>,
@@ -156,27 +157,27 @@ fn changed<K, V>(applied: Applied<K, V>, same: impl FnOnce(&K, &V) -> bool) -> C
     }
 }
 
-pub fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
+pub fn fold_node(cache: &mut SysctlCache, ev: Event<Node>) -> Change {
     let applied = cache
         .nodes
         .apply_event(ev, |n: Node| match n.metadata.name.clone() {
-            Some(name) => Kept::Yes(name, NodeFacts::of(&n)),
-            None => Kept::Unusable,
+            Some(name) => Projected::Yes(name, NodeFacts::of(&n)),
+            None => Projected::Unusable,
         });
     let nodes = &cache.nodes;
     changed(applied, |k, old| nodes.get(k) == Some(old))
 }
 
-pub fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
+pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
     let applied = cache
         .policies
         .apply_event(ev, |p: SysctlPolicy| match p.metadata.name.clone() {
             Some(name) => {
                 let mut kept = SysctlPolicy::new(&name, p.spec);
                 kept.metadata.generation = p.metadata.generation;
-                Kept::Yes(name, kept)
+                Projected::Yes(name, kept)
             }
-            None => Kept::Unusable,
+            None => Projected::Unusable,
         });
     let policies = &cache.policies;
     changed(applied, |k, old| {
@@ -184,13 +185,16 @@ pub fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
     })
 }
 
-/// One pod event into both stores: every pending pod's view, and the gated pods (a pod that
+/// One pod event into both stores: every pending pod's facts, and the gated pods (a pod that
 /// loses the gate, or is being deleted, leaves them as on a delete).
-pub fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
+pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     let update = Update::from_event(ev, |p: Pod| {
         match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
-            (Some(ns), Some(name)) => Kept::Yes((ns, name), (PodView::of(&p), GatedPod::of(&p))),
-            _ => Kept::Unusable,
+            (Some(ns), Some(name)) => Projected::Yes(
+                ObjectKey::new(&ns, &name),
+                (PodFacts::of(&p), GatedPod::of(&p)),
+            ),
+            _ => Projected::Unusable,
         }
     });
     let Some(update) = update else {
@@ -205,20 +209,25 @@ pub fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
     }
 }
 
-/// A pod's update as each store takes it: the view always, the gated pod only while it carries
+/// A pod's update as each store takes it: the facts always, the gated pod only while it carries
 /// the gate (none for a listed pod without it; a delete for a pod that lost it).
-type Both = (PodView, Option<GatedPod>);
+type Both = (PodFacts, Option<GatedPod>);
 
-fn split(u: Update<PodKey, Both>) -> (Update<PodKey, PodView>, Option<Update<PodKey, GatedPod>>) {
+fn split(
+    u: Update<ObjectKey, Both>,
+) -> (
+    Update<ObjectKey, PodFacts>,
+    Option<Update<ObjectKey, GatedPod>>,
+) {
     match u {
         Update::Init => (Update::Init, Some(Update::Init)),
         Update::InitDone => (Update::InitDone, Some(Update::InitDone)),
-        Update::InitApply(k, (view, gated)) => (
-            Update::InitApply(k.clone(), view),
+        Update::InitApply(k, (facts, gated)) => (
+            Update::InitApply(k.clone(), facts),
             gated.map(|g| Update::InitApply(k, g)),
         ),
-        Update::Apply(k, (view, gated)) => (
-            Update::Apply(k.clone(), view),
+        Update::Apply(k, (facts, gated)) => (
+            Update::Apply(k.clone(), facts),
             Some(match gated {
                 Some(g) => Update::Apply(k, g),
                 None => Update::Delete(k),
@@ -250,7 +259,7 @@ mod tests {
     /// pod losing the gate leaves the cache.
     #[test]
     fn only_changes_the_rules_read_wake_every_pod() {
-        let mut c = Cache::default();
+        let mut c = SysctlCache::default();
         let node = |kernel: &str, heartbeat: &str| -> Node {
             serde_json::from_value(json!({
                 "metadata": {"name": "n1", "labels": {"pool": "db"}, "annotations": {"beat": heartbeat}},
@@ -284,7 +293,7 @@ mod tests {
         let gated = pod(json!([{"name": GATE}]), json!({}));
         assert_eq!(
             fold_pod(&mut c, Event::Apply(gated)),
-            Change::Pod(("ns".into(), "p".into()))
+            Change::Pod(ObjectKey::new("ns", "p"))
         );
         assert_eq!(c.gated.len(), 1);
         assert_eq!(
@@ -294,13 +303,13 @@ mod tests {
         assert!(c.gated.is_empty(), "ungated: no longer ours");
     }
 
-    /// One pod watch fills both readers' stores: every pending pod's view for the webhook, the
+    /// One pod watch fills both readers' stores: every pending pod's facts for the webhook, the
     /// gated ones for the placement; a pod that loses the gate stays pending, a deleted one
     /// leaves both.
     #[test]
     fn one_pod_watch_fills_the_pending_and_the_gated_pods() {
-        let mut c = Cache::default();
-        let key = |n: &str| ("ns".to_string(), n.to_string());
+        let mut c = SysctlCache::default();
+        let key = |n: &str| ObjectKey::new("ns", n);
         let named = |name: &str, gates: serde_json::Value| {
             let mut p = pod(gates, json!({}));
             p.metadata.name = Some(name.into());
@@ -318,7 +327,7 @@ mod tests {
         assert_eq!(c.gated.keys().collect::<Vec<_>>(), [&key("g")]);
         assert_eq!(
             c.pending.get(&key("g")),
-            Some(&c.gated.get(&key("g")).unwrap().view)
+            Some(&c.gated.get(&key("g")).unwrap().facts)
         );
 
         assert_eq!(
@@ -340,7 +349,7 @@ mod tests {
     /// stays nor wakes a gated pod; a change of its spec wakes every one.
     #[test]
     fn only_a_policys_spec_wakes_the_gated_pods() {
-        let mut c = Cache::default();
+        let mut c = SysctlCache::default();
         let policy = |mode: &str, status: serde_json::Value| -> SysctlPolicy {
             serde_json::from_value(json!({
                 "apiVersion": "groundskeeper.dev/v1alpha1", "kind": "SysctlPolicy",
@@ -389,7 +398,7 @@ mod tests {
             r#"["sysctl/nodes", "sysctl/sysctlpolicies", "sysctl/pods", "sysctlwebhook/secrets"]"#
         );
         let mut changes = Box::pin(watched.changes());
-        let key = ("ns".to_string(), "p".to_string());
+        let key = ObjectKey::new("ns", "p");
         watched.changes.send(Change::Pod(key.clone())).unwrap();
         assert_eq!(changes.next().await, Some(Change::All));
         assert_eq!(changes.next().await, Some(Change::Pod(key)));

@@ -1,5 +1,5 @@
 //! What the sysctl wing keeps of the objects it watches and judges by: a node's facts, a pod's
-//! view, a gated pod as the placement reads it; and the names both sides of the gate share
+//! facts, a gated pod as the placement reads it; and the names both sides of the gate share
 //! (the scheduling gate, the placement's pod condition).
 //!
 //! Plain values and the projections that make them, below both the decisions that judge them
@@ -15,9 +15,6 @@ pub const GATE: &str = "groundskeeper.dev/sysctl";
 /// The pod condition the placement sets (`False`: no node admits the pod's sysctls).
 pub const CONDITION: &str = "groundskeeper.dev/SysctlPlacement";
 
-/// A pod by namespace and name.
-pub type PodKey = (String, String);
-
 /// The annotation kubelet puts on the API copy of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Set by kubelet from its GOOS, as `status.nodeInfo.operatingSystem`.
@@ -25,7 +22,7 @@ const OS_LABEL: &str = "kubernetes.io/os";
 
 /// What the webhook reads of a pod (every pod not yet bound).
 #[derive(Clone, Debug, PartialEq, Default)]
-pub struct PodView {
+pub struct PodFacts {
     pub uid: String,
     /// The sysctls and host namespaces (the rest of the spec is dropped); None when the pod
     /// sets no sysctl.
@@ -35,14 +32,14 @@ pub struct PodView {
     pub mirror: bool,
 }
 
-impl PodView {
+impl PodFacts {
     pub fn of(pod: &Pod) -> Self {
         let spec = pod.spec.as_ref();
         let sysctls = spec
             .and_then(|s| s.security_context.as_ref())
             .and_then(|s| s.sysctls.clone())
             .filter(|s| !s.is_empty());
-        PodView {
+        PodFacts {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             spec: sysctls.map(|sysctls| PodSpec {
                 host_network: spec.and_then(|s| s.host_network),
@@ -117,7 +114,7 @@ pub struct GatedPod {
     pub uid: String,
     /// The precondition of the placement's write: a pod changed since is read again.
     pub resource_version: String,
-    pub view: PodView,
+    pub facts: PodFacts,
     /// The names of the sysctls it sets, for messages.
     pub sysctls: Vec<String>,
     /// Its nodeSelector and required node affinity.
@@ -131,7 +128,7 @@ pub struct GatedPod {
 }
 
 impl GatedPod {
-    /// The pod's view, or None when it does not carry the gate (or is being deleted).
+    /// The gated pod's facts, or None when it does not carry the gate (or is being deleted).
     pub fn of(pod: &Pod) -> Option<Self> {
         let spec = pod.spec.as_ref()?;
         let gates: Vec<String> = spec
@@ -160,7 +157,7 @@ impl GatedPod {
                 .map_or(0, |t| t.0.as_second()),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
-            view: PodView::of(pod),
+            facts: PodFacts::of(pod),
             sysctls: spec
                 .security_context
                 .as_ref()
@@ -234,7 +231,7 @@ mod tests {
                      "securityContext": {"runAsUser": 1, "sysctls": [{"name": "a.b", "value": "1"}]}},
         }))
         .unwrap();
-        let v = PodView::of(&pod);
+        let v = PodFacts::of(&pod);
         assert!(v.mirror);
         assert_eq!(v.uid, "u");
         let spec = v.spec.unwrap();
@@ -242,7 +239,7 @@ mod tests {
         assert_eq!(spec.host_network, Some(true));
         assert_eq!(spec.security_context.unwrap().run_as_user, None);
         pod.spec.as_mut().unwrap().security_context = None;
-        assert_eq!(PodView::of(&pod).spec, None);
+        assert_eq!(PodFacts::of(&pod).spec, None);
 
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"pool": "db"}},

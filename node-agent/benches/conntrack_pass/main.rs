@@ -186,8 +186,14 @@ fn main() {
                     for s in sel {
                         ct.dump_select(V4, IPPROTO_UDP, *s, &mut |e| {
                             matched += 1;
-                            if pass::judge(e, &m1[V4], &HashSet::new(), &removed, Some(scope))
-                                .is_some()
+                            if pass::staleness_in(
+                                e,
+                                &m1[V4],
+                                &HashSet::new(),
+                                &removed,
+                                Some(scope),
+                            )
+                            .is_some()
                             {
                                 stale.insert(*e);
                             }

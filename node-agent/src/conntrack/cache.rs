@@ -1,6 +1,6 @@
 //! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
-//! Node), each through `plumbing::cache::follow`, folding every event into the model's views
-//! (`model::source::Cache`, each object projected by `model::project` as it arrives) and
+//! Node), each through `plumbing::cache::follow`, folding every event into the model's facts
+//! (`model::source::ServiceCache`, each object projected by `model::project` as it arrives) and
 //! marking what it changed; the model source reads them (`model/source.rs`). Services,
 //! EndpointSlices and IPAddresses are decoded slim (`wire.rs`): only the fields read.
 
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use groundskeeper_plumbing::ReadyFlag;
-use groundskeeper_plumbing::cache::{Applied, Health, Kept, Shared, Watches};
+use groundskeeper_plumbing::cache::{Applied, Health, Projected, Shared, Watches};
+use groundskeeper_plumbing::{ObjectKey, ReadyFlag};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
@@ -22,20 +22,20 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::model::project;
-use super::model::source::{Cache, Key, ModelSource};
+use super::model::source::{ModelSource, ServiceCache};
 use super::model::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME};
 use super::wire::{WireIpAddress, WireService, WireSlice};
 use crate::context::Context;
 
-/// `o` as the model reads it (`project`), under its namespace and name.
-fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Kept<Key, V> {
+/// `o` as the model reads it (`project`), under its key.
+fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Projected<ObjectKey, V> {
     let meta = o.meta();
     match &meta.name {
-        Some(name) => Kept::Yes(
-            (meta.namespace.clone().unwrap_or_default(), name.clone()),
+        Some(name) => Projected::Yes(
+            ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name),
             project(&o),
         ),
-        None => Kept::Unusable,
+        None => Projected::Unusable,
     }
 }
 
@@ -44,13 +44,13 @@ fn wants_rebuild<K>(ev: &Event<K>) -> bool {
     matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
-pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
+pub(super) fn fold_services(c: &mut ServiceCache, ev: Event<WireService>) -> bool {
     let rebuild = wants_rebuild(&ev);
     match c
         .services
         .apply_event(ev, |o| keep(Service::from(o), project::service))
     {
-        // Most updates (status, annotations, resourceVersion) leave the view as it was: the
+        // Most updates (status, annotations, resourceVersion) leave the facts as they were: the
         // model cannot see them, so they wake nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => return false,
         Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
@@ -62,22 +62,22 @@ pub(super) fn fold_services(c: &mut Cache, ev: Event<WireService>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
+pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
     let rebuild = wants_rebuild(&ev);
     let (key, old) = match c
         .slices
         .apply_event(ev, |o| keep(EndpointSlice::from(o), project::slice))
     {
-        // The view as it was (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
+        // The facts as they were (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return false,
         Applied::Upserted { key, old } => (key, old),
         Applied::Removed { key, old } => (key, Some(old)),
         Applied::Relisted { .. } => {
             c.slices_of.clear();
-            for ((ns, name), s) in c.slices.iter() {
+            for (key, s) in c.slices.iter() {
                 if let Some(svc) = &s.service {
-                    let owner = (ns.clone(), svc.to_string());
-                    c.slices_of.entry(owner).or_default().push(name.clone());
+                    let owner = ObjectKey::new(key.namespace(), svc);
+                    c.slices_of.entry(owner).or_default().push(key.clone());
                 }
             }
             c.dirty.all = true;
@@ -86,36 +86,36 @@ pub(super) fn fold_slices(c: &mut Cache, ev: Event<WireSlice>) -> bool {
         Applied::Nothing => return rebuild,
     };
     // The service it belonged to and the one it belongs to now (a label can change).
-    let (ns, name) = &key;
+    let ns = key.namespace();
     if let Some(svc) = old.and_then(|o| o.service) {
-        let owner = (ns.clone(), svc.to_string());
-        if let Some(names) = c.slices_of.get_mut(&owner) {
-            names.retain(|n| n != name);
-            if names.is_empty() {
+        let owner = ObjectKey::new(ns, &svc);
+        if let Some(slices) = c.slices_of.get_mut(&owner) {
+            slices.retain(|s| *s != key);
+            if slices.is_empty() {
                 c.slices_of.remove(&owner);
             }
         }
         c.dirty.services.insert(owner);
     }
     if let Some(svc) = c.slices.get(&key).and_then(|s| s.service.as_deref()) {
-        let owner = (ns.clone(), svc.to_string());
+        let owner = ObjectKey::new(ns, svc);
         c.slices_of
             .entry(owner.clone())
             .or_default()
-            .push(name.clone());
+            .push(key.clone());
         c.dirty.services.insert(owner);
     }
     rebuild
 }
 
-pub(super) fn fold_cidrs(c: &mut Cache, ev: Event<ServiceCIDR>) -> bool {
+pub(super) fn fold_cidrs(c: &mut ServiceCache, ev: Event<ServiceCIDR>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.cidrs.apply_event(ev, |o| keep(o, project::service_cidr));
     rebuild
 }
 
-pub(super) fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
+pub(super) fn fold_addresses(c: &mut ServiceCache, ev: Event<WireIpAddress>) -> bool {
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.addresses
@@ -123,7 +123,7 @@ pub(super) fn fold_addresses(c: &mut Cache, ev: Event<WireIpAddress>) -> bool {
     rebuild
 }
 
-pub(super) fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
+pub(super) fn fold_nodes(c: &mut ServiceCache, ev: Event<Node>) -> bool {
     c.dirty.node = true;
     let rebuild = wants_rebuild(&ev);
     c.nodes.apply_event(ev, |o| keep(o, project::node));
@@ -132,9 +132,9 @@ pub(super) fn fold_nodes(c: &mut Cache, ev: Event<Node>) -> bool {
 
 /// Watches every `K` selected by `config` into the cache through `fold`.
 fn kind<K>(
-    watches: &Watches<Cache>,
+    watches: &Watches<ServiceCache>,
     config: watcher::Config,
-    fold: fn(&mut Cache, Event<K>) -> bool,
+    fold: fn(&mut ServiceCache, Event<K>) -> bool,
 ) -> (ReadyFlag, BoxStream<'static, bool>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -151,7 +151,7 @@ pub fn start(
     settle: Duration,
     changed: Arc<Notify>,
 ) -> (ModelSource, impl Future<Output = ()> + Send + use<>) {
-    let cache = Shared::<Cache>::default();
+    let cache = Shared::<ServiceCache>::default();
     let any = watcher::Config::default;
     let watch = Watches::new(&ctx.base.readiness, "conntrack", &ctx.base.client, &cache);
     let watches = [

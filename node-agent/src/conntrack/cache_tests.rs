@@ -1,11 +1,12 @@
 //! The cache's bookkeeping over generated watch events (updates, deletes, slices moving to
 //! another service, relists that drop objects): after every event, the live model brought up
 //! to date from what the cache marked as changed equals the model built from scratch from
-//! every view the cache holds.
+//! all the facts the cache holds.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use groundskeeper_plumbing::ObjectKey;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::Event;
@@ -17,14 +18,12 @@ use super::model::LABEL_SERVICE_NAME;
 use super::model::live::Live;
 use super::model::project_tests;
 use super::model::reference::{Settle, Tombstones};
-use super::model::source::Cache;
+use super::model::source::ServiceCache;
 use super::wire_tests::slim_event;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const SETTLE: Duration = Duration::from_secs(2);
 const RETENTION: Duration = Duration::from_secs(600);
-
-type Key = (String, String);
 
 /// A Service whose UDP port its slices usually serve (the shared generators rarely line a
 /// slice up with its service, and a slice that serves nothing proves nothing here).
@@ -62,7 +61,7 @@ fn slice(rng: &mut Rng, ns: &str, name: &str, owner: Option<&str>) -> EndpointSl
 }
 
 /// A relist: every object of `kept` that the coin keeps, plus the new ones.
-fn relist<K: Clone>(rng: &mut Rng, kept: &mut BTreeMap<Key, K>, fold: impl Fn(Event<K>)) {
+fn relist<K: Clone>(rng: &mut Rng, kept: &mut BTreeMap<ObjectKey, K>, fold: impl Fn(Event<K>)) {
     fold(Event::Init);
     kept.retain(|_, _| rng.chance(70));
     for o in kept.values() {
@@ -74,11 +73,11 @@ fn relist<K: Clone>(rng: &mut Rng, kept: &mut BTreeMap<Key, K>, fold: impl Fn(Ev
 /// Returns how many slice events changed the model (the check must see many).
 fn run(seed: u64) -> usize {
     let rng = &mut Rng(seed);
-    let cache = std::cell::RefCell::new(Cache::default());
+    let cache = std::cell::RefCell::new(ServiceCache::default());
     let mut live = Live::new(SETTLE, RETENTION);
     let (mut settle, mut tombstones) = (Settle::new(SETTLE), Tombstones::new(RETENTION));
-    let mut services: BTreeMap<Key, Service> = BTreeMap::new();
-    let mut slices: BTreeMap<Key, EndpointSlice> = BTreeMap::new();
+    let mut services: BTreeMap<ObjectKey, Service> = BTreeMap::new();
+    let mut slices: BTreeMap<ObjectKey, EndpointSlice> = BTreeMap::new();
     // Each event decoded as the agent's watch decodes it.
     let svc = |ev| {
         fold_services(&mut cache.borrow_mut(), slim_event(ev));
@@ -100,11 +99,11 @@ fn run(seed: u64) -> usize {
         match rng.below(12) {
             0..=3 => {
                 let s = service(rng, &ns, &name);
-                services.insert((ns, name), s.clone());
+                services.insert(ObjectKey::new(&ns, &name), s.clone());
                 svc(Event::Apply(s));
             }
             4 => {
-                if let Some(s) = services.remove(&(ns, name)) {
+                if let Some(s) = services.remove(&ObjectKey::new(&ns, &name)) {
                     svc(Event::Delete(s));
                 }
             }
@@ -116,12 +115,12 @@ fn run(seed: u64) -> usize {
                 };
                 let slice_name = format!("{name}-{}", rng.below(2));
                 let s = slice(rng, &ns, &slice_name, owner.as_deref());
-                slices.insert((ns, slice_name), s.clone());
+                slices.insert(ObjectKey::new(&ns, &slice_name), s.clone());
                 slc(Event::Apply(s));
                 slice_event = true;
             }
             9 => {
-                let key = (ns, format!("{name}-{}", rng.below(2)));
+                let key = ObjectKey::new(&ns, &format!("{name}-{}", rng.below(2)));
                 if let Some(s) = slices.remove(&key) {
                     slc(Event::Delete(s));
                     slice_event = true;

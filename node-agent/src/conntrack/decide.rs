@@ -120,12 +120,12 @@ pub fn is_stale(flow: &Flow, model: &FamilyModel, host_ips: &HashSet<IpAddr>) ->
     stale(flow, model, host_ips).is_some()
 }
 
-/// The verdict a pass acts on: [`stale`], except that a flow through a live frontend or nodePort
+/// The staleness a pass acts on: [`stale`], except that a flow through a live frontend or nodePort
 /// with serving endpoints, to a backend that is not one of them, is deleted at once only when
 /// the agent saw that backend serve the key and stop (`removed`); otherwise it is
 /// [`Stale::UnseenBackend`] and waits the grace. No serving endpoint at all (after the settle)
 /// still judges every flow through the key at once.
-pub fn verdict(
+pub fn staleness(
     flow: &Flow,
     model: &FamilyModel,
     host_ips: &HashSet<IpAddr>,

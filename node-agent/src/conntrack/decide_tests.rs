@@ -19,8 +19,13 @@ fn is_stale(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>) -> bool {
     super::decide::is_stale(&flow_of(e), m, host)
 }
 
-fn verdict(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>, removed: &Removed) -> Option<Stale> {
-    super::decide::verdict(&flow_of(e), m, host, removed)
+fn staleness(
+    e: &Entry,
+    m: &FamilyModel,
+    host: &HashSet<IpAddr>,
+    removed: &Removed,
+) -> Option<Stale> {
+    super::decide::staleness(&flow_of(e), m, host, removed)
 }
 
 fn sa(s: &str) -> SocketAddr {
@@ -454,7 +459,7 @@ fn a_foreign_or_settling_claim_keeps_every_flow_through_the_frontend() {
     assert_eq!(stale(&to_node, &m, &host()), None);
 }
 
-/// The verdict a pass acts on: a flow through a live key with serving endpoints, to a backend
+/// The staleness a pass acts on: a flow through a live key with serving endpoints, to a backend
 /// that is not one of them, goes at once only when the agent saw that backend serve that key
 /// and stop; otherwise it waits the grace as `UnseenBackend`. Everything else is `stale`'s.
 #[test]
@@ -552,6 +557,6 @@ fn only_backends_seen_removed_go_at_once() {
     ];
     let host = host();
     for (name, e, removed, want) in cases {
-        assert_eq!(verdict(&e, &m, &host, removed), want, "{name}: {e}");
+        assert_eq!(staleness(&e, &m, &host, removed), want, "{name}: {e}");
     }
 }

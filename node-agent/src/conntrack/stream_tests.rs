@@ -21,7 +21,7 @@ use super::netlink::family::Family::{self, V4};
 use super::netlink::msg::{Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
 use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
-use super::pass::{PassState, judge, run_focused_pass, run_pass, selections};
+use super::pass::{PassState, run_focused_pass, run_pass, selections, staleness_in};
 
 /// What the pass did to the table, in order.
 #[derive(Debug)]
@@ -111,7 +111,7 @@ fn collect_then_delete(
         .iter()
         .filter(|e| e.orig.family() == fam && e.orig.proto == IPPROTO_UDP)
         .filter(|e| sels.as_ref().is_none_or(|s| s.iter().any(|s| s.matches(e))))
-        .filter_map(|e| judge(e, model, &host, &state.removed, scope).map(|why| (*e, why)))
+        .filter_map(|e| staleness_in(e, model, &host, &state.removed, scope).map(|why| (*e, why)))
         .collect();
     if scope.is_none() {
         let seen: HashSet<IpAddr> = marked

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use super::cache::{fold_addresses, fold_cidrs, fold_nodes, fold_services, fold_slices};
 use super::model::focus::Focus;
 use super::model::live::Live;
-use super::model::source::{Cache, Models};
+use super::model::source::{Models, ServiceCache};
 use super::model::{LABEL_SERVICE_NAME, Model};
 use super::pass::round::RoundSummary;
 use super::schedule::{Due, Scheduler, Timing};
@@ -89,7 +89,7 @@ fn address(ip: &str, svc: &str) -> IPAddress {
 
 /// An agent's model source: the cache its watches fill and its live model.
 struct Source {
-    cache: Mutex<Cache>,
+    cache: Mutex<ServiceCache>,
     live: Mutex<Live>,
     /// The simulated time the model source reads.
     now: Mutex<std::time::Instant>,

@@ -1,6 +1,6 @@
 //! The slim decoding's rule, over generated objects (every field the model reads, and much it
 //! does not: managedFields, annotations, targetRefs, hints, odd ports and conditions): an object
-//! decoded slim (`wire.rs`) projects to the same view as the whole object, keeps what the watch
+//! decoded slim (`wire.rs`) projects to the same facts as the whole object, keeps what the watch
 //! needs (name, namespace, resourceVersion, labels), and a world of them builds the same model.
 
 use k8s_openapi::api::core::v1::Service;

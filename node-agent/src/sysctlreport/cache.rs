@@ -10,9 +10,10 @@
 use std::collections::BTreeMap;
 
 use futures::{Stream, StreamExt};
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Health, Kept, Shared, Store, Watches},
+    cache::{Health, Projected, Shared, Store, Watches},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -23,36 +24,20 @@ use super::crd::SysctlPolicy;
 /// Readiness flags are `sysctl/pods`, `sysctl/sysctlpolicies`, `sysctl/nodes`.
 pub const COMPONENT: &str = "sysctl";
 
-/// A pod by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PodKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl PodKey {
-    pub fn of(pod: &Pod) -> Self {
-        PodKey {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-        }
-    }
-}
-
 /// Node labels.
 pub type Labels = BTreeMap<String, String>;
 
 /// All the reporter reads of its Node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeView {
+pub struct NodeFacts {
     pub labels: Labels,
     /// `status.nodeInfo.kubeletVersion`; None: not reported (judged as v1.36).
     pub kubelet: Option<String>,
 }
 
-impl NodeView {
+impl NodeFacts {
     pub fn of(node: Node) -> Self {
-        NodeView {
+        NodeFacts {
             kubelet: node
                 .status
                 .and_then(|s| s.node_info)
@@ -65,10 +50,10 @@ impl NodeView {
 
 /// The three watched kinds. The node store holds at most this agent's own Node.
 #[derive(Default)]
-pub struct Cache {
-    pub pods: Store<PodKey, Pod>,
+pub struct ReportCache {
+    pub pods: Store<ObjectKey, Pod>,
     pub policies: Store<String, SysctlPolicy>,
-    pub nodes: Store<String, NodeView>,
+    pub nodes: Store<String, NodeFacts>,
 }
 
 /// What a watch event means to the reporter, once the cache has applied it.
@@ -114,7 +99,7 @@ pub fn follow_all(
     readiness: &Readiness,
     client: &kube::Client,
     node: &str,
-    cache: &Shared<Cache>,
+    cache: &Shared<ReportCache>,
 ) -> (Flags, impl Stream<Item = Change> + Send + 'static) {
     let config = || watcher::Config::default().any_semantic();
     let watches = Watches::new(readiness, COMPONENT, client, cache);
@@ -134,22 +119,22 @@ pub fn follow_all(
     (flags, changes)
 }
 
-fn pod_kept(p: Pod) -> Kept<PodKey, Pod> {
+fn pod_kept(p: Pod) -> Projected<ObjectKey, Pod> {
     match p.metadata.name {
-        Some(_) => Kept::Yes(PodKey::of(&p), p),
-        None => Kept::Unusable,
+        Some(_) => Projected::Yes(ObjectKey::of(&p), p),
+        None => Projected::Unusable,
     }
 }
 
 /// Kept under its name; an object without one can not be.
-fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
+fn by_name<V>(name: Option<String>, v: V) -> Projected<String, V> {
     match name {
-        Some(name) => Kept::Yes(name, v),
-        None => Kept::Unusable,
+        Some(name) => Projected::Yes(name, v),
+        None => Projected::Unusable,
     }
 }
 
-fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
+fn fold_pod(cache: &mut ReportCache, ev: Event<Pod>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Pod(Box::new(p.clone())),
@@ -160,7 +145,7 @@ fn fold_pod(cache: &mut Cache, ev: Event<Pod>) -> Change {
     change
 }
 
-fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
+fn fold_policy(cache: &mut ReportCache, ev: Event<SysctlPolicy>) -> Change {
     let change = match &ev {
         Event::Init => Change::None,
         Event::InitApply(p) | Event::Apply(p) => Change::Policy(Box::new(p.clone())),
@@ -172,13 +157,13 @@ fn fold_policy(cache: &mut Cache, ev: Event<SysctlPolicy>) -> Change {
     change
 }
 
-fn fold_node(cache: &mut Cache, ev: Event<Node>) -> Change {
+fn fold_node(cache: &mut ReportCache, ev: Event<Node>) -> Change {
     let change = match &ev {
         Event::Init | Event::InitApply(_) => Change::None,
         Event::Apply(_) | Event::Delete(_) | Event::InitDone => Change::Merge,
     };
     cache.nodes.apply_event(ev, |n: Node| {
-        by_name(n.metadata.name.clone(), NodeView::of(n))
+        by_name(n.metadata.name.clone(), NodeFacts::of(n))
     });
     change
 }
@@ -199,9 +184,9 @@ mod tests {
               "architecture": "amd64"}},
         }))
         .unwrap();
-        let view = NodeView::of(node.clone());
-        assert_eq!(view.labels["pool"], "db");
-        assert_eq!(view.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
+        let facts = NodeFacts::of(node.clone());
+        assert_eq!(facts.labels["pool"], "db");
+        assert_eq!(facts.kubelet.as_deref(), Some("v1.37.0-eks-4d1a2b"));
         let mut unreported = node;
         unreported
             .status
@@ -209,7 +194,7 @@ mod tests {
             .and_then(|s| s.node_info.as_mut())
             .unwrap()
             .kubelet_version = String::new();
-        assert_eq!(NodeView::of(unreported).kubelet, None);
-        assert_eq!(NodeView::of(Node::default()), NodeView::default());
+        assert_eq!(NodeFacts::of(unreported).kubelet, None);
+        assert_eq!(NodeFacts::of(Node::default()), NodeFacts::default());
     }
 }

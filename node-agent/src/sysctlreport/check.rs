@@ -189,7 +189,7 @@ fn run_inner(args: CheckArgs) -> Result<(Vec<String>, u8), String> {
     }
     let kubelet = match &args.kubelet_version {
         Some(v) => {
-            let judged = Kubelet::judge(Some(v.as_str()));
+            let judged = Kubelet::from_reported(Some(v.as_str()));
             if let Some(why) = judged.assumed {
                 eprintln!("note: {why}");
             }
@@ -291,7 +291,9 @@ items:
         .unwrap();
         let kernel: KernelVersion = "6.1.0-18-amd64".parse().unwrap();
         let check = |flag: Option<&str>| {
-            let k = flag.map_or(Kubelet::DEFAULT, |f| Kubelet::judge(Some(f)).kubelet);
+            let k = flag.map_or(Kubelet::DEFAULT, |f| {
+                Kubelet::from_reported(Some(f)).kubelet
+            });
             let list = k.allowlist(&k.safe_sysctls(Some(&kernel))).unwrap();
             report(&list, &pod).1
         };

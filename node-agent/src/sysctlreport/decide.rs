@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use groundskeeper_sysctl_rules::defaults::Judgement;
+use groundskeeper_sysctl_rules::defaults::Effect;
 use groundskeeper_sysctl_rules::names::go_quote;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 use jiff::Timestamp;
@@ -169,7 +169,7 @@ pub fn default_event_name(node: &str, sysctl: &str, note: &str) -> String {
 
 /// The Warning Event's note for a default the node can not apply (a note is at most 1024
 /// bytes: the value, up to 1024 itself, is left out).
-pub fn default_note(sysctl: &str, why: &Judgement) -> String {
+pub fn default_note(sysctl: &str, why: &Effect) -> String {
     format!(
         "default pod sysctl {} (kubelet defaultPodSysctls) can not be applied on this node: {why}",
         go_quote(sysctl)

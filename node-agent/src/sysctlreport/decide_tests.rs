@@ -241,7 +241,7 @@ fn every_shared_case_is_reported_as_its_verdict_says() {
             phase: Some("Pending".into()),
             ..Default::default()
         });
-        let verdict = node.judge(p.spec.as_ref());
+        let verdict = node.verdict(p.spec.as_ref());
         assert_eq!(verdict, case.want(), "case {:?}", case.name);
         let mut m = Memory::default();
         let pending = run(&p, verdict.clone(), &mut m, node.chosen);

@@ -3,11 +3,11 @@
 //! its Event retried when refused, nothing written under dry-run.
 
 use groundskeeper_plumbing::cache::Update;
-use groundskeeper_sysctl_rules::defaults::{Judgement, parse};
+use groundskeeper_sysctl_rules::defaults::{Effect, parse};
 use groundskeeper_sysctl_rules::names::Namespace;
 
 use super::apply::DEFAULT_UNAVAILABLE_REASON;
-use super::cache::{Change, NodeView};
+use super::cache::{Change, NodeFacts};
 use super::crd::Mode;
 use super::decide::{default_event_name, default_note};
 use super::reporter::Settings;
@@ -35,11 +35,14 @@ fn rig(dry_run: bool) -> Rig {
 
 /// The Node watch delivers the Node with this kubelet version.
 async fn kubelet(r: &mut Rig, version: &str) {
-    let view = NodeView {
+    let facts = NodeFacts {
         kubelet: Some(version.into()),
         ..Default::default()
     };
-    r.cache.lock().nodes.apply(Update::Apply(NODE.into(), view));
+    r.cache
+        .lock()
+        .nodes
+        .apply(Update::Apply(NODE.into(), facts));
     r.reporter.on_change(Change::Merge).await;
 }
 
@@ -157,7 +160,7 @@ async fn nothing_is_judged_before_the_node_is_read() {
 
 #[test]
 fn default_event_names_are_stable_distinct_and_valid() {
-    let note = default_note("vm.swappiness", &Judgement::Applied(Namespace::Net));
+    let note = default_note("vm.swappiness", &Effect::Applied(Namespace::Net));
     let a = default_event_name(NODE, "vm.swappiness", &note);
     assert_eq!(a, default_event_name(NODE, "vm.swappiness", &note));
     assert!(a.starts_with("node-a.default-sysctl-"), "{a}");
@@ -170,7 +173,7 @@ fn default_event_names_are_stable_distinct_and_valid() {
     assert!(default_event_name("", "x", "y").starts_with("node.default-sysctl-"));
     // The longest name and reason still make a note the apiserver takes (1024 bytes).
     let name = format!("net.{}", "a".repeat(249));
-    let why = groundskeeper_sysctl_rules::defaults::judge_one(
+    let why = groundskeeper_sysctl_rules::defaults::effect_of(
         &name,
         groundskeeper_sysctl_rules::kubelet::Kubelet::NEWEST,
         None,

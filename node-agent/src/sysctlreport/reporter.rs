@@ -11,18 +11,19 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{cache::Shared, klog::KObj};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use groundskeeper_sysctl_rules::defaults::{self, DefaultPodSysctls, Judgement, State};
+use groundskeeper_sysctl_rules::defaults::{self, DefaultPodSysctls, Effect, State};
 use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::verdict::Verdict;
 
 use super::apply::{Report, WriteError, Writer, Writes};
-use super::cache::{Cache, Change, Flags, PodKey};
+use super::cache::{Change, Flags, ReportCache};
 use super::crd::{Mode, SysctlPolicy};
 use super::decide::{Action, Memory, PodFacts, decide, default_note};
 use super::kernel::KernelVersion;
@@ -64,7 +65,7 @@ pub struct Settings {
 
 pub struct Reporter<W> {
     settings: Settings,
-    cache: Shared<Cache>,
+    cache: Shared<ReportCache>,
     /// This task's own watches; other tasks' readiness must not hold the reporter back.
     watches: Health,
     /// The SysctlPolicy watch alone.
@@ -78,11 +79,11 @@ pub struct Reporter<W> {
     /// When `policy` came into force here: pods kubelet started later started under it.
     policy_since: jiff::Timestamp,
     memory: Memory,
-    retry: HashSet<PodKey>,
+    retry: HashSet<ObjectKey>,
     status_due: HashMap<String, Instant>,
     status_offset: Duration,
     /// Each default pod sysctl's last judgement, by name.
-    defaults: HashMap<String, Judgement>,
+    defaults: HashMap<String, Effect>,
     /// The defaults judged unavailable whose Event is not written yet (retried on the tick).
     unflagged: BTreeSet<String>,
 }
@@ -90,7 +91,7 @@ pub struct Reporter<W> {
 impl<W: Writes> Reporter<W> {
     pub fn new(
         settings: Settings,
-        cache: Shared<Cache>,
+        cache: Shared<ReportCache>,
         flags: Flags,
         writer: Writer<W>,
         metrics: Metrics,
@@ -152,7 +153,7 @@ impl<W: Writes> Reporter<W> {
         if !self.unflagged.is_empty() {
             self.flag_defaults().await;
         }
-        let retry: Vec<PodKey> = self.retry.drain().collect();
+        let retry: Vec<ObjectKey> = self.retry.drain().collect();
         for key in retry {
             let pod = self.cache.lock().pods.get(&key).cloned();
             if let Some(pod) = pod {
@@ -198,7 +199,7 @@ impl<W: Writes> Reporter<W> {
             };
             let policies: Vec<&SysctlPolicy> = cache.policies.values().collect();
             let s = &self.settings;
-            let judged = Kubelet::judge(node.kubelet.as_deref());
+            let judged = Kubelet::from_reported(node.kubelet.as_deref());
             let k = judged.kubelet;
             let safe = k.safe_sysctls(s.kernel.as_ref());
             let merged = merge_in(
@@ -227,7 +228,7 @@ impl<W: Writes> Reporter<W> {
             }
             self.kubelet = Some(rules);
         }
-        self.judge_defaults(judged.kubelet).await;
+        self.report_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
             tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
@@ -239,10 +240,10 @@ impl<W: Writes> Reporter<W> {
     /// Judges the node's default pod sysctls by `kubelet`'s rules and this kernel. A default
     /// whose judgement changed is logged and its gauge set; one the node can not apply is
     /// flagged on the Node.
-    async fn judge_defaults(&mut self, kubelet: Kubelet) {
+    async fn report_defaults(&mut self, kubelet: Kubelet) {
         let s = &self.settings;
-        let changed: Vec<(String, Judgement)> =
-            defaults::judge(&s.defaults, kubelet, s.kernel.as_ref())
+        let changed: Vec<(String, Effect)> =
+            defaults::effects(&s.defaults, kubelet, s.kernel.as_ref())
                 .into_iter()
                 .filter(|(d, j)| self.defaults.get(&d.name) != Some(j))
                 .map(|(d, j)| (d.name.clone(), j))
@@ -329,7 +330,7 @@ impl<W: Writes> Reporter<W> {
         };
         let (revision, chosen, since) = (policy.revision, policy.chosen, self.policy_since);
         let facts = PodFacts::of(pod);
-        let verdict = policy.judge(pod.spec.as_ref());
+        let verdict = policy.verdict(pod.spec.as_ref());
         let action = decide(&facts, verdict.clone(), &self.memory, chosen, since);
         let (ns, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
         let (report, message) = match action {
@@ -357,7 +358,7 @@ impl<W: Writes> Reporter<W> {
             let e = WriteError::Report(e);
             self.failed(&e);
             tracing::warn!(pod = %name, namespace = %ns, error = %e, "reporting pod failed; will retry");
-            self.retry.insert(PodKey::of(pod));
+            self.retry.insert(ObjectKey::of(pod));
             return;
         }
         match report {
@@ -383,7 +384,7 @@ impl<W: Writes> Reporter<W> {
     /// The pod was handled under `verdict`: counted, no longer retried, remembered.
     fn done(&mut self, pod: &Pod, facts: &PodFacts, verdict: Verdict) {
         self.metrics.checked.inc();
-        self.retry.remove(&PodKey::of(pod));
+        self.retry.remove(&ObjectKey::of(pod));
         self.memory.remember(facts, verdict);
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::Readiness;
 use groundskeeper_plumbing::cache::{Shared, Update};
 use groundskeeper_plumbing::events;
@@ -13,7 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use super::apply::{Writer, Writes};
-use super::cache::{Cache, Change, Flags, NodeView, PodKey};
+use super::cache::{Change, Flags, NodeFacts, ReportCache};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
@@ -154,7 +155,7 @@ pub(super) fn policy(name: &str, mode: Mode) -> SysctlPolicy {
 /// The reporter on node `node` with its watches listed and healthy, over an empty cache.
 pub(super) struct Rig {
     pub(super) reporter: Reporter<Fake>,
-    pub(super) cache: Shared<Cache>,
+    pub(super) cache: Shared<ReportCache>,
     pub(super) watches: Flags,
     pub(super) fake: Fake,
     pub(super) metrics: Metrics,
@@ -200,11 +201,11 @@ impl Rig {
             policies: readiness.register("sysctl/sysctlpolicies"),
             node: readiness.register("sysctl/nodes"),
         };
-        let cache: Shared<Cache> = Shared::default();
+        let cache: Shared<ReportCache> = Shared::default();
         cache
             .lock()
             .nodes
-            .apply(Update::Apply(node.into(), NodeView::default()));
+            .apply(Update::Apply(node.into(), NodeFacts::default()));
         let fake = Fake::default();
         let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
         let events = events::Events::to(
@@ -247,7 +248,7 @@ impl Rig {
         self.cache
             .lock()
             .pods
-            .apply(Update::Apply(PodKey::of(p), p.clone()));
+            .apply(Update::Apply(ObjectKey::of(p), p.clone()));
         self.reporter
             .on_change(Change::Pod(Box::new(p.clone())))
             .await;
@@ -346,14 +347,14 @@ async fn the_nodes_own_kubelet_version_decides() {
     let kernel = "6.1.0-18-amd64".parse().ok();
     let mut r = Rig::unlisted_on("node-a", Mode::Enforce, false, kernel);
     let set_kubelet = |r: &Rig, v: &str| {
-        let view = NodeView {
+        let facts = NodeFacts {
             kubelet: Some(v.into()),
             ..Default::default()
         };
         r.cache
             .lock()
             .nodes
-            .apply(Update::Apply("node-a".into(), view));
+            .apply(Update::Apply("node-a".into(), facts));
     };
     set_kubelet(&r, "v1.36.2");
     r.set_healthy(true);
@@ -407,7 +408,7 @@ async fn the_reporter_starts_whichever_watch_lists_last() {
         r.cache
             .lock()
             .pods
-            .apply(Update::Apply(PodKey::of(&p), p.clone()));
+            .apply(Update::Apply(ObjectKey::of(&p), p.clone()));
         for watch in order {
             let (flag, change) = match watch {
                 "nodes" => (&r.watches.node, Change::Merge),

@@ -52,11 +52,11 @@ fn relist_replaces_and_drops_what_is_gone() {
 fn an_object_that_stops_being_kept_leaves_the_store() {
     let project = |n: (&'static str, u32)| {
         if n.1 == 0 {
-            Kept::No(n.0)
+            Projected::No(n.0)
         } else if n.0.is_empty() {
-            Kept::Unusable
+            Projected::Unusable
         } else {
-            Kept::Yes(n.0, n.1)
+            Projected::Yes(n.0, n.1)
         }
     };
     let mut s: Store<&str, u32> = Store::default();
@@ -116,7 +116,7 @@ async fn follow_folds_before_it_yields_and_is_ready_once_listed() {
         client,
         watcher::Config::default(),
         cache.clone(),
-        |s, ev| s.apply_event(ev, |c: ConfigMap| Kept::Yes(c.name_any(), ())),
+        |s, ev| s.apply_event(ev, |c: ConfigMap| Projected::Yes(c.name_any(), ())),
     );
     assert_eq!(flag.name(), "test/configmaps");
     let mut stream = std::pin::pin!(stream);

@@ -142,10 +142,10 @@ pub fn headers(token: &str) -> HeaderMap {
 }
 
 /// A flood of made-up tokens, each new: the apiserver is asked within the budget only, the
-/// rest answered 429 unasked; junk is never sent; the scraper's verdict survives the flood
+/// rest answered 429 unasked; junk is never sent; the scraper's answer survives the flood
 /// in the cache, and once it runs out it is renewed on its own budget mid-flood.
 #[tokio::test(start_paused = true)]
-async fn made_up_tokens_cost_the_budget_and_no_scraper_its_verdict() {
+async fn made_up_tokens_cost_the_budget_and_no_scraper_its_answer() {
     let reviews = Arc::new(AtomicUsize::new(0));
     let auth = Delegated::new(apiserver(reviews.clone()), &prometheus::Registry::new()).unwrap();
     let reader = headers(&jwt("reader"));
@@ -195,7 +195,7 @@ async fn made_up_tokens_cost_the_budget_and_no_scraper_its_verdict() {
     );
     assert_eq!(reviews.load(Ordering::SeqCst), 1 + asked);
 
-    // The reader's verdict runs out while the flood goes on: it is checked again.
+    // The reader's answer runs out while the flood goes on: it is checked again.
     tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
     flood(10_000).await;
     let before = reviews.load(Ordering::SeqCst);
@@ -207,7 +207,7 @@ async fn made_up_tokens_cost_the_budget_and_no_scraper_its_verdict() {
 }
 
 /// Through an apiserver outage, a scraper allowed before keeps its metrics (for up to
-/// UNCHECKED_FOR after its verdict ran out), while a token never seen, or refused before,
+/// UNCHECKED_FOR after its answer ran out), while a token never seen, or refused before,
 /// is not served; once the apiserver is back the scraper is checked again.
 #[tokio::test(start_paused = true)]
 async fn an_allowed_scraper_is_served_through_an_outage_and_no_one_else() {
@@ -259,7 +259,7 @@ async fn an_allowed_scraper_is_served_through_an_outage_and_no_one_else() {
 
 /// The grace is for an apiserver that can not be reached or fails: one that answers and
 /// refuses the review (403: the checks are no longer allowed; 429: it sheds load) is an
-/// answer, and a caller whose verdict ran out is then not served unchecked.
+/// answer, and a caller whose answer ran out is then not served unchecked.
 #[tokio::test(start_paused = true)]
 async fn no_grace_when_the_apiserver_answers_and_refuses_the_review() {
     for code in [403u16, 429] {
@@ -367,7 +367,7 @@ async fn a_new_scraper_is_served_during_a_flood_of_forged_tokens() {
             assert_eq!(
                 auth.check(&headers(&new)).await,
                 Ok(()),
-                "and its verdict kept"
+                "and its answer kept"
             );
         }
     }

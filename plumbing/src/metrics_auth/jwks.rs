@@ -197,7 +197,7 @@ fn rsa(n: Vec<u8>, e: Vec<u8>) -> Option<Key> {
 
 /// What the keys say of a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Judgement {
+pub enum TokenCheck {
     /// Not of the ServiceAccount issuer (another issuer, or none): the apiserver decides, on
     /// the budget of tokens never seen.
     Foreign,
@@ -252,21 +252,21 @@ impl Flaw {
 
 /// Judges `jwt` by `keys` at `now` (seconds since the Unix epoch). The signature is judged
 /// before the times, so a made-up token is never said to be merely expired.
-pub fn judge(jwt: &Jwt<'_>, keys: &KeySet, now: f64) -> Judgement {
+pub fn check(jwt: &Jwt<'_>, keys: &KeySet, now: f64) -> TokenCheck {
     if jwt.iss.as_deref() != Some(keys.issuer.as_str()) {
-        return Judgement::Foreign;
+        return TokenCheck::Foreign;
     }
     // The apiserver names its key in every token it signs; trying every key for a token that
     // names none would let one request cost as many verifications as there are keys.
     let Some(kid) = &jwt.kid else {
-        return Judgement::Refused(Flaw::UnknownKey);
+        return TokenCheck::Refused(Flaw::UnknownKey);
     };
     let Some(key) = keys.keys.iter().find(|k| &k.kid == kid) else {
-        return Judgement::UnknownKey;
+        return TokenCheck::UnknownKey;
     };
     let message = jwt.signed.as_bytes();
     let verified = match (&key.key, jwt.alg.as_deref()) {
-        (Key::Unchecked, _) => return Judgement::Unchecked,
+        (Key::Unchecked, _) => return TokenCheck::Unchecked,
         (Key::Rsa { n, e }, Some("RS256")) => RsaPublicKeyComponents { n, e }
             .verify(
                 &signature::RSA_PKCS1_2048_8192_SHA256,
@@ -287,18 +287,18 @@ pub fn judge(jwt: &Jwt<'_>, keys: &KeySet, now: f64) -> Judgement {
         _ => false,
     };
     if !verified {
-        return Judgement::Refused(Flaw::BadSignature);
+        return TokenCheck::Refused(Flaw::BadSignature);
     }
     let seconds = |v: &Option<Value>| v.as_ref().map(|v| v.as_f64().unwrap_or(f64::NAN));
     if let Some(exp) = seconds(&jwt.exp)
         && (exp.is_nan() || exp + LEEWAY_SECS < now)
     {
-        return Judgement::Refused(Flaw::Expired);
+        return TokenCheck::Refused(Flaw::Expired);
     }
     if let Some(nbf) = seconds(&jwt.nbf)
         && (nbf.is_nan() || nbf - LEEWAY_SECS > now)
     {
-        return Judgement::Refused(Flaw::NotYetValid);
+        return TokenCheck::Refused(Flaw::NotYetValid);
     }
-    Judgement::Signed
+    TokenCheck::Signed
 }

@@ -83,8 +83,8 @@ fn key_set(keys: &[serde_json::Value]) -> KeySet {
     KeySet::parse(&discovery, &jwks).unwrap()
 }
 
-fn judged(token: &str, keys: &KeySet) -> Judgement {
-    judge(&Jwt::parse(token).unwrap(), keys, NOW)
+fn checked(token: &str, keys: &KeySet) -> TokenCheck {
+    check(&Jwt::parse(token).unwrap(), keys, NOW)
 }
 
 /// An RSA key and a token it signed (RS256, `iss` [`ISSUER`], valid from 1800000000 to
@@ -110,20 +110,20 @@ fn a_signature_of_the_issuers_key_verifies_and_a_forged_one_does_not() {
     assert_eq!(keys.counts(), (2, 2));
     let es_token = es.token("system:serviceaccount:monitoring:prometheus", NOW - 60.0);
     for (name, token, want) in [
-        ("ES256", es_token.clone(), Judgement::Signed),
-        ("RS256", RSA_TOKEN.to_string(), Judgement::Signed),
+        ("ES256", es_token.clone(), TokenCheck::Signed),
+        ("RS256", RSA_TOKEN.to_string(), TokenCheck::Signed),
         (
             "ES256 forged",
             forged(&es_token),
-            Judgement::Refused(Flaw::BadSignature),
+            TokenCheck::Refused(Flaw::BadSignature),
         ),
         (
             "RS256 forged",
             forged(RSA_TOKEN),
-            Judgement::Refused(Flaw::BadSignature),
+            TokenCheck::Refused(Flaw::BadSignature),
         ),
     ] {
-        assert_eq!(judged(&token, &keys), want, "{name}");
+        assert_eq!(checked(&token, &keys), want, "{name}");
     }
 }
 
@@ -169,8 +169,8 @@ fn only_the_keys_own_algorithm_is_accepted() {
         ("another key's signature", another_key),
     ] {
         assert_eq!(
-            judged(&token, &keys),
-            Judgement::Refused(Flaw::BadSignature),
+            checked(&token, &keys),
+            TokenCheck::Refused(Flaw::BadSignature),
             "{name}"
         );
     }
@@ -185,47 +185,47 @@ fn expiry_and_not_before_hold_with_a_leeway() {
         (
             "valid",
             json!({"iss": ISSUER, "exp": NOW + 1.0, "nbf": NOW - 1.0}),
-            Judgement::Signed,
+            TokenCheck::Signed,
         ),
-        ("no exp, no nbf", json!({"iss": ISSUER}), Judgement::Signed),
+        ("no exp, no nbf", json!({"iss": ISSUER}), TokenCheck::Signed),
         (
             "expired within the leeway",
             json!({"iss": ISSUER, "exp": NOW - LEEWAY_SECS + 1.0}),
-            Judgement::Signed,
+            TokenCheck::Signed,
         ),
         (
             "expired",
             json!({"iss": ISSUER, "exp": NOW - LEEWAY_SECS - 1.0}),
-            Judgement::Refused(Flaw::Expired),
+            TokenCheck::Refused(Flaw::Expired),
         ),
         (
             "exp not a number",
             json!({"iss": ISSUER, "exp": "never"}),
-            Judgement::Refused(Flaw::Expired),
+            TokenCheck::Refused(Flaw::Expired),
         ),
         (
             "nbf within the leeway",
             json!({"iss": ISSUER, "nbf": NOW + LEEWAY_SECS - 1.0}),
-            Judgement::Signed,
+            TokenCheck::Signed,
         ),
         (
             "not yet valid",
             json!({"iss": ISSUER, "nbf": NOW + LEEWAY_SECS + 1.0}),
-            Judgement::Refused(Flaw::NotYetValid),
+            TokenCheck::Refused(Flaw::NotYetValid),
         ),
         (
             "nbf not a number",
             json!({"iss": ISSUER, "nbf": [1]}),
-            Judgement::Refused(Flaw::NotYetValid),
+            TokenCheck::Refused(Flaw::NotYetValid),
         ),
     ] {
-        assert_eq!(judged(&with(claims), &keys), want, "{name}");
+        assert_eq!(checked(&with(claims), &keys), want, "{name}");
     }
     // A forged expired token is a forgery first.
     let expired = with(json!({"iss": ISSUER, "exp": 1.0}));
     assert_eq!(
-        judged(&forged(&expired), &keys),
-        Judgement::Refused(Flaw::BadSignature)
+        checked(&forged(&expired), &keys),
+        TokenCheck::Refused(Flaw::BadSignature)
     );
 }
 
@@ -253,70 +253,70 @@ fn other_issuers_unknown_and_unchecked_keys() {
         (
             "another issuer",
             as_issuer(json!("https://oidc.example"), json!("k")),
-            Judgement::Foreign,
+            TokenCheck::Foreign,
         ),
         (
             "a legacy token's issuer",
             as_issuer(json!("kubernetes/serviceaccount"), json!("k")),
-            Judgement::Foreign,
+            TokenCheck::Foreign,
         ),
         (
             "no issuer",
             es.sign(json!({"alg": "ES256", "kid": "k"}), json!({"sub": "x"})),
-            Judgement::Foreign,
+            TokenCheck::Foreign,
         ),
         (
             "an issuer not a string",
             as_issuer(json!(5), json!("k")),
-            Judgement::Foreign,
+            TokenCheck::Foreign,
         ),
         (
             "a key not published",
             as_issuer(json!(ISSUER), json!("rotated")),
-            Judgement::UnknownKey,
+            TokenCheck::UnknownKey,
         ),
         (
             "a key for encryption",
             as_issuer(json!(ISSUER), json!("enc")),
-            Judgement::UnknownKey,
+            TokenCheck::UnknownKey,
         ),
         (
             "no kid",
             es.sign(json!({"alg": "ES256"}), json!({"iss": ISSUER})),
-            Judgement::Refused(Flaw::UnknownKey),
+            TokenCheck::Refused(Flaw::UnknownKey),
         ),
         (
             "a kid not a string",
             as_issuer(json!(ISSUER), json!(["k"])),
-            Judgement::Refused(Flaw::UnknownKey),
+            TokenCheck::Refused(Flaw::UnknownKey),
         ),
         (
             "P-521",
             as_issuer(json!(ISSUER), json!("p521")),
-            Judgement::Unchecked,
+            TokenCheck::Unchecked,
         ),
         (
             "RSA 1024",
             as_issuer(json!(ISSUER), json!("rsa1024")),
-            Judgement::Unchecked,
+            TokenCheck::Unchecked,
         ),
         (
             "PS256",
             as_issuer(json!(ISSUER), json!("ps256")),
-            Judgement::Unchecked,
+            TokenCheck::Unchecked,
         ),
         (
             "symmetric",
             as_issuer(json!(ISSUER), json!("secret")),
-            Judgement::Unchecked,
+            TokenCheck::Unchecked,
         ),
         (
             "malformed key",
             as_issuer(json!(ISSUER), json!("bad-b64")),
-            Judgement::Unchecked,
+            TokenCheck::Unchecked,
         ),
     ] {
-        assert_eq!(judged(&token, &keys), want, "{name}");
+        assert_eq!(checked(&token, &keys), want, "{name}");
     }
 }
 
@@ -422,10 +422,10 @@ fn junk_never_panics_and_is_never_signed() {
             .collect::<Vec<_>>()
             .join(".");
         if let Ok(jwt) = Jwt::parse(&token) {
-            let judgement = judge(&jwt, &keys, NOW);
+            let check = check(&jwt, &keys, NOW);
             assert_ne!(
-                judgement,
-                Judgement::Signed,
+                check,
+                TokenCheck::Signed,
                 "seed {seed} round {round}: {token}"
             );
         }
@@ -448,8 +448,8 @@ fn junk_never_panics_and_is_never_signed() {
         let (discovery, jwks) = documents(&[key]);
         if let Ok(keys) = KeySet::parse(&discovery, &jwks) {
             let token = es.token("x", NOW);
-            let j = judge(&Jwt::parse(&token).unwrap(), &keys, NOW);
-            assert_ne!(j, Judgement::Signed, "seed {seed} round {round}: {keys:?}");
+            let j = check(&Jwt::parse(&token).unwrap(), &keys, NOW);
+            assert_ne!(j, TokenCheck::Signed, "seed {seed} round {round}: {keys:?}");
         }
     }
 }

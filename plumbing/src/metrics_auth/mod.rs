@@ -14,11 +14,11 @@
 //! Checks of tokens not seen allowed before are held to small budgets (past them: 429, not
 //! asked): one for tokens the issuer's keys signed, which made-up tokens can not spend, one for
 //! the others (other issuers, or any token while the keys can not be read); renewals of
-//! scrapers' verdicts have a third. Verdicts are cached, refusals briefly, allowed and refused in
+//! scrapers' answers have a third. Answers are cached, refusals briefly, allowed and refused in
 //! two least-recently-used maps of bounded size.
 //!
 //! During an apiserver outage (unreachable, or answering 5xx) a caller allowed before keeps being
-//! served for up to an hour after its verdict ran out (`groundskeeper_metrics_auth_unchecked_total`
+//! served for up to an hour after its answer ran out (`groundskeeper_metrics_auth_unchecked_total`
 //! counts it); not when the apiserver answers the review with a refusal (403, 429). A token never
 //! seen gets 503.
 
@@ -41,7 +41,7 @@ use crate::{lru::Lru, ratelimit::Budget};
 pub mod jwks;
 pub mod keys;
 
-use jwks::{Judgement, Jwt};
+use jwks::{Jwt, TokenCheck};
 use keys::IssuerKeys;
 
 /// `--metrics-auth`.
@@ -53,18 +53,18 @@ pub enum MetricsAuth {
     Kubernetes,
 }
 
-/// How long a verdict is reused, so that a scrape every few seconds makes no API call: an
+/// How long an answer is reused, so that a scrape every few seconds makes no API call: an
 /// allowed caller is checked again after this long, a refused one sooner.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const REFUSED_FOR: Duration = Duration::from_secs(10);
-/// How long after its verdict ran out a caller allowed before is still served when it can not
+/// How long after its answer ran out a caller allowed before is still served when it can not
 /// be checked again (the apiserver is down, or the renewal budget is spent): scrapers keep
 /// their metrics through an outage, which is when they matter most. Bounded, so that a token
 /// revoked during a long outage is not served for ever; a projected ServiceAccount token is
 /// replaced by kubelet within the hour anyway, and a token never seen can not be checked.
 const UNCHECKED_FOR: Duration = Duration::from_secs(3600);
-/// Verdicts kept at most, allowed and refused apart, each evicting its least recently used:
-/// made-up tokens fill only the refusals and never push a scraper's verdict out.
+/// Answers kept at most, allowed and refused apart, each evicting its least recently used:
+/// made-up tokens fill only the refusals and never push a scraper's answer out.
 const CACHED_MAX: usize = 256;
 /// The longest token sent to the apiserver: ServiceAccount tokens are about 1 KiB, an OIDC
 /// token with many groups a few.
@@ -78,7 +78,7 @@ const FRESH_BURST: u32 = 10;
 /// made-up tokens can not spend.
 const SIGNED_QPS: f32 = 1.0;
 const SIGNED_BURST: u32 = 10;
-/// Checks of tokens allowed before whose verdict ran out: a scraper is checked again on a budget
+/// Checks of tokens allowed before whose answer ran out: a scraper is checked again on a budget
 /// that made-up tokens can not spend.
 const RENEWAL_QPS: f32 = 1.0;
 const RENEWAL_BURST: u32 = 5;
@@ -86,8 +86,8 @@ const RENEWAL_BURST: u32 = 5;
 /// A refusal: the status to answer and why.
 pub type Refusal = (StatusCode, String);
 
-struct Verdicts {
-    /// Until when each allowed token's verdict holds; kept after that (until evicted) to
+struct TokenAnswers {
+    /// Until when each allowed token's answer holds; kept after that (until evicted) to
     /// know the token for the renewal budget.
     allowed: Lru<String, Instant>,
     refused: Lru<String, (Instant, Refused)>,
@@ -97,7 +97,7 @@ struct Verdicts {
 #[derive(Clone)]
 pub struct Delegated {
     client: kube::Client,
-    verdicts: Arc<Mutex<Verdicts>>,
+    answers: Arc<Mutex<TokenAnswers>>,
     keys: IssuerKeys,
     fresh: Budget,
     signed: Budget,
@@ -156,7 +156,7 @@ impl Delegated {
         Ok(Self {
             keys: IssuerKeys::new(client.clone()),
             client,
-            verdicts: Arc::new(Mutex::new(Verdicts {
+            answers: Arc::new(Mutex::new(TokenAnswers {
                 allowed: Lru::new(CACHED_MAX),
                 refused: Lru::new(CACHED_MAX),
             })),
@@ -174,13 +174,13 @@ impl Delegated {
     /// budget of checks allows: not asked), or 503 (the apiserver could not be asked: not
     /// cached, the next scrape asks again).
     pub async fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
-        self.verdict(headers).await.map_err(|(refusal, reason)| {
+        self.authorize(headers).await.map_err(|(refusal, reason)| {
             self.refused.with_label_values(&[reason]).inc();
             refusal
         })
     }
 
-    async fn verdict(&self, headers: &HeaderMap) -> Result<(), Refused> {
+    async fn authorize(&self, headers: &HeaderMap) -> Result<(), Refused> {
         let Some(token) = bearer(headers) else {
             return Err((
                 (
@@ -207,7 +207,7 @@ impl Delegated {
             }
         };
         let now = Instant::now();
-        // Until when a caller allowed before whose verdict ran out may still be served unchecked.
+        // Until when a caller allowed before whose answer ran out may still be served unchecked.
         let known = {
             let mut guard = self.lock();
             let v = &mut *guard;
@@ -235,15 +235,15 @@ impl Delegated {
         // the keys are for tokens never seen.
         let budget = match known {
             Some(_) => &self.renewals,
-            None => match self.judge(&jwt).await {
-                Judgement::Signed => &self.signed,
-                Judgement::Refused(flaw) => {
+            None => match self.check_token(&jwt).await {
+                TokenCheck::Signed => &self.signed,
+                TokenCheck::Refused(flaw) => {
                     return Err((
                         (StatusCode::UNAUTHORIZED, flaw.message().into()),
                         flaw.reason(),
                     ));
                 }
-                Judgement::Foreign | Judgement::Unchecked | Judgement::UnknownKey => &self.fresh,
+                TokenCheck::Foreign | TokenCheck::Unchecked | TokenCheck::UnknownKey => &self.fresh,
             },
         };
         if !budget.try_take() {
@@ -262,7 +262,7 @@ impl Delegated {
                 "over_budget",
             ));
         }
-        let verdict = match self.review(token).await {
+        let answer = match self.review(token).await {
             Ok(v) => v,
             Err(e) => {
                 // The grace is for an apiserver that could not be asked (unreachable, 5xx), not
@@ -283,7 +283,7 @@ impl Delegated {
             }
         };
         let mut v = self.lock();
-        match &verdict {
+        match &answer {
             Ok(()) => {
                 v.refused.remove(token);
                 v.allowed.put(token.to_string(), now + ALLOWED_FOR);
@@ -294,35 +294,35 @@ impl Delegated {
                     .put(token.to_string(), (now + REFUSED_FOR, refusal.clone()));
             }
         }
-        verdict
+        answer
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
-        self.verdicts.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, TokenAnswers> {
+        self.answers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What the issuer's keys say of a token not seen allowed before. Keys not read (yet) judge
     /// nothing: every token is then left to the apiserver, as without them. A token naming a key
     /// not held has the keys read again (at most once per [`keys::FETCH_EVERY`]) before it is
     /// refused.
-    async fn judge(&self, jwt: &Jwt<'_>) -> Judgement {
+    async fn check_token(&self, jwt: &Jwt<'_>) -> TokenCheck {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         let held = self.keys.current().await;
         let Some(keys) = &held.keys else {
-            return Judgement::Foreign;
+            return TokenCheck::Foreign;
         };
         if jwt.issuer() != Some(keys.issuer.as_str()) {
-            return Judgement::Foreign;
+            return TokenCheck::Foreign;
         }
-        match jwks::judge(jwt, keys, now) {
-            Judgement::UnknownKey => match &self.keys.refresh(&held).await.keys {
-                Some(keys) => match jwks::judge(jwt, keys, now) {
-                    Judgement::UnknownKey => Judgement::Refused(jwks::Flaw::UnknownKey),
+        match jwks::check(jwt, keys, now) {
+            TokenCheck::UnknownKey => match &self.keys.refresh(&held).await.keys {
+                Some(keys) => match jwks::check(jwt, keys, now) {
+                    TokenCheck::UnknownKey => TokenCheck::Refused(jwks::Flaw::UnknownKey),
                     judged => judged,
                 },
-                None => Judgement::Foreign,
+                None => TokenCheck::Foreign,
             },
             judged => judged,
         }

@@ -410,5 +410,6 @@ fn one_dry_run_log_style() {
 mod circles;
 mod code_maps;
 mod figures;
+mod glossary;
 mod history;
 mod skips;

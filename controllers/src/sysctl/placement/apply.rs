@@ -5,6 +5,7 @@
 
 use std::future::Future;
 
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::events::{Events, Notice, Repeat, Severity};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{NodeSelector, ObjectReference, Pod};
@@ -14,7 +15,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::leader::{Fence, Fenced};
-use crate::sysctl::facts::{CONDITION, GATE, GatedPod, PodKey};
+use crate::sysctl::facts::{CONDITION, GATE, GatedPod};
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlplacement`), wherever its code sits.
@@ -32,13 +33,13 @@ pub trait Writes: Send + Sync + 'static {
     /// A JSON merge patch of the pod (see [`placement_patch`]).
     fn patch_pod(
         &self,
-        key: &PodKey,
+        key: &ObjectKey,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
     /// A strategic merge patch of the pod's status (see [`condition_patch`]).
     fn patch_status(
         &self,
-        key: &PodKey,
+        key: &ObjectKey,
         patch: &serde_json::Value,
     ) -> impl Future<Output = Result<(), kube::Error>> + Send;
 }
@@ -63,32 +64,36 @@ fn fenced(r: Result<Result<Pod, kube::Error>, Fenced>) -> Result<(), kube::Error
 }
 
 impl Writes for KubeWrites {
-    async fn patch_pod(&self, key: &PodKey, patch: &serde_json::Value) -> Result<(), kube::Error> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), &key.0);
+    async fn patch_pod(
+        &self,
+        key: &ObjectKey,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let api = Api::<Pod>::namespaced(self.client.clone(), key.namespace());
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
         fenced(
             self.fence
-                .guard(api.patch(&key.1, &params, &Patch::Merge(patch)))
+                .guard(api.patch(key.name(), &params, &Patch::Merge(patch)))
                 .await,
         )
     }
 
     async fn patch_status(
         &self,
-        key: &PodKey,
+        key: &ObjectKey,
         patch: &serde_json::Value,
     ) -> Result<(), kube::Error> {
-        let api = Api::<Pod>::namespaced(self.client.clone(), &key.0);
+        let api = Api::<Pod>::namespaced(self.client.clone(), key.namespace());
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
         fenced(
             self.fence
-                .guard(api.patch_status(&key.1, &params, &Patch::Strategic(patch)))
+                .guard(api.patch_status(key.name(), &params, &Patch::Strategic(patch)))
                 .await,
         )
     }
@@ -163,18 +168,18 @@ impl<W: Writes> Apply<W> {
     /// condition turned `True`. Under `--dry-run` only logs: the pod stays gated.
     pub async fn place(
         &self,
-        key: &PodKey,
+        key: &ObjectKey,
         pod: &GatedPod,
         required: Option<&NodeSelector>,
         what: &str,
     ) -> Result<(), kube::Error> {
         let patch = placement_patch(pod, required);
         if self.dry_run {
-            tracing::info!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), affinity = %patch["spec"]["affinity"], "dry-run: would {what} and remove scheduling gate {GATE}");
+            tracing::info!(target: LOG_TARGET, pod = %key, affinity = %patch["spec"]["affinity"], "dry-run: would {what} and remove scheduling gate {GATE}");
             return Ok(());
         }
         self.writes.patch_pod(key, &patch).await?;
-        tracing::info!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), "{what}; removed scheduling gate {GATE}");
+        tracing::info!(target: LOG_TARGET, pod = %key, "{what}; removed scheduling gate {GATE}");
         if pod.held.is_some()
             && let Err(e) = self
                 .writes
@@ -182,7 +187,7 @@ impl<W: Writes> Apply<W> {
                 .await
         {
             // The pod is placed; a stale condition misleads but blocks nothing.
-            tracing::warn!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), error = %e, "could not mark the placement condition True");
+            tracing::warn!(target: LOG_TARGET, pod = %key, error = %e, "could not mark the placement condition True");
         }
         Ok(())
     }
@@ -191,11 +196,11 @@ impl<W: Writes> Apply<W> {
     /// when the reason changed: the caller compares with the pod's condition).
     pub async fn hold(
         &self,
-        key: &PodKey,
+        key: &ObjectKey,
         pod: &GatedPod,
         reason: &str,
     ) -> Result<(), kube::Error> {
-        let name = format!("{}/{}", key.0, key.1);
+        let name = key.to_string();
         tracing::info!(target: LOG_TARGET, pod = %name, reason, "no node admits the pod's sysctls: it stays gated");
         let notice = Notice {
             severity: Severity::Warning,
@@ -205,8 +210,8 @@ impl<W: Writes> Apply<W> {
             regarding: ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
-                namespace: Some(key.0.clone()),
-                name: Some(key.1.clone()),
+                namespace: Some(key.namespace().to_string()),
+                name: Some(key.name().to_string()),
                 uid: Some(pod.uid.clone()),
                 ..Default::default()
             },
@@ -236,11 +241,15 @@ mod tests {
     struct Recorded(Arc<Mutex<Vec<(&'static str, serde_json::Value)>>>);
 
     impl Writes for Recorded {
-        async fn patch_pod(&self, _: &PodKey, p: &serde_json::Value) -> Result<(), kube::Error> {
+        async fn patch_pod(&self, _: &ObjectKey, p: &serde_json::Value) -> Result<(), kube::Error> {
             self.0.lock().unwrap().push(("pod", p.clone()));
             Ok(())
         }
-        async fn patch_status(&self, _: &PodKey, p: &serde_json::Value) -> Result<(), kube::Error> {
+        async fn patch_status(
+            &self,
+            _: &ObjectKey,
+            p: &serde_json::Value,
+        ) -> Result<(), kube::Error> {
             self.0.lock().unwrap().push(("status", p.clone()));
             Ok(())
         }
@@ -293,14 +302,14 @@ mod tests {
         let rec = Recorded::default();
         let a = Apply::new(rec.clone(), true, events());
         a.place(
-            &("ns".into(), "p".into()),
+            &ObjectKey::new("ns", "p"),
             &gated(&[GATE], Some("m")),
             None,
             "place",
         )
         .await
         .unwrap();
-        a.hold(&("ns".into(), "p".into()), &gated(&[GATE], None), "why")
+        a.hold(&ObjectKey::new("ns", "p"), &gated(&[GATE], None), "why")
             .await
             .unwrap();
         assert!(rec.0.lock().unwrap().is_empty());
@@ -310,7 +319,7 @@ mod tests {
     async fn a_held_pod_placed_later_gets_its_condition_turned_true() {
         let rec = Recorded::default();
         let a = Apply::new(rec.clone(), false, events());
-        let key = ("ns".to_string(), "p".to_string());
+        let key = ObjectKey::new("ns", "p");
         a.hold(&key, &gated(&[GATE], None), "no node admits x")
             .await
             .unwrap();

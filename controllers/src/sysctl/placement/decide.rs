@@ -13,7 +13,7 @@ use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy};
 use groundskeeper_sysctl_rules::policy::selects as policy_selects;
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 
-use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodFacts};
 use crate::sysctl::webhook::decide::{Decision, decide};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
@@ -114,12 +114,12 @@ fn matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
     }
 }
 
-/// The placement of pod `pod` (`namespace/name`) seen as `view`, which sets `sysctls` and is
+/// The placement of pod `pod` (`namespace/name`) seen as `pod_facts`, which sets `sysctls` and is
 /// confined by `own`, over every known node and SysctlPolicy.
 pub fn place(
     args: &PolicyArgs,
     pod: &str,
-    view: &PodView,
+    pod_facts: &PodFacts,
     sysctls: &[String],
     own: &Constraints,
     nodes: &[(&str, &NodeFacts)],
@@ -130,12 +130,12 @@ pub fn place(
     let mut causes: BTreeMap<Cause, usize> = BTreeMap::new();
     let candidates = nodes.iter().filter(|(n, f)| own.allow(n, &f.labels));
     for (name, facts) in candidates {
-        match decide(args, pod, view, name, Some(facts), policies) {
+        match decide(args, pod, pod_facts, name, Some(facts), policies) {
             Decision::Allow | Decision::Audit { .. } => admitting.push(*name),
             Decision::Deny { .. } => {
                 forbidding.push(*name);
                 *causes
-                    .entry(cause(args, pod, view, name, facts, policies))
+                    .entry(cause(args, pod, pod_facts, name, facts, policies))
                     .or_default() += 1;
             }
         }
@@ -161,7 +161,7 @@ pub fn place(
 fn cause(
     args: &PolicyArgs,
     pod: &str,
-    view: &PodView,
+    pod_facts: &PodFacts,
     node: &str,
     facts: &NodeFacts,
     policies: &[&SysctlPolicy],
@@ -174,7 +174,7 @@ fn cause(
         ..facts.clone()
     };
     if !matches!(
-        decide(args, pod, view, node, Some(&newer), policies),
+        decide(args, pod, pod_facts, node, Some(&newer), policies),
         Decision::Deny { .. }
     ) {
         return Cause::Kernel;

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use testkit::rng::Rng;
 
 use super::decide::{NAME_FIELD, Placement, narrow, place, selects};
-use crate::sysctl::facts::{Constraints, NodeFacts, PodView};
+use crate::sysctl::facts::{Constraints, NodeFacts, PodFacts};
 
 fn args(default_mode: Mode) -> PolicyArgs {
     PolicyArgs {
@@ -23,8 +23,8 @@ fn args(default_mode: Mode) -> PolicyArgs {
     }
 }
 
-fn view(sysctls: &[&str]) -> PodView {
-    PodView::of(&Pod {
+fn pod_facts(sysctls: &[&str]) -> PodFacts {
+    PodFacts::of(&Pod {
         spec: Some(PodSpec {
             security_context: Some(PodSecurityContext {
                 sysctls: Some(
@@ -209,7 +209,7 @@ fn each_row_gets_its_placement() {
         let got = place(
             &args(row.default_mode),
             "ns/p",
-            &view(row.sysctls),
+            &pod_facts(row.sysctls),
             &sysctls,
             &Constraints::default(),
             &nodes,
@@ -240,7 +240,7 @@ fn a_pod_without_sysctls_goes_anywhere() {
         let got = place(
             &args(row.default_mode),
             "ns/p",
-            &PodView::default(),
+            &PodFacts::default(),
             &[],
             &Constraints::default(),
             &nodes,
@@ -430,7 +430,7 @@ fn only_the_nodes_the_pod_may_use_are_judged() {
         place(
             &args(Mode::Enforce),
             "ns/p",
-            &view(&["net.core.somaxconn"]),
+            &pod_facts(&["net.core.somaxconn"]),
             &sysctls,
             own,
             &nodes,

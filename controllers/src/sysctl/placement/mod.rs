@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::cache::{Health, Shared};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;
 
 use crate::context::Context;
-use crate::sysctl::cache::{Cache, Change, Watched};
-use crate::sysctl::facts::{NodeFacts, PodKey};
+use crate::sysctl::cache::{Change, SysctlCache, Watched};
+use crate::sysctl::facts::NodeFacts;
 use crate::workqueue::{RateLimit, WorkQueue};
 use apply::{Apply, KubeWrites, Writes};
 use decide::{Placement, place};
@@ -65,7 +66,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = watched.cache.clone();
-    let queue: WorkQueue<PodKey> = WorkQueue::new(RateLimit::default());
+    let queue: WorkQueue<ObjectKey> = WorkQueue::new(RateLimit::default());
     let (health, changes) = (watched.health.clone(), watched.changes());
     let (listed_tx, mut listed) = signal::channel(false);
     let feeder = tokio::spawn({
@@ -151,9 +152,9 @@ pub async fn run(
 /// One evaluation of a gated pod: the cache read, the decision, the write.
 pub struct Placer<W> {
     pub policy: PolicyArgs,
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     pub health: Health,
-    pub queue: WorkQueue<PodKey>,
+    pub queue: WorkQueue<ObjectKey>,
     pub apply: Apply<W>,
     pub metrics: Metrics,
 }
@@ -198,7 +199,7 @@ impl<W: Writes> Placer<W> {
                 Some("conflict")
             }
             Err(e) => {
-                tracing::warn!(target: LOG_TARGET, pod = %format!("{}/{}", key.0, key.1), error = %e, "placing the pod failed; retrying with backoff");
+                tracing::warn!(target: LOG_TARGET, pod = %key, error = %e, "placing the pod failed; retrying with backoff");
                 self.queue.add_rate_limited(key.clone());
                 Some("error")
             }
@@ -211,10 +212,10 @@ impl<W: Writes> Placer<W> {
     }
 
     /// Judges pod `key` on the cache and writes what follows.
-    pub async fn evaluate(&self, key: &PodKey) -> Result<Done, kube::Error> {
+    pub async fn evaluate(&self, key: &ObjectKey) -> Result<Done, kube::Error> {
         // Before the read: what is decided on it is only as current as the watches are now.
         let seen = self.health.seen();
-        let name = format!("{}/{}", key.0, key.1);
+        let name = key.to_string();
         let (pod, placement) = {
             let c = self.cache.lock();
             let Some(pod) = c.gated.get(key).cloned() else {
@@ -226,7 +227,7 @@ impl<W: Writes> Placer<W> {
             let placement = place(
                 &self.policy,
                 &name,
-                &pod.view,
+                &pod.facts,
                 &pod.sysctls,
                 &pod.own,
                 &nodes,

@@ -8,7 +8,7 @@
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{self, Kept, Shared, Store, Watches},
+    cache::{self, Projected, Shared, Store, Watches},
 };
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -21,7 +21,7 @@ use super::rotation::{Annotations, Data};
 
 /// The Secret as the certificate task reads it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SecretView {
+pub struct SecretFacts {
     pub data: Data,
     pub annotations: Annotations,
     pub resource_version: String,
@@ -36,8 +36,8 @@ pub struct WebhookBundles {
 }
 
 #[derive(Default)]
-pub struct Cache {
-    pub secret: Store<String, SecretView>,
+pub struct CertCache {
+    pub secret: Store<String, SecretFacts>,
     pub webhooks: Store<String, WebhookBundles>,
     /// The mutating configuration's (the gate's), by name.
     pub mutating: Store<String, WebhookBundles>,
@@ -69,7 +69,7 @@ pub fn follow_all(
     component: &'static str,
     client: &kube::Client,
     own: &Own,
-    cache: &Shared<Cache>,
+    cache: &Shared<CertCache>,
 ) -> (
     Vec<ReadyFlag>,
     impl Stream<Item = Change> + Send + 'static + use<>,
@@ -104,16 +104,16 @@ pub fn follow_all(
     (flags, changes)
 }
 
-fn by_name<V>(name: Option<String>, v: V) -> Kept<String, V> {
+fn by_name<V>(name: Option<String>, v: V) -> Projected<String, V> {
     match name {
-        Some(name) => Kept::Yes(name, v),
-        None => Kept::Unusable,
+        Some(name) => Projected::Yes(name, v),
+        None => Projected::Unusable,
     }
 }
 
-fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {
+fn fold_secret(cache: &mut CertCache, ev: Event<Secret>) -> Change {
     cache.secret.apply_event(ev, |s: Secret| {
-        let view = SecretView {
+        let facts = SecretFacts {
             data: s
                 .data
                 .unwrap_or_default()
@@ -123,12 +123,12 @@ fn fold_secret(cache: &mut Cache, ev: Event<Secret>) -> Change {
             annotations: s.metadata.annotations.unwrap_or_default(),
             resource_version: s.metadata.resource_version.unwrap_or_default(),
         };
-        by_name(s.metadata.name, view)
+        by_name(s.metadata.name, facts)
     });
     Change::Certificates
 }
 
-fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -> Change {
+fn fold_webhooks(cache: &mut CertCache, ev: Event<ValidatingWebhookConfiguration>) -> Change {
     cache
         .webhooks
         .apply_event(ev, |c: ValidatingWebhookConfiguration| {
@@ -141,7 +141,7 @@ fn fold_webhooks(cache: &mut Cache, ev: Event<ValidatingWebhookConfiguration>) -
     Change::Certificates
 }
 
-fn fold_mutating(cache: &mut Cache, ev: Event<MutatingWebhookConfiguration>) -> Change {
+fn fold_mutating(cache: &mut CertCache, ev: Event<MutatingWebhookConfiguration>) -> Change {
     cache
         .mutating
         .apply_event(ev, |c: MutatingWebhookConfiguration| {
@@ -159,7 +159,7 @@ fn fold_mutating(cache: &mut Cache, ev: Event<MutatingWebhookConfiguration>) -> 
 fn kept_bundles(
     meta: kube::api::ObjectMeta,
     hooks: impl Iterator<Item = (String, Option<k8s_openapi::ByteString>)>,
-) -> Kept<String, WebhookBundles> {
+) -> Projected<String, WebhookBundles> {
     let bundles = WebhookBundles {
         resource_version: meta.resource_version.unwrap_or_default(),
         webhooks: hooks

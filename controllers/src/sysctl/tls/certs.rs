@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::ObjectMeta;
 
 use super::apply::{ConfigurationKind, Writes, bundle_patch};
-use super::cache::{Cache, Own, SecretView};
+use super::cache::{CertCache, Own, SecretFacts};
 use super::metrics::Metrics;
 use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
 use groundskeeper_plumbing::serving::Certificates;
@@ -41,7 +41,7 @@ pub struct CertTask<W> {
     own: Own,
     hosts: Vec<String>,
     timing: Timing,
-    cache: Shared<Cache>,
+    cache: Shared<CertCache>,
     /// The Secret and configuration watches have listed: before that their absence means
     /// nothing.
     listed: Box<dyn Fn() -> bool + Send + Sync>,
@@ -58,7 +58,7 @@ impl<W: Writes> CertTask<W> {
         own: Own,
         hosts: Vec<String>,
         timing: Timing,
-        cache: Shared<Cache>,
+        cache: Shared<CertCache>,
         listed: Box<dyn Fn() -> bool + Send + Sync>,
         writes: W,
         certs: Arc<Certificates>,
@@ -206,7 +206,7 @@ impl<W: Writes> CertTask<W> {
     }
 
     /// Loads the Secret's certificate when it changed.
-    fn serve(&self, s: &SecretView) {
+    fn serve(&self, s: &SecretFacts) {
         let (Some(cert), Some(key)) = (s.data.get(TLS_CRT), s.data.get(TLS_KEY)) else {
             return;
         };
@@ -229,7 +229,7 @@ impl<W: Writes> CertTask<W> {
         }
     }
 
-    async fn write(&self, current: Option<&SecretView>, step: &Step, stored: &Stored) {
+    async fn write(&self, current: Option<&SecretFacts>, step: &Step, stored: &Stored) {
         let (data, annotations) = stored.write();
         let secret = Secret {
             metadata: ObjectMeta {

@@ -12,7 +12,7 @@ use groundskeeper_sysctl_rules::kubelet::Kubelet;
 use groundskeeper_sysctl_rules::policy::merge_in;
 use groundskeeper_sysctl_rules::verdict::{Verdict, node_policy_as};
 
-use crate::sysctl::facts::{NodeFacts, PodView};
+use crate::sysctl::facts::{NodeFacts, PodFacts};
 
 /// What to answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,20 +25,20 @@ pub enum Decision {
     Deny { message: String },
 }
 
-/// The decision for pod `pod` (`namespace/name`, for messages) seen as `view`, onto node
+/// The decision for pod `pod` (`namespace/name`, for messages) seen as `pod_facts`, onto node
 /// `node_name`, known as `node` (None: not in the cache), under `policies` and the flags.
 pub fn decide(
     args: &PolicyArgs,
     pod: &str,
-    view: &PodView,
+    pod_facts: &PodFacts,
     node_name: &str,
     node: Option<&NodeFacts>,
     policies: &[&SysctlPolicy],
 ) -> Decision {
-    let Some(spec) = view.spec.as_ref() else {
+    let Some(spec) = pod_facts.spec.as_ref() else {
         return Decision::Allow;
     };
-    if view.mirror {
+    if pod_facts.mirror {
         return Decision::Allow;
     }
     let Some(node) = node else {
@@ -57,11 +57,11 @@ pub fn decide(
     };
     let policy = policy_of(args, node, policies);
     // Said only when the node's own kubelet version's rules could not be used.
-    let assumed = Kubelet::judge(node.kubelet.as_deref())
+    let assumed = Kubelet::from_reported(node.kubelet.as_deref())
         .assumed
         .map(|a| format!("; {a}"))
         .unwrap_or_default();
-    match policy.judge(Some(spec)) {
+    match policy.verdict(Some(spec)) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
             mode: Mode::Audit,
@@ -127,7 +127,7 @@ pub fn policy_of(
     node: &NodeFacts,
     policies: &[&SysctlPolicy],
 ) -> groundskeeper_sysctl_rules::policy::NodePolicy {
-    let kubelet = Kubelet::judge(node.kubelet.as_deref()).kubelet;
+    let kubelet = Kubelet::from_reported(node.kubelet.as_deref()).kubelet;
     if node.linux() {
         let kernel = node.kernel.as_deref().and_then(|k| k.parse().ok());
         node_policy_as(kubelet, args, kernel.as_ref(), policies, &node.labels)
@@ -160,8 +160,8 @@ mod tests {
     use groundskeeper_sysctl_rules::cases::{self, Case};
     use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
-    fn view(case: &Case) -> PodView {
-        PodView::of(&Pod {
+    fn pod_facts(case: &Case) -> PodFacts {
+        PodFacts::of(&Pod {
             spec: Some(case.pod_spec()),
             ..Default::default()
         })
@@ -176,10 +176,10 @@ mod tests {
         }
     }
 
-    fn run(case: &Case, view: &PodView, node: Option<&NodeFacts>) -> Decision {
+    fn run(case: &Case, pod_facts: &PodFacts, node: Option<&NodeFacts>) -> Decision {
         let policies = case.policies();
         let refs: Vec<&SysctlPolicy> = policies.iter().collect();
-        decide(&case.args(), "ns/p", view, "n1", node, &refs)
+        decide(&case.args(), "ns/p", pod_facts, "n1", node, &refs)
     }
 
     /// The shared table: the webhook denies exactly the Enforce verdicts, audits the Audit
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn every_shared_case_is_answered_by_its_verdict() {
         for case in cases::cases() {
-            let got = run(&case, &view(&case), Some(&node(&case)));
+            let got = run(&case, &pod_facts(&case), Some(&node(&case)));
             match (case.want(), &got) {
                 (Verdict::Allowed, Decision::Allow) => {}
                 (
@@ -214,8 +214,8 @@ mod tests {
     #[test]
     fn no_sysctls_or_a_mirror_is_never_denied() {
         for case in cases::cases() {
-            let none = PodView::default();
-            let mut mirror = view(&case);
+            let none = PodFacts::default();
+            let mut mirror = pod_facts(&case);
             mirror.mirror = true;
             for (what, v) in [("no sysctls", &none), ("mirror", &mirror)] {
                 for n in [None, Some(&node(&case))] {
@@ -251,7 +251,7 @@ mod tests {
                 os: None,
                 ..linux.clone()
             };
-            let v = view(&case);
+            let v = pod_facts(&case);
             let (l, w) = (run(&case, &v, Some(&linux)), run(&case, &v, Some(&windows)));
             assert!(
                 rank(&w) >= rank(&l),
@@ -266,7 +266,7 @@ mod tests {
             os: Some("windows".into()),
             ..node(&safe)
         };
-        let Decision::Deny { message } = run(&safe, &view(&safe), Some(&windows)) else {
+        let Decision::Deny { message } = run(&safe, &pod_facts(&safe), Some(&windows)) else {
             panic!("a safe sysctl on a Windows node under Enforce was not denied")
         };
         assert!(
@@ -278,7 +278,10 @@ mod tests {
             .iter()
             .find(|c| c.name == "flag pattern allows")
             .unwrap();
-        assert_eq!(run(&flag, &view(&flag), Some(&windows)), Decision::Allow);
+        assert_eq!(
+            run(&flag, &pod_facts(&flag), Some(&windows)),
+            Decision::Allow
+        );
     }
 
     #[test]
@@ -287,14 +290,14 @@ mod tests {
         let find = |name: &str| *cases.iter().find(|c| c.name == name).unwrap();
         // Default Audit and no policy at all: nothing could deny.
         let audit = find("unsafe, no policy, default audit");
-        assert_eq!(run(&audit, &view(&audit), None), Decision::Allow);
+        assert_eq!(run(&audit, &pod_facts(&audit), None), Decision::Allow);
         // Default Enforce, or an Enforce policy anywhere: the node might enforce.
         for name in [
             "unsafe, no policy, default enforce",
             "a policy for other nodes does not apply",
         ] {
             let c = find(name);
-            let Decision::Deny { message } = run(&c, &view(&c), None) else {
+            let Decision::Deny { message } = run(&c, &pod_facts(&c), None) else {
                 panic!("{name}: not denied")
             };
             assert!(message.contains(r#"node "n1" is not known"#), "{message}");
@@ -312,7 +315,7 @@ mod tests {
             let args = case.args();
             for n in [None, Some(node(&case))] {
                 let unread = decide_unread(&args, "ns/p", "n1", n.as_ref(), &refs);
-                let read = run(&case, &view(&case), n.as_ref());
+                let read = run(&case, &pod_facts(&case), n.as_ref());
                 let what = format!("case {:?}, node known: {}", case.name, n.is_some());
                 if matches!(read, Decision::Deny { .. }) {
                     assert!(
@@ -346,7 +349,7 @@ mod tests {
             .iter()
             .find(|c| c.name == "enforce policy forbids what it does not list")
             .unwrap();
-        let Decision::Deny { message } = run(&c, &view(&c), Some(&node(&c))) else {
+        let Decision::Deny { message } = run(&c, &pod_facts(&c), Some(&node(&c))) else {
             panic!("not denied")
         };
         assert_eq!(
@@ -364,7 +367,7 @@ mod tests {
             allowed_unsafe_sysctls: vec![],
             sysctl_default_mode: Mode::Enforce,
         };
-        let pod = PodView::of(&Pod {
+        let pod = PodFacts::of(&Pod {
             spec: Some(PodSpec {
                 security_context: Some(testkit::sysctls(&["net.ipv4.tcp_slow_start_after_idle"])),
                 ..Default::default()

@@ -44,7 +44,7 @@ use super::tls::{
 use crate::context::Context;
 use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
-use serve::{Judge, Lookups};
+use serve::{Lookups, Reviewer};
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlwebhook`), wherever its code sits.
@@ -197,7 +197,7 @@ pub async fn run(
     let serving = base.readiness.register(format!("{COMPONENT}/certificate"));
     let certs = Arc::new(Certificates::default());
     let limits = limits::limits();
-    let judge = Arc::new(Judge {
+    let reviewer = Arc::new(Reviewer {
         args: policy.clone(),
         dry_run: base.dry_run,
         cache: watched.cache.clone(),
@@ -209,7 +209,7 @@ pub async fn run(
         metrics: metrics.clone(),
     });
     let router = serving::limited(
-        serve::router(judge.clone()).merge(mutate::router(judge)),
+        serve::router(reviewer.clone()).merge(mutate::router(reviewer)),
         &limits,
         metrics.counters(),
     );

@@ -17,7 +17,7 @@ use axum::{
 use super::decide::anything_enforces;
 use super::gate::{self, Enforcement, Gating};
 use super::review;
-use super::serve::Judge;
+use super::serve::Reviewer;
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlwebhook`), wherever its code sits.
@@ -26,19 +26,19 @@ const LOG_TARGET: &str = "groundskeeper_controllers::sysctlwebhook::mutate";
 /// An AdmissionReview carries the whole pod; the apiserver caps objects at about 1.5 MiB.
 const BODY_LIMIT: usize = 4 << 20;
 
-pub fn router(judge: Arc<Judge>) -> Router {
+pub fn router(reviewer: Arc<Reviewer>) -> Router {
     Router::new()
         .route("/mutate/pod", post(handle))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(judge)
+        .with_state(reviewer)
 }
 
 /// `/mutate/pod`: reads the AdmissionReview, answers allowed with the gate's patch (or, under
 /// `--dry-run`, without it and with a warning that says so).
-pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
+pub async fn handle(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
     let start = std::time::Instant::now();
     let count = |result: &str| {
-        judge
+        reviewer
             .metrics
             .reviews
             .with_label_values(&["gate", result])
@@ -49,7 +49,7 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
             count("unreadable");
-            judge
+            reviewer
                 .metrics
                 .errors
                 .with_label_values(&["unreadable"])
@@ -58,10 +58,10 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         }
     };
     let enforcement = {
-        let c = judge.cache.lock();
+        let c = reviewer.cache.lock();
         if !c.policies.listed() {
             Enforcement::Unknown
-        } else if anything_enforces(&judge.args, &c.policies.values().collect::<Vec<_>>()) {
+        } else if anything_enforces(&reviewer.args, &c.policies.values().collect::<Vec<_>>()) {
             Enforcement::Possible
         } else {
             Enforcement::Nowhere
@@ -70,7 +70,7 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
     let gating = pod
         .as_deref()
         .map_or(Gating::Pass("not a pod CREATE"), |p| {
-            gate::gating(p, &judge.args, enforcement)
+            gate::gating(p, &reviewer.args, enforcement)
         });
     let what = pod
         .as_deref()
@@ -86,9 +86,9 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
             )
         })
         .unwrap_or_default();
-    let (patch, warnings, result) = super::apply::gate(gating, judge.dry_run, &what);
+    let (patch, warnings, result) = super::apply::gate(gating, reviewer.dry_run, &what);
     count(result);
-    judge
+    reviewer
         .metrics
         .duration
         .with_label_values(&["gate"])
@@ -98,7 +98,7 @@ pub async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             // Never answered without the gate it owes: the apiserver's failurePolicy decides.
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: could not answer");
-            judge.metrics.errors.with_label_values(&["other"]).inc();
+            reviewer.metrics.errors.with_label_values(&["other"]).inc();
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }

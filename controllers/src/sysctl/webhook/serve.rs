@@ -15,6 +15,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::post,
 };
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::cache::Shared;
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
@@ -26,8 +27,8 @@ use super::decide::{decide, decide_unread};
 use super::limits::{MAX_BODY, SMALL_BODY};
 use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
-use crate::sysctl::cache::Cache;
-use crate::sysctl::facts::PodView;
+use crate::sysctl::cache::SysctlCache;
+use crate::sysctl::facts::PodFacts;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
 use groundskeeper_plumbing::ratelimit::Budget;
@@ -46,10 +47,10 @@ pub struct Lookups {
     pub budget: Budget,
 }
 
-pub struct Judge {
+pub struct Reviewer {
     pub args: PolicyArgs,
     pub dry_run: bool,
-    pub cache: Shared<Cache>,
+    pub cache: Shared<SysctlCache>,
     pub health: Health,
     pub lookups: Lookups,
     pub metrics: Metrics,
@@ -75,18 +76,18 @@ impl ReviewError {
     }
 }
 
-pub fn router(judge: Arc<Judge>) -> Router {
+pub fn router(reviewer: Arc<Reviewer>) -> Router {
     Router::new()
         .route("/validate/binding", post(handle))
         .route("/validate/pod", post(handle))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(judge)
+        .with_state(reviewer)
 }
 
-async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
+async fn handle(State(reviewer): State<Arc<Reviewer>>, body: Bytes) -> Response {
     let start = std::time::Instant::now();
-    if !judge.health.listed() {
-        judge.count("unknown", "unavailable");
+    if !reviewer.health.listed() {
+        reviewer.count("unknown", "unavailable");
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "groundskeeper sysctl webhook: caches not listed yet\n",
@@ -115,21 +116,21 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             let e = ReviewError::from(e);
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: unreadable request");
-            judge.count("unknown", "unreadable");
-            judge.failed(&e);
+            reviewer.count("unknown", "unreadable");
+            reviewer.failed(&e);
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
     let label = subject.label();
-    let answer = judge.judge(subject).await;
-    judge
+    let answer = reviewer.review(subject).await;
+    reviewer
         .metrics
         .duration
         .with_label_values(&[label])
         .observe(start.elapsed().as_secs_f64());
     match answer {
         Ok((answer, outcome)) => {
-            judge.count(label, outcome.label());
+            reviewer.count(label, outcome.label());
             (
                 [(header::CONTENT_TYPE, "application/json")],
                 review::respond(allowed, &answer),
@@ -139,14 +140,14 @@ async fn handle(State(judge): State<Arc<Judge>>, body: Bytes) -> Response {
         Err(e) => {
             let e = ReviewError::ReadPod(e);
             tracing::warn!(target: LOG_TARGET, error = %e, "webhook: could not judge the request");
-            judge.count(label, "error");
-            judge.failed(&e);
+            reviewer.count(label, "error");
+            reviewer.failed(&e);
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
         }
     }
 }
 
-impl Judge {
+impl Reviewer {
     fn failed(&self, e: &ReviewError) {
         self.metrics
             .errors
@@ -162,8 +163,8 @@ impl Judge {
     }
 
     /// The answer for `subject`; an error only when a binding's pod could not be read.
-    async fn judge(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
-        let (pod, view, node) = match subject {
+    async fn review(&self, subject: Subject) -> Result<(Answer, Outcome), kube::Error> {
+        let (pod, pod_facts, node) = match subject {
             Subject::Other(what) => {
                 tracing::debug!(target: LOG_TARGET, request = %what, "webhook: not judged, allowed");
                 return Ok(apply::answer(
@@ -178,7 +179,7 @@ impl Judge {
                     pod.metadata.namespace.as_deref().unwrap_or_default(),
                     pod.metadata.name.as_deref().unwrap_or_default()
                 );
-                (name, PodView::of(&pod), node)
+                (name, PodFacts::of(&pod), node)
             }
             Subject::Binding {
                 namespace,
@@ -186,10 +187,10 @@ impl Judge {
                 uid,
                 node,
             } => {
-                let key = (namespace.clone(), name.clone());
+                let key = ObjectKey::new(&namespace, &name);
                 let cached = self.cache.lock().pending.get(&key).cloned();
-                let pod = format!("{namespace}/{name}");
-                let view = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
+                let pod = key.to_string();
+                let pod_facts = match cached.filter(|v| uid.as_ref().is_none_or(|u| *u == v.uid)) {
                     Some(v) => v,
                     // Not seen by the watch yet (or another pod of the same name): read it,
                     // within the budget; past it, judge without the pod, failing safe.
@@ -210,12 +211,12 @@ impl Judge {
                         .get_opt(&name)
                         .await?
                     {
-                        Some(p) => PodView::of(&p),
+                        Some(p) => PodFacts::of(&p),
                         // Gone: the binding fails on its own.
-                        None => PodView::default(),
+                        None => PodFacts::default(),
                     },
                 };
-                (pod, view, node)
+                (pod, pod_facts, node)
             }
         };
         let decision = {
@@ -224,7 +225,7 @@ impl Judge {
             decide(
                 &self.args,
                 &pod,
-                &view,
+                &pod_facts,
                 &node,
                 c.nodes.get(&node),
                 &policies,
@@ -243,8 +244,8 @@ mod tests {
 
     use super::*;
 
-    fn judge(mock: &Mock) -> Judge {
-        Judge {
+    fn reviewer(mock: &Mock) -> Reviewer {
+        Reviewer {
             args: PolicyArgs {
                 allowed_unsafe_sysctls: vec![],
                 sysctl_default_mode: Mode::Enforce,
@@ -278,7 +279,7 @@ mod tests {
             .into()
     }
 
-    fn errors(j: &Judge) -> Vec<(&'static str, u64)> {
+    fn errors(j: &Reviewer) -> Vec<(&'static str, u64)> {
         ["unreadable"]
             .into_iter()
             .chain(groundskeeper_plumbing::client::API_ERROR_LABELS)
@@ -294,7 +295,7 @@ mod tests {
     async fn over_its_lookup_budget_a_binding_is_judged_without_its_pod() {
         for (mode, allowed) in [(Mode::Enforce, false), (Mode::Audit, true)] {
             let mock = Mock::answering(&[]);
-            let mut j = judge(&mock);
+            let mut j = reviewer(&mock);
             j.args.sysctl_default_mode = mode;
             j.lookups.budget = Budget::new(0.001, 1);
             assert!(j.lookups.budget.try_take(), "the one token, spent");
@@ -314,7 +315,7 @@ mod tests {
         }
         // Within the budget the pod is read (and the apiserver's failure is the answer's).
         let mock = Mock::answering(&[500]);
-        let j = Arc::new(judge(&mock));
+        let j = Arc::new(reviewer(&mock));
         let r = handle(State(j.clone()), binding()).await;
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(mock.calls().len(), 1, "{:?}", mock.calls());
@@ -328,13 +329,13 @@ mod tests {
             (500, "server_error"),
         ] {
             let mock = Mock::answering(&[code]);
-            let j = Arc::new(judge(&mock));
+            let j = Arc::new(reviewer(&mock));
             let r = handle(State(j.clone()), binding()).await;
             assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR, "HTTP {code}");
             assert_eq!(errors(&j), [(want, 1)], "HTTP {code}");
         }
         let mock = Mock::answering(&[]);
-        let j = Arc::new(judge(&mock));
+        let j = Arc::new(reviewer(&mock));
         let r = handle(State(j.clone()), Bytes::from_static(b"{")).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
         assert_eq!(errors(&j), [("unreadable", 1)]);

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use groundskeeper_plumbing::serving::{Certificates, Limits, bind, limited, server_config};
 
 use super::metrics::Metrics;
-use super::serve::{Judge, Lookups, router};
+use super::serve::{Lookups, Reviewer, router};
 
 /// A served webhook: where it listens, a TLS client for it, its metrics.
 struct Served {
@@ -73,7 +73,7 @@ async fn served(limits: Limits) -> Served {
     let metrics = Metrics::register(&prometheus::Registry::new()).unwrap();
     let token = CancellationToken::new();
     let mock = testkit::api::Mock::answering(&[]);
-    let judge = Arc::new(Judge {
+    let reviewer = Arc::new(Reviewer {
         args: PolicyArgs {
             allowed_unsafe_sysctls: vec![],
             sysctl_default_mode: Mode::Enforce,
@@ -87,7 +87,7 @@ async fn served(limits: Limits) -> Served {
         },
         metrics: metrics.clone(),
     });
-    let app = limited(router(judge), &limits, metrics.counters());
+    let app = limited(router(reviewer), &limits, metrics.counters());
     let (addr, serve) = bind(
         "127.0.0.1:0".parse().unwrap(),
         "--webhook-addr",

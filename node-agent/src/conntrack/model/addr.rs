@@ -1,5 +1,5 @@
 //! Addresses and service IP ranges as kube-proxy reads them from objects (Go's `net.IP`
-//! equalities, `ParseIPSloppy`'s leading zeros), for the views and the model alike.
+//! equalities, `ParseIPSloppy`'s leading zeros), for the facts and the model alike.
 
 use std::net::IpAddr;
 

@@ -101,11 +101,7 @@ fn run(seed: u64, seen: &mut Seen) {
             }
             live.set_service_ips(&w.ranges, &w.allocated);
         }
-        live.update(
-            touched.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
-            &w,
-            now,
-        );
+        live.update(touched.iter().map(|k| (k.namespace(), k.name())), &w, now);
         // Not handed out (the watches' health changed meanwhile): the changes stay in `live`.
         if rng.below(4) == 0 {
             continue;
@@ -219,11 +215,7 @@ fn an_update_changes_the_model_in_place_when_only_a_weak_reference_is_held() {
     // Services until some are held (generated services may claim nothing).
     while live.model().iter().all(|(_, fm)| fm.services.len() < 2) {
         let (touched, _) = change(rng, &mut w);
-        live.update(
-            touched.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
-            &w,
-            now,
-        );
+        live.update(touched.iter().map(|k| (k.namespace(), k.name())), &w, now);
     }
     let names = |m: &Model| -> Vec<(String, usize)> {
         m.iter()

@@ -5,7 +5,7 @@
 //!
 //! The rule, checked by `live_tests.rs` over generated sequences of changes and settle-time
 //! passages: after every update the model equals the one built from scratch on the same inputs
-//! and times (`reference::build_views`, then `reference::Settle` and `reference::Tombstones`),
+//! and times (`reference::build_facts`, then `reference::Settle` and `reference::Tombstones`),
 //! which stay the definition of what the model is.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::changes::Changes;
-use super::project::{ServiceView, SliceView};
+use super::project::{ServiceFacts, SliceFacts};
 use crate::conntrack::model::{
     Addrs, Claim, FamilyModel, Model, Ports, ServiceIpRange, port_claims,
 };
@@ -72,13 +72,13 @@ struct Claimants {
     foreign: u32,
 }
 
-/// A service's views, by namespace and name: the Service and its EndpointSlices; `None` when
+/// A service's facts, by namespace and name: the Service and its EndpointSlices; `None` when
 /// there is no such Service.
-pub trait Views {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)>;
+pub trait Facts {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)>;
 }
 
-/// The live model: [`FamilyModel`]s kept as `build_views` + `Settle` + `Tombstones` would
+/// The live model: [`FamilyModel`]s kept as `build_facts` + `Settle` + `Tombstones` would
 /// make them, updated one service at a time.
 #[derive(Debug)]
 pub struct Live {
@@ -163,12 +163,12 @@ impl Live {
         }
     }
 
-    /// Redoes the services named in `changed` (namespace, name) from `views` at `now`, with
+    /// Redoes the services named in `changed` (namespace, name) from `facts` at `now`, with
     /// the ports whose settle time has passed and the tombstones that expire.
     pub fn update<'a>(
         &mut self,
         changed: impl IntoIterator<Item = (&'a str, &'a str)>,
-        views: &impl Views,
+        facts: &impl Facts,
         now: Instant,
     ) {
         let mut dirty: BTreeSet<Arc<str>> = changed
@@ -191,13 +191,13 @@ impl Live {
             self.changes.note_service(model, svc);
             let since = self.forget(model, svc, &mut was_ours);
             let (ns, name) = split(svc);
-            if let Some((view, slices)) = views.service(ns, name) {
-                self.claim(model, svc, (view, &slices), &since, now, &mut was_ours);
+            if let Some((service, slices)) = facts.service(ns, name) {
+                self.claim(model, svc, (service, &slices), &since, now, &mut was_ours);
             }
         }
         for (key, was) in was_ours {
             key.note(&mut self.changes, model);
-            self.refresh(model, key, views);
+            self.refresh(model, key, facts);
             let c = self.claimants.get(&key);
             let ours = c.is_some_and(|c| !c.ours.is_empty());
             let live = ours || c.is_some_and(|c| c.foreign > 0);
@@ -259,7 +259,7 @@ impl Live {
         &mut self,
         m: &mut Model,
         svc: &Arc<str>,
-        (view, slices): (&ServiceView, &[&SliceView]),
+        (service, slices): (&ServiceFacts, &[&SliceFacts]),
         old_since: &[SettleStart],
         now: Instant,
         was_ours: &mut HashMap<Key, bool>,
@@ -267,11 +267,11 @@ impl Live {
         let mut keys = Vec::new();
         let mut since = Vec::new();
         for fam in Family::ALL {
-            let claims = port_claims(view, slices, fam);
+            let claims = port_claims(service, slices, fam);
             for (_, c) in &claims {
                 keys.extend(keys_of(c, fam));
             }
-            if view.foreign {
+            if service.foreign {
                 continue;
             }
             // A repeated port name: the last one's claim is recorded (`model::add_service`).
@@ -300,7 +300,7 @@ impl Live {
         for key in &keys {
             let c = self.claimants.entry(*key).or_default();
             was_ours.entry(*key).or_insert(!c.ours.is_empty());
-            if view.foreign {
+            if service.foreign {
                 c.foreign += 1;
             } else {
                 c.ours.push(svc.clone());
@@ -310,14 +310,14 @@ impl Live {
             self.since.insert(svc.clone(), since);
         }
         if !keys.is_empty() {
-            self.held.insert(svc.clone(), (view.foreign, keys));
+            self.held.insert(svc.clone(), (service.foreign, keys));
         }
     }
 
     /// Sets `key`'s entries from who claims it now: settling when a claim of ours holding it
     /// settles, else the union of every claim of ours holding it; foreign when another proxy's
     /// service claims it.
-    fn refresh(&self, m: &mut Model, key: Key, views: &impl Views) {
+    fn refresh(&self, m: &mut Model, key: Key, facts: &impl Facts) {
         let fam = key.family();
         let fm = &mut m[fam];
         let (ours, foreign): (&[Arc<str>], bool) = match self.claimants.get(&key) {
@@ -333,8 +333,8 @@ impl Live {
             let mut serving: Vec<(&str, Addrs)> = Vec::new();
             for s in ours {
                 let (ns, name) = split(s);
-                if let Some((view, slices)) = views.service(ns, name) {
-                    for (_, c) in port_claims(view, &slices, fam) {
+                if let Some((service, slices)) = facts.service(ns, name) {
+                    for (_, c) in port_claims(service, &slices, fam) {
                         if key.claimed_by(&c) {
                             serving.push((s, c.serving));
                         }

@@ -1,16 +1,17 @@
 //! The live model's rule, over generated sequences of Service, EndpointSlice, ServiceCIDR,
 //! IPAddress and Node changes and passages of time: after every update it equals the model
-//! built from scratch on the same inputs at the same instants (`build_views`, then `Settle`
+//! built from scratch on the same inputs at the same instants (`build_facts`, then `Settle`
 //! and `Tombstones`), and says the same about when it next changes by time alone.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use groundskeeper_plumbing::ObjectKey;
 use testkit::rng::Rng;
 
-use super::live::{Live, Views};
-use super::project::{self, ServiceView, SliceView};
+use super::live::{Facts, Live};
+use super::project::{self, ServiceFacts, SliceFacts};
 use super::project_tests;
 use crate::conntrack::model::reference::{Settle, Tombstones};
 use crate::conntrack::model::{self, Model, ServiceIpRange};
@@ -20,37 +21,35 @@ pub(super) const SETTLE: Duration = Duration::from_secs(2);
 pub(super) const RETENTION: Duration = Duration::from_secs(600);
 pub(super) const STEPS_MS: [u64; 7] = [0, 0, 300, 1000, 2000, 5000, 601_000];
 
-type Key = (String, String);
-
 #[derive(Default)]
 pub(super) struct World {
-    services: BTreeMap<Key, ServiceView>,
-    slices: BTreeMap<Key, SliceView>,
+    services: BTreeMap<ObjectKey, ServiceFacts>,
+    slices: BTreeMap<ObjectKey, SliceFacts>,
     pub(super) ranges: Vec<ServiceIpRange>,
     pub(super) allocated: Vec<IpAddr>,
     pub(super) node_ips: Vec<IpAddr>,
 }
 
-impl Views for World {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
-        let view = self.services.get(&(ns.to_string(), name.to_string()))?;
+impl Facts for World {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
+        let service = self.services.get(&ObjectKey::new(ns, name))?;
         let slices = self
             .slices
             .iter()
-            .filter(|((sns, _), s)| sns == ns && s.service.as_deref() == Some(name))
+            .filter(|(k, s)| k.namespace() == ns && s.service.as_deref() == Some(name))
             .map(|(_, s)| s)
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
 impl World {
     fn built_whole(&self) -> Model {
-        model::reference::build_views(
+        model::reference::build_facts(
             self.services
                 .iter()
-                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
-            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+                .map(|(k, v)| (k.namespace(), k.name(), v)),
+            self.slices.iter().map(|(k, v)| (k.namespace(), v)),
         )
         .with_service_ranges(&self.ranges, self.allocated.iter().copied())
         .with_node_ips(&self.node_ips)
@@ -61,20 +60,22 @@ fn ip(s: &str) -> IpAddr {
     super::addr::parse_ip(s).expect("a generated address parses")
 }
 
-/// One generated change to `w`; returns the services whose views it touched.
-pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<Key>, bool) {
+/// One generated change to `w`; returns the services whose facts it touched.
+pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<ObjectKey>, bool) {
     let ns = rng.pick(&NAMESPACES).to_string();
     let i = rng.below(6);
     let name = format!("s{i}");
     match rng.below(10) {
         0..=2 => {
             let v = project::service(&project_tests::service(rng, &ns, &name));
-            w.services.insert((ns.clone(), name.clone()), v);
-            (vec![(ns, name)], false)
+            let key = ObjectKey::new(&ns, &name);
+            w.services.insert(key.clone(), v);
+            (vec![key], false)
         }
         3 => {
-            w.services.remove(&(ns.clone(), name.clone()));
-            (vec![(ns, name)], false)
+            let key = ObjectKey::new(&ns, &name);
+            w.services.remove(&key);
+            (vec![key], false)
         }
         4..=6 => {
             let owner = match rng.below(10) {
@@ -83,24 +84,24 @@ pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<Key>, bool) {
                 _ => Some(name.clone()),
             };
             let whole = project_tests::slice(rng, &ns, "x", owner.as_deref());
-            let key = (ns.clone(), format!("{name}-{}", rng.below(3)));
+            let key = ObjectKey::new(&ns, &format!("{name}-{}", rng.below(3)));
             let new = project::slice(&whole);
             let touched = [w.slices.get(&key), Some(&new)]
                 .into_iter()
                 .flatten()
                 .filter_map(|s| s.service.as_deref())
-                .map(|s| (ns.clone(), s.to_string()))
+                .map(|s| ObjectKey::new(&ns, s))
                 .collect();
             w.slices.insert(key, new);
             (touched, false)
         }
         7 => {
-            let key = (ns.clone(), format!("{name}-{}", rng.below(3)));
+            let key = ObjectKey::new(&ns, &format!("{name}-{}", rng.below(3)));
             let touched = w
                 .slices
                 .remove(&key)
                 .and_then(|s| s.service)
-                .map(|s| (ns, s.to_string()))
+                .map(|s| ObjectKey::new(&ns, &s))
                 .into_iter()
                 .collect();
             (touched, false)
@@ -159,11 +160,7 @@ fn run(seed: u64, seen: &mut Seen) {
             live.set_service_ips(&w.ranges, &w.allocated);
             live.set_node_ips(&w.node_ips);
         }
-        live.update(
-            touched.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
-            &w,
-            now,
-        );
+        live.update(touched.iter().map(|k| (k.namespace(), k.name())), &w, now);
         assert_eq!(**live.model(), expected, "seed {seed} step {step}");
         assert_eq!(
             live.next_change(now),
@@ -239,7 +236,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     use serde_json::json;
 
-    let service = |name: &str, external: &[&str]| -> ServiceView {
+    let service = |name: &str, external: &[&str]| -> ServiceFacts {
         let s: Service = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": name},
             "spec": {"clusterIP": if name == "dns" { "10.96.0.10" } else { "10.96.0.11" },
@@ -249,7 +246,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
         .unwrap();
         project::service(&s)
     };
-    let slice = |name: &str, ips: &[&str]| -> SliceView {
+    let slice = |name: &str, ips: &[&str]| -> SliceFacts {
         let s: EndpointSlice = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": format!("{name}-x"),
                          "labels": {"kubernetes.io/service-name": name}},
@@ -260,7 +257,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
         .unwrap();
         project::slice(&s)
     };
-    let key = |n: &str| ("default".to_string(), n.to_string());
+    let key = |n: &str| ObjectKey::new("default", n);
     let mut w = World::default();
     w.services
         .insert(key("dns"), service("dns", &["192.0.2.9"]));

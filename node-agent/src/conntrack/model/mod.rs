@@ -2,7 +2,7 @@
 //! what one service port claims in it (`port_claims`), the way kube-proxy's service and
 //! endpoint trackers feed CleanStaleEntries (docs/upstream.md, step 2), plus ServiceCIDRs,
 //! IPAddresses, the Node and the remembered deleted frontends. The files beside this one keep
-//! it: the views of the watched objects (`project`, `source`), the live model (`live`), what
+//! it: the facts of the watched objects (`project`, `source`), the live model (`live`), what
 //! changed in it (`changes`) and what a triggered pass looks at after a change (`focus`), and
 //! the backends seen to stop serving (`removed`).
 
@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 
 use super::netlink::family::{Family, PerFamily};
-use project::{ServiceView, SliceView};
+use project::{ServiceFacts, SliceFacts};
 
 pub use addr::{ServiceIpRange, canonical};
 pub use claim::{Addrs, Claim, Ports};
@@ -121,13 +121,13 @@ impl FamilyModel {
 /// Both families' halves, indexed by [`Family`]; each pass uses one.
 pub type Model = PerFamily<FamilyModel>;
 
-/// What each UDP port of `svc` claims in `fam`, in spec order, given the views of its slices.
+/// What each UDP port of `svc` claims in `fam`, in spec order, given the facts of its slices.
 /// No serving endpoint (or no slice port matching the service port) is an empty set: every
 /// flow through the frontends is stale (kubernetes#139629), once that has held for the settle
 /// time (`reference::Settle` defines it, `Live` keeps it).
 pub fn port_claims<'a>(
-    svc: &'a ServiceView,
-    slices: &[&SliceView],
+    svc: &'a ServiceFacts,
+    slices: &[&SliceFacts],
     fam: Family,
 ) -> Vec<(&'a str, Claim)> {
     let ips = &svc.ips[fam];

@@ -4,9 +4,9 @@
 //! At Kubernetes' documented limits (10k Services, 100k endpoints) whole objects cost the agent
 //! hundreds of MiB on every node, and even k8s-openapi structs cut down to a few fields cost
 //! several hundred bytes each (ObjectMeta, ServiceSpec) plus a string per address. Each object
-//! is turned into a view as it arrives from the watch, before it is stored: a Service into its
+//! is turned into its facts as it arrives from the watch, before it is stored: a Service into its
 //! frontend IPs per family and its UDP ports, an EndpointSlice into its UDP ports and the parsed
-//! addresses of its serving endpoints. The rule: the model built from views equals the model
+//! addresses of its serving endpoints. The rule: the model built from facts equals the model
 //! built from whole objects (`project_tests.rs` checks it over generated objects against
 //! `reference::whole`, the reading of whole objects), so a field the model starts to read must be
 //! kept here too.
@@ -36,7 +36,7 @@ pub fn not_kube_proxys(meta: &ObjectMeta) -> bool {
 
 /// A Service as the model reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServiceView {
+pub struct ServiceFacts {
     /// Labelled for another proxy (`service-proxy-name`): its frontends are foreign.
     pub foreign: bool,
     /// Per family, the frontend IPs: the ClusterIP first, then the ExternalIPs and
@@ -58,7 +58,7 @@ pub struct UdpPort {
 
 /// An EndpointSlice as the model reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SliceView {
+pub struct SliceFacts {
     /// Its `kubernetes.io/service-name` label; `None` for a slice the model never reads (no
     /// such label, another proxy's, a headless Service's).
     pub service: Option<Box<str>>,
@@ -84,16 +84,16 @@ fn valid_port(p: i32) -> Option<u16> {
 }
 
 /// A Service: its frontend IPs per family, UDP ports, and whether it is kube-proxy's.
-pub fn service(s: &Service) -> ServiceView {
+pub fn service(s: &Service) -> ServiceFacts {
     let foreign = not_kube_proxys(&s.metadata);
     let Some(spec) = s
         .spec
         .as_ref()
         .filter(|sp| sp.type_.as_deref() != Some("ExternalName"))
     else {
-        return ServiceView {
+        return ServiceFacts {
             foreign,
-            ..ServiceView::default()
+            ..ServiceFacts::default()
         };
     };
     let cluster_ips: Vec<&str> = match &spec.cluster_ips {
@@ -147,7 +147,7 @@ pub fn service(s: &Service) -> ServiceView {
             })
             .collect()
     };
-    ServiceView {
+    ServiceFacts {
         foreign,
         ips,
         ports,
@@ -155,7 +155,7 @@ pub fn service(s: &Service) -> ServiceView {
 }
 
 /// An EndpointSlice: its Service, UDP ports and serving addresses.
-pub fn slice(s: &EndpointSlice) -> SliceView {
+pub fn slice(s: &EndpointSlice) -> SliceFacts {
     let meta = &s.metadata;
     let service = meta
         .labels
@@ -166,7 +166,7 @@ pub fn slice(s: &EndpointSlice) -> SliceView {
         .into_iter()
         .find(|f| s.address_type == f.label());
     let (Some(service), Some(family)) = (service, family) else {
-        return SliceView::default();
+        return SliceFacts::default();
     };
     let ports: Box<[(Box<str>, Option<u16>)]> = s
         .ports
@@ -201,7 +201,7 @@ pub fn slice(s: &EndpointSlice) -> SliceView {
     }
     serving.sort_unstable();
     serving.dedup();
-    SliceView {
+    SliceFacts {
         service: Some(service.as_str().into()),
         ports,
         serving: serving.into(),

@@ -2,7 +2,7 @@
 //! EndpointSlices, ServiceCIDRs, IPAddresses and Node equals the model built from the whole
 //! objects, whatever else the objects carry (TCP and SCTP ports, odd protocols and port names,
 //! FQDN slices, conditions in every combination, leading-zero and mapped addresses, labels and
-//! annotations, managedFields, targetRefs, topology). And the views keep nothing else.
+//! annotations, managedFields, targetRefs, topology). And the facts keep nothing else.
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -230,7 +230,7 @@ fn world(seed: u64) -> World {
     }
 }
 
-/// The model as the agent builds it: from the views of the objects (`project`).
+/// The model as the agent builds it: from the facts of the objects (`project`).
 fn model_of_views(w: &World) -> Model {
     model::reference::build(&w.services, &w.slices)
         .with_service_ips(&w.cidrs, &w.addresses)
@@ -299,7 +299,11 @@ fn views_keep_only_what_the_model_reads() {
             .labels
             .get_or_insert_default()
             .insert(label.into(), "x".into());
-        assert_eq!(project::slice(&s), project::SliceView::default(), "{label}");
+        assert_eq!(
+            project::slice(&s),
+            project::SliceFacts::default(),
+            "{label}"
+        );
     }
     // A Service keeps its frontend IPs per family and its UDP ports, nothing else.
     let svc: Service = serde_json::from_value(json!({

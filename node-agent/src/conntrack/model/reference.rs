@@ -1,9 +1,9 @@
 //! The reference definitions of the model, for tests and benches only (never in the binary):
-//! the model built from scratch from the views (`build_views`, `build` from whole objects),
+//! the model built from scratch from the facts (`build_facts`, `build` from whole objects),
 //! the deleted frontends remembered from one build to the next (`Tombstones`), the settle
 //! before the zero-endpoint rule (`Settle`), and `whole`, the model read straight from whole
-//! objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_views` then
-//! `Settle` then `Tombstones` after every update; `project_tests.rs` checks the views against
+//! objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_facts` then
+//! `Settle` then `Tombstones` after every update; `project_tests.rs` checks the facts against
 //! `whole`.
 
 use std::collections::{HashMap, HashSet};
@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::project::{self, ServiceView, SliceView};
+use super::project::{self, ServiceFacts, SliceFacts};
 use super::{Claim, FamilyModel, Model, ServiceIpRange, port_claims};
 use crate::conntrack::netlink::family::{Family, PerFamily};
 
@@ -24,12 +24,12 @@ pub fn service_key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
 }
 
-/// Adds one service's claims to `m` (see [`build_views`]).
+/// Adds one service's claims to `m` (see [`build_facts`]).
 fn add_service(
     m: &mut FamilyModel,
     key: &str,
-    svc: &ServiceView,
-    slices: &[&SliceView],
+    svc: &ServiceFacts,
+    slices: &[&SliceFacts],
     fam: Family,
 ) {
     if svc.foreign {
@@ -57,16 +57,16 @@ fn add_service(
     }
 }
 
-/// Builds both families' models from the views of every Service (namespace, name, view) and
-/// EndpointSlice (namespace, view). Services claiming the same frontend or nodePort share it:
+/// Builds both families' models from the facts of every Service (namespace, name, facts) and
+/// EndpointSlice (namespace, facts). Services claiming the same frontend or nodePort share it:
 /// its serving set is the union of theirs. Services labelled with a proxy name are another
 /// proxy's: their frontends are recorded as foreign (never judged). Every service port without
 /// a serving endpoint is judged at once (an empty set); [`Settle`] holds them back for a while.
-pub fn build_views<'a>(
-    services: impl IntoIterator<Item = (&'a str, &'a str, &'a ServiceView)>,
-    slices: impl IntoIterator<Item = (&'a str, &'a SliceView)>,
+pub fn build_facts<'a>(
+    services: impl IntoIterator<Item = (&'a str, &'a str, &'a ServiceFacts)>,
+    slices: impl IntoIterator<Item = (&'a str, &'a SliceFacts)>,
 ) -> Model {
-    let mut by_service: HashMap<(&str, &str), Vec<&SliceView>> = HashMap::new();
+    let mut by_service: HashMap<(&str, &str), Vec<&SliceFacts>> = HashMap::new();
     for (ns, s) in slices {
         if let Some(svc) = &s.service {
             by_service.entry((ns, svc)).or_default().push(s);
@@ -83,7 +83,7 @@ pub fn build_views<'a>(
     }))
 }
 
-/// [`build_views`] from whole objects (tests, benches): each is projected first.
+/// [`build_facts`] from whole objects (tests, benches): each is projected first.
 pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -102,7 +102,7 @@ pub fn build<'a>(
         .into_iter()
         .map(|s| (ns_name(&s.metadata).0, project::slice(s)))
         .collect();
-    build_views(
+    build_facts(
         services.iter().map(|((ns, name), v)| (*ns, *name, v)),
         slices.iter().map(|(ns, v)| (*ns, v)),
     )
@@ -279,9 +279,9 @@ impl Settle {
 
 pub mod whole {
     //! The model read straight from whole Services, EndpointSlices, ServiceCIDRs, IPAddresses
-    //! and the Node, field by field as kube-proxy reads them: the reference the views
+    //! and the Node, field by field as kube-proxy reads them: the reference the facts
     //! (`project.rs`) are checked against. `project_tests.rs` checks that the model built from
-    //! views equals this one over generated objects; nothing else uses it.
+    //! facts equals this one over generated objects; nothing else uses it.
 
     use std::collections::{HashMap, HashSet};
     use std::net::{IpAddr, SocketAddr};

@@ -1,7 +1,7 @@
 //! Which backends the agent saw stop serving a frontend or nodePort: the pass deletes a flow to
 //! a backend that does not serve its key at once only when it saw that backend serve the key and
 //! stop. A backend it never saw serve may be one the proxy already DNATs to while our
-//! EndpointSlice watch lags behind: its flows wait the grace ([`crate::conntrack::decide::verdict`]).
+//! EndpointSlice watch lags behind: its flows wait the grace ([`crate::conntrack::decide::staleness`]).
 //!
 //! Kept outside the compared model (the live model and the whole rebuild stay as they were):
 //! the round thread feeds it each model a round judges, in order, and it records what a key's

@@ -1,4 +1,4 @@
-//! Where the model comes from: the views of every watched object (`Cache`, which the watches
+//! Where the model comes from: the facts of every watched object (`ServiceCache`, which the watches
 //! of `cache.rs` fold their events into), and `ModelSource`, which brings the live model up to
 //! date from them when the scheduler asks (`Models::model`), only while every watch is healthy.
 
@@ -7,31 +7,29 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::cache::{Health, Seen, Shared, Store};
 
 use super::Model;
 use super::ServiceIpRange;
 use super::changes::Changes;
-use super::live::{Live, Views};
-use super::project::{ServiceView, SliceView};
+use super::live::{Facts, Live};
+use super::project::{ServiceFacts, SliceFacts};
 
-/// Namespace ("" for cluster-scoped kinds) and name.
-pub type Key = (String, String);
+/// The watched objects of one kind as the model reads them (`project.rs`), by key.
+pub type FactsOf<V> = Store<ObjectKey, V>;
 
-/// The watched objects of one kind as the model reads them (`project.rs`).
-pub type ViewsOf<V> = Store<Key, V>;
-
-/// Every object of the five kinds the model is built from, as views, and what changed since
+/// Every object of the five kinds the model is built from, as facts, and what changed since
 /// the live model was last updated. The watches (`cache.rs`) fold their events in.
 #[derive(Default)]
-pub struct Cache {
-    pub services: ViewsOf<ServiceView>,
-    pub slices: ViewsOf<SliceView>,
-    /// The names of each service's slices, by the service's namespace and name.
-    pub slices_of: HashMap<Key, Vec<String>>,
-    pub cidrs: ViewsOf<Box<[ServiceIpRange]>>,
-    pub addresses: ViewsOf<Option<IpAddr>>,
-    pub nodes: ViewsOf<Box<[IpAddr]>>,
+pub struct ServiceCache {
+    pub services: FactsOf<ServiceFacts>,
+    pub slices: FactsOf<SliceFacts>,
+    /// The keys of each service's slices, by the service's key.
+    pub slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
+    pub cidrs: FactsOf<Box<[ServiceIpRange]>>,
+    pub addresses: FactsOf<Option<IpAddr>>,
+    pub nodes: FactsOf<Box<[IpAddr]>>,
     pub dirty: Dirty,
 }
 
@@ -40,28 +38,29 @@ pub struct Cache {
 pub struct Dirty {
     /// A list was swapped in: every service is redone.
     pub all: bool,
-    pub services: HashSet<Key>,
+    pub services: HashSet<ObjectKey>,
     pub service_ips: bool,
     pub node: bool,
 }
 
-impl Views for Cache {
-    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceView, Vec<&SliceView>)> {
-        let key = (ns.to_string(), name.to_string());
-        let view = self.services.get(&key)?;
+impl Facts for ServiceCache {
+    fn service(&self, ns: &str, name: &str) -> Option<(&ServiceFacts, Vec<&SliceFacts>)> {
+        // One allocation for the service; its slices are looked up by the keys kept for them.
+        let key = ObjectKey::new(ns, name);
+        let service = self.services.get(&key)?;
         let slices = self
             .slices_of
             .get(&key)
             .into_iter()
             .flatten()
-            .filter_map(|s| self.slices.get(&(ns.to_string(), s.clone())))
+            .filter_map(|s| self.slices.get(s))
             .collect();
-        Some((view, slices))
+        Some((service, slices))
     }
 }
 
-impl Cache {
-    /// The model built from scratch from every view (the live model's reference).
+impl ServiceCache {
+    /// The model built from scratch from all the facts (the live model's reference).
     #[cfg(test)]
     pub(crate) fn built_whole(&self) -> Model {
         let ranges: Vec<ServiceIpRange> = self
@@ -69,11 +68,11 @@ impl Cache {
             .values()
             .flat_map(|r| r.iter().copied())
             .collect();
-        super::reference::build_views(
+        super::reference::build_facts(
             self.services
                 .iter()
-                .map(|((ns, n), v)| (ns.as_str(), n.as_str(), v)),
-            self.slices.iter().map(|((ns, _), v)| (ns.as_str(), v)),
+                .map(|(k, v)| (k.namespace(), k.name(), v)),
+            self.slices.iter().map(|(k, v)| (k.namespace(), v)),
         )
         .with_service_ranges(&ranges, self.addresses.values().flatten().copied())
         .with_node_ips(self.nodes.values().next().map_or(&[][..], |n| n))
@@ -94,11 +93,9 @@ impl Cache {
         if dirty.all || dirty.node {
             live.set_node_ips(self.nodes.values().next().map_or(&[][..], |n| n));
         }
-        let services: Vec<Key> = if dirty.all {
-            let held = live
-                .services()
-                .map(|(ns, n)| (ns.to_string(), n.to_string()));
-            let mut all: Vec<Key> = held.chain(self.services.keys().cloned()).collect();
+        let services: Vec<ObjectKey> = if dirty.all {
+            let held = live.services().map(|(ns, n)| ObjectKey::new(ns, n));
+            let mut all: Vec<ObjectKey> = held.chain(self.services.keys().cloned()).collect();
             all.sort_unstable();
             all.dedup();
             all
@@ -106,7 +103,7 @@ impl Cache {
             dirty.services.into_iter().collect()
         };
         live.update(
-            services.iter().map(|(ns, n)| (ns.as_str(), n.as_str())),
+            services.iter().map(|k| (k.namespace(), k.name())),
             &*self,
             now,
         );
@@ -150,7 +147,7 @@ pub trait Models {
 /// Where the agent's models come from ([`Models`]): the watched cache with the watches'
 /// health, and the deleted frontends remembered across builds.
 pub struct ModelSource {
-    cache: Shared<Cache>,
+    cache: Shared<ServiceCache>,
     /// Every watch the model is built from: a half-listed or failing IPAddress cache would
     /// make allocated IPs look orphaned just as a stale EndpointSlice cache would make serving
     /// endpoints look removed, so passes need all of them healthy.
@@ -164,7 +161,7 @@ impl ModelSource {
     /// The model source over `cache`, which the watches behind `health` fill: deleted
     /// frontends remembered for `retention`, ports without endpoints settling for `settle`.
     pub fn new(
-        cache: Shared<Cache>,
+        cache: Shared<ServiceCache>,
         health: Health,
         settle: Duration,
         retention: Duration,

@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use super::apply::{Dump, Table};
-use super::decide::{Flow, Stale, verdict};
+use super::decide::{Flow, Stale, staleness};
 use super::model::focus::Scope;
 use super::model::removed::Removed;
 use super::model::{FamilyModel, canonical};
@@ -199,7 +199,7 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// (their grace is measured across those; a scoped pass starts an unseen backend's clock). Stale entries are deleted in batches of at most `state.delete_batch` while the
 /// dump streams.
 ///
-/// The I/O is here and in [`read_table`]; what they decide with is pure: [`judge`],
+/// The I/O is here and in [`read_table`]; what they decide with is pure: [`staleness_in`],
 /// [`selections`], and [`Sweep`]'s per-entry rules.
 pub fn run_focused_pass(
     table: &mut dyn Table,
@@ -227,7 +227,7 @@ pub fn run_focused_pass(
     #[cfg(test)]
     let now = state.now.unwrap_or(now);
     let removed = std::mem::take(&mut state.removed);
-    let decide = |e: &Entry| judge(e, model, &host_ips, &removed, scope);
+    let decide = |e: &Entry| staleness_in(e, model, &host_ips, &removed, scope);
     let grace = state.orphan_grace;
     let known = std::mem::take(&mut state.orphans);
     let unseen = std::mem::take(&mut state.unseen);
@@ -309,7 +309,7 @@ pub fn run_focused_pass(
 /// seen removed in `removed`. A scoped pass leaves flows to orphaned service IPs alone (their
 /// grace is measured across full passes); flows to backends never seen serving reach the sweep,
 /// which only starts their clocks in a scoped pass.
-pub fn judge(
+pub fn staleness_in(
     e: &Entry,
     model: &FamilyModel,
     host_ips: &HashSet<IpAddr>,
@@ -318,11 +318,10 @@ pub fn judge(
 ) -> Option<Stale> {
     let flow = flow_of(e);
     match scope {
-        None => verdict(&flow, model, host_ips, removed),
+        None => staleness(&flow, model, host_ips, removed),
         Some(s) if !s.touches(flow.orig_dst, flow.reply_src.ip()) => None,
-        Some(_) => {
-            verdict(&flow, model, host_ips, removed).filter(|why| *why != Stale::OrphanedServiceIp)
-        }
+        Some(_) => staleness(&flow, model, host_ips, removed)
+            .filter(|why| *why != Stale::OrphanedServiceIp),
     }
 }
 

@@ -2,12 +2,12 @@
 //! batch of at most `cap` entries and delete the batch when it is full and when a dump ends.
 //! The table and its stale list are never held: memory stays flat in both.
 //!
-//! Why deleting while the dump streams is safe: every verdict is about one entry alone (its
+//! Why deleting while the dump streams is safe: every staleness is of one entry alone (its
 //! tuples against the model; [`crate::conntrack::decide::stale`]), never about what else the table holds,
 //! and each delete names the entry the kernel just returned by tuple + ID, so an entry replaced
 //! meanwhile is not touched (its delete fails as not found). The kernel's dump resumes after
 //! the last entry it could not send yet, which the pass has not seen and so cannot have
-//! deleted: deletes of entries already returned make it skip nothing. The one verdict that
+//! deleted: deletes of entries already returned make it skip nothing. The one staleness that
 //! depends on more than the entry, the grace of an orphaned service IP or of a backend the agent
 //! never saw serve (and of the model's removal memory, fixed for the pass), is measured across passes
 //! from the state the pass started with, and that state is updated only from the attempt the
@@ -77,7 +77,7 @@ pub fn unseen_key(e: &Entry) -> UnseenKey {
 
 /// One pass's judging and deleting, entry by entry.
 pub struct Sweep<'a> {
-    judge: &'a dyn Fn(&Entry) -> Option<Stale>,
+    staleness: &'a dyn Fn(&Entry) -> Option<Stale>,
     orphans: Option<Orphans<'a>>,
     unseen: Option<Unseen<'a>>,
     batch: Vec<(Entry, Stale)>,
@@ -94,14 +94,14 @@ impl<'a> Sweep<'a> {
     /// `orphans`, `unseen`: flows to orphaned service IPs and to backends never seen serving
     /// wait for their grace (`None`: such flows are never deleted).
     pub fn new(
-        judge: &'a dyn Fn(&Entry) -> Option<Stale>,
+        staleness: &'a dyn Fn(&Entry) -> Option<Stale>,
         orphans: Option<Orphans<'a>>,
         unseen: Option<Unseen<'a>>,
         cap: usize,
     ) -> Self {
         let cap = cap.max(1);
         Self {
-            judge,
+            staleness,
             orphans,
             unseen,
             batch: Vec::with_capacity(cap),
@@ -115,7 +115,7 @@ impl<'a> Sweep<'a> {
 
     /// Judges one entry of the dump; deletes the batch through `del` once it is full.
     pub fn visit(&mut self, e: &Entry, del: &mut dyn Delete) {
-        let Some(why) = (self.judge)(e) else {
+        let Some(why) = (self.staleness)(e) else {
             return;
         };
         if why == Stale::OrphanedServiceIp
