@@ -28,7 +28,8 @@ pub struct KubeArgs {
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Sustained API requests per second this process may make (<= 0: unlimited).
+    /// Sustained API requests per second this process may make (<= 0: unlimited). A list's
+    /// next pages (`continue=`) ride on its first request's token.
     #[arg(long, env = "GROUNDSKEEPER_KUBE_API_QPS", default_value_t = 20.0, value_parser = parse_qps)]
     pub kube_api_qps: f32,
 

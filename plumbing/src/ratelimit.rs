@@ -1,5 +1,6 @@
 //! A client-side token bucket for API requests, as client-go's `--kube-api-qps/--kube-api-burst`:
-//! a burst of `burst` requests, then `qps` per second. kube-rs has none of its own.
+//! a burst of `burst` requests, then `qps` per second, except that a list's next pages ride on
+//! its first request's token (`is_continuation`). kube-rs has none of its own.
 
 use std::{
     future::Future,
@@ -204,6 +205,22 @@ impl Drop for Waiting {
     }
 }
 
+/// Whether a request asks for the next page of a list (`continue=` with a token). Such a page
+/// is part of the list whose first request paid its token, and it is not charged again: a list
+/// costs one token however many pages it has. Watches list consistently in pages of a bounded
+/// size to keep memory low, where client-go's informers take one answer from the watch cache;
+/// charged per page, a large cluster's first list spent most of its time waiting on this
+/// bucket (docs/benchmarks.md, the start row). The pages a list has are bounded by what it
+/// lists, and the apiserver's priority and fairness still counts every one.
+fn is_continuation(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&').any(|pair| {
+            pair.strip_prefix("continue=")
+                .is_some_and(|t| !t.is_empty())
+        })
+    })
+}
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<Request<B>> for RateLimit<S>
@@ -222,11 +239,14 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let started = Instant::now();
-        let wait = self
-            .bucket
-            .lock()
-            .expect("token bucket lock")
-            .reserve(started);
+        let wait = match is_continuation(req.uri()) {
+            true => Duration::ZERO,
+            false => self
+                .bucket
+                .lock()
+                .expect("token bucket lock")
+                .reserve(started),
+        };
         let waiting = Waiting {
             started,
             due: started + wait,
@@ -292,6 +312,52 @@ mod tests {
             tokio::time::sleep(answer_in).await;
             Ok::<_, ()>(r.uri().path().to_string())
         })
+    }
+
+    /// A list's next pages ride on the token of its first request; every other request, a
+    /// first page included, waits for its own.
+    #[tokio::test(start_paused = true)]
+    async fn a_lists_next_pages_take_no_token() {
+        let layer = RateLimitLayer::new(1.0, 1).unwrap();
+        let mut svc = layer.layer(echo(Duration::ZERO));
+        let start = Instant::now();
+        let mut send = async |uri: &str| {
+            svc.ready().await.unwrap().call(get(uri)).await.unwrap();
+            start.elapsed()
+        };
+        assert_eq!(send("/api/v1/pods?limit=100").await, Duration::ZERO);
+        for page in 0..50 {
+            let uri = format!("/api/v1/pods?limit=100&continue=eyJ2{page}");
+            assert_eq!(send(&uri).await, Duration::ZERO, "page {page}");
+        }
+        // The bucket is empty: a new list, a GET and an empty token each wait a second more.
+        assert_eq!(
+            send("/api/v1/nodes?limit=100").await,
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            send("/api/v1/namespaces/a/pods/p").await,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            send("/api/v1/pods?limit=100&continue=").await,
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            send("/api/v1/pods?xcontinue=a").await,
+            Duration::from_secs(4)
+        );
+    }
+
+    #[test]
+    fn continuation_is_a_continue_pair_with_a_token() {
+        let c = |u: &str| is_continuation(&u.parse().unwrap());
+        assert!(c("/api/v1/pods?limit=500&continue=abc"));
+        assert!(c("/api/v1/pods?continue=abc&limit=500"));
+        assert!(!c("/api/v1/pods?limit=500"));
+        assert!(!c("/api/v1/pods?limit=500&continue="));
+        assert!(!c("/api/v1/pods?labelSelector=continue%3Dabc"));
+        assert!(!c("/api/v1/pods"));
     }
 
     #[tokio::test(start_paused = true)]
