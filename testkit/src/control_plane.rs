@@ -238,16 +238,28 @@ impl ControlPlane {
         format!("http://127.0.0.1:{}", self.etcd_port)
     }
 
-    /// Compacts etcd at its current revision (through etcd's v3 HTTP gateway, so no etcdctl is
-    /// needed) and returns that revision: every older resourceVersion is then gone (410).
+    /// Compacts etcd past its current revision (through etcd's v3 HTTP gateway, so no etcdctl is
+    /// needed) and returns the revision compacted at: every resourceVersion before it, the
+    /// newest included, is then gone (410).
     /// Blocking.
     pub fn compact_etcd(&self) -> anyhow::Result<i64> {
-        let range = etcd_post(self.etcd_port, "/v3/kv/range", r#"{"key":"AA=="}"#)?;
-        let v: serde_json::Value = serde_json::from_str(&range)?;
+        // Two writes of a key outside the apiserver's prefix first, compacted at the second's
+        // revision: a watch resumes after its resourceVersion, so one whose last event was the
+        // newest write before would resume at the first, and must find it gone as every other.
+        // "/testkit/compaction" and "x", base64.
+        let mut put = String::new();
+        for _ in 0..2 {
+            put = etcd_post(
+                self.etcd_port,
+                "/v3/kv/put",
+                r#"{"key":"L3Rlc3RraXQvY29tcGFjdGlvbg==","value":"eA=="}"#,
+            )?;
+        }
+        let v: serde_json::Value = serde_json::from_str(&put)?;
         let rev: i64 = v["header"]["revision"]
             .as_str()
             .and_then(|r| r.parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("no revision in etcd's answer: {range}"))?;
+            .ok_or_else(|| anyhow::anyhow!("no revision in etcd's answer: {put}"))?;
         etcd_post(
             self.etcd_port,
             "/v3/kv/compaction",
