@@ -62,7 +62,8 @@
 //! The start row, within the relist row (`start.rs`): each PodGC starts with
 //! `--terminated-pod-gc-threshold=1` beside two finished pods of a namespace of its own, and
 //! `manager_start_to_first_delete_<size>_s` (`kcm_…`) is the time from its process start to its
-//! delete of the older one (the younger one must be left). Under it, a bare client's consistent
+//! delete of the older one (the younger one must be left), and ours over kube-controller-manager's
+//! (`start_to_first_delete_ratio_to_kcm_<size>`). Under it, a bare client's consistent
 //! list of the same pods and nodes (`bare_list_consistent_<size>_s`, before the PodGCs) and
 //! the pods at `resourceVersion=0` from the watch cache (`bare_list_rv0_pods_<size>_s`, last).
 

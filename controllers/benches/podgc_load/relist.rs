@@ -77,8 +77,9 @@ pub(crate) async fn relist_row(
         },
         first.first_delete(started, Duration::from_secs(900)),
     );
-    let listed = listed?;
-    start::print_start("groundskeeper", "manager", size, Some(listed), deleted?)?;
+    let (listed, deleted) = (listed?, deleted?);
+    let ours_first = deleted.0;
+    start::print_start("groundskeeper", "manager", size, Some(listed), deleted)?;
     run.wait_cycles(2.0).await?;
     let ours = relist_ours(cluster, cp, &run).await;
     drop(run);
@@ -97,13 +98,20 @@ pub(crate) async fn relist_row(
                 },
                 first.first_delete(started, Duration::from_secs(900)),
             );
+            let deleted = deleted?;
+            let kcm_first = deleted.0;
             start::print_start(
                 "kube-controller-manager",
                 "kcm",
                 size,
                 Some(listed?),
-                deleted?,
+                deleted,
             )?;
+            testkit::figures::bench(
+                &format!("start_to_first_delete_ratio_to_kcm_{size}"),
+                ours_first.as_secs_f64() / kcm_first.as_secs_f64(),
+                "ratio",
+            );
             // Two of its 20 s cycles, as in its steady row.
             tokio::time::sleep(Duration::from_secs(45)).await;
             let theirs = relist_kcm(cp, &k).await;
