@@ -59,6 +59,12 @@
 //! its reflector logs `Caches populated` for pods again), skipped visibly without it.
 //! PODGC_BENCH_ONLY=relist makes the objects and runs only this row.
 //!
+//! The takeover row (`takeover.rs`, after the relist row): a leader dies and a standby takes
+//! over; `manager_takeover_to_first_delete_<size>_s` (`kcm_…`) is the time from the death to
+//! the new leader's first delete, `…_takeover_to_lease_…` to its holding the Lease, and
+//! `takeover_to_first_delete_ratio_to_kcm_<size>` ours over kube-controller-manager's.
+//! PODGC_BENCH_ONLY=takeover makes the objects and runs only this row.
+//!
 //! The start row, within the relist row (`start.rs`): each PodGC starts with
 //! `--terminated-pod-gc-threshold=1` beside two finished pods of a namespace of its own, and
 //! `manager_start_to_first_delete_<size>_s` (`kcm_…`) is the time from its process start to its
@@ -73,6 +79,7 @@ mod process;
 mod relist;
 mod start;
 mod steady;
+mod takeover;
 mod ttl;
 
 use std::time::Duration;
@@ -128,7 +135,11 @@ async fn main() -> anyhow::Result<()> {
     )
     .await;
     let result = match result {
-        Ok(()) if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0 && !only("relist") => {
+        Ok(())
+            if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0
+                && !only("relist")
+                && !only("takeover") =>
+        {
             compact(cp.as_deref(), "before the TTL row");
             ttl_row(&cluster, &bin).await
         }
@@ -197,8 +208,13 @@ async fn run(
         figure(&format!("create_{size}_s"), secs, "s");
         compact(cp, "after creating");
         println!("control plane: {}", control_plane_rss(cp));
-        relist_row(cluster, cp, bin, &size).await?;
-        if only("relist") {
+        if !only("takeover") {
+            relist_row(cluster, cp, bin, &size).await?;
+        }
+        if !only("relist") {
+            takeover::takeover_row(cluster, bin, &size).await?;
+        }
+        if only("relist") || only("takeover") {
             return anyhow::Ok(());
         }
 

@@ -21,11 +21,37 @@ pub(crate) struct Run {
 
 impl Run {
     pub(crate) fn start(path: &str, kubeconfig: &str, extra: &[&str]) -> anyhow::Result<Self> {
-        let mut args = vec![
-            "--leader-elect=false",
-            "--controllers=podgc",
-            "--orphan-quarantine=1s",
-        ];
+        Self::start_as(path, kubeconfig, &["--leader-elect=false"], extra)
+    }
+
+    /// Ours as a candidate for the Lease `name` in `ns`, with the default lease timings.
+    pub(crate) fn start_standby(
+        path: &str,
+        kubeconfig: &str,
+        ns: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let (ns, name) = (
+            format!("--leader-elect-namespace={ns}"),
+            format!("--leader-elect-lease-name={name}"),
+        );
+        Self::start_as(
+            path,
+            kubeconfig,
+            &["--leader-elect=true", &ns, &name],
+            extra,
+        )
+    }
+
+    fn start_as(
+        path: &str,
+        kubeconfig: &str,
+        election: &[&str],
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let mut args = election.to_vec();
+        args.extend_from_slice(&["--controllers=podgc", "--orphan-quarantine=1s"]);
         args.extend_from_slice(extra);
         let (bin, admin) =
             Binary::start_with_admin(path, "podgc-bench", &args, &[("KUBECONFIG", kubeconfig)])?;

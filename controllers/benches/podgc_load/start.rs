@@ -62,6 +62,11 @@ impl FirstPods {
         Ok(Self { api })
     }
 
+    /// Whether both are still there.
+    pub(crate) async fn both_there(&self) -> anyhow::Result<bool> {
+        Ok(self.api.get_opt(OLDER).await?.is_some() && self.api.get_opt(YOUNGER).await?.is_some())
+    }
+
     /// Waits (up to `within`) for the first of the two to be deleted, from `started`: how long
     /// after it, and whether it was the older one with the younger one left.
     pub(crate) async fn first_delete(
