@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use groundskeeper_node_agent::conntrack::model::changes::Changes;
+use groundskeeper_node_agent::conntrack::model::focus::Scope;
 use groundskeeper_node_agent::conntrack::model::live::{Facts, Live};
 use groundskeeper_node_agent::conntrack::model::project::{ServiceFacts, SliceFacts, UdpPort};
 use groundskeeper_node_agent::conntrack::model::reference::{self, Settle, Tombstones};
-use groundskeeper_node_agent::conntrack::netlink::family::PerFamily;
+use groundskeeper_node_agent::conntrack::netlink::family::{Family, PerFamily};
 use groundskeeper_plumbing::ObjectKey;
 use testkit::figures::bench;
 
@@ -192,6 +193,27 @@ fn row(services: usize) {
         "each focus is the changed service's frontend"
     );
 
+    // What a triggered round adds to that focus: every frontend and nodePort without a serving
+    // endpoint, found by a scan of the model's frontends (`Changes::triggered_focus`).
+    let m = live.model().clone();
+    let t0 = Instant::now();
+    for _ in 0..CHANGES {
+        let mut scope = Scope::default();
+        for fam in Family::ALL {
+            scope.add_unserved(&m[fam]);
+        }
+        black_box(scope);
+    }
+    let unserved_scan = per_change_ms(t0.elapsed());
+
+    println!(
+        "{services} services: the scan for frontends without a serving endpoint, once per triggered round: {unserved_scan:.4} ms"
+    );
+    bench(
+        &format!("model_unserved_scan_per_round_{size}_services"),
+        unserved_scan,
+        "ms",
+    );
     println!(
         "{services} services: whole rebuild {rebuild:.3} ms per change; live update {update:.3} ms; live update with the previous model held and compared {shared:.3} ms; live update with what it changed and the focus, as scheduled now {scheduled:.3} ms"
     );

@@ -200,7 +200,7 @@ pub fn pending(
     }
     let named: Vec<(&str, &NodeFacts)> = nodes.iter().map(|(n, f)| (n.as_str(), f)).collect();
     let none_admits = match place(flags, label, &pod_facts, &sysctls, &own, &named, &refs) {
-        Placement::Hold { reason } if pod_facts.spec.is_some() => Some(reason),
+        Placement::Hold { reason, .. } if pod_facts.spec.is_some() => Some(reason),
         _ => None,
     };
     Pending {

@@ -57,8 +57,12 @@ pub enum Placement {
         admitting: usize,
         forbidding: usize,
     },
-    /// No node admits it: it stays gated (Pending), and this says why.
-    Hold { reason: String },
+    /// No node admits it: it stays gated (Pending), and this says why; `causes` counts the
+    /// nodes that forbid it for each cause (empty when no node is a candidate).
+    Hold {
+        reason: String,
+        causes: BTreeMap<Cause, usize>,
+    },
 }
 
 impl Constraints {
@@ -145,6 +149,7 @@ pub fn place(
     if admitting.is_empty() {
         return Placement::Hold {
             reason: hold_reason(sysctls, &causes),
+            causes,
         };
     }
     if forbidding.is_empty() {
@@ -196,11 +201,7 @@ fn cause(
 /// `no node admits net.core.somaxconn: 3 nodes forbid it by SysctlPolicy enforce-db, 2 by
 /// kernel version`, the largest group first.
 pub fn hold_reason(sysctls: &[String], causes: &BTreeMap<Cause, usize>) -> String {
-    let what = if sysctls.is_empty() {
-        "its sysctls".to_string()
-    } else {
-        sysctls.join(", ")
-    };
+    let what = what(sysctls);
     let mut groups: Vec<(&Cause, &usize)> = causes.iter().collect();
     groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     if groups.is_empty() {
@@ -225,6 +226,74 @@ pub fn hold_reason(sysctls: &[String], causes: &BTreeMap<Cause, usize>) -> Strin
         })
         .collect();
     format!("no node admits {what}: {}", parts.join(", "))
+}
+
+fn what(sysctls: &[String]) -> String {
+    if sysctls.is_empty() {
+        "its sysctls".to_string()
+    } else {
+        sysctls.join(", ")
+    }
+}
+
+/// More causes than this and a held message is compared whole ([`same_hold`]).
+const MAX_CAUSES_MATCHED: usize = 16;
+
+/// Whether `old`, the message of a pod's hold, says what [`hold_reason`] would say of
+/// `sysctls` and `causes` with any numbers of nodes: the same sysctls, and each cause once, in
+/// any order. A node joining or leaving that only moves those numbers is not worth a status
+/// patch and an Event for every held pod; a new cause, or one gone, is.
+pub fn same_hold(old: &str, sysctls: &[String], causes: &BTreeMap<Cause, usize>) -> bool {
+    if causes.is_empty() || causes.len() > MAX_CAUSES_MATCHED {
+        return old == hold_reason(sysctls, causes);
+    }
+    let Some(rest) = old.strip_prefix(&format!("no node admits {}: ", what(sysctls))) else {
+        return false;
+    };
+    let says: Vec<String> = causes.keys().map(Cause::says).collect();
+    let mut used = vec![false; says.len()];
+    groups_match(rest, &says, &mut used, true)
+}
+
+/// Whether `rest` is one group per cause of `says` not yet `used` (`first`: the group that
+/// says "N nodes forbid it by"), tried in every order a prefix allows (a policy's name may
+/// begin another's).
+fn groups_match(rest: &str, says: &[String], used: &mut [bool], first: bool) -> bool {
+    if rest.is_empty() {
+        return !first && used.iter().all(|u| *u);
+    }
+    let rest = match first {
+        true => rest,
+        false => match rest.strip_prefix(", ") {
+            Some(r) => r,
+            None => return false,
+        },
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let Ok(n) = rest[..digits].parse::<usize>() else {
+        return false;
+    };
+    let lead = match (first, n) {
+        (false, _) => " by ",
+        (true, 1) => " node forbids it by ",
+        (true, _) => " nodes forbid it by ",
+    };
+    let Some(rest) = rest[digits..].strip_prefix(lead) else {
+        return false;
+    };
+    for i in 0..says.len() {
+        if used[i] {
+            continue;
+        }
+        if let Some(after) = rest.strip_prefix(says[i].as_str()) {
+            used[i] = true;
+            if groups_match(after, says, used, false) {
+                return true;
+            }
+            used[i] = false;
+        }
+    }
+    false
 }
 
 fn name_is(operator: &str, node: &str) -> NodeSelectorRequirement {

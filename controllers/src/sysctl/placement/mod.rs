@@ -13,6 +13,8 @@ pub mod metrics;
 
 #[cfg(test)]
 mod decide_tests;
+#[cfg(test)]
+mod held_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +31,7 @@ use crate::sysctl::cache::{Change, SysctlCache, Watched};
 use crate::sysctl::facts::NodeFacts;
 use crate::workqueue::{RateLimit, WorkQueue};
 use apply::{Apply, KubeWrites, Writes};
-use decide::{Placement, place};
+use decide::{Placement, place, same_hold};
 use metrics::Metrics;
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
@@ -263,10 +265,16 @@ impl<W: Writes> Placer<W> {
                 self.apply.place(key, &pod, Some(&required), &what).await?;
                 Ok(dry(Done::Placed))
             }
-            Placement::Hold { reason } if pod.held.as_deref() == Some(reason.as_str()) => {
+            // Held for the same causes as written, whatever the numbers of nodes now.
+            Placement::Hold { causes, .. }
+                if pod
+                    .held
+                    .as_deref()
+                    .is_some_and(|old| same_hold(old, &pod.sysctls, &causes)) =>
+            {
                 Ok(Done::Nothing)
             }
-            Placement::Hold { reason } => {
+            Placement::Hold { reason, .. } => {
                 self.apply.hold(key, &pod, &reason).await?;
                 Ok(Done::Held)
             }
