@@ -94,7 +94,7 @@ pub(crate) async fn takeover_row(
             let k = Run::start_kcm(&kcm, &kubeconfig, 20, 30, &lock)?;
             k.bin
                 .wait_for_log(
-                    "attempting to acquire leader lease",
+                    "to acquire leader lease",
                     Duration::from_secs(120),
                 )
                 .await?;
