@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use groundskeeper_controllers::sysctl::webhook::{limits, metrics::Metrics, serve};
 use groundskeeper_plumbing::cache::{Health, Shared};
-use groundskeeper_plumbing::ratelimit::Budget;
+use groundskeeper_plumbing::client::ratelimit::Budget;
 use groundskeeper_plumbing::{Readiness, admin, metrics, serving};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::Mode;

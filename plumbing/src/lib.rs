@@ -20,14 +20,11 @@ pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
-pub mod ratelimit;
 pub mod readiness;
-pub mod restclient;
 pub mod serving;
 pub mod shutdown;
 pub mod tasks;
 pub mod telemetry;
-pub mod timeout;
 pub mod watch;
 pub mod watch_list;
 #[cfg(test)]

@@ -28,8 +28,7 @@ use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     cache::Shared,
-    client::{parse_duration, parse_qps},
-    ratelimit::Budget,
+    client::{parse_duration, parse_qps, ratelimit::Budget},
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 

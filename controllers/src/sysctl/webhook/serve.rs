@@ -31,7 +31,7 @@ use crate::sysctl::cache::SysctlCache;
 use crate::sysctl::facts::PodFacts;
 use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
-use groundskeeper_plumbing::ratelimit::Budget;
+use groundskeeper_plumbing::client::ratelimit::Budget;
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlwebhook`), wherever its code sits.

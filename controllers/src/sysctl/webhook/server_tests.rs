@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use groundskeeper_plumbing::cache::{Health, Shared};
-use groundskeeper_plumbing::ratelimit::Budget;
+use groundskeeper_plumbing::client::ratelimit::Budget;
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::Mode;
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
