@@ -13,9 +13,7 @@ pub mod events;
 #[cfg(test)]
 mod events_tests;
 pub mod key;
-pub mod klog;
-#[cfg(test)]
-mod klog_tests;
+pub mod logging;
 pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
@@ -24,7 +22,6 @@ pub mod readiness;
 pub mod serving;
 pub mod shutdown;
 pub mod tasks;
-pub mod telemetry;
 pub mod watch;
 pub mod watch_list;
 #[cfg(test)]

@@ -12,10 +12,10 @@ use crate::{
     Readiness, Shutdown,
     admin::{self, AdminArgs},
     client::{KubeArgs, parse_duration},
+    logging::telemetry::LogArgs,
     metrics,
     metrics_auth::{Delegated, MetricsAuth},
     serving::{self, Certificates, self_signed},
-    telemetry::LogArgs,
 };
 
 /// Runs `main` on a multi-threaded runtime, with glibc's malloc held to one arena first.

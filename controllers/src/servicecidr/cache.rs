@@ -9,7 +9,7 @@ use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
     cache::{Applied, Projected, Shared, Store, Update, Watches},
-    klog::KObj,
+    logging::klog::KObj,
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{

@@ -305,7 +305,7 @@ pub async fn run(
             Due::Skipped { skip, periodic } => {
                 skipped.with_label_values(&[skip.label()]).inc();
                 let stale = models.unhealthy();
-                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&stale), "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
+                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = %groundskeeper_plumbing::logging::telemetry::joined(&stale), "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
             }
             Due::Round {
                 model,

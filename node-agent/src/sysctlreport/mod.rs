@@ -73,7 +73,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let policy = &args.policy;
     // The safe list also depends on the Node's kubelet version: logged once the Node is read.
-    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, default_pod_sysctls = %args.default_pod_sysctls, "sysctl admission starting");
+    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::logging::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, default_pod_sysctls = %args.default_pod_sysctls, "sysctl admission starting");
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::default();
     let (watches, changes) = cache::follow_all(

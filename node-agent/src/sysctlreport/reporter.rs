@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::{cache::Shared, klog::KObj};
+use groundskeeper_plumbing::{cache::Shared, logging::klog::KObj};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -230,7 +230,7 @@ impl<W: Writes> Reporter<W> {
         }
         self.report_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
-            tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
+            tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::logging::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::logging::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
             self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;

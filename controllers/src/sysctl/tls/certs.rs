@@ -263,7 +263,7 @@ impl<W: Writes> CertTask<W> {
         };
         match written {
             Ok(()) => {
-                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
+                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::logging::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
                 self.metrics
                     .certificate_steps
                     .with_label_values(&[label])

@@ -222,7 +222,7 @@ pub async fn run(
         base.token.clone(),
     )
     .await?;
-    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::logging::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
     let server = tokio::spawn(serve);
     let listed = health.clone();
     let task = CertTask::new(
