@@ -15,7 +15,7 @@ use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
     cache::{Projected, Shared, Store, follow},
-    watch_list::WatchList,
+    watch::list::WatchList,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Client, ResourceExt, runtime::watcher};

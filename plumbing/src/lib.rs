@@ -23,9 +23,6 @@ pub mod serving;
 pub mod shutdown;
 pub mod tasks;
 pub mod watch;
-pub mod watch_list;
-#[cfg(test)]
-mod watch_tests;
 
 pub use key::ObjectKey;
 pub use readiness::{Readiness, ReadyFlag, WatchSettings};

@@ -253,7 +253,7 @@ fn only_plumbing_watches() {
                 "watcher::watcher",
                 "reflector",
                 "watch_store",
-                "watch::watch(",
+                "stream::watch(",
             ];
             let found: Vec<&str> = needles.into_iter().filter(|n| text.contains(n)).collect();
             (!path.starts_with("plumbing/") && !found.is_empty()).then(|| format!(": {found:?}"))

@@ -1,4 +1,4 @@
-//! Tests of `watch.rs` against scripted apiservers: backoff, relists, unanswered lists, and
+//! Tests of `stream.rs` against scripted apiservers: backoff, relists, unanswered lists, and
 //! watches that go silent.
 
 use std::{
@@ -15,7 +15,7 @@ use kube::{
 };
 use tokio::time::Instant;
 
-use crate::watch::*;
+use crate::watch::stream::*;
 
 #[test]
 fn a_missing_resource_is_explained() {
@@ -234,7 +234,7 @@ fn quiet_apiserver(bookmarks: Option<Duration>, queries: Arc<Mutex<Vec<String>>>
 /// The fake apiserver here serves paged lists only.
 fn paged() -> crate::WatchSettings {
     crate::WatchSettings {
-        list: crate::watch_list::WatchList::Off,
+        list: crate::watch::list::WatchList::Off,
         ..Default::default()
     }
 }
