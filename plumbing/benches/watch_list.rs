@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
-    cache::{Projected, Shared, Store, follow},
+    watch::cache::{Projected, Shared, Store, follow},
     watch::list::WatchList,
 };
 use k8s_openapi::api::core::v1::Pod;

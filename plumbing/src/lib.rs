@@ -5,7 +5,6 @@
 pub mod admin;
 #[cfg(test)]
 mod admin_tests;
-pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod duration;
@@ -18,12 +17,11 @@ pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
-pub mod readiness;
 pub mod serving;
 pub mod shutdown;
 pub mod tasks;
 pub mod watch;
 
 pub use key::ObjectKey;
-pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;
+pub use watch::readiness::{Readiness, ReadyFlag, WatchSettings};

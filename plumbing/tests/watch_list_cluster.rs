@@ -14,7 +14,7 @@ use std::{
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag, WatchSettings,
-    cache::{Projected, Shared, Store, follow_in},
+    watch::cache::{Projected, Shared, Store, follow_in},
     watch::list::WatchList,
 };
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -41,7 +41,7 @@ use std::{
 };
 
 use clap::Args;
-use groundskeeper_plumbing::{cache::Health, client::parse_duration};
+use groundskeeper_plumbing::{client::parse_duration, watch::cache::Health};
 
 use crate::context::Context;
 use apply::{Applier, KubeWrites};

@@ -6,9 +6,9 @@ use std::{
 };
 
 use groundskeeper_plumbing::{
-    cache::{Health, Seen, Shared},
     client::api_error_label,
     logging::klog::KObj,
+    watch::cache::{Health, Seen, Shared},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;

@@ -14,7 +14,7 @@ use prometheus::IntCounterVec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use groundskeeper_plumbing::cache::Seen;
+use groundskeeper_plumbing::watch::cache::Seen;
 
 use super::decide::next_interval;
 use super::model::Model;

@@ -26,7 +26,7 @@ mod writes_tests;
 pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
 use futures::StreamExt;
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::watch::cache::Shared;
 use groundskeeper_sysctl_rules::args::{PolicyArgs, parse_default_pod_sysctls};
 use groundskeeper_sysctl_rules::defaults::DefaultPodSysctls;
 use kernel::KernelVersion;

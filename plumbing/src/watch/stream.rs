@@ -1,4 +1,4 @@
-//! The watch under every cache (`crate::cache::follow`): kube-runtime's `watcher`, with a short
+//! The watch under every cache (`super::cache::follow`): kube-runtime's `watcher`, with a short
 //! capped backoff, a full relist after every error, and the watch's health kept in its
 //! [`ReadyFlag`].
 //!
@@ -151,7 +151,7 @@ pub(crate) fn with_bookmarks(
 
 /// Watches every `K` for ever (cluster-wide): the events of kube-runtime's `watcher`, never an
 /// error (errors are logged, counted and retried here, and turn the flag unhealthy until the
-/// next full list). Components do not call this: they watch through [`crate::cache::follow`],
+/// next full list). Components do not call this: they watch through [`super::cache::follow`],
 /// which keeps a store.
 pub(crate) fn watch<K>(
     client: kube::Client,

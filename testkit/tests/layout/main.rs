@@ -246,7 +246,7 @@ fn decisions_name_no_wire_type() {
 #[test]
 fn only_plumbing_watches() {
     check(
-        "a watch outside plumbing::cache (use Watches::follow)",
+        "a watch outside plumbing::watch::cache (use Watches::follow)",
         |path, text| {
             let needles = [
                 "watcher(",

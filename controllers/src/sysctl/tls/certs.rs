@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
+use groundskeeper_plumbing::{ReadyFlag, watch::cache::Shared};
 use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;

@@ -27,8 +27,8 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{
-    cache::Shared,
     client::{parse_duration, parse_qps, ratelimit::Budget},
+    watch::cache::Shared,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
