@@ -2,9 +2,6 @@
 //! readiness and watch health, the one way to watch and cache what is watched, the shutdown
 //! token and the Kubernetes client.
 
-pub mod admin;
-#[cfg(test)]
-mod admin_tests;
 pub mod cli;
 pub mod client;
 pub mod duration;

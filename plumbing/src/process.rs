@@ -10,12 +10,15 @@ use tokio::task::JoinHandle;
 
 use crate::{
     Readiness, Shutdown,
-    admin::{self, AdminArgs},
     client::{KubeArgs, parse_duration},
     logging::telemetry::LogArgs,
     metrics,
     metrics_auth::{Delegated, MetricsAuth},
-    serving::{self, Certificates, self_signed},
+    serving::{
+        self, Certificates,
+        admin::{self, AdminArgs},
+        self_signed,
+    },
 };
 
 /// Runs `main` on a multi-threaded runtime, with glibc's malloc held to one arena first.
