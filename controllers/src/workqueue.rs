@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use groundskeeper_plumbing::ratelimit::TokenBucket;
+use groundskeeper_plumbing::client::ratelimit::TokenBucket;
 use tokio::{sync::Notify, time::Instant};
 
 use self::metrics::{QueueMetricFamilies, QueueMetrics};

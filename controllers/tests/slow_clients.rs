@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use groundskeeper_controllers::sysctl::webhook::{limits, metrics::Metrics, serve};
-use groundskeeper_plumbing::cache::{Health, Shared};
-use groundskeeper_plumbing::ratelimit::Budget;
-use groundskeeper_plumbing::{Readiness, admin, metrics, serving};
+use groundskeeper_plumbing::client::ratelimit::Budget;
+use groundskeeper_plumbing::watch::cache::{Health, Shared};
+use groundskeeper_plumbing::{
+    Readiness, metrics,
+    serving::{self, admin},
+};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::Mode;
 use testkit::hostile::{self, Attack, Tally, Target};

@@ -7,7 +7,7 @@ use futures::FutureExt;
 use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctlreport};
-use groundskeeper_plumbing::{klog::KObj, process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{logging::klog::KObj, process::Process, tasks::Tasks};
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)

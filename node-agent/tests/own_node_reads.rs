@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use groundskeeper_node_agent::{conntrack, context::Context, sysctlreport};
-use groundskeeper_plumbing::{Readiness, Shutdown, cache::Shared, process::Base};
+use groundskeeper_plumbing::{Readiness, Shutdown, process::Base, watch::cache::Shared};
 use testkit::api::Mock;
 
 const NODE: &str = "node-x";

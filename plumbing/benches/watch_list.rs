@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
-    cache::{Projected, Shared, Store, follow},
-    watch_list::WatchList,
+    watch::cache::{Projected, Shared, Store, follow},
+    watch::list::WatchList,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Client, ResourceExt, runtime::watcher};

@@ -1,11 +1,25 @@
 //! What both groundskeeper binaries share, written once: logs, metrics, the admin HTTP server,
 //! readiness and watch health, the one way to watch and cache what is watched, the shutdown
 //! token and the Kubernetes client.
+//!
+//! The rooms, each a folder whose `mod.rs` says what its files hold:
+//! - `watch/`: the one way to watch a kind and keep what is watched (`watch::cache`), the
+//!   watch stream under it and how it lists, and each watch's flag, which the process's
+//!   readiness adds up (`watch::readiness`).
+//! - `client/`: the Kubernetes client, and the layers on each of its requests: the QPS budget
+//!   and the token buckets (`client::ratelimit`), client-go's REST client metrics
+//!   (`client::restclient`), the request deadline (`client::timeout`).
+//! - `serving/`: HTTP served at a bounded cost to callers who may be hostile, and the admin
+//!   server built of it (`serving::admin`: `/healthz`, `/readyz`, `/metrics`).
+//! - `metrics_auth/`: who may read `/metrics`.
+//! - `logging/`: the logs in Kubernetes' formats (`logging::klog`) and the flags and
+//!   subscriber that choose one (`logging::telemetry`).
+//!
+//! At the top, what has no room of its own: the start-up both binaries share (`process`), the
+//! shutdown token (`shutdown`), the named long-running tasks (`tasks`), the flag parsing
+//! (`cli`, `duration`), the Event writer (`events`), an object's key (`key`), the Prometheus
+//! registry (`metrics`), and a bounded least-recently-used map (`lru`).
 
-pub mod admin;
-#[cfg(test)]
-mod admin_tests;
-pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod duration;
@@ -13,26 +27,16 @@ pub mod events;
 #[cfg(test)]
 mod events_tests;
 pub mod key;
-pub mod klog;
-#[cfg(test)]
-mod klog_tests;
+pub mod logging;
 pub mod lru;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
-pub mod ratelimit;
-pub mod readiness;
-pub mod restclient;
 pub mod serving;
 pub mod shutdown;
 pub mod tasks;
-pub mod telemetry;
-pub mod timeout;
 pub mod watch;
-pub mod watch_list;
-#[cfg(test)]
-mod watch_tests;
 
 pub use key::ObjectKey;
-pub use readiness::{Readiness, ReadyFlag, WatchSettings};
 pub use shutdown::Shutdown;
+pub use watch::readiness::{Readiness, ReadyFlag, WatchSettings};

@@ -20,13 +20,13 @@ pub fn build_info() -> IntGauge {
 }
 
 /// A registry with the process collector (CPU, RSS, open fds), `groundskeeper_build_info` and
-/// client-go's REST client metrics (`crate::restclient`) already in it.
+/// client-go's REST client metrics (`crate::client::restclient`) already in it.
 pub fn registry() -> Registry {
     let registry = Registry::new();
     registry
         .register(Box::new(build_info()))
         .expect("build_info registers once");
-    for c in crate::restclient::metrics().collectors() {
+    for c in crate::client::restclient::metrics().collectors() {
         registry
             .register(c)
             .expect("the REST client metrics register once per registry");

@@ -10,12 +10,15 @@ use tokio::task::JoinHandle;
 
 use crate::{
     Readiness, Shutdown,
-    admin::{self, AdminArgs},
     client::{KubeArgs, parse_duration},
+    logging::telemetry::LogArgs,
     metrics,
     metrics_auth::{Delegated, MetricsAuth},
-    serving::{self, Certificates, self_signed},
-    telemetry::LogArgs,
+    serving::{
+        self, Certificates,
+        admin::{self, AdminArgs},
+        self_signed,
+    },
 };
 
 /// Runs `main` on a multi-threaded runtime, with glibc's malloc held to one arena first.
@@ -107,7 +110,7 @@ pub struct CommonArgs {
         value_enum,
         default_value = "off"
     )]
-    pub watch_list: crate::watch_list::WatchList,
+    pub watch_list: crate::watch::list::WatchList,
 
     /// With --watch-list=auto: a streamed list that has not reached its end this long after it
     /// was asked for falls back to the paged list.
@@ -291,10 +294,10 @@ mod tests {
         assert_eq!(c.watch_settings().backoff_max, Duration::from_millis(500));
         assert!(parse(&["--watch-stale-after=soon"]).is_err());
         let c = parse(&[]).unwrap().watch_settings();
-        assert_eq!(c.list, crate::watch_list::WatchList::Off);
+        assert_eq!(c.list, crate::watch::list::WatchList::Off);
         assert_eq!(c.list_timeout, Duration::from_secs(30));
         let c = parse(&["--watch-list=auto", "--watch-list-timeout=5s"]).unwrap();
-        assert_eq!(c.watch_settings().list, crate::watch_list::WatchList::Auto);
+        assert_eq!(c.watch_settings().list, crate::watch::list::WatchList::Auto);
         assert_eq!(c.watch_settings().list_timeout, Duration::from_secs(5));
         assert!(parse(&["--watch-list=maybe"]).is_err());
     }

@@ -12,7 +12,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use groundskeeper_plumbing::{Readiness, admin, metrics, serving};
+use groundskeeper_plumbing::{
+    Readiness, metrics,
+    serving::{self, admin},
+};
 use testkit::hostile::{self, Attack, Tally, Target};
 use tokio_util::sync::CancellationToken;
 

@@ -11,7 +11,7 @@ use std::{
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, WatchSettings,
-    cache::{Health, Projected, Shared, Stale, Store, follow_in},
+    watch::cache::{Health, Projected, Shared, Stale, Store, follow_in},
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, ResourceExt, api::PostParams, runtime::watcher};

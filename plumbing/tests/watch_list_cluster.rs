@@ -14,8 +14,8 @@ use std::{
 use futures::StreamExt;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag, WatchSettings,
-    cache::{Projected, Shared, Store, follow_in},
-    watch_list::WatchList,
+    watch::cache::{Projected, Shared, Store, follow_in},
+    watch::list::WatchList,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use groundskeeper_plumbing::{
     events::{Events, Notice, Repeat, Reporter, Severity, reporting_controller},
-    klog::KObj,
+    logging::klog::KObj,
 };
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::ObjectReference};
 

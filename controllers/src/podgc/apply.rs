@@ -27,7 +27,7 @@ use crate::pacing::{
     throttled_of,
 };
 
-use groundskeeper_plumbing::cache::{Health, Seen, Shared};
+use groundskeeper_plumbing::watch::cache::{Health, Seen, Shared};
 
 pub use super::outcome::{DeleteError, Outcome, Skip, Tally};
 use super::{

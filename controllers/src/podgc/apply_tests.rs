@@ -5,7 +5,7 @@
 
 use std::{sync::Arc, sync::atomic::Ordering};
 
-use groundskeeper_plumbing::cache::{Health, Stale};
+use groundskeeper_plumbing::watch::cache::{Health, Stale};
 use jiff::Timestamp;
 use serde_json::json;
 use testkit::api::Mock;

@@ -1,6 +1,6 @@
 //! What PodGC watches: pods, nodes and namespaces, kept as compact facts in one cache.
 //!
-//! Each kind goes through `plumbing::cache::follow` (flags `podgc/pods`, `podgc/nodes`,
+//! Each kind goes through `plumbing::watch::cache::follow` (flags `podgc/pods`, `podgc/nodes`,
 //! `podgc/namespaces`) into one [`Caches`]; [`Synced`] says when all three have listed once.
 
 use std::{fmt::Debug, sync::Arc, time::Instant};
@@ -9,8 +9,8 @@ use futures::{Stream, StreamExt, stream};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     ReadyFlag,
-    cache::{Applied, Projected, Shared, Store, Update, Watches},
     process::Base,
+    watch::cache::{Applied, Projected, Shared, Store, Update, Watches},
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{

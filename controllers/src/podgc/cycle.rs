@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::{StreamExt, stream};
-use groundskeeper_plumbing::{cache::Shared, events::Events, klog::KObj};
+use groundskeeper_plumbing::{events::Events, logging::klog::KObj, watch::cache::Shared};
 use kube::{Api, Client};
 
 use super::{

@@ -7,7 +7,7 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::watch::cache::Shared;
 
 use super::{
     apply::{Applier, KubeWrites, Writes},

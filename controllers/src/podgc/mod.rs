@@ -41,7 +41,7 @@ use std::{
 };
 
 use clap::Args;
-use groundskeeper_plumbing::{cache::Health, client::parse_duration};
+use groundskeeper_plumbing::{client::parse_duration, watch::cache::Health};
 
 use crate::context::Context;
 use apply::{Applier, KubeWrites};
@@ -211,7 +211,7 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
             groundskeeper_plumbing::process::release_free_memory();
             args.gc_period
         } else {
-            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
+            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::logging::telemetry::joined(health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
             // The skipped cycle runs as soon as the caches are current, not a period later.
             STALE_RECHECK.min(args.gc_period)
         };

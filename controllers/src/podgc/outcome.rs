@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use groundskeeper_plumbing::{client::api_error_label, klog::KObj};
+use groundskeeper_plumbing::{client::api_error_label, logging::klog::KObj};
 
 use crate::pacing::THROTTLED_ATTEMPTS;
 

@@ -13,7 +13,7 @@ use serde_json::json;
 use testkit::{api::Mock, rng::Rng};
 use tokio_util::sync::CancellationToken;
 
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::watch::cache::Shared;
 
 use super::{
     apply::{Applier, KubeWrites},

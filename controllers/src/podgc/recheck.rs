@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use groundskeeper_plumbing::klog::KObj;
+use groundskeeper_plumbing::logging::klog::KObj;
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 

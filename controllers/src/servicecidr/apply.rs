@@ -8,7 +8,7 @@ use std::{fmt, future::Future};
 
 use groundskeeper_plumbing::{
     events::{self, Events, Repeat, Severity},
-    klog::KObj,
+    logging::klog::KObj,
 };
 use jiff::Timestamp;
 use k8s_openapi::{api::networking::v1::ServiceCIDR, apimachinery::pkg::apis::meta::v1::Time};

@@ -1,6 +1,6 @@
 //! What the controller watches (ServiceCIDRs, managed IPAddresses), folded into one cache.
 //!
-//! Each kind lives in a `plumbing::cache::Store`, with the indexes the decision reads kept
+//! Each kind lives in a `plumbing::watch::cache::Store`, with the indexes the decision reads kept
 //! beside it, and upstream's event-handler rules say which ServiceCIDR keys a change enqueues.
 
 use std::{collections::BTreeSet, sync::Arc};
@@ -8,8 +8,8 @@ use std::{collections::BTreeSet, sync::Arc};
 use futures::Stream;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Projected, Shared, Store, Update, Watches},
-    klog::KObj,
+    logging::klog::KObj,
+    watch::cache::{Applied, Projected, Shared, Store, Update, Watches},
 };
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use kube::{

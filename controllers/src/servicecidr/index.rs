@@ -9,7 +9,7 @@ use std::{
     sync::Arc,
 };
 
-use groundskeeper_plumbing::cache::Update;
+use groundskeeper_plumbing::watch::cache::Update;
 
 pub use super::compact::{IpAddressFacts, Owner};
 use super::{
@@ -138,7 +138,7 @@ impl Blockers {
 /// Allocator-managed IPAddresses (`ipaddress.kubernetes.io/managed-by=ipallocator.k8s.io`)
 /// whose names parse as IPs, sorted by address within each family ([`compact`] says how they
 /// are kept small). A relist is buffered beside the live entries and swapped in whole, as
-/// `plumbing::cache::Store` does, so a reader never sees half a list.
+/// `plumbing::watch::cache::Store` does, so a reader never sees half a list.
 #[derive(Default)]
 pub struct IpIndex {
     live: Entries,

@@ -8,7 +8,7 @@
 mod reference {
     use std::{collections::BTreeMap, sync::Arc};
 
-    use groundskeeper_plumbing::cache::{Applied, Store, Update};
+    use groundskeeper_plumbing::watch::cache::{Applied, Store, Update};
 
     use super::super::index::{Blocker, Blockers, CidrSet, IpAddressFacts, uncovered};
     use super::super::prefix::{Addr, Family, Prefix};
@@ -385,7 +385,7 @@ mod examples {
 mod same_as_reference {
     use std::{net::Ipv6Addr, sync::Arc};
 
-    use groundskeeper_plumbing::cache::Update;
+    use groundskeeper_plumbing::watch::cache::Update;
     use testkit::rng::Rng;
 
     use super::super::decide::BLOCKERS_REPORTED;

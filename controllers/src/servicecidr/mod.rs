@@ -24,7 +24,7 @@ mod sync_tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use groundskeeper_plumbing::cache::{Health, Shared};
+use groundskeeper_plumbing::watch::cache::{Health, Shared};
 use tokio::sync::watch as signal;
 
 use crate::{

@@ -6,9 +6,9 @@ use std::{
 };
 
 use groundskeeper_plumbing::{
-    cache::{Health, Seen, Shared},
     client::api_error_label,
-    klog::KObj,
+    logging::klog::KObj,
+    watch::cache::{Health, Seen, Shared},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
@@ -242,7 +242,7 @@ impl<W: Writes> Syncer<W> {
                     // One report per set of blockers, not one per sync that finds them again.
                     return Ok(());
                 }
-                tracing::warn!(servicecidr = KObj::cluster(key).field(), blocking_ips = %groundskeeper_plumbing::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
+                tracing::warn!(servicecidr = KObj::cluster(key).field(), blocking_ips = %groundskeeper_plumbing::logging::telemetry::joined(&ips), more = b.more, "deletion blocked: IPAddresses only this ServiceCIDR contains still exist");
                 let notice = Notice {
                     warning: true,
                     reason: EVENT_DELETION_BLOCKED.into(),

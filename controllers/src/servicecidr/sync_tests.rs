@@ -6,8 +6,8 @@ use std::{
 };
 
 use groundskeeper_plumbing::{
-    cache::{Health, Shared},
     events,
+    watch::cache::{Health, Shared},
 };
 use jiff::Timestamp;
 use k8s_openapi::{

@@ -20,7 +20,7 @@ use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Applied, Health, Projected, Shared, Store, Update, Watches},
+    watch::cache::{Applied, Health, Projected, Shared, Store, Update, Watches},
 };
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::{Node, Pod};

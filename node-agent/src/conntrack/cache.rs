@@ -1,5 +1,5 @@
 //! What the cleanup watches (Services, EndpointSlices, ServiceCIDRs, IPAddresses, its own
-//! Node), each through `plumbing::cache::follow`, folding every event into the model's facts
+//! Node), each through `plumbing::watch::cache::follow`, folding every event into the model's facts
 //! (`model::source::ServiceCache`, each object projected by `model::project` as it arrives) and
 //! marking what it changed; the model source reads them (`model/source.rs`). Services,
 //! EndpointSlices and IPAddresses are decoded slim (`wire.rs`): only the fields read.
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use groundskeeper_plumbing::cache::{Applied, Health, Projected, Shared, Watches};
+use groundskeeper_plumbing::watch::cache::{Applied, Health, Projected, Shared, Watches};
 use groundskeeper_plumbing::{ObjectKey, ReadyFlag};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -188,7 +188,7 @@ pub fn start(
 
 #[cfg(test)]
 mod tests {
-    use groundskeeper_plumbing::cache::{Seen, Stale};
+    use groundskeeper_plumbing::watch::cache::{Seen, Stale};
 
     fn at(e: [Option<u64>; 5]) -> Seen {
         Seen::from_epochs(e)

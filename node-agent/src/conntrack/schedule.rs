@@ -14,7 +14,7 @@ use prometheus::IntCounterVec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use groundskeeper_plumbing::cache::Seen;
+use groundskeeper_plumbing::watch::cache::Seen;
 
 use super::decide::next_interval;
 use super::model::Model;
@@ -305,7 +305,7 @@ pub async fn run(
             Due::Skipped { skip, periodic } => {
                 skipped.with_label_values(&[skip.label()]).inc();
                 let stale = models.unhealthy();
-                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = %groundskeeper_plumbing::telemetry::joined(&stale), "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
+                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = %groundskeeper_plumbing::logging::telemetry::joined(&stale), "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
             }
             Due::Round {
                 model,

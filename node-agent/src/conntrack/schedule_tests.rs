@@ -17,7 +17,7 @@ use super::model::{Addrs, Model};
 use super::netlink::family::Family::V4;
 use super::pass::round::RoundSummary;
 use super::schedule::*;
-use groundskeeper_plumbing::cache::Seen;
+use groundskeeper_plumbing::watch::cache::Seen;
 
 pub(super) const HEALTHY: [Option<u64>; 5] = [Some(1); 5];
 

@@ -30,7 +30,7 @@ use super::pass::round::RoundSummary;
 use super::schedule::{Due, Scheduler, Timing};
 use super::schedule_tests::{HEALTHY, ms, secs};
 use super::wire_tests::slim_event;
-use groundskeeper_plumbing::cache::Seen;
+use groundskeeper_plumbing::watch::cache::Seen;
 
 const NS: &str = "default";
 const TIMING: Timing = Timing {

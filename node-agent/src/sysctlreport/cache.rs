@@ -1,7 +1,8 @@
 //! What the reporter watches: this node's pods, the SysctlPolicies and this Node's labels and
 //! kubelet version.
 //!
-//! Each goes into a `plumbing::cache::Store`; the watches yield the changes the reporter reacts to.
+//! Each goes into a `plumbing::watch::cache::Store`; the watches yield the changes the reporter
+//! reacts to.
 //!
 //! Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`): with a
 //! field selector, a paginated quorum list would page through every pod and node in the cluster
@@ -13,7 +14,7 @@ use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::ObjectKey;
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{Health, Projected, Shared, Store, Watches},
+    watch::cache::{Health, Projected, Shared, Store, Watches},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;

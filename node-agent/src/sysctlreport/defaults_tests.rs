@@ -2,7 +2,7 @@
 //! known, each one the node can not apply flagged on the Node once per change of its judgement,
 //! its Event retried when refused, nothing written under dry-run.
 
-use groundskeeper_plumbing::cache::Update;
+use groundskeeper_plumbing::watch::cache::Update;
 use groundskeeper_sysctl_rules::defaults::{Effect, parse};
 use groundskeeper_sysctl_rules::names::Namespace;
 

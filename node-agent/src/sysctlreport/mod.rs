@@ -26,7 +26,7 @@ mod writes_tests;
 pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
 use futures::StreamExt;
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::watch::cache::Shared;
 use groundskeeper_sysctl_rules::args::{PolicyArgs, parse_default_pod_sysctls};
 use groundskeeper_sysctl_rules::defaults::DefaultPodSysctls;
 use kernel::KernelVersion;
@@ -73,7 +73,7 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
     let kernel = kernel(&args);
     let policy = &args.policy;
     // The safe list also depends on the Node's kubelet version: logged once the Node is read.
-    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, default_pod_sysctls = %args.default_pod_sysctls, "sysctl admission starting");
+    tracing::info!(kernel = %kernel.as_ref().map_or_else(|| "unknown".to_string(), ToString::to_string), allowed_unsafe = %groundskeeper_plumbing::logging::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, default_pod_sysctls = %args.default_pod_sysctls, "sysctl admission starting");
     let metrics = Metrics::register(&ctx.base.registry)?;
     let cache = Shared::default();
     let (watches, changes) = cache::follow_all(

@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::{cache::Shared, klog::KObj};
+use groundskeeper_plumbing::{logging::klog::KObj, watch::cache::Shared};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -29,7 +29,7 @@ use super::decide::{Action, Memory, PodFacts, decide, default_note};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
 use super::policy::{NodePolicy, desired_status, merge_in};
-use groundskeeper_plumbing::cache::Health;
+use groundskeeper_plumbing::watch::cache::Health;
 
 /// How often failed writes are retried and delayed status writes come due.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -230,7 +230,7 @@ impl<W: Writes> Reporter<W> {
         }
         self.report_defaults(judged.kubelet).await;
         if self.policy.as_ref() != Some(&merged) {
-            tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::telemetry::joined(&merged.patterns), "sysctl policy for this node");
+            tracing::info!(node = KObj::cluster(&self.settings.node_name).field(), mode = %merged.mode, policies = %groundskeeper_plumbing::logging::telemetry::joined(&merged.policies), patterns = %groundskeeper_plumbing::logging::telemetry::joined(&merged.patterns), "sysctl policy for this node");
             self.policy = Some(merged);
             self.policy_since = jiff::Timestamp::now();
             self.evaluate_all().await;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use groundskeeper_plumbing::cache::Update;
+use groundskeeper_plumbing::watch::cache::Update;
 
 use super::crd::Mode;
 use super::reporter::status_offset;

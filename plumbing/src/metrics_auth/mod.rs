@@ -36,7 +36,7 @@ use kube::{Api, api::PostParams};
 use prometheus::{IntCounter, IntCounterVec, Opts};
 use tokio::time::Instant;
 
-use crate::{lru::Lru, ratelimit::Budget};
+use crate::{client::ratelimit::Budget, lru::Lru};
 
 pub mod jwks;
 pub mod keys;

@@ -12,11 +12,14 @@
 //! - `body.rs`: receiving a request body within its deadline and at its minimum rate.
 //! - `self_signed.rs`: a certificate of the process's own, when none is given.
 //! - `probe.rs`: `controller-manager probe URL...`, the helm test's client.
+//! - `admin.rs`: the admin server both binaries run (`/healthz`, `/readyz`, `/metrics`, who may
+//!   read `/metrics` asked of `crate::metrics_auth`), served as above.
 
 use std::time::Duration;
 
 use prometheus::{IntCounterVec, IntGauge};
 
+pub mod admin;
 pub mod body;
 pub mod guard;
 pub mod listener;
@@ -24,6 +27,8 @@ pub mod probe;
 pub mod self_signed;
 pub mod sources;
 
+#[cfg(test)]
+mod admin_tests;
 #[cfg(test)]
 mod sources_tests;
 

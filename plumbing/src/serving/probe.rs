@@ -260,7 +260,7 @@ mod tests {
         let readiness = crate::Readiness::default();
         let _flag = readiness.register("pods");
         let token = tokio_util::sync::CancellationToken::new();
-        let (addr, serve) = crate::admin::bind(
+        let (addr, serve) = crate::serving::admin::bind(
             "127.0.0.1:0".parse().unwrap(),
             crate::metrics::registry(),
             readiness,

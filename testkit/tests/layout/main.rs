@@ -246,14 +246,14 @@ fn decisions_name_no_wire_type() {
 #[test]
 fn only_plumbing_watches() {
     check(
-        "a watch outside plumbing::cache (use Watches::follow)",
+        "a watch outside plumbing::watch::cache (use Watches::follow)",
         |path, text| {
             let needles = [
                 "watcher(",
                 "watcher::watcher",
                 "reflector",
                 "watch_store",
-                "watch::watch(",
+                "stream::watch(",
             ];
             let found: Vec<&str> = needles.into_iter().filter(|n| text.contains(n)).collect();
             (!path.starts_with("plumbing/") && !found.is_empty()).then(|| format!(": {found:?}"))

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::cache::{Health, Shared};
+use groundskeeper_plumbing::watch::cache::{Health, Shared};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use tokio::sync::watch as signal;

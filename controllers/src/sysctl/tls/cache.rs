@@ -8,7 +8,7 @@
 use futures::{Stream, StreamExt};
 use groundskeeper_plumbing::{
     Readiness, ReadyFlag,
-    cache::{self, Projected, Shared, Store, Watches},
+    watch::cache::{self, Projected, Shared, Store, Watches},
 };
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,

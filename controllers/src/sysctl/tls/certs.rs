@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use groundskeeper_plumbing::{ReadyFlag, cache::Shared};
+use groundskeeper_plumbing::{ReadyFlag, watch::cache::Shared};
 use jiff::Timestamp;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -263,7 +263,7 @@ impl<W: Writes> CertTask<W> {
         };
         match written {
             Ok(()) => {
-                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
+                tracing::info!(target: LOG_TARGET, secret = %self.own.secret, step = label, hosts = %groundskeeper_plumbing::logging::telemetry::joined(&self.hosts), "webhook: certificate Secret written");
                 self.metrics
                     .certificate_steps
                     .with_label_values(&[label])

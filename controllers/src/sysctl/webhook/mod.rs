@@ -27,9 +27,8 @@ use std::time::Duration;
 use clap::Args;
 use futures::StreamExt;
 use groundskeeper_plumbing::{
-    cache::Shared,
-    client::{parse_duration, parse_qps},
-    ratelimit::Budget,
+    client::{parse_duration, parse_qps, ratelimit::Budget},
+    watch::cache::Shared,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
@@ -223,7 +222,7 @@ pub async fn run(
         base.token.clone(),
     )
     .await?;
-    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
+    tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::logging::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
     let server = tokio::spawn(serve);
     let listed = health.clone();
     let task = CertTask::new(

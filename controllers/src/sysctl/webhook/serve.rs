@@ -16,7 +16,7 @@ use axum::{
     routing::post,
 };
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::cache::Shared;
+use groundskeeper_plumbing::watch::cache::Shared;
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::SysctlPolicy;
 use k8s_openapi::api::core::v1::Pod;
@@ -29,9 +29,9 @@ use super::metrics::Metrics;
 use super::review::{self, Answer, Subject};
 use crate::sysctl::cache::SysctlCache;
 use crate::sysctl::facts::PodFacts;
-use groundskeeper_plumbing::cache::Health;
 use groundskeeper_plumbing::client::api_error_label;
-use groundskeeper_plumbing::ratelimit::Budget;
+use groundskeeper_plumbing::client::ratelimit::Budget;
+use groundskeeper_plumbing::watch::cache::Health;
 
 /// The target of this file's log lines, which `RUST_LOG` filters select by: named after
 /// the component (`sysctlwebhook`), wherever its code sits.

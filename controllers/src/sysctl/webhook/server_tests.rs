@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use groundskeeper_plumbing::cache::{Health, Shared};
-use groundskeeper_plumbing::ratelimit::Budget;
+use groundskeeper_plumbing::client::ratelimit::Budget;
+use groundskeeper_plumbing::watch::cache::{Health, Shared};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::Mode;
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::cache::{Health, Seen, Shared, Store};
+use groundskeeper_plumbing::watch::cache::{Health, Seen, Shared, Store};
 
 use super::Model;
 use super::ServiceIpRange;

@@ -1,5 +1,15 @@
 //! The Kubernetes client: in-cluster config or a kubeconfig, timeouts on every call, and the
 //! client-side QPS budget.
+//!
+//! Built here (`mod.rs`) from the layers beside it, each a tower layer on every request:
+//! - `ratelimit.rs`: the client-side QPS budget (`--kube-api-qps`/`--kube-api-burst`), and the
+//!   token buckets others pace with (the workqueue's, and the refusing `Budget`).
+//! - `restclient.rs`: client-go's REST client metrics.
+//! - `timeout.rs`: the deadline of every request.
+
+pub mod ratelimit;
+pub mod restclient;
+pub mod timeout;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -10,11 +20,9 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use crate::{
-    ratelimit::RateLimitLayer,
-    restclient::{RestClientMetricsLayer, host_label},
-    timeout::RequestTimeoutLayer,
-};
+use ratelimit::RateLimitLayer;
+use restclient::{RestClientMetricsLayer, host_label};
+use timeout::RequestTimeoutLayer;
 
 // Where every flag parser has always found them.
 pub use crate::duration::{MAX_DURATION, parse_duration};
@@ -152,7 +160,7 @@ impl KubeArgs {
     /// `what` in its user agent: for calls that a caller outside the process causes (the
     /// webhook's pod lookups, the admin server's TokenReviews), which must neither spend the
     /// controllers' budget nor wait behind it. Its caller bounds it with a
-    /// [`Budget`](crate::ratelimit::Budget) of its own.
+    /// [`Budget`](crate::client::ratelimit::Budget) of its own.
     pub async fn own_client(&self, what: &str) -> Result<Client, ClientError> {
         let mut config = self.config().await?;
         set_user_agent(&mut config, what);
@@ -369,7 +377,7 @@ mod tests {
             kube_api_timeout: Duration::from_secs(30),
         };
         let host = addr.to_string();
-        let m = crate::restclient::metrics();
+        let m = crate::client::restclient::metrics();
         let waits = || {
             m.rate_limiter
                 .with_label_values(&["GET", &host])

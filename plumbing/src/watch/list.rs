@@ -27,8 +27,8 @@ use futures::{StreamExt, stream::BoxStream};
 use kube::runtime::watcher::{self, Event, InitialListStrategy, ListSemantic};
 use tokio::time::Instant;
 
-use crate::readiness::ReadyFlag;
-pub use crate::readiness::WatchList;
+use super::readiness::ReadyFlag;
+pub use super::readiness::WatchList;
 
 /// A streamed list that did not reach its initial-events-end in time.
 #[derive(Debug)]

@@ -297,8 +297,8 @@ impl<C> Shared<C> {
 }
 
 /// Watches every `W` (cluster-wide, narrowed by `config`'s selectors) into `cache` for ever
-/// through [`crate::watch::watch`] (capped backoff, relist after errors and after a silence,
-/// errors logged and counted there). `fold` applies each event to the cache under
+/// through [`crate::watch::stream::watch`] (capped backoff, relist after errors and after a
+/// silence, errors logged and counted there). `fold` applies each event to the cache under
 /// its lock and says what the component must react to; the stream yields that after the lock
 /// is released. The watch's flag, registered as `component/kind` (`podgc/pods`), is returned
 /// with the stream and turns healthy as soon as a full list has been folded in.
@@ -355,7 +355,7 @@ where
 {
     let kind = W::plural(&W::DynamicType::default()).into_owned();
     let flag = readiness.register(format!("{component}/{kind}"));
-    let events = crate::watch::watch(client, scope, config, flag.clone());
+    let events = super::stream::watch(client, scope, config, flag.clone());
     let ready = flag.clone();
     let mut first = true;
     let stream = events.filter_map(move |ev| {

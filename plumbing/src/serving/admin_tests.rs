@@ -5,7 +5,7 @@ use std::{net::SocketAddr, sync::Arc};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::*;
+use crate::serving::admin::*;
 use crate::{
     Readiness, metrics,
     metrics_auth::{Delegated, MetricsAuth},

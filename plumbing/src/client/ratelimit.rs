@@ -123,7 +123,7 @@ impl Budget {
 /// token when it is sent and waits for it in its own future, as client-go's `rate.Limiter.Wait`
 /// (requests waiting in line behind others would be timed from the head of the line only).
 /// Each wait is observed in client-go's `rest_client_rate_limiter_duration_seconds{verb,host}`
-/// ([`crate::restclient`]), zero when a token was there, so client-side throttling shows.
+/// ([`crate::client::restclient`]), zero when a token was there, so client-side throttling shows.
 #[derive(Clone)]
 pub struct RateLimitLayer {
     bucket: Arc<Mutex<TokenBucket>>,
@@ -198,7 +198,7 @@ impl Drop for Waiting {
                 .unwrap_or_else(|p| p.into_inner())
                 .cancel(self.due, now);
         }
-        crate::restclient::metrics()
+        crate::client::restclient::metrics()
             .rate_limiter
             .with_label_values(&[self.verb.as_str(), &self.host])
             .observe(self.started.elapsed().as_secs_f64());
@@ -382,7 +382,7 @@ mod tests {
     async fn a_burst_waits_and_every_wait_is_observed() {
         let host = "10.0.0.9:6443";
         let observed = |verb: &str| {
-            let h = crate::restclient::metrics()
+            let h = crate::client::restclient::metrics()
                 .rate_limiter
                 .with_label_values(&[verb, host]);
             (h.get_sample_count(), h.get_sample_sum())
@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(count, 6);
         // 0 + 0.2 + 0.4 + 0.6 + 0.8 + 1.0
         assert!((sum - 3.0).abs() < 1e-6, "{sum}");
-        let h = crate::restclient::metrics()
+        let h = crate::client::restclient::metrics()
             .rate_limiter
             .with_label_values(&["GET", host]);
         let m = prometheus::core::Metric::metric(&h);
@@ -461,7 +461,7 @@ mod tests {
                 .await
                 .is_err()
         );
-        let h = crate::restclient::metrics()
+        let h = crate::client::restclient::metrics()
             .rate_limiter
             .with_label_values(&["GET", host]);
         assert_eq!(h.get_sample_count(), 2);

@@ -8,7 +8,7 @@ use std::{
 
 use tracing_subscriber::{fmt, prelude::*};
 
-use crate::klog::*;
+use crate::logging::klog::*;
 
 #[derive(Clone, Default)]
 struct Buf(Arc<Mutex<Vec<u8>>>);
@@ -204,7 +204,7 @@ fn json_lines() {
             .unwrap_or_else(|| panic!("{name}: {out:?}"));
         assert!(!line.contains('\n'), "{name}: one line: {line:?}");
         assert!(
-            line.starts_with(r#"{"ts":1732740737695.837,"caller":"src/klog_tests.rs:"#),
+            line.starts_with(r#"{"ts":1732740737695.837,"caller":"logging/klog_tests.rs:"#),
             "{name}: {line}"
         );
         assert!(line.ends_with(want), "{name}: {line}\nwant the end: {want}");
@@ -247,7 +247,7 @@ fn json_as_component_base_pipelines_read_it() {
         assert!(l["ts"].is_f64() || l["ts"].is_u64(), "{l}");
         let caller = l["caller"].as_str().unwrap();
         let (file, line) = caller.rsplit_once(':').unwrap();
-        assert_eq!(file, "src/klog_tests.rs", "{l}");
+        assert_eq!(file, "logging/klog_tests.rs", "{l}");
         assert!(line.parse::<u32>().is_ok(), "{l}");
         assert!(
             l.get("level").is_none() && l.get("message").is_none(),

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use clap::{Args, ValueEnum};
 
-use crate::klog::{ComponentJson, KlogText};
+use crate::logging::klog::{ComponentJson, KlogText};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::{
     EnvFilter,
@@ -358,7 +358,7 @@ mod plain_tests {
     /// An object reference reads as it did when logged as `%"ns/name"`.
     #[test]
     fn object_references_are_ns_name() {
-        use crate::klog::KObj;
+        use crate::logging::klog::KObj;
         let line = render(|| {
             tracing::info!(
                 pod = KObj::new("ns", "p").field(),

@@ -3,7 +3,7 @@
 //! `rest_client_requests_total{code,method,host}`,
 //! `rest_client_request_duration_seconds{verb,host}` and, for the clients under the process's
 //! QPS budget, `rest_client_rate_limiter_duration_seconds{verb,host}`, each request's wait for
-//! a token (observed by [`crate::ratelimit`]) (component-base's
+//! a token (observed by [`crate::client::ratelimit`]) (component-base's
 //! `metrics/prometheus/restclient`: names, help, labels and buckets).
 //!
 //! The metrics are process-wide, as client-go's are (one registration, every client counted in

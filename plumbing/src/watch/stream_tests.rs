@@ -1,4 +1,4 @@
-//! Tests of `watch.rs` against scripted apiservers: backoff, relists, unanswered lists, and
+//! Tests of `stream.rs` against scripted apiservers: backoff, relists, unanswered lists, and
 //! watches that go silent.
 
 use std::{
@@ -15,7 +15,7 @@ use kube::{
 };
 use tokio::time::Instant;
 
-use crate::watch::*;
+use crate::watch::stream::*;
 
 #[test]
 fn a_missing_resource_is_explained() {
@@ -234,7 +234,7 @@ fn quiet_apiserver(bookmarks: Option<Duration>, queries: Arc<Mutex<Vec<String>>>
 /// The fake apiserver here serves paged lists only.
 fn paged() -> crate::WatchSettings {
     crate::WatchSettings {
-        list: crate::watch_list::WatchList::Off,
+        list: crate::watch::list::WatchList::Off,
         ..Default::default()
     }
 }
@@ -500,7 +500,7 @@ async fn a_silent_watch_is_failed_and_rewatched_from_its_last_resource_version()
     registry.register(readiness.collector()).unwrap();
     let scripts = vec![Script::Stuck, Script::Live(&[(3, Line::Bookmark("7"))])];
     let (flag, mut rx) = driven(scripts, queries.clone(), &readiness);
-    let health = crate::cache::Health::new([flag.clone()]);
+    let health = crate::watch::cache::Health::new([flag.clone()]);
     until(&mut rx, "init-done").await;
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert!(flag.is_healthy());
@@ -510,10 +510,13 @@ async fn a_silent_watch_is_failed_and_rewatched_from_its_last_resource_version()
     // Just past the bound: failed, already re-watching, not relisting.
     tokio::time::sleep(BOUND + Duration::from_secs(1)).await;
     assert!(!flag.is_healthy(), "silent past the bound");
-    assert_eq!(health.may_act(&seen), Err(crate::cache::Stale::NotHealthy));
+    assert_eq!(
+        health.may_act(&seen),
+        Err(crate::watch::cache::Stale::NotHealthy)
+    );
     assert_eq!(
         health.may_act(&health.seen()),
-        Err(crate::cache::Stale::NotHealthy),
+        Err(crate::watch::cache::Stale::NotHealthy),
         "nor on anything read now"
     );
     assert_eq!(errors(&registry), "1", "the silence is counted");
@@ -529,14 +532,14 @@ async fn a_silent_watch_is_failed_and_rewatched_from_its_last_resource_version()
     assert!(!flag.is_healthy(), "answered is not proved");
     assert_eq!(
         health.may_act(&health.seen()),
-        Err(crate::cache::Stale::NotHealthy)
+        Err(crate::watch::cache::Stale::NotHealthy)
     );
     // The bookmark comes: healthy again; what was read before the silence stays stale.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(flag.is_healthy(), "the bookmark proves the re-watch");
     assert_eq!(
         health.may_act(&seen),
-        Err(crate::cache::Stale::ChangedSince)
+        Err(crate::watch::cache::Stale::ChangedSince)
     );
     assert_eq!(health.may_act(&health.seen()), Ok(()));
     assert!(

@@ -106,7 +106,7 @@ async fn follow_folds_before_it_yields_and_is_ready_once_listed() {
     let client = kube::Client::new(service, "default");
     // The fake apiserver serves paged lists only.
     let readiness = Readiness::new(crate::WatchSettings {
-        list: crate::watch_list::WatchList::Off,
+        list: crate::watch::list::WatchList::Off,
         ..Default::default()
     });
     let cache: Shared<Store<String, ()>> = Shared::default();

@@ -1,4 +1,4 @@
-//! The watch under every cache (`crate::cache::follow`): kube-runtime's `watcher`, with a short
+//! The watch under every cache (`super::cache::follow`): kube-runtime's `watcher`, with a short
 //! capped backoff, a full relist after every error, and the watch's health kept in its
 //! [`ReadyFlag`].
 //!
@@ -120,7 +120,7 @@ struct Driver<K: Resource + Clone + 'static> {
     /// How long that first answer may take before the request is dropped and made again.
     list_deadline: Duration,
     /// Streamed or paged lists, and the fallback from one to the other (`--watch-list`).
-    list: crate::watch_list::Lister,
+    list: super::list::Lister,
 }
 
 /// How long a list may go unanswered before it is dropped and asked again. A kube-apiserver
@@ -151,7 +151,7 @@ pub(crate) fn with_bookmarks(
 
 /// Watches every `K` for ever (cluster-wide): the events of kube-runtime's `watcher`, never an
 /// error (errors are logged, counted and retried here, and turn the flag unhealthy until the
-/// next full list). Components do not call this: they watch through [`crate::cache::follow`],
+/// next full list). Components do not call this: they watch through [`super::cache::follow`],
 /// which keeps a store.
 pub(crate) fn watch<K>(
     client: kube::Client,
@@ -167,7 +167,7 @@ where
     let backoff = Backoff::new(settings.backoff_max);
     let silent_after = Some(settings.silent_after).filter(|d| !d.is_zero());
     let heard = Heard::default();
-    let api = scope(crate::watch_list::consistent(heard.client(client), &config));
+    let api = scope(super::list::consistent(heard.client(client), &config));
     let driver = Driver {
         api,
         config: with_bookmarks(config, silent_after),
@@ -180,7 +180,7 @@ where
         resuming: false,
         awaiting_answer: false,
         list_deadline: LIST_DEADLINE,
-        list: crate::watch_list::Lister::new(settings.list, settings.list_timeout),
+        list: super::list::Lister::new(settings.list, settings.list_timeout),
     };
     futures::stream::unfold(driver, |mut d| async move {
         if std::mem::take(&mut d.caught_up) {
