@@ -93,10 +93,7 @@ pub(crate) async fn takeover_row(
             let lock: Vec<&str> = lock.iter().map(String::as_str).collect();
             let k = Run::start_kcm(&kcm, &kubeconfig, 20, 30, &lock)?;
             k.bin
-                .wait_for_log(
-                    "to acquire leader lease",
-                    Duration::from_secs(120),
-                )
+                .wait_for_log("to acquire leader lease", Duration::from_secs(120))
                 .await?;
             tokio::time::sleep(Duration::from_secs(10)).await;
             anyhow::ensure!(

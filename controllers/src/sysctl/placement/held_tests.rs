@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::cache::{Health, Shared, Update};
 use groundskeeper_plumbing::events::{Events, Recording, Reporter};
+use groundskeeper_plumbing::watch::cache::{Health, Shared, Update};
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 use groundskeeper_sysctl_rules::crd::{Mode, SysctlPolicy, SysctlPolicySpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
