@@ -4,64 +4,16 @@
 //! (five conditions, two container statuses). The bench measures RSS on a real apiserver; this
 //! measures the cache alone, in a second, so a field added to what is kept per pod shows here.
 //!
-//! The allocator counts per thread, so the other tests of this binary do not disturb the count.
-
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    cell::Cell,
-};
+//! The allocator (`testkit::alloc`) counts per thread, so the other tests of this binary do not
+//! disturb the count.
 
 use groundskeeper_controllers::podgc::{cache::Caches, wire::WirePod};
 use kube::runtime::watcher::Event;
 use serde_json::json;
-
-struct Counting;
-
-thread_local! {
-    static HELD: Cell<isize> = const { Cell::new(0) };
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-// SAFETY: every call goes to `System`; the counters are plain thread-local cells.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn count(delta: isize) {
-    // try_with: a thread being torn down has no counters any more.
-    let _ = HELD.try_with(|h| {
-        let now = h.get() + delta;
-        h.set(now);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
-    });
-}
+use testkit::alloc::{held, peak, reset_peak};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn held() -> isize {
-    HELD.with(Cell::get)
-}
-
-/// Restarts the peak from what is held now.
-fn reset_peak() {
-    PEAK.with(|p| p.set(held()));
-}
-
-fn peak() -> isize {
-    PEAK.with(Cell::get)
-}
+static ALLOC: testkit::alloc::Counting = testkit::alloc::Counting;
 
 const PODS: usize = 20_000;
 const NODES: usize = 2_000;

@@ -140,10 +140,30 @@ impl Allowlist {
         else {
             return Admission::Admit;
         };
-        let host_net = spec.host_network.unwrap_or(false);
-        let host_ipc = spec.host_ipc.unwrap_or(false);
-        for s in sysctls {
-            if let Err(e) = self.validate(&s.name, host_net, host_ipc) {
+        self.admit_names(
+            sysctls.iter().map(|s| s.name.as_str()),
+            spec.host_network.unwrap_or(false),
+            spec.host_ipc.unwrap_or(false),
+        )
+    }
+
+    /// [`Allowlist::admit`] of a pod as [`PodSysctls`] keeps it.
+    pub fn admit_sysctls(&self, pod: &PodSysctls) -> Admission {
+        self.admit_names(
+            pod.names.iter().map(String::as_str),
+            pod.host_network,
+            pod.host_ipc,
+        )
+    }
+
+    fn admit_names<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        host_net: bool,
+        host_ipc: bool,
+    ) -> Admission {
+        for name in names {
+            if let Err(e) = self.validate(name, host_net, host_ipc) {
                 return Admission::Reject {
                     reason: FORBIDDEN_REASON,
                     message: format!("forbidden sysctl: {e}"),
@@ -151,6 +171,28 @@ impl Allowlist {
             }
         }
         Admission::Admit
+    }
+}
+
+/// What the rules read of a pod, and nothing else: the names of the sysctls it sets, in pod
+/// order, and whether it shares the host's network and IPC namespaces. What a cache keeps per
+/// pod instead of a `PodSpec` (whose empty fields alone take over a kilobyte).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSysctls {
+    pub names: Vec<String>,
+    pub host_network: bool,
+    pub host_ipc: bool,
+}
+
+impl PodSysctls {
+    /// None when `spec` sets no sysctl.
+    pub fn of(spec: &PodSpec) -> Option<Self> {
+        let sysctls = spec.security_context.as_ref()?.sysctls.as_ref()?;
+        (!sysctls.is_empty()).then(|| PodSysctls {
+            names: sysctls.iter().map(|s| s.name.clone()).collect(),
+            host_network: spec.host_network.unwrap_or(false),
+            host_ipc: spec.host_ipc.unwrap_or(false),
+        })
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodSpec;
 
-use super::allowlist::Admission;
+use super::allowlist::{Admission, PodSysctls};
 use super::args::PolicyArgs;
 use super::crd::{Mode, SysctlPolicy};
 use super::kernel::KernelVersion;
@@ -29,7 +29,17 @@ pub enum Verdict {
 impl NodePolicy {
     /// The verdict for a pod with `spec` on this node. A pod without a spec sets no sysctl.
     pub fn verdict(&self, spec: Option<&PodSpec>) -> Verdict {
-        match spec.map(|s| self.allowlist.admit(s)) {
+        self.verdict_of(spec.map(|s| self.allowlist.admit(s)))
+    }
+
+    /// [`NodePolicy::verdict`] of a pod as [`PodSysctls`] keeps it: the same verdict as of the
+    /// pod's spec.
+    pub fn verdict_sysctls(&self, pod: &PodSysctls) -> Verdict {
+        self.verdict_of(Some(self.allowlist.admit_sysctls(pod)))
+    }
+
+    fn verdict_of(&self, admission: Option<Admission>) -> Verdict {
+        match admission {
             None | Some(Admission::Admit) => Verdict::Allowed,
             Some(Admission::Reject { message, .. }) => Verdict::Forbidden {
                 mode: self.mode,
@@ -86,7 +96,7 @@ mod tests {
 
     /// The rule, over generated pods and nodes: a pod [`allowed_everywhere`] is allowed on
     /// every node of every supported kubelet, kernel (known or not), label set and set of
-    /// policies, in either mode.
+    /// policies, in either mode; and every pod's [`PodSysctls`] gets the verdict its spec gets.
     #[test]
     fn allowed_everywhere_is_allowed_on_every_node() {
         let names = [
@@ -124,12 +134,25 @@ mod tests {
                 }),
                 ..Default::default()
             };
+            let kept = PodSysctls::of(&spec);
+            let policies = case.policies();
+            let refs: Vec<&SysctlPolicy> = policies.iter().collect();
+            // What a cache keeps of the pod is judged as the pod is, everywhere.
+            for kubelet in Kubelet::all() {
+                for kernel in kernels {
+                    let kernel = kernel.map(|k| crate::args::parse_kernel_version(k).unwrap());
+                    let node =
+                        node_policy_as(kubelet, &args, kernel.as_ref(), &refs, &case.labels());
+                    let of_kept = kept
+                        .as_ref()
+                        .map_or(Verdict::Allowed, |k| node.verdict_sysctls(k));
+                    assert_eq!(of_kept, node.verdict(Some(&spec)), "seed {seed}: {spec:?}");
+                }
+            }
             if !allowed_everywhere(&args, &spec) {
                 continue;
             }
             everywhere += 1;
-            let policies = case.policies();
-            let refs: Vec<&SysctlPolicy> = policies.iter().collect();
             for kubelet in Kubelet::all() {
                 for kernel in kernels {
                     let kernel = kernel.map(|k| crate::args::parse_kernel_version(k).unwrap());

@@ -7,6 +7,7 @@
 //! the skip is visible, never silent; under `CI=true` it fails instead ([`skipped`]). Tests never pick a cluster on their own (no
 //! `~/.kube/config`, no in-cluster config): only the one they were told to use.
 
+pub mod alloc;
 pub mod api;
 pub mod audit;
 mod binary;

@@ -175,18 +175,7 @@ pub fn pending(
     let refs: Vec<&SysctlPolicy> = policies.iter().collect();
     let pod_facts = PodFacts::of(pod);
     let spec = pod.spec.as_ref();
-    let own = Constraints {
-        node_selector: spec
-            .and_then(|s| s.node_selector.clone())
-            .unwrap_or_default(),
-        required: spec
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| {
-                n.required_during_scheduling_ignored_during_execution
-                    .clone()
-            }),
-    };
+    let own = spec.map(Constraints::of).unwrap_or_default();
     let sysctls = sysctl_names(spec);
     let mut judged = Vec::new();
     let mut excluded = 0;
@@ -200,7 +189,7 @@ pub fn pending(
     }
     let named: Vec<(&str, &NodeFacts)> = nodes.iter().map(|(n, f)| (n.as_str(), f)).collect();
     let none_admits = match place(flags, label, &pod_facts, &sysctls, &own, &named, &refs) {
-        Placement::Hold { reason, .. } if pod_facts.spec.is_some() => Some(reason),
+        Placement::Hold { reason, .. } if pod_facts.sysctls.is_some() => Some(reason),
         _ => None,
     };
     Pending {

@@ -190,10 +190,11 @@ pub fn fold_policy(cache: &mut SysctlCache, ev: Event<SysctlPolicy>) -> Change {
 pub fn fold_pod(cache: &mut SysctlCache, ev: Event<Pod>) -> Change {
     let update = Update::from_event(ev, |p: Pod| {
         match (p.metadata.namespace.clone(), p.metadata.name.clone()) {
-            (Some(ns), Some(name)) => Projected::Yes(
-                ObjectKey::new(&ns, &name),
-                (PodFacts::of(&p), GatedPod::of(&p)),
-            ),
+            (Some(ns), Some(name)) => {
+                let facts = PodFacts::of(&p);
+                let gated = GatedPod::of(&p, &facts);
+                Projected::Yes(ObjectKey::new(&ns, &name), (facts, gated))
+            }
             _ => Projected::Unusable,
         }
     });

@@ -6,8 +6,10 @@
 //! (`webhook/decide.rs`, `placement/decide.rs`) and the cache that keeps them (`cache.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeSelector, Pod, PodSecurityContext, PodSpec};
+use groundskeeper_sysctl_rules::allowlist::PodSysctls;
+use k8s_openapi::api::core::v1::{Node, NodeSelector, Pod};
 
 /// The scheduling gate the webhook adds and the placement removes
 /// (`spec.schedulingGates[].name`).
@@ -24,9 +26,10 @@ const OS_LABEL: &str = "kubernetes.io/os";
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct PodFacts {
     pub uid: String,
-    /// The sysctls and host namespaces (the rest of the spec is dropped); None when the pod
-    /// sets no sysctl.
-    pub spec: Option<PodSpec>,
+    /// The names of its sysctls and its host namespaces, what the rules read (the rest of the
+    /// spec is dropped); None when the pod sets no sysctl. Shared: a gated pod's facts are the
+    /// same allocation in both of the cache's stores.
+    pub sysctls: Option<Arc<PodSysctls>>,
     /// A static pod's mirror: kubelet runs the static pod from its manifest whatever the API
     /// says, so refusing the mirror would only hide a running pod.
     pub mirror: bool,
@@ -34,22 +37,9 @@ pub struct PodFacts {
 
 impl PodFacts {
     pub fn of(pod: &Pod) -> Self {
-        let spec = pod.spec.as_ref();
-        let sysctls = spec
-            .and_then(|s| s.security_context.as_ref())
-            .and_then(|s| s.sysctls.clone())
-            .filter(|s| !s.is_empty());
         PodFacts {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
-            spec: sysctls.map(|sysctls| PodSpec {
-                host_network: spec.and_then(|s| s.host_network),
-                host_ipc: spec.and_then(|s| s.host_ipc),
-                security_context: Some(PodSecurityContext {
-                    sysctls: Some(sysctls),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+            sysctls: pod.spec.as_ref().and_then(PodSysctls::of).map(Arc::new),
             mirror: pod
                 .metadata
                 .annotations
@@ -102,10 +92,32 @@ impl NodeFacts {
 /// What the placement reads of a gated pod's own node constraints.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Constraints {
-    /// `spec.nodeSelector`.
-    pub node_selector: BTreeMap<String, String>,
+    /// `spec.nodeSelector`, as pairs (a pod's few; a map's node would be half a kilobyte).
+    pub node_selector: Vec<(String, String)>,
     /// `spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`.
     pub required: Option<NodeSelector>,
+}
+
+impl Constraints {
+    /// What `spec` confines its pod to.
+    pub fn of(spec: &k8s_openapi::api::core::v1::PodSpec) -> Self {
+        Constraints {
+            node_selector: spec
+                .node_selector
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            required: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .clone()
+                }),
+        }
+    }
 }
 
 /// What the placement reads of a gated pod.
@@ -128,8 +140,9 @@ pub struct GatedPod {
 }
 
 impl GatedPod {
-    /// The gated pod's facts, or None when it does not carry the gate (or is being deleted).
-    pub fn of(pod: &Pod) -> Option<Self> {
+    /// The gated pod's facts, or None when it does not carry the gate (or is being deleted);
+    /// `facts` are `PodFacts::of(pod)`, shared with the pending store.
+    pub fn of(pod: &Pod, facts: &PodFacts) -> Option<Self> {
         let spec = pod.spec.as_ref()?;
         let gates: Vec<String> = spec
             .scheduling_gates
@@ -157,24 +170,14 @@ impl GatedPod {
                 .map_or(0, |t| t.0.as_second()),
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
-            facts: PodFacts::of(pod),
+            facts: facts.clone(),
             sysctls: spec
                 .security_context
                 .as_ref()
                 .and_then(|s| s.sysctls.as_ref())
                 .map(|s| s.iter().map(|s| s.name.clone()).collect())
                 .unwrap_or_default(),
-            own: Constraints {
-                node_selector: spec.node_selector.clone().unwrap_or_default(),
-                required: spec
-                    .affinity
-                    .as_ref()
-                    .and_then(|a| a.node_affinity.as_ref())
-                    .and_then(|n| {
-                        n.required_during_scheduling_ignored_during_execution
-                            .clone()
-                    }),
-            },
+            own: Constraints::of(spec),
             gates,
             held,
         })
@@ -198,29 +201,33 @@ mod tests {
         serde_json::from_value(p).unwrap()
     }
 
+    fn gated(pod: &Pod) -> Option<GatedPod> {
+        GatedPod::of(pod, &PodFacts::of(pod))
+    }
+
     #[test]
     fn only_pods_carrying_the_gate_are_kept() {
         let ours = pod(json!([{"name": "x/y"}, {"name": GATE}]), json!({}));
-        let g = GatedPod::of(&ours).unwrap();
+        let g = gated(&ours).unwrap();
         assert_eq!(g.gates, ["x/y", GATE]);
         assert_eq!(g.sysctls, ["net.core.somaxconn"]);
         assert_eq!((g.uid.as_str(), g.resource_version.as_str()), ("u", "7"));
         assert_eq!(g.held, None);
-        assert!(GatedPod::of(&pod(json!([{"name": "x/y"}]), json!({}))).is_none());
-        assert!(GatedPod::of(&pod(json!([]), json!({}))).is_none());
+        assert!(gated(&pod(json!([{"name": "x/y"}]), json!({}))).is_none());
+        assert!(gated(&pod(json!([]), json!({}))).is_none());
         let deleting = pod(
             json!([{"name": GATE}]),
             json!({"metadata": {"name": "p", "namespace": "ns", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
         );
         assert!(
-            GatedPod::of(&deleting).is_none(),
+            gated(&deleting).is_none(),
             "a pod being deleted is left alone"
         );
         let held = pod(
             json!([{"name": GATE}]),
             json!({"status": {"conditions": [{"type": CONDITION, "status": "False", "message": "m"}]}}),
         );
-        assert_eq!(GatedPod::of(&held).unwrap().held.as_deref(), Some("m"));
+        assert_eq!(gated(&held).unwrap().held.as_deref(), Some("m"));
     }
 
     #[test]
@@ -234,12 +241,11 @@ mod tests {
         let v = PodFacts::of(&pod);
         assert!(v.mirror);
         assert_eq!(v.uid, "u");
-        let spec = v.spec.unwrap();
-        assert!(spec.containers.is_empty());
-        assert_eq!(spec.host_network, Some(true));
-        assert_eq!(spec.security_context.unwrap().run_as_user, None);
+        let kept = v.sysctls.unwrap();
+        assert_eq!(kept.names, ["a.b"]);
+        assert!(kept.host_network && !kept.host_ipc);
         pod.spec.as_mut().unwrap().security_context = None;
-        assert_eq!(PodFacts::of(&pod).spec, None);
+        assert_eq!(PodFacts::of(&pod).sysctls, None);
 
         let node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "n", "labels": {"pool": "db"}},

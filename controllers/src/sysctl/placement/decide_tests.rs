@@ -453,7 +453,7 @@ fn only_the_nodes_the_pod_may_use_are_judged() {
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["w"]}]}]}))
     .unwrap();
     let own = Constraints {
-        node_selector: BTreeMap::new(),
+        node_selector: Vec::new(),
         required: Some(d1_or_w),
     };
     let Placement::Narrow {

@@ -35,7 +35,7 @@ pub fn decide(
     node: Option<&NodeFacts>,
     policies: &[&SysctlPolicy],
 ) -> Decision {
-    let Some(spec) = pod_facts.spec.as_ref() else {
+    let Some(sysctls) = pod_facts.sysctls.as_deref() else {
         return Decision::Allow;
     };
     if pod_facts.mirror {
@@ -61,7 +61,7 @@ pub fn decide(
         .assumed
         .map(|a| format!("; {a}"))
         .unwrap_or_default();
-    match policy.verdict(Some(spec)) {
+    match policy.verdict_sysctls(sysctls) {
         Verdict::Allowed => Decision::Allow,
         Verdict::Forbidden {
             mode: Mode::Audit,
