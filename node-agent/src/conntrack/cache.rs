@@ -13,9 +13,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use groundskeeper_plumbing::watch::cache::{Applied, Health, Projected, Shared, Watches};
 use groundskeeper_plumbing::{ObjectKey, ReadyFlag};
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::Resource;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
@@ -46,10 +45,7 @@ fn wants_rebuild<K>(ev: &Event<K>) -> bool {
 
 pub(super) fn fold_services(c: &mut ServiceCache, ev: Event<WireService>) -> bool {
     let rebuild = wants_rebuild(&ev);
-    match c
-        .services
-        .apply_event(ev, |o| keep(Service::from(o), project::service))
-    {
+    match c.services.apply_event(ev, |o| keep(o, project::service)) {
         // Most updates (status, annotations, resourceVersion) leave the facts as they were: the
         // model cannot see them, so they wake nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.services.get(&key) => return false,
@@ -64,10 +60,7 @@ pub(super) fn fold_services(c: &mut ServiceCache, ev: Event<WireService>) -> boo
 
 pub(super) fn fold_slices(c: &mut ServiceCache, ev: Event<WireSlice>) -> bool {
     let rebuild = wants_rebuild(&ev);
-    let (key, old) = match c
-        .slices
-        .apply_event(ev, |o| keep(EndpointSlice::from(o), project::slice))
-    {
+    let (key, old) = match c.slices.apply_event(ev, |o| keep(o, project::slice)) {
         // The facts as they were (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
         Applied::Upserted { key, old } if old.as_ref() == c.slices.get(&key) => return false,
         Applied::Upserted { key, old } => (key, old),
@@ -119,7 +112,7 @@ pub(super) fn fold_addresses(c: &mut ServiceCache, ev: Event<WireIpAddress>) -> 
     c.dirty.service_ips = true;
     let rebuild = wants_rebuild(&ev);
     c.addresses
-        .apply_event(ev, |o| keep(IPAddress::from(o), project::ip_address));
+        .apply_event(ev, |o| keep(o, project::ip_address));
     rebuild
 }
 
