@@ -662,7 +662,7 @@ fn full_pass(table: &[Entry], m: &Model, fam: Family) -> BTreeSet<Entry> {
         host: host(),
         reject_select: false,
     };
-    run_pass(&mut t, fam, &m[fam], &mut state()).unwrap();
+    run_pass(&mut t, fam, &m[fam], &mut state(), Instant::now()).unwrap();
     let left: BTreeSet<Entry> = t.entries.into_iter().collect();
     table
         .iter()
@@ -701,7 +701,7 @@ fn a_triggered_pass_deletes_what_a_full_pass_would_among_what_changed_and_nothin
             if let Some(s) = scope {
                 tally.selected += usize::from(super::pass::selections(fam, s).is_some());
             }
-            run_focused_pass(&mut t, fam, &c.m1[fam], &mut state(), scope).unwrap();
+            run_focused_pass(&mut t, fam, &c.m1[fam], &mut state(), scope, Instant::now()).unwrap();
             let left: BTreeSet<Entry> = t.entries.iter().copied().collect();
             let gone: BTreeSet<Entry> = c
                 .table
@@ -795,6 +795,7 @@ fn a_triggered_pass_on_the_kernel_table_matches_a_full_pass_among_what_changed()
                     &c.m1[fam],
                     &mut state(),
                     Some(&focus[fam]),
+                    Instant::now(),
                 )
                 .unwrap();
             }

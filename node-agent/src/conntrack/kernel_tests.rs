@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -115,7 +115,7 @@ fn check_on(
         let mut cleaned = apply::table(dry_run);
         for fam in Family::ALL {
             let state = &mut state[fam.index()];
-            reports.push(run_pass(&mut *cleaned, fam, &model[fam], state).unwrap());
+            reports.push(run_pass(&mut *cleaned, fam, &model[fam], state, Instant::now()).unwrap());
         }
         let want: BTreeSet<String> = if dry_run {
             all.iter().map(key).collect()
@@ -531,7 +531,9 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
             ..PassState::seen_all()
         };
         let mut cleaned = Kernel::default();
-        let mut pass = |state: &mut PassState| run_pass(&mut cleaned, V4, &m[V4], state).unwrap();
+        let mut pass = |state: &mut PassState| {
+            run_pass(&mut cleaned, V4, &m[V4], state, Instant::now()).unwrap()
+        };
         let first = std::time::Instant::now();
         let r = pass(&mut state);
         assert_eq!((r.orphans_pending, r.deleted), (1, 0), "first sight: kept");
@@ -553,7 +555,7 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
         let r = pass(&mut state);
         assert_eq!((r.orphans_pending, r.deleted), (0, 0));
         assert!(
-            state.orphans.is_empty(),
+            state.graces.orphans.is_empty(),
             "forgotten by the first pass that no longer sees it orphaned"
         );
     })
@@ -727,6 +729,7 @@ fn conntrack_cli_sees_what_netlink_created() {
                 V4,
                 &one_each()[V4],
                 &mut PassState::seen_all(),
+                Instant::now(),
             )
             .unwrap()
         })
@@ -918,6 +921,7 @@ fn focused_pass_judges_only_the_given_reply_sources() {
                         &m[fam],
                         &mut state,
                         Some(&focus),
+                        Instant::now(),
                     )
                     .unwrap(),
                 );
@@ -963,11 +967,10 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
             orphan_grace: grace,
             ..PassState::default()
         };
-        state.removed.observe(&before[V4], &m[V4], t0);
+        state.graces.removed.observe(&before[V4], &m[V4], t0);
         let mut cleaned = Kernel::default();
         let mut pass = |state: &mut PassState, at: Duration| {
-            state.now = Some(t0 + at);
-            run_pass(&mut cleaned, V4, &m[V4], state).unwrap()
+            run_pass(&mut cleaned, V4, &m[V4], state, t0 + at).unwrap()
         };
         let r = pass(&mut state, Duration::ZERO);
         assert_eq!(
@@ -1000,7 +1003,10 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
         );
         let r = pass(&mut state, grace * 2);
         assert_eq!((r.unseen_pending, r.deleted), (0, 0));
-        assert!(state.unseen.is_empty(), "forgotten once no pass sees it");
+        assert!(
+            state.graces.unseen.is_empty(),
+            "forgotten once no pass sees it"
+        );
     })
     .unwrap();
 }
@@ -1035,9 +1041,8 @@ fn a_triggered_pass_starts_the_grace_of_an_unseen_endpoint_and_only_a_full_pass_
         };
         let mut cleaned = Kernel::default();
         let mut pass = |state: &mut PassState, at: Duration, full: bool| {
-            state.now = Some(t0 + at);
             let scope = (!full).then_some(&scope);
-            super::pass::run_focused_pass(&mut cleaned, V4, &m[V4], state, scope).unwrap()
+            super::pass::run_focused_pass(&mut cleaned, V4, &m[V4], state, scope, t0 + at).unwrap()
         };
         let r = pass(&mut state, Duration::ZERO, false);
         assert_eq!((r.unseen_pending, r.deleted), (1, 0), "triggered: kept");
@@ -1119,9 +1124,15 @@ fn flows_through_a_frontend_without_endpoints_go_at_the_next_triggered_pass() {
         let focus = since.triggered_focus(&m1).expect("no global change");
         let mut cleaned = Kernel::default();
         let mut state = PassState::default();
-        let report =
-            super::pass::run_focused_pass(&mut cleaned, V4, &m1[V4], &mut state, Some(&focus[V4]))
-                .unwrap();
+        let report = super::pass::run_focused_pass(
+            &mut cleaned,
+            V4,
+            &m1[V4],
+            &mut state,
+            Some(&focus[V4]),
+            Instant::now(),
+        )
+        .unwrap();
         let want: BTreeSet<String> = keep.iter().map(key).collect();
         assert_eq!(table(&mut ct), want, "remaining entries");
         assert_eq!(report.deleted, late.len());

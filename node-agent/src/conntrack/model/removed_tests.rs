@@ -186,18 +186,20 @@ fn check(seed: u64, flapping: bool) {
             let agent = history.at(t.saturating_sub(lag)).clone();
             let now = start + t;
             if let Some(old) = &judged {
-                state.removed.observe(&model(old), &model(&agent), now);
+                state
+                    .graces
+                    .removed
+                    .observe(&model(old), &model(&agent), now);
             }
             // What the agent sees serve is never remembered as removed, however often it
             // came and went before.
             for b in &agent {
                 assert!(
-                    !state.removed.saw(Key::Frontend(frontend()), *b),
+                    !state.graces.removed.saw(Key::Frontend(frontend()), *b),
                     "seed {seed}, at {t:?}: {b} serves in the agent's model and is still \
                      remembered removed"
                 );
             }
-            state.now = Some(now);
             // Full when a grace asked for it, or now and then (the periodic one).
             let full = recheck_at.is_some_and(|r| r <= t) || rng.chance(20);
             let before = table.0.clone();
@@ -207,6 +209,7 @@ fn check(seed: u64, flapping: bool) {
                 &model(&agent),
                 &mut state,
                 (!full).then_some(&scope),
+                now,
             )
             .unwrap();
             if full {
