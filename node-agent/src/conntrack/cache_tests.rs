@@ -18,7 +18,7 @@ use super::model::live::Live;
 use super::model::project_tests;
 use super::model::reference::{Settle, Tombstones};
 use super::model::source::ServiceCache;
-use super::wire_tests::slim_event;
+use super::test_support::slim_event;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const SETTLE: Duration = Duration::from_secs(2);

@@ -2,7 +2,6 @@
 //! root and `ip netns`; skips with one line otherwise). The host's table is never touched.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
@@ -20,6 +19,7 @@ use super::netlink::msg::{
 use super::netlink::socket::Conntrack;
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};
+use super::test_support::{dnat, sa};
 
 fn skip(name: &str) -> bool {
     if let Some(why) = netns::unavailable() {
@@ -27,15 +27,6 @@ fn skip(name: &str) -> bool {
         return true;
     }
     false
-}
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
-/// kube-proxy's DNAT shape: orig client -> frontend, reply endpoint -> client.
-fn dnat(proto: u8, client: &str, frontend: &str, endpoint: &str) -> Entry {
-    Entry::dnat(proto, sa(client), sa(frontend), sa(endpoint))
 }
 
 fn udp(client: &str, frontend: &str, endpoint: &str) -> Entry {

@@ -14,7 +14,7 @@ use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Kernel, Table};
 use super::decide::Stale;
-use super::focus_tests::{case, host, remove_entries};
+use super::focus_tests::{case, host};
 use super::model::focus::{Focus, Scope};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family::{self, V4};
@@ -22,6 +22,7 @@ use super::netlink::msg::{Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY}
 use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass, selections, staleness_in};
+use super::test_support::{dumps, remove_entries};
 
 /// What the pass did to the table, in order.
 #[derive(Debug)]
@@ -52,14 +53,7 @@ impl Table for Watched {
         let read: Vec<Entry> = self
             .entries
             .iter()
-            .filter(|e| match what {
-                Dump::Whole(fam, proto) => {
-                    e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto)
-                }
-                Dump::Select(fam, proto, sel) => {
-                    e.orig.family() == fam && e.orig.proto == proto && sel.matches(e)
-                }
-            })
+            .filter(|e| dumps(what, e))
             .copied()
             .collect();
         let cut = self.interrupt > 0;

@@ -27,8 +27,9 @@ use super::model::source::{Models, ServiceCache};
 use super::model::{LABEL_SERVICE_NAME, Model};
 use super::pass::round::RoundSummary;
 use super::schedule::{Due, Scheduler, Timing};
-use super::schedule_tests::{HEALTHY, ms, secs};
-use super::wire_tests::slim_event;
+use super::schedule_tests::HEALTHY;
+use super::test_support::slim_event;
+use super::test_support::{ms, secs};
 use groundskeeper_plumbing::watch::cache::Seen;
 
 const NS: &str = "default";

@@ -8,26 +8,12 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::IPAddress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::watcher::Event;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use testkit::rng::Rng;
 
 use super::model::reference::{self, slim, whole};
 use super::model::{Model, project, project_tests};
 use super::wire::{WireIpAddress, WireService, WireSlice};
-
-/// A watch event of whole objects as the agent's watch decodes it.
-pub(super) fn slim_event<F: Serialize, W: DeserializeOwned>(ev: Event<F>) -> Event<W> {
-    match ev {
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
-        Event::InitApply(o) => Event::InitApply(slim(&o)),
-        Event::Apply(o) => Event::Apply(slim(&o)),
-        Event::Delete(o) => Event::Delete(slim(&o)),
-    }
-}
 
 fn same_identity(a: &ObjectMeta, b: &ObjectMeta) -> bool {
     a.name == b.name
