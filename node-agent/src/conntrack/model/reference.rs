@@ -1,9 +1,8 @@
 //! The reference definitions of the model, for tests and benches only (never in the binary):
 //! the model built from scratch from the facts (`build_facts`, `build` from whole objects
-//! decoded as the watches decode them, `slim`),
-//! the deleted frontends remembered from one build to the next (`Tombstones`), the settle
-//! before the zero-endpoint rule (`Settle`), and `whole`, the model read straight from whole
-//! objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_facts` then
+//! decoded as the watches decode them, `slim`), the deleted frontends remembered from one build
+//! to the next (`Tombstones`), the settle before the zero-endpoint rule (`Settle`), and
+//! `whole`, the model read straight from whole objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_facts` then
 //! `Settle` then `Tombstones` after every update; `project_tests.rs` checks the facts against
 //! `whole`.
 
