@@ -59,7 +59,8 @@ pub(crate) fn scale(n: u32) -> String {
 pub(crate) fn full_pass(table: &mut Kernel, m: &FamilyModel) -> Full {
     let rss_before = reset_peak();
     let t = Instant::now();
-    let report = run_pass(table, V4, m, &mut seen(&model_before(), m)).expect("pass");
+    let report =
+        run_pass(table, V4, m, &mut seen(&model_before(), m), Instant::now()).expect("pass");
     let took = t.elapsed();
     Full {
         took,

@@ -175,7 +175,7 @@ fn main() {
                 let (m0, m1) = (services_model(&[]), services_model(&change));
                 let focus = Focus::between(&m0, &m1).expect("a focused change");
                 let scope = &focus[V4];
-                let removed = seen(&m0[V4], &m1[V4]).removed;
+                let removed = seen(&m0[V4], &m1[V4]).graces.removed;
                 let selections = pass::selections(V4, scope);
                 // The bare kernel-filtered dumps of the entries the scope touches (what the
                 // triggered pass costs at the least), the deletes of the stale ones among
@@ -230,6 +230,7 @@ fn main() {
                         &m1[V4],
                         &mut seen(&m0[V4], &m1[V4]),
                         Some(scope),
+                        Instant::now(),
                     )
                     .expect("focused pass");
                     let took = t.elapsed();

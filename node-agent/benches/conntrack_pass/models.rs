@@ -36,7 +36,7 @@ pub(crate) fn model() -> FamilyModel {
 /// serving go at once; to any other not-serving backend they would wait the grace).
 pub(crate) fn seen(old: &FamilyModel, new: &FamilyModel) -> PassState {
     let mut state = PassState::default();
-    state.removed.observe(old, new, Instant::now());
+    state.graces.removed.observe(old, new, Instant::now());
     state
 }
 

@@ -13,13 +13,12 @@ use kube::runtime::watcher::Event;
 use serde_json::json;
 use testkit::rng::Rng;
 
-use super::cache::{fold_services, fold_slices};
 use super::model::LABEL_SERVICE_NAME;
 use super::model::live::Live;
 use super::model::project_tests;
 use super::model::reference::{Settle, Tombstones};
 use super::model::source::ServiceCache;
-use super::wire_tests::slim_event;
+use super::test_support::slim_event;
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const SETTLE: Duration = Duration::from_secs(2);
@@ -80,10 +79,10 @@ fn run(seed: u64) -> usize {
     let mut slices: BTreeMap<ObjectKey, EndpointSlice> = BTreeMap::new();
     // Each event decoded as the agent's watch decodes it.
     let svc = |ev| {
-        fold_services(&mut cache.borrow_mut(), slim_event(ev));
+        cache.borrow_mut().fold_services(slim_event(ev));
     };
     let slc = |ev| {
-        fold_slices(&mut cache.borrow_mut(), slim_event(ev));
+        cache.borrow_mut().fold_slices(slim_event(ev));
     };
     svc(Event::Init);
     svc(Event::InitDone);

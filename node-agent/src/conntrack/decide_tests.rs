@@ -1,7 +1,7 @@
 //! Table tests of the staleness rules in `decide.rs`: which flows a model makes stale, and why.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use super::decide::{Stale, next_interval};
@@ -9,6 +9,7 @@ use super::model::removed::Removed;
 use super::model::{Addrs, FamilyModel, ServiceIpRange};
 use super::netlink::msg::{Entry, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 use super::pass::flow_of;
+use super::test_support::{dnat, ip, sa};
 
 /// The rules read each entry's fields as a pass does ([`flow_of`]).
 fn stale(e: &Entry, m: &FamilyModel, host: &HashSet<IpAddr>) -> Option<Stale> {
@@ -28,20 +29,12 @@ fn staleness(
     super::decide::staleness(&flow_of(e), m, host, removed)
 }
 
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
 /// A kube-proxy-shaped DNAT entry: client -> frontend, reply backend -> client.
 fn flow(proto: u8, client: &str, frontend: &str, backend: &str) -> Entry {
     Entry {
         id: Some(1),
-        ..Entry::dnat(proto, sa(client), sa(frontend), sa(backend))
+        ..dnat(proto, client, frontend, backend)
     }
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
 }
 
 fn model() -> FamilyModel {

@@ -8,7 +8,6 @@
 //! Against a fake table for hundreds of seeds, and against the kernel's table for a few.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -18,20 +17,16 @@ use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use serde_json::json;
 use testkit::rng::Rng;
 
-use super::apply::{Delete, Dump, Kernel, Table};
-use super::decide::Stale;
+use super::apply::Kernel;
 use super::model::focus::Focus;
 use super::model::reference::{Settle, Tombstones};
 use super::model::{self, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model};
 use super::netlink::family::Family::{self, V4};
 use super::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY};
-use super::netlink::socket::{BatchReport, Conntrack, DumpError};
+use super::netlink::socket::Conntrack;
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass};
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+use super::test_support::{KernelLike, ip};
 
 fn ips(list: &[&str]) -> Vec<IpAddr> {
     list.iter().map(|s| ip(s)).collect()
@@ -461,66 +456,6 @@ fn unions(c: &Cluster, fam: Family) -> BTreeMap<Key, BTreeSet<SocketAddr>> {
     out
 }
 
-/// A table that does what the kernel does with each dump and delete (filters honoured).
-struct FakeTable {
-    entries: Vec<Entry>,
-    host: HashSet<IpAddr>,
-    reject_select: bool,
-}
-
-impl Table for FakeTable {
-    fn dump(
-        &mut self,
-        what: Dump,
-        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
-    ) -> Result<usize, DumpError> {
-        let pick: Box<dyn Fn(&Entry) -> bool> = match what {
-            Dump::Whole(fam, proto) => {
-                Box::new(move |e| e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto))
-            }
-            Dump::Select(..) if self.reject_select => {
-                return Err(DumpError::FilterRejected(io::Error::from_raw_os_error(
-                    libc::EINVAL,
-                )));
-            }
-            Dump::Select(fam, proto, sel) => {
-                Box::new(move |e| e.orig.family() == fam && e.orig.proto == proto && sel.matches(e))
-            }
-        };
-        // Read first: deletes while the dump streams change the table, not what it returns.
-        let read: Vec<Entry> = self.entries.iter().filter(|e| pick(e)).copied().collect();
-        for e in &read {
-            visit(e, self);
-        }
-        Ok(read.len())
-    }
-
-    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
-        Ok(self.host.clone())
-    }
-}
-
-impl Delete for FakeTable {
-    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        Ok(remove_entries(&mut self.entries, stale))
-    }
-}
-
-/// Deletes `stale` from a fake table as the kernel would: each one gone, or not found.
-pub(super) fn remove_entries(entries: &mut Vec<Entry>, stale: &[(Entry, Stale)]) -> BatchReport {
-    let mut report = BatchReport::default();
-    for (e, _) in stale {
-        let before = entries.len();
-        entries.retain(|x| x != e);
-        if entries.len() < before {
-            report.ok += 1;
-        } else {
-            report.not_found += 1;
-        }
-    }
-    report
-}
-
 /// One generated case: the change, both models, and a table (also stream_tests' cases).
 pub(super) struct Case {
     old: Cluster,
@@ -657,12 +592,12 @@ fn state() -> PassState {
 
 /// What a full pass over `m` deletes from `table` in `fam`.
 fn full_pass(table: &[Entry], m: &Model, fam: Family) -> BTreeSet<Entry> {
-    let mut t = FakeTable {
+    let mut t = KernelLike {
         entries: table.to_vec(),
         host: host(),
         reject_select: false,
     };
-    run_pass(&mut t, fam, &m[fam], &mut state()).unwrap();
+    run_pass(&mut t, fam, &m[fam], &mut state(), Instant::now()).unwrap();
     let left: BTreeSet<Entry> = t.entries.into_iter().collect();
     table
         .iter()
@@ -692,7 +627,7 @@ fn a_triggered_pass_deletes_what_a_full_pass_would_among_what_changed_and_nothin
         }
         for fam in Family::ALL {
             let full = full_pass(&c.table, &c.m1, fam);
-            let mut t = FakeTable {
+            let mut t = KernelLike {
                 entries: c.table.clone(),
                 host: host(),
                 reject_select: seed % 7 == 0,
@@ -701,7 +636,7 @@ fn a_triggered_pass_deletes_what_a_full_pass_would_among_what_changed_and_nothin
             if let Some(s) = scope {
                 tally.selected += usize::from(super::pass::selections(fam, s).is_some());
             }
-            run_focused_pass(&mut t, fam, &c.m1[fam], &mut state(), scope).unwrap();
+            run_focused_pass(&mut t, fam, &c.m1[fam], &mut state(), scope, Instant::now()).unwrap();
             let left: BTreeSet<Entry> = t.entries.iter().copied().collect();
             let gone: BTreeSet<Entry> = c
                 .table
@@ -795,6 +730,7 @@ fn a_triggered_pass_on_the_kernel_table_matches_a_full_pass_among_what_changed()
                     &c.m1[fam],
                     &mut state(),
                     Some(&focus[fam]),
+                    Instant::now(),
                 )
                 .unwrap();
             }

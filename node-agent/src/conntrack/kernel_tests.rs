@@ -2,8 +2,7 @@
 //! root and `ip netns`; skips with one line otherwise). The host's table is never touched.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -20,6 +19,7 @@ use super::netlink::msg::{
 use super::netlink::socket::Conntrack;
 use super::netns::{self, NetNs};
 use super::pass::{PassReport, PassState, run_pass};
+use super::test_support::{dnat, sa};
 
 fn skip(name: &str) -> bool {
     if let Some(why) = netns::unavailable() {
@@ -27,15 +27,6 @@ fn skip(name: &str) -> bool {
         return true;
     }
     false
-}
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
-/// kube-proxy's DNAT shape: orig client -> frontend, reply endpoint -> client.
-fn dnat(proto: u8, client: &str, frontend: &str, endpoint: &str) -> Entry {
-    Entry::dnat(proto, sa(client), sa(frontend), sa(endpoint))
 }
 
 fn udp(client: &str, frontend: &str, endpoint: &str) -> Entry {
@@ -115,7 +106,7 @@ fn check_on(
         let mut cleaned = apply::table(dry_run);
         for fam in Family::ALL {
             let state = &mut state[fam.index()];
-            reports.push(run_pass(&mut *cleaned, fam, &model[fam], state).unwrap());
+            reports.push(run_pass(&mut *cleaned, fam, &model[fam], state, Instant::now()).unwrap());
         }
         let want: BTreeSet<String> = if dry_run {
             all.iter().map(key).collect()
@@ -531,7 +522,9 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
             ..PassState::seen_all()
         };
         let mut cleaned = Kernel::default();
-        let mut pass = |state: &mut PassState| run_pass(&mut cleaned, V4, &m[V4], state).unwrap();
+        let mut pass = |state: &mut PassState| {
+            run_pass(&mut cleaned, V4, &m[V4], state, Instant::now()).unwrap()
+        };
         let first = std::time::Instant::now();
         let r = pass(&mut state);
         assert_eq!((r.orphans_pending, r.deleted), (1, 0), "first sight: kept");
@@ -553,7 +546,7 @@ fn orphaned_service_ip_waits_for_the_grace_period() {
         let r = pass(&mut state);
         assert_eq!((r.orphans_pending, r.deleted), (0, 0));
         assert!(
-            state.orphans.is_empty(),
+            state.graces.orphans.is_empty(),
             "forgotten by the first pass that no longer sees it orphaned"
         );
     })
@@ -727,6 +720,7 @@ fn conntrack_cli_sees_what_netlink_created() {
                 V4,
                 &one_each()[V4],
                 &mut PassState::seen_all(),
+                Instant::now(),
             )
             .unwrap()
         })
@@ -918,6 +912,7 @@ fn focused_pass_judges_only_the_given_reply_sources() {
                         &m[fam],
                         &mut state,
                         Some(&focus),
+                        Instant::now(),
                     )
                     .unwrap(),
                 );
@@ -963,11 +958,10 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
             orphan_grace: grace,
             ..PassState::default()
         };
-        state.removed.observe(&before[V4], &m[V4], t0);
+        state.graces.removed.observe(&before[V4], &m[V4], t0);
         let mut cleaned = Kernel::default();
         let mut pass = |state: &mut PassState, at: Duration| {
-            state.now = Some(t0 + at);
-            run_pass(&mut cleaned, V4, &m[V4], state).unwrap()
+            run_pass(&mut cleaned, V4, &m[V4], state, t0 + at).unwrap()
         };
         let r = pass(&mut state, Duration::ZERO);
         assert_eq!(
@@ -1000,7 +994,10 @@ fn a_flow_to_an_endpoint_not_seen_yet_waits_the_grace() {
         );
         let r = pass(&mut state, grace * 2);
         assert_eq!((r.unseen_pending, r.deleted), (0, 0));
-        assert!(state.unseen.is_empty(), "forgotten once no pass sees it");
+        assert!(
+            state.graces.unseen.is_empty(),
+            "forgotten once no pass sees it"
+        );
     })
     .unwrap();
 }
@@ -1035,9 +1032,8 @@ fn a_triggered_pass_starts_the_grace_of_an_unseen_endpoint_and_only_a_full_pass_
         };
         let mut cleaned = Kernel::default();
         let mut pass = |state: &mut PassState, at: Duration, full: bool| {
-            state.now = Some(t0 + at);
             let scope = (!full).then_some(&scope);
-            super::pass::run_focused_pass(&mut cleaned, V4, &m[V4], state, scope).unwrap()
+            super::pass::run_focused_pass(&mut cleaned, V4, &m[V4], state, scope, t0 + at).unwrap()
         };
         let r = pass(&mut state, Duration::ZERO, false);
         assert_eq!((r.unseen_pending, r.deleted), (1, 0), "triggered: kept");
@@ -1119,9 +1115,15 @@ fn flows_through_a_frontend_without_endpoints_go_at_the_next_triggered_pass() {
         let focus = since.triggered_focus(&m1).expect("no global change");
         let mut cleaned = Kernel::default();
         let mut state = PassState::default();
-        let report =
-            super::pass::run_focused_pass(&mut cleaned, V4, &m1[V4], &mut state, Some(&focus[V4]))
-                .unwrap();
+        let report = super::pass::run_focused_pass(
+            &mut cleaned,
+            V4,
+            &m1[V4],
+            &mut state,
+            Some(&focus[V4]),
+            Instant::now(),
+        )
+        .unwrap();
         let want: BTreeSet<String> = keep.iter().map(key).collect();
         assert_eq!(table(&mut ct), want, "remaining entries");
         assert_eq!(report.deleted, late.len());

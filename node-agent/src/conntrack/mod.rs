@@ -30,6 +30,8 @@ mod schedule_tests;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod trigger_tests;
 #[cfg(test)]
 mod tuning_tests;

@@ -15,7 +15,8 @@ use super::model::Model;
 use super::netlink::family::Family::V4;
 use super::pass::round::RoundSummary;
 use super::schedule::*;
-use super::schedule_tests::{Ran, Watches, World, dns, ms, secs};
+use super::schedule_tests::{Ran, Watches, World, dns};
+use super::test_support::{ms, secs};
 
 /// The flags of the black-box case (`conntrack_schedule_cluster.rs`): gc-min 5 s, gc-max 15 s.
 const BUSY: Timing = Timing {

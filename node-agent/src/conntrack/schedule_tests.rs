@@ -17,17 +17,10 @@ use super::model::{Addrs, Model};
 use super::netlink::family::Family::V4;
 use super::pass::round::RoundSummary;
 use super::schedule::*;
+use super::test_support::{ms, secs};
 use groundskeeper_plumbing::watch::cache::Seen;
 
 pub(super) const HEALTHY: [Option<u64>; 5] = [Some(1); 5];
-
-pub(super) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-pub(super) fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
 
 /// A DNS service on 10.96.0.10:53 served by `backends` (10.244.1.x:53).
 pub(super) fn dns(backends: &[u8]) -> Model {

@@ -14,7 +14,7 @@ use testkit::rng::Rng;
 
 use super::apply::{Delete, Dump, Kernel, Table};
 use super::decide::Stale;
-use super::focus_tests::{case, host, remove_entries};
+use super::focus_tests::{case, host};
 use super::model::focus::{Focus, Scope};
 use super::model::{FamilyModel, canonical};
 use super::netlink::family::Family::{self, V4};
@@ -22,6 +22,7 @@ use super::netlink::msg::{Entry, IPPROTO_UDP, STATUS_ASSURED, STATUS_SEEN_REPLY}
 use super::netlink::socket::{BatchReport, Conntrack, DumpError};
 use super::netns::{self, NetNs};
 use super::pass::{PassState, run_focused_pass, run_pass, selections, staleness_in};
+use super::test_support::{dumps, remove_entries};
 
 /// What the pass did to the table, in order.
 #[derive(Debug)]
@@ -52,14 +53,7 @@ impl Table for Watched {
         let read: Vec<Entry> = self
             .entries
             .iter()
-            .filter(|e| match what {
-                Dump::Whole(fam, proto) => {
-                    e.orig.family() == fam && proto.is_none_or(|p| p == e.orig.proto)
-                }
-                Dump::Select(fam, proto, sel) => {
-                    e.orig.family() == fam && e.orig.proto == proto && sel.matches(e)
-                }
-            })
+            .filter(|e| dumps(what, e))
             .copied()
             .collect();
         let cut = self.interrupt > 0;
@@ -111,7 +105,9 @@ fn collect_then_delete(
         .iter()
         .filter(|e| e.orig.family() == fam && e.orig.proto == IPPROTO_UDP)
         .filter(|e| sels.as_ref().is_none_or(|s| s.iter().any(|s| s.matches(e))))
-        .filter_map(|e| staleness_in(e, model, &host, &state.removed, scope).map(|why| (*e, why)))
+        .filter_map(|e| {
+            staleness_in(e, model, &host, &state.graces.removed, scope).map(|why| (*e, why))
+        })
         .collect();
     if scope.is_none() {
         let seen: HashSet<IpAddr> = marked
@@ -119,11 +115,11 @@ fn collect_then_delete(
             .filter(|(_, why)| *why == Stale::OrphanedServiceIp)
             .map(|(e, _)| canonical(e.orig.dst))
             .collect();
-        state.orphans.retain(|ip, _| seen.contains(ip));
+        state.graces.orphans.retain(|ip, _| seen.contains(ip));
         for ip in &seen {
-            state.orphans.entry(*ip).or_insert(now);
+            state.graces.orphans.entry(*ip).or_insert(now);
         }
-        let (orphans, grace) = (&state.orphans, state.orphan_grace);
+        let (orphans, grace) = (&state.graces.orphans, state.orphan_grace);
         marked.retain(|(e, why)| {
             *why != Stale::OrphanedServiceIp
                 || orphans
@@ -147,7 +143,7 @@ fn state(rng: &mut Rng, cap: usize) -> PassState {
     let long_ago = Instant::now() - Duration::from_secs(7200);
     for ip in ORPHANED {
         if rng.chance(50) {
-            s.orphans.insert(ip.parse().unwrap(), long_ago);
+            s.graces.orphans.insert(ip.parse().unwrap(), long_ago);
         }
     }
     s
@@ -216,7 +212,9 @@ fn check_cases(interrupts: bool) -> Tally {
                     interrupt: if interrupts { 1 + rng.below(3) } else { 0 },
                     after: rng.below(40),
                 };
-                let r = run_focused_pass(&mut table, fam, &c.m1[fam], &mut st, scope).unwrap();
+                let r =
+                    run_focused_pass(&mut table, fam, &c.m1[fam], &mut st, scope, Instant::now())
+                        .unwrap();
                 let (deleted, sizes, most) = outcome(&table.events);
                 let got: BTreeSet<Entry> = deleted.iter().copied().collect();
                 let what = format!("seed {seed} {fam} scoped={}", scope.is_some());
@@ -232,7 +230,8 @@ fn check_cases(interrupts: bool) -> Tally {
                     );
                 }
                 assert_eq!((r.deleted, r.stale), (got.len(), got.len()), "{what}");
-                let keys = |s: &PassState| s.orphans.keys().copied().collect::<BTreeSet<_>>();
+                let keys =
+                    |s: &PassState| s.graces.orphans.keys().copied().collect::<BTreeSet<_>>();
                 if interrupts {
                     // An IP whose last flows an interrupted attempt deleted is not in the
                     // retry's view: forgotten a pass early (its grace starts over).
@@ -331,7 +330,14 @@ fn deleting_while_the_kernel_dump_streams_skips_nothing_and_touches_nothing_else
             delete_batch: 7,
             ..PassState::seen_all()
         };
-        let r = run_pass(&mut Kernel::default(), V4, &model, &mut state).unwrap();
+        let r = run_pass(
+            &mut Kernel::default(),
+            V4,
+            &model,
+            &mut state,
+            Instant::now(),
+        )
+        .unwrap();
         assert_eq!(
             (
                 r.scanned,

@@ -21,15 +21,15 @@ use serde_json::json;
 use testkit::rng::Rng;
 use tokio::time::Instant;
 
-use super::cache::{fold_addresses, fold_cidrs, fold_nodes, fold_services, fold_slices};
 use super::model::focus::Focus;
 use super::model::live::Live;
 use super::model::source::{Models, ServiceCache};
 use super::model::{LABEL_SERVICE_NAME, Model};
 use super::pass::round::RoundSummary;
 use super::schedule::{Due, Scheduler, Timing};
-use super::schedule_tests::{HEALTHY, ms, secs};
-use super::wire_tests::slim_event;
+use super::schedule_tests::HEALTHY;
+use super::test_support::slim_event;
+use super::test_support::{ms, secs};
 use groundskeeper_plumbing::watch::cache::Seen;
 
 const NS: &str = "default";
@@ -143,11 +143,11 @@ impl Agent {
     fn see(&mut self, ev: Watched, at: Duration) {
         let c = &mut self.src.cache.lock().unwrap();
         let wake = match ev {
-            Watched::Service(e) => fold_services(c, slim_event(e)),
-            Watched::Slice(e) => fold_slices(c, slim_event(e)),
-            Watched::Address(e) => fold_addresses(c, slim_event(e)),
-            Watched::Cidr(e) => fold_cidrs(c, e),
-            Watched::Node(e) => fold_nodes(c, e),
+            Watched::Service(e) => c.fold_services(slim_event(e)),
+            Watched::Slice(e) => c.fold_slices(slim_event(e)),
+            Watched::Address(e) => c.fold_addresses(slim_event(e)),
+            Watched::Cidr(e) => c.fold_cidrs(e),
+            Watched::Node(e) => c.fold_nodes(e),
         };
         if wake {
             self.scheduler.on_change(self.start + at);

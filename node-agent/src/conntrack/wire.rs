@@ -10,16 +10,16 @@
 //! Services / 100k endpoints that is most of the agent's CPU per EndpointSlice event and of the
 //! garbage a list leaves in the heap.
 //!
-//! Each type turns into the k8s-openapi object with only these fields set (`From`), so the one
-//! projection reads both; `wire_tests.rs` checks over generated objects that the projection of
-//! the decoded-here object equals that of the whole one, so a field the projection starts to
-//! read and this file drops fails there.
+//! The projection (`model/project.rs`) reads these types as they are; `wire_tests.rs` checks
+//! over generated objects that an object decoded here projects to the model the whole object
+//! reads as (`model::reference::whole`), so a field the projection starts to read and this file
+//! drops fails there.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServiceSpec, ServiceStatus};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::networking::v1::IPAddress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Deserializer};
@@ -87,44 +87,6 @@ pub struct WireIpAddress {
 /// A list absent or `null` reads as empty, as k8s-openapi reads it.
 fn null_is_empty<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
-}
-
-impl From<WireService> for Service {
-    fn from(w: WireService) -> Self {
-        Service {
-            metadata: w.metadata,
-            spec: w.spec,
-            status: w.status,
-        }
-    }
-}
-
-impl From<WireSlice> for EndpointSlice {
-    fn from(w: WireSlice) -> Self {
-        EndpointSlice {
-            metadata: w.metadata,
-            address_type: w.address_type,
-            ports: w.ports,
-            endpoints: w
-                .endpoints
-                .into_iter()
-                .map(|e| Endpoint {
-                    addresses: e.addresses,
-                    conditions: e.conditions,
-                    ..Endpoint::default()
-                })
-                .collect(),
-        }
-    }
-}
-
-impl From<WireIpAddress> for IPAddress {
-    fn from(w: WireIpAddress) -> Self {
-        IPAddress {
-            metadata: w.metadata,
-            spec: None,
-        }
-    }
 }
 
 /// kube's `Resource` for a wire type, with the identity (kind, group, version, plural, scope)

@@ -1,41 +1,21 @@
 //! The slim decoding's rule, over generated objects (every field the model reads, and much it
 //! does not: managedFields, annotations, targetRefs, hints, odd ports and conditions): an object
-//! decoded slim (`wire.rs`) projects to the same facts as the whole object, keeps what the watch
-//! needs (name, namespace, resourceVersion, labels), and a world of them builds the same model.
+//! decoded slim (`wire.rs`) keeps what the watch needs (name, namespace, resourceVersion,
+//! labels), and its facts build the model the whole object reads as (`reference::whole`), alone
+//! and in a world of them.
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::IPAddress;
-use kube::runtime::watcher::Event;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 use testkit::rng::Rng;
 
-use super::model::{self, project, project_tests};
+use super::model::reference::{self, slim, whole};
+use super::model::{Model, project, project_tests};
 use super::wire::{WireIpAddress, WireService, WireSlice};
 
-/// `full` as the apiserver sends it, decoded slim.
-pub(super) fn decode<W: DeserializeOwned>(full: &impl Serialize) -> W {
-    serde_json::from_value(serde_json::to_value(full).expect("serializes"))
-        .expect("the slim type decodes what the whole one encodes")
-}
-
-/// A watch event of whole objects as the agent's watch decodes it.
-pub(super) fn slim_event<F: Serialize, W: DeserializeOwned>(ev: Event<F>) -> Event<W> {
-    match ev {
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
-        Event::InitApply(o) => Event::InitApply(decode(&o)),
-        Event::Apply(o) => Event::Apply(decode(&o)),
-        Event::Delete(o) => Event::Delete(decode(&o)),
-    }
-}
-
-fn same_identity(
-    a: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    b: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> bool {
+fn same_identity(a: &ObjectMeta, b: &ObjectMeta) -> bool {
     a.name == b.name
         && a.namespace == b.namespace
         && a.resource_version == b.resource_version
@@ -48,24 +28,26 @@ fn a_slim_object_projects_as_the_whole_one() {
     for seed in 0..5000 {
         let rng = &mut Rng(seed);
         let svc = project_tests::service(rng, "default", "s");
-        let slim = Service::from(decode::<WireService>(&svc));
-        assert_eq!(
-            project::service(&slim),
-            project::service(&svc),
+        let slim_svc: WireService = slim(&svc);
+        assert!(
+            same_identity(&slim_svc.metadata, &svc.metadata),
             "seed {seed}"
         );
-        assert!(same_identity(&slim.metadata, &svc.metadata), "seed {seed}");
 
         let owner = rng.chance(80).then_some("s");
         let slice = project_tests::slice(rng, "default", "s-1", owner);
-        let slim = EndpointSlice::from(decode::<WireSlice>(&slice));
-        let view = project::slice(&slice);
-        assert_eq!(project::slice(&slim), view, "seed {seed}");
+        let slim_slice: WireSlice = slim(&slice);
         assert!(
-            same_identity(&slim.metadata, &slice.metadata),
+            same_identity(&slim_slice.metadata, &slice.metadata),
             "seed {seed}"
         );
-        served += usize::from(!view.serving.is_empty());
+        let (svc_facts, slice_facts) = (project::service(&slim_svc), project::slice(&slim_slice));
+        served += usize::from(!slice_facts.serving.is_empty());
+        assert_eq!(
+            reference::build_facts([("default", "s", &svc_facts)], [("default", &slice_facts)]),
+            whole::build([&svc], [&slice]),
+            "seed {seed}"
+        );
 
         let a: IPAddress = serde_json::from_value(json!({
             "metadata": {"name": project_tests::addr(rng), "resourceVersion": "7",
@@ -73,13 +55,13 @@ fn a_slim_object_projects_as_the_whole_one() {
             "spec": {"parentRef": {"group": "", "resource": "services", "namespace": "d", "name": "s"}},
         }))
         .unwrap();
-        let slim = IPAddress::from(decode::<WireIpAddress>(&a));
+        let slim_a: WireIpAddress = slim(&a);
         assert_eq!(
-            project::ip_address(&slim),
-            project::ip_address(&a),
+            Model::default().with_service_ranges([], project::ip_address(&slim_a)),
+            whole::with_service_ips(Model::default(), [], [&a]),
             "seed {seed}"
         );
-        assert!(same_identity(&slim.metadata, &a.metadata), "seed {seed}");
+        assert!(same_identity(&slim_a.metadata, &a.metadata), "seed {seed}");
     }
     // The generator must produce slices with backends, or the check above proves little.
     assert!(served > 500, "only {served} of 5000 slices served");
@@ -98,17 +80,10 @@ fn a_world_of_slim_objects_builds_the_model_of_whole_ones() {
                 project_tests::slice(rng, "default", &format!("s-{j}"), Some(&owner))
             })
             .collect();
-        let slim_services: Vec<Service> = services
-            .iter()
-            .map(|s| decode::<WireService>(s).into())
-            .collect();
-        let slim_slices: Vec<EndpointSlice> = slices
-            .iter()
-            .map(|s| decode::<WireSlice>(s).into())
-            .collect();
+        // `reference::build` decodes each object slim, as the watch does, and projects it.
         assert_eq!(
-            model::reference::build(&slim_services, &slim_slices),
-            model::reference::build(&services, &slices),
+            reference::build(&services, &slices),
+            whole::build(&services, &slices),
             "seed {seed}"
         );
     }
@@ -125,9 +100,10 @@ fn nulls_and_absent_fields_decode_as_the_whole_type_decodes_them() {
     ];
     for b in bodies {
         let whole: Result<EndpointSlice, _> = serde_json::from_value(b.clone());
-        let slim: WireSlice = serde_json::from_value(b.clone()).expect("decodes");
+        let wire: WireSlice = serde_json::from_value(b.clone()).expect("decodes");
         if let Ok(whole) = whole {
-            assert_eq!(project::slice(&slim.into()), project::slice(&whole), "{b}");
+            let decoded: WireSlice = reference::slim(&whole);
+            assert_eq!(project::slice(&wire), project::slice(&decoded), "{b}");
         }
     }
     // Hostile bodies are an error, not a panic.

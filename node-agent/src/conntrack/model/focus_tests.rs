@@ -3,19 +3,12 @@
 //! released that do not).
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use super::focus::{Focus, Scope, removed_backends};
 use super::{Addrs, FamilyModel, Model, ServiceIpRange};
 use crate::conntrack::netlink::family::Family::{V4, V6};
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
+use crate::conntrack::test_support::{ip, sa};
 
 #[test]
 fn removed_backends_are_what_a_change_took_away() {

@@ -13,7 +13,7 @@ use testkit::rng::Rng;
 use super::live::{Facts, Live};
 use super::project::{self, ServiceFacts, SliceFacts};
 use super::project_tests;
-use crate::conntrack::model::reference::{Settle, Tombstones};
+use crate::conntrack::model::reference::{Settle, Tombstones, slim};
 use crate::conntrack::model::{self, Model, ServiceIpRange};
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
@@ -67,7 +67,7 @@ pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<ObjectKey>, bool) {
     let name = format!("s{i}");
     match rng.below(10) {
         0..=2 => {
-            let v = project::service(&project_tests::service(rng, &ns, &name));
+            let v = project::service(&slim(&project_tests::service(rng, &ns, &name)));
             let key = ObjectKey::new(&ns, &name);
             w.services.insert(key.clone(), v);
             (vec![key], false)
@@ -85,7 +85,7 @@ pub(super) fn change(rng: &mut Rng, w: &mut World) -> (Vec<ObjectKey>, bool) {
             };
             let whole = project_tests::slice(rng, &ns, "x", owner.as_deref());
             let key = ObjectKey::new(&ns, &format!("{name}-{}", rng.below(3)));
-            let new = project::slice(&whole);
+            let new = project::slice(&slim(&whole));
             let touched = [w.slices.get(&key), Some(&new)]
                 .into_iter()
                 .flatten()
@@ -232,12 +232,11 @@ fn an_update_naming_nothing_changes_nothing() {
 #[test]
 fn a_frontend_one_claim_holds_shares_that_claims_list() {
     use crate::conntrack::netlink::family::Family;
-    use k8s_openapi::api::core::v1::Service;
-    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use crate::conntrack::wire::{WireService, WireSlice};
     use serde_json::json;
 
     let service = |name: &str, external: &[&str]| -> ServiceFacts {
-        let s: Service = serde_json::from_value(json!({
+        let s: WireService = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": name},
             "spec": {"clusterIP": if name == "dns" { "10.96.0.10" } else { "10.96.0.11" },
                      "externalIPs": external,
@@ -247,7 +246,7 @@ fn a_frontend_one_claim_holds_shares_that_claims_list() {
         project::service(&s)
     };
     let slice = |name: &str, ips: &[&str]| -> SliceFacts {
-        let s: EndpointSlice = serde_json::from_value(json!({
+        let s: WireSlice = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": format!("{name}-x"),
                          "labels": {"kubernetes.io/service-name": name}},
             "addressType": "IPv4",

@@ -15,10 +15,7 @@ use crate::conntrack::model::Addrs;
 use crate::conntrack::model::reference::{Settle, Tombstones, build};
 use crate::conntrack::model::*;
 use crate::conntrack::netlink::family::Family::{V4, V6};
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
+use crate::conntrack::test_support::sa;
 
 fn svc(name: &str, spec: Value) -> Service {
     serde_json::from_value(json!({

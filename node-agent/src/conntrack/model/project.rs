@@ -4,22 +4,24 @@
 //! At Kubernetes' documented limits (10k Services, 100k endpoints) whole objects cost the agent
 //! hundreds of MiB on every node, and even k8s-openapi structs cut down to a few fields cost
 //! several hundred bytes each (ObjectMeta, ServiceSpec) plus a string per address. Each object
-//! is turned into its facts as it arrives from the watch, before it is stored: a Service into its
-//! frontend IPs per family and its UDP ports, an EndpointSlice into its UDP ports and the parsed
-//! addresses of its serving endpoints. The rule: the model built from facts equals the model
-//! built from whole objects (`project_tests.rs` checks it over generated objects against
+//! is turned into its facts as it arrives from the watch, before it is stored, straight from the
+//! type the watch decodes (`wire.rs` for Services, EndpointSlices and IPAddresses; k8s-openapi's
+//! for ServiceCIDRs and the Node): a Service into its frontend IPs per family and its UDP ports,
+//! an EndpointSlice into its UDP ports and the parsed addresses of its serving endpoints. The
+//! rule: the model built from facts equals the model built from whole objects (`project_tests.rs`
+//! checks it over generated objects, each decoded as the watch decodes it, against
 //! `reference::whole`, the reading of whole objects), so a field the model starts to read must be
-//! kept here too.
+//! kept here, and decoded in `wire.rs`, too.
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::addr::{ServiceIpRange, parse_ip};
 use crate::conntrack::netlink::family::{Family, PerFamily};
+use crate::conntrack::wire::{WireIpAddress, WireService, WireSlice};
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// kube-proxy (run without a proxy name) ignores Services and EndpointSlices carrying it.
@@ -84,7 +86,7 @@ fn valid_port(p: i32) -> Option<u16> {
 }
 
 /// A Service: its frontend IPs per family, UDP ports, and whether it is kube-proxy's.
-pub fn service(s: &Service) -> ServiceFacts {
+pub fn service(s: &WireService) -> ServiceFacts {
     let foreign = not_kube_proxys(&s.metadata);
     let Some(spec) = s
         .spec
@@ -155,7 +157,7 @@ pub fn service(s: &Service) -> ServiceFacts {
 }
 
 /// An EndpointSlice: its Service, UDP ports and serving addresses.
-pub fn slice(s: &EndpointSlice) -> SliceFacts {
+pub fn slice(s: &WireSlice) -> SliceFacts {
     let meta = &s.metadata;
     let service = meta
         .labels
@@ -220,7 +222,7 @@ pub fn service_cidr(c: &ServiceCIDR) -> Box<[ServiceIpRange]> {
 }
 
 /// An IPAddress: its name is the IP; `None` when it does not parse.
-pub fn ip_address(a: &IPAddress) -> Option<IpAddr> {
+pub fn ip_address(a: &WireIpAddress) -> Option<IpAddr> {
     a.metadata.name.as_deref().and_then(parse_ip)
 }
 

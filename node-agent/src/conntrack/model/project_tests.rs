@@ -16,6 +16,7 @@ use crate::conntrack::model::{
     self, LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, Model,
 };
 use crate::conntrack::netlink::family::Family;
+use crate::conntrack::wire::{WireService, WireSlice};
 
 const NAMESPACES: [&str; 2] = ["default", "kube-system"];
 const PROTOCOLS: [Option<&str>; 5] = [Some("UDP"), Some("UDP"), Some("TCP"), Some("SCTP"), None];
@@ -230,7 +231,8 @@ fn world(seed: u64) -> World {
     }
 }
 
-/// The model as the agent builds it: from the facts of the objects (`project`).
+/// The model as the agent builds it: from the facts (`project`) of the objects as its watches
+/// decode them (`wire.rs`).
 fn model_of_views(w: &World) -> Model {
     model::reference::build(&w.services, &w.slices)
         .with_service_ips(&w.cidrs, &w.addresses)
@@ -263,7 +265,7 @@ fn the_model_of_views_is_the_model_of_whole_objects() {
 #[test]
 fn views_keep_only_what_the_model_reads() {
     // A TCP-only slice keeps no address at all.
-    let tcp: EndpointSlice = serde_json::from_value(json!({
+    let tcp: WireSlice = serde_json::from_value(json!({
         "metadata": {"name": "t", "namespace": "d", "labels": {LABEL_SERVICE_NAME: "t"}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
@@ -274,7 +276,7 @@ fn views_keep_only_what_the_model_reads() {
     assert!(p.serving.is_empty() && p.ports.is_empty());
     assert_eq!(p.service.as_deref(), Some("t"));
     // A UDP slice keeps the serving addresses of its family, parsed, sorted, once each.
-    let udp: EndpointSlice = serde_json::from_value(json!({
+    let udp: WireSlice = serde_json::from_value(json!({
         "metadata": {"name": "u", "namespace": "d", "labels": {LABEL_SERVICE_NAME: "u"}},
         "addressType": "IPv4",
         "ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
@@ -306,7 +308,7 @@ fn views_keep_only_what_the_model_reads() {
         );
     }
     // A Service keeps its frontend IPs per family and its UDP ports, nothing else.
-    let svc: Service = serde_json::from_value(json!({
+    let svc: WireService = serde_json::from_value(json!({
         "metadata": {"name": "s", "namespace": "d", "labels": {"app": "x"}},
         "spec": {"clusterIPs": ["10.96.0.10", "fd00:10:96::a"], "externalIPs": ["192.0.2.1"],
                  "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},

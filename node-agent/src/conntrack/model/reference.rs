@@ -1,8 +1,8 @@
 //! The reference definitions of the model, for tests and benches only (never in the binary):
-//! the model built from scratch from the facts (`build_facts`, `build` from whole objects),
-//! the deleted frontends remembered from one build to the next (`Tombstones`), the settle
-//! before the zero-endpoint rule (`Settle`), and `whole`, the model read straight from whole
-//! objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_facts` then
+//! the model built from scratch from the facts (`build_facts`, `build` from whole objects
+//! decoded as the watches decode them, `slim`), the deleted frontends remembered from one build
+//! to the next (`Tombstones`), the settle before the zero-endpoint rule (`Settle`), and
+//! `whole`, the model read straight from whole objects. Production keeps `Live`, which `live_tests.rs` checks equals `build_facts` then
 //! `Settle` then `Tombstones` after every update; `project_tests.rs` checks the facts against
 //! `whole`.
 
@@ -14,10 +14,20 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{IPAddress, ServiceCIDR};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::project::{self, ServiceFacts, SliceFacts};
 use super::{Claim, FamilyModel, Model, ServiceIpRange, port_claims};
 use crate::conntrack::netlink::family::{Family, PerFamily};
+use crate::conntrack::wire::{WireIpAddress, WireService, WireSlice};
+
+/// `whole` as the apiserver sends it, decoded as the watch decodes it: a whole Service,
+/// EndpointSlice or IPAddress into its wire type (`wire.rs`).
+pub fn slim<W: DeserializeOwned>(whole: &impl Serialize) -> W {
+    serde_json::from_value(serde_json::to_value(whole).expect("serializes"))
+        .expect("the slim type decodes what the whole one encodes")
+}
 
 /// `namespace/name`, the key of [`FamilyModel::services`].
 pub fn service_key(ns: &str, name: &str) -> String {
@@ -83,7 +93,8 @@ pub fn build_facts<'a>(
     }))
 }
 
-/// [`build_facts`] from whole objects (tests, benches): each is projected first.
+/// [`build_facts`] from whole objects (tests, benches): each is decoded as the watch decodes it
+/// ([`slim`]) and projected first.
 pub fn build<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -96,11 +107,21 @@ pub fn build<'a>(
     };
     let services: Vec<_> = services
         .into_iter()
-        .map(|s| (ns_name(&s.metadata), project::service(s)))
+        .map(|s| {
+            (
+                ns_name(&s.metadata),
+                project::service(&slim::<WireService>(s)),
+            )
+        })
         .collect();
     let slices: Vec<_> = slices
         .into_iter()
-        .map(|s| (ns_name(&s.metadata).0, project::slice(s)))
+        .map(|s| {
+            (
+                ns_name(&s.metadata).0,
+                project::slice(&slim::<WireSlice>(s)),
+            )
+        })
         .collect();
     build_facts(
         services.iter().map(|((ns, name), v)| (*ns, *name, v)),
@@ -119,7 +140,9 @@ impl Model {
             .into_iter()
             .flat_map(|c| project::service_cidr(c).into_vec())
             .collect();
-        let allocated = addresses.into_iter().filter_map(project::ip_address);
+        let allocated = addresses
+            .into_iter()
+            .filter_map(|a| project::ip_address(&slim::<WireIpAddress>(a)));
         self.with_service_ranges(&ranges, allocated)
     }
 

@@ -12,54 +12,21 @@
 //! a backend back in the proxy's world whose return the agent has not seen yet (its flows are
 //! judged by its earlier turn).
 
-use std::collections::{BTreeSet, HashSet};
-use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use testkit::rng::Rng;
 
 use super::removed::Key;
-use crate::conntrack::apply::{Delete, Dump, Table};
-use crate::conntrack::decide::Stale;
 use crate::conntrack::model::FamilyModel;
 use crate::conntrack::model::focus::Scope;
 use crate::conntrack::netlink::family::Family::V4;
 use crate::conntrack::netlink::msg::{Entry, IPPROTO_UDP};
-use crate::conntrack::netlink::socket::{BatchReport, DumpError};
 use crate::conntrack::pass::{PassState, run_focused_pass};
+use crate::conntrack::test_support::KernelLike;
 
 const GRACE: Duration = Duration::from_secs(5);
-
-/// The conntrack table as a list.
-struct Flows(Vec<Entry>);
-
-impl Table for Flows {
-    fn dump(
-        &mut self,
-        _: Dump,
-        visit: &mut dyn FnMut(&Entry, &mut dyn Delete),
-    ) -> Result<usize, DumpError> {
-        let read = self.0.clone();
-        for e in &read {
-            visit(e, self);
-        }
-        Ok(read.len())
-    }
-
-    fn host_addresses(&mut self) -> io::Result<HashSet<IpAddr>> {
-        Ok(HashSet::new())
-    }
-}
-
-impl Delete for Flows {
-    fn delete(&mut self, stale: &[(Entry, Stale)]) -> io::Result<BatchReport> {
-        Ok(crate::conntrack::focus_tests::remove_entries(
-            &mut self.0,
-            stale,
-        ))
-    }
-}
 
 fn frontend() -> SocketAddr {
     "10.96.0.10:53".parse().unwrap()
@@ -163,7 +130,7 @@ fn check(seed: u64, flapping: bool) {
             orphan_grace: GRACE,
             ..PassState::default()
         };
-        let mut table = Flows(Vec::new());
+        let mut table = KernelLike::default();
         let mut judged: Option<BTreeSet<SocketAddr>> = None;
         // Every backend a model the agent judged showed serving.
         let mut seen_serving: BTreeSet<SocketAddr> = BTreeSet::new();
@@ -178,35 +145,38 @@ fn check(seed: u64, flapping: bool) {
             // The proxy programs what serves now; its clients' flows appear.
             let proxy = history.at(t);
             for b in proxy {
-                if !table.0.contains(&flow(*b)) {
-                    table.0.push(flow(*b));
+                if !table.entries.contains(&flow(*b)) {
+                    table.entries.push(flow(*b));
                 }
             }
             // A round: the agent's model is the proxy's world `lag` ago.
             let agent = history.at(t.saturating_sub(lag)).clone();
             let now = start + t;
             if let Some(old) = &judged {
-                state.removed.observe(&model(old), &model(&agent), now);
+                state
+                    .graces
+                    .removed
+                    .observe(&model(old), &model(&agent), now);
             }
             // What the agent sees serve is never remembered as removed, however often it
             // came and went before.
             for b in &agent {
                 assert!(
-                    !state.removed.saw(Key::Frontend(frontend()), *b),
+                    !state.graces.removed.saw(Key::Frontend(frontend()), *b),
                     "seed {seed}, at {t:?}: {b} serves in the agent's model and is still \
                      remembered removed"
                 );
             }
-            state.now = Some(now);
             // Full when a grace asked for it, or now and then (the periodic one).
             let full = recheck_at.is_some_and(|r| r <= t) || rng.chance(20);
-            let before = table.0.clone();
+            let before = table.entries.clone();
             let report = run_focused_pass(
                 &mut table,
                 V4,
                 &model(&agent),
                 &mut state,
                 (!full).then_some(&scope),
+                now,
             )
             .unwrap();
             if full {
@@ -217,7 +187,7 @@ fn check(seed: u64, flapping: bool) {
                 recheck_at = Some(recheck_at.map_or(at, |r| r.min(at)));
             }
             if !full {
-                for e in before.iter().filter(|e| !table.0.contains(e)) {
+                for e in before.iter().filter(|e| !table.entries.contains(e)) {
                     let b = SocketAddr::new(e.reply.src, e.reply.src_port);
                     // Re-used, a backend may be back and gone again between two rounds: seen
                     // serving before that is what counts.
@@ -238,14 +208,14 @@ fn check(seed: u64, flapping: bool) {
                     continue;
                 }
                 assert!(
-                    table.0.contains(&flow(*b)),
+                    table.entries.contains(&flow(*b)),
                     "seed {seed}, lag {lag:?}, at {t:?}: the flow to {b}, serving in the proxy's \
                      world, was deleted"
                 );
             }
             for b in judged.iter().flatten().filter(|b| !agent.contains(b)) {
                 assert!(
-                    !table.0.contains(&flow(*b)),
+                    !table.entries.contains(&flow(*b)),
                     "seed {seed}, at {t:?}: the flow to {b}, seen removed, survived the pass"
                 );
             }
@@ -255,7 +225,7 @@ fn check(seed: u64, flapping: bool) {
         }
         // Every backend that stopped serving is gone once the history is over.
         let last = history.at(end);
-        for e in &table.0 {
+        for e in &table.entries {
             let b = SocketAddr::new(e.reply.src, e.reply.src_port);
             assert!(
                 last.contains(&b),

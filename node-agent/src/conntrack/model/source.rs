@@ -1,6 +1,7 @@
-//! Where the model comes from: the facts of every watched object (`ServiceCache`, which the watches
-//! of `cache.rs` fold their events into), and `ModelSource`, which brings the live model up to
-//! date from them when the scheduler asks (`Models::model`), only while every watch is healthy.
+//! Where the model comes from: the facts of every watched object (`ServiceCache`, which folds in
+//! the events the watches of `cache.rs` hand it, projecting each object and marking what
+//! changed), and `ModelSource`, which brings the live model up to date from them when the
+//! scheduler asks (`Models::model`), only while every watch is healthy.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -8,39 +9,156 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use groundskeeper_plumbing::ObjectKey;
-use groundskeeper_plumbing::watch::cache::{Health, Seen, Shared, Store};
+use groundskeeper_plumbing::watch::cache::{Applied, Health, Projected, Seen, Shared, Store};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::Resource;
+use kube::runtime::watcher::Event;
 
 use super::Model;
 use super::ServiceIpRange;
 use super::changes::Changes;
 use super::live::{Facts, Live};
-use super::project::{ServiceFacts, SliceFacts};
+use super::project::{self, ServiceFacts, SliceFacts};
+use crate::conntrack::wire::{WireIpAddress, WireService, WireSlice};
 
 /// The watched objects of one kind as the model reads them (`project.rs`), by key.
 pub type FactsOf<V> = Store<ObjectKey, V>;
 
 /// Every object of the five kinds the model is built from, as facts, and what changed since
-/// the live model was last updated. The watches (`cache.rs`) fold their events in.
+/// the live model was last updated. The watches (`cache.rs`) hand it their events
+/// (`fold_services` …); only its own methods change its fields.
 #[derive(Default)]
 pub struct ServiceCache {
-    pub services: FactsOf<ServiceFacts>,
-    pub slices: FactsOf<SliceFacts>,
+    services: FactsOf<ServiceFacts>,
+    slices: FactsOf<SliceFacts>,
     /// The keys of each service's slices, by the service's key.
-    pub slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
-    pub cidrs: FactsOf<Box<[ServiceIpRange]>>,
-    pub addresses: FactsOf<Option<IpAddr>>,
-    pub nodes: FactsOf<Box<[IpAddr]>>,
-    pub dirty: Dirty,
+    slices_of: HashMap<ObjectKey, Vec<ObjectKey>>,
+    cidrs: FactsOf<Box<[ServiceIpRange]>>,
+    addresses: FactsOf<Option<IpAddr>>,
+    nodes: FactsOf<Box<[IpAddr]>>,
+    dirty: Dirty,
 }
 
 /// What the live model has not taken in yet.
 #[derive(Default)]
-pub struct Dirty {
+struct Dirty {
     /// A list was swapped in: every service is redone.
-    pub all: bool,
-    pub services: HashSet<ObjectKey>,
-    pub service_ips: bool,
-    pub node: bool,
+    all: bool,
+    services: HashSet<ObjectKey>,
+    service_ips: bool,
+    node: bool,
+}
+
+impl ServiceCache {
+    /// Folds a Service event in: its facts (`project::service`) under its key, the service
+    /// marked changed. True when the model must be rebuilt.
+    pub fn fold_services(&mut self, ev: Event<WireService>) -> bool {
+        let rebuild = wants_rebuild(&ev);
+        match self.services.apply_event(ev, |o| keep(o, project::service)) {
+            // Most updates (status, annotations, resourceVersion) leave the facts as they were: the
+            // model cannot see them, so they wake nothing.
+            Applied::Upserted { key, old } if old.as_ref() == self.services.get(&key) => {
+                return false;
+            }
+            Applied::Upserted { key, .. } | Applied::Removed { key, .. } => {
+                self.dirty.services.insert(key);
+            }
+            Applied::Relisted { .. } => self.dirty.all = true,
+            Applied::Nothing => {}
+        }
+        rebuild
+    }
+
+    /// Folds an EndpointSlice event in: its facts under its key, and the slice filed under the
+    /// service it belongs to (`slices_of`), both that one and the one it left marked changed.
+    pub fn fold_slices(&mut self, ev: Event<WireSlice>) -> bool {
+        let rebuild = wants_rebuild(&ev);
+        let (key, old) = match self.slices.apply_event(ev, |o| keep(o, project::slice)) {
+            // The facts as they were (a TCP-only slice's endpoints, a zone or hint): wakes nothing.
+            Applied::Upserted { key, old } if old.as_ref() == self.slices.get(&key) => {
+                return false;
+            }
+            Applied::Upserted { key, old } => (key, old),
+            Applied::Removed { key, old } => (key, Some(old)),
+            Applied::Relisted { .. } => {
+                self.slices_of.clear();
+                for (key, s) in self.slices.iter() {
+                    if let Some(svc) = &s.service {
+                        let owner = ObjectKey::new(key.namespace(), svc);
+                        self.slices_of.entry(owner).or_default().push(key.clone());
+                    }
+                }
+                self.dirty.all = true;
+                return rebuild;
+            }
+            Applied::Nothing => return rebuild,
+        };
+        // The service it belonged to and the one it belongs to now (a label can change).
+        let ns = key.namespace();
+        if let Some(svc) = old.and_then(|o| o.service) {
+            let owner = ObjectKey::new(ns, &svc);
+            if let Some(slices) = self.slices_of.get_mut(&owner) {
+                slices.retain(|s| *s != key);
+                if slices.is_empty() {
+                    self.slices_of.remove(&owner);
+                }
+            }
+            self.dirty.services.insert(owner);
+        }
+        if let Some(svc) = self.slices.get(&key).and_then(|s| s.service.as_deref()) {
+            let owner = ObjectKey::new(ns, svc);
+            self.slices_of
+                .entry(owner.clone())
+                .or_default()
+                .push(key.clone());
+            self.dirty.services.insert(owner);
+        }
+        rebuild
+    }
+
+    /// Folds a ServiceCIDR event in: the service IP ranges change.
+    pub fn fold_cidrs(&mut self, ev: Event<ServiceCIDR>) -> bool {
+        self.dirty.service_ips = true;
+        let rebuild = wants_rebuild(&ev);
+        self.cidrs
+            .apply_event(ev, |o| keep(o, project::service_cidr));
+        rebuild
+    }
+
+    /// Folds an IPAddress event in: the allocated service IPs change.
+    pub fn fold_addresses(&mut self, ev: Event<WireIpAddress>) -> bool {
+        self.dirty.service_ips = true;
+        let rebuild = wants_rebuild(&ev);
+        self.addresses
+            .apply_event(ev, |o| keep(o, project::ip_address));
+        rebuild
+    }
+
+    /// Folds an event of this node's Node in: the node's IPs change.
+    pub fn fold_nodes(&mut self, ev: Event<Node>) -> bool {
+        self.dirty.node = true;
+        let rebuild = wants_rebuild(&ev);
+        self.nodes.apply_event(ev, |o| keep(o, project::node));
+        rebuild
+    }
+}
+
+/// `o` as the model reads it (`project`), under its key.
+fn keep<K: Resource, V>(o: K, project: fn(&K) -> V) -> Projected<ObjectKey, V> {
+    let meta = o.meta();
+    match &meta.name {
+        Some(name) => Projected::Yes(
+            ObjectKey::new(meta.namespace.as_deref().unwrap_or_default(), name),
+            project(&o),
+        ),
+        None => Projected::Unusable,
+    }
+}
+
+/// True when the model must be rebuilt after `ev` (a change, or a list is in).
+fn wants_rebuild<K>(ev: &Event<K>) -> bool {
+    matches!(ev, Event::Apply(_) | Event::Delete(_) | Event::InitDone)
 }
 
 impl Facts for ServiceCache {

@@ -13,7 +13,7 @@ pub mod sweep;
 #[cfg(test)]
 mod pass_tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use super::netlink::filter::Select;
 use super::netlink::msg::{Entry, IPPROTO_UDP};
 use super::netlink::socket::DumpError;
 pub use report::{PassContext, PassReport};
-use sweep::{DELETE_BATCH, Grace, Orphans, Parts, Sweep, UnseenKey};
+use sweep::{DELETE_BATCH, Graces, Parts, Sweep};
 
 /// upstream `MaxAttemptsEINTR`.
 pub const MAX_DUMP_ATTEMPTS: usize = 5;
@@ -41,8 +41,8 @@ pub const MAX_DUMP_ATTEMPTS: usize = 5;
 /// its key ([`Stale::UnseenBackend`]): it bounds our EndpointSlice watch's lag the same way.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 
-/// Carried from pass to pass: whether the kernel accepts the protocol filter, and since when
-/// each ServiceCIDR IP with DNATed flows has looked orphaned.
+/// Carried from pass to pass: whether the kernel accepts the protocol filter, and the graces'
+/// clocks.
 #[derive(Debug, Clone)]
 pub struct PassState {
     pub kernel_filter: bool,
@@ -50,19 +50,11 @@ pub struct PassState {
     /// destination and port).
     pub select_filter: bool,
     pub orphan_grace: Duration,
-    /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
-    /// soon as a pass no longer sees it orphaned.
-    pub orphans: HashMap<IpAddr, Instant>,
-    /// (frontend, backend) -> first pass that saw flows judged [`Stale::UnseenBackend`] on that
-    /// way. Forgotten as soon as a full pass no longer sees any.
-    pub unseen: HashMap<UnseenKey, Instant>,
-    /// Backends the agent saw stop serving a key (fed by the round with each model it judges).
-    pub removed: Removed,
+    /// Since when each orphaned service IP and unseen backend has waited, and the backends
+    /// seen removed.
+    pub graces: Graces,
     /// Stale entries held at most before they are deleted ([`DELETE_BATCH`]; tests set less).
     pub delete_batch: usize,
-    /// A virtual clock for the pass (property tests over simulated time); `None`: the real one.
-    #[cfg(test)]
-    pub now: Option<Instant>,
 }
 
 impl Default for PassState {
@@ -71,12 +63,8 @@ impl Default for PassState {
             kernel_filter: true,
             select_filter: true,
             orphan_grace: ORPHAN_GRACE,
-            orphans: HashMap::new(),
-            unseen: HashMap::new(),
-            removed: Removed::default(),
+            graces: Graces::default(),
             delete_batch: DELETE_BATCH,
-            #[cfg(test)]
-            now: None,
         }
     }
 }
@@ -87,7 +75,7 @@ impl PassState {
     /// removed, so flows to not-serving backends go at once as before the unseen-backend rule.
     pub fn seen_all() -> Self {
         Self {
-            removed: Removed::everything(),
+            graces: Graces::seen_all(),
             ..Self::default()
         }
     }
@@ -133,16 +121,17 @@ impl PassError {
     }
 }
 
-/// Runs one pass over every entry of `family` (tests and the benchmark; a round always goes
-/// through [`run_focused_pass`]).
+/// Runs one pass at `now` over every entry of `family` (tests and the benchmark; a round always
+/// goes through [`run_focused_pass`]).
 #[cfg(any(test, feature = "testing"))]
 pub fn run_pass(
     table: &mut dyn Table,
     family: Family,
     model: &FamilyModel,
     state: &mut PassState,
+    now: Instant,
 ) -> Result<PassReport, PassError> {
-    run_focused_pass(table, family, model, state, None)
+    run_focused_pass(table, family, model, state, None, now)
 }
 
 /// At most this many kernel-filtered dumps in a triggered pass; a scope that needs more is
@@ -196,8 +185,10 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// those entries when a few filtered dumps can ask for them ([`selections`]), else one UDP dump
 /// is filtered here. It deletes exactly what a full pass would among the entries in scope,
 /// except flows to orphaned service IPs and to backends never seen serving, left to full passes
-/// (their grace is measured across those; a scoped pass starts an unseen backend's clock). Stale entries are deleted in batches of at most `state.delete_batch` while the
-/// dump streams.
+/// (their grace is measured across those; a scoped pass starts an unseen backend's clock). Stale
+/// entries are deleted in batches of at most `state.delete_batch` while the dump streams. The
+/// graces are measured at `now`, the pass's start (the round passes the clock's; tests their
+/// own).
 ///
 /// The I/O is here and in [`read_table`]; what they decide with is pure: [`staleness_in`],
 /// [`selections`], and [`Sweep`]'s per-entry rules.
@@ -207,6 +198,7 @@ pub fn run_focused_pass(
     model: &FamilyModel,
     state: &mut PassState,
     scope: Option<&Scope>,
+    now: Instant,
 ) -> Result<PassReport, PassError> {
     // The one check for nothing to judge: the table is not even opened.
     if model.is_empty() || scope.is_some_and(Scope::is_empty) {
@@ -223,43 +215,21 @@ pub fn run_focused_pass(
             HashSet::new()
         }
     };
-    let now = Instant::now();
-    #[cfg(test)]
-    let now = state.now.unwrap_or(now);
-    let removed = std::mem::take(&mut state.removed);
-    let decide = |e: &Entry| staleness_in(e, model, &host_ips, &removed, scope);
-    let grace = state.orphan_grace;
-    let known = std::mem::take(&mut state.orphans);
-    let unseen = std::mem::take(&mut state.unseen);
-    let orphans = scope.is_none().then(|| Orphans {
-        since: &known,
-        grace,
-        now,
-        may_delete: true,
-        seen: HashSet::new(),
-    });
-    // A scoped pass starts the clocks of the unseen backends it meets (a rollout's flows are
-    // met first by the triggered pass its change asks for), so their grace is not put off to
-    // the next full pass; only a full pass deletes them.
-    let waiting = Some(Grace {
-        since: &unseen,
-        grace,
-        now,
-        may_delete: scope.is_none(),
-        seen: HashSet::new(),
-    });
-    let mut sweep = Sweep::new(&decide, orphans, waiting, state.delete_batch);
-    let read = read_table(table, family, state, scope, &mut sweep);
+    let (full, grace) = (scope.is_none(), state.orphan_grace);
+    // The graces are borrowed, as they were when the pass began, while the dump streams.
+    let graces = &state.graces;
+    let decide = |e: &Entry| staleness_in(e, model, &host_ips, &graces.removed, scope);
+    let (orphans, unseen) = graces.clocks(grace, now, full);
+    let mut sweep = Sweep::new(&decide, orphans, unseen, state.delete_batch);
+    let filters = (&mut state.kernel_filter, &mut state.select_filter);
+    let read = read_table(table, family, filters, scope, &mut sweep);
     let Parts {
         mut report,
         failed,
         sent,
-        orphans: seen,
-        unseen: seen_unseen,
+        orphans,
+        unseen,
     } = sweep.into_parts();
-    state.orphans = known;
-    state.unseen = unseen;
-    state.removed = removed;
     if let Err(e) = read {
         return Err(if sent {
             PassError::DumpAfterDeletes {
@@ -270,32 +240,9 @@ pub fn run_focused_pass(
             PassError::Dump(e)
         });
     }
-    if let Some(seen) = seen {
-        // Only IPs this pass saw orphaned are remembered; a new one from now.
-        state.orphans.retain(|ip, _| seen.contains(ip));
-        for ip in seen {
-            state.orphans.entry(ip).or_insert(now);
-        }
-    }
-    if let Some(seen) = seen_unseen {
-        // Likewise the backends a full pass saw unseen; a scoped pass saw only part of the
-        // table, so it forgets nothing.
-        if scope.is_none() {
-            state.unseen.retain(|b, _| seen.contains(b));
-        }
-        for b in seen {
-            state.unseen.entry(b).or_insert(now);
-        }
-    }
     // When a full pass is next due for a grace that runs out (also after a scoped pass, whose
     // unseen backends only a full pass deletes).
-    report.orphans_due_in = state
-        .orphans
-        .values()
-        .chain(state.unseen.values())
-        .map(|since| (*since + grace).saturating_duration_since(now))
-        .filter(|d| !d.is_zero())
-        .min();
+    report.orphans_due_in = state.graces.after_pass(orphans, unseen, full, grace, now);
     match failed {
         Some(source) => Err(PassError::Delete {
             report: Box::new(report),
@@ -337,17 +284,17 @@ pub fn flow_of(e: &Entry) -> Flow {
 /// Reads the table for one pass into `sweep`: the kernel-filtered dumps of a scope when they
 /// can ask for it and the kernel takes their filter, else one dump of the family (UDP only
 /// while the kernel takes that filter). Each stale entry is judged once; the reads are counted
-/// in the sweep's report. A filter the kernel rejects is remembered in `state` and the pass
-/// reads without it.
+/// in the sweep's report. A filter the kernel rejects is remembered (`kernel_filter`: the
+/// protocol filter; `select_filter`: a triggered pass's) and the pass reads without it.
 fn read_table(
     table: &mut dyn Table,
     family: Family,
-    state: &mut PassState,
+    (kernel_filter, select_filter): (&mut bool, &mut bool),
     scope: Option<&Scope>,
     sweep: &mut Sweep<'_>,
 ) -> Result<(), DumpError> {
     let selected = scope
-        .filter(|_| state.select_filter)
+        .filter(|_| *select_filter)
         .and_then(|s| selections(family, s));
     // Selections whose dump ended: an entry one of them returned was judged there (an entry
     // of a frontend and of its removed backend is returned by both, deleted once).
@@ -364,7 +311,7 @@ fn read_table(
                 Ok(()) => done.push(select),
                 Err(DumpError::FilterRejected(e)) => {
                     tracing::warn!(error = %e, ?select, "kernel rejects the conntrack dump filter of a triggered pass; filtering here");
-                    state.select_filter = false;
+                    *select_filter = false;
                     rejected = true;
                     break;
                 }
@@ -380,7 +327,7 @@ fn read_table(
         sweep.report.dump_attempts = 0;
     }
     loop {
-        let filter = state.kernel_filter.then_some(IPPROTO_UDP);
+        let filter = kernel_filter.then_some(IPPROTO_UDP);
         match dump_retrying(table, Dump::Whole(family, filter), family, &done, sweep) {
             Ok(()) => return Ok(()),
             Err(DumpError::FilterRejected(e)) => {
@@ -388,7 +335,7 @@ fn read_table(
                     %family, error = %e,
                     "kernel rejects the conntrack dump filter on the L4 protocol; dumping everything and filtering here"
                 );
-                state.kernel_filter = false;
+                *kernel_filter = false;
             }
             Err(e) => return Err(e),
         }

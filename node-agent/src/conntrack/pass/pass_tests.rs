@@ -1,9 +1,10 @@
 //! Tests of one pass against a fake table: retries, aborts, fallbacks and what is deleted.
 
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use std::io;
+use std::time::Instant;
 
 use crate::conntrack::apply::{Delete, DryRun, Dump, Table};
 use crate::conntrack::decide::Stale;
@@ -13,10 +14,7 @@ use crate::conntrack::netlink::family::Family::V4;
 use crate::conntrack::netlink::msg::{Entry, IPPROTO_TCP, IPPROTO_UDP, Tuple};
 use crate::conntrack::netlink::socket::{BatchReport, DumpError};
 use crate::conntrack::pass::*;
-
-fn sa(s: &str) -> SocketAddr {
-    s.parse().unwrap()
-}
+use crate::conntrack::test_support::{dumps, sa};
 
 pub(super) fn flow(proto: u8, client_port: u16, backend: &str) -> Entry {
     let b = sa(backend);
@@ -100,7 +98,7 @@ impl Table for Fake {
                 }
                 res.map(|()| n).map_err(|f| f())
             }
-            Dump::Select(family, proto, select) => {
+            Dump::Select(..) => {
                 self.reply_dumps += 1;
                 if self.reply_filter_rejected {
                     return Err(rejected());
@@ -108,9 +106,7 @@ impl Table for Fake {
                 let read: Vec<Entry> = self
                     .entries
                     .iter()
-                    .filter(|e| {
-                        e.orig.family() == family && e.orig.proto == proto && select.matches(e)
-                    })
+                    .filter(|e| dumps(what, e))
                     .copied()
                     .collect();
                 for e in &read {
@@ -166,7 +162,7 @@ fn eperm() -> DumpError {
 
 fn run(t: &mut Fake) -> Result<PassReport, PassError> {
     let mut state = PassState::seen_all();
-    run_pass(t, V4, &model(), &mut state)
+    run_pass(t, V4, &model(), &mut state, Instant::now())
 }
 
 /// Records the client ports of what reaches `delete`, then hands it on.
@@ -229,7 +225,7 @@ fn dry_run_deletes_nothing_but_reports() {
         ports: vec![],
     };
     let mut state = PassState::seen_all();
-    let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
+    let r = run_pass(&mut t, V4, &model(), &mut state, Instant::now()).unwrap();
     let (t, seen) = (t.inner.0, t.ports);
     assert!(t.deleted.is_empty());
     assert_eq!(seen, vec![2, 4]);
@@ -282,7 +278,7 @@ fn other_dump_errors_abort_without_deleting() {
 fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
     let mut t = Fake::new(table(), vec![(0, Err(rejected)), (4, Ok(()))]);
     let mut state = PassState::seen_all();
-    let r = run_pass(&mut t, V4, &model(), &mut state).unwrap();
+    let r = run_pass(&mut t, V4, &model(), &mut state, Instant::now()).unwrap();
     assert_eq!(t.filters, vec![Some(IPPROTO_UDP), None]);
     assert_eq!(
         r.deleted, 2,
@@ -296,7 +292,14 @@ fn rejected_filter_falls_back_to_an_unfiltered_dump_and_stays_off() {
 fn empty_model_does_not_read_the_table() {
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
     let mut state = PassState::seen_all();
-    let r = run_pass(&mut t, V4, &FamilyModel::default(), &mut state).unwrap();
+    let r = run_pass(
+        &mut t,
+        V4,
+        &FamilyModel::default(),
+        &mut state,
+        Instant::now(),
+    )
+    .unwrap();
     assert!(r.skipped);
     assert_eq!(t.attempts, 0);
 }
@@ -349,7 +352,7 @@ fn host_addresses_feed_the_node_port_rule_and_a_failed_read_only_narrows_it() {
         let mut t = Fake::new(entries, vec![(2, Ok(()))]);
         t.host = host;
         let mut state = PassState::seen_all();
-        run_pass(&mut t, V4, &m, &mut state).unwrap();
+        run_pass(&mut t, V4, &m, &mut state, Instant::now()).unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(ports, want, "{name}");
     }
@@ -369,25 +372,28 @@ fn orphaned_service_ips_wait_for_the_grace_then_go() {
         ..PassState::seen_all()
     };
     let mut t = Fake::new(table(), vec![(4, Ok(()))]);
-    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
+    let r = run_pass(&mut t, V4, &m, &mut state, Instant::now()).unwrap();
     assert_eq!(
         (r.stale, r.orphans_pending, r.deleted),
         (0, 3, 0),
         "first sight"
     );
-    let since = state.orphans[&"10.96.0.10".parse::<IpAddr>().unwrap()];
+    let since = state.graces.orphans[&"10.96.0.10".parse::<IpAddr>().unwrap()];
     // The grace has passed (as if the first sight were two hours ago).
     let earlier = since - std::time::Duration::from_secs(7200);
-    state.orphans.insert("10.96.0.10".parse().unwrap(), earlier);
-    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
+    state
+        .graces
+        .orphans
+        .insert("10.96.0.10".parse().unwrap(), earlier);
+    let r = run_pass(&mut t, V4, &m, &mut state, Instant::now()).unwrap();
     assert_eq!((r.stale, r.orphans_pending, r.deleted), (3, 0, 3));
     let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
     assert_eq!(ports, vec![1, 2, 4], "UDP only");
     // Allocated again: forgotten, nothing more deleted.
     m.allocated.insert("10.96.0.10".parse().unwrap());
-    let r = run_pass(&mut t, V4, &m, &mut state).unwrap();
+    let r = run_pass(&mut t, V4, &m, &mut state, Instant::now()).unwrap();
     assert_eq!((r.stale, r.orphans_pending), (0, 0));
-    assert!(state.orphans.is_empty());
+    assert!(state.graces.orphans.is_empty());
 }
 
 #[test]
@@ -400,7 +406,15 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         let mut t = Fake::new(table(), vec![(4, Ok(()))]);
         t.reply_filter_rejected = rejected;
         let mut state = PassState::seen_all();
-        let r = run_focused_pass(&mut t, V4, &model(), &mut state, Some(&focus)).unwrap();
+        let r = run_focused_pass(
+            &mut t,
+            V4,
+            &model(),
+            &mut state,
+            Some(&focus),
+            Instant::now(),
+        )
+        .unwrap();
         let ports: Vec<u16> = t.deleted.iter().map(|e| e.orig.src_port).collect();
         assert_eq!(
             ports,
@@ -417,7 +431,15 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         // Later focused passes no longer try the rejected filter.
         let before = t.reply_dumps;
         let mut dry = DryRun(t);
-        run_focused_pass(&mut dry, V4, &model(), &mut state, Some(&focus)).unwrap();
+        run_focused_pass(
+            &mut dry,
+            V4,
+            &model(),
+            &mut state,
+            Some(&focus),
+            Instant::now(),
+        )
+        .unwrap();
         let t = dry.0;
         assert_eq!(t.reply_dumps - before, usize::from(!rejected));
     }
@@ -429,6 +451,7 @@ fn focused_pass_per_source_or_one_dump_when_the_kernel_rejects_the_filter() {
         &model(),
         &mut PassState::seen_all(),
         Some(&Scope::default()),
+        Instant::now(),
     )
     .unwrap();
     assert!(r.skipped);

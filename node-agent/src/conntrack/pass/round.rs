@@ -155,7 +155,7 @@ impl Round {
         let now = Instant::now();
         let seen = since.map(|c| (c.old(), c.now_in(model)));
         for fam in Family::ALL {
-            let removed = &mut self.state[fam].removed;
+            let removed = &mut self.state[fam].graces.removed;
             match &seen {
                 Some((old, new)) => removed.observe(&old[fam], &new[fam], now),
                 None => removed.expire(now),
@@ -178,6 +178,7 @@ impl Round {
                 &model[fam],
                 &mut self.state[fam],
                 focus,
+                start,
             );
             let elapsed = start.elapsed();
             // Whether the pass listed the whole table: upstream observes the latency only then.

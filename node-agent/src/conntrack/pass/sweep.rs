@@ -24,6 +24,7 @@ use super::report::PassReport;
 use crate::conntrack::apply::Delete;
 use crate::conntrack::decide::Stale;
 use crate::conntrack::model::canonical;
+use crate::conntrack::model::removed::Removed;
 use crate::conntrack::netlink::msg::Entry;
 
 /// Stale entries held before they are deleted (one netlink `sendmsg` carries 128).
@@ -64,6 +65,96 @@ impl<K: Copy + Eq + Hash> Grace<'_, K> {
         self.seen.insert(k);
         let since = self.since.get(&k).copied().unwrap_or(self.now);
         self.may_delete && self.now.saturating_duration_since(since) >= self.grace
+    }
+}
+
+/// What passes carry from one to the next for their graces: since when each orphaned service IP
+/// and each way to a backend never seen serving has been seen waiting, and the backends seen
+/// removed (whose flows wait no grace). A pass borrows it whole while its dump streams
+/// ([`Graces::clocks`], and the removals for judging), then takes in what it saw
+/// ([`Graces::after_pass`]); a pass that fails leaves it as it was.
+#[derive(Debug, Clone, Default)]
+pub struct Graces {
+    /// IP -> first pass that saw DNATed flows to it while no IPAddress held it. Forgotten as
+    /// soon as a pass no longer sees it orphaned.
+    pub orphans: HashMap<IpAddr, Instant>,
+    /// (frontend, backend) -> first pass that saw flows judged [`Stale::UnseenBackend`] on that
+    /// way. Forgotten as soon as a full pass no longer sees any.
+    pub unseen: HashMap<UnseenKey, Instant>,
+    /// Backends the agent saw stop serving a key (fed by the round with each model it judges).
+    pub removed: Removed,
+}
+
+impl Graces {
+    /// Everything counts as seen removed: for tests of other rules (streaming, focus, retries),
+    /// where flows to not-serving backends go at once.
+    #[cfg(test)]
+    pub fn seen_all() -> Self {
+        Self {
+            removed: Removed::everything(),
+            ..Self::default()
+        }
+    }
+
+    /// The clocks a pass at `now` measures `grace` on: orphaned service IPs in a `full` pass
+    /// only; unseen backends in every pass, deleted by a full one only (a rollout's flows are
+    /// met first by the triggered pass its change asks for, which starts their clocks, so their
+    /// grace is not put off to the next full pass).
+    pub fn clocks(
+        &self,
+        grace: Duration,
+        now: Instant,
+        full: bool,
+    ) -> (Option<Orphans<'_>>, Option<Unseen<'_>>) {
+        let orphans = full.then(|| Orphans {
+            since: &self.orphans,
+            grace,
+            now,
+            may_delete: true,
+            seen: HashSet::new(),
+        });
+        let unseen = Some(Unseen {
+            since: &self.unseen,
+            grace,
+            now,
+            may_delete: full,
+            seen: HashSet::new(),
+        });
+        (orphans, unseen)
+    }
+
+    /// Takes in what a pass at `now` saw waiting (`None`: it did not look): a key seen for the
+    /// first time starts its clock, and one no longer seen is forgotten, except by a scoped
+    /// pass (not `full`), which saw only part of the table and forgets no unseen backend.
+    /// Returns when a full pass is next due for a `grace` that runs out.
+    pub fn after_pass(
+        &mut self,
+        orphans: Option<HashSet<IpAddr>>,
+        unseen: Option<HashSet<UnseenKey>>,
+        full: bool,
+        grace: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
+        if let Some(seen) = orphans {
+            self.orphans.retain(|ip, _| seen.contains(ip));
+            for ip in seen {
+                self.orphans.entry(ip).or_insert(now);
+            }
+        }
+        if let Some(seen) = unseen {
+            if full {
+                self.unseen.retain(|b, _| seen.contains(b));
+            }
+            for b in seen {
+                self.unseen.entry(b).or_insert(now);
+            }
+        }
+        self.orphans
+            .values()
+            .chain(self.unseen.values())
+            .map(|since| (*since + grace).saturating_duration_since(now))
+            .filter(|d| !d.is_zero())
+            .min()
     }
 }
 
