@@ -26,7 +26,7 @@
 //! grows with the cluster.
 //!
 //! The goals, at 10k Services: steady RSS under 32 MiB, RSS under 40 MiB at any time during the
-//! churn, at most 0.5 ms of CPU per slice change; each figure is also printed over its goal
+//! churn, at most 0.7 ms of CPU per slice change; each figure is also printed over its goal
 //! (`…_ratio_to_goal`, under 1 when met). The CPU goal is judged on the raw figure: it holds
 //! everything the agent spent while the changes came, so background work cannot hide in it; the
 //! net figure shows how much of it is background (the idle CPU is measured in the same run).
@@ -62,7 +62,7 @@ const SETTLE_AFTER_CHURN: Duration = Duration::from_secs(2);
 /// The goals at 10k Services: steady RSS, RSS at any time during the churn, CPU per change.
 const GOAL_RSS_MIB: f64 = 32.0;
 const GOAL_RSS_CHURN_MIB: f64 = 40.0;
-const GOAL_CPU_PER_CHANGE_MS: f64 = 0.5;
+const GOAL_CPU_PER_CHANGE_MS: f64 = 0.7;
 
 /// CPU seconds of `pid`'s threads named `name` (the round thread is `conntrack`).
 fn thread_cpu_seconds(pid: u32, name: &str) -> f64 {

@@ -68,6 +68,7 @@ pub(crate) async fn relist_row(
         .await?;
     let first = FirstPods::make(&cluster.client, &first_ns).await?;
     start::floor(&cluster.client, size).await?;
+    start::floor_decoded(&cluster.client, size).await?;
     let started = Instant::now();
     let run = Run::start(bin, &kubeconfig, &["--gc-period=5s", start::THRESHOLD_FLAG])?;
     let (listed, deleted) = tokio::join!(
@@ -80,6 +81,10 @@ pub(crate) async fn relist_row(
     let (listed, deleted) = (listed?, deleted?);
     let ours_first = deleted.0;
     start::print_start("groundskeeper", "manager", size, Some(listed), deleted)?;
+    if crate::process::only("start") {
+        drop(run);
+        return start::from_watch_cache(&cluster.client, size).await;
+    }
     run.wait_cycles(2.0).await?;
     let ours = relist_ours(cluster, cp, &run).await;
     drop(run);

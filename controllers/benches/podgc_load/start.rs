@@ -142,6 +142,89 @@ pub(crate) async fn floor(client: &Client, size: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The page size PodGC lists in (`podgc::cache`'s).
+const PODGC_PAGE: &str = "limit=100";
+
+/// What decoding adds to the floor, two ways, each a bare client listing the pods consistently
+/// in PodGC's pages of 100 and decoding every page into PodGC's own wire type
+/// (`ObjectList<WirePod>`): one page after the other, decoded before the next is asked for (as
+/// kube-runtime's watcher lists, and so PodGC), and pipelined (the next page asked for as soon
+/// as this one's continue token is read, while this one is decoded). Prints and records both.
+pub(crate) async fn floor_decoded(client: &Client, size: &str) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let serial = list_decoded(client, false).await?;
+    let serial_s = t.elapsed();
+    let t = Instant::now();
+    let pipelined = list_decoded(client, true).await?;
+    let pipelined_s = t.elapsed();
+    println!(
+        "start row: bare client: {serial} pods listed and decoded into PodGC's wire type in pages of 100 in {:.1}s \
+         one page after the other; {pipelined} in {:.1}s with the next page asked for while one is decoded",
+        serial_s.as_secs_f64(),
+        pipelined_s.as_secs_f64(),
+    );
+    figure(
+        &format!("bare_list_decoded_serial_{size}_s"),
+        serial_s.as_secs_f64(),
+        "s",
+    );
+    figure(
+        &format!("bare_list_decoded_pipelined_{size}_s"),
+        pipelined_s.as_secs_f64(),
+        "s",
+    );
+    Ok(())
+}
+
+/// The pods, consistently in pages of 100, each page's body read whole and decoded into
+/// `ObjectList<WirePod>` (on a blocking thread, off the runtime's). `pipelined`: the next page
+/// is requested as soon as this one's continue token is known, before this one is decoded.
+async fn list_decoded(client: &Client, pipelined: bool) -> anyhow::Result<usize> {
+    use groundskeeper_controllers::podgc::wire::WirePod;
+    let fetch = |token: Option<String>| {
+        let client = client.clone();
+        async move {
+            let cont = token.map(|t| format!("&continue={t}")).unwrap_or_default();
+            let req =
+                http::Request::get(format!("/api/v1/pods?{PODGC_PAGE}{cont}")).body(Vec::new())?;
+            let body = client.request_text(req).await?;
+            anyhow::Ok(body)
+        }
+    };
+    let decode = |body: String| {
+        tokio::task::spawn_blocking(move || {
+            let list: kube::core::ObjectList<WirePod> = serde_json::from_str(&body)?;
+            anyhow::Ok((list.items.len(), list.metadata.continue_))
+        })
+    };
+    let mut items = 0;
+    let mut page = fetch(None).await?;
+    loop {
+        // The continue token is in the list's metadata, written before the items.
+        let head = &page[..page.len().min(4096)];
+        let token = head
+            .split_once("\"continue\":\"")
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(t, _)| t.to_string())
+            .filter(|t| !t.is_empty());
+        let next = match (&token, pipelined) {
+            (Some(t), true) => Some(tokio::spawn(fetch(Some(t.clone())))),
+            _ => None,
+        };
+        let (n, cont) = decode(page).await??;
+        items += n;
+        anyhow::ensure!(
+            cont.filter(|c| !c.is_empty()) == token,
+            "the continue token read ahead differs from the decoded one"
+        );
+        page = match (token, next) {
+            (None, _) => return Ok(items),
+            (Some(_), Some(next)) => next.await??,
+            (Some(t), None) => fetch(Some(t)).await?,
+        };
+    }
+}
+
 /// What a list from the apiserver's watch cache would take: the pods at `resourceVersion=0`
 /// (one answer, the whole list). Last in the row: that answer swells the apiserver's heap by
 /// its size, and what is measured after it would wait on the apiserver's garbage collection.
