@@ -72,9 +72,9 @@
 //! (`start_to_first_delete_ratio_to_kcm_<size>`). Under it, a bare client's consistent
 //! list of the same pods and nodes (`bare_list_consistent_<size>_s`, before the PodGCs) and
 //! the pods at `resourceVersion=0` from the watch cache (`bare_list_rv0_pods_<size>_s`, last).
-//! Beside the first, what decoding adds: the pods in PodGC's pages of 100 decoded into its wire
-//! type, one page after the other (`bare_list_decoded_serial_<size>_s`) and with the next page
-//! asked for while one is decoded (`bare_list_decoded_pipelined_<size>_s`).
+//! Beside the first, what separates a PodGC's list from it (`start::floor_variants`): JSON in
+//! pages of 100, the pods decoded into PodGC's wire type in pages of 100 and 500 and pipelined,
+//! and protobuf in pages of 100 and 500 (`bare_list_<variant>_<size>_s`).
 //! PODGC_BENCH_ONLY=start makes the objects and runs only the start row (ours, no relist).
 
 mod objects;
@@ -142,7 +142,8 @@ async fn main() -> anyhow::Result<()> {
         Ok(())
             if env_num("PODGC_BENCH_TTL_PODS", 10_000) > 0
                 && !only("relist")
-                && !only("takeover") =>
+                && !only("takeover")
+                && !only("start") =>
         {
             compact(cp.as_deref(), "before the TTL row");
             ttl_row(&cluster, &bin).await

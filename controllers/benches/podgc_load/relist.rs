@@ -68,7 +68,7 @@ pub(crate) async fn relist_row(
         .await?;
     let first = FirstPods::make(&cluster.client, &first_ns).await?;
     start::floor(&cluster.client, size).await?;
-    start::floor_decoded(&cluster.client, size).await?;
+    start::floor_variants(&cluster.client, size).await?;
     let started = Instant::now();
     let run = Run::start(bin, &kubeconfig, &["--gc-period=5s", start::THRESHOLD_FLAG])?;
     let (listed, deleted) = tokio::join!(

@@ -142,51 +142,81 @@ pub(crate) async fn floor(client: &Client, size: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The page size PodGC lists in (`podgc::cache`'s).
-const PODGC_PAGE: &str = "limit=100";
-
-/// What decoding adds to the floor, two ways, each a bare client listing the pods consistently
-/// in PodGC's pages of 100 and decoding every page into PodGC's own wire type
-/// (`ObjectList<WirePod>`): one page after the other, decoded before the next is asked for (as
-/// kube-runtime's watcher lists, and so PodGC), and pipelined (the next page asked for as soon
-/// as this one's continue token is read, while this one is decoded). Prints and records both.
-pub(crate) async fn floor_decoded(client: &Client, size: &str) -> anyhow::Result<()> {
+/// What separates a PodGC's list from the floor, each a bare client listing the pods
+/// consistently, one page after the other: JSON in PodGC's pages of 100 read and dropped (page
+/// size alone); decoded into PodGC's own wire type (`ObjectList<WirePod>`) in pages of 100 (as
+/// kube-runtime's watcher lists, and so PodGC) and of 500, and pipelined in pages of 100 (the
+/// next page asked for as soon as this one's continue token is read, while this one is
+/// decoded); and protobuf, what client-go's clients of built-in kinds ask for, in pages of 100
+/// and of 500, read and dropped (the apiserver's side of it). Prints and records each.
+pub(crate) async fn floor_variants(client: &Client, size: &str) -> anyhow::Result<()> {
+    let timed = |name: &'static str, what: String| (name, what);
+    let mut rows = Vec::new();
     let t = Instant::now();
-    let serial = list_decoded(client, false).await?;
-    let serial_s = t.elapsed();
+    let (pods, _) = list_all(client, "/api/v1/pods", "limit=100").await?;
+    rows.push((
+        timed(
+            "consistent_pages_of_100",
+            format!("{pods} pods, JSON read and dropped, pages of 100"),
+        ),
+        t.elapsed(),
+    ));
+    for (page, name) in [(100, "decoded"), (500, "decoded_pages_of_500")] {
+        let t = Instant::now();
+        let pods = list_decoded(client, page, false).await?;
+        rows.push((
+            timed(
+                name,
+                format!("{pods} pods decoded into PodGC's wire type, pages of {page}"),
+            ),
+            t.elapsed(),
+        ));
+    }
     let t = Instant::now();
-    let pipelined = list_decoded(client, true).await?;
-    let pipelined_s = t.elapsed();
-    println!(
-        "start row: bare client: {serial} pods listed and decoded into PodGC's wire type in pages of 100 in {:.1}s \
-         one page after the other; {pipelined} in {:.1}s with the next page asked for while one is decoded",
-        serial_s.as_secs_f64(),
-        pipelined_s.as_secs_f64(),
-    );
-    figure(
-        &format!("bare_list_decoded_serial_{size}_s"),
-        serial_s.as_secs_f64(),
-        "s",
-    );
-    figure(
-        &format!("bare_list_decoded_pipelined_{size}_s"),
-        pipelined_s.as_secs_f64(),
-        "s",
-    );
+    let pods = list_decoded(client, 100, true).await?;
+    rows.push((
+        timed(
+            "decoded_pipelined",
+            format!("{pods} pods decoded, pages of 100, the next asked for while one is decoded"),
+        ),
+        t.elapsed(),
+    ));
+    for (page, name) in [(100, "protobuf_pages_of_100"), (500, "protobuf")] {
+        let t = Instant::now();
+        let (pages, bytes) = list_protobuf(client, page).await?;
+        rows.push((
+            timed(
+                name,
+                format!(
+                    "pods as protobuf, {pages} pages of {page}, {:.0} MiB read and dropped",
+                    bytes as f64 / 1048576.0
+                ),
+            ),
+            t.elapsed(),
+        ));
+    }
+    for ((name, what), took) in rows {
+        println!("start row: bare client: {what}: {:.1}s", took.as_secs_f64());
+        figure(
+            &format!("bare_list_{name}_{size}_s"),
+            took.as_secs_f64(),
+            "s",
+        );
+    }
     Ok(())
 }
 
-/// The pods, consistently in pages of 100, each page's body read whole and decoded into
+/// The pods, consistently in pages of `page`, each page's body read whole and decoded into
 /// `ObjectList<WirePod>` (on a blocking thread, off the runtime's). `pipelined`: the next page
 /// is requested as soon as this one's continue token is known, before this one is decoded.
-async fn list_decoded(client: &Client, pipelined: bool) -> anyhow::Result<usize> {
+async fn list_decoded(client: &Client, page: usize, pipelined: bool) -> anyhow::Result<usize> {
     use groundskeeper_controllers::podgc::wire::WirePod;
     let fetch = |token: Option<String>| {
         let client = client.clone();
         async move {
             let cont = token.map(|t| format!("&continue={t}")).unwrap_or_default();
             let req =
-                http::Request::get(format!("/api/v1/pods?{PODGC_PAGE}{cont}")).body(Vec::new())?;
+                http::Request::get(format!("/api/v1/pods?limit={page}{cont}")).body(Vec::new())?;
             let body = client.request_text(req).await?;
             anyhow::Ok(body)
         }
@@ -198,10 +228,10 @@ async fn list_decoded(client: &Client, pipelined: bool) -> anyhow::Result<usize>
         })
     };
     let mut items = 0;
-    let mut page = fetch(None).await?;
+    let mut body = fetch(None).await?;
     loop {
         // The continue token is in the list's metadata, written before the items.
-        let head = &page[..page.len().min(4096)];
+        let head = &body[..body.len().min(4096)];
         let token = head
             .split_once("\"continue\":\"")
             .and_then(|(_, rest)| rest.split_once('"'))
@@ -211,18 +241,97 @@ async fn list_decoded(client: &Client, pipelined: bool) -> anyhow::Result<usize>
             (Some(t), true) => Some(tokio::spawn(fetch(Some(t.clone())))),
             _ => None,
         };
-        let (n, cont) = decode(page).await??;
+        let (n, cont) = decode(body).await??;
         items += n;
         anyhow::ensure!(
             cont.filter(|c| !c.is_empty()) == token,
             "the continue token read ahead differs from the decoded one"
         );
-        page = match (token, next) {
+        body = match (token, next) {
             (None, _) => return Ok(items),
             (Some(_), Some(next)) => next.await??,
             (Some(t), None) => fetch(Some(t)).await?,
         };
     }
+}
+
+/// The pods as protobuf (`application/vnd.kubernetes.protobuf`), consistently in pages of
+/// `page`, each body read whole and only its continue token parsed: how many pages and bytes.
+async fn list_protobuf(client: &Client, page: usize) -> anyhow::Result<(usize, usize)> {
+    let (mut pages, mut bytes) = (0, 0);
+    let mut token: Option<String> = None;
+    loop {
+        let cont = token
+            .as_deref()
+            .map(|t| format!("&continue={t}"))
+            .unwrap_or_default();
+        let req = http::Request::get(format!("/api/v1/pods?limit={page}{cont}"))
+            .header(http::header::ACCEPT, "application/vnd.kubernetes.protobuf")
+            .body(Vec::new())?;
+        let mut body = Box::pin(client.request_stream(req).await?);
+        let mut all = Vec::new();
+        body.read_to_end(&mut all).await?;
+        pages += 1;
+        bytes += all.len();
+        token = protobuf_continue(&all)?.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok((pages, bytes));
+        }
+    }
+}
+
+/// The continue token of a protobuf list: after the magic `k8s\0`, a `runtime.Unknown` whose
+/// field 2 (`raw`) is the list, whose field 1 is its `ListMeta`, whose field 3 is `continue`.
+fn protobuf_continue(body: &[u8]) -> anyhow::Result<Option<String>> {
+    let msg = body.strip_prefix(b"k8s\0").ok_or_else(|| {
+        anyhow::anyhow!("not a protobuf answer: {:?}", &body[..body.len().min(64)])
+    })?;
+    let Some(list) = protobuf_field(msg, 2)? else {
+        return Ok(None);
+    };
+    let Some(meta) = protobuf_field(list, 1)? else {
+        return Ok(None);
+    };
+    Ok(protobuf_field(meta, 3)?.map(|t| String::from_utf8_lossy(t).into_owned()))
+}
+
+/// The first length-delimited field `want` of the protobuf message `msg`.
+fn protobuf_field(mut msg: &[u8], want: u64) -> anyhow::Result<Option<&[u8]>> {
+    fn varint(b: &mut &[u8]) -> anyhow::Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = b
+                .split_first()
+                .ok_or_else(|| anyhow::anyhow!("truncated varint"))?;
+            *b = rest;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        anyhow::bail!("varint too long")
+    }
+    while !msg.is_empty() {
+        let key = varint(&mut msg)?;
+        let (field, wire) = (key >> 3, key & 7);
+        let len = match wire {
+            0 => {
+                varint(&mut msg)?;
+                continue;
+            }
+            1 => 8,
+            2 => varint(&mut msg)? as usize,
+            5 => 4,
+            w => anyhow::bail!("protobuf wire type {w}"),
+        };
+        anyhow::ensure!(len <= msg.len(), "truncated field");
+        let (value, rest) = msg.split_at(len);
+        if wire == 2 && field == want {
+            return Ok(Some(value));
+        }
+        msg = rest;
+    }
+    Ok(None)
 }
 
 /// What a list from the apiserver's watch cache would take: the pods at `resourceVersion=0`
