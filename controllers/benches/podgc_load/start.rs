@@ -150,12 +150,11 @@ pub(crate) async fn floor(client: &Client, size: &str) -> anyhow::Result<()> {
 /// decoded); and protobuf, what client-go's clients of built-in kinds ask for, in pages of 100
 /// and of 500, read and dropped (the apiserver's side of it). Prints and records each.
 pub(crate) async fn floor_variants(client: &Client, size: &str) -> anyhow::Result<()> {
-    let timed = |name: &'static str, what: String| (name, what);
     let mut rows = Vec::new();
     let t = Instant::now();
     let (pods, _) = list_all(client, "/api/v1/pods", "limit=100").await?;
     rows.push((
-        timed(
+        (
             "consistent_pages_of_100",
             format!("{pods} pods, JSON read and dropped, pages of 100"),
         ),
@@ -165,7 +164,7 @@ pub(crate) async fn floor_variants(client: &Client, size: &str) -> anyhow::Resul
         let t = Instant::now();
         let pods = list_decoded(client, page, false).await?;
         rows.push((
-            timed(
+            (
                 name,
                 format!("{pods} pods decoded into PodGC's wire type, pages of {page}"),
             ),
@@ -175,7 +174,7 @@ pub(crate) async fn floor_variants(client: &Client, size: &str) -> anyhow::Resul
     let t = Instant::now();
     let pods = list_decoded(client, 100, true).await?;
     rows.push((
-        timed(
+        (
             "decoded_pipelined",
             format!("{pods} pods decoded, pages of 100, the next asked for while one is decoded"),
         ),
@@ -185,7 +184,7 @@ pub(crate) async fn floor_variants(client: &Client, size: &str) -> anyhow::Resul
         let t = Instant::now();
         let (pages, bytes) = list_protobuf(client, page).await?;
         rows.push((
-            timed(
+            (
                 name,
                 format!(
                     "pods as protobuf, {pages} pages of {page}, {:.0} MiB read and dropped",

@@ -127,8 +127,6 @@ pub struct GatedPod {
     /// The precondition of the placement's write: a pod changed since is read again.
     pub resource_version: String,
     pub facts: PodFacts,
-    /// The names of the sysctls it sets, for messages.
-    pub sysctls: Vec<String>,
     /// Its nodeSelector and required node affinity.
     pub own: Constraints,
     /// Every scheduling gate, ours included, in order.
@@ -140,6 +138,11 @@ pub struct GatedPod {
 }
 
 impl GatedPod {
+    /// The names of the sysctls it sets, in pod order, for messages.
+    pub fn sysctl_names(&self) -> &[String] {
+        self.facts.sysctls.as_deref().map_or(&[], |s| &s.names)
+    }
+
     /// The gated pod's facts, or None when it does not carry the gate (or is being deleted);
     /// `facts` are `PodFacts::of(pod)`, shared with the pending store.
     pub fn of(pod: &Pod, facts: &PodFacts) -> Option<Self> {
@@ -171,12 +174,6 @@ impl GatedPod {
             uid: pod.metadata.uid.clone().unwrap_or_default(),
             resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
             facts: facts.clone(),
-            sysctls: spec
-                .security_context
-                .as_ref()
-                .and_then(|s| s.sysctls.as_ref())
-                .map(|s| s.iter().map(|s| s.name.clone()).collect())
-                .unwrap_or_default(),
             own: Constraints::of(spec),
             gates,
             held,
@@ -210,7 +207,7 @@ mod tests {
         let ours = pod(json!([{"name": "x/y"}, {"name": GATE}]), json!({}));
         let g = gated(&ours).unwrap();
         assert_eq!(g.gates, ["x/y", GATE]);
-        assert_eq!(g.sysctls, ["net.core.somaxconn"]);
+        assert_eq!(g.sysctl_names(), ["net.core.somaxconn"]);
         assert_eq!((g.uid.as_str(), g.resource_version.as_str()), ("u", "7"));
         assert_eq!(g.held, None);
         assert!(gated(&pod(json!([{"name": "x/y"}]), json!({}))).is_none());

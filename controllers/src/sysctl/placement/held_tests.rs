@@ -74,7 +74,6 @@ fn gated(i: usize) -> GatedPod {
         uid: format!("u{i}"),
         resource_version: "1".into(),
         facts: PodFacts::of(&pod),
-        sysctls: vec![SYSCTL.into()],
         gates: vec![GATE.into()],
         ..Default::default()
     }

@@ -230,7 +230,7 @@ impl<W: Writes> Placer<W> {
                 &self.policy,
                 &name,
                 &pod.facts,
-                &pod.sysctls,
+                pod.sysctl_names(),
                 &pod.own,
                 &nodes,
                 &refs,
@@ -270,7 +270,7 @@ impl<W: Writes> Placer<W> {
                 if pod
                     .held
                     .as_deref()
-                    .is_some_and(|old| same_hold(old, &pod.sysctls, &causes)) =>
+                    .is_some_and(|old| same_hold(old, pod.sysctl_names(), &causes)) =>
             {
                 Ok(Done::Nothing)
             }
