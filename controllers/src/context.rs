@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use groundskeeper_plumbing::{
     events::{Events, Reporter},
+    life::component::Life,
     process::Base,
 };
 
@@ -18,6 +19,14 @@ pub struct Context {
 }
 
 impl Context {
+    /// The life of the controller `name`, which acts only while this replica leads: its watches
+    /// fill on every replica, its workers start once they have listed and the lease is won, and
+    /// it drains when the token is cancelled (plumbing's `life::component`).
+    pub fn life(&self, name: &'static str) -> Life {
+        let leadership = self.leadership.clone();
+        Life::new(name, self.base.token.clone()).gated(async move { leadership.acquired().await })
+    }
+
     /// The Events `controller` records from this replica (the pod's name from the downward
     /// API), fenced like its other writes; only logged under `--dry-run`.
     pub fn events(&self, controller: &str) -> Events {

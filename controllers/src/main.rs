@@ -1,4 +1,5 @@
-//! controller-manager's entry point: flags, leader election, the controllers started and drained on one token.
+//! controller-manager's entry point: flags, leader election, and the process's stages (the
+//! controllers, the webhook, the election) started and drained in order.
 
 use std::process::ExitCode;
 
@@ -11,7 +12,14 @@ use groundskeeper_controllers::{
     sysctl::{cache::Watched, placement, webhook},
     uninstall,
 };
-use groundskeeper_plumbing::{events::Events, process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{
+    events::Events,
+    life::{
+        stages::{Stage, Stages},
+        tasks::Tasks,
+    },
+    process::Process,
+};
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)
@@ -67,12 +75,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
     let is_leader = LeaderMetrics::register(&registry, &cli.election.leader_elect_lease_name)?;
 
-    // Controllers stop on this child token, which leadership loss cancels as well as SIGTERM.
-    let controllers_token = shutdown.token().child_token();
-    // The elector has its own token, cancelled only after the controllers drained: the lease is
-    // released when nothing can act any more.
-    let elector_token = tokio_util::sync::CancellationToken::new();
-    let (elector_task, leadership) = if cli.election.leader_elect {
+    // The process's stages, drained in this order: the controllers, so that nothing acts once
+    // the lease is released; the webhook, which answers for as long as anything can act; the
+    // leader election last, which releases the lease.
+    let controllers = Stage::new("controllers");
+    let mut webhook = Stage::new("webhook");
+    let mut election = Stage::new("leader election");
+
+    let leadership = if cli.election.leader_elect {
         let e = &cli.election;
         let cfg = ElectionConfig {
             lease_name: e.leader_elect_lease_name.clone(),
@@ -96,112 +106,57 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         let (elector, leadership) = Elector::new(lease_client, cfg, is_leader);
         let elector = elector.recording(events);
-        (
-            Some(tokio::spawn(elector.run(elector_token.clone()))),
-            leadership,
-        )
+        // It ends on its own only when the lease is lost: the process then stops, as
+        // kube-controller-manager does.
+        let token = election.token();
+        election.tasks().spawn(
+            "leader-election",
+            async move { Ok(elector.run(token).await?) },
+        );
+        leadership
     } else {
         is_leader.set(true);
         tracing::info!("leader election disabled: acting as the only replica");
-        (None, Leadership::always())
+        Leadership::always()
     };
 
-    // The webhook serves on every replica, leader or not: its own token, cancelled only once
-    // the controllers have drained, so it answers for as long as the process is up.
-    let webhook_token = tokio_util::sync::CancellationToken::new();
-    // Its pod lookups have a client of their own: what callers of the webhook port cause never
-    // spends the controllers' QPS budget.
+    // The webhook serves on every replica, leader or not. Its pod lookups have a client of
+    // their own: what callers of the webhook port cause never spends the controllers' QPS
+    // budget.
     let lookups = match cli.webhook.enabled {
         true => Some(cli.common.kube.own_client("sysctl-webhook").await?),
         false => None,
     };
     let webhook_ctx = Context {
-        base: process.base(cli.common.dry_run, webhook_token.clone()),
+        base: process.base(cli.common.dry_run, webhook.token()),
         leadership: leadership.clone(),
     };
-    let mut webhook = Tasks::default();
     // The sysctl watches (Nodes, SysctlPolicies, pods not yet bound), once per process for the
-    // webhook and the placement alike, only where one of them runs. On the webhook's token:
+    // webhook and the placement alike, only where one of them runs. In the webhook's stage:
     // they outlive the controllers, and answer the webhook until it stops.
     let sysctl = (cli.webhook.enabled || cli.controllers.has(PLACEMENT)).then(|| {
         let base = &webhook_ctx.base;
         let (watched, run) = Watched::new(&base.readiness, &base.client, base.token.clone());
-        webhook.spawn("sysctl", run);
+        webhook.tasks().spawn("sysctl", run);
         watched
     });
-    start_webhook(&mut webhook, &cli, webhook_ctx, lookups, sysctl.clone());
+    start_webhook(webhook.tasks(), &cli, webhook_ctx, lookups, sysctl.clone());
     let ctx = Context {
-        base: process.base(cli.common.dry_run, controllers_token.clone()),
+        base: process.base(cli.common.dry_run, controllers.token()),
         leadership,
     };
-    let mut controllers = start_controllers(&cli, ctx, sysctl);
+    let controllers = controllers.with(start_controllers(&cli, ctx, sysctl));
 
-    // Run until SIGTERM, a lost lease, or a controller (or the webhook) that ends on its own.
-    let mut elector_task = elector_task;
-    let mut lost: Option<String> = None;
-    let mut webhook_failed: Option<anyhow::Error> = None;
-    let failed = controllers
-        .until_stopped(async {
-            let stop = async {
-                match elector_task.as_mut() {
-                    Some(task) => tokio::select! {
-                        _ = shutdown.cancelled() => {}
-                        res = task => lost = Some(match res {
-                            Ok(Err(e)) => e.to_string(),
-                            Ok(Ok(())) => "leader election stopped".into(),
-                            Err(join) => format!("leader election task failed: {join}"),
-                        }),
-                    },
-                    None => shutdown.cancelled().await,
-                }
-            };
-            webhook_failed = webhook.until_stopped(stop).await;
-        })
-        .await;
-
-    // Controllers drain first, so nothing acts once the lease is released.
-    controllers_token.cancel();
-    if shutdown.is_triggered() {
-        shutdown
-            .drain(cli.common.shutdown_grace, controllers.drain())
-            .await;
-    } else {
-        // Leadership lost (or a controller ended): no signal starts the shutdown grace, so
-        // bound the drain from now. The fence already refused every write; this only stops a
-        // read hung on the same dead connection from keeping the process alive.
-        let grace = cli.common.shutdown_grace;
-        if tokio::time::timeout(grace, controllers.drain())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                grace_seconds = grace.as_secs_f64(),
-                "controllers did not drain in time; exiting anyway"
-            );
-        }
-    }
-    // The webhook stops last: it answers until every controller has drained.
-    webhook_token.cancel();
-    if tokio::time::timeout(cli.common.shutdown_grace, webhook.drain())
-        .await
-        .is_err()
-    {
-        tracing::warn!("the webhook did not stop in time; exiting anyway");
-    }
-    if lost.is_none()
-        && let Some(task) = elector_task
-    {
-        elector_token.cancel();
-        let _ = shutdown.drain(cli.common.shutdown_grace, task).await;
-    }
+    // Run until SIGTERM, a lost lease, or a controller (or the webhook) that ends on its own;
+    // then every stage drains in turn, each within the grace.
+    let mut stages = Stages::new([controllers, webhook, election]);
+    let failed = stages.until_stopped(shutdown.cancelled()).await;
+    stages.drain(cli.common.shutdown_grace).await;
     shutdown.trigger();
     process.finish().await;
-    let reason = lost
-        .or_else(|| failed.map(|e| format!("{e:#}")))
-        .or_else(|| webhook_failed.map(|e| format!("{e:#}")));
-    if let Some(reason) = reason {
+    if let Some(reason) = failed {
         // As kube-controller-manager does: exit, and let the pod restart clean as a standby.
-        tracing::error!(%reason, "stopped all controllers; exiting");
+        tracing::error!(reason = %format!("{reason:#}"), "stopped all controllers; exiting");
         return Ok(ExitCode::FAILURE);
     }
     tracing::info!("controller-manager stopped");

@@ -1,4 +1,4 @@
-//! node-agent's entry point: flags, the node tasks started and drained on one token.
+//! node-agent's entry point: flags, the node tasks started and drained in one stage.
 
 use std::process::ExitCode;
 
@@ -7,7 +7,14 @@ use futures::FutureExt;
 use groundskeeper_node_agent::agent::{self, Cli, Command, SysctlCommand};
 use groundskeeper_node_agent::context::Context;
 use groundskeeper_node_agent::{conntrack, sysctlreport};
-use groundskeeper_plumbing::{logging::klog::KObj, process::Process, tasks::Tasks};
+use groundskeeper_plumbing::{
+    life::{
+        stages::{Stage, Stages},
+        tasks::Tasks,
+    },
+    logging::klog::KObj,
+    process::Process,
+};
 
 fn main() -> ExitCode {
     groundskeeper_plumbing::process::run_main(start)
@@ -58,18 +65,18 @@ async fn run(cli: Cli, node_name: String) -> anyhow::Result<()> {
     let process = Process::start(&cli.common).await?;
     tracing::info!(admin_addr = %process.admin_addr, node = KObj::cluster(&node_name).field(), dry_run = cli.common.dry_run, "node-agent starting");
 
+    // One stage: whatever ended it, every task stops on the one token and gets the grace to
+    // drain.
+    let tasks = Stage::new("node tasks");
     let ctx = Context {
-        base: process.base(cli.common.dry_run, process.shutdown.token()),
+        base: process.base(cli.common.dry_run, tasks.token()),
         node_name,
     };
-    let mut tasks = start_tasks(&cli, ctx);
-    let failed = tasks.until_stopped(process.shutdown.cancelled()).await;
-    // Whatever ended it, every task stops on the one token and gets the grace to drain.
+    let tasks = tasks.with(start_tasks(&cli, ctx));
+    let mut stages = Stages::new([tasks]);
+    let failed = stages.until_stopped(process.shutdown.cancelled()).await;
+    stages.drain(cli.common.shutdown_grace).await;
     process.shutdown.trigger();
-    process
-        .shutdown
-        .drain(cli.common.shutdown_grace, tasks.drain())
-        .await;
     process.finish().await;
     match failed {
         // Exit non-zero so the DaemonSet restarts the pod and the failure shows, rather than

@@ -14,11 +14,13 @@
 //! - `metrics_auth/`: who may read `/metrics`.
 //! - `logging/`: the logs in Kubernetes' formats (`logging::klog`) and the flags and
 //!   subscriber that choose one (`logging::telemetry`).
+//! - `life/`: one runner for a component's life (`life::component`: listed, leading, its
+//!   workers, its drain) and one for the process's (`life::stages`: drained in order).
 //!
 //! At the top, what has no room of its own: the start-up both binaries share (`process`), the
-//! shutdown token (`shutdown`), the named long-running tasks (`tasks`), the flag parsing
-//! (`cli`, `duration`), the Event writer (`events`), an object's key (`key`), the Prometheus
-//! registry (`metrics`), and a bounded least-recently-used map (`lru`).
+//! shutdown token (`shutdown`), the flag parsing (`cli`, `duration`), the Event writer
+//! (`events`), an object's key (`key`), the Prometheus registry (`metrics`), and a bounded
+//! least-recently-used map (`lru`).
 
 pub mod cli;
 pub mod client;
@@ -27,6 +29,7 @@ pub mod events;
 #[cfg(test)]
 mod events_tests;
 pub mod key;
+pub mod life;
 pub mod logging;
 pub mod lru;
 pub mod metrics;
@@ -34,7 +37,6 @@ pub mod metrics_auth;
 pub mod process;
 pub mod serving;
 pub mod shutdown;
-pub mod tasks;
 pub mod watch;
 
 pub use key::ObjectKey;

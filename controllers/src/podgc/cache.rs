@@ -287,8 +287,8 @@ pub struct Watched {
     /// are healthy.
     pub flags: [ReadyFlag; 3],
     pub synced: Synced,
-    /// Ends when `base.token` is cancelled.
-    pub task: tokio::task::JoinHandle<()>,
+    /// The watches, to be spawned: they end when `base.token` is cancelled.
+    pub task: futures::future::BoxFuture<'static, ()>,
 }
 
 /// Watches pods, nodes and namespaces into one [`Caches`] until `base.token` is cancelled.
@@ -301,7 +301,7 @@ pub fn start(base: &Base) -> Watched {
     let (tx, rx) = watch::channel(false);
     let events = stream::select(pod_events, stream::select(node_events, ns_events));
     let token = base.token.clone();
-    let task = tokio::spawn(async move {
+    let task = Box::pin(async move {
         tokio::select! {
             _ = token.cancelled() => {}
             _ = signal_listed(events, tx) => {}

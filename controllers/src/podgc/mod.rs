@@ -34,14 +34,12 @@ mod projection_tests;
 pub mod quarantine;
 pub mod recheck;
 pub mod wire;
+pub mod worker;
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
 use clap::Args;
-use groundskeeper_plumbing::{client::parse_duration, watch::cache::Health};
+use groundskeeper_plumbing::{client::parse_duration, life::component::Crew, watch::cache::Health};
 
 use crate::context::Context;
 use apply::{Applier, KubeWrites};
@@ -49,9 +47,10 @@ use cycle::Cycle;
 pub use decide::Mode;
 use metrics::Metrics;
 use quarantine::Quarantine;
+use worker::Worker;
 
-/// How soon a cycle skipped on stale caches is tried again.
-const STALE_RECHECK: Duration = Duration::from_secs(1);
+/// Its name in logs: kube-controller-manager's name for its PodGC.
+pub const CONTROLLER_NAME: &str = "pod-garbage-collector-controller";
 
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "PodGC controller")]
@@ -149,30 +148,9 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         task: watches,
     } = cache::start(&ctx.base);
     let health = Health::new(flags);
-
-    // Orphan detection must never run on a node cache that has not listed once.
-    let gate = async {
-        synced.wait().await;
-        ctx.leadership.acquired().await;
-    };
-    tokio::select! {
-        _ = ctx.base.token.cancelled() => {
-            let _ = watches.await;
-            return Ok(());
-        }
-        _ = gate => {}
-    }
-    tracing::info!(
-        mode = ?args.mode,
-        gc_period = ?args.gc_period,
-        threshold = args.terminated_pod_gc_threshold,
-        orphan_quarantine = ?args.orphan_quarantine,
-        concurrency = args.gc_concurrency,
-        dry_run = ctx.base.dry_run,
-        "podgc running"
-    );
-
-    let mut cycle = Cycle {
+    let mut life = ctx.life(CONTROLLER_NAME);
+    life.watches(watches);
+    let cycle = Cycle {
         client: ctx.base.client.clone(),
         applier: Applier {
             health: health.clone(),
@@ -194,35 +172,28 @@ pub async fn run(ctx: Context, args: PodGcArgs) -> anyhow::Result<()> {
         reported: notice::Reported::default(),
         events: ctx.events(notice::CONTROLLER),
     };
-    loop {
-        // Every pass deletes on what the caches say (a pod count over the threshold, a node's
-        // out-of-service taint, a namespace's opt-out): not while a watch is failing or
-        // relisting and they may be stale, nor once one does mid-cycle (the stamp, checked
-        // before each deletion starts).
-        let seen = health.seen();
-        let wait = if health.may_act(&seen).is_ok() {
-            cycle.applier.seen = seen;
-            let started = Instant::now();
-            let summary = cycle.run(&caches).await;
-            let seconds = started.elapsed().as_secs_f64();
-            metrics.cycle_seconds.observe(seconds);
-            summary.log(cycle.quarantine.len(), seconds);
-            // The snapshot and the list pages since the last cycle are freed by now.
-            groundskeeper_plumbing::process::release_free_memory();
-            args.gc_period
-        } else {
-            tracing::warn!(unhealthy_watches = %groundskeeper_plumbing::logging::telemetry::joined(health.unhealthy()), "podgc cycle skipped: the pod, node or namespace cache may be stale; nothing deleted");
-            // The skipped cycle runs as soon as the caches are current, not a period later.
-            STALE_RECHECK.min(args.gc_period)
-        };
-        // Sliding period: measured from the end of this cycle, as wait.UntilWithContext does.
-        tokio::select! {
-            _ = ctx.base.token.cancelled() => break,
-            _ = tokio::time::sleep(wait) => {}
-        }
-    }
-    let _ = watches.await;
-    Ok(())
+    let worker = Worker {
+        cycle,
+        caches,
+        health,
+        metrics,
+        period: args.gc_period,
+        token: ctx.base.token.clone(),
+    };
+    // Orphan detection must never run on a node cache that has not listed once.
+    life.run(async move { synced.wait().await }, || {
+        tracing::info!(
+            mode = ?args.mode,
+            gc_period = ?args.gc_period,
+            threshold = args.terminated_pod_gc_threshold,
+            orphan_quarantine = ?args.orphan_quarantine,
+            concurrency = args.gc_concurrency,
+            dry_run = ctx.base.dry_run,
+            "podgc running"
+        );
+        Crew::default().task(worker.run())
+    })
+    .await
 }
 
 #[cfg(test)]

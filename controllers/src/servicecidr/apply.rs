@@ -1,6 +1,6 @@
 //! Every write the controller makes to the API, and the one place `--dry-run` is decided.
 //!
-//! The writes sit behind the `Writes` trait, so the sync layer is tested against a recording
+//! The writes sit behind the `Writes` trait, so the worker is tested against a recording
 //! fake; `Apply` makes them, or under `--dry-run` only logs `dry-run: would …`. Events go
 //! through plumbing's Event writer, which decides dry-run and passes the fence for them.
 
@@ -66,7 +66,7 @@ pub trait Writes: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Written, kube::Error>> + Send;
 }
 
-/// The writes as the sync layer makes them: through `W`, or only logged under `--dry-run`.
+/// The writes as the worker makes them: through `W`, or only logged under `--dry-run`.
 pub struct Apply<W> {
     writes: W,
     dry_run: bool,

@@ -12,20 +12,19 @@ pub mod decide;
 pub mod index;
 pub mod metrics;
 pub mod prefix;
-pub mod sync;
+pub mod worker;
 
 #[cfg(test)]
 mod decide_tests;
 #[cfg(test)]
 mod index_tests;
 #[cfg(test)]
-mod sync_tests;
+mod worker_tests;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use groundskeeper_plumbing::life::component::Crew;
 use groundskeeper_plumbing::watch::cache::{Health, Shared};
-use tokio::sync::watch as signal;
 
 use crate::{
     context::Context,
@@ -34,7 +33,7 @@ use crate::{
 use apply::KubeWrites;
 use cache::CidrCache;
 use metrics::Metrics;
-use sync::{Syncer, work};
+use worker::Worker;
 
 pub const CONTROLLER_NAME: &str = "service-cidr-controller";
 /// The reporting controller of its Events (`plumbing::events::REPORTING_DOMAIN`'s scheme).
@@ -70,62 +69,34 @@ pub async fn run(ctx: Context, args: ServiceCidrArgs) -> anyhow::Result<()> {
     let (flags, changes) =
         cache::watch(&ctx.base.readiness, ctx.base.client.clone(), cache.clone());
     let health = Health::new(flags);
-    let (listed_tx, mut listed) = signal::channel(false);
-    let feeder = tokio::spawn({
-        let (queue, health) = (queue.clone(), health.clone());
-        async move {
-            let mut changes = std::pin::pin!(changes);
-            while let Some(keys) = changes.next().await {
-                for k in keys {
-                    queue.add(k);
-                }
-                if health.listed() {
-                    listed_tx.send_if_modified(|l| !std::mem::replace(l, true));
-                }
-            }
-        }
+    let mut life = ctx.life(CONTROLLER_NAME);
+    let listed = life.feed(changes, health.clone(), {
+        let queue = queue.clone();
+        move |keys: Vec<String>| keys.into_iter().for_each(|k| queue.add(k))
     });
-
-    let writes = KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence());
-    let syncer = Arc::new(
-        Syncer::new(
+    let worker = Arc::new(
+        Worker::new(
             cache,
             queue.clone(),
-            writes,
+            KubeWrites::new(ctx.base.client.clone(), ctx.leadership.fence()),
             metrics,
             ctx.base.dry_run,
             ctx.events(REPORTER),
         )
         .with_health(health),
     );
-    let token = ctx.base.token.clone();
-    let started = tokio::select! {
-        _ = token.cancelled() => false,
-        _ = async {
-            let _ = listed.wait_for(|l| *l).await;
-            tracing::info!(controller = CONTROLLER_NAME, "caches synced; waiting for leadership");
-            ctx.leadership.acquired().await;
-        } => true,
-    };
-    let mut workers = Vec::new();
-    if started {
+    life.run(listed.wait(), || {
         tracing::info!(
             controller = CONTROLLER_NAME,
             workers = args.service_cidr_workers,
             dry_run = ctx.base.dry_run,
             "syncing ServiceCIDRs"
         );
-        for _ in 0..args.service_cidr_workers {
-            workers.push(tokio::spawn(work(syncer.clone())));
-        }
-        token.cancelled().await;
-    }
-    queue.shut_down();
-    for w in workers {
-        let _ = w.await;
-    }
-    feeder.abort();
-    Ok(())
+        Crew::default()
+            .workers(args.service_cidr_workers.into(), worker)
+            .on_stop(move || queue.shut_down())
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod pass;
 pub mod schedule;
 pub mod tuning;
 pub mod wire;
+pub mod worker;
 
 #[cfg(test)]
 mod cache_tests;
@@ -43,6 +44,7 @@ use std::time::Duration;
 
 use clap::Args;
 use groundskeeper_plumbing::client::parse_duration;
+use groundskeeper_plumbing::life::component::{Crew, Life};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -162,17 +164,26 @@ pub async fn run(ctx: Context, args: ConntrackArgs) -> anyhow::Result<()> {
         gc_max: args.conntrack_gc_max,
     };
     let scheduler = schedule::Scheduler::new(timing, Instant::now());
-    tokio::select! {
-        _ = watches => anyhow::bail!("conntrack watches ended"),
-        _ = schedule::run(
-            scheduler,
-            &models,
-            &mut rounds,
-            &changed,
-            ctx.base.token.cancelled(),
-            &metrics.skipped,
-        ) => Ok(()),
-    }
+    // No gate: every agent cleans its own node's table, on its model once current (the
+    // scheduler's question). The watches must run as long as it does.
+    let token = ctx.base.token.clone();
+    let mut life = Life::new("conntrack", token.clone());
+    life.watches(watches);
+    life.run(async {}, move || {
+        Crew::default().task(async move {
+            let stop = token.cancelled();
+            worker::run(
+                scheduler,
+                &models,
+                &mut rounds,
+                &changed,
+                stop,
+                &metrics.skipped,
+            )
+            .await
+        })
+    })
+    .await
 }
 
 /// How long the frontends of a deleted service (or of a removed port, ExternalIP, VIP,

@@ -4,14 +4,12 @@
 //! full round starts over: triggered rounds never put the periodic one off, and one that comes
 //! when the periodic round is due or nearly due is widened into it. Never on a stale model,
 //! and a round skipped for that is owed until a current model exists. A state machine over
-//! explicit instants, driven by [`run`].
+//! explicit instants, driven by the worker (`worker::run`).
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use prometheus::IntCounterVec;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use groundskeeper_plumbing::watch::cache::Seen;
@@ -275,51 +273,6 @@ impl Scheduler {
         if let Some(d) = summary.recheck_in {
             let at = now + d;
             self.recheck_at = Some(self.recheck_at.map_or(at, |r| r.min(at)));
-        }
-    }
-}
-
-/// Drives `scheduler` until `stop` completes (the shutdown token): waits for a change or the next wake, runs the
-/// rounds that are due, and reports skipped ones (a warning naming the unhealthy watches, and
-/// `skipped{reason}`).
-pub async fn run(
-    mut scheduler: Scheduler,
-    models: &impl Models,
-    rounds: &mut impl Rounds,
-    changed: &Notify,
-    stop: impl Future<Output = ()>,
-    skipped: &IntCounterVec,
-) {
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = &mut stop => return,
-            _ = changed.notified() => {
-                scheduler.on_change(Instant::now());
-                continue;
-            }
-            _ = tokio::time::sleep_until(scheduler.next_wake()) => {}
-        }
-        match scheduler.on_wake(Instant::now(), models) {
-            Due::Nothing => {}
-            Due::Skipped { skip, periodic } => {
-                skipped.with_label_values(&[skip.label()]).inc();
-                let stale = models.unhealthy();
-                tracing::warn!(reason = skip.label(), periodic, unhealthy_watches = %groundskeeper_plumbing::logging::telemetry::joined(&stale), "conntrack pass skipped: the Service/EndpointSlice model may be stale; nothing deleted");
-            }
-            Due::Round {
-                model,
-                focus,
-                periodic,
-                since,
-            } => {
-                let full = focus.is_none();
-                let summary = rounds
-                    .round(model, focus.map(|f| *f), since.map(|c| *c))
-                    .await;
-                scheduler.on_round(Instant::now(), periodic, full, &summary);
-                tracing::debug!(periodic, full, next_periodic_in = ?scheduler.interval(), "conntrack round done");
-            }
         }
     }
 }

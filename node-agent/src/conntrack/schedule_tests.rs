@@ -18,6 +18,7 @@ use super::netlink::family::Family::V4;
 use super::pass::round::RoundSummary;
 use super::schedule::*;
 use super::test_support::{ms, secs};
+use super::worker::run;
 use groundskeeper_plumbing::watch::cache::Seen;
 
 pub(super) const HEALTHY: [Option<u64>; 5] = [Some(1); 5];

@@ -1,9 +1,9 @@
-//! The reporter's writes to the API, behind a trait, with `--dry-run` decided in one place.
+//! The worker's writes to the API, behind a trait, with `--dry-run` decided in one place.
 //!
 //! The status write is behind [`Writes`] (the kube one here, a recording fake in the tests);
 //! the report Events and the Node's default pod sysctl Events go through plumbing's Event
 //! writer, which decides `--dry-run` for them.
-//! [`Writer`] carries out what the reporter decided and is the one place `--dry-run` is decided
+//! [`Writer`] carries out what the worker decided and is the one place `--dry-run` is decided
 //! for the status. No pod is ever written: the agent reports.
 
 use std::future::Future;
@@ -26,7 +26,7 @@ pub const RAN_REASON: &str = "SysctlForbiddenRan";
 /// The Event reason on the Node of a default pod sysctl the node can not apply.
 pub const DEFAULT_UNAVAILABLE_REASON: &str = "DefaultPodSysctlUnavailable";
 
-/// A write of the reporter's that failed (retried on the tick).
+/// A write of the worker's that failed (retried on the tick).
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("reporting the pod: {0}")]
@@ -49,7 +49,7 @@ impl WriteError {
     }
 }
 
-/// The API writes the reporter makes, nothing decided here.
+/// The API writes the worker makes, nothing decided here.
 pub trait Writes: Send + Sync {
     /// Server-side applies a SysctlPolicy's status, forced, under [`MANAGER`].
     fn apply_policy_status(
@@ -119,7 +119,7 @@ enum Intent<'a> {
     },
 }
 
-/// Carries out the reporter's decisions through `W`; under `--dry-run` only logs them.
+/// Carries out the worker's decisions through `W`; under `--dry-run` only logs them.
 pub struct Writer<W> {
     writes: W,
     dry_run: bool,

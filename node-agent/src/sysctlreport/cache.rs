@@ -1,7 +1,7 @@
-//! What the reporter watches: this node's pods, the SysctlPolicies and this Node's labels and
+//! What the worker watches: this node's pods, the SysctlPolicies and this Node's labels and
 //! kubelet version.
 //!
-//! Each goes into a `plumbing::watch::cache::Store`; the watches yield the changes the reporter
+//! Each goes into a `plumbing::watch::cache::Store`; the watches yield the changes the worker
 //! reacts to.
 //!
 //! Lists are served from the apiserver's watch cache (resourceVersion=0, `any_semantic`): with a
@@ -28,7 +28,7 @@ pub const COMPONENT: &str = "sysctl";
 /// Node labels.
 pub type Labels = BTreeMap<String, String>;
 
-/// All the reporter reads of its Node.
+/// All the worker reads of its Node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     pub labels: Labels,
@@ -57,7 +57,7 @@ pub struct ReportCache {
     pub nodes: Store<String, NodeFacts>,
 }
 
-/// What a watch event means to the reporter, once the cache has applied it.
+/// What a watch event means to the worker, once the cache has applied it.
 #[derive(Debug)]
 pub enum Change {
     /// Nothing to react to (a list starting, or a Node list item).

@@ -31,7 +31,7 @@ use super::crd::Mode;
 /// kubelet's annotation on the mirror pod of a static pod.
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
-/// What the reporter reads of a pod.
+/// What the worker reads of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
     pub uid: String,

@@ -51,7 +51,7 @@ fn forbidden(mode: Mode) -> Verdict {
     }
 }
 
-/// As the reporter does it: remember what was handled.
+/// As the worker does it: remember what was handled.
 fn run(p: &Pod, verdict: Verdict, memory: &mut Memory, chosen: bool) -> Action {
     let facts = PodFacts::of(p);
     let action = decide(&facts, verdict.clone(), memory, chosen, since());

@@ -1,4 +1,4 @@
-//! The node's default pod sysctls in the reporter: judged once the Node's kubelet version is
+//! The node's default pod sysctls in the worker: judged once the Node's kubelet version is
 //! known, each one the node can not apply flagged on the Node once per change of its judgement,
 //! its Event retried when refused, nothing written under dry-run.
 
@@ -10,8 +10,8 @@ use super::apply::DEFAULT_UNAVAILABLE_REASON;
 use super::cache::{Change, NodeFacts};
 use super::crd::Mode;
 use super::decide::{default_event_name, default_note};
-use super::reporter::Settings;
-use super::reporter_tests::{Rig, Write};
+use super::worker::Settings;
+use super::worker_tests::{Rig, Write};
 
 const NODE: &str = "node-a";
 const DEFAULTS: &str =
@@ -19,7 +19,7 @@ const DEFAULTS: &str =
 const RMEM_WHY: &str = "not in the pod's Net namespace on kernel 4.14.0 (from 4.15 on): kubelet \
                         fails the sandbox of every pod it applies to (pods without hostNetwork)";
 
-/// A reporter on a 4.14 kernel with [`DEFAULTS`], its watches listed, its Node not read yet.
+/// A worker on a 4.14 kernel with [`DEFAULTS`], its watches listed, its Node not read yet.
 fn rig(dry_run: bool) -> Rig {
     let settings = Settings {
         node_name: NODE.into(),
@@ -43,7 +43,7 @@ async fn kubelet(r: &mut Rig, version: &str) {
         .lock()
         .nodes
         .apply(Update::Apply(NODE.into(), facts));
-    r.reporter.on_change(Change::Merge).await;
+    r.worker.on_change(Change::Merge).await;
 }
 
 /// The Warning Event on the Node for `sysctl`, unavailable because `why`.
@@ -91,9 +91,9 @@ async fn a_default_the_node_can_not_apply_is_flagged_once_per_judgement() {
 
     // The same judgement again (a relabel, a relist, ticks): nothing more.
     kubelet(&mut r, "v1.37.2").await;
-    r.reporter.on_change(Change::PodsListed).await;
-    r.reporter.on_tick().await;
-    r.reporter.on_tick().await;
+    r.worker.on_change(Change::PodsListed).await;
+    r.worker.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), []);
 
     // v1.38: only the judgement naming the kubelet changed.
@@ -133,9 +133,9 @@ async fn a_refused_flag_is_retried_on_the_tick() {
             .get(),
         1
     );
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), [flagged("net.ipv4.tcp_rmem", RMEM_WHY)]);
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), [], "done: no more retries");
 }
 
@@ -143,7 +143,7 @@ async fn a_refused_flag_is_retried_on_the_tick() {
 async fn dry_run_flags_nothing_but_counts() {
     let mut r = rig(true);
     kubelet(&mut r, "v1.37.0").await;
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(gauge(&r, "vm.swappiness", "unavailable"), 1);
 }
@@ -153,7 +153,7 @@ async fn dry_run_flags_nothing_but_counts() {
 async fn nothing_is_judged_before_the_node_is_read() {
     let mut r = rig(false);
     r.cache.lock().nodes.apply(Update::Delete(NODE.into()));
-    r.reporter.on_change(Change::Merge).await;
+    r.worker.on_change(Change::Merge).await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(gauge(&r, "vm.swappiness", "unavailable"), 0);
 }

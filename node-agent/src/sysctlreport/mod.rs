@@ -16,16 +16,16 @@ mod decide_tests;
 #[cfg(test)]
 mod defaults_tests;
 pub mod metrics;
-pub mod reporter;
+pub mod worker;
 #[cfg(test)]
-mod reporter_tests;
+mod worker_tests;
 #[cfg(test)]
 mod writes_tests;
 
 // The rules themselves are shared with the controller-manager's admission webhook.
 pub use groundskeeper_sysctl_rules::{allowlist, crd, kernel, kubelet, names, policy, safe};
 
-use futures::StreamExt;
+use groundskeeper_plumbing::life::component::{Crew, Life};
 use groundskeeper_plumbing::watch::cache::Shared;
 use groundskeeper_sysctl_rules::args::{PolicyArgs, parse_default_pod_sysctls};
 use groundskeeper_sysctl_rules::defaults::DefaultPodSysctls;
@@ -34,7 +34,7 @@ use kernel::KernelVersion;
 use crate::context::Context;
 use apply::{KubeWrites, Writer};
 use metrics::Metrics;
-use reporter::{Reporter, Settings, TICK};
+use worker::{Settings, Worker};
 
 /// The flags of the agent's sysctl reports.
 #[derive(clap::Args, Debug, Clone)]
@@ -94,20 +94,14 @@ pub async fn run(ctx: Context, args: SysctlArgs) -> anyhow::Result<()> {
         default_mode: policy.sysctl_default_mode,
         defaults: args.default_pod_sysctls.clone(),
     };
-    let mut reporter = Reporter::new(settings, cache, watches, writer, metrics);
-
-    let mut changes = std::pin::pin!(changes);
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ctx.base.token.cancelled() => break,
-            Some(change) = changes.next() => reporter.on_change(change).await,
-            _ = tick.tick() => reporter.on_tick().await,
-        }
-    }
-    tracing::info!(decisions = reporter.decisions(), "sysctl admission stopped");
-    Ok(())
+    let worker = Worker::new(settings, cache, watches, writer, metrics);
+    // No gate: every agent reports on its own node. Its watches are the worker's own changes.
+    let token = ctx.base.token.clone();
+    Life::new("sysctl", token.clone())
+        .run(async {}, || {
+            Crew::default().task(worker.run(changes, token.cancelled_owned()))
+        })
+        .await
 }
 
 #[cfg(test)]

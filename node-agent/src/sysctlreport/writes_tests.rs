@@ -1,4 +1,4 @@
-//! The reporter's writes beside its reports: SysctlPolicy status writes spread by node and not
+//! The worker's writes beside its reports: SysctlPolicy status writes spread by node and not
 //! repeated, and failed writes counted by what the apiserver answered.
 
 use std::time::Duration;
@@ -6,8 +6,8 @@ use std::time::Duration;
 use groundskeeper_plumbing::watch::cache::Update;
 
 use super::crd::Mode;
-use super::reporter::status_offset;
-use super::reporter_tests::{Rig, Write, pod, policy, started};
+use super::worker::status_offset;
+use super::worker_tests::{Rig, Write, pod, policy, started};
 
 #[tokio::test(start_paused = true)]
 async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged() {
@@ -24,10 +24,10 @@ async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged
         r.policy(&p).await;
         let due = start + status_offset(node);
         tokio::time::advance(due - tokio::time::Instant::now() - Duration::from_millis(1)).await;
-        r.reporter.on_tick().await;
+        r.worker.on_tick().await;
         assert_eq!(r.fake.take(), [], "{node}: not before its turn");
         tokio::time::advance(Duration::from_millis(1)).await;
-        r.reporter.on_tick().await;
+        r.worker.on_tick().await;
         let written = r.fake.take();
         let [Write::Status { policy, status }] = &written[..] else {
             panic!("{node}: one status write, got {written:?}");
@@ -40,7 +40,7 @@ async fn policy_status_writes_are_spread_by_node_and_not_repeated_when_unchanged
         with_status.status = Some(status.clone());
         r.policy(&with_status).await;
         tokio::time::advance(Duration::from_secs(10)).await;
-        r.reporter.on_tick().await;
+        r.worker.on_tick().await;
         assert_eq!(r.fake.take(), [], "{node}: not repeated");
     }
 }
@@ -54,7 +54,7 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
     let mut other = Rig::new("node-b", Mode::Audit, false).await;
     other.policy(&p).await;
     tokio::time::advance(Duration::from_secs(5)).await;
-    other.reporter.on_tick().await;
+    other.worker.on_tick().await;
     let [Write::Status { status, .. }] = &other.fake.take()[..] else {
         panic!("node-b writes")
     };
@@ -64,7 +64,7 @@ async fn a_status_already_written_by_another_agent_is_not_written_again() {
         .lock()
         .policies
         .apply(Update::Apply("p".into(), with_status));
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), []);
 }
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::apply::{Apply, Writes};
 use super::metrics::Metrics;
-use super::{Done, Placer};
+use super::worker::{Done, Worker};
 use crate::sysctl::cache::SysctlCache;
 use crate::sysctl::facts::{GATE, GatedPod, NodeFacts, PodFacts};
 use crate::workqueue::{RateLimit, WorkQueue};
@@ -80,7 +80,7 @@ fn gated(i: usize) -> GatedPod {
 }
 
 struct World {
-    placer: Placer<Counted>,
+    placer: Worker<Counted>,
     writes: Counted,
     events: Arc<Recording>,
 }
@@ -104,7 +104,7 @@ impl World {
                 c.gated.apply(Update::Apply(key, gated(i)));
             }
         }
-        let placer = Placer {
+        let placer = Worker {
             policy: PolicyArgs {
                 allowed_unsafe_sysctls: vec![],
                 sysctl_default_mode: Mode::Enforce,

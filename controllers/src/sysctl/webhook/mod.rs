@@ -25,21 +25,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use futures::StreamExt;
 use groundskeeper_plumbing::{
     client::{parse_duration, parse_qps, ratelimit::Budget},
+    life::component::{Crew, Life},
     watch::cache::Shared,
 };
 use groundskeeper_sysctl_rules::args::PolicyArgs;
 
 use super::cache::Watched;
-use super::tls::{
-    self,
-    apply::KubeWrites,
-    cache::{Change, Own},
-    certs::{CertTask, Source, TICK},
-    rotation::Timing,
-};
+use super::tls::{self, apply::KubeWrites, cache::Own, rotation::Timing, worker::Source};
 use crate::context::Context;
 use groundskeeper_plumbing::serving::{self, Certificates};
 use metrics::Metrics;
@@ -223,9 +217,8 @@ pub async fn run(
     )
     .await?;
     tracing::info!(target: LOG_TARGET, %addr, certificates = ?args.webhook_certificates, secret = %own.secret, allowed_unsafe = %groundskeeper_plumbing::logging::telemetry::joined(policy.allowed_unsafe_sysctls()), default_mode = %policy.sysctl_default_mode, "sysctl webhook serving");
-    let server = tokio::spawn(serve);
     let listed = health.clone();
-    let task = CertTask::new(
+    let worker = tls::worker::Worker::new(
         args.webhook_certificates,
         own.clone(),
         args.hosts(),
@@ -241,19 +234,15 @@ pub async fn run(
         tls_metrics,
     );
 
-    let mut changes = std::pin::pin!(changes);
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = base.token.cancelled() => break,
-            Some(change) = changes.next() => if change == Change::Certificates {
-                task.reconcile().await
-            },
-            _ = tick.tick() => task.reconcile().await,
-        }
-    }
-    server.await?;
+    // Every replica serves, leader or not: no gate. The server and the certificate worker end
+    // on the token; either ending earlier fails the webhook.
+    Life::new(COMPONENT, base.token.clone())
+        .run(async {}, || {
+            Crew::default()
+                .task(serve)
+                .task(worker.run(changes, base.token.clone()))
+        })
+        .await?;
     tracing::info!(target: LOG_TARGET, "sysctl webhook stopped");
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! The reporter's state machine: driven by watch changes and a tick, it acts through `apply`.
+//! The reports' worker, a state machine: driven by watch changes and a tick, it acts through
+//! `apply`.
 //!
 //! It keeps the node's merged policy and since when it is in force, what was done per pod
 //! (`decide::Memory`), the pods whose reports are retried, and the policy status writes coming
@@ -49,7 +50,7 @@ pub fn status_offset(node: &str) -> Duration {
     )
 }
 
-/// What the reporter is configured with, fixed for the process.
+/// What the worker is configured with, fixed for the process.
 pub struct Settings {
     pub node_name: String,
     /// The host's kernel (None: unknown, so only the ungated safe sysctls); which safe sysctls
@@ -63,10 +64,10 @@ pub struct Settings {
     pub defaults: DefaultPodSysctls,
 }
 
-pub struct Reporter<W> {
+pub struct Worker<W> {
     settings: Settings,
     cache: Shared<ReportCache>,
-    /// This task's own watches; other tasks' readiness must not hold the reporter back.
+    /// This task's own watches; other tasks' readiness must not hold the worker back.
     watches: Health,
     /// The SysctlPolicy watch alone.
     policies: Health,
@@ -88,7 +89,7 @@ pub struct Reporter<W> {
     unflagged: BTreeSet<String>,
 }
 
-impl<W: Writes> Reporter<W> {
+impl<W: Writes> Worker<W> {
     pub fn new(
         settings: Settings,
         cache: Shared<ReportCache>,
@@ -114,6 +115,27 @@ impl<W: Writes> Reporter<W> {
             defaults: HashMap::new(),
             unflagged: BTreeSet::new(),
         }
+    }
+
+    /// Reacts to each of `changes` and to every [`TICK`] until `stop` (the shutdown token).
+    pub async fn run(
+        mut self,
+        changes: impl futures::Stream<Item = Change>,
+        stop: impl std::future::Future<Output = ()>,
+    ) {
+        use futures::StreamExt;
+        let mut changes = std::pin::pin!(changes);
+        let mut stop = std::pin::pin!(stop);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stop => break,
+                Some(change) = changes.next() => self.on_change(change).await,
+                _ = tick.tick() => self.on_tick().await,
+            }
+        }
+        tracing::info!(decisions = self.decisions(), "sysctl admission stopped");
     }
 
     /// How many pods have a remembered outcome.

@@ -1,4 +1,4 @@
-//! The reporter driven by plain cache changes and ticks, its writes recorded by a fake.
+//! The worker driven by plain cache changes and ticks, its writes recorded by a fake.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,7 @@ use super::cache::{Change, Flags, NodeFacts, ReportCache};
 use super::crd::{Mode, SysctlPolicy, SysctlPolicySpec, SysctlPolicyStatus};
 use super::kernel::KernelVersion;
 use super::metrics::Metrics;
-use super::reporter::{Reporter, Settings};
+use super::worker::{Settings, Worker};
 
 const MSG: &str = r#"forbidden sysctl: "kernel.msgmax" not allowlisted"#;
 
@@ -152,9 +152,9 @@ pub(super) fn policy(name: &str, mode: Mode) -> SysctlPolicy {
     p
 }
 
-/// The reporter on node `node` with its watches listed and healthy, over an empty cache.
+/// The worker on node `node` with its watches listed and healthy, over an empty cache.
 pub(super) struct Rig {
-    pub(super) reporter: Reporter<Fake>,
+    pub(super) worker: Worker<Fake>,
     pub(super) cache: Shared<ReportCache>,
     pub(super) watches: Flags,
     pub(super) fake: Fake,
@@ -165,7 +165,7 @@ impl Rig {
     pub(super) async fn new(node: &str, default_mode: Mode, dry_run: bool) -> Self {
         let mut rig = Self::unlisted(node, default_mode, dry_run);
         rig.set_healthy(true);
-        rig.reporter.on_change(Change::Merge).await;
+        rig.worker.on_change(Change::Merge).await;
         rig
     }
 
@@ -215,7 +215,7 @@ impl Rig {
         );
         let writer = Writer::new(fake.clone(), dry_run, events);
         Rig {
-            reporter: Reporter::new(
+            worker: Worker::new(
                 settings,
                 cache.clone(),
                 watches.clone(),
@@ -249,7 +249,7 @@ impl Rig {
             .lock()
             .pods
             .apply(Update::Apply(ObjectKey::of(p), p.clone()));
-        self.reporter
+        self.worker
             .on_change(Change::Pod(Box::new(p.clone())))
             .await;
     }
@@ -261,7 +261,7 @@ impl Rig {
             .lock()
             .policies
             .apply(Update::Apply(name, p.clone()));
-        self.reporter
+        self.worker
             .on_change(Change::Policy(Box::new(p.clone())))
             .await;
     }
@@ -358,7 +358,7 @@ async fn the_nodes_own_kubelet_version_decides() {
     };
     set_kubelet(&r, "v1.36.2");
     r.set_healthy(true);
-    r.reporter.on_change(Change::Merge).await;
+    r.worker.on_change(Change::Merge).await;
     let sysctl = "net.ipv4.tcp_slow_start_after_idle";
     let old = pod("old", &[sysctl]);
     r.pod(&old).await;
@@ -372,7 +372,7 @@ async fn the_nodes_own_kubelet_version_decides() {
     );
 
     set_kubelet(&r, "v1.37.0");
-    r.reporter.on_change(Change::Merge).await;
+    r.worker.on_change(Change::Merge).await;
     let new = pod("new", &[sysctl]);
     r.pod(&new).await;
     r.pod(&started(new)).await;
@@ -387,14 +387,14 @@ async fn a_pod_kubelet_rejects_gets_nothing_from_the_agent() {
         let p = pod("web", &["kernel.msgmax"]);
         r.pod(&p).await;
         r.pod(&rejected_by_kubelet(p)).await;
-        r.reporter.on_tick().await;
+        r.worker.on_tick().await;
         assert_eq!(r.fake.take(), [], "{mode}");
         assert_eq!(r.ran(mode), 0, "{mode}");
     }
 }
 
 /// The three watches list in any order. When the pods list last, no Node or policy event may
-/// follow for a long time: the policy must be merged then, or the reporter never starts (under
+/// follow for a long time: the policy must be merged then, or the worker never starts (under
 /// load, rbac_cluster's agent lists its pods last).
 #[tokio::test]
 async fn the_reporter_starts_whichever_watch_lists_last() {
@@ -416,7 +416,7 @@ async fn the_reporter_starts_whichever_watch_lists_last() {
                 _ => (&r.watches.pods, Change::PodsListed),
             };
             flag.mark_ready();
-            r.reporter.on_change(change).await;
+            r.worker.on_change(change).await;
         }
         assert_eq!(r.metrics.checked.get(), 1, "lists in the order {order:?}");
         r.pod(&started(p)).await;
@@ -466,18 +466,16 @@ async fn a_pod_is_not_evaluated_again_when_nothing_changed() {
     let mut updated = p.clone();
     updated.metadata.resource_version = Some("9".into());
     r.pod(&updated).await;
-    r.reporter.on_change(Change::PodsListed).await;
-    r.reporter.on_change(Change::Merge).await;
-    r.reporter.on_tick().await;
+    r.worker.on_change(Change::PodsListed).await;
+    r.worker.on_change(Change::Merge).await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), []);
     assert_eq!(r.metrics.checked.get(), 1);
     // Other sysctls are a change: judged again.
     r.pod(&started(pod("web", &["kernel.sem"]))).await;
     assert_eq!(r.fake.take().len(), 1);
     // Deleted and forgotten: the same UID would be judged afresh.
-    r.reporter
-        .on_change(Change::PodGone("uid-web".into()))
-        .await;
+    r.worker.on_change(Change::PodGone("uid-web".into())).await;
     r.pod(&p).await;
     assert_eq!(r.fake.take().len(), 1);
 }
@@ -498,10 +496,10 @@ async fn failed_reports_are_retried_on_the_tick() {
         1
     );
     assert_eq!(r.ran(Mode::Enforce), 0, "not counted before it is done");
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), [ran("web")], "retried, still as having run");
     assert_eq!(r.ran(Mode::Enforce), 1);
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), [], "done: no more retries");
 }
 
@@ -513,7 +511,7 @@ async fn an_existing_report_event_counts_as_reported() {
     r.fake.fail_next(409);
     r.pod(&started(p)).await;
     assert_eq!(r.ran(Mode::Audit), 1, "reported by an earlier process");
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), [], "not retried");
 }
 
@@ -526,7 +524,7 @@ async fn dry_run_writes_nothing() {
     r.pod(&started(pod("run", &["kernel.msgmax"]))).await;
     r.policy(&policy("p", Mode::Enforce)).await;
     tokio::time::advance(Duration::from_secs(10)).await;
-    r.reporter.on_tick().await;
+    r.worker.on_tick().await;
     assert_eq!(r.fake.take(), []);
     // Counted as done, as the cluster test reads it: what would have been.
     assert_eq!(r.ran(Mode::Enforce), 1);

@@ -1,12 +1,14 @@
-//! The thin layer around `decide`: cache in, actions out through `apply`, queue and metrics.
+//! The controller's worker, the thin layer around `decide`: a key off the queue, the cache in,
+//! actions out through `apply`, the retries and the metrics.
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Mutex,
 };
 
 use groundskeeper_plumbing::{
     client::api_error_label,
+    life::component::Work,
     logging::klog::KObj,
     watch::cache::{Health, Seen, Shared},
 };
@@ -65,7 +67,7 @@ impl SyncError {
     }
 }
 
-pub struct Syncer<W> {
+pub struct Worker<W> {
     pub cache: Shared<CidrCache>,
     pub queue: WorkQueue<String>,
     apply: Apply<W>,
@@ -103,7 +105,7 @@ pub fn blocked_note(name: &str, b: &Blockers) -> String {
     )
 }
 
-impl<W: Writes> Syncer<W> {
+impl<W: Writes> Worker<W> {
     pub fn new(
         cache: Shared<CidrCache>,
         queue: WorkQueue<String>,
@@ -408,7 +410,8 @@ impl<W: Writes> Syncer<W> {
     }
 }
 
-/// Keeps the worker loop going until the queue shuts down.
-pub async fn work<W: Writes>(syncer: Arc<Syncer<W>>) {
-    while syncer.process_next().await {}
+impl<W: Writes> Work for Worker<W> {
+    async fn process_next(&self) -> bool {
+        Worker::process_next(self).await
+    }
 }

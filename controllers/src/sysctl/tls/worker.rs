@@ -1,4 +1,4 @@
-//! The certificate task: loads the Secret's `tls.crt`/`tls.key` into the server whenever it
+//! The certificate worker: loads the Secret's `tls.crt`/`tls.key` into the server whenever it
 //! changes, and, when the controller-manager issues its own certificates, takes the rotation
 //! steps `rotation::plan` decides and keeps every webhook's caBundle equal to `ca.crt`.
 //!
@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use groundskeeper_plumbing::{ReadyFlag, watch::cache::Shared};
 use jiff::Timestamp;
 use k8s_openapi::ByteString;
@@ -16,7 +18,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::ObjectMeta;
 
 use super::apply::{ConfigurationKind, Writes, bundle_patch};
-use super::cache::{CertCache, Own, SecretFacts};
+use super::cache::{CertCache, Change, Own, SecretFacts};
 use super::metrics::Metrics;
 use super::rotation::{self, CA_BUNDLE, Step, Stored, TLS_CRT, TLS_KEY, Timing};
 use groundskeeper_plumbing::serving::Certificates;
@@ -36,7 +38,7 @@ pub enum Source {
     Secret,
 }
 
-pub struct CertTask<W> {
+pub struct Worker<W> {
     source: Source,
     own: Own,
     hosts: Vec<String>,
@@ -51,7 +53,7 @@ pub struct CertTask<W> {
     metrics: Metrics,
 }
 
-impl<W: Writes> CertTask<W> {
+impl<W: Writes> Worker<W> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         source: Source,
@@ -76,6 +78,27 @@ impl<W: Writes> CertTask<W> {
             certs,
             serving,
             metrics,
+        }
+    }
+
+    /// Reconciles on every change of the Secret or a configuration, and every [`TICK`], until
+    /// `token` is cancelled.
+    pub async fn run(
+        self,
+        changes: impl futures::Stream<Item = Change>,
+        token: tokio_util::sync::CancellationToken,
+    ) {
+        let mut changes = std::pin::pin!(changes);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => break,
+                Some(change) = changes.next() => if change == Change::Certificates {
+                    self.reconcile().await
+                },
+                _ = tick.tick() => self.reconcile().await,
+            }
         }
     }
 

@@ -23,7 +23,7 @@ use super::{
     conflict::KCM_FIELD_MANAGER,
     decide::{FINALIZER, ReadyCondition},
     metrics::Metrics,
-    sync::{EVENT_DELETION_BLOCKED, EVENT_STATUS_ERROR, MAX_RETRIES, Syncer},
+    worker::{EVENT_DELETION_BLOCKED, EVENT_STATUS_ERROR, MAX_RETRIES, Worker},
 };
 use crate::workqueue::{RateLimit, WorkQueue};
 
@@ -125,11 +125,11 @@ fn managed_ip(name: &str, service: &str) -> IPAddress {
 fn syncer(
     w: Arc<Recorded>,
     dry_run: bool,
-) -> (Syncer<Arc<Recorded>>, Shared<CidrCache>, WorkQueue<String>) {
+) -> (Worker<Arc<Recorded>>, Shared<CidrCache>, WorkQueue<String>) {
     let cache = Shared::<CidrCache>::default();
     let queue = WorkQueue::new(RateLimit::default());
     let events = events::Events::to(w.clone(), events::Reporter::on("test", "test"), dry_run);
-    let s = Syncer::new(
+    let s = Worker::new(
         cache.clone(),
         queue.clone(),
         w,
@@ -270,7 +270,7 @@ async fn dry_run_records_no_event() {
 }
 
 /// A ServiceCIDR `x` deleted long ago whose 10.0.1.7 (Service default/web) would be orphaned.
-fn blocked_by_web() -> (Arc<Recorded>, Syncer<Arc<Recorded>>, Shared<CidrCache>) {
+fn blocked_by_web() -> (Arc<Recorded>, Worker<Arc<Recorded>>, Shared<CidrCache>) {
     let w = Arc::new(Recorded::default());
     let (s, cache, _) = syncer(w.clone(), false);
     {
