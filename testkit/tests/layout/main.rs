@@ -412,4 +412,5 @@ mod code_maps;
 mod figures;
 mod glossary;
 mod history;
+mod life;
 mod skips;
