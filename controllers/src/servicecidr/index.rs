@@ -136,7 +136,7 @@ impl Blockers {
 }
 
 /// Allocator-managed IPAddresses (`ipaddress.kubernetes.io/managed-by=ipallocator.k8s.io`)
-/// whose names parse as IPs, sorted by address within each family ([`compact`] says how they
+/// whose names parse as IPs, sorted by address within each family (`compact` says how they
 /// are kept small). A relist is buffered beside the live entries and swapped in whole, as
 /// `plumbing::watch::cache::Store` does, so a reader never sees half a list.
 #[derive(Default)]

@@ -9,7 +9,7 @@ use prometheus::{
 pub struct Metrics {
     /// `result`: `success` or `error`.
     pub reconciles: IntCounterVec,
-    /// `error`: [`SyncError::metric_label`](super::sync::SyncError::metric_label).
+    /// `error`: [`SyncError::metric_label`](super::worker::SyncError::metric_label).
     pub sync_errors: IntCounterVec,
     pub reconcile_duration: HistogramVec,
     pub blocked_deletions: IntGauge,

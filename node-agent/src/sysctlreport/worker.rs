@@ -41,7 +41,7 @@ const STATUS_SPREAD_MS: u64 = 5_000;
 const STATUS_RETRY: Duration = Duration::from_secs(5);
 
 /// How long this node waits before writing a policy's status: the same for a node every time,
-/// spread over [`STATUS_SPREAD_MS`] across nodes.
+/// spread over `STATUS_SPREAD_MS` across nodes.
 pub fn status_offset(node: &str) -> Duration {
     Duration::from_millis(
         node.bytes()

@@ -391,7 +391,7 @@ impl Delegated {
 }
 
 /// Shaped as a JWT (what ServiceAccount and OIDC tokens are): three non-empty base64url
-/// segments, at most [`TOKEN_MAX`] long. Anything else is refused without asking the apiserver,
+/// segments, at most `TOKEN_MAX` long. Anything else is refused without asking the apiserver,
 /// so a caller sending junk costs it nothing. (Static and bootstrap tokens are not JWTs: they
 /// can not read `/metrics`.)
 pub fn jwt_shaped(token: &str) -> bool {

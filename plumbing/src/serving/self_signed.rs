@@ -27,7 +27,7 @@ pub enum Source {
 }
 
 /// The certificate and key (PEM) of a new self-signed certificate for `hosts`, valid from a
-/// little before `now` for [`VALIDITY`].
+/// little before `now` for `VALIDITY`.
 pub fn issue(hosts: &[String], now: time::OffsetDateTime) -> Result<(String, String), String> {
     let key = KeyPair::generate().map_err(|e| e.to_string())?;
     let mut params = CertificateParams::new(hosts.to_vec()).map_err(|e| e.to_string())?;
@@ -57,9 +57,9 @@ pub fn load(source: &Source, certs: &Certificates) -> Result<bool, String> {
     }
 }
 
-/// Keeps `certs` current until `token` is cancelled: files read again every [`RECHECK`] (a
+/// Keeps `certs` current until `token` is cancelled: files read again every `RECHECK` (a
 /// pair that does not load is logged and the old one kept); a self-signed certificate made
-/// again [`RENEW_BEFORE`] its end.
+/// again `RENEW_BEFORE` its end.
 pub async fn keep_current(
     name: &'static str,
     source: Source,

@@ -297,7 +297,7 @@ impl<C> Shared<C> {
 }
 
 /// Watches every `W` (cluster-wide, narrowed by `config`'s selectors) into `cache` for ever
-/// through [`crate::watch::stream::watch`] (capped backoff, relist after errors and after a
+/// through `crate::watch::stream::watch` (capped backoff, relist after errors and after a
 /// silence, errors logged and counted there). `fold` applies each event to the cache under
 /// its lock and says what the component must react to; the stream yields that after the lock
 /// is released. The watch's flag, registered as `component/kind` (`podgc/pods`), is returned

@@ -18,7 +18,7 @@
 //!
 //! kube-runtime asks for the stream at `resourceVersion=0` (any state of the watch cache). A
 //! watch whose config asks for consistent lists (`ListSemantic::MostRecent`, PodGC's) gets its
-//! stream without it ([`consistent`]), as client-go's reflector asks: the apiserver then sends
+//! stream without it (`consistent`), as client-go's reflector asks: the apiserver then sends
 //! the state as of the request, not an older one.
 
 use std::{fmt, time::Duration};

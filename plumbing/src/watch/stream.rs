@@ -21,7 +21,7 @@
 //! heard nothing from the server (no event, no bookmark, no answer to a request) for
 //! `--watch-silent-after` is failed: counted, and its cache stale since it was last heard from.
 //! kube-runtime keeps bookmarks and requests to itself, so what the server sends is seen on the
-//! way in ([`Heard`]).
+//! way in (`Heard`).
 //!
 //! Why every watch is asked to end within half the bound: a watch that is alive but has nothing
 //! to say must be heard from anyway. Bookmarks cannot be relied on for that: the apiserver sends
@@ -70,7 +70,7 @@ use crate::ReadyFlag;
 /// First retry delay; doubled per consecutive failure up to the cap.
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(200);
 
-/// Exponential backoff from [`BACKOFF_MIN`] to `max`, each delay drawn in [d/2, d].
+/// Exponential backoff from `BACKOFF_MIN` to `max`, each delay drawn in [d/2, d].
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,

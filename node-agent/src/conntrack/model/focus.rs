@@ -185,7 +185,7 @@ impl Focus {
     /// same by both models (its key and its nodePort are judged alike, its reply source was
     /// not taken away), except where the models differ globally: a released service IP that a
     /// UDP frontend has (its IPAddress went, which unblocks deleted ClusterIP frontends whose
-    /// backends the model no longer knows; see [`releases_udp`]), another ServiceCIDR, other
+    /// backends the model no longer knows; see `releases_udp`), another ServiceCIDR, other
     /// Node addresses. Those make the pass a full one. Orphaned service IPs are left to full
     /// passes (their grace is measured across them), so an IP released that no UDP frontend
     /// has (a TCP-only Service's) changes nothing here.

@@ -190,7 +190,7 @@ pub fn selections(family: Family, scope: &Scope) -> Option<Vec<Select>> {
 /// graces are measured at `now`, the pass's start (the round passes the clock's; tests their
 /// own).
 ///
-/// The I/O is here and in [`read_table`]; what they decide with is pure: [`staleness_in`],
+/// The I/O is here and in `read_table`; what they decide with is pure: [`staleness_in`],
 /// [`selections`], and [`Sweep`]'s per-entry rules.
 pub fn run_focused_pass(
     table: &mut dyn Table,
