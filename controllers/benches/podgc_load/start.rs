@@ -130,7 +130,7 @@ pub(crate) async fn floor(client: &Client, size: &str) -> anyhow::Result<()> {
     let consistent = t.elapsed();
     println!(
         "start row: bare client: {pods} pods ({:.0} MiB of JSON) and {nodes} nodes listed in {:.1}s \
-         (consistent, pages of 500: served from etcd here)",
+         (consistent, pages of 500)",
         pod_bytes as f64 / 1048576.0,
         consistent.as_secs_f64(),
     );

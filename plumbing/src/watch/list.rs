@@ -7,14 +7,14 @@
 //! `Init`, `InitApply`…, `InitDone` as for a paged list, so the cache folds both alike (buffered
 //! and swapped at `InitDone`). It does not fall back when the server cannot stream: that is
 //! decided here, per watch, with `--watch-list`:
-//! - `auto` (the default) asks for a stream; a server that refuses one ([`not_offered`]: the
+//! - `auto` asks for a stream; a server that refuses one ([`not_offered`]: the
 //!   WatchList feature off answers 422, an etcd that cannot be asked for progress makes the
 //!   apiserver end the stream with a 500 "RequestWatchProgress is disabled"), or a stream that
 //!   has not reached its initial-events-end within `--watch-list-timeout`, makes that watch
 //!   list in pages for the rest of the process (logged and counted once per watch:
 //!   `groundskeeper_watch_list_fallbacks_total`);
 //! - `on` only streams: such errors are watch errors, retried and relisted like any other;
-//! - `off` lists in pages, as kube-runtime does by default.
+//! - `off` (the default) lists in pages, as kube-runtime does by default.
 //!
 //! kube-runtime asks for the stream at `resourceVersion=0` (any state of the watch cache). A
 //! watch whose config asks for consistent lists (`ListSemantic::MostRecent`, PodGC's) gets its
